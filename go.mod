@@ -1,6 +1,6 @@
 module github.com/ucm-go/ucm
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/cockroachdb/pebble/v2 v2.1.7
@@ -43,7 +43,7 @@ require (
 	github.com/rogpeppe/go-internal v1.9.0 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/sys v0.49.0
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

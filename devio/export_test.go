@@ -1,0 +1,4 @@
+package devio
+
+// URingCompiled exposes uringCompiled to the external tests.
+const URingCompiled = uringCompiled

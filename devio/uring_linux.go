@@ -1,0 +1,203 @@
+//go:build linux && uring
+
+package devio
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"github.com/iceber/iouring-go"
+)
+
+// uringCompiled reports whether the io_uring backend is compiled in.
+const uringCompiled = true
+
+// maxRingEntries is the kernel's IORING_MAX_ENTRIES.
+const maxRingEntries = 32768
+
+// uringBackend issues reads and writes through one shared io_uring.
+//
+// In-flight operations across all Submits are bounded by a token semaphore of
+// queueDepth, which is also the ring's SQ size (the CQ is twice that), so the
+// completion queue cannot overflow. Each Submit has its own result channel
+// sized to its op count: the library's completion goroutine blocks sending to
+// it, and each op has at most one request in flight at a time.
+type uringBackend struct {
+	ring   *iouring.IOURing
+	tokens chan struct{}
+
+	mu sync.RWMutex // held shared by Submit, exclusively by Close
+	// closed is guarded by mu.
+	closed bool
+	// broken, guarded by brokenMu, is set when a submission failed after its
+	// SQEs may have reached the ring; every later Submit fails with it.
+	brokenMu sync.Mutex
+	broken   error
+}
+
+func newURing(queueDepth int) (Backend, error) {
+	if queueDepth > maxRingEntries {
+		queueDepth = maxRingEntries
+	}
+	ring, err := iouring.New(uint(queueDepth))
+	if err != nil {
+		return nil, fmt.Errorf("%w: io_uring setup: %w", ErrUnsupported, err)
+	}
+	if ring.Size() < queueDepth {
+		queueDepth = ring.Size()
+	}
+	return &uringBackend{ring: ring, tokens: make(chan struct{}, queueDepth)}, nil
+}
+
+// Name implements Backend.
+func (u *uringBackend) Name() string { return "uring" }
+
+// Close implements Backend.
+func (u *uringBackend) Close() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil
+	}
+	u.closed = true
+	return u.ring.Close()
+}
+
+func (u *uringBackend) brokenErr() error {
+	u.brokenMu.Lock()
+	defer u.brokenMu.Unlock()
+	return u.broken
+}
+
+// Submit implements Backend.
+func (u *uringBackend) Submit(ops []Op) error {
+	u.mu.RLock()
+	defer u.mu.RUnlock()
+	if u.closed {
+		return ErrClosed
+	}
+	if err := u.brokenErr(); err != nil {
+		return err
+	}
+
+	pending := make([]int, 0, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		if !prepareOp(op) {
+			continue
+		}
+		if !op.File.hasFd() {
+			_ = runOp(op) // MemFS and friends: ReadAt/WriteAt inline.
+			continue
+		}
+		pending = append(pending, i)
+	}
+	if len(pending) == 0 {
+		return firstErr(ops)
+	}
+
+	ch := make(chan iouring.Result, len(pending))
+	retries := make([]uint8, len(ops))
+	reqs := make([]iouring.PrepRequest, 0, min(len(pending), cap(u.tokens)))
+	taken := make([]int, 0, cap(reqs))
+	inflight := 0
+	for len(pending) > 0 || inflight > 0 {
+		// Issue as many pending ops as there are free tokens; block for a
+		// token only when nothing of ours is in flight (no deadlock: we hold
+		// none then).
+		reqs, taken = reqs[:0], taken[:0]
+		for len(pending) > 0 {
+			select {
+			case u.tokens <- struct{}{}:
+			default:
+				if inflight > 0 || len(reqs) > 0 {
+					goto issue
+				}
+				u.tokens <- struct{}{}
+			}
+			i := pending[0]
+			pending = pending[1:]
+			reqs = append(reqs, u.prep(&ops[i], i))
+			taken = append(taken, i)
+		}
+	issue:
+		if len(reqs) > 0 {
+			if _, err := u.ring.SubmitRequests(reqs, ch); err != nil {
+				for range reqs {
+					<-u.tokens
+				}
+				if !errors.Is(err, iouring.ErrIOURingClosed) && !errors.Is(err, iouring.ErrUnregisteredFile) {
+					// The SQEs may have reached the ring without their
+					// completions being tracked: the ring cannot be trusted.
+					u.brokenMu.Lock()
+					if u.broken == nil {
+						u.broken = fmt.Errorf("devio: io_uring backend failed: %w", err)
+					}
+					u.brokenMu.Unlock()
+				}
+				for _, i := range taken {
+					ops[i].Err = opError(&ops[i], fmt.Errorf("io_uring submit: %w", err))
+				}
+			} else {
+				inflight += len(reqs)
+			}
+		}
+		if inflight == 0 {
+			continue
+		}
+		res := <-ch
+		inflight--
+		<-u.tokens
+		i := res.GetRequestInfo().(int)
+		op := &ops[i]
+		n, err := res.ReturnInt()
+		switch {
+		case err != nil:
+			if (errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.EAGAIN)) && retries[i] < 100 {
+				retries[i]++
+				pending = append(pending, i)
+				continue
+			}
+			op.Err = opError(op, err)
+		case n == 0:
+			if op.Write {
+				op.Err = opError(op, io.ErrShortWrite)
+			} else {
+				op.Err = opError(op, io.ErrUnexpectedEOF)
+			}
+		default:
+			op.N += n
+			if op.N < len(op.Buf) {
+				pending = append(pending, i)
+			}
+		}
+	}
+	// The ring's requests referenced the buffers and descriptors; every one of
+	// them has completed now, but keep the files (whose finalizers would close
+	// the descriptors) alive until here.
+	for i := range ops {
+		if ops[i].File != nil {
+			runtime.KeepAlive(ops[i].File.file)
+		}
+	}
+	runtime.KeepAlive(ops)
+	return firstErr(ops)
+}
+
+// prep builds the request for the untransferred rest of op.
+func (u *uringBackend) prep(op *Op, i int) iouring.PrepRequest {
+	b := op.Buf[op.N:]
+	if len(b) > maxIOChunk {
+		b = b[:maxIOChunk]
+	}
+	off := uint64(op.Off + int64(op.N))
+	fd := int(op.File.fd)
+	if op.Write {
+		return iouring.Pwrite(fd, b, off).WithInfo(i)
+	}
+	return iouring.Pread(fd, b, off).WithInfo(i)
+}

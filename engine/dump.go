@@ -1,0 +1,476 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// ErrExists is returned by Create for a block that is already stored.
+var ErrExists = errors.New("ucm: block exists")
+
+// AllShards as a shard index means the whole block.
+const AllShards = -1
+
+// inflightDump is a block on its way into the log; later dumps of the same id wait for it
+// instead of writing it again.
+type inflightDump struct {
+	done chan struct{}
+	err  error
+}
+
+// stagingSlot assembles a block dumped shard by shard (layer-wise), or created with Create
+// (V0), until it is complete. A slot is published only when every shard has arrived intact;
+// a failed shard turns it into a tombstone that fails the block's other shards.
+type stagingSlot struct {
+	rec      *wal.Record
+	claimed  []bool // shard has been (or is being) copied in
+	arrived  int    // shards copied in
+	attempts int    // shard dumps seen, failed ones included
+	pending  int    // copies in progress
+	v0       bool   // created by Create: published by Commit only
+	failed   error
+	dropped  bool
+	created  time.Time
+}
+
+// Dump stores whole blocks: src[i] is block ids[i], Layout().BlockBytes() bytes, shard-major.
+// The task completes when every block is durable (per the sync policy) and visible to Lookup,
+// or has failed; src must not change until then. A block already stored, or being dumped by
+// another task, is written once: the other dump's outcome is this one's. A block created with
+// Create is filled but published only by Commit.
+func (e *Engine) Dump(ids []BlockID, src [][]byte) *Task { return e.dump(ids, AllShards, src) }
+
+// DumpShard stores shard `shard` of each block (a layer-wise dump): src[i] is
+// Layout().ShardBytes bytes. Shards are assembled in memory; a block becomes visible only when
+// all its shards have arrived and are durable. The task of the shard that completes a block
+// completes when the block is durable; the others complete once their bytes are copied (src
+// may then be reused). A shard that fails (wrong size) fails the whole block: it is never
+// published with holes, and its other shards' dumps fail with ErrBlockFailed. Blocks left
+// incomplete are discarded after TaskTimeout.
+func (e *Engine) DumpShard(ids []BlockID, shard int, src [][]byte) *Task {
+	if shard < 0 || shard >= e.opts.Layout.Shards {
+		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
+	}
+	return e.dump(ids, shard, src)
+}
+
+func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
+	if len(src) != len(ids) {
+		return failedTask(ids, fmt.Errorf("dump: %d ids but %d buffers: %w", len(ids), len(src), ErrInvalidArgument))
+	}
+	if e.opts.ReadOnly {
+		return failedTask(ids, fmt.Errorf("dump: store opened read-only: %w", ErrInvalidArgument))
+	}
+	if !e.enter() {
+		return failedTask(ids, ErrClosed)
+	}
+	t := newTask(ids, e.opts.TaskTimeout)
+	go func() {
+		defer e.tasks.Done()
+		defer t.finish()
+		start := time.Now()
+		e.runDump(t, shard, src)
+		e.stats.observeDump(t, time.Since(start))
+	}()
+	return t
+}
+
+func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
+	l := e.opts.Layout
+	want := l.BlockBytes()
+	if shard != AllShards {
+		want = l.ShardBytes
+	}
+	type waiter struct {
+		i int
+		d *inflightDump
+	}
+	var (
+		recs    []*wal.Record
+		owners  []int
+		flights []*inflightDump
+		waits   []waiter
+	)
+	for i, id := range t.ids {
+		switch {
+		case t.cancelled():
+			t.errs[i] = blockErr(ErrTimeout, id, "dump cancelled")
+			continue
+		case id.IsZero():
+			t.errs[i] = fmt.Errorf("dump: zero block id at position %d: %w", i, ErrInvalidArgument)
+			continue
+		case int64(len(src[i])) != want:
+			err := blockErr(ErrInvalidArgument, id, "dump buffer is %d bytes, want %d", len(src[i]), want)
+			if shard != AllShards {
+				e.failSlot(id, err)
+			}
+			t.errs[i] = err
+			continue
+		}
+		var (
+			rec    *wal.Record
+			flight *inflightDump
+			wait   *inflightDump
+			err    error
+		)
+		if shard == AllShards {
+			rec, flight, wait, err = e.claimWhole(id, src[i])
+		} else {
+			rec, flight, wait, err = e.stageShard(id, shard, src[i])
+		}
+		switch {
+		case err != nil:
+			t.errs[i] = err
+		case wait != nil:
+			waits = append(waits, waiter{i, wait})
+		case rec != nil:
+			recs = append(recs, rec)
+			owners = append(owners, i)
+			flights = append(flights, flight)
+		}
+	}
+	if len(recs) > 0 {
+		err := wrapIO(e.w.Append(recs))
+		e.mu.Lock()
+		for k, rec := range recs {
+			delete(e.mu.inflight, rec.ID)
+			if err != nil {
+				flights[k].err = blockErr(err, rec.ID, "dump")
+				t.errs[owners[k]] = flights[k].err
+			}
+			close(flights[k].done)
+		}
+		e.mu.Unlock()
+		for _, rec := range recs {
+			e.pool.Put(rec.Buf)
+		}
+		if err == nil {
+			e.stats.dumpedBlocks.Add(int64(len(recs)))
+			e.stats.dumpedBytes.Add(int64(len(recs)) * l.BlockBytes())
+		}
+	}
+	for _, w := range waits {
+		<-w.d.done
+		t.errs[w.i] = w.d.err
+		e.stats.dedupedDumps.Add(1)
+	}
+}
+
+// claimWhole prepares the record of a whole-block dump, unless the block is stored already
+// (nothing to do), being dumped (wait for that), or created with Create (fill its slot).
+func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wait *inflightDump, err error) {
+	e.mu.Lock()
+	if d := e.mu.inflight[id]; d != nil {
+		e.mu.Unlock()
+		return nil, nil, d, nil
+	}
+	if s := e.mu.staging[id]; s != nil {
+		e.mu.Unlock()
+		// A layer-wise or V0 block in assembly: deliver every shard to it.
+		l := e.opts.Layout
+		for sh := 0; sh < l.Shards; sh++ {
+			r, f, w, err := e.stageShard(id, sh, src[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
+			if err != nil || r != nil || w != nil {
+				return r, f, w, err
+			}
+		}
+		return nil, nil, nil, nil
+	}
+	flight = &inflightDump{done: make(chan struct{})}
+	e.mu.inflight[id] = flight
+	e.mu.Unlock()
+	if _, ok, err := e.ix.Get(id); err != nil || ok {
+		// Stored already (or the index cannot tell): do not write it again.
+		e.mu.Lock()
+		delete(e.mu.inflight, id)
+		flight.err = err
+		close(flight.done)
+		e.mu.Unlock()
+		if ok {
+			e.stats.dedupedDumps.Add(1)
+		}
+		return nil, nil, nil, err
+	}
+	rec = e.newRecord(id)
+	l := e.opts.Layout
+	for sh := 0; sh < l.Shards; sh++ {
+		fillShard(rec, l, sh, src[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
+	}
+	return rec, flight, nil, nil
+}
+
+// newRecord returns a record with a pooled, aligned buffer for id.
+func (e *Engine) newRecord(id BlockID) *wal.Record {
+	l := e.opts.Layout
+	return &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(int(l.RecordBytes()))}
+}
+
+// fillShard copies shard sh into rec's payload, zeroes its padding and checksums what was
+// copied (so the checksum covers exactly the bytes written, whatever the caller does to src).
+func fillShard(rec *wal.Record, l Layout, sh int, src []byte) {
+	off := l.ShardOffset(sh)
+	dst := rec.Buf[off : off+l.ShardStride()]
+	n := copy(dst, src)
+	clear(dst[n:])
+	rec.ShardCRCs[sh] = format.Checksum(dst[:n])
+}
+
+// stageShard copies one shard into the block's staging slot. It returns the record to append
+// when this shard completes a block that is not waiting for Commit.
+func (e *Engine) stageShard(id BlockID, shard int, src []byte) (rec *wal.Record, flight, wait *inflightDump, err error) {
+	l := e.opts.Layout
+	e.mu.Lock()
+	if d := e.mu.inflight[id]; d != nil {
+		e.mu.Unlock()
+		return nil, nil, d, nil
+	}
+	s := e.mu.staging[id]
+	if s == nil {
+		e.mu.Unlock()
+		if _, ok, err := e.ix.Get(id); err != nil || ok {
+			if ok {
+				e.stats.dedupedDumps.Add(1)
+			}
+			return nil, nil, nil, err
+		}
+		e.mu.Lock()
+		if s = e.mu.staging[id]; s == nil {
+			if d := e.mu.inflight[id]; d != nil {
+				e.mu.Unlock()
+				return nil, nil, d, nil
+			}
+			if s, err = e.newSlotLocked(id, false); err != nil {
+				e.mu.Unlock()
+				return nil, nil, nil, err
+			}
+		}
+	}
+	s.attempts++
+	if s.failed != nil {
+		err := blockErr(ErrBlockFailed, id, "another shard of the block failed: %v", s.failed)
+		e.retireTombstoneLocked(id, s)
+		e.mu.Unlock()
+		return nil, nil, nil, err
+	}
+	if s.claimed[shard] {
+		e.mu.Unlock()
+		return nil, nil, nil, nil // the same shard again: already staged
+	}
+	s.claimed[shard] = true
+	s.pending++
+	e.mu.Unlock()
+
+	fillShard(s.rec, l, shard, src)
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.pending--
+	if s.dropped || s.failed != nil {
+		if s.pending == 0 && s.rec != nil {
+			if !s.dropped {
+				e.mu.stagingBytes -= int64(len(s.rec.Buf))
+			}
+			e.pool.Put(s.rec.Buf)
+			s.rec = nil
+		}
+		if s.failed != nil {
+			return nil, nil, nil, blockErr(ErrBlockFailed, id, "another shard of the block failed: %v", s.failed)
+		}
+		return nil, nil, nil, blockErr(ErrTimeout, id, "staged block discarded before it was complete")
+	}
+	s.arrived++
+	if s.arrived < l.Shards || s.v0 {
+		return nil, nil, nil, nil
+	}
+	return e.publishSlotLocked(id, s)
+}
+
+// publishSlotLocked moves a complete slot from staging to the in-flight set and returns its
+// record for appending.
+func (e *Engine) publishSlotLocked(id BlockID, s *stagingSlot) (*wal.Record, *inflightDump, *inflightDump, error) {
+	delete(e.mu.staging, id)
+	e.mu.stagingBytes -= int64(len(s.rec.Buf))
+	flight := &inflightDump{done: make(chan struct{})}
+	e.mu.inflight[id] = flight
+	rec := s.rec
+	s.rec = nil
+	return rec, flight, nil, nil
+}
+
+func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
+	size := e.opts.Layout.RecordBytes()
+	if e.mu.stagingBytes+size > e.opts.MaxStagingBytes {
+		return nil, blockErr(ErrNoSpace, id, "staging memory for partly dumped blocks is full (%d of %d bytes)", e.mu.stagingBytes, e.opts.MaxStagingBytes)
+	}
+	s := &stagingSlot{rec: e.newRecord(id), claimed: make([]bool, e.opts.Layout.Shards), v0: v0, created: time.Now()}
+	e.mu.staging[id] = s
+	e.mu.stagingBytes += size
+	return s, nil
+}
+
+// failSlot turns the block's slot (creating one if needed) into a tombstone: the block will
+// not be published and its other shards' dumps fail.
+func (e *Engine) failSlot(id BlockID, cause error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.mu.staging[id]
+	if s == nil {
+		s = &stagingSlot{claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
+		e.mu.staging[id] = s
+	} else if s.rec != nil && s.pending == 0 {
+		e.mu.stagingBytes -= int64(len(s.rec.Buf))
+		e.pool.Put(s.rec.Buf)
+		s.rec = nil
+	}
+	if s.failed == nil {
+		s.failed = cause
+	}
+	s.attempts++
+	e.stats.failedBlocks.Add(1)
+	e.retireTombstoneLocked(id, s)
+}
+
+// retireTombstoneLocked forgets a failed slot once every shard has been tried.
+func (e *Engine) retireTombstoneLocked(id BlockID, s *stagingSlot) {
+	if s.attempts >= e.opts.Layout.Shards && !s.v0 {
+		e.dropSlotLocked(id, s, nil)
+	}
+}
+
+// dropSlotLocked discards a slot; its buffer returns to the pool once no copy is using it.
+func (e *Engine) dropSlotLocked(id BlockID, s *stagingSlot, _ error) {
+	if e.mu.staging[id] == s {
+		delete(e.mu.staging, id)
+	}
+	s.dropped = true
+	if s.rec != nil {
+		e.mu.stagingBytes -= int64(len(s.rec.Buf))
+		if s.pending == 0 {
+			e.pool.Put(s.rec.Buf)
+			s.rec = nil
+		}
+	}
+}
+
+// janitor discards staged blocks older than TaskTimeout.
+func (e *Engine) janitor() {
+	defer e.bg.Done()
+	period := min(e.opts.TaskTimeout/4, time.Second)
+	if period <= 0 {
+		period = time.Second
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-tick.C:
+			e.mu.Lock()
+			for id, s := range e.mu.staging {
+				if now.Sub(s.created) > e.opts.TaskTimeout {
+					e.dropSlotLocked(id, s, nil)
+					e.stats.stagingExpired.Add(1)
+				}
+			}
+			e.mu.Unlock()
+		}
+	}
+}
+
+// Create reserves blocks for a V0 dump: data then arrives with Dump or DumpShard and the block
+// is published by Commit(ids, true) or discarded by Commit(ids, false); until then Lookup does
+// not see it. It returns one error per id: ErrExists for a block already stored or being
+// created, ErrInvalidArgument for a zero id, ErrNoSpace when staging memory is full.
+func (e *Engine) Create(ids []BlockID) []error {
+	errs := make([]error, len(ids))
+	if e.closing.Load() {
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	for i, id := range ids {
+		if id.IsZero() {
+			errs[i] = fmt.Errorf("create: zero block id at position %d: %w", i, ErrInvalidArgument)
+			continue
+		}
+		if _, ok, err := e.ix.Get(id); err != nil || ok {
+			if ok {
+				err = blockErr(ErrExists, id, "create")
+			}
+			errs[i] = err
+			continue
+		}
+		e.mu.Lock()
+		if e.mu.staging[id] != nil || e.mu.inflight[id] != nil {
+			errs[i] = blockErr(ErrExists, id, "create: block is being dumped")
+		} else if _, err := e.newSlotLocked(id, true); err != nil {
+			errs[i] = err
+		}
+		e.mu.Unlock()
+	}
+	return errs
+}
+
+// Commit publishes (ok) or discards (!ok) blocks reserved by Create, and returns when they
+// are durable and visible, or discarded. A block with shards missing, or a failed shard, is
+// discarded and reported with ErrBlockFailed: it is never published with holes. An id that was
+// not created is reported with ErrNotFound.
+func (e *Engine) Commit(ids []BlockID, ok bool) error {
+	if !e.enter() {
+		return ErrClosed
+	}
+	defer e.tasks.Done()
+	var (
+		errs    []error
+		recs    []*wal.Record
+		flights []*inflightDump
+	)
+	e.mu.Lock()
+	for _, id := range ids {
+		s := e.mu.staging[id]
+		switch {
+		case s == nil || !s.v0:
+			errs = append(errs, blockErr(ErrNotFound, id, "commit: block was not created"))
+		case !ok:
+			e.dropSlotLocked(id, s, nil)
+		case s.failed != nil:
+			e.dropSlotLocked(id, s, nil)
+			errs = append(errs, blockErr(ErrBlockFailed, id, "commit: a shard failed: %v", s.failed))
+		case s.arrived < e.opts.Layout.Shards || s.pending > 0:
+			errs = append(errs, blockErr(ErrBlockFailed, id, "commit: %d of %d shards dumped", s.arrived, e.opts.Layout.Shards))
+			e.dropSlotLocked(id, s, nil)
+		default:
+			rec, flight, _, _ := e.publishSlotLocked(id, s)
+			recs = append(recs, rec)
+			flights = append(flights, flight)
+		}
+	}
+	e.mu.Unlock()
+	if len(recs) > 0 {
+		err := wrapIO(e.w.Append(recs))
+		e.mu.Lock()
+		for k, rec := range recs {
+			delete(e.mu.inflight, rec.ID)
+			if err != nil {
+				flights[k].err = blockErr(err, rec.ID, "commit")
+				errs = append(errs, flights[k].err)
+			}
+			close(flights[k].done)
+		}
+		e.mu.Unlock()
+		for _, rec := range recs {
+			e.pool.Put(rec.Buf)
+		}
+		if err == nil {
+			e.stats.dumpedBlocks.Add(int64(len(recs)))
+			e.stats.dumpedBytes.Add(int64(len(recs)) * e.opts.Layout.BlockBytes())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,376 @@
+package engine
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Store directory layout.
+const (
+	// LockFile is the file in the store directory that Open locks.
+	LockFile = "LOCK"
+	// IndexDir holds the Pebble index.
+	IndexDir = "index"
+	// SegmentDir holds the segment files.
+	SegmentDir = "segments"
+)
+
+// Meta keys in the index.
+const (
+	metaSchema      = "engine.schema"
+	metaFingerprint = "engine.fingerprint"
+	metaInstance    = "engine.instance"
+	metaNextSegment = "engine.next_segment"
+	metaFormat      = "engine.format_version"
+)
+
+// Engine is an open store. All methods are safe for concurrent use.
+type Engine struct {
+	opts   Options
+	dir    string
+	segDir string
+	fs     vfs.FS
+	lock   io.Closer
+	ix     *index.Index
+	w      *wal.Writer
+	io     devio.Backend
+	pool   *devio.BufferPool
+	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
+
+	instance    format.InstanceID
+	fingerprint format.Fingerprint
+	recovery    RecoveryReport
+	stats       counters
+
+	segMu sync.RWMutex
+	segs  map[uint64]*wal.Segment // open segment files
+
+	mu struct {
+		sync.Mutex
+		inflight     map[BlockID]*inflightDump // whole-record appends in progress
+		staging      map[BlockID]*stagingSlot  // partly dumped blocks
+		stagingBytes int64
+	}
+
+	closing atomic.Bool
+	tasks   sync.WaitGroup // running task goroutines
+	stop    chan struct{}
+	bg      sync.WaitGroup // background goroutines
+}
+
+// RecoveryReport says what Open found and did.
+type RecoveryReport struct {
+	// SegmentsRecovered counts segments that were active at a crash and were scanned,
+	// truncated to their valid end and sealed.
+	SegmentsRecovered int
+	// TruncatedBytes is what those truncations cut (torn or unpublished tails).
+	TruncatedBytes int64
+	// EntriesDropped counts index entries removed because their record was not in the valid
+	// part of a recovered segment, or their segment file was missing.
+	EntriesDropped int
+	// OrphansRemoved counts segment and temporary files not registered in the index (created
+	// just before a crash) that were deleted.
+	OrphansRemoved int
+	// MissingSegments lists sealed segments registered in the index whose file is gone.
+	MissingSegments []uint64
+	// Duration is the time recovery took.
+	Duration time.Duration
+}
+
+// Open opens (creating if needed) the store in dir. It takes the directory lock (a second
+// Open of the same directory, in this or another process, fails with ErrLocked), checks the
+// schema fingerprint (ErrSchemaMismatch), recovers segments left active by a crash and starts
+// the writer.
+func Open(dir string, opts Options) (*Engine, error) {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, dir: dir, segDir: filepath.Join(dir, SegmentDir), fs: opts.FS,
+		pool: devio.NewBufferPool(), segs: map[uint64]*wal.Segment{}, stop: make(chan struct{})}
+	e.mu.inflight = map[BlockID]*inflightDump{}
+	e.mu.staging = map[BlockID]*stagingSlot{}
+	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
+	if err := e.open(); err != nil {
+		e.release()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) open() error {
+	start := time.Now()
+	fs := e.fs
+	if !e.opts.ReadOnly {
+		if err := fs.MkdirAll(e.segDir, 0o755); err != nil {
+			return fmt.Errorf("open %s: %w", e.dir, err)
+		}
+	}
+	lock, err := fs.Lock(filepath.Join(e.dir, LockFile))
+	if err != nil {
+		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("open %s: the store is in use by another process or engine: %w", e.dir, ErrLocked)
+		}
+		return fmt.Errorf("open %s: lock: %w", e.dir, err)
+	}
+	e.lock = lock
+	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", e.dir, err)
+	}
+	known, err := e.checkSchema()
+	if err != nil {
+		return err
+	}
+	e.io, err = devio.NewBackend(e.opts.IOEngine, e.opts.QueueDepth, e.opts.Logger)
+	if err != nil {
+		return fmt.Errorf("open %s: io engine %s: %w", e.dir, e.opts.IOEngine, err)
+	}
+	e.direct = devio.DirectOff
+	switch e.opts.DirectIO {
+	case devio.DirectOn:
+		e.direct = devio.DirectOn
+	case devio.DirectAuto:
+		if !e.opts.ReadOnly {
+			if ok, err := devio.ProbeDirect(fs, e.segDir); err != nil {
+				return fmt.Errorf("open %s: %w", e.dir, err)
+			} else if ok {
+				e.direct = devio.DirectOn
+			}
+		}
+	}
+	if e.opts.ReadOnly {
+		e.recovery.Duration = time.Since(start)
+		return nil
+	}
+	next, err := e.recover()
+	if err != nil {
+		return err
+	}
+	if !known {
+		if err := e.recordSchema(); err != nil {
+			return err
+		}
+	}
+	e.recovery.Duration = time.Since(start)
+	e.w, err = wal.NewWriter(wal.Options{
+		FS: fs, Dir: e.segDir, SegmentSize: e.opts.SegmentSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
+		Direct: e.direct, Backend: e.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
+		Logger: e.opts.Logger, NextSegment: next, OnSegment: e.addSegment,
+	})
+	if err != nil {
+		return err
+	}
+	e.bg.Add(1)
+	go e.janitor()
+	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
+		"sync", e.opts.SyncPolicy, "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
+	return nil
+}
+
+// checkSchema compares the requested schema with the one the store recorded. known is false
+// for a store that has none yet (new, or whose index was lost).
+func (e *Engine) checkSchema() (known bool, err error) {
+	fp, ok, err := e.ix.Meta(metaFingerprint)
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", e.dir, err)
+	}
+	if !ok {
+		if e.opts.ReadOnly {
+			return false, fmt.Errorf("open %s: not a store (no schema recorded): %w", e.dir, ErrNotFound)
+		}
+		return false, nil
+	}
+	if string(fp) != string(e.fingerprint[:]) {
+		stored, _, _ := e.ix.Meta(metaSchema)
+		return true, fmt.Errorf("open %s: the store holds KV of another configuration; stored schema:\n%s\nrequested:\n%s%w",
+			e.dir, stored, e.opts.Schema.Canonical(e.opts.Layout), ErrSchemaMismatch)
+	}
+	inst, ok, err := e.ix.Meta(metaInstance)
+	if err != nil || !ok || len(inst) != len(e.instance) {
+		return true, fmt.Errorf("open %s: index meta %s missing or malformed: %w", e.dir, metaInstance, ErrCorrupt)
+	}
+	copy(e.instance[:], inst)
+	return true, nil
+}
+
+// recordSchema records the schema of a new store (or of one whose index was rebuilt). The
+// fingerprint is written last: its presence means the rest is there.
+func (e *Engine) recordSchema() error {
+	if e.instance == (format.InstanceID{}) {
+		if _, err := rand.Read(e.instance[:]); err != nil {
+			return err
+		}
+	}
+	for _, kv := range []struct {
+		k string
+		v []byte
+	}{
+		{metaSchema, []byte(e.opts.Schema.Canonical(e.opts.Layout))},
+		{metaInstance, e.instance[:]},
+		{metaFormat, []byte(fmt.Sprint(format.Version))},
+		{metaFingerprint, e.fingerprint[:]},
+	} {
+		if err := e.ix.SetMeta(kv.k, kv.v, true); err != nil {
+			return fmt.Errorf("open %s: %w", e.dir, err)
+		}
+	}
+	return nil
+}
+
+// release closes whatever open() got to; used on a failed Open and by Close.
+func (e *Engine) release() {
+	e.segMu.Lock()
+	for n, s := range e.segs {
+		s.Release()
+		delete(e.segs, n)
+	}
+	e.segMu.Unlock()
+	if e.io != nil {
+		_ = e.io.Close()
+	}
+	if e.ix != nil {
+		_ = e.ix.Close()
+	}
+	if e.lock != nil {
+		_ = e.lock.Close()
+	}
+}
+
+// Close waits for running tasks, makes everything written durable, seals the active segment
+// and releases the directory. Tasks started after Close began fail with ErrClosed; partly
+// dumped blocks are discarded. Close is idempotent.
+func (e *Engine) Close() error {
+	if !e.closing.CompareAndSwap(false, true) {
+		return nil
+	}
+	e.tasks.Wait()
+	close(e.stop)
+	e.bg.Wait()
+	e.mu.Lock()
+	for id, s := range e.mu.staging {
+		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
+	}
+	e.mu.Unlock()
+	var err error
+	if e.w != nil {
+		err = e.w.Close()
+	}
+	e.release()
+	if err != nil {
+		return fmt.Errorf("close %s: %w", e.dir, err)
+	}
+	return nil
+}
+
+// enter registers a task goroutine; it fails once Close has begun.
+func (e *Engine) enter() bool {
+	e.tasks.Add(1)
+	if e.closing.Load() {
+		e.tasks.Done()
+		return false
+	}
+	return true
+}
+
+// Dir returns the store directory.
+func (e *Engine) Dir() string { return e.dir }
+
+// Layout returns the store's block layout.
+func (e *Engine) Layout() Layout { return e.opts.Layout }
+
+// Recovery returns what Open found and repaired.
+func (e *Engine) Recovery() RecoveryReport { return e.recovery }
+
+// IOEngine returns the name of the I/O backend in use ("uring" or "psync") and whether
+// segments use O_DIRECT.
+func (e *Engine) IOEngine() (name string, direct bool) {
+	return e.io.Name(), e.direct == devio.DirectOn
+}
+
+// Sync makes every block dumped so far durable (useful under SyncInterval and SyncNone).
+func (e *Engine) Sync() error {
+	if e.closing.Load() {
+		return ErrClosed
+	}
+	if e.w == nil {
+		return nil
+	}
+	return wrapIO(e.w.Sync())
+}
+
+// wrapIO classifies an error from the file system for the caller.
+func wrapIO(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	case errors.Is(err, wal.ErrWriterClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrCorrupt), errors.Is(err, ErrNoSpace):
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrIO, err)
+}
+
+// addSegment makes a segment the writer opened visible to readers.
+func (e *Engine) addSegment(s *wal.Segment) {
+	e.segMu.Lock()
+	e.segs[s.Number] = s
+	e.segMu.Unlock()
+}
+
+// acquireSegment returns segment n pinned for reading, opening a sealed one on first use.
+func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
+	e.segMu.RLock()
+	s := e.segs[n]
+	e.segMu.RUnlock()
+	if s == nil {
+		e.segMu.Lock()
+		if s = e.segs[n]; s == nil {
+			meta, ok := e.ix.Segment(n)
+			if !ok {
+				e.segMu.Unlock()
+				return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
+			}
+			var err error
+			s, err = wal.OpenSegmentForRead(e.fs, e.segDir, n, meta.Generation, e.direct, e.io)
+			if err != nil {
+				e.segMu.Unlock()
+				return nil, err
+			}
+			e.segs[n] = s
+		}
+		e.segMu.Unlock()
+	}
+	if err := s.Acquire(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Stats returns the engine's counters and the space accounting from the index.
+func (e *Engine) Stats() Stats {
+	st := e.stats.snapshot()
+	st.Blocks, st.LiveBytes, st.FileBytes = e.ix.Totals()
+	st.Segments = len(e.ix.Segments())
+	e.mu.Lock()
+	st.StagingBytes = e.mu.stagingBytes
+	st.StagingBlocks = len(e.mu.staging)
+	e.mu.Unlock()
+	return st
+}

@@ -1,0 +1,254 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Lookup reports for each id whether the block is stored (exact, per block). A block is
+// visible once its dump task has completed successfully.
+func (e *Engine) Lookup(ids []BlockID) []bool {
+	hits := make([]bool, len(ids))
+	if e.closing.Load() {
+		return hits
+	}
+	if err := e.ix.Has(ids, hits); err != nil {
+		e.opts.Logger.Warn("ucm: lookup failed; reporting misses", "err", err)
+		clear(hits)
+	}
+	e.stats.countLookup(hits)
+	return hits
+}
+
+// LookupPrefix returns the length of the leading run of stored blocks in ids: the number of
+// blocks a scheduler can load instead of recomputing (UCM's lookup_on_prefix returns this
+// minus one). It stops reading the index at the first miss.
+func (e *Engine) LookupPrefix(ids []BlockID) int {
+	if e.closing.Load() {
+		return 0
+	}
+	for i, id := range ids {
+		if _, ok, err := e.ix.Get(id); err != nil || !ok {
+			return i
+		}
+	}
+	return len(ids)
+}
+
+// Load reads whole blocks into dst: dst[i] receives block ids[i], Layout().BlockBytes() bytes.
+// Every shard's checksum is verified before the block is reported loaded. A block that is not
+// stored fails with ErrNotFound; one whose bytes fail a check (checksum, header, missing
+// segment) fails with ErrCorrupt or ErrNotFound and is dropped from the index (a miss, counted in
+// Stats, never garbage). The contents of dst[i] for a failed block are unspecified. dst must
+// not be touched until the task is done; buffers aligned to 4 KiB whose shard size is a
+// multiple of 4 KiB are read into directly, others through a bounce buffer.
+func (e *Engine) Load(ids []BlockID, dst [][]byte) *Task { return e.load(ids, AllShards, dst) }
+
+// LoadShard reads shard `shard` of each block into dst[i] (Layout().ShardBytes bytes), as a
+// layer-wise connector does; only that shard is read and verified.
+func (e *Engine) LoadShard(ids []BlockID, shard int, dst [][]byte) *Task {
+	if shard < 0 || shard >= e.opts.Layout.Shards {
+		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
+	}
+	return e.load(ids, shard, dst)
+}
+
+func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
+	if len(dst) != len(ids) {
+		return failedTask(ids, fmt.Errorf("load: %d ids but %d buffers: %w", len(ids), len(dst), ErrInvalidArgument))
+	}
+	if !e.enter() {
+		return failedTask(ids, ErrClosed)
+	}
+	t := newTask(ids, e.opts.TaskTimeout)
+	go func() {
+		defer e.tasks.Done()
+		defer t.finish()
+		start := time.Now()
+		e.runLoad(t, shard, dst)
+		e.stats.observeLoad(t, time.Since(start))
+	}()
+	return t
+}
+
+// blockRead is the I/O plan of one block of a load.
+type blockRead struct {
+	i      int
+	loc    index.Location
+	seg    *wal.Segment
+	header []byte // whole-block loads: the record header, to check the id
+	bounce []byte // payload read here when dst cannot take it directly
+	opLo   int    // ops[opLo:opHi] belong to this block
+	opHi   int
+}
+
+func (e *Engine) runLoad(t *Task, shard int, dst [][]byte) {
+	l := e.opts.Layout
+	want := l.BlockBytes()
+	if shard != AllShards {
+		want = l.ShardBytes
+	}
+	// Plan and issue in batches of at most QueueDepth blocks, so a cancelled task stops early
+	// and a huge load does not pin every segment at once.
+	batch := max(1, e.opts.QueueDepth)
+	for lo := 0; lo < len(t.ids); lo += batch {
+		hi := min(len(t.ids), lo+batch)
+		if t.cancelled() {
+			for i := lo; i < len(t.ids); i++ {
+				t.errs[i] = blockErr(ErrTimeout, t.ids[i], "load cancelled")
+			}
+			return
+		}
+		e.loadBatch(t, shard, dst, lo, hi, want)
+	}
+}
+
+func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want int64) {
+	l := e.opts.Layout
+	var (
+		reads []blockRead
+		ops   []devio.Op
+	)
+	for i := lo; i < hi; i++ {
+		id := t.ids[i]
+		if id.IsZero() {
+			t.errs[i] = fmt.Errorf("load: zero block id at position %d: %w", i, ErrInvalidArgument)
+			continue
+		}
+		if int64(len(dst[i])) != want {
+			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", len(dst[i]), want)
+			continue
+		}
+		loc, ok, err := e.ix.Get(id)
+		if err != nil || !ok {
+			if err == nil {
+				err = blockErr(ErrNotFound, id, "load")
+			}
+			t.errs[i] = err
+			continue
+		}
+		if loc.Layout != l {
+			t.errs[i] = e.dropBroken(id, loc, fmt.Errorf("index layout %+v differs from the store's %+v: %w", loc.Layout, l, ErrCorrupt))
+			continue
+		}
+		seg, err := e.acquireSegment(loc.Segment)
+		if err != nil {
+			t.errs[i] = e.dropBroken(id, loc, err)
+			continue
+		}
+		r := blockRead{i: i, loc: loc, seg: seg, opLo: len(ops)}
+		f := seg.File()
+		direct := devio.IsAligned(dst[i]) && l.ShardStride() == l.ShardBytes
+		if shard == AllShards {
+			r.header = e.pool.Get(format.RecordHeaderSize)
+			ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+			payload := dst[i]
+			if !direct {
+				r.bounce = e.pool.Get(int(l.PayloadBytes()))
+				payload = r.bounce
+			}
+			ops = append(ops, devio.Op{File: f, Buf: payload, Off: loc.Offset + format.RecordHeaderSize})
+		} else {
+			buf := dst[i]
+			if !direct {
+				r.bounce = e.pool.Get(int(l.ShardStride()))
+				buf = r.bounce
+			}
+			ops = append(ops, devio.Op{File: f, Buf: buf, Off: loc.Offset + l.ShardOffset(shard)})
+		}
+		r.opHi = len(ops)
+		reads = append(reads, r)
+	}
+	if len(ops) > 0 {
+		_ = e.io.Submit(ops) // per-op errors are examined below
+	}
+	for k := range reads {
+		r := &reads[k]
+		id := t.ids[r.i]
+		t.errs[r.i] = e.finishRead(r, id, shard, dst[r.i], ops[r.opLo:r.opHi])
+		r.seg.Release()
+		if r.header != nil {
+			e.pool.Put(r.header)
+		}
+		if r.bounce != nil {
+			e.pool.Put(r.bounce)
+		}
+	}
+}
+
+// finishRead checks one block's completed reads and copies bounced bytes into dst.
+func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops []devio.Op) error {
+	l := e.opts.Layout
+	for _, op := range ops {
+		if op.Err != nil {
+			e.stats.readErrors.Add(1)
+			return blockErr(wrapIO(op.Err), id, "load from segment %d offset %d", r.loc.Segment, r.loc.Offset)
+		}
+	}
+	h := format.RecordHeader{ID: id, Layout: l, ShardCRCs: r.loc.ShardCRCs}
+	if shard == AllShards {
+		rh, crc, err := format.DecodeRecordHeader(r.header)
+		switch {
+		case err != nil:
+			return e.dropBroken(id, r.loc, err)
+		case rh.ID != id || crc != r.loc.HeaderCRC || rh.Seq != r.loc.Seq:
+			return e.dropBroken(id, r.loc, fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, r.loc.Offset, rh.ID, rh.Seq, r.loc.Seq))
+		}
+		payload := ops[1].Buf
+		if err := wal.VerifyShards(&h, payload, 0, l.Shards); err != nil {
+			return e.dropBroken(id, r.loc, err)
+		}
+		if r.bounce != nil {
+			for sh := 0; sh < l.Shards; sh++ {
+				off := int64(sh) * l.ShardStride()
+				copy(dst[int64(sh)*l.ShardBytes:], payload[off:off+l.ShardBytes])
+			}
+		}
+		e.stats.loadedBlocks.Add(1)
+		e.stats.loadedBytes.Add(l.BlockBytes())
+		return nil
+	}
+	buf := ops[0].Buf
+	if err := wal.VerifyShards(&h, buf, shard, 1); err != nil {
+		return e.dropBroken(id, r.loc, err)
+	}
+	if r.bounce != nil {
+		copy(dst, buf[:l.ShardBytes])
+	}
+	e.stats.loadedShards.Add(1)
+	e.stats.loadedBytes.Add(l.ShardBytes)
+	return nil
+}
+
+// dropBroken handles a block whose stored bytes cannot be served: it is counted, removed from
+// the index (if the entry still points at the same place) so the connector recomputes and
+// re-dumps it, and reported as a miss wrapping the cause.
+func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
+	kind := ErrCorrupt
+	if errors.Is(cause, wal.ErrSegmentGone) {
+		kind = ErrNotFound
+		e.stats.missingSegmentReads.Add(1)
+	} else {
+		e.stats.corruptReads.Add(1)
+	}
+	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
+	if !e.opts.ReadOnly {
+		if cur, ok, err := e.ix.Get(id); err == nil && ok && cur.Segment == loc.Segment && cur.Offset == loc.Offset {
+			b := e.ix.NewBatch()
+			b.Delete(id)
+			if err := e.ix.Apply(b, false); err != nil {
+				e.opts.Logger.Error("ucm: could not drop broken block from the index", "block", id, "err", err)
+			}
+		}
+	}
+	if errors.Is(cause, kind) {
+		return fmt.Errorf("block %s (segment %d offset %d): %w", id, loc.Segment, loc.Offset, cause)
+	}
+	return fmt.Errorf("block %s (segment %d offset %d): %w: %w", id, loc.Segment, loc.Offset, kind, cause)
+}

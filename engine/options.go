@@ -1,0 +1,127 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// SyncPolicy says when dumped blocks are made durable; see wal.SyncPolicy and
+// docs/durability.md.
+type SyncPolicy = wal.SyncPolicy
+
+// Sync policies.
+const (
+	SyncAlways   = wal.SyncAlways
+	SyncInterval = wal.SyncInterval
+	SyncNone     = wal.SyncNone
+)
+
+// Defaults of Options; docs/durability.md and docs/performance.md say why.
+const (
+	DefaultSegmentSize     = 256 << 20
+	DefaultSyncPolicy      = SyncAlways
+	DefaultSyncInterval    = 100 * time.Millisecond
+	DefaultQueueDepth      = 64
+	DefaultTaskTimeout     = 30 * time.Second
+	DefaultMaxStagingBytes = 1 << 30
+	// MinSegmentSize is the smallest segment size Validate accepts.
+	MinSegmentSize = 1 << 20
+)
+
+// Options configure an Engine. The zero value of every field but Layout and Schema means its
+// documented default; Open validates the result and names the field at fault.
+type Options struct {
+	// Layout of every block in the store. Required.
+	Layout Layout
+	// Schema of the KV bytes. Required; recorded at creation and checked at every Open.
+	Schema Schema
+	// FS is the file system the store lives on (default vfs.Default). Tests pass a
+	// crash-simulating or fault-injecting one.
+	FS vfs.FS
+	// SegmentSize is the size at which a segment is sealed and a new one started
+	// (default 256 MiB, at least 1 MiB).
+	SegmentSize int64
+	// SyncPolicy (default SyncAlways) and SyncInterval (default 100 ms, SyncInterval only).
+	SyncPolicy   SyncPolicy
+	SyncInterval time.Duration
+	// IOEngine picks the I/O backend (default auto: io_uring when compiled in and permitted,
+	// else pread/pwrite).
+	IOEngine devio.IOEngine
+	// DirectIO says whether segments use O_DIRECT (default auto: when the file system accepts
+	// it, probed at Open).
+	DirectIO devio.DirectMode
+	// QueueDepth bounds in-flight I/O operations (default 64).
+	QueueDepth int
+	// TaskTimeout bounds Task.Wait and the life of a partly dumped block (default 30 s).
+	TaskTimeout time.Duration
+	// MaxStagingBytes bounds the memory held by partly dumped (layer-wise or V0-created) blocks
+	// (default 1 GiB); a dump beyond it fails with ErrNoSpace.
+	MaxStagingBytes int64
+	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
+	ReadOnly bool
+	// Logger receives the engine's logs (default: discard).
+	Logger *slog.Logger
+}
+
+// withDefaults returns o with zero fields replaced by defaults.
+func (o Options) withDefaults() Options {
+	if o.FS == nil {
+		o.FS = vfs.Default
+	}
+	if o.SegmentSize == 0 {
+		o.SegmentSize = DefaultSegmentSize
+	}
+	if o.SyncInterval == 0 {
+		o.SyncInterval = DefaultSyncInterval
+	}
+	if o.QueueDepth == 0 {
+		o.QueueDepth = DefaultQueueDepth
+	}
+	if o.TaskTimeout == 0 {
+		o.TaskTimeout = DefaultTaskTimeout
+	}
+	if o.MaxStagingBytes == 0 {
+		o.MaxStagingBytes = DefaultMaxStagingBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Validate reports the first invalid field of o (after defaults), wrapping ErrInvalidArgument.
+func (o Options) Validate() error {
+	if err := o.Layout.Validate(); err != nil {
+		return fmt.Errorf("options: %w", err)
+	}
+	if err := o.Schema.Validate(); err != nil {
+		return fmt.Errorf("options: %w", err)
+	}
+	switch {
+	case o.SegmentSize < MinSegmentSize:
+		return fmt.Errorf("options: segment size %d below %d: %w", o.SegmentSize, MinSegmentSize, ErrInvalidArgument)
+	case o.SegmentSize%format.Alignment != 0:
+		return fmt.Errorf("options: segment size %d not a multiple of %d: %w", o.SegmentSize, format.Alignment, ErrInvalidArgument)
+	case o.SyncPolicy < SyncAlways || o.SyncPolicy > SyncNone:
+		return fmt.Errorf("options: sync policy %d: %w", int(o.SyncPolicy), ErrInvalidArgument)
+	case o.SyncInterval < 0:
+		return fmt.Errorf("options: sync interval %v: %w", o.SyncInterval, ErrInvalidArgument)
+	case o.IOEngine < devio.EngineAuto || o.IOEngine > devio.EnginePsync:
+		return fmt.Errorf("options: io engine %d: %w", int(o.IOEngine), ErrInvalidArgument)
+	case o.DirectIO < devio.DirectAuto || o.DirectIO > devio.DirectOff:
+		return fmt.Errorf("options: direct io %d: %w", int(o.DirectIO), ErrInvalidArgument)
+	case o.QueueDepth < 1 || o.QueueDepth > 4096:
+		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
+	case o.TaskTimeout < 0:
+		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
+	case o.MaxStagingBytes < o.Layout.RecordBytes():
+		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
+	}
+	return nil
+}

@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of the engine's counters and space accounting.
+type Stats struct {
+	// Space, exact, from the index's segment table.
+	Blocks    int64 // blocks stored
+	LiveBytes int64 // on-disk bytes of stored records
+	FileBytes int64 // bytes of all segment files (live + dead + headers and footers)
+	Segments  int
+
+	// Partly dumped blocks held in memory.
+	StagingBlocks int
+	StagingBytes  int64
+
+	DumpTasks    int64
+	DumpedBlocks int64 // blocks written to the log
+	DumpedBytes  int64
+	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
+	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
+	LoadTasks    int64
+	LoadedBlocks int64 // whole blocks loaded and verified
+	LoadedShards int64 // single shards loaded and verified
+	LoadedBytes  int64
+	LoadMisses   int64 // blocks a load did not find
+	// CorruptReads counts loads that found bytes failing a check; each is reported as a miss
+	// and dropped from the index.
+	CorruptReads int64
+	// MissingSegmentReads counts loads whose segment file was gone.
+	MissingSegmentReads int64
+	ReadErrors          int64 // loads failed by the file system
+	StagingExpired      int64 // partly dumped blocks discarded after TaskTimeout
+	Lookups             int64 // ids looked up
+	LookupHits          int64
+}
+
+// counters are the engine's live counters.
+type counters struct {
+	dumpTasks, dumpedBlocks, dumpedBytes, dedupedDumps, failedBlocks atomic.Int64
+	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses   atomic.Int64
+	corruptReads, missingSegmentReads, readErrors, stagingExpired    atomic.Int64
+	lookups, lookupHits                                              atomic.Int64
+	dumpNanos, loadNanos                                             atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		DumpTasks: c.dumpTasks.Load(), DumpedBlocks: c.dumpedBlocks.Load(), DumpedBytes: c.dumpedBytes.Load(),
+		DedupedDumps: c.dedupedDumps.Load(), FailedBlocks: c.failedBlocks.Load(),
+		LoadTasks: c.loadTasks.Load(), LoadedBlocks: c.loadedBlocks.Load(), LoadedShards: c.loadedShards.Load(),
+		LoadedBytes: c.loadedBytes.Load(), LoadMisses: c.loadMisses.Load(),
+		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
+		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(),
+		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
+	}
+}
+
+func (c *counters) observeDump(t *Task, d time.Duration) {
+	c.dumpTasks.Add(1)
+	c.dumpNanos.Add(int64(d))
+}
+
+func (c *counters) observeLoad(t *Task, d time.Duration) {
+	c.loadTasks.Add(1)
+	c.loadNanos.Add(int64(d))
+	for _, err := range t.errs {
+		if err != nil && isNotFound(err) {
+			c.loadMisses.Add(1)
+		}
+	}
+}
+
+func (c *counters) countLookup(hits []bool) {
+	c.lookups.Add(int64(len(hits)))
+	n := 0
+	for _, h := range hits {
+		if h {
+			n++
+		}
+	}
+	c.lookupHits.Add(int64(n))
+}

@@ -1,0 +1,260 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+)
+
+// ScannedRecord is one valid record found by a scan: its decoded header and where it lies.
+type ScannedRecord struct {
+	Header    format.RecordHeader
+	Offset    int64
+	HeaderCRC uint32
+}
+
+// Length is the on-disk size of the record.
+func (r *ScannedRecord) Length() int64 { return r.Header.Layout.RecordBytes() }
+
+// ScanResult is what a scan of a segment found.
+type ScanResult struct {
+	Header  format.SegmentHeader
+	Records []ScannedRecord
+	// ValidEnd is the offset just past the last valid record: the end of the log.
+	ValidEnd int64
+	// FileSize is the size of the file when it was scanned.
+	FileSize int64
+	// Sealed reports that a valid footer ends the file.
+	Sealed bool
+	// Truncated is how many bytes RecoverSegment cut after ValidEnd (a torn or unpublished tail).
+	Truncated int64
+	// Stop says why the scan of an unsealed segment stopped before FileSize: nil when it reached
+	// a clean end (end of file or a zeroed block), else the first invalid record's error, which
+	// names its offset. For a torn tail this is expected; in a sealed segment it is corruption.
+	Stop error
+}
+
+// CorruptionError reports an invalid record or structure in a segment, with its place.
+type CorruptionError struct {
+	Path   string
+	Offset int64
+	ID     format.BlockID // zero when the block is unknown
+	Err    error
+}
+
+// Error names the segment file, the offset and the block.
+func (e *CorruptionError) Error() string {
+	if e.ID.IsZero() {
+		return fmt.Sprintf("%s at offset %d: %v", e.Path, e.Offset, e.Err)
+	}
+	return fmt.Sprintf("%s at offset %d (block %s): %v", e.Path, e.Offset, e.ID, e.Err)
+}
+
+// Unwrap returns the underlying error, which wraps format.ErrCorrupt for bad bytes.
+func (e *CorruptionError) Unwrap() error { return e.Err }
+
+// reader reads aligned ranges of one segment file.
+type reader struct {
+	f       *devio.File
+	backend devio.Backend
+	size    int64
+}
+
+func (r *reader) read(buf []byte, off int64) error {
+	return r.backend.Submit([]devio.Op{{File: r.f, Buf: buf, Off: off}})
+}
+
+// ScanSegment reads every record of the segment file at path from the start, validating each
+// (header checksum and fields, segment number and generation, every shard checksum), and stops
+// at the first one that fails or at a clean end. It does not modify the file. It also reports
+// whether a valid footer ends the file. I/O errors (as opposed to invalid bytes) are returned
+// as err.
+func ScanSegment(fs vfs.FS, path string, direct devio.DirectMode, backend devio.Backend) (*ScanResult, error) {
+	f, err := devio.OpenReadOnly(fs, path, direct)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	st, err := f.VFS().Stat()
+	if err != nil {
+		return nil, fmt.Errorf("wal: stat %s: %w", path, err)
+	}
+	return scanFile(f, path, st.Size(), backend)
+}
+
+func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*ScanResult, error) {
+	r := &reader{f: f, backend: backend, size: size}
+	res := &ScanResult{FileSize: size, ValidEnd: format.SegmentHeaderSize}
+	if size < format.SegmentHeaderSize {
+		return nil, &CorruptionError{Path: path, Err: fmt.Errorf("%w: file of %d bytes has no segment header", format.ErrCorrupt, size)}
+	}
+	hdr := devio.AlignedBuffer(format.Alignment)
+	if err := r.read(hdr, 0); err != nil {
+		return nil, err
+	}
+	h, err := format.DecodeSegmentHeader(hdr)
+	if err != nil {
+		return nil, &CorruptionError{Path: path, Err: err}
+	}
+	res.Header = h
+	var tr *format.Trailer
+	dataLimit := size &^ (format.Alignment - 1)
+	if size%format.Alignment == 0 && size >= 2*format.Alignment {
+		if err := r.read(hdr, size-format.Alignment); err != nil {
+			return nil, err
+		}
+		if t, err := format.DecodeTrailer(hdr, size); err == nil && t.Segment == h.Number && t.Generation == h.Generation {
+			tr = &t
+			dataLimit = t.DataEnd
+		}
+	}
+	var payload []byte
+	off := int64(format.SegmentHeaderSize)
+	for off < dataLimit {
+		if off+format.RecordHeaderSize > dataLimit {
+			res.Stop = &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf("%w: partial record header", format.ErrCorrupt)}
+			break
+		}
+		if err := r.read(hdr, off); err != nil {
+			return nil, err
+		}
+		if format.IsZeroBlock(hdr) {
+			if tr != nil {
+				res.Stop = &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf("%w: zeroed block inside sealed data", format.ErrCorrupt)}
+			}
+			break // clean end of an unsealed log
+		}
+		rh, crc, err := format.DecodeRecordHeader(hdr)
+		if err == nil && (rh.Segment != h.Number || rh.Generation != h.Generation) {
+			err = fmt.Errorf("%w: record of segment %d generation %#x in segment %d generation %#x (stale bytes)",
+				format.ErrCorrupt, rh.Segment, rh.Generation, h.Number, h.Generation)
+		}
+		if err == nil && off+rh.Layout.RecordBytes() > dataLimit {
+			err = fmt.Errorf("%w: record of %d bytes runs past the data end %d", format.ErrCorrupt, rh.Layout.RecordBytes(), dataLimit)
+		}
+		if err != nil {
+			res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: err}
+			break
+		}
+		n := int(rh.Layout.PayloadBytes())
+		if cap(payload) < n {
+			payload = devio.AlignedBuffer(n)
+		}
+		payload = payload[:n]
+		if err := r.read(payload, off+format.RecordHeaderSize); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: fmt.Errorf("%w: payload cut short by end of file", format.ErrCorrupt)}
+				break
+			}
+			return nil, err
+		}
+		if err := VerifyShards(&rh, payload, 0, rh.Layout.Shards); err != nil {
+			res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: err}
+			break
+		}
+		res.Records = append(res.Records, ScannedRecord{Header: rh, Offset: off, HeaderCRC: crc})
+		off += rh.Layout.RecordBytes()
+		res.ValidEnd = off
+	}
+	if tr != nil && res.Stop == nil && res.ValidEnd == tr.DataEnd {
+		res.Sealed = true
+	}
+	return res, nil
+}
+
+// VerifyShards checks shards [first, first+n) of a record whose payload bytes from shard first
+// on are in payload (shard i of the run at (i-first) × stride).
+func VerifyShards(h *format.RecordHeader, payload []byte, first, n int) error {
+	stride := h.Layout.ShardStride()
+	for i := 0; i < n; i++ {
+		s := first + i
+		b := payload[int64(i)*stride : int64(i)*stride+h.Layout.ShardBytes]
+		if got := format.Checksum(b); got != h.ShardCRCs[s] {
+			return fmt.Errorf("%w: shard %d checksum: stored %#08x, computed %#08x", format.ErrCorrupt, s, h.ShardCRCs[s], got)
+		}
+	}
+	return nil
+}
+
+// RecoverSegment makes an unsealed segment (one that was active at a crash) a sealed one: it
+// scans it, truncates it just past the last valid record, writes the footer and syncs. It
+// never appends records to it. It returns the scan, whose ValidEnd bounds the records an index
+// may point at. Recovering an already sealed segment returns its scan unchanged.
+func RecoverSegment(fs vfs.FS, path string, direct devio.DirectMode, backend devio.Backend) (*ScanResult, error) {
+	res, err := ScanSegment(fs, path, direct, backend)
+	if err != nil || res.Sealed {
+		return res, err
+	}
+	if err := truncatePath(fs, path, res.ValidEnd); err != nil {
+		return nil, fmt.Errorf("wal: truncate %s to %d: %w", path, res.ValidEnd, err)
+	}
+	f, err := devio.OpenFile(fs, path, false, direct)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	entries := make([]format.FooterEntry, len(res.Records))
+	for i := range res.Records {
+		r := &res.Records[i]
+		entries[i] = format.FooterEntry{ID: r.Header.ID, Offset: r.Offset, Length: r.Length(), Seq: r.Header.Seq, HeaderCRC: r.HeaderCRC, Type: r.Header.Type}
+	}
+	seg := &Segment{Number: res.Header.Number, Generation: res.Header.Generation, path: path, file: f}
+	if err := sealAt(seg, res.ValidEnd, entries, backend); err != nil {
+		return nil, err
+	}
+	res.Truncated = res.FileSize - res.ValidEnd
+	res.FileSize = res.ValidEnd + format.FooterSize(len(entries))
+	res.Sealed = true
+	return res, nil
+}
+
+// TempSuffix marks temporary files the log writes next to segments (a truncation copy); a
+// file with it found at open is left over from a crash and is removed.
+const TempSuffix = ".tmp"
+
+// truncatePath cuts the file at path to size and makes that durable. Files with a kernel
+// descriptor are truncated in place; files without one (an in-memory test file system) are
+// rewritten to a temporary file renamed over the original.
+func truncatePath(fs vfs.FS, path string, size int64) error {
+	f, err := fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	if fd := f.Fd(); fd != vfs.InvalidFd {
+		err := unix.Ftruncate(int(fd), size)
+		if err == nil {
+			err = f.Sync()
+		}
+		return errors.Join(err, f.Close())
+	}
+	buf := make([]byte, size)
+	_, err = f.ReadAt(buf, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && !(errors.Is(err, io.EOF) && size == 0) {
+		return err
+	}
+	tmp := path + TempSuffix
+	t, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	_, err = t.Write(buf)
+	if err == nil {
+		err = t.Sync()
+	}
+	if err = errors.Join(err, t.Close()); err != nil {
+		return err
+	}
+	if err := fs.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(fs, fs.PathDir(path))
+}

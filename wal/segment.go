@@ -1,0 +1,149 @@
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/errors/oserror"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+)
+
+// SegmentExt is the file-name extension of segment files.
+const SegmentExt = ".seg"
+
+// SegmentFileName is the file name of segment n: 16 zero-padded decimal digits and SegmentExt,
+// so a directory listing sorts in segment order.
+func SegmentFileName(n uint64) string { return fmt.Sprintf("%016d%s", n, SegmentExt) }
+
+// ParseSegmentFileName returns the number of a segment file name, ok=false for any other name.
+func ParseSegmentFileName(name string) (uint64, bool) {
+	base, found := strings.CutSuffix(name, SegmentExt)
+	if !found || len(base) != 16 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(base, 10, 64)
+	if err != nil || n == 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// ErrSegmentGone is returned when a segment a reader asks for has been deleted (compacted,
+// evicted, or removed by its owner). Readers treat it as a miss.
+var ErrSegmentGone = errors.New("segment gone")
+
+// Segment is one open segment file. Records are read through File with the Backend; readers
+// Acquire the segment for the duration of their I/O so that it is not closed or unlinked
+// under them.
+type Segment struct {
+	// Number and Generation identify the segment; every record header repeats them.
+	Number     uint64
+	Generation uint64
+	path       string
+	file       *devio.File
+
+	refs     atomic.Int64 // readers + 1 for the owner's reference
+	closeOne sync.Once
+	closeErr error
+	removeFn func() // set by Retire: unlink after the last reader leaves
+
+	// Active-segment state, owned by the committer goroutine.
+	end     int64                // next append offset
+	entries []format.FooterEntry // records appended, for the footer
+	ordinal uint64               // records appended, for sequence numbers
+}
+
+func newSegment(number, generation uint64, path string, f *devio.File) *Segment {
+	s := &Segment{Number: number, Generation: generation, path: path, file: f}
+	s.refs.Store(1)
+	return s
+}
+
+// Path is the segment file's path.
+func (s *Segment) Path() string { return s.path }
+
+// File is the segment's open file, valid while the caller holds a reference.
+func (s *Segment) File() *devio.File { return s.file }
+
+// Acquire takes a reader reference. It fails with ErrSegmentGone once the segment has been
+// retired and its last reference dropped.
+func (s *Segment) Acquire() error {
+	for {
+		n := s.refs.Load()
+		if n <= 0 {
+			return fmt.Errorf("segment %d: %w", s.Number, ErrSegmentGone)
+		}
+		if s.refs.CompareAndSwap(n, n+1) {
+			return nil
+		}
+	}
+}
+
+// Release drops a reference taken by Acquire; the last one closes the file (and unlinks it if
+// the segment was retired).
+func (s *Segment) Release() {
+	if s.refs.Add(-1) == 0 {
+		s.closeOne.Do(func() {
+			s.closeErr = s.file.Close()
+			if s.removeFn != nil {
+				s.removeFn()
+			}
+		})
+	}
+}
+
+// SequenceFor is the store-wide sequence number of the ordinal-th record of segment n:
+// segment numbers only grow, so sequence numbers grow in write order without extra state.
+func SequenceFor(segment, ordinal uint64) uint64 { return segment<<32 | ordinal }
+
+// syncDir fsyncs a directory so that creations, renames and removals in it are durable.
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return fmt.Errorf("open dir %s for sync: %w", dir, err)
+	}
+	serr := d.Sync()
+	cerr := d.Close()
+	if serr != nil {
+		return fmt.Errorf("sync dir %s: %w", dir, serr)
+	}
+	return cerr
+}
+
+// SegmentPath joins a segment directory and a segment number.
+func SegmentPath(dir string, n uint64) string { return filepath.Join(dir, SegmentFileName(n)) }
+
+// OpenSegmentForRead opens sealed segment n of dir for reading and checks that its header
+// names segment n with the expected generation (a file replaced under the index is refused).
+func OpenSegmentForRead(fs vfs.FS, dir string, n, generation uint64, direct devio.DirectMode, backend devio.Backend) (*Segment, error) {
+	path := SegmentPath(dir, n)
+	f, err := devio.OpenReadOnly(fs, path, direct)
+	if err != nil {
+		if oserror.IsNotExist(err) {
+			return nil, fmt.Errorf("segment %d (%s): %w", n, path, ErrSegmentGone)
+		}
+		return nil, err
+	}
+	buf := devio.AlignedBuffer(format.SegmentHeaderSize)
+	if err := backend.Submit([]devio.Op{{File: f, Buf: buf}}); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	h, err := format.DecodeSegmentHeader(buf)
+	if err == nil && (h.Number != n || h.Generation != generation) {
+		err = fmt.Errorf("%w: header names segment %d generation %#x, index expects %d generation %#x",
+			format.ErrCorrupt, h.Number, h.Generation, n, generation)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, &CorruptionError{Path: path, Err: err}
+	}
+	return newSegment(n, generation, path, f), nil
+}

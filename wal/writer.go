@@ -1,0 +1,551 @@
+package wal
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+)
+
+// SyncPolicy says when appended records are made durable with fdatasync.
+type SyncPolicy int
+
+const (
+	// SyncAlways fdatasyncs every group of records before it is published: an acknowledged
+	// record survives power loss.
+	SyncAlways SyncPolicy = iota
+	// SyncInterval publishes records once written and fdatasyncs periodically: a crash may lose
+	// records acknowledged since the last sync, never exposes a torn one.
+	SyncInterval
+	// SyncNone never fdatasyncs records (segments are still synced when sealed and on Close):
+	// for tests and tmpfs.
+	SyncNone
+)
+
+// String returns "always", "interval" or "none".
+func (p SyncPolicy) String() string {
+	switch p {
+	case SyncAlways:
+		return "always"
+	case SyncInterval:
+		return "interval"
+	case SyncNone:
+		return "none"
+	}
+	return fmt.Sprintf("SyncPolicy(%d)", int(p))
+}
+
+// ParseSyncPolicy parses "always", "interval" or "none".
+func ParseSyncPolicy(s string) (SyncPolicy, error) {
+	for _, p := range []SyncPolicy{SyncAlways, SyncInterval, SyncNone} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("sync policy %q: want always, interval or none: %w", s, format.ErrInvalid)
+}
+
+// Record is one block handed to the Writer. Buf is an aligned buffer of exactly
+// Layout.RecordBytes() bytes whose payload part (from format.RecordHeaderSize) the caller has
+// filled, shard i at Layout.ShardOffset(i) with zero padding; the Writer fills the header part.
+// Buf must stay untouched until Append returns.
+type Record struct {
+	ID        format.BlockID
+	Layout    format.Layout
+	ShardCRCs []uint32
+	Buf       []byte
+
+	// Set by the Writer before Publish.
+	Segment   uint64
+	Offset    int64
+	Seq       uint64
+	HeaderCRC uint32
+}
+
+// Hooks connect the Writer to the index. They are called from the Writer's single committer
+// goroutine, in order.
+type Hooks interface {
+	// SegmentCreated registers a new segment durably as active. It is called after the
+	// segment's header is durable and its directory entry synced, before any record is
+	// appended to it.
+	SegmentCreated(number, generation uint64) error
+	// Publish makes a group of appended records visible. Under SyncAlways it is called after
+	// the records are durable and must apply its index batch with a sync; otherwise after
+	// they are written.
+	Publish(recs []*Record, durable bool) error
+	// SegmentSealed records that a segment's footer is durable and its size final.
+	SegmentSealed(number uint64, size int64) error
+	// Synced is called after a periodic or explicit Sync has made every written record durable;
+	// the index should make every applied batch durable too.
+	Synced() error
+}
+
+// Options configure a Writer.
+type Options struct {
+	FS  vfs.FS
+	Dir string // the segment directory; it must exist
+	// SegmentSize is the size at which the active segment is sealed and a new one started.
+	// A record larger than a whole segment gets a segment of its own.
+	SegmentSize  int64
+	Sync         SyncPolicy
+	SyncInterval time.Duration // SyncInterval only
+	Direct       devio.DirectMode
+	Backend      devio.Backend
+	Instance     format.InstanceID
+	Schema       format.Fingerprint
+	Hooks        Hooks
+	Logger       *slog.Logger
+	// NextSegment is the number the next new segment gets; the caller derives it from the
+	// segment table (one past the highest number ever registered).
+	NextSegment uint64
+	// MaxGroupBytes bounds the record bytes written by one group commit.
+	MaxGroupBytes int64
+	// OnSegment is told about every segment the Writer opens, so readers can find it.
+	OnSegment func(*Segment)
+}
+
+// ErrWriterClosed is returned by Append after Close.
+var ErrWriterClosed = errors.New("wal: writer closed")
+
+type request struct {
+	recs []*Record
+	sync bool // an explicit Sync request (recs empty)
+	done chan error
+}
+
+// Writer appends records to the active segment of one directory with group commit: concurrent
+// Append calls are written as one batch of I/O with one fdatasync and published with one
+// index batch. Writes to a segment whose write or sync failed stop there: the segment is left
+// for recovery to seal and a new segment is started; the error reaches every caller of the group.
+type Writer struct {
+	opts   Options
+	reqs   chan *request
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+
+	// Owned by the committer goroutine.
+	active  *Segment
+	next    uint64
+	dirty   []*Segment // segments written since their last fdatasync
+	scratch []devio.Op
+}
+
+// NewWriter starts a Writer. No segment is created until the first record arrives.
+func NewWriter(opts Options) (*Writer, error) {
+	if opts.FS == nil || opts.Backend == nil || opts.Hooks == nil || opts.Dir == "" {
+		return nil, fmt.Errorf("wal: writer needs FS, Dir, Backend and Hooks: %w", format.ErrInvalid)
+	}
+	if opts.SegmentSize < 2*format.Alignment {
+		return nil, fmt.Errorf("wal: segment size %d too small: %w", opts.SegmentSize, format.ErrInvalid)
+	}
+	if opts.NextSegment == 0 {
+		opts.NextSegment = 1
+	}
+	if opts.MaxGroupBytes <= 0 {
+		opts.MaxGroupBytes = 64 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment}
+	w.wg.Add(1)
+	go w.run()
+	if opts.Sync == SyncInterval && opts.SyncInterval > 0 {
+		w.wg.Add(1)
+		go w.ticker()
+	}
+	return w, nil
+}
+
+// Append writes recs and returns once they are published (durable first under SyncAlways).
+// On error none of recs is published.
+func (w *Writer) Append(recs []*Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	return w.send(&request{recs: recs, done: make(chan error, 1)})
+}
+
+// Sync makes every record appended so far durable, then calls Hooks.Synced.
+func (w *Writer) Sync() error { return w.send(&request{sync: true, done: make(chan error, 1)}) }
+
+func (w *Writer) send(r *request) error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return ErrWriterClosed
+	}
+	w.reqs <- r
+	w.mu.Unlock()
+	return <-r.done
+}
+
+// Close syncs what was written, seals the active segment and stops the committer. Appends
+// racing with Close either complete or fail with ErrWriterClosed.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	close(w.stop)
+	w.mu.Unlock()
+	w.wg.Wait()
+	// Drain requests queued before closed was set.
+	for {
+		select {
+		case r := <-w.reqs:
+			r.done <- ErrWriterClosed
+		default:
+			return w.finish()
+		}
+	}
+}
+
+// finish runs after the committer stopped: sync and seal the active segment.
+func (w *Writer) finish() error {
+	err := w.syncDirty()
+	if err == nil && w.active != nil {
+		err = w.seal(w.active)
+	}
+	if err == nil && len(w.dirty) == 0 {
+		err = w.opts.Hooks.Synced()
+	}
+	return err
+}
+
+func (w *Writer) ticker() {
+	defer w.wg.Done()
+	t := time.NewTicker(w.opts.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			r := &request{sync: true, done: make(chan error, 1)}
+			select {
+			case w.reqs <- r:
+			case <-w.stop:
+				return
+			}
+			if err := <-r.done; err != nil {
+				w.opts.Logger.Warn("wal: periodic sync failed", "err", err)
+			}
+		}
+	}
+}
+
+func (w *Writer) run() {
+	defer w.wg.Done()
+	var group []*request
+	for {
+		group = group[:0]
+		select {
+		case <-w.stop:
+			return
+		case r := <-w.reqs:
+			group = append(group, r)
+		}
+		// Gather whatever else is queued, up to the group byte limit.
+		bytes := reqBytes(group[0])
+	gather:
+		for bytes < w.opts.MaxGroupBytes {
+			select {
+			case r := <-w.reqs:
+				group = append(group, r)
+				bytes += reqBytes(r)
+			default:
+				break gather
+			}
+		}
+		w.commit(group)
+	}
+}
+
+func reqBytes(r *request) int64 {
+	var n int64
+	for _, rec := range r.recs {
+		n += int64(len(rec.Buf))
+	}
+	return n
+}
+
+// commit writes one group. Records are placed in order; when the active segment fills, the
+// records placed so far are flushed, the segment sealed and a new one started.
+func (w *Writer) commit(group []*request) {
+	var (
+		recs    []*Record
+		owners  []int // owners[i] = index in group of recs[i]
+		errs    = make([]error, len(group))
+		syncReq bool
+	)
+	for gi, r := range group {
+		if r.sync {
+			syncReq = true
+		}
+		for _, rec := range r.recs {
+			recs = append(recs, rec)
+			owners = append(owners, gi)
+		}
+	}
+	fail := func(lo, hi int, err error) {
+		for i := lo; i < hi; i++ {
+			if errs[owners[i]] == nil {
+				errs[owners[i]] = err
+			}
+		}
+	}
+	start := 0
+	for start < len(recs) {
+		if err := w.ensureActive(); err != nil {
+			fail(start, len(recs), err)
+			break
+		}
+		// Place as many records as fit in the active segment.
+		seg := w.active
+		end := start
+		for end < len(recs) {
+			size := int64(len(recs[end].Buf))
+			n := len(seg.entries) + end - start
+			fits := seg.end+size+format.FooterSize(n+1) <= w.opts.SegmentSize
+			if !fits && !(n == 0 && seg.end == format.SegmentHeaderSize) {
+				break
+			}
+			end++
+		}
+		if end == start {
+			// The active segment is full: seal it and go round again with a new one.
+			if err := w.seal(seg); err != nil {
+				fail(start, len(recs), err)
+				break
+			}
+			continue
+		}
+		if err := w.writeRun(seg, recs[start:end]); err != nil {
+			fail(start, end, err)
+		}
+		start = end
+	}
+	if syncReq {
+		if err := w.syncDirty(); err != nil {
+			for gi, r := range group {
+				if r.sync {
+					errs[gi] = err
+				}
+			}
+		} else if err := w.opts.Hooks.Synced(); err != nil {
+			for gi, r := range group {
+				if r.sync {
+					errs[gi] = err
+				}
+			}
+		}
+	}
+	for gi, r := range group {
+		r.done <- errs[gi]
+	}
+}
+
+// writeRun writes recs to the end of seg, syncs per policy and publishes them.
+func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
+	ops := w.scratch[:0]
+	off := seg.end
+	ordinal := seg.ordinal
+	for _, rec := range recs {
+		ordinal++
+		rec.Segment, rec.Offset, rec.Seq = seg.Number, off, SequenceFor(seg.Number, ordinal)
+		h := format.RecordHeader{Type: format.RecordBlock, ID: rec.ID, Segment: seg.Number, Generation: seg.Generation,
+			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs}
+		crc, err := format.EncodeRecordHeader(rec.Buf[:format.RecordHeaderSize], &h)
+		if err != nil {
+			return fmt.Errorf("wal: record %s: %w", rec.ID, err)
+		}
+		if int64(len(rec.Buf)) != rec.Layout.RecordBytes() {
+			return fmt.Errorf("wal: record %s: buffer %d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), rec.Layout.RecordBytes(), format.ErrInvalid)
+		}
+		rec.HeaderCRC = crc
+		ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: off, Write: true})
+		off += int64(len(rec.Buf))
+	}
+	w.scratch = ops[:0]
+	err := w.opts.Backend.Submit(ops)
+	clear(ops) // drop buffer references
+	if err != nil {
+		w.abandon(seg, err)
+		return fmt.Errorf("wal: write segment %d: %w", seg.Number, err)
+	}
+	// The records are in the file: account for them even if the sync below fails, so that the
+	// segment's extent stays right.
+	for _, rec := range recs {
+		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: int64(len(rec.Buf)),
+			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
+	}
+	seg.end, seg.ordinal = off, ordinal
+	durable := false
+	if w.opts.Sync == SyncAlways {
+		if err := seg.file.SyncData(); err != nil {
+			w.abandon(seg, err)
+			return fmt.Errorf("wal: sync segment %d: %w", seg.Number, err)
+		}
+		durable = true
+	} else {
+		w.markDirty(seg)
+	}
+	if err := w.opts.Hooks.Publish(recs, durable); err != nil {
+		return fmt.Errorf("wal: publish to index: %w", err)
+	}
+	return nil
+}
+
+func (w *Writer) markDirty(seg *Segment) {
+	for _, s := range w.dirty {
+		if s == seg {
+			return
+		}
+	}
+	w.dirty = append(w.dirty, seg)
+}
+
+// syncDirty fdatasyncs every segment written since its last sync.
+func (w *Writer) syncDirty() error {
+	for len(w.dirty) > 0 {
+		seg := w.dirty[0]
+		if err := seg.file.SyncData(); err != nil {
+			w.abandon(seg, err)
+			return fmt.Errorf("wal: sync segment %d: %w", seg.Number, err)
+		}
+		w.dirty = w.dirty[1:]
+	}
+	w.dirty = nil
+	return nil
+}
+
+// abandon stops appending to seg after a failed write or sync. A failed fsync is never retried
+// as if it had succeeded: the segment stays registered as active, so the next Open scans it,
+// truncates whatever did not make it and seals it. Readers may keep reading what was published.
+func (w *Writer) abandon(seg *Segment, cause error) {
+	w.opts.Logger.Error("wal: segment abandoned after I/O failure; recovery will seal it", "segment", seg.Number, "path", seg.path, "err", cause)
+	if w.active == seg {
+		w.active = nil
+	}
+	for i, s := range w.dirty {
+		if s == seg {
+			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
+			break
+		}
+	}
+}
+
+// ensureActive opens a new active segment when there is none.
+func (w *Writer) ensureActive() error {
+	if w.active != nil {
+		return nil
+	}
+	seg, err := CreateSegment(w.opts.FS, w.opts.Dir, w.next, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
+		Number: w.next, Generation: randomGeneration(), Instance: w.opts.Instance,
+		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
+	})
+	if err != nil {
+		return err
+	}
+	w.next++
+	if err := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation); err != nil {
+		seg.Release()
+		return fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
+	}
+	if w.opts.OnSegment != nil {
+		w.opts.OnSegment(seg)
+	}
+	w.active = seg
+	return nil
+}
+
+// seal writes seg's footer, syncs it and reports it sealed. On failure the segment is
+// abandoned (left active for recovery).
+func (w *Writer) seal(seg *Segment) error {
+	if w.active == seg {
+		w.active = nil
+	}
+	if err := sealAt(seg, seg.end, seg.entries, w.opts.Backend); err != nil {
+		w.abandon(seg, err)
+		return err
+	}
+	for i, s := range w.dirty {
+		if s == seg {
+			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
+			break
+		}
+	}
+	size := seg.end + format.FooterSize(len(seg.entries))
+	seg.entries = nil
+	if err := w.opts.Hooks.SegmentSealed(seg.Number, size); err != nil {
+		return fmt.Errorf("wal: record seal of segment %d: %w", seg.Number, err)
+	}
+	return nil
+}
+
+// sealAt writes the footer for entries at dataEnd and fdatasyncs the segment.
+func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend devio.Backend) error {
+	foot, err := format.EncodeFooter(seg.Number, seg.Generation, dataEnd, entries)
+	if err != nil {
+		return fmt.Errorf("wal: footer of segment %d: %w", seg.Number, err)
+	}
+	buf := devio.AlignedBuffer(len(foot))
+	copy(buf, foot)
+	if err := backend.Submit([]devio.Op{{File: seg.file, Buf: buf, Off: dataEnd, Write: true}}); err != nil {
+		return fmt.Errorf("wal: write footer of segment %d: %w", seg.Number, err)
+	}
+	if err := seg.file.SyncData(); err != nil {
+		return fmt.Errorf("wal: sync footer of segment %d: %w", seg.Number, err)
+	}
+	return nil
+}
+
+// CreateSegment creates segment file number n in dir with header h, makes the header and the
+// directory entry durable, and returns it open for appending.
+func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, backend devio.Backend, h *format.SegmentHeader) (*Segment, error) {
+	path := SegmentPath(dir, n)
+	if _, err := fs.Stat(path); err == nil {
+		return nil, fmt.Errorf("wal: segment %s already exists: %w", path, format.ErrInvalid)
+	}
+	f, err := devio.OpenFile(fs, path, true, direct)
+	if err != nil {
+		return nil, fmt.Errorf("wal: create segment: %w", err)
+	}
+	buf := devio.AlignedBuffer(format.SegmentHeaderSize)
+	if err := format.EncodeSegmentHeader(buf, h); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	err = backend.Submit([]devio.Op{{File: f, Buf: buf, Off: 0, Write: true}})
+	if err == nil {
+		err = f.SyncData()
+	}
+	if err == nil {
+		err = syncDir(fs, dir)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("wal: create segment %s: %w", path, err)
+	}
+	seg := newSegment(n, h.Generation, path, f)
+	seg.end = format.SegmentHeaderSize
+	return seg, nil
+}
+
+func randomGeneration() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1 // never zero
+}
