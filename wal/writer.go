@@ -314,14 +314,15 @@ func (w *Writer) commit(group []*request) {
 		}
 		// Place as many records as fit in the active segment.
 		seg := w.active
-		end := start
+		end, off := start, seg.end
 		for end < len(recs) {
 			size := int64(len(recs[end].Buf))
 			n := len(seg.entries) + end - start
-			fits := seg.end+size+format.FooterSize(n+1) <= w.opts.SegmentSize
-			if !fits && !(n == 0 && seg.end == format.SegmentHeaderSize) {
-				break
+			fits := off+size+format.FooterSize(n+1) <= w.opts.SegmentSize
+			if !fits && n > 0 {
+				break // a record bigger than a whole segment still gets an empty one
 			}
+			off += size
 			end++
 		}
 		if end == start {
