@@ -2,6 +2,7 @@ package engine
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,7 @@ const (
 	metaInstance    = "engine.instance"
 	metaNextSegment = "engine.next_segment"
 	metaFormat      = "engine.format_version"
+	metaLayout      = "engine.layout"
 )
 
 // Engine is an open store. All methods are safe for concurrent use.
@@ -188,8 +190,13 @@ func (e *Engine) checkSchema() (known bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("open %s: %w", e.dir, err)
 	}
+	if ok && e.opts.AdoptStoredSchema {
+		if err := e.adoptStoredSchema(fp); err != nil {
+			return true, err
+		}
+	}
 	if !ok {
-		if e.opts.ReadOnly {
+		if e.opts.ReadOnly || e.opts.AdoptStoredSchema {
 			return false, fmt.Errorf("open %s: not a store (no schema recorded): %w", e.dir, ErrNotFound)
 		}
 		return false, nil
@@ -207,6 +214,31 @@ func (e *Engine) checkSchema() (known bool, err error) {
 	return true, nil
 }
 
+// adoptStoredSchema makes the engine use the layout and fingerprint the store recorded.
+func (e *Engine) adoptStoredSchema(fp []byte) error {
+	lb, ok, err := e.ix.Meta(metaLayout)
+	if err != nil || !ok || len(lb) != 24 || len(fp) != len(e.fingerprint) {
+		return fmt.Errorf("open %s: index meta %s missing or malformed: %w", e.dir, metaLayout, ErrCorrupt)
+	}
+	l := Layout{Shards: int(binary.LittleEndian.Uint64(lb)), TensorsPerShard: int(binary.LittleEndian.Uint64(lb[8:])),
+		ShardBytes: int64(binary.LittleEndian.Uint64(lb[16:]))}
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("open %s: stored layout: %w: %w", e.dir, ErrCorrupt, err)
+	}
+	e.opts.Layout = l
+	copy(e.fingerprint[:], fp)
+	if e.opts.MaxStagingBytes < l.RecordBytes() {
+		e.opts.MaxStagingBytes = l.RecordBytes()
+	}
+	return nil
+}
+
+// StoredSchema returns the canonical schema text the store recorded at creation.
+func (e *Engine) StoredSchema() string {
+	s, _, _ := e.ix.Meta(metaSchema)
+	return string(s)
+}
+
 // recordSchema records the schema of a new store (or of one whose index was rebuilt). The
 // fingerprint is written last: its presence means the rest is there.
 func (e *Engine) recordSchema() error {
@@ -222,6 +254,7 @@ func (e *Engine) recordSchema() error {
 		{metaSchema, []byte(e.opts.Schema.Canonical(e.opts.Layout))},
 		{metaInstance, e.instance[:]},
 		{metaFormat, []byte(fmt.Sprint(format.Version))},
+		{metaLayout, layoutBytes(e.opts.Layout)},
 		{metaFingerprint, e.fingerprint[:]},
 	} {
 		if err := e.ix.SetMeta(kv.k, kv.v, true); err != nil {
@@ -229,6 +262,14 @@ func (e *Engine) recordSchema() error {
 		}
 	}
 	return nil
+}
+
+func layoutBytes(l Layout) []byte {
+	b := make([]byte, 24)
+	binary.LittleEndian.PutUint64(b, uint64(l.Shards))
+	binary.LittleEndian.PutUint64(b[8:], uint64(l.TensorsPerShard))
+	binary.LittleEndian.PutUint64(b[16:], uint64(l.ShardBytes))
+	return b
 }
 
 // release closes whatever open() got to; used on a failed Open and by Close.

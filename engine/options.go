@@ -65,6 +65,10 @@ type Options struct {
 	MaxStagingBytes int64
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
+	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
+	// ignoring Schema and Layout: for tools that operate on any store (verify, stats, bench on
+	// an existing directory). Opening a store that does not exist fails with ErrNotFound.
+	AdoptStoredSchema bool
 	// Logger receives the engine's logs (default: discard).
 	Logger *slog.Logger
 }
@@ -97,10 +101,10 @@ func (o Options) withDefaults() Options {
 
 // Validate reports the first invalid field of o (after defaults), wrapping ErrInvalidArgument.
 func (o Options) Validate() error {
-	if err := o.Layout.Validate(); err != nil {
+	if err := o.Layout.Validate(); err != nil && !o.AdoptStoredSchema {
 		return fmt.Errorf("options: %w", err)
 	}
-	if err := o.Schema.Validate(); err != nil {
+	if err := o.Schema.Validate(); err != nil && !o.AdoptStoredSchema {
 		return fmt.Errorf("options: %w", err)
 	}
 	switch {
@@ -120,7 +124,7 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
 	case o.TaskTimeout < 0:
 		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
-	case o.MaxStagingBytes < o.Layout.RecordBytes():
+	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
 	}
 	return nil

@@ -1,0 +1,366 @@
+package index
+
+import (
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/ucm-go/ucm/format"
+)
+
+type opKind uint8
+
+const (
+	opPut opKind = iota + 1
+	opDelete
+	opPutIf
+	opSetSegment
+	opDeleteSegment
+)
+
+// op is one recorded mutation. For puts, loc carries no ShardCRCs (enc holds the encoded value,
+// taken at the call so the caller may reuse its slices).
+type op struct {
+	kind   opKind
+	id     format.BlockID
+	loc    Location
+	enc    []byte
+	oldSeg uint64
+	oldOff int64
+	result *bool
+	seg    SegmentMeta
+	number uint64
+}
+
+// Batch groups mutations that Apply commits atomically, in the order they were added. It is
+// not safe for concurrent use and is consumed by Apply (applied once, whatever the outcome).
+type Batch struct {
+	ix      *Index
+	ops     []op
+	err     error // first invalid argument; Apply returns it and commits nothing
+	applied bool
+}
+
+// NewBatch returns an empty batch for ix.
+func (ix *Index) NewBatch() *Batch { return &Batch{ix: ix} }
+
+// Len returns the number of mutations recorded in b.
+func (b *Batch) Len() int { return len(b.ops) }
+
+func (b *Batch) setErr(err error) {
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+// Put records that id's entry becomes loc (insert or overwrite). At Apply, loc's RecordBytes is
+// added to loc.Segment's live counters and the previous location's (if any) subtracted from its
+// segment's. An invalid loc (segment 0, negative offset, invalid layout, len(ShardCRCs) !=
+// Layout.Shards) makes Apply fail with an error wrapping format.ErrInvalid. loc is copied.
+func (b *Batch) Put(id format.BlockID, loc Location) {
+	if err := loc.validate(); err != nil {
+		b.setErr(fmt.Errorf("index: put %s: %w", id, err))
+		return
+	}
+	enc := EncodeLocation(nil, loc)
+	loc.ShardCRCs = nil
+	b.ops = append(b.ops, op{kind: opPut, id: id, loc: loc, enc: enc})
+}
+
+// Delete records that id's entry is removed; at Apply it is a no-op if id has no entry at that
+// point of the batch, else the entry's bytes leave its segment's live counters.
+func (b *Batch) Delete(id format.BlockID) {
+	b.ops = append(b.ops, op{kind: opDelete, id: id})
+}
+
+// PutIf records a compare-and-set: at its point in the batch, id moves to loc only if its entry
+// exists and points at exactly (old.Segment, old.Offset); otherwise it does nothing. The
+// returned *bool is set by Apply: true if the move happened and the batch committed, false
+// otherwise (including when Apply fails). loc is validated and copied as by Put.
+func (b *Batch) PutIf(id format.BlockID, old Location, loc Location) *bool {
+	res := new(bool)
+	if err := loc.validate(); err != nil {
+		b.setErr(fmt.Errorf("index: put-if %s: %w", id, err))
+		return res
+	}
+	enc := EncodeLocation(nil, loc)
+	loc.ShardCRCs = nil
+	b.ops = append(b.ops, op{kind: opPutIf, id: id, loc: loc, enc: enc, oldSeg: old.Segment, oldOff: old.Offset, result: res})
+	return res
+}
+
+// SetSegment records that segment m.Number's row is inserted or replaced. Apply takes Number,
+// Generation, State and Size from m and ignores m.LiveBytes and m.LiveRecords: a row's live
+// counters are always derived from block entries, as
+//
+//	live(after Apply) = live of the row before Apply (0 if there was none)
+//	                    + net effect of every Put/Delete/PutIf of the batch on that segment,
+//
+// wherever in the batch SetSegment appears. Number 0, an unknown state or a negative Size make
+// Apply fail with an error wrapping format.ErrInvalid.
+func (b *Batch) SetSegment(m SegmentMeta) {
+	if err := m.validate(); err != nil {
+		b.setErr(fmt.Errorf("index: set segment: %w", err))
+		return
+	}
+	m.LiveBytes, m.LiveRecords = 0, 0
+	b.ops = append(b.ops, op{kind: opSetSegment, seg: m})
+}
+
+// DeleteSegment records that segment number's row is removed (a no-op if there is none). The
+// check is made at the end of the batch: if entries still point into the segment then (counting
+// the batch's own moves and deletes), Apply fails and commits nothing. A later SetSegment of the
+// same number in the batch re-creates the row.
+func (b *Batch) DeleteSegment(number uint64) {
+	b.ops = append(b.ops, op{kind: opDeleteSegment, number: number})
+}
+
+// blockState is the in-batch view of one block entry.
+type blockState struct {
+	present bool
+	seg     uint64
+	off     int64
+	bytes   int64
+	enc     []byte
+	dirty   bool
+}
+
+type liveDelta struct{ bytes, records int64 }
+
+// segState is the in-batch view of one segment row.
+type segState struct {
+	exists bool
+	meta   SegmentMeta
+}
+
+// Apply commits b atomically with pebble.Sync if sync, else pebble.NoSync (then the batch is
+// visible at once and durable after a later Sync or synced Apply, or through anyone else's), then
+// updates the in-memory segment table. Ops are evaluated in order against an in-batch view that
+// starts from the committed state; each segment row written carries the exact live counters (see
+// SetSegment) in the same Pebble batch as the entries. Apply is serialized with other Apply and
+// DropSegmentEntries calls, so the previous locations it reads cannot change under it. On any
+// error nothing is committed and every PutIf result is false. A stored entry that fails to decode
+// fails Apply with an error wrapping format.ErrCorrupt.
+func (ix *Index) Apply(b *Batch, sync bool) error {
+	if err := ix.checkWritable(); err != nil {
+		return err
+	}
+	if b.ix != ix {
+		return fmt.Errorf("%w: index: batch belongs to another index", format.ErrInvalid)
+	}
+	if b.applied {
+		return fmt.Errorf("%w: index: batch already applied", format.ErrInvalid)
+	}
+	ix.applyMu.Lock()
+	defer ix.applyMu.Unlock()
+	return ix.applyLocked(b, sync)
+}
+
+// applyLocked is Apply with applyMu held.
+func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
+	b.applied = true
+	var results []struct {
+		p  *bool
+		ok bool
+	}
+	defer func() {
+		for _, r := range results {
+			*r.p = err == nil && r.ok
+		}
+		if err != nil {
+			for _, o := range b.ops {
+				if o.result != nil {
+					*o.result = false
+				}
+			}
+		}
+	}()
+	if b.err != nil {
+		return b.err
+	}
+	if len(b.ops) == 0 {
+		if sync {
+			if err := ix.db.LogData(nil, pebble.Sync); err != nil {
+				return fmt.Errorf("index: apply: %w", err)
+			}
+		}
+		return nil
+	}
+
+	blocks := make(map[format.BlockID]*blockState)
+	deltas := make(map[uint64]*liveDelta)
+	segs := make(map[uint64]*segState)
+	var kb [blockKeySize]byte
+
+	current := func(id format.BlockID) (*blockState, error) {
+		if st, ok := blocks[id]; ok {
+			return st, nil
+		}
+		loc, ok, err := ix.getLocation(blockKey(kb[:], id), id)
+		if err != nil {
+			return nil, err
+		}
+		st := &blockState{}
+		if ok {
+			*st = blockState{present: true, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
+		}
+		blocks[id] = st
+		return st, nil
+	}
+	adjust := func(seg uint64, bytes, records int64) {
+		d := deltas[seg]
+		if d == nil {
+			d = &liveDelta{}
+			deltas[seg] = d
+		}
+		d.bytes += bytes
+		d.records += records
+	}
+	put := func(st *blockState, o *op) {
+		if st.present {
+			adjust(st.seg, -st.bytes, -1)
+		}
+		*st = blockState{present: true, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
+		adjust(st.seg, st.bytes, 1)
+	}
+	// Only applyMu holders write ix.mu.segments, so it can be read here without ix.mu.
+	committed := ix.mu.segments
+	segRow := func(n uint64) *segState {
+		if s, ok := segs[n]; ok {
+			return s
+		}
+		m, ok := committed[n]
+		s := &segState{exists: ok, meta: m}
+		segs[n] = s
+		return s
+	}
+	for i := range b.ops {
+		o := &b.ops[i]
+		switch o.kind {
+		case opSetSegment:
+			s := segRow(o.seg.Number)
+			s.exists, s.meta = true, o.seg
+		case opDeleteSegment:
+			s := segRow(o.number)
+			s.exists = false
+		}
+	}
+
+	for i := range b.ops {
+		o := &b.ops[i]
+		switch o.kind {
+		case opPut:
+			st, err := current(o.id)
+			if err != nil {
+				return err
+			}
+			put(st, o)
+		case opPutIf:
+			st, err := current(o.id)
+			if err != nil {
+				return err
+			}
+			ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
+			if ok {
+				put(st, o)
+			}
+			results = append(results, struct {
+				p  *bool
+				ok bool
+			}{o.result, ok})
+		case opDelete:
+			st, err := current(o.id)
+			if err != nil {
+				return err
+			}
+			if st.present {
+				adjust(st.seg, -st.bytes, -1)
+				*st = blockState{dirty: true}
+			}
+		}
+	}
+
+	// Final segment rows: every segment touched by a segment op or by an entry.
+	for n := range deltas {
+		segRow(n)
+	}
+	pb := ix.db.NewBatch()
+	defer func() { _ = pb.Close() }()
+	newRows := make(map[uint64]*SegmentMeta, len(segs)) // nil: row deleted
+	for n, s := range segs {
+		var live liveDelta
+		if m, ok := committed[n]; ok {
+			live = liveDelta{m.LiveBytes, m.LiveRecords}
+		}
+		if d := deltas[n]; d != nil {
+			live.bytes += d.bytes
+			live.records += d.records
+		}
+		_, hadRow := committed[n]
+		if !s.exists {
+			if live.records != 0 || live.bytes != 0 {
+				if hadRow {
+					return fmt.Errorf("%w: index: apply: segment %d deleted with %d live records (%d bytes)", format.ErrInvalid, n, live.records, live.bytes)
+				}
+				return fmt.Errorf("%w: index: apply: %d entries (%d bytes) would point at segment %d, which has no row", format.ErrInvalid, live.records, live.bytes, n)
+			}
+			if hadRow {
+				newRows[n] = nil
+				if err := pb.Delete(segmentKey(n), nil); err != nil {
+					return fmt.Errorf("index: apply: %w", err)
+				}
+			}
+			continue
+		}
+		if live.records < 0 || live.bytes < 0 || (live.records == 0) != (live.bytes == 0) {
+			return fmt.Errorf("%w: index: apply: segment %d accounting would become %d bytes in %d records", format.ErrCorrupt, n, live.bytes, live.records)
+		}
+		m := s.meta
+		m.LiveBytes, m.LiveRecords = live.bytes, live.records
+		if old, ok := committed[n]; ok && old == m {
+			continue
+		}
+		newRows[n] = &m
+		if err := pb.Set(segmentKey(n), EncodeSegmentMeta(nil, m), nil); err != nil {
+			return fmt.Errorf("index: apply: %w", err)
+		}
+	}
+	for id, st := range blocks {
+		if !st.dirty {
+			continue
+		}
+		key := blockKey(make([]byte, blockKeySize), id)
+		var err error
+		if st.present {
+			err = pb.Set(key, st.enc, nil)
+		} else {
+			err = pb.Delete(key, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("index: apply: %w", err)
+		}
+	}
+	if pb.Empty() && !sync {
+		return nil
+	}
+	if pb.Empty() {
+		if err := ix.db.LogData(nil, pebble.Sync); err != nil {
+			return fmt.Errorf("index: apply: %w", err)
+		}
+		return nil
+	}
+	if err := ix.db.Apply(pb, writeOpts(sync)); err != nil {
+		return fmt.Errorf("index: apply: %w", err)
+	}
+
+	ix.mu.Lock()
+	for n, m := range newRows {
+		if m == nil {
+			delete(ix.mu.segments, n)
+		} else {
+			ix.mu.segments[n] = *m
+		}
+	}
+	ix.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,266 @@
+package index
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+
+	"github.com/ucm-go/ucm/format"
+)
+
+// Location is where a block's record lives and what is needed to verify a read of it without
+// first reading the record header.
+type Location struct {
+	// Segment is the number of the segment file holding the record (> 0).
+	Segment uint64
+	// Offset is the byte offset of the record's start (its header) in the segment file (>= 0).
+	Offset int64
+	// Layout is the block's shard layout; it fixes the record's on-disk size.
+	Layout format.Layout
+	// Seq is the store-wide sequence number the record was written with.
+	Seq uint64
+	// HeaderCRC is the record header's checksum (what format.EncodeRecordHeader returned).
+	HeaderCRC uint32
+	// ShardCRCs holds the CRC32C of each shard's raw bytes; len == Layout.Shards.
+	ShardCRCs []uint32
+}
+
+// RecordBytes is the on-disk size of the record at l (header plus padded payload): exactly what
+// the segment table's LiveBytes counts for it.
+func (l Location) RecordBytes() int64 { return l.Layout.RecordBytes() }
+
+// validate reports whether l can be stored, wrapping format.ErrInvalid.
+func (l Location) validate() error {
+	if l.Segment == 0 {
+		return fmt.Errorf("%w: location: segment number 0", format.ErrInvalid)
+	}
+	if l.Offset < 0 {
+		return fmt.Errorf("%w: location: negative offset %d", format.ErrInvalid, l.Offset)
+	}
+	if err := l.Layout.Validate(); err != nil {
+		return fmt.Errorf("location: %w", err)
+	}
+	if len(l.ShardCRCs) != l.Layout.Shards {
+		return fmt.Errorf("%w: location: %d shard checksums for %d shards", format.ErrInvalid, len(l.ShardCRCs), l.Layout.Shards)
+	}
+	return nil
+}
+
+// SegmentState is the lifecycle state of a segment in the segment table.
+type SegmentState uint8
+
+// Segment states. Part of the index's on-disk value format: do not renumber.
+const (
+	// SegmentActive is a segment still being appended to; after a crash its tail may be unclean.
+	SegmentActive SegmentState = 1
+	// SegmentSealed is a segment that will never be appended to again; every record in it must
+	// be valid.
+	SegmentSealed SegmentState = 2
+	// SegmentQuarantined is a segment found corrupt; it is not served from.
+	SegmentQuarantined SegmentState = 3
+)
+
+// String returns "active", "sealed", "quarantined" or "state(N)" for an unknown value.
+func (s SegmentState) String() string {
+	switch s {
+	case SegmentActive:
+		return "active"
+	case SegmentSealed:
+		return "sealed"
+	case SegmentQuarantined:
+		return "quarantined"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+func (s SegmentState) valid() bool { return s >= SegmentActive && s <= SegmentQuarantined }
+
+// SegmentMeta is one row of the segment table.
+type SegmentMeta struct {
+	// Number is the segment's number (> 0), its file name and its key in the table.
+	Number uint64
+	// Generation is the random generation written in the segment's header and records.
+	Generation uint64
+	// State is the segment's lifecycle state.
+	State SegmentState
+	// Size is the bytes of the file that are accounted: header + records (+ footer once
+	// sealed); for active segments the durable append offset as last recorded by the caller.
+	Size int64
+	// LiveBytes is the sum of RecordBytes of the records the index points at. Maintained by
+	// Apply, never taken from the caller.
+	LiveBytes int64
+	// LiveRecords is the number of block entries pointing into the segment. Maintained by
+	// Apply, never taken from the caller.
+	LiveRecords int64
+}
+
+// validate reports whether m can be stored by SetSegment, wrapping format.ErrInvalid.
+func (m SegmentMeta) validate() error {
+	switch {
+	case m.Number == 0:
+		return fmt.Errorf("%w: segment meta: number 0", format.ErrInvalid)
+	case !m.State.valid():
+		return fmt.Errorf("%w: segment %d: %v", format.ErrInvalid, m.Number, m.State)
+	case m.Size < 0:
+		return fmt.Errorf("%w: segment %d: negative size %d", format.ErrInvalid, m.Number, m.Size)
+	}
+	return nil
+}
+
+// Value format versions. Part of the index's on-disk format.
+const (
+	locationVersion    = 1
+	segmentMetaVersion = 1
+)
+
+// Location value layout (version 1); see doc.go.
+const (
+	locOffVersion    = 0
+	locOffSegment    = 1
+	locOffOffset     = 9
+	locOffSeq        = 17
+	locOffHeaderCRC  = 25
+	locOffShards     = 29
+	locOffTensors    = 33
+	locOffShardBytes = 37
+	locOffShardCRCs  = 45
+	// locationFixedSize is the size of a location value without its shard checksums.
+	locationFixedSize = locOffShardCRCs
+)
+
+// SegmentMeta value layout (version 1); see doc.go.
+const (
+	segOffVersion     = 0
+	segOffNumber      = 1
+	segOffGeneration  = 9
+	segOffState       = 17
+	segOffSize        = 18
+	segOffLiveBytes   = 26
+	segOffLiveRecords = 34
+	// segmentMetaSize is the exact size of a version 1 segment meta value.
+	segmentMetaSize = 42
+)
+
+// EncodeLocation appends the version-1 encoding of l to dst and returns the extended slice. It
+// does not validate l (Batch.Put does); DecodeLocation accepts exactly what it produces for a
+// valid l.
+func EncodeLocation(dst []byte, l Location) []byte {
+	n := len(dst)
+	dst = append(dst, make([]byte, locationFixedSize+4*len(l.ShardCRCs))...)
+	b := dst[n:]
+	le := binary.LittleEndian
+	b[locOffVersion] = locationVersion
+	le.PutUint64(b[locOffSegment:], l.Segment)
+	le.PutUint64(b[locOffOffset:], uint64(l.Offset))
+	le.PutUint64(b[locOffSeq:], l.Seq)
+	le.PutUint32(b[locOffHeaderCRC:], l.HeaderCRC)
+	le.PutUint32(b[locOffShards:], uint32(l.Layout.Shards))
+	le.PutUint32(b[locOffTensors:], uint32(l.Layout.TensorsPerShard))
+	le.PutUint64(b[locOffShardBytes:], uint64(l.Layout.ShardBytes))
+	for i, c := range l.ShardCRCs {
+		le.PutUint32(b[locOffShardCRCs+4*i:], c)
+	}
+	return dst
+}
+
+// DecodeLocation decodes a location value. Any failed check (length, version, range of a
+// field, layout validity) returns an error wrapping format.ErrCorrupt naming the field. It never
+// panics and allocates only the shard checksum table, after checking the shard count against
+// format.MaxShards and the value's length.
+func DecodeLocation(src []byte) (Location, error) {
+	var l Location
+	if len(src) < locationFixedSize {
+		return l, fmt.Errorf("%w: location value: %d bytes, want at least %d", format.ErrCorrupt, len(src), locationFixedSize)
+	}
+	if v := src[locOffVersion]; v != locationVersion {
+		return l, fmt.Errorf("%w: location value: field version: %d, this build reads %d", format.ErrCorrupt, v, locationVersion)
+	}
+	le := binary.LittleEndian
+	shards := le.Uint32(src[locOffShards:])
+	if shards < 1 || shards > format.MaxShards {
+		return l, fmt.Errorf("%w: location value: field shards: %d out of range [1, %d]", format.ErrCorrupt, shards, format.MaxShards)
+	}
+	if want := locationFixedSize + 4*int(shards); len(src) != want {
+		return l, fmt.Errorf("%w: location value: %d bytes, %d shards imply %d", format.ErrCorrupt, len(src), shards, want)
+	}
+	tensors := le.Uint32(src[locOffTensors:])
+	if tensors > format.MaxTensorsPerShard {
+		return l, fmt.Errorf("%w: location value: field tensors: %d out of range [1, %d]", format.ErrCorrupt, tensors, format.MaxTensorsPerShard)
+	}
+	shardBytes := le.Uint64(src[locOffShardBytes:])
+	if shardBytes > format.MaxShardBytes {
+		return l, fmt.Errorf("%w: location value: field shard bytes: %d out of range [1, %d]", format.ErrCorrupt, shardBytes, format.MaxShardBytes)
+	}
+	l.Layout = format.Layout{Shards: int(shards), TensorsPerShard: int(tensors), ShardBytes: int64(shardBytes)}
+	if err := l.Layout.Validate(); err != nil {
+		return Location{}, fmt.Errorf("%w: location value: %v", format.ErrCorrupt, err)
+	}
+	l.Segment = le.Uint64(src[locOffSegment:])
+	if l.Segment == 0 {
+		return Location{}, fmt.Errorf("%w: location value: field segment: 0", format.ErrCorrupt)
+	}
+	off := le.Uint64(src[locOffOffset:])
+	if off > 1<<62 {
+		return Location{}, fmt.Errorf("%w: location value: field offset: %d out of range", format.ErrCorrupt, off)
+	}
+	l.Offset = int64(off)
+	l.Seq = le.Uint64(src[locOffSeq:])
+	l.HeaderCRC = le.Uint32(src[locOffHeaderCRC:])
+	l.ShardCRCs = make([]uint32, shards)
+	for i := range l.ShardCRCs {
+		l.ShardCRCs[i] = le.Uint32(src[locOffShardCRCs+4*i:])
+	}
+	return l, nil
+}
+
+// EncodeSegmentMeta appends the version-1 encoding of m to dst and returns the extended slice.
+// It does not validate m; DecodeSegmentMeta accepts exactly what it produces for a valid m.
+func EncodeSegmentMeta(dst []byte, m SegmentMeta) []byte {
+	n := len(dst)
+	dst = append(dst, make([]byte, segmentMetaSize)...)
+	b := dst[n:]
+	le := binary.LittleEndian
+	b[segOffVersion] = segmentMetaVersion
+	le.PutUint64(b[segOffNumber:], m.Number)
+	le.PutUint64(b[segOffGeneration:], m.Generation)
+	b[segOffState] = byte(m.State)
+	le.PutUint64(b[segOffSize:], uint64(m.Size))
+	le.PutUint64(b[segOffLiveBytes:], uint64(m.LiveBytes))
+	le.PutUint64(b[segOffLiveRecords:], uint64(m.LiveRecords))
+	return dst
+}
+
+// DecodeSegmentMeta decodes a segment meta value. Any failed check (length, version, state,
+// negative counters, live bytes or records without the other) returns an error wrapping
+// format.ErrCorrupt naming the field. It never panics and does not allocate.
+func DecodeSegmentMeta(src []byte) (SegmentMeta, error) {
+	var m SegmentMeta
+	if len(src) != segmentMetaSize {
+		return m, fmt.Errorf("%w: segment meta value: %d bytes, want %d", format.ErrCorrupt, len(src), segmentMetaSize)
+	}
+	if v := src[segOffVersion]; v != segmentMetaVersion {
+		return m, fmt.Errorf("%w: segment meta value: field version: %d, this build reads %d", format.ErrCorrupt, v, segmentMetaVersion)
+	}
+	le := binary.LittleEndian
+	m.Number = le.Uint64(src[segOffNumber:])
+	m.Generation = le.Uint64(src[segOffGeneration:])
+	m.State = SegmentState(src[segOffState])
+	m.Size = int64(le.Uint64(src[segOffSize:]))
+	m.LiveBytes = int64(le.Uint64(src[segOffLiveBytes:]))
+	m.LiveRecords = int64(le.Uint64(src[segOffLiveRecords:]))
+	switch {
+	case m.Number == 0:
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value: field number: 0", format.ErrCorrupt)
+	case !m.State.valid():
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field state: unknown %d", format.ErrCorrupt, m.Number, uint8(m.State))
+	case m.Size < 0:
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field size: negative %d", format.ErrCorrupt, m.Number, m.Size)
+	case m.LiveBytes < 0:
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field live bytes: negative %d", format.ErrCorrupt, m.Number, m.LiveBytes)
+	case m.LiveRecords < 0:
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field live records: negative %d", format.ErrCorrupt, m.Number, m.LiveRecords)
+	case (m.LiveBytes == 0) != (m.LiveRecords == 0):
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: live bytes %d with live records %d", format.ErrCorrupt, m.Number, m.LiveBytes, m.LiveRecords)
+	}
+	return m, nil
+}

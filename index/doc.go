@@ -1,0 +1,68 @@
+// Package index maps 16-byte block ids to the location of their records in segment files and
+// holds the segment table with exact space accounting, all in one Pebble DB
+// (github.com/cockroachdb/pebble/v2) opened on a vfs.FS.
+//
+// # Guarantees
+//
+//   - Every mutation goes through Apply (or DropSegmentEntries), which is serialized: a batch's
+//     ops are evaluated in order against an in-batch view starting from the committed state, and
+//     the block entries and the segment rows they affect are written in one atomic Pebble batch.
+//   - Accounting is exact: for every segment row, LiveBytes is the sum of RecordBytes of the
+//     entries pointing into it and LiveRecords their count, after every Apply and across
+//     Close/Open and crashes (the rows are persisted in the same batch as the entries).
+//     CheckAccounting verifies it by a full scan.
+//   - The index never syncs segment files: the caller must make segment data durable before
+//     applying a batch that points at it, since even a NoSync batch can become durable through
+//     another goroutine's Sync.
+//   - Nothing read from the DB is trusted: a value that fails to decode is an error wrapping
+//     format.ErrCorrupt naming its block id or segment number, never a panic.
+//
+// # Pebble configuration
+//
+// A new DB is created at pebble.FormatNewest and that version is recorded under the meta key
+// "index.pebble_format" (decimal text); an existing DB is opened at its own version. Block
+// cache 32 MiB, memtable 8 MiB, 256 open files, bloom filters (10 bits/key) on every level,
+// Pebble's WAL always on. Pebble's log lines go to Options.Logger (debug level for its info
+// lines) or nowhere.
+//
+// # Keys
+//
+// One byte of prefix per kind of key; part of the on-disk format.
+//
+//	'b' (0x62) + block id (16 bytes)                 → location value
+//	's' (0x73) + segment number (8 bytes, uint64 BE) → segment meta value
+//	'm' (0x6d) + name (bytes, no length prefix)      → meta value (the caller's raw bytes)
+//
+// Meta names beginning with "index." are reserved: "index.version" (decimal text, the version of
+// this key/value format, 1) and "index.pebble_format".
+//
+// # Location value, version 1 (45 + 4×shards bytes, little-endian)
+//
+//	offset size field
+//	     0    1 value version (= 1)
+//	     1    8 segment number (uint64, > 0)
+//	     9    8 record offset in the segment (int64, >= 0)
+//	    17    8 sequence number (uint64)
+//	    25    4 record header CRC32C (uint32)
+//	    29    4 shards (uint32, [1, format.MaxShards])
+//	    33    4 tensors per shard (uint32)
+//	    37    8 shard bytes (uint64)
+//	    45  4×n CRC32C of each shard's raw bytes (uint32 each, n = shards)
+//
+// The value's length must be exactly 45 + 4×shards and the layout must pass
+// format.Layout.Validate.
+//
+// # Segment meta value, version 1 (42 bytes, little-endian)
+//
+//	offset size field
+//	     0    1 value version (= 1)
+//	     1    8 segment number (uint64, > 0, equal to the key's)
+//	     9    8 generation (uint64)
+//	    17    1 state (1 active, 2 sealed, 3 quarantined)
+//	    18    8 size (int64, >= 0)
+//	    26    8 live bytes (int64, >= 0)
+//	    34    8 live records (int64, >= 0; zero exactly when live bytes is zero)
+//
+// Changing any of these layouts requires a new value version; decoders accept exactly the
+// versions they know.
+package index
