@@ -133,6 +133,15 @@ func (e *Engine) open() error {
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
 	}
+	if !e.opts.ReadOnly {
+		// Make the store's directories themselves durable: a crash must not lose the
+		// segments or index directory entry with everything in it.
+		for _, d := range []string{e.dir, fs.PathDir(e.dir)} {
+			if err := wal.SyncDir(fs, d); err != nil {
+				return fmt.Errorf("open %s: %w", e.dir, err)
+			}
+		}
+	}
 	known, err := e.checkSchema()
 	if err != nil {
 		return err

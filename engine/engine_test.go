@@ -24,7 +24,7 @@ var testSchema = Schema{Model: "test-model", DType: "bfloat16", KVLayout: "mha",
 var mhaLayout = Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 2 * 4096}
 
 func testOptions(fs vfs.FS, l Layout) Options {
-	return Options{Layout: l, Schema: testSchema, FS: fs, SegmentSize: MinSegmentSize, TaskTimeout: 10 * time.Second}
+	return Options{Layout: l, Schema: testSchema, FS: fs, SegmentSize: 1 << 20, TaskTimeout: 10 * time.Second}
 }
 
 // memFS returns a crash-simulating in-memory file system whose segment files refuse

@@ -31,7 +31,7 @@ const (
 	DefaultTaskTimeout     = 30 * time.Second
 	DefaultMaxStagingBytes = 1 << 30
 	// MinSegmentSize is the smallest segment size Validate accepts.
-	MinSegmentSize = 1 << 20
+	MinSegmentSize = 64 << 10
 )
 
 // Options configure an Engine. The zero value of every field but Layout and Schema means its

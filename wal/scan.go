@@ -256,5 +256,5 @@ func truncatePath(fs vfs.FS, path string, size int64) error {
 	if err := fs.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(fs, fs.PathDir(path))
+	return SyncDir(fs, fs.PathDir(path))
 }

@@ -103,8 +103,8 @@ func (s *Segment) Release() {
 // segment numbers only grow, so sequence numbers grow in write order without extra state.
 func SequenceFor(segment, ordinal uint64) uint64 { return segment<<32 | ordinal }
 
-// syncDir fsyncs a directory so that creations, renames and removals in it are durable.
-func syncDir(fs vfs.FS, dir string) error {
+// SyncDir fsyncs a directory so that creations, renames and removals in it are durable.
+func SyncDir(fs vfs.FS, dir string) error {
 	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("open dir %s for sync: %w", dir, err)

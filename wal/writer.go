@@ -534,7 +534,7 @@ func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, bac
 		err = f.SyncData()
 	}
 	if err == nil {
-		err = syncDir(fs, dir)
+		err = SyncDir(fs, dir)
 	}
 	if err != nil {
 		_ = f.Close()
