@@ -14,8 +14,9 @@ type walHooks Engine
 
 var _ wal.Hooks = (*walHooks)(nil)
 
-// SegmentCreated registers a new segment as active, durably, with the next segment number
-// advanced in the same batch so a number is never reused.
+// SegmentCreated registers a new segment as active, durably. The next segment number is
+// advanced first, unsynced; the synced batch after it makes both durable together (Pebble's
+// WAL is ordered), so a number is never reused.
 func (h *walHooks) SegmentCreated(number, generation uint64) error {
 	e := (*Engine)(h)
 	var next [8]byte

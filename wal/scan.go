@@ -30,8 +30,11 @@ type ScanResult struct {
 	ValidEnd int64
 	// FileSize is the size of the file when it was scanned.
 	FileSize int64
-	// Sealed reports that a valid footer ends the file.
+	// Sealed reports that a valid footer ends the file and every record before it is valid.
 	Sealed bool
+	// HasFooter reports that a valid footer trailer ends the file: the segment was sealed, so
+	// an invalid record in it is corruption, not a torn tail.
+	HasFooter bool
 	// Truncated is how many bytes RecoverSegment cut after ValidEnd (a torn or unpublished tail).
 	Truncated int64
 	// Stop says why the scan of an unsealed segment stopped before FileSize: nil when it reached
@@ -112,6 +115,7 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 		if t, err := format.DecodeTrailer(hdr, size); err == nil && t.Segment == h.Number && t.Generation == h.Generation {
 			tr = &t
 			dataLimit = t.DataEnd
+			res.HasFooter = true
 		}
 	}
 	var payload []byte
@@ -186,10 +190,20 @@ func VerifyShards(h *format.RecordHeader, payload []byte, first, n int) error {
 // scans it, truncates it just past the last valid record, writes the footer and syncs. It
 // never appends records to it. It returns the scan, whose ValidEnd bounds the records an index
 // may point at. Recovering an already sealed segment returns its scan unchanged.
-func RecoverSegment(fs vfs.FS, path string, direct devio.DirectMode, backend devio.Backend) (*ScanResult, error) {
+//
+// trustFooter says what a footer ending a file with an invalid record means. The index knows a
+// segment whose seal never completed (still active): its footer may have reached the disk while
+// earlier unsynced records did not, so it is a torn tail like any other (trustFooter false). When
+// the seal state is unknown (rebuilding a lost index) the footer is trusted: the segment is left
+// untouched and the *CorruptionError returned with the scan, never cutting valid records.
+func RecoverSegment(fs vfs.FS, path string, direct devio.DirectMode, backend devio.Backend, trustFooter bool) (*ScanResult, error) {
 	res, err := ScanSegment(fs, path, direct, backend)
 	if err != nil || res.Sealed {
 		return res, err
+	}
+	if res.HasFooter && trustFooter {
+		// A sealed segment with a bad record: corruption. Never cut valid records after it.
+		return res, res.Stop
 	}
 	if err := truncatePath(fs, path, res.ValidEnd); err != nil {
 		return nil, fmt.Errorf("wal: truncate %s to %d: %w", path, res.ValidEnd, err)
