@@ -74,7 +74,9 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 		defer t.finish()
 		start := time.Now()
 		e.runDump(t, shard, src)
-		e.stats.observeDump(t, time.Since(start))
+		d := time.Since(start)
+		e.stats.observeDump(t, d)
+		e.metrics.dumpLatency.Observe(d.Seconds())
 	}()
 	return t
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,6 +57,7 @@ type Engine struct {
 	fingerprint format.Fingerprint
 	recovery    RecoveryReport
 	stats       counters
+	metrics     *metrics
 
 	segMu sync.RWMutex
 	segs  map[uint64]*wal.Segment // open segment files
@@ -102,7 +104,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, segDir: filepath.Join(dir, SegmentDir), fs: opts.FS,
-		pool: devio.NewBufferPool(), segs: map[uint64]*wal.Segment{}, stop: make(chan struct{})}
+		pool: devio.NewBufferPool(), metrics: newMetrics(), segs: map[uint64]*wal.Segment{}, stop: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
@@ -123,7 +125,10 @@ func (e *Engine) open() error {
 	}
 	lock, err := fs.Lock(filepath.Join(e.dir, LockFile))
 	if err != nil {
-		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EWOULDBLOCK) {
+		// Another process: EAGAIN/EWOULDBLOCK/EACCES from fcntl; this process: Pebble's vfs
+		// reports "lock held by current process".
+		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EWOULDBLOCK) ||
+			strings.Contains(err.Error(), "lock held by current process") {
 			return fmt.Errorf("open %s: the store is in use by another process or engine: %w", e.dir, ErrLocked)
 		}
 		return fmt.Errorf("open %s: lock: %w", e.dir, err)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -497,5 +499,31 @@ func checkFileSizes(t *testing.T, fs vfs.FS, e *Engine) {
 	}
 	if _, _, fileBytes := e.ix.Totals(); fileBytes != total {
 		t.Fatalf("accounted file bytes %d, files hold %d", fileBytes, total)
+	}
+}
+
+// TestDirectoryLockAcrossProcesses: a second process opening a store in use gets ErrLocked.
+// The test binary re-executes itself as the second process.
+func TestDirectoryLockAcrossProcesses(t *testing.T) {
+	if dir := os.Getenv("UCM_TEST_LOCK_CHILD"); dir != "" {
+		_, err := Open(dir, testOptions(vfs.Default, mhaLayout))
+		fmt.Printf("child-open: locked=%v err=%v\n", errors.Is(err, ErrLocked), err)
+		return
+	}
+	dir := t.TempDir()
+	e := mustOpen(t, dir, testOptions(vfs.Default, mhaLayout))
+	defer e.Close()
+	// In this process too.
+	if _, err := Open(dir, testOptions(vfs.Default, mhaLayout)); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second open in-process: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDirectoryLockAcrossProcesses$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "UCM_TEST_LOCK_CHILD="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("child-open: locked=true")) {
+		t.Fatalf("second process did not get ErrLocked:\n%s", out)
 	}
 }

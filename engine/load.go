@@ -72,7 +72,9 @@ func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
 		defer t.finish()
 		start := time.Now()
 		e.runLoad(t, shard, dst)
-		e.stats.observeLoad(t, time.Since(start))
+		d := time.Since(start)
+		e.stats.observeLoad(t, d)
+		e.metrics.loadLatency.Observe(d.Seconds())
 	}()
 	return t
 }

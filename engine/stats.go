@@ -44,7 +44,6 @@ type counters struct {
 	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses   atomic.Int64
 	corruptReads, missingSegmentReads, readErrors, stagingExpired    atomic.Int64
 	lookups, lookupHits                                              atomic.Int64
-	dumpNanos, loadNanos                                             atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -59,14 +58,10 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-func (c *counters) observeDump(t *Task, d time.Duration) {
-	c.dumpTasks.Add(1)
-	c.dumpNanos.Add(int64(d))
-}
+func (c *counters) observeDump(*Task, time.Duration) { c.dumpTasks.Add(1) }
 
-func (c *counters) observeLoad(t *Task, d time.Duration) {
+func (c *counters) observeLoad(t *Task, _ time.Duration) {
 	c.loadTasks.Add(1)
-	c.loadNanos.Add(int64(d))
 	for _, err := range t.errs {
 		if err != nil && isNotFound(err) {
 			c.loadMisses.Add(1)

@@ -1,0 +1,178 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// segInjector fails or delays operations on segment files while armed.
+type segInjector struct {
+	armed atomic.Bool
+	kind  errorfs.OpKind
+	err   error
+	delay time.Duration
+	hits  atomic.Int64
+}
+
+func (s *segInjector) String() string { return "seg-injector" }
+
+func (s *segInjector) MaybeError(op errorfs.Op) error {
+	if !s.armed.Load() || op.Kind != s.kind || !strings.HasSuffix(op.Path, wal.SegmentExt) {
+		return nil
+	}
+	s.hits.Add(1)
+	if s.delay > 0 {
+		time.Sleep(s.delay)
+	}
+	return s.err
+}
+
+func TestStagingFullIsNoSpace(t *testing.T) {
+	_, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	opts.MaxStagingBytes = mhaLayout.RecordBytes() // room for one partly dumped block
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	a, b := blockID(1), blockID(2)
+	shard := make([]byte, mhaLayout.ShardBytes)
+	if err := e.DumpShard([]BlockID{a}, 0, [][]byte{shard}).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DumpShard([]BlockID{b}, 0, [][]byte{shard}).Wait(); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("second partly dumped block: %v, want ErrNoSpace", err)
+	}
+	if errs := e.Create([]BlockID{b}); !errors.Is(errs[0], ErrNoSpace) {
+		t.Fatalf("create beyond staging: %v", errs[0])
+	}
+	// Whole-block dumps do not stage: unaffected.
+	dumpBlocks(t, e, ids(10, 12))
+}
+
+// TestENOSPCIsNoSpaceAndEngineSurvives: a full disk fails the dumps that hit it with
+// ErrNoSpace; the engine keeps serving what it has and accepts dumps again once space returns.
+func TestENOSPCIsNoSpaceAndEngineSurvives(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &segInjector{kind: errorfs.OpFileWriteAt, err: syscall.ENOSPC}
+	opts := testOptions(errorfs.Wrap(mem, inj), mhaLayout)
+	e := mustOpen(t, "/store", opts)
+	before := ids(0, 5)
+	dumpBlocks(t, e, before)
+	inj.armed.Store(true)
+	src := [][]byte{blockBytes(mhaLayout, blockID(50))}
+	if err := e.Dump([]BlockID{blockID(50)}, src).Wait(); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("dump on a full disk: %v", err)
+	}
+	if e.Lookup([]BlockID{blockID(50)})[0] {
+		t.Fatal("a failed dump is visible")
+	}
+	checkBlocks(t, e, before)
+	inj.armed.Store(false)
+	after := ids(50, 55)
+	dumpBlocks(t, e, after)
+	checkBlocks(t, e, append(before, after...))
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The abandoned segment is sealed by the next Open; nothing acknowledged is lost.
+	e = mustOpen(t, "/store", opts)
+	defer e.Close()
+	checkBlocks(t, e, append(before, after...))
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailedSyncIsNeverSuccess: a failed fdatasync fails the dump with ErrIO, is not retried as
+// if it had worked, and the block is not visible.
+func TestFailedSyncIsNeverSuccess(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &segInjector{kind: errorfs.OpFileSyncData, err: syscall.EIO}
+	e := mustOpen(t, "/store", testOptions(errorfs.Wrap(mem, inj), mhaLayout))
+	defer e.Close()
+	dumpBlocks(t, e, ids(0, 2))
+	inj.armed.Store(true)
+	err := e.Dump([]BlockID{blockID(9)}, [][]byte{blockBytes(mhaLayout, blockID(9))}).Wait()
+	if !errors.Is(err, ErrIO) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("dump with a failed fsync: %v", err)
+	}
+	if e.Lookup([]BlockID{blockID(9)})[0] {
+		t.Fatal("block visible after its fsync failed")
+	}
+	inj.armed.Store(false)
+	dumpBlocks(t, e, []BlockID{blockID(9)})
+	checkBlocks(t, e, append(ids(0, 2), blockID(9)))
+}
+
+// TestSlowIOTimesOut: a load whose reads outlast the task timeout fails with ErrTimeout, after
+// its in-flight reads drained, and leaves the engine usable.
+func TestSlowIOTimesOut(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &segInjector{kind: errorfs.OpFileReadAt, delay: 30 * time.Millisecond}
+	opts := testOptions(errorfs.Wrap(mem, inj), mhaLayout)
+	opts.TaskTimeout = 20 * time.Millisecond
+	opts.QueueDepth = 2
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	blocks := ids(0, 8)
+	dumpBlocks(t, e, blocks)
+	inj.armed.Store(true)
+	dst := make([][]byte, len(blocks))
+	for i := range dst {
+		dst[i] = devio.AlignedBuffer(int(mhaLayout.BlockBytes()))
+	}
+	task := e.Load(blocks, dst)
+	if err := task.Wait(); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("slow load: %v, want ErrTimeout", err)
+	}
+	if done, _ := task.Check(); !done {
+		t.Fatal("Wait returned before the task drained")
+	}
+	inj.armed.Store(false)
+	checkBlocks(t, e, blocks)
+}
+
+func TestMetricsCollector(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+	defer e.Close()
+	dumpBlocks(t, e, ids(0, 3))
+	checkBlocks(t, e, ids(0, 3))
+	e.Lookup(ids(0, 4))
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(e.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		m := f.GetMetric()[0]
+		switch {
+		case m.GetCounter() != nil:
+			got[f.GetName()] = m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			got[f.GetName()] = m.GetGauge().GetValue()
+		case m.GetHistogram() != nil:
+			got[f.GetName()] = float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	want := map[string]float64{"ucm_blocks": 3, "ucm_dumped_blocks_total": 3, "ucm_loaded_blocks_total": 3,
+		"ucm_kv_cache_hit_rate": 0.75, "ucm_load_latency_seconds": 1, "ucm_dump_latency_seconds": 1, "ucm_corrupt_reads_total": 0}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
+)
+
+func newInspectCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		segment uint64
+		block   string
+	)
+	cmd := &cobra.Command{
+		Use:   "inspect DIR",
+		Short: "Show a store's schema, segment table, one segment's records or one block",
+		Long: `inspect prints the stored schema and the segment table (number, state, generation,
+size, live bytes, live records, live ratio). It never writes to the store, not even to
+recover it.
+
+  --segment N   list segment N's records: offset, block id, seq, shards, shard bytes,
+                header crc, and whether the index points at the record
+  --block HEX   print one block's location and metadata from the index and whether
+                the record header at that location matches`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var id *format.BlockID
+			if cmd.Flags().Changed("block") {
+				b, err := format.ParseBlockID(strings.TrimSpace(block))
+				if err != nil {
+					return usageErr("--block: %v", err)
+				}
+				id = &b
+			}
+			seg := -1
+			if cmd.Flags().Changed("segment") {
+				seg = int(segment)
+			}
+			return runInspect(args[0], seg, id, stdout)
+		},
+	}
+	cmd.Flags().Uint64Var(&segment, "segment", 0, "list the records of segment number `N`")
+	cmd.Flags().StringVar(&block, "block", "", "show the block with this id (32 hex digits)")
+	return cmd
+}
+
+func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) error {
+	s, err := openStoreReadOnly(dir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.close() }()
+	fmt.Fprintf(stdout, "store: %s\n", dir)
+	fmt.Fprintf(stdout, "layout: %d shards x %d tensors, %d bytes per shard (block %d bytes, record %d bytes on disk)\n",
+		s.layout.Shards, s.layout.TensorsPerShard, s.layout.ShardBytes, s.layout.BlockBytes(), s.layout.RecordBytes())
+	fmt.Fprintf(stdout, "schema (fingerprint %x):\n", s.fp[:8])
+	for _, line := range strings.Split(strings.TrimRight(s.schema, "\n"), "\n") {
+		fmt.Fprintf(stdout, "  %s\n", line)
+	}
+	rows := s.ix.Segments()
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "segment\tstate\tgeneration\tsize\tlive bytes\tlive records\tlive ratio\t")
+	for _, m := range rows {
+		ratio := 0.0
+		if m.Size > 0 {
+			ratio = float64(m.LiveBytes) / float64(m.Size)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%016x\t%d\t%d\t%d\t%.3f\t\n", m.Number, m.State, m.Generation, m.Size, m.LiveBytes, m.LiveRecords, ratio)
+	}
+	_ = tw.Flush()
+	blocks, live, files := s.ix.Totals()
+	fmt.Fprintf(stdout, "%d segments, %d blocks, %d live bytes of %d file bytes\n", len(rows), blocks, live, files)
+	if segment >= 0 {
+		if err := inspectSegment(s, uint64(segment), stdout); err != nil {
+			return err
+		}
+	}
+	if id != nil {
+		return inspectBlock(s, *id, stdout)
+	}
+	return nil
+}
+
+func inspectSegment(s *store, n uint64, stdout io.Writer) error {
+	m, ok := s.ix.Segment(n)
+	if !ok {
+		return usageErr("segment %d is not registered in the index", n)
+	}
+	name := wal.SegmentFileName(n)
+	path := filepath.Join(s.segDir, name)
+	mode, size := modeSealed, m.Size
+	if m.State != index.SegmentSealed {
+		mode, size = modeUnsealed, 0
+	}
+	res, err := readSegment(path, n, m.Generation, size, mode, false, nil)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return usageErr("segment %d: file %s is missing", n, path)
+		}
+		return usageErr("read %s: %v", path, err)
+	}
+	fmt.Fprintf(stdout, "\nsegment %d (%s, %s): file %d bytes", n, name, m.State, res.FileSize)
+	if res.Footer {
+		fmt.Fprintf(stdout, ", footer lists %d records, data end %d", len(res.Records), res.DataEnd)
+	} else {
+		fmt.Fprintf(stdout, ", no footer; %d records walked up to %d", len(res.Records), res.DataEnd)
+	}
+	fmt.Fprintln(stdout)
+	for _, p := range res.Problems {
+		fmt.Fprintf(stdout, "  problem at %d: %s\n", p.Offset, p.Msg)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\theader crc\tindexed\t")
+	for _, r := range res.Records {
+		indexed := "no"
+		if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
+			indexed = "yes"
+		}
+		if r.Header == nil {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
+			continue
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes, r.HeaderCRC, indexed)
+		if r.Err != nil {
+			fmt.Fprintf(tw, "INVALID: %v", r.Err)
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
+	if res.Stop != nil {
+		fmt.Fprintf(stdout, "  log ends at %d (torn tail: %v)\n", res.DataEnd, res.Stop)
+	}
+	return nil
+}
+
+func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
+	loc, ok, err := s.ix.Get(id)
+	if err != nil {
+		return usageErr("block %s: %v", id, err)
+	}
+	fmt.Fprintf(stdout, "\nblock %s\n", id)
+	if !ok {
+		fmt.Fprintln(stdout, "  not in the index")
+		return nil
+	}
+	name := wal.SegmentFileName(loc.Segment)
+	fmt.Fprintf(stdout, "  segment:    %d (%s)\n", loc.Segment, name)
+	fmt.Fprintf(stdout, "  offset:     %d\n", loc.Offset)
+	fmt.Fprintf(stdout, "  layout:     %d shards x %d tensors, %d bytes per shard\n", loc.Layout.Shards, loc.Layout.TensorsPerShard, loc.Layout.ShardBytes)
+	fmt.Fprintf(stdout, "  record:     %d bytes on disk, payload at %d\n", loc.RecordBytes(), loc.Offset+format.RecordHeaderSize)
+	fmt.Fprintf(stdout, "  seq:        %d\n", loc.Seq)
+	fmt.Fprintf(stdout, "  header crc: %08x\n", loc.HeaderCRC)
+	fmt.Fprintf(stdout, "  shard crcs:")
+	for i, c := range loc.ShardCRCs {
+		if i > 0 && i%8 == 0 {
+			fmt.Fprintf(stdout, "\n             ")
+		}
+		fmt.Fprintf(stdout, " %08x", c)
+	}
+	fmt.Fprintln(stdout)
+	m, registered := s.ix.Segment(loc.Segment)
+	if !registered {
+		fmt.Fprintf(stdout, "  record header: segment %d is not registered\n", loc.Segment)
+		return nil
+	}
+	f, err := os.Open(filepath.Join(s.segDir, name))
+	if err != nil {
+		fmt.Fprintf(stdout, "  record header: cannot open the segment file: %v\n", err)
+		return nil
+	}
+	defer func() { _ = f.Close() }()
+	b := make([]byte, format.RecordHeaderSize)
+	if _, err := f.ReadAt(b, loc.Offset); err != nil {
+		fmt.Fprintf(stdout, "  record header: cannot read it: %v\n", err)
+		return nil
+	}
+	h, crc, err := format.DecodeRecordHeader(b)
+	var why []string
+	switch {
+	case err != nil:
+		why = append(why, err.Error())
+	default:
+		if h.ID != id {
+			why = append(why, fmt.Sprintf("holds block %s", h.ID))
+		}
+		if h.Segment != loc.Segment || h.Generation != m.Generation {
+			why = append(why, fmt.Sprintf("names segment %d generation %#x, want %d generation %#x", h.Segment, h.Generation, loc.Segment, m.Generation))
+		}
+		if crc != loc.HeaderCRC {
+			why = append(why, fmt.Sprintf("header crc %08x", crc))
+		}
+		if h.Seq != loc.Seq {
+			why = append(why, fmt.Sprintf("seq %d", h.Seq))
+		}
+		if h.Layout != loc.Layout || !slices.Equal(h.ShardCRCs, loc.ShardCRCs) {
+			why = append(why, "layout or shard checksums differ")
+		}
+	}
+	if len(why) == 0 {
+		fmt.Fprintln(stdout, "  record header: matches the index")
+	} else {
+		fmt.Fprintf(stdout, "  record header: DOES NOT MATCH the index: %s\n", strings.Join(why, "; "))
+	}
+	return nil
+}

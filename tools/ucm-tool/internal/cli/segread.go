@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// recordInfo is one record found in a segment file.
+type recordInfo struct {
+	Offset    int64
+	Length    int64 // on-disk bytes; 0 when unknown (header unreadable and no footer entry)
+	ID        format.BlockID
+	Seq       uint64
+	HeaderCRC uint32
+	Header    *format.RecordHeader // nil when the header did not decode
+	// Err is why the record is invalid (header, segment/generation, footer disagreement,
+	// payload checksum), nil for a valid record.
+	Err error
+	// PayloadChecked reports that every shard checksum was verified.
+	PayloadChecked bool
+}
+
+// segProblem is a problem of a segment file not tied to one record.
+type segProblem struct {
+	Offset int64 // -1: the file as a whole
+	Msg    string
+}
+
+// segmentRead is what reading one segment file found.
+type segmentRead struct {
+	Path      string
+	FileSize  int64
+	Header    *format.SegmentHeader // nil when the header did not decode
+	Footer    bool                  // a valid footer was found and used
+	DataEnd   int64                 // end of the records (footer start, or where the walk stopped)
+	Records   []recordInfo
+	Problems  []segProblem
+	BytesRead int64
+	// Stop is why a walk of an unsealed segment ended before the end of the file (its torn
+	// tail), nil at a clean end.
+	Stop error
+}
+
+// readMode says how strict a segment read is.
+type readMode int
+
+const (
+	// modeSealed: the footer lists every record; every deviation is a problem. Without a valid
+	// footer the records are walked and the walk resynchronises after a bad header.
+	modeSealed readMode = iota
+	// modeUnsealed: walk the records from the header; the first invalid one ends the log
+	// (a torn tail, reported as Stop, not as a problem).
+	modeUnsealed
+)
+
+// segReader reads records from one segment file with pread.
+type segReader struct {
+	f      *os.File
+	res    *segmentRead
+	number uint64 // expected segment number and generation (from the index)
+	gen    uint64
+	// recordedSize is the size the index recorded when the segment was sealed (0: unknown).
+	recordedSize int64
+	payloads     bool // verify shard checksums (else headers only)
+	progress     func(int64)
+	buf          []byte
+}
+
+func (r *segReader) readAt(n int, off int64) ([]byte, error) {
+	if cap(r.buf) < n {
+		r.buf = make([]byte, n)
+	}
+	b := r.buf[:n]
+	got, err := r.f.ReadAt(b, off)
+	r.res.BytesRead += int64(got)
+	if r.progress != nil {
+		r.progress(int64(got))
+	}
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return b, err
+}
+
+// readSegment reads the segment file at path, which the index says is segment number with
+// generation gen and, if sealed, recordedSize bytes long (0: unknown), and checks every record. With payloads it verifies every shard checksum,
+// else only record headers. I/O errors other than a short file are returned as err.
+func readSegment(path string, number, gen uint64, recordedSize int64, mode readMode, payloads bool, progress func(int64)) (*segmentRead, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	res := &segmentRead{Path: path, FileSize: st.Size()}
+	r := &segReader{f: f, res: res, number: number, gen: gen, recordedSize: recordedSize, payloads: payloads, progress: progress}
+	problem := func(off int64, format string, args ...any) {
+		res.Problems = append(res.Problems, segProblem{Offset: off, Msg: fmt.Sprintf(format, args...)})
+	}
+	if res.FileSize < format.SegmentHeaderSize {
+		problem(-1, "file of %d bytes is shorter than a segment header", res.FileSize)
+		return res, nil
+	}
+	hb, err := r.readAt(format.SegmentHeaderSize, 0)
+	if err != nil {
+		return nil, err
+	}
+	if h, err := format.DecodeSegmentHeader(hb); err != nil {
+		problem(0, "segment header: %v", err)
+	} else {
+		res.Header = &h
+		if h.Number != number || h.Generation != gen {
+			problem(0, "segment header names segment %d generation %#x, the index expects %d generation %#x", h.Number, h.Generation, number, gen)
+		}
+	}
+	if mode == modeSealed {
+		entries, dataEnd, err := r.readFooter(res.FileSize)
+		if err != nil && recordedSize > format.SegmentHeaderSize && recordedSize < res.FileSize {
+			// Bytes appended after the seal: the footer should still end at the recorded size.
+			if e2, d2, err2 := r.readFooter(recordedSize); err2 == nil {
+				problem(recordedSize, "%d bytes after the footer (the segment was sealed at %d bytes)", res.FileSize-recordedSize, recordedSize)
+				entries, dataEnd, err = e2, d2, nil
+			}
+		}
+		if err != nil {
+			problem(-1, "no valid footer: %v", err)
+		} else {
+			res.Footer = true
+			res.DataEnd = dataEnd
+			return res, r.checkEntries(entries, dataEnd)
+		}
+	}
+	return res, r.walk(mode)
+}
+
+// readFooter reads and checks the trailer and entries of a sealed segment.
+// size is where the footer ends: the file size, or the size recorded at sealing.
+func (r *segReader) readFooter(size int64) ([]format.FooterEntry, int64, error) {
+	if size%format.Alignment != 0 || size < 2*format.Alignment {
+		return nil, 0, fmt.Errorf("%w: file size %d is not a sealed segment's (a multiple of %d past the header)", format.ErrCorrupt, size, format.Alignment)
+	}
+	tb, err := r.readAt(format.Alignment, size-format.Alignment)
+	if err != nil {
+		return nil, 0, err
+	}
+	t, err := format.DecodeTrailer(tb, size)
+	if err != nil {
+		return nil, 0, err
+	}
+	if t.Segment != r.number || t.Generation != r.gen {
+		return nil, 0, fmt.Errorf("%w: footer names segment %d generation %#x, want %d generation %#x", format.ErrCorrupt, t.Segment, t.Generation, r.number, r.gen)
+	}
+	fb, err := r.readAt(int(size-t.DataEnd), t.DataEnd)
+	if err != nil {
+		return nil, 0, err
+	}
+	entries, err := format.DecodeFooterEntries(fb, t)
+	if err != nil {
+		return nil, 0, err
+	}
+	return entries, t.DataEnd, nil
+}
+
+// checkEntries checks every record the footer lists and that they tile the data area.
+func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) error {
+	next := int64(format.SegmentHeaderSize)
+	for _, e := range entries {
+		if e.Offset != next {
+			r.res.Problems = append(r.res.Problems, segProblem{Offset: next,
+				Msg: fmt.Sprintf("%d bytes between records not listed in the footer (next record at %d)", e.Offset-next, e.Offset)})
+		}
+		next = e.Offset + e.Length
+		ri, err := r.checkRecord(e.Offset, e.Length)
+		if err != nil {
+			return err
+		}
+		if ri.Header == nil {
+			ri.ID, ri.Seq, ri.Length = e.ID, e.Seq, e.Length
+		}
+		if ri.Err == nil {
+			switch {
+			case ri.ID != e.ID:
+				ri.Err = fmt.Errorf("%w: record holds block %s, the footer lists %s", format.ErrCorrupt, ri.ID, e.ID)
+			case ri.Seq != e.Seq || ri.HeaderCRC != e.HeaderCRC:
+				ri.Err = fmt.Errorf("%w: record seq %d header crc %#08x, the footer lists seq %d crc %#08x", format.ErrCorrupt, ri.Seq, ri.HeaderCRC, e.Seq, e.HeaderCRC)
+			case ri.Length != e.Length:
+				ri.Err = fmt.Errorf("%w: record is %d bytes, the footer lists %d", format.ErrCorrupt, ri.Length, e.Length)
+			}
+		}
+		r.res.Records = append(r.res.Records, ri)
+	}
+	if next != dataEnd {
+		r.res.Problems = append(r.res.Problems, segProblem{Offset: next,
+			Msg: fmt.Sprintf("%d bytes between the last record and the footer at %d", dataEnd-next, dataEnd)})
+	}
+	return nil
+}
+
+// walk reads records one after the other from the header, up to the end of the file (or the
+// footer's data end). In modeUnsealed the first invalid record ends the walk (Stop); in
+// modeSealed an invalid record is recorded and the walk goes on: past its payload when its
+// header is valid, else to the next 4 KiB block that holds a valid header of this segment.
+func (r *segReader) walk(mode readMode) error {
+	limit := r.res.FileSize &^ (format.Alignment - 1)
+	off := int64(format.SegmentHeaderSize)
+	resync := false
+	for off+format.RecordHeaderSize <= limit {
+		if mode == modeSealed && r.recordedSize > 0 && off+format.FooterSize(len(r.res.Records)) == r.recordedSize {
+			break // where the (unreadable) footer of the records walked so far starts
+		}
+		hb, err := r.readAt(format.RecordHeaderSize, off)
+		if err != nil {
+			return err
+		}
+		if format.IsZeroBlock(hb) {
+			if mode == modeUnsealed {
+				break // clean end of the log
+			}
+			off += format.Alignment
+			continue
+		}
+		if resync {
+			if h, _, err := format.DecodeRecordHeader(hb); err != nil || h.Segment != r.number || h.Generation != r.gen {
+				off += format.Alignment
+				continue
+			}
+			resync = false
+		}
+		ri, err := r.checkRecord(off, 0)
+		if err != nil {
+			return err
+		}
+		if ri.Err != nil && mode == modeUnsealed {
+			r.res.Stop = &wal.CorruptionError{Path: r.res.Path, Offset: off, ID: ri.ID, Err: ri.Err}
+			break
+		}
+		r.res.Records = append(r.res.Records, ri)
+		if ri.Header == nil || ri.Length == 0 {
+			resync = true
+			off += format.Alignment
+			continue
+		}
+		off += ri.Length
+	}
+	r.res.DataEnd = off
+	if mode == modeUnsealed && r.res.Stop == nil && off == limit && limit < r.res.FileSize {
+		r.res.Stop = &wal.CorruptionError{Path: r.res.Path, Offset: off, Err: fmt.Errorf("%w: partial record header", format.ErrCorrupt)}
+	}
+	return nil
+}
+
+// checkRecord reads and checks the record at off. length is the on-disk size a footer gives
+// (0: take it from the header). Invalid bytes go to the result's Err; only I/O errors are
+// returned.
+func (r *segReader) checkRecord(off, length int64) (recordInfo, error) {
+	ri := recordInfo{Offset: off, Length: length}
+	n := int64(format.RecordHeaderSize)
+	if r.payloads && length > 0 {
+		n = length // header and payload in one read
+	}
+	if off+n > r.res.FileSize {
+		ri.Err = fmt.Errorf("%w: record of %d bytes runs past the end of the file (%d)", format.ErrCorrupt, n, r.res.FileSize)
+		return ri, nil
+	}
+	b, err := r.readAt(int(n), off)
+	if err != nil {
+		return ri, err
+	}
+	h, crc, err := format.DecodeRecordHeader(b[:format.RecordHeaderSize])
+	if err != nil {
+		ri.Err = err
+		return ri, nil
+	}
+	ri.Header, ri.ID, ri.Seq, ri.HeaderCRC, ri.Length = &h, h.ID, h.Seq, crc, h.Layout.RecordBytes()
+	switch {
+	case h.Segment != r.number || h.Generation != r.gen:
+		ri.Err = fmt.Errorf("%w: record of segment %d generation %#x in segment %d generation %#x (stale bytes)", format.ErrCorrupt, h.Segment, h.Generation, r.number, r.gen)
+		return ri, nil
+	case length > 0 && length != ri.Length:
+		ri.Err = fmt.Errorf("%w: record header implies %d bytes, the footer lists %d", format.ErrCorrupt, ri.Length, length)
+		return ri, nil
+	case off+ri.Length > r.res.FileSize:
+		ri.Err = fmt.Errorf("%w: record of %d bytes runs past the end of the file (%d)", format.ErrCorrupt, ri.Length, r.res.FileSize)
+		return ri, nil
+	}
+	if !r.payloads {
+		return ri, nil
+	}
+	payload := b[format.RecordHeaderSize:]
+	if int64(len(b)) < ri.Length {
+		if payload, err = r.readAt(int(ri.Length-format.RecordHeaderSize), off+format.RecordHeaderSize); err != nil {
+			return ri, err
+		}
+	}
+	if err := wal.VerifyShards(&h, payload, 0, h.Layout.Shards); err != nil {
+		ri.Err = err
+		return ri, nil
+	}
+	ri.PayloadChecked = true
+	return ri, nil
+}

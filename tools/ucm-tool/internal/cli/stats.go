@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/index"
+)
+
+// statsReport is what stats prints (the --json form has these field names).
+type statsReport struct {
+	Dir       string  `json:"dir"`
+	Blocks    int64   `json:"blocks"`
+	LiveBytes int64   `json:"live_bytes"`
+	FileBytes int64   `json:"file_bytes"`
+	DeadBytes int64   `json:"dead_bytes"`
+	LiveRatio float64 `json:"live_ratio"`
+	Segments  int     `json:"segments"`
+	// SegmentsByState counts segments per state ("active", "sealed", "quarantined").
+	SegmentsByState map[string]int    `json:"segments_by_state"`
+	Recovery        *recoveryJSON     `json:"recovery,omitempty"`
+	PendingRecovery []*pendingSegment `json:"pending_recovery,omitempty"`
+}
+
+// recoveryJSON is engine.RecoveryReport in the --json form.
+type recoveryJSON struct {
+	SegmentsRecovered int      `json:"segments_recovered"`
+	TruncatedBytes    int64    `json:"truncated_bytes"`
+	EntriesDropped    int      `json:"entries_dropped"`
+	OrphansRemoved    int      `json:"orphans_removed"`
+	MissingSegments   []uint64 `json:"missing_segments"`
+	Seconds           float64  `json:"seconds"`
+}
+
+func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
+	if r == nil {
+		return nil
+	}
+	return &recoveryJSON{SegmentsRecovered: r.SegmentsRecovered, TruncatedBytes: r.TruncatedBytes, EntriesDropped: r.EntriesDropped,
+		OrphansRemoved: r.OrphansRemoved, MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
+}
+
+func newStatsCmd(stdout, stderr io.Writer) *cobra.Command {
+	var noRecover, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats DIR",
+		Short: "Print a store's space accounting",
+		Long: `stats prints the number of blocks, live bytes (on-disk bytes of the records the index
+points at), file bytes (all segment files), dead bytes (file bytes minus live bytes:
+superseded records, headers, footers), the live ratio and the segments by state, from
+the index's exact accounting.
+
+Like verify, a store left by a crash is recovered first (--no-recover: report what
+recovery will do instead, without changing anything).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runStats(args[0], noRecover, asJSON, stdout)
+		},
+	}
+	cmd.Flags().BoolVar(&noRecover, "no-recover", false, "do not recover a crash-left store; report what recovery will do")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
+	s, rep, err := openRecovered(dir, !noRecover)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.close() }()
+	st := s.eng.Stats()
+	r := statsReport{Dir: dir, Blocks: st.Blocks, LiveBytes: st.LiveBytes, FileBytes: st.FileBytes,
+		DeadBytes: st.FileBytes - st.LiveBytes, Segments: st.Segments, Recovery: newRecoveryJSON(rep),
+		SegmentsByState: map[string]int{}}
+	for _, state := range []index.SegmentState{index.SegmentActive, index.SegmentSealed, index.SegmentQuarantined} {
+		r.SegmentsByState[state.String()] = 0
+	}
+	for _, m := range s.ix.Segments() {
+		r.SegmentsByState[m.State.String()]++
+	}
+	if st.FileBytes > 0 {
+		r.LiveRatio = float64(st.LiveBytes) / float64(st.FileBytes)
+	}
+	if noRecover {
+		if r.PendingRecovery, err = s.scanPending(); err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	if rep != nil {
+		printRecovery(stdout, rep)
+	}
+	if len(r.PendingRecovery) > 0 {
+		printPending(stdout, r.PendingRecovery)
+	}
+	fmt.Fprintf(stdout, "store:       %s\n", dir)
+	fmt.Fprintf(stdout, "blocks:      %d\n", r.Blocks)
+	fmt.Fprintf(stdout, "live bytes:  %d (%s)\n", r.LiveBytes, humanBytes(r.LiveBytes))
+	fmt.Fprintf(stdout, "file bytes:  %d (%s)\n", r.FileBytes, humanBytes(r.FileBytes))
+	fmt.Fprintf(stdout, "dead bytes:  %d (%s)\n", r.DeadBytes, humanBytes(r.DeadBytes))
+	fmt.Fprintf(stdout, "live ratio:  %.4f\n", r.LiveRatio)
+	fmt.Fprintf(stdout, "segments:    %d (active %d, sealed %d, quarantined %d)\n", r.Segments,
+		r.SegmentsByState["active"], r.SegmentsByState["sealed"], r.SegmentsByState["quarantined"])
+	return nil
+}

@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+)
+
+// seqWorkload dumps every block once, in id order, with `concurrency` whole-block dump tasks
+// of `batch` blocks in flight; closes and reopens the store so reads come from disk; then
+// loads every block back the same way and checks every byte.
+type seqWorkload struct{}
+
+func (seqWorkload) name() string { return "seq" }
+
+func (seqWorkload) run(env *benchEnv, res *benchResult) error {
+	e, _, err := env.open()
+	if err != nil {
+		return err
+	}
+	name, direct := e.IOEngine()
+	res.IOEngine, res.Direct = name, direct
+	blockBytes := e.Layout().BlockBytes()
+
+	// Phase 1: dump.
+	dumpTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+		for i, id := range ids {
+			env.payload.fill(bufs[i], id)
+		}
+		return e.Dump(ids, bufs).Wait()
+	})
+	if err != nil {
+		_ = e.Close()
+		return fmt.Errorf("dump: %w", err)
+	}
+	if err := e.Close(); err != nil {
+		return fmt.Errorf("close after dump: %w", err)
+	}
+	res.DumpMBps = mbps(res.TotalBytes, dumpTime)
+	res.dumpTime = dumpTime
+
+	// Phase 2: reopen (timed) and load everything back.
+	e, openTime, err := env.open()
+	if err != nil {
+		return fmt.Errorf("reopen: %w", err)
+	}
+	defer func() { _ = e.Close() }()
+	res.OpenSeconds = openTime.Seconds()
+	var mismatch atomic.Pointer[error]
+	loadTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+		if err := e.Load(ids, bufs).Wait(); err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if err := env.payload.check(bufs[i], id); err != nil {
+				mismatch.CompareAndSwap(nil, &err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load: %w", err)
+	}
+	res.LoadMBps = mbps(res.TotalBytes, loadTime)
+	res.loadTime = loadTime
+	if p := mismatch.Load(); p != nil {
+		res.Verified = false
+		res.mismatch = (*p).Error()
+		return nil
+	}
+	res.Verified = true
+	return nil
+}
+
+// runTasks runs fn over every block in batches, with cfg.concurrency batches in flight, each
+// worker owning batch aligned buffers of blockBytes; it returns the wall time of the whole run.
+// The first error stops new batches.
+func runTasks(env *benchEnv, blockBytes int64, fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
+	cfg := env.cfg
+	var (
+		next     atomic.Int64
+		firstErr error
+		errOnce  sync.Once
+		failed   atomic.Bool
+		wg       sync.WaitGroup
+	)
+	workers := make([][][]byte, cfg.concurrency)
+	for w := range workers {
+		workers[w] = make([][]byte, cfg.batch)
+		for j := range workers[w] {
+			workers[w][j] = devio.AlignedBuffer(int(blockBytes))
+		}
+	}
+	ids := make([]format.BlockID, env.blocks)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	start := time.Now()
+	for w := 0; w < cfg.concurrency; w++ {
+		wg.Add(1)
+		go func(bufs [][]byte) {
+			defer wg.Done()
+			for !failed.Load() {
+				lo := int(next.Add(int64(cfg.batch))) - cfg.batch
+				if lo >= len(ids) {
+					return
+				}
+				hi := min(len(ids), lo+cfg.batch)
+				if err := fn(ids[lo:hi], bufs[:hi-lo]); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					failed.Store(true)
+					return
+				}
+			}
+		}(workers[w])
+	}
+	wg.Wait()
+	return time.Since(start), firstErr
+}
+
+// mbps is bytes per second in MB (10^6 bytes) per second.
+func mbps(bytes int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(bytes) / 1e6 / d.Seconds()
+}
