@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -65,6 +66,15 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 	if e.opts.ReadOnly {
 		return failedTask(ids, fmt.Errorf("dump: store opened read-only: %w", ErrInvalidArgument))
 	}
+	return e.startTask(ids, e.metrics.dumpLatency, func(t *Task) {
+		e.runDump(t, shard, src)
+		e.stats.dumpTasks.Add(1)
+	})
+}
+
+// startTask runs work as a task in its own goroutine, unless the engine is closing, and
+// observes its latency.
+func (e *Engine) startTask(ids []BlockID, latency prometheus.Histogram, work func(*Task)) *Task {
 	if !e.enter() {
 		return failedTask(ids, ErrClosed)
 	}
@@ -73,10 +83,8 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 		defer e.tasks.Done()
 		defer t.finish()
 		start := time.Now()
-		e.runDump(t, shard, src)
-		d := time.Since(start)
-		e.stats.observeDump(t, d)
-		e.metrics.dumpLatency.Observe(d.Seconds())
+		work(t)
+		latency.Observe(time.Since(start).Seconds())
 	}()
 	return t
 }
@@ -135,24 +143,9 @@ func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
 			flights = append(flights, flight)
 		}
 	}
-	if len(recs) > 0 {
-		err := wrapIO(e.w.Append(recs))
-		e.mu.Lock()
-		for k, rec := range recs {
-			delete(e.mu.inflight, rec.ID)
-			if err != nil {
-				flights[k].err = blockErr(err, rec.ID, "dump")
-				t.errs[owners[k]] = flights[k].err
-			}
-			close(flights[k].done)
-		}
-		e.mu.Unlock()
-		for _, rec := range recs {
-			e.pool.Put(rec.Buf)
-		}
-		if err == nil {
-			e.stats.dumpedBlocks.Add(int64(len(recs)))
-			e.stats.dumpedBytes.Add(int64(len(recs)) * l.BlockBytes())
+	for k, err := range e.appendRecords(recs, flights) {
+		if err != nil {
+			t.errs[owners[k]] = err
 		}
 	}
 	for _, w := range waits {
@@ -454,25 +447,35 @@ func (e *Engine) Commit(ids []BlockID, ok bool) error {
 		}
 	}
 	e.mu.Unlock()
-	if len(recs) > 0 {
-		err := wrapIO(e.w.Append(recs))
-		e.mu.Lock()
-		for k, rec := range recs {
-			delete(e.mu.inflight, rec.ID)
-			if err != nil {
-				flights[k].err = blockErr(err, rec.ID, "commit")
-				errs = append(errs, flights[k].err)
-			}
-			close(flights[k].done)
-		}
-		e.mu.Unlock()
-		for _, rec := range recs {
-			e.pool.Put(rec.Buf)
-		}
-		if err == nil {
-			e.stats.dumpedBlocks.Add(int64(len(recs)))
-			e.stats.dumpedBytes.Add(int64(len(recs)) * e.opts.Layout.BlockBytes())
-		}
-	}
+	errs = append(errs, e.appendRecords(recs, flights)...)
 	return errors.Join(errs...)
+}
+
+// appendRecords writes records claimed by this engine (each registered in inflight), completes
+// their in-flight entries with the outcome, returns their buffers to the pool and returns one
+// error per record (all nil on success).
+func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []error {
+	if len(recs) == 0 {
+		return nil
+	}
+	err := wrapIO(e.w.Append(recs))
+	errs := make([]error, len(recs))
+	e.mu.Lock()
+	for k, rec := range recs {
+		delete(e.mu.inflight, rec.ID)
+		if err != nil {
+			errs[k] = blockErr(err, rec.ID, "dump")
+			flights[k].err = errs[k]
+		}
+		close(flights[k].done)
+	}
+	e.mu.Unlock()
+	for _, rec := range recs {
+		e.pool.Put(rec.Buf)
+	}
+	if err == nil {
+		e.stats.dumpedBlocks.Add(int64(len(recs)))
+		e.stats.dumpedBytes.Add(int64(len(recs)) * e.opts.Layout.BlockBytes())
+	}
+	return errs
 }

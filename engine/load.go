@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
@@ -63,20 +62,10 @@ func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
 	if len(dst) != len(ids) {
 		return failedTask(ids, fmt.Errorf("load: %d ids but %d buffers: %w", len(ids), len(dst), ErrInvalidArgument))
 	}
-	if !e.enter() {
-		return failedTask(ids, ErrClosed)
-	}
-	t := newTask(ids, e.opts.TaskTimeout)
-	go func() {
-		defer e.tasks.Done()
-		defer t.finish()
-		start := time.Now()
+	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
 		e.runLoad(t, shard, dst)
-		d := time.Since(start)
-		e.stats.observeLoad(t, d)
-		e.metrics.loadLatency.Observe(d.Seconds())
-	}()
-	return t
+		e.stats.countLoad(t)
+	})
 }
 
 // blockRead is the I/O plan of one block of a load.

@@ -1,9 +1,6 @@
 package engine
 
-import (
-	"sync/atomic"
-	"time"
-)
+import "sync/atomic"
 
 // Stats is a snapshot of the engine's counters and space accounting.
 type Stats struct {
@@ -58,9 +55,8 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-func (c *counters) observeDump(*Task, time.Duration) { c.dumpTasks.Add(1) }
-
-func (c *counters) observeLoad(t *Task, _ time.Duration) {
+// countLoad counts a finished load task and its misses.
+func (c *counters) countLoad(t *Task) {
 	c.loadTasks.Add(1)
 	for _, err := range t.errs {
 		if err != nil && isNotFound(err) {
