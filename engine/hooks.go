@@ -41,7 +41,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 		last = r
 	}
 	if meta, ok := e.ix.Segment(last.Segment); ok {
-		meta.Size = last.Offset + int64(len(last.Buf))
+		meta.Size = last.Offset + last.Layout.RecordBytes()
 		b.SetSegment(meta)
 	}
 	return e.ix.Apply(b, durable)

@@ -52,15 +52,22 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 	return 0, fmt.Errorf("sync policy %q: want always, interval or none: %w", s, format.ErrInvalid)
 }
 
-// Record is one block handed to the Writer. Buf is an aligned buffer of exactly
-// Layout.RecordBytes() bytes whose payload part (from format.RecordHeaderSize) the caller has
-// filled, shard i at Layout.ShardOffset(i) with zero padding; the Writer fills the header part.
-// Buf must stay untouched until Append returns.
+// Record is one block handed to the Writer, in one of two forms:
+//
+//   - Payload nil: Buf is an aligned buffer of exactly Layout.RecordBytes() bytes whose payload
+//     part (from format.RecordHeaderSize) the caller has filled, shard i at
+//     Layout.ShardOffset(i) with zero padding;
+//   - Payload set: Buf is an aligned buffer of format.RecordHeaderSize bytes and Payload the
+//     aligned on-disk payload (Layout.PayloadBytes() bytes), written straight from the caller's
+//     memory without a copy.
+//
+// The Writer fills the header part. Buffers must stay untouched until Append returns.
 type Record struct {
 	ID        format.BlockID
 	Layout    format.Layout
 	ShardCRCs []uint32
 	Buf       []byte
+	Payload   []byte
 
 	// Set by the Writer before Publish.
 	Segment   uint64
@@ -276,10 +283,13 @@ func (w *Writer) run() {
 func reqBytes(r *request) int64 {
 	var n int64
 	for _, rec := range r.recs {
-		n += int64(len(rec.Buf))
+		n += rec.size()
 	}
 	return n
 }
+
+// size is the record's on-disk size.
+func (r *Record) size() int64 { return int64(len(r.Buf)) + int64(len(r.Payload)) }
 
 // commit writes one group. Records are placed in order; when the active segment fills, the
 // records placed so far are flushed, the segment sealed and a new one started.
@@ -316,7 +326,7 @@ func (w *Writer) commit(group []*request) {
 		seg := w.active
 		end, off := start, seg.end
 		for end < len(recs) {
-			size := int64(len(recs[end].Buf))
+			size := recs[end].size()
 			n := len(seg.entries) + end - start
 			fits := off+size+format.FooterSize(n+1) <= w.opts.SegmentSize
 			if !fits && n > 0 {
@@ -372,12 +382,15 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 		if err != nil {
 			return fmt.Errorf("wal: record %s: %w", rec.ID, err)
 		}
-		if int64(len(rec.Buf)) != rec.Layout.RecordBytes() {
-			return fmt.Errorf("wal: record %s: buffer %d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), rec.Layout.RecordBytes(), format.ErrInvalid)
+		if rec.size() != rec.Layout.RecordBytes() || (rec.Payload != nil && len(rec.Buf) != format.RecordHeaderSize) {
+			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), rec.Layout.RecordBytes(), format.ErrInvalid)
 		}
 		rec.HeaderCRC = crc
 		ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: off, Write: true})
-		off += int64(len(rec.Buf))
+		if rec.Payload != nil {
+			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Payload, Off: off + int64(len(rec.Buf)), Write: true})
+		}
+		off += rec.size()
 	}
 	w.scratch = ops[:0]
 	err := w.opts.Backend.Submit(ops)
@@ -389,7 +402,7 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 	// The records are in the file: account for them even if the sync below fails, so that the
 	// segment's extent stays right.
 	for _, rec := range recs {
-		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: int64(len(rec.Buf)),
+		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.size(),
 			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
 	}
 	seg.end, seg.ordinal = off, ordinal
