@@ -27,17 +27,17 @@ func (e *Engine) Lookup(ids []BlockID) []bool {
 
 // LookupPrefix returns the length of the leading run of stored blocks in ids: the number of
 // blocks a scheduler can load instead of recomputing (UCM's lookup_on_prefix returns this
-// minus one). It stops reading the index at the first miss.
+// minus one). Like Lookup it is served from memory.
 func (e *Engine) LookupPrefix(ids []BlockID) int {
 	if e.closing.Load() {
 		return 0
 	}
-	for i, id := range ids {
-		if _, ok, err := e.ix.Get(id); err != nil || !ok {
-			return i
-		}
+	n, err := e.ix.PrefixLen(ids)
+	if err != nil {
+		e.opts.Logger.Warn("ucm: prefix lookup failed; reporting no hits", "err", err)
+		return 0
 	}
-	return len(ids)
+	return n
 }
 
 // Load reads whole blocks into dst: dst[i] receives block ids[i], Layout().BlockBytes() bytes.

@@ -353,6 +353,18 @@ func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
 		return fmt.Errorf("index: apply: %w", err)
 	}
 
+	ix.members.Lock()
+	for id, st := range blocks {
+		if !st.dirty {
+			continue
+		}
+		if st.present {
+			ix.members.set[id] = struct{}{}
+		} else {
+			delete(ix.members.set, id)
+		}
+	}
+	ix.members.Unlock()
 	ix.mu.Lock()
 	for n, m := range newRows {
 		if m == nil {

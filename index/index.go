@@ -75,6 +75,15 @@ type Index struct {
 	// DropSegmentEntries) so read-modify-write of previous locations is atomic.
 	applyMu sync.Mutex
 
+	// members is the set of every block id with an entry, kept in memory so that exact and
+	// prefix lookups (a scheduler's hot path) cost a hash probe, not a Pebble seek. It holds
+	// ids only (about 20–40 bytes a block); locations stay in Pebble. Updated by Apply after
+	// each commit, under applyMu, so it never shows an entry Pebble does not have.
+	members struct {
+		sync.RWMutex
+		set map[format.BlockID]struct{}
+	}
+
 	mu struct {
 		sync.RWMutex
 		// segments mirrors the persisted segment table; replaced row by row after each commit.
@@ -162,7 +171,37 @@ func (ix *Index) init(existing bool) error {
 				"recorded", string(pv), "actual", uint64(ix.db.FormatMajorVersion()))
 		}
 	}
-	return ix.loadSegments()
+	if err := ix.loadSegments(); err != nil {
+		return err
+	}
+	return ix.loadMembers()
+}
+
+// loadMembers reads every block key into the membership set.
+func (ix *Index) loadMembers() error {
+	it, err := ix.db.NewIter(&pebble.IterOptions{
+		LowerBound: []byte{prefixBlock},
+		UpperBound: []byte{prefixBlock + 1},
+	})
+	if err != nil {
+		return err
+	}
+	set := make(map[format.BlockID]struct{})
+	for valid := it.First(); valid; valid = it.Next() {
+		k := it.Key()
+		if len(k) != blockKeySize {
+			_ = it.Close()
+			return fmt.Errorf("%w: index: block key of %d bytes", format.ErrCorrupt, len(k))
+		}
+		set[format.BlockID(k[1:])] = struct{}{}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	ix.members.Lock()
+	ix.members.set = set
+	ix.members.Unlock()
+	return nil
 }
 
 // loadSegments reads every segment row into memory.
@@ -300,9 +339,9 @@ func (ix *Index) getLocation(key []byte, id format.BlockID) (Location, bool, err
 	return loc, true, nil
 }
 
-// Has sets hits[i] to whether ids[i] has an entry (exact lookup; the value is not decoded).
-// len(hits) must equal len(ids). All lookups of one call see one consistent state of the index
-// (one Pebble iterator). Apart from Pebble's own, it allocates one key buffer per call.
+// Has sets hits[i] to whether ids[i] has an entry (exact lookup). len(hits) must equal
+// len(ids). All lookups of one call see one consistent state of the index. It reads the
+// in-memory membership set: no I/O, no allocation.
 func (ix *Index) Has(ids []format.BlockID, hits []bool) error {
 	if len(hits) != len(ids) {
 		return fmt.Errorf("%w: index: Has: %d hits for %d ids", format.ErrInvalid, len(hits), len(ids))
@@ -310,26 +349,28 @@ func (ix *Index) Has(ids []format.BlockID, hits []bool) error {
 	if err := ix.checkOpen(); err != nil {
 		return err
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	it, err := ix.db.NewIter(&pebble.IterOptions{
-		LowerBound: []byte{prefixBlock},
-		UpperBound: []byte{prefixBlock + 1},
-	})
-	if err != nil {
-		return fmt.Errorf("index: has: %w", err)
-	}
-	key := make([]byte, blockKeySize)
+	ix.members.RLock()
 	for i := range ids {
-		blockKey(key, ids[i])
-		hits[i] = it.SeekPrefixGE(key) && bytes.Equal(it.Key(), key)
+		_, hits[i] = ix.members.set[ids[i]]
 	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		clear(hits)
-		return fmt.Errorf("index: has: %w", err)
-	}
+	ix.members.RUnlock()
 	return nil
+}
+
+// PrefixLen returns how many leading ids have an entry (stopping at the first that has not),
+// from the in-memory membership set.
+func (ix *Index) PrefixLen(ids []format.BlockID) (int, error) {
+	if err := ix.checkOpen(); err != nil {
+		return 0, err
+	}
+	ix.members.RLock()
+	defer ix.members.RUnlock()
+	for i := range ids {
+		if _, ok := ix.members.set[ids[i]]; !ok {
+			return i, nil
+		}
+	}
+	return len(ids), nil
 }
 
 // Iterate calls fn for every block entry in id order, on a snapshot taken at the call: entries
@@ -477,7 +518,7 @@ func writeOpts(sync bool) *pebble.WriteOptions {
 
 // CheckAccounting recomputes, from a consistent scan of every block entry, each segment's live
 // bytes and records, and compares them with both the in-memory segment table and the persisted
-// segment rows. It returns nil if all three agree and every entry points at a segment with a
+// segment rows; it also checks the in-memory membership set holds exactly the entries. It returns nil if all three agree and every entry points at a segment with a
 // row; otherwise an error listing the first mismatches. It blocks Apply for its duration.
 func (ix *Index) CheckAccounting() error {
 	if err := ix.checkOpen(); err != nil {
@@ -490,15 +531,24 @@ func (ix *Index) CheckAccounting() error {
 
 	type acc struct{ bytes, records int64 }
 	got := make(map[uint64]acc)
-	if err := iterateBlocks(snap, func(_ format.BlockID, loc Location) bool {
+	entries, notMembers := 0, 0
+	ix.members.RLock()
+	members := len(ix.members.set)
+	if err := iterateBlocks(snap, func(id format.BlockID, loc Location) bool {
+		entries++
+		if _, ok := ix.members.set[id]; !ok {
+			notMembers++
+		}
 		a := got[loc.Segment]
 		a.bytes += loc.RecordBytes()
 		a.records++
 		got[loc.Segment] = a
 		return true
 	}); err != nil {
+		ix.members.RUnlock()
 		return err
 	}
+	ix.members.RUnlock()
 	persisted := make(map[uint64]SegmentMeta)
 	it, err := snap.NewIter(&pebble.IterOptions{
 		LowerBound: []byte{prefixSegment},
@@ -528,6 +578,9 @@ func (ix *Index) CheckAccounting() error {
 		if len(errs) < 20 {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
+	}
+	if notMembers > 0 || members != entries {
+		add("membership set holds %d ids for %d entries (%d entries missing from it)", members, entries, notMembers)
 	}
 	for n, a := range got {
 		if _, ok := mem[n]; !ok {
