@@ -1,23 +1,30 @@
-package cli
+package verify
 
 import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/wal"
 )
 
-// recordInfo is one record found in a segment file.
-type recordInfo struct {
-	Offset    int64
-	Length    int64 // on-disk bytes; 0 when unknown (header unreadable and no footer entry)
+// RecordInfo is one record found in a segment file.
+type RecordInfo struct {
+	// Offset is where the record starts in the file.
+	Offset int64
+	// Length is the record's on-disk size, 0 when unknown (header unreadable and no footer
+	// entry).
+	Length int64
+	// ID, Seq and HeaderCRC are the record's block id, sequence number and header checksum
+	// (from the footer entry when the header did not decode).
 	ID        format.BlockID
 	Seq       uint64
 	HeaderCRC uint32
-	Header    *format.RecordHeader // nil when the header did not decode
+	// Header is the decoded record header, nil when it did not decode.
+	Header *format.RecordHeader
 	// Err is why the record is invalid (header, segment/generation, footer disagreement,
 	// payload checksum), nil for a valid record.
 	Err error
@@ -25,21 +32,30 @@ type recordInfo struct {
 	PayloadChecked bool
 }
 
-// segProblem is a problem of a segment file not tied to one record.
-type segProblem struct {
-	Offset int64 // -1: the file as a whole
-	Msg    string
+// SegmentProblem is a problem of a segment file not tied to one record.
+type SegmentProblem struct {
+	// Offset is where in the file the problem is, -1 for the file as a whole.
+	Offset int64
+	// Msg says what is wrong.
+	Msg string
 }
 
-// segmentRead is what reading one segment file found.
-type segmentRead struct {
-	Path      string
-	FileSize  int64
-	Header    *format.SegmentHeader // nil when the header did not decode
-	Footer    bool                  // a valid footer was found and used
-	DataEnd   int64                 // end of the records (footer start, or where the walk stopped)
-	Records   []recordInfo
-	Problems  []segProblem
+// SegmentRead is what reading one segment file found.
+type SegmentRead struct {
+	// Path is the file read and FileSize its size.
+	Path     string
+	FileSize int64
+	// Header is the decoded segment header, nil when it did not decode.
+	Header *format.SegmentHeader
+	// Footer reports that a valid footer was found and used.
+	Footer bool
+	// DataEnd is the end of the records: the footer's start, or where the walk stopped.
+	DataEnd int64
+	// Records are the records found, in file order, valid or not.
+	Records []RecordInfo
+	// Problems are the file's problems not tied to one record.
+	Problems []SegmentProblem
+	// BytesRead counts the bytes read.
 	BytesRead int64
 	// Stop is why a walk of an unsealed segment ended before the end of the file (its torn
 	// tail), nil at a clean end.
@@ -60,8 +76,8 @@ const (
 
 // segReader reads records from one segment file with pread.
 type segReader struct {
-	f      *os.File
-	res    *segmentRead
+	f      vfs.File
+	res    *SegmentRead
 	number uint64 // expected segment number and generation (from the index)
 	gen    uint64
 	// recordedSize is the size the index recorded when the segment was sealed (0: unknown).
@@ -87,11 +103,30 @@ func (r *segReader) readAt(n int, off int64) ([]byte, error) {
 	return b, err
 }
 
+// ReadSegment reads the segment file at path on fs (nil: vfs.Default), which the index
+// describes by m, and checks every record. A sealed segment is read through its footer, which
+// must end the file at the size m recorded at sealing (without a valid footer its records are
+// walked, resynchronising after a bad header); any other segment (active, quarantined) is
+// walked from its header up to the first invalid record, its torn tail (SegmentRead.Stop).
+// With payloads it verifies every shard checksum, else only record headers. progress, if not
+// nil, is called with the byte count of every read. Invalid bytes go into the result; only
+// I/O errors other than a short file (including a missing file) are returned as err.
+func ReadSegment(fs vfs.FS, path string, m index.SegmentMeta, payloads bool, progress func(int64)) (*SegmentRead, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	mode, size := modeSealed, m.Size
+	if m.State != index.SegmentSealed {
+		mode, size = modeUnsealed, 0
+	}
+	return readSegment(fs, path, m.Number, m.Generation, size, mode, payloads, progress)
+}
+
 // readSegment reads the segment file at path, which the index says is segment number with
-// generation gen and, if sealed, recordedSize bytes long (0: unknown), and checks every record. With payloads it verifies every shard checksum,
-// else only record headers. I/O errors other than a short file are returned as err.
-func readSegment(path string, number, gen uint64, recordedSize int64, mode readMode, payloads bool, progress func(int64)) (*segmentRead, error) {
-	f, err := os.Open(path)
+// generation gen and, if sealed, recordedSize bytes long (0: unknown), and checks every
+// record; see ReadSegment.
+func readSegment(fs vfs.FS, path string, number, gen uint64, recordedSize int64, mode readMode, payloads bool, progress func(int64)) (*SegmentRead, error) {
+	f, err := fs.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -100,10 +135,10 @@ func readSegment(path string, number, gen uint64, recordedSize int64, mode readM
 	if err != nil {
 		return nil, err
 	}
-	res := &segmentRead{Path: path, FileSize: st.Size()}
+	res := &SegmentRead{Path: path, FileSize: st.Size()}
 	r := &segReader{f: f, res: res, number: number, gen: gen, recordedSize: recordedSize, payloads: payloads, progress: progress}
 	problem := func(off int64, format string, args ...any) {
-		res.Problems = append(res.Problems, segProblem{Offset: off, Msg: fmt.Sprintf(format, args...)})
+		res.Problems = append(res.Problems, SegmentProblem{Offset: off, Msg: fmt.Sprintf(format, args...)})
 	}
 	if res.FileSize < format.SegmentHeaderSize {
 		problem(-1, "file of %d bytes is shorter than a segment header", res.FileSize)
@@ -174,7 +209,7 @@ func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) er
 	next := int64(format.SegmentHeaderSize)
 	for _, e := range entries {
 		if e.Offset != next {
-			r.res.Problems = append(r.res.Problems, segProblem{Offset: next,
+			r.res.Problems = append(r.res.Problems, SegmentProblem{Offset: next,
 				Msg: fmt.Sprintf("%d bytes between records not listed in the footer (next record at %d)", e.Offset-next, e.Offset)})
 		}
 		next = e.Offset + e.Length
@@ -198,7 +233,7 @@ func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) er
 		r.res.Records = append(r.res.Records, ri)
 	}
 	if next != dataEnd {
-		r.res.Problems = append(r.res.Problems, segProblem{Offset: next,
+		r.res.Problems = append(r.res.Problems, SegmentProblem{Offset: next,
 			Msg: fmt.Sprintf("%d bytes between the last record and the footer at %d", dataEnd-next, dataEnd)})
 	}
 	return nil
@@ -260,8 +295,8 @@ func (r *segReader) walk(mode readMode) error {
 // checkRecord reads and checks the record at off. length is the on-disk size a footer gives
 // (0: take it from the header). Invalid bytes go to the result's Err; only I/O errors are
 // returned.
-func (r *segReader) checkRecord(off, length int64) (recordInfo, error) {
-	ri := recordInfo{Offset: off, Length: length}
+func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
+	ri := RecordInfo{Offset: off, Length: length}
 	n := int64(format.RecordHeaderSize)
 	if r.payloads && length > 0 {
 		n = length // header and payload in one read

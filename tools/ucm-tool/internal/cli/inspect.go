@@ -1,17 +1,17 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/format"
-	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tools/verify"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -61,9 +61,9 @@ func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) e
 	defer func() { _ = s.close() }()
 	fmt.Fprintf(stdout, "store: %s\n", dir)
 	fmt.Fprintf(stdout, "layout: %d shards x %d tensors, %d bytes per shard (block %d bytes, record %d bytes on disk)\n",
-		s.layout.Shards, s.layout.TensorsPerShard, s.layout.ShardBytes, s.layout.BlockBytes(), s.layout.RecordBytes())
-	fmt.Fprintf(stdout, "schema (fingerprint %x):\n", s.fp[:8])
-	for _, line := range strings.Split(strings.TrimRight(s.schema, "\n"), "\n") {
+		s.Layout.Shards, s.Layout.TensorsPerShard, s.Layout.ShardBytes, s.Layout.BlockBytes(), s.Layout.RecordBytes())
+	fmt.Fprintf(stdout, "schema (fingerprint %x):\n", s.Fingerprint[:8])
+	for _, line := range strings.Split(strings.TrimRight(s.Schema, "\n"), "\n") {
 		fmt.Fprintf(stdout, "  %s\n", line)
 	}
 	rows := s.ix.Segments()
@@ -97,14 +97,10 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		return usageErr("segment %d is not registered in the index", n)
 	}
 	name := wal.SegmentFileName(n)
-	path := filepath.Join(s.segDir, name)
-	mode, size := modeSealed, m.Size
-	if m.State != index.SegmentSealed {
-		mode, size = modeUnsealed, 0
-	}
-	res, err := readSegment(path, n, m.Generation, size, mode, false, nil)
+	path := wal.SegmentPath(s.SegDir, n)
+	res, err := verify.ReadSegment(s.FS, path, m, false, nil)
 	if err != nil {
-		if os.IsNotExist(err) {
+		if errors.Is(err, os.ErrNotExist) {
 			return usageErr("segment %d: file %s is missing", n, path)
 		}
 		return usageErr("read %s: %v", path, err)
@@ -173,7 +169,7 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  record header: segment %d is not registered\n", loc.Segment)
 		return nil
 	}
-	f, err := os.Open(filepath.Join(s.segDir, name))
+	f, err := s.FS.Open(wal.SegmentPath(s.SegDir, loc.Segment))
 	if err != nil {
 		fmt.Fprintf(stdout, "  record header: cannot open the segment file: %v\n", err)
 		return nil

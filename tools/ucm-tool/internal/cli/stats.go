@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tools/verify"
 )
 
 // statsReport is what stats prints (the --json form has these field names).
@@ -20,9 +21,9 @@ type statsReport struct {
 	LiveRatio float64 `json:"live_ratio"`
 	Segments  int     `json:"segments"`
 	// SegmentsByState counts segments per state ("active", "sealed", "quarantined").
-	SegmentsByState map[string]int    `json:"segments_by_state"`
-	Recovery        *recoveryJSON     `json:"recovery,omitempty"`
-	PendingRecovery []*pendingSegment `json:"pending_recovery,omitempty"`
+	SegmentsByState map[string]int           `json:"segments_by_state"`
+	Recovery        *recoveryJSON            `json:"recovery,omitempty"`
+	PendingRecovery []*verify.PendingSegment `json:"pending_recovery,omitempty"`
 }
 
 // recoveryJSON is engine.RecoveryReport in the --json form.
@@ -71,7 +72,7 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 		return err
 	}
 	defer func() { _ = s.close() }()
-	st := s.eng.Stats()
+	st := s.Engine.Stats()
 	r := statsReport{Dir: dir, Blocks: st.Blocks, LiveBytes: st.LiveBytes, FileBytes: st.FileBytes,
 		DeadBytes: st.FileBytes - st.LiveBytes, Segments: st.Segments, Recovery: newRecoveryJSON(rep),
 		SegmentsByState: map[string]int{}}
@@ -85,7 +86,7 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 		r.LiveRatio = float64(st.LiveBytes) / float64(st.FileBytes)
 	}
 	if noRecover {
-		if r.PendingRecovery, err = s.scanPending(); err != nil {
+		if r.PendingRecovery, err = s.ScanPending(); err != nil {
 			return usageErr("%v", err)
 		}
 	}

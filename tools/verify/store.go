@@ -1,0 +1,201 @@
+package verify
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Handle is a store directory opened read-only for an offline tool: the engine holds the
+// directory lock for as long as the handle is open, so no engine can write the store
+// meanwhile. Its fields must not be modified.
+type Handle struct {
+	// Dir is the store directory, SegDir its segment directory, FS the file system both are on.
+	Dir    string
+	SegDir string
+	FS     vfs.FS
+	// Engine is the read-only engine holding the store open, and Index its index.
+	Engine *engine.Engine
+	Index  *index.Index
+	// Schema is the canonical schema text the store recorded and Layout its block layout.
+	Schema string
+	Layout format.Layout
+	// Fingerprint is the SHA-256 of Schema, as in every segment header.
+	Fingerprint format.Fingerprint
+}
+
+// checkStoreDir refuses a directory that is not a store before anything opens it (opening
+// would otherwise create files in it).
+func checkStoreDir(fs vfs.FS, dir string) error {
+	for _, sub := range []string{engine.IndexDir, engine.SegmentDir} {
+		st, err := fs.Stat(fs.PathJoin(dir, sub))
+		if err != nil || !st.IsDir() {
+			if _, derr := fs.Stat(dir); derr != nil {
+				return fmt.Errorf("%s: %w", dir, derr)
+			}
+			return fmt.Errorf("%s is not a UCM-Go store (no %s/ directory)", dir, sub)
+		}
+	}
+	return nil
+}
+
+// Open opens the store in dir on fs (nil: vfs.Default) without writing to it, not even to
+// recover it. It fails when dir is missing, is not a store, or is in use by an engine.
+func Open(dir string, fs vfs.FS) (*Handle, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	if err := checkStoreDir(fs, dir); err != nil {
+		return nil, err
+	}
+	e, err := engine.Open(dir, engine.Options{FS: fs, ReadOnly: true, AdoptStoredSchema: true, IOEngine: devio.EnginePsync})
+	if err != nil {
+		return nil, err
+	}
+	h := &Handle{Dir: dir, SegDir: fs.PathJoin(dir, engine.SegmentDir), FS: fs, Engine: e, Index: e.Index(),
+		Schema: e.StoredSchema(), Layout: e.Layout()}
+	h.Fingerprint = sha256.Sum256([]byte(h.Schema))
+	return h, nil
+}
+
+// Close closes the store (and releases its directory lock).
+func (h *Handle) Close() error { return h.Engine.Close() }
+
+// ActiveSegments returns the rows of segments still marked active: the store was not closed
+// cleanly (or a write failed) and recovery has work to do.
+func (h *Handle) ActiveSegments() []index.SegmentMeta {
+	var out []index.SegmentMeta
+	for _, m := range h.Index.Segments() {
+		if m.State == index.SegmentActive {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
+// and seal every segment left active, drop index entries past it), and closes it again.
+func recoverStore(fs vfs.FS, dir string) (engine.RecoveryReport, error) {
+	e, err := engine.Open(dir, engine.Options{FS: fs, AdoptStoredSchema: true, IOEngine: devio.EnginePsync,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return engine.RecoveryReport{}, fmt.Errorf("recover: %w", err)
+	}
+	rep := e.Recovery()
+	if err := e.Close(); err != nil {
+		return rep, fmt.Errorf("recover: close: %w", err)
+	}
+	return rep, nil
+}
+
+// OpenRecovered is Open after recovering the store first when recover is set and a segment is
+// still active (a crash left it): recovery, as opening an engine does, truncates the torn tail
+// of every active segment, seals it and drops the index entries past it. rep is non-nil when
+// recovery ran.
+func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.RecoveryReport, err error) {
+	h, err = Open(dir, fs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !recover || len(h.ActiveSegments()) == 0 {
+		return h, nil, nil
+	}
+	if err := h.Close(); err != nil {
+		return nil, nil, fmt.Errorf("close %s: %w", dir, err)
+	}
+	r, err := recoverStore(h.FS, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err = Open(dir, h.FS)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, &r, nil
+}
+
+// PendingSegment is what recovery will do to one active segment, found without writing.
+type PendingSegment struct {
+	// Number is the segment's number and File its file name.
+	Number uint64 `json:"segment"`
+	File   string `json:"file"`
+	// FileSize is the file's size and ValidEnd the end of its last valid record: recovery
+	// keeps Records valid records and cuts CutBytes after ValidEnd.
+	FileSize int64 `json:"file_size"`
+	ValidEnd int64 `json:"valid_end"`
+	Records  int   `json:"valid_records"`
+	CutBytes int64 `json:"bytes_to_cut"`
+	// EntriesToDrop counts the index entries recovery drops (past ValidEnd, or all of them
+	// for a missing or unreadable segment).
+	EntriesToDrop int `json:"index_entries_to_drop"`
+	// Stop is why the log ends before the end of the file ("" at a clean end).
+	Stop string `json:"stop,omitempty"`
+	// Missing reports that the segment file is gone.
+	Missing bool `json:"missing,omitempty"`
+	// Unreadable is why the segment header could not be read ("" when it could): recovery
+	// quarantines such a segment.
+	Unreadable string `json:"unreadable,omitempty"`
+	scan       *wal.ScanResult
+}
+
+// ScanPending scans every active segment read-only (wal.ScanSegment, the scan recovery runs)
+// and counts the index entries recovery would drop. It returns nothing for a store without
+// active segments.
+func (h *Handle) ScanPending() ([]*PendingSegment, error) {
+	active := h.ActiveSegments()
+	if len(active) == 0 {
+		return nil, nil
+	}
+	backend, err := devio.NewBackend(devio.EnginePsync, 0, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = backend.Close() }()
+	var out []*PendingSegment
+	byNum := map[uint64]*PendingSegment{}
+	for _, m := range active {
+		p := &PendingSegment{Number: m.Number, File: wal.SegmentFileName(m.Number)}
+		out = append(out, p)
+		byNum[m.Number] = p
+		path := wal.SegmentPath(h.SegDir, m.Number)
+		if _, err := h.FS.Stat(path); errors.Is(err, os.ErrNotExist) {
+			p.Missing = true
+			continue
+		}
+		res, err := wal.ScanSegment(h.FS, path, devio.DirectOff, backend)
+		if err != nil {
+			var ce *wal.CorruptionError
+			if !errors.As(err, &ce) {
+				return nil, fmt.Errorf("scan %s: %w", path, err)
+			}
+			p.Unreadable = err.Error()
+			continue
+		}
+		p.scan = res
+		p.FileSize, p.ValidEnd, p.Records = res.FileSize, res.ValidEnd, len(res.Records)
+		if !res.Sealed {
+			p.CutBytes = res.FileSize - res.ValidEnd
+		}
+		if res.Stop != nil {
+			p.Stop = res.Stop.Error()
+		}
+	}
+	err = h.Index.Iterate(func(_ format.BlockID, loc index.Location) bool {
+		if p := byNum[loc.Segment]; p != nil && (p.scan == nil || loc.Offset >= p.ValidEnd) {
+			p.EntriesToDrop++
+		}
+		return true
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
+	return out, err
+}

@@ -1,0 +1,372 @@
+// Package verify checks a UCM-Go store offline: every record, checksum and index entry, on
+// any file system (the operating system's or an in-memory one in tests). ucm-tool verify,
+// stats and inspect are built on it, and crash tests run Store on a recovered file system to
+// check that recovery left a clean store.
+//
+// Store reads every record of every segment and checks every checksum (segment header,
+// record headers, every shard, footers of sealed segments), then cross-checks the index and
+// the log both ways: every index entry must point at a valid record at that exact offset with
+// the same header checksum, sequence number and shard checksums; every registered segment
+// must have its file and every segment file must be registered; the segment table's live
+// bytes and records must equal what the index entries add up to, and a sealed segment's
+// recorded size must equal its file size. Records in the log that the index does not point
+// at are dead space (counted, not a problem).
+//
+// A store left by a crash (a segment still active) is not corrupt: with Options.Recover,
+// Store first recovers it as opening the engine does; without, it changes nothing and
+// reports what recovery will do (Report.Pending).
+package verify
+
+import (
+	"cmp"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Options configure Store.
+type Options struct {
+	// FS is the file system the store is on (default vfs.Default).
+	FS vfs.FS
+	// Recover recovers a store left by a crash (a segment still active) before verifying it,
+	// as ucm-tool verify does by default. Without it Store writes nothing: it reports what
+	// recovery will do (Report.Pending) and verifies the rest read-only.
+	Recover bool
+	// ProgressTotal, if not nil, is called once before the segments are read with the number
+	// of bytes Store expects to read (the sizes of the registered segment files).
+	ProgressTotal func(total int64)
+	// Progress, if not nil, is called with the byte count of every read of a segment file.
+	Progress func(bytes int64)
+}
+
+// Problem is one finding of Store.
+type Problem struct {
+	// Segment is the segment the problem is in, 0 for the index as a whole.
+	Segment uint64
+	// Path is the segment file's path, "" for the index as a whole.
+	Path string
+	// Offset is where in the segment file the problem is, -1 when not at one place.
+	Offset int64
+	// Block is the block concerned, zero when none is.
+	Block format.BlockID
+	// Msg says what is wrong.
+	Msg string
+}
+
+// String formats p as ucm-tool verify prints it:
+// "PROBLEM <segment file> offset <n> block <id>: <msg>", with "index" for the index as a whole
+// and without the offset or block when there is none.
+func (p Problem) String() string {
+	var b strings.Builder
+	b.WriteString("PROBLEM ")
+	if p.Path == "" {
+		b.WriteString("index")
+	} else {
+		b.WriteString(filepath.Base(p.Path))
+	}
+	if p.Offset >= 0 {
+		fmt.Fprintf(&b, " offset %d", p.Offset)
+	}
+	if !p.Block.IsZero() {
+		fmt.Fprintf(&b, " block %s", p.Block)
+	}
+	b.WriteString(": ")
+	b.WriteString(p.Msg)
+	return b.String()
+}
+
+// Report is what Store found.
+type Report struct {
+	// Dir is the store directory.
+	Dir string
+	// Segments counts the registered segments: Sealed, Active and Quarantined by state;
+	// MissingFiles of them have no file. UnregisteredFiles counts segment files the index does
+	// not register.
+	Segments, Sealed, Active, Quarantined, MissingFiles, UnregisteredFiles int
+	// Records counts the records read from the log, ValidRecords the valid ones and
+	// DeadRecords the valid ones no index entry points at, DeadBytes bytes on disk.
+	Records, ValidRecords, DeadRecords int
+	DeadBytes                          int64
+	// IndexEntries counts the index's entries and BlocksVerified those whose record and
+	// every shard checksum were verified.
+	IndexEntries, BlocksVerified int
+	// PendingDrops counts index entries past the valid end of an active segment (without
+	// Recover), which recovery will drop.
+	PendingDrops int
+	// BytesRead counts the bytes read from segment files.
+	BytesRead int64
+	// Problems are the problems found, sorted by segment file and offset; index-wide ones
+	// first.
+	Problems []Problem
+	// Notes are remarks that are not problems (temporary or foreign files in the segment
+	// directory).
+	Notes []string
+	// Recovery is what recovery did, when Store recovered the store (Options.Recover and a
+	// segment was still active); nil otherwise.
+	Recovery *engine.RecoveryReport
+	// Pending is what recovery will do, when a segment is still active and Options.Recover is
+	// not set; nil otherwise.
+	Pending []*PendingSegment
+}
+
+// Clean reports that Store found no problem. A store whose recovery is pending (a torn tail
+// of an active segment) is clean: a torn tail is not corruption.
+func (r *Report) Clean() bool { return len(r.Problems) == 0 }
+
+// recKey locates a record: segment number and offset.
+type recKey struct {
+	seg uint64
+	off int64
+}
+
+// recState is a record found in the log, with what the index says about it.
+type recState struct {
+	info    RecordInfo
+	path    string
+	indexed bool
+}
+
+// Store verifies the store in dir; see the package documentation for what it checks. The
+// error is only for a store that cannot be opened or read (missing, not a store, in use by an
+// engine, recovery or I/O failure); what is wrong with the store's contents is in the
+// report's Problems.
+func Store(dir string, opts Options) (*Report, error) {
+	h, rec, err := OpenRecovered(dir, opts.FS, opts.Recover)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = h.Close() }()
+	return h.verify(rec, opts)
+}
+
+// verify verifies the store h holds open; rec is what recovery did before, if it ran.
+func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, error) {
+	r := &Report{Dir: h.Dir, Recovery: rec}
+	add := func(seg uint64, off int64, id format.BlockID, format string, args ...any) {
+		r.Problems = append(r.Problems, Problem{Segment: seg, Path: wal.SegmentPath(h.SegDir, seg), Offset: off, Block: id,
+			Msg: fmt.Sprintf(format, args...)})
+	}
+	if rec != nil {
+		for _, n := range rec.MissingSegments {
+			add(n, -1, format.BlockID{}, "sealed segment file was missing; recovery dropped the index entries pointing into it")
+		}
+	}
+	pending := map[uint64]*PendingSegment{}
+	if !opts.Recover {
+		ps, err := h.ScanPending()
+		if err != nil {
+			return nil, err
+		}
+		r.Pending = ps
+		for _, p := range ps {
+			pending[p.Number] = p
+		}
+	}
+
+	// Segment files on disk.
+	names, err := h.FS.List(h.SegDir)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	onDisk := map[uint64]int64{}
+	for _, name := range names {
+		if n, ok := wal.ParseSegmentFileName(name); ok {
+			size := int64(-1)
+			if fi, err := h.FS.Stat(h.FS.PathJoin(h.SegDir, name)); err == nil {
+				size = fi.Size()
+			}
+			onDisk[n] = size
+		} else if strings.HasSuffix(name, wal.TempSuffix) {
+			r.Notes = append(r.Notes, fmt.Sprintf("temporary file %s left by an interrupted operation (the engine removes it at open)", name))
+		} else {
+			r.Notes = append(r.Notes, fmt.Sprintf("foreign file %s in the segment directory (ignored by the engine)", name))
+		}
+	}
+	rows := h.Index.Segments()
+	registered := map[uint64]index.SegmentMeta{}
+	var total int64
+	for _, m := range rows {
+		registered[m.Number] = m
+		if sz, ok := onDisk[m.Number]; ok && m.State != index.SegmentQuarantined && sz > 0 {
+			total += sz
+		}
+	}
+	for n := range onDisk {
+		if _, ok := registered[n]; !ok {
+			r.UnregisteredFiles++
+			add(n, -1, format.BlockID{}, "segment file not registered in the index (recovery would delete it)")
+		}
+	}
+
+	// Read every registered segment.
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(int64) {}
+	}
+	if opts.ProgressTotal != nil {
+		opts.ProgressTotal(total)
+	}
+	recs := map[recKey]*recState{}
+	validEnd := map[uint64]int64{} // active segments (without Recover): entries at or past it will be dropped
+	for _, m := range rows {
+		path := wal.SegmentPath(h.SegDir, m.Number)
+		r.Segments++
+		size, present := onDisk[m.Number]
+		switch m.State {
+		case index.SegmentSealed:
+			r.Sealed++
+		case index.SegmentActive:
+			r.Active++
+		case index.SegmentQuarantined:
+			r.Quarantined++
+			add(m.Number, -1, format.BlockID{}, "segment quarantined (found corrupt when recovery scanned it); its blocks are not served")
+			continue
+		}
+		if !present {
+			r.MissingFiles++
+			if m.State == index.SegmentSealed {
+				add(m.Number, -1, format.BlockID{}, "segment file missing (registered as %s with %d live records)", m.State, m.LiveRecords)
+			}
+			continue
+		}
+		if m.State == index.SegmentActive {
+			p := pending[m.Number]
+			if p == nil || p.scan == nil {
+				// Unreadable header: recovery will quarantine it; already reported as pending.
+				validEnd[m.Number] = 0
+				continue
+			}
+			validEnd[m.Number] = p.ValidEnd
+			r.BytesRead += p.FileSize
+			progress(p.FileSize)
+			for _, sr := range p.scan.Records {
+				hd := sr.Header
+				recs[recKey{m.Number, sr.Offset}] = &recState{path: path, info: RecordInfo{Offset: sr.Offset, Length: sr.Length(),
+					ID: hd.ID, Seq: hd.Seq, HeaderCRC: sr.HeaderCRC, Header: &hd, PayloadChecked: true}}
+			}
+			continue
+		}
+		res, err := ReadSegment(h.FS, path, m, true, progress)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		r.BytesRead += res.BytesRead
+		if m.Size != size {
+			add(m.Number, -1, format.BlockID{}, "sealed segment's recorded size %d differs from its file size %d", m.Size, size)
+		}
+		if res.Header != nil && res.Header.Schema != h.Fingerprint {
+			add(m.Number, 0, format.BlockID{}, "segment header carries another schema fingerprint than the store's")
+		}
+		for _, p := range res.Problems {
+			add(m.Number, p.Offset, format.BlockID{}, "%s", p.Msg)
+		}
+		for _, ri := range res.Records {
+			recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
+		}
+	}
+
+	// Index → log.
+	err = h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
+		r.IndexEntries++
+		m, ok := registered[loc.Segment]
+		if !ok {
+			add(loc.Segment, loc.Offset, id, "index entry points into segment %d, which is not registered", loc.Segment)
+			return true
+		}
+		if _, present := onDisk[loc.Segment]; !present {
+			return true // reported once for the segment
+		}
+		if m.State == index.SegmentQuarantined {
+			add(loc.Segment, loc.Offset, id, "index entry points into a quarantined segment")
+			return true
+		}
+		if end, ok := validEnd[loc.Segment]; ok && loc.Offset >= end {
+			r.PendingDrops++ // past the valid end of an active segment: recovery drops it
+			return true
+		}
+		rs := recs[recKey{loc.Segment, loc.Offset}]
+		if rs == nil {
+			add(loc.Segment, loc.Offset, id, "index entry points at offset %d, which is not the start of a record", loc.Offset)
+			return true
+		}
+		rs.indexed = true
+		if rs.info.Err != nil {
+			return true // reported with the record
+		}
+		if why := mismatch(rs.info, id, loc, h.Layout); len(why) > 0 {
+			add(loc.Segment, loc.Offset, id, "index entry does not match the record: %s", strings.Join(why, "; "))
+			return true
+		}
+		if rs.info.PayloadChecked {
+			r.BlocksVerified++
+		}
+		return true
+	})
+	if err != nil {
+		r.Problems = append(r.Problems, Problem{Offset: -1, Msg: fmt.Sprintf("reading the index: %v", err)})
+	}
+
+	// Log → index: invalid records are problems; valid ones nobody points at are dead space.
+	for k, rs := range recs {
+		r.Records++
+		if rs.info.Err != nil {
+			state := "not indexed"
+			if rs.indexed {
+				state = "indexed: loads of it will miss"
+			}
+			add(k.seg, k.off, rs.info.ID, "invalid record (%s): %v", state, rs.info.Err)
+			continue
+		}
+		r.ValidRecords++
+		if !rs.indexed {
+			r.DeadRecords++
+			r.DeadBytes += rs.info.Length
+		}
+	}
+
+	// Space accounting.
+	if err := h.Index.CheckAccounting(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			r.Problems = append(r.Problems, Problem{Offset: -1, Msg: line})
+		}
+	}
+
+	slices.SortStableFunc(r.Problems, func(a, b Problem) int {
+		return cmp.Or(strings.Compare(a.Path, b.Path), cmp.Compare(a.Offset, b.Offset))
+	})
+	return r, nil
+}
+
+// mismatch lists how the record ri differs from the index entry (id, loc) of a store of
+// layout l; nothing when they agree.
+func mismatch(ri RecordInfo, id format.BlockID, loc index.Location, l format.Layout) []string {
+	var why []string
+	if ri.ID != id {
+		why = append(why, fmt.Sprintf("the record holds block %s", ri.ID))
+	}
+	if ri.HeaderCRC != loc.HeaderCRC {
+		why = append(why, fmt.Sprintf("header crc %#08x, index has %#08x", ri.HeaderCRC, loc.HeaderCRC))
+	}
+	if ri.Seq != loc.Seq {
+		why = append(why, fmt.Sprintf("seq %d, index has %d", ri.Seq, loc.Seq))
+	}
+	if hd := ri.Header; hd != nil {
+		if hd.Layout != loc.Layout {
+			why = append(why, fmt.Sprintf("layout %+v, index has %+v", hd.Layout, loc.Layout))
+		} else if !slices.Equal(hd.ShardCRCs, loc.ShardCRCs) {
+			why = append(why, "shard checksums differ from the index's")
+		}
+	}
+	if loc.Layout != l {
+		why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, l))
+	}
+	return why
+}

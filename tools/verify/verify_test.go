@@ -1,0 +1,260 @@
+package verify_test
+
+import (
+	"bytes"
+	"crypto/md5"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tools/verify"
+	"github.com/ucm-go/ucm/wal"
+)
+
+const storeDir = "/store"
+
+var (
+	testSchema = engine.Schema{Model: "verify-test", DType: "bfloat16", KVLayout: "mha", TPSize: 1, BlockTokens: 16}
+	// 4 shards of 2 tensors, 4 KiB per shard: 20 KiB records, several per 128 KiB segment.
+	testLayout = format.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 4 << 10}
+)
+
+func testID(i int) format.BlockID { return md5.Sum([]byte(fmt.Sprintf("verify-test-%d", i))) }
+
+func openEngine(t *testing.T, fs vfs.FS) *engine.Engine {
+	t.Helper()
+	e, err := engine.Open(storeDir, engine.Options{FS: fs, Layout: testLayout, Schema: testSchema, SegmentSize: 128 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// dump dumps blocks from..to-1, ten at a time.
+func dump(t *testing.T, e *engine.Engine, from, to int) {
+	t.Helper()
+	for i := from; i < to; i += 10 {
+		var ids []format.BlockID
+		var src [][]byte
+		for j := i; j < min(to, i+10); j++ {
+			id := testID(j)
+			b := devio.AlignedBuffer(int(testLayout.BlockBytes()))
+			for k := range b {
+				b[k] = id[k%16] ^ byte(k/16)
+			}
+			ids, src = append(ids, id), append(src, b)
+		}
+		if err := e.Dump(ids, src).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// buildStore makes a cleanly closed store of n blocks on an in-memory file system.
+func buildStore(t *testing.T, n int) vfs.FS {
+	t.Helper()
+	fs := vfs.NewMem()
+	e := openEngine(t, fs)
+	dump(t, e, 0, n)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func run(t *testing.T, fs vfs.FS, recover bool) *verify.Report {
+	t.Helper()
+	var progress int64
+	r, err := verify.Store(storeDir, verify.Options{FS: fs, Recover: recover, Progress: func(n int64) { progress += n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range r.Problems {
+		t.Log(p)
+	}
+	if progress != r.BytesRead {
+		t.Errorf("progress reported %d bytes, the report %d", progress, r.BytesRead)
+	}
+	return r
+}
+
+// open opens the store read-only; the caller closes it.
+func open(t *testing.T, fs vfs.FS) *verify.Handle {
+	t.Helper()
+	h, err := verify.Open(storeDir, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// flipPayloadByte flips a byte of shard 2 of block id's record and returns the block's location.
+func flipPayloadByte(t *testing.T, fs vfs.FS, id format.BlockID) index.Location {
+	t.Helper()
+	h := open(t, fs)
+	loc, ok, err := h.Index.Get(id)
+	_ = h.Close()
+	if err != nil || !ok {
+		t.Fatalf("block %s not in the index: %v", id, err)
+	}
+	path := segPath(loc.Segment)
+	off := loc.Offset + format.RecordHeaderSize + testLayout.ShardStride()*2 + 123
+	b := make([]byte, 1)
+	f, err := fs.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ReadAt(b, off)
+	_ = f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAt(t, fs, path, []byte{b[0] ^ 0x40}, off)
+	return loc
+}
+
+func segPath(n uint64) string { return wal.SegmentPath(storeDir+"/"+engine.SegmentDir, n) }
+
+// writeAt writes b at off into the file at path (off < 0: at its end).
+func writeAt(t *testing.T, fs vfs.FS, path string, b []byte, off int64) {
+	t.Helper()
+	f, err := fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	if off < 0 {
+		st, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		off = st.Size()
+	}
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCleanStore(t *testing.T) {
+	fs := buildStore(t, 40)
+	r := run(t, fs, true)
+	if !r.Clean() || r.BlocksVerified != 40 || r.IndexEntries != 40 || r.ValidRecords != 40 || r.Segments < 3 ||
+		r.Sealed != r.Segments || r.Recovery != nil || r.Pending != nil {
+		t.Fatalf("clean store: %+v", r)
+	}
+}
+
+func TestFlippedPayloadByte(t *testing.T) {
+	fs := buildStore(t, 40)
+	id := testID(7)
+	loc := flipPayloadByte(t, fs, id)
+
+	r := run(t, fs, true)
+	if r.Clean() || len(r.Problems) != 1 || r.BlocksVerified != 39 {
+		t.Fatalf("flipped byte: %d problems, %d blocks verified, want 1, 39", len(r.Problems), r.BlocksVerified)
+	}
+	p := r.Problems[0]
+	if p.Segment != loc.Segment || p.Path != segPath(loc.Segment) || p.Offset != loc.Offset || p.Block != id ||
+		!strings.Contains(p.Msg, "shard 2 checksum") {
+		t.Errorf("problem %+v, want segment %d offset %d block %s", p, loc.Segment, loc.Offset, id)
+	}
+	want := fmt.Sprintf("PROBLEM %s offset %d block %s: invalid record", wal.SegmentFileName(loc.Segment), loc.Offset, id)
+	if !strings.HasPrefix(p.String(), want) {
+		t.Errorf("%q does not start with %q", p.String(), want)
+	}
+}
+
+// TestCrashClone verifies what a power loss leaves while an engine is open (the last segment
+// active, no footer) plus a torn record after its last one.
+func TestCrashClone(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	e := openEngine(t, mem)
+	defer func() { _ = e.Close() }()
+	dump(t, e, 0, 25)
+	fs := mem.CrashClone(vfs.CrashCloneCfg{})
+
+	// Read-only: the rows of the clone say which segment is active.
+	h := open(t, fs)
+	active := h.ActiveSegments()
+	_ = h.Close()
+	if len(active) != 1 {
+		t.Fatalf("%d active segments in the crash clone, want 1", len(active))
+	}
+	garbage := bytes.Repeat([]byte("torn"), 3000) // past a 4 KiB block: an invalid record header
+	writeAt(t, fs, segPath(active[0].Number), garbage, -1)
+
+	r := run(t, fs, false)
+	if !r.Clean() || r.Recovery != nil || r.Active != 1 || r.BlocksVerified != 25 || len(r.Pending) != 1 {
+		t.Fatalf("without Recover: %+v", r)
+	}
+	p := r.Pending[0]
+	if p.Number != active[0].Number || p.CutBytes != int64(len(garbage)) || p.ValidEnd != active[0].Size ||
+		p.FileSize != active[0].Size+int64(len(garbage)) || p.EntriesToDrop != 0 || p.Stop == "" {
+		t.Errorf("pending %+v, want segment %d cut %d bytes after %d", p, active[0].Number, len(garbage), active[0].Size)
+	}
+	if st, err := fs.Stat(segPath(active[0].Number)); err != nil || st.Size() != p.FileSize {
+		t.Fatalf("verify without Recover changed the segment: %v", err)
+	}
+
+	r = run(t, fs, true)
+	if !r.Clean() || r.Recovery == nil || r.Pending != nil || r.Active != 0 || r.BlocksVerified != 25 {
+		t.Fatalf("with Recover: %+v", r)
+	}
+	if r.Recovery.SegmentsRecovered != 1 || r.Recovery.TruncatedBytes != int64(len(garbage)) {
+		t.Errorf("recovery %+v, want 1 segment, %d bytes cut", r.Recovery, len(garbage))
+	}
+	// Recovered: nothing left to recover.
+	if r = run(t, fs, true); !r.Clean() || r.Recovery != nil {
+		t.Fatalf("second verify: %+v", r)
+	}
+}
+
+func TestNotAStore(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll(storeDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{storeDir, "/nope"} {
+		if r, err := verify.Store(dir, verify.Options{FS: fs, Recover: true}); err == nil {
+			t.Errorf("%s: no error, report %+v", dir, r)
+		}
+	}
+	if names, _ := fs.List(storeDir); len(names) != 0 {
+		t.Errorf("verify wrote into a directory that is not a store: %v", names)
+	}
+}
+
+// TestRecoveredCrashClonesAreClean takes crash clones that keep a random part of the unsynced
+// data at many points of a workload without syncs: after recovery every one verifies clean.
+func TestRecoveredCrashClonesAreClean(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	e, err := engine.Open(storeDir, engine.Options{FS: mem, Layout: testLayout, Schema: testSchema, SegmentSize: 128 << 10,
+		SyncPolicy: engine.SyncNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close() }()
+	recovered := 0
+	for i := 0; i < 8; i++ {
+		dump(t, e, i*7, (i+1)*7)
+		for _, pct := range []int{0, 50, 100} {
+			fs := mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: pct, RNG: rand.New(rand.NewPCG(uint64(i), uint64(pct)))})
+			r := run(t, fs, true)
+			if !r.Clean() {
+				t.Errorf("clone after %d blocks, %d%% of the unsynced data kept: %d problems", (i+1)*7, pct, len(r.Problems))
+			}
+			if r.Recovery != nil && r.BlocksVerified > 0 {
+				recovered++
+			}
+		}
+	}
+	if recovered == 0 {
+		t.Error("no clone needed recovery and kept blocks")
+	}
+}
