@@ -172,7 +172,7 @@ func (e *Engine) open() error {
 		e.recovery.Duration = time.Since(start)
 		return nil
 	}
-	next, err := e.recover()
+	next, err := e.recover(!known)
 	if err != nil {
 		return err
 	}

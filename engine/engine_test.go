@@ -485,21 +485,28 @@ func TestReopenKeepsBlocksAndAccounting(t *testing.T) {
 // checkFileSizes asserts that the accounted file bytes equal the segment files' sizes.
 func checkFileSizes(t *testing.T, fs vfs.FS, e *Engine) {
 	t.Helper()
+	if err := fileSizesMatch(fs, e); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func fileSizesMatch(fs vfs.FS, e *Engine) error {
 	var total int64
 	names, err := fs.List(e.segDir)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for _, n := range names {
 		st, err := fs.Stat(fs.PathJoin(e.segDir, n))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		total += st.Size()
 	}
 	if _, _, fileBytes := e.ix.Totals(); fileBytes != total {
-		t.Fatalf("accounted file bytes %d, files hold %d", fileBytes, total)
+		return fmt.Errorf("accounted file bytes %d, segment files hold %d", fileBytes, total)
 	}
+	return nil
 }
 
 // TestDirectoryLockAcrossProcesses: a second process opening a store in use gets ErrLocked.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/ucm-go/ucm/format"
 	"slices"
 	"strings"
 
@@ -21,8 +22,8 @@ import (
 //   - a segment still active (the crash interrupted it) is scanned record by record, truncated
 //     after its last valid record, sealed with a footer, and index entries past that point are
 //     dropped: it is never appended to again;
-//   - an index that is missing while segments exist (deleted or lost) is rebuilt from them.
-func (e *Engine) recover() (uint64, error) {
+//   - an index that is missing (no schema recorded) while segments exist is rebuilt from them.
+func (e *Engine) recover(indexLost bool) (uint64, error) {
 	names, err := e.fs.List(e.segDir)
 	if err != nil {
 		return 0, fmt.Errorf("recover %s: %w", e.segDir, err)
@@ -52,7 +53,7 @@ func (e *Engine) recover() (uint64, error) {
 		maxNum = max(maxNum, binary.LittleEndian.Uint64(v)-1)
 	}
 	rows := e.ix.Segments()
-	if len(rows) == 0 && len(files) > 0 {
+	if indexLost && len(files) > 0 {
 		if err := e.rebuild(files); err != nil {
 			return 0, err
 		}
@@ -162,6 +163,14 @@ func (e *Engine) rebuild(files map[uint64]bool) error {
 	for _, n := range nums {
 		path := wal.SegmentPath(e.segDir, n)
 		res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, true)
+		if st, serr := e.fs.Stat(path); serr == nil && st.Size() < format.SegmentHeaderSize {
+			// Created just before a crash, header never written: an orphan, not data.
+			if err := e.fs.Remove(path); err != nil {
+				return fmt.Errorf("rebuild index: remove orphan %s: %w", path, err)
+			}
+			e.recovery.OrphansRemoved++
+			continue
+		}
 		if err != nil {
 			// Registered as quarantined and left in place for inspection (ucm-tool verify
 			// reports it; a later Open does not remove it as an orphan); its blocks are misses.
