@@ -63,7 +63,7 @@ func (s *crashState) mark(m map[engine.BlockID]bool, ids ...engine.BlockID) {
 // crashFigures are the counts a run reports (docs/reliability.md quotes them).
 type crashFigures struct {
 	points, recoveries, nested int
-	blocksChecked             int
+	blocksChecked              int
 }
 
 // crashPoints is an errorfs injector that simulates a power loss before every mutating
