@@ -321,10 +321,14 @@ func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
 // failSlot turns the block's slot (creating one if needed) into a tombstone: the block will
 // not be published and its other shards' dumps fail.
 func (e *Engine) failSlot(id BlockID, cause error) {
+	_, stored, _ := e.ix.Get(id)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.mu.staging[id]
 	if s == nil {
+		if stored || e.mu.inflight[id] != nil {
+			return // a bad shard for a block already stored (or being written) changes nothing
+		}
 		s = &stagingSlot{claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
 		e.mu.staging[id] = s
 	} else if s.rec != nil && s.pending == 0 {

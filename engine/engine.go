@@ -70,6 +70,7 @@ type Engine struct {
 	}
 
 	closing atomic.Bool
+	closeMu sync.RWMutex   // orders enter's tasks.Add before Close's tasks.Wait
 	tasks   sync.WaitGroup // running task goroutines
 	stop    chan struct{}
 	bg      sync.WaitGroup // background goroutines
@@ -85,11 +86,19 @@ type RecoveryReport struct {
 	// EntriesDropped counts index entries removed because their record was not in the valid
 	// part of a recovered segment, or their segment file was missing.
 	EntriesDropped int
-	// OrphansRemoved counts segment and temporary files not registered in the index (created
-	// just before a crash) that were deleted.
+	// OrphansRemoved counts temporary files and segment files too short to hold a header
+	// (created just before a crash) that were deleted.
 	OrphansRemoved int
+	// SegmentsAdopted counts segment files the index did not register (a lost index being
+	// rebuilt, or an index that lost its newest writes) that were recovered and registered;
+	// EntriesAdopted the block entries indexed from them.
+	SegmentsAdopted int
+	EntriesAdopted  int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.
 	MissingSegments []uint64
+	// QuarantinedSegments lists segments found unreadable or corrupt by recovery: their
+	// blocks are misses, their files kept for inspection (ucm-tool verify reports them).
+	QuarantinedSegments []uint64
 	// Duration is the time recovery took.
 	Duration time.Duration
 }
@@ -309,7 +318,10 @@ func (e *Engine) release() {
 // and releases the directory. Tasks started after Close began fail with ErrClosed; partly
 // dumped blocks are discarded. Close is idempotent.
 func (e *Engine) Close() error {
-	if !e.closing.CompareAndSwap(false, true) {
+	e.closeMu.Lock()
+	first := e.closing.CompareAndSwap(false, true)
+	e.closeMu.Unlock()
+	if !first {
 		return nil
 	}
 	e.tasks.Wait()
@@ -333,11 +345,12 @@ func (e *Engine) Close() error {
 
 // enter registers a task goroutine; it fails once Close has begun.
 func (e *Engine) enter() bool {
-	e.tasks.Add(1)
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
 	if e.closing.Load() {
-		e.tasks.Done()
 		return false
 	}
+	e.tasks.Add(1)
 	return true
 }
 

@@ -130,7 +130,14 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		}
 		seg, err := e.acquireSegment(loc.Segment)
 		if err != nil {
-			t.errs[i] = e.dropBroken(id, loc, err)
+			var ce *wal.CorruptionError
+			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
+				t.errs[i] = e.dropBroken(id, loc, err)
+			} else {
+				// A transient failure to open the segment: the block stays indexed.
+				e.stats.readErrors.Add(1)
+				t.errs[i] = blockErr(wrapIO(err), id, "open segment %d", loc.Segment)
+			}
 			continue
 		}
 		r := blockRead{i: i, loc: loc, seg: seg, opLo: len(ops)}

@@ -4,10 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/ucm-go/ucm/format"
 	"slices"
 	"strings"
 
+	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -15,14 +15,16 @@ import (
 // recover brings the segment directory and the index into agreement after a clean shutdown or
 // a crash, and returns the number the next new segment gets.
 //
-//   - temporary files and segment files the index never registered (created just before a
-//     crash) are removed;
+//   - the log's temporary files (a segment name plus wal.TempSuffix) are removed;
 //   - a registered segment whose file is missing loses its index entries (a miss, never
 //     garbage) and its row; a missing sealed segment is reported;
 //   - a segment still active (the crash interrupted it) is scanned record by record, truncated
 //     after its last valid record, sealed with a footer, and index entries past that point are
 //     dropped: it is never appended to again;
-//   - an index that is missing (no schema recorded) while segments exist is rebuilt from them.
+//   - a segment file the index does not register is adopted: a file too short to hold a header
+//     (created just before a crash) is removed; otherwise it is recovered like an active one
+//     and its records indexed where the index has nothing newer. This rebuilds a lost index
+//     from the segments, and never deletes data an index that lost its tail forgot.
 func (e *Engine) recover(indexLost bool) (uint64, error) {
 	names, err := e.fs.List(e.segDir)
 	if err != nil {
@@ -32,12 +34,14 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 	var maxNum uint64
 	for _, name := range names {
 		path := e.fs.PathJoin(e.segDir, name)
-		if strings.HasSuffix(name, wal.TempSuffix) {
-			if err := e.fs.Remove(path); err != nil {
-				return 0, fmt.Errorf("recover: remove %s: %w", path, err)
+		if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
+			if _, ours := wal.ParseSegmentFileName(base); ours {
+				if err := e.fs.Remove(path); err != nil {
+					return 0, fmt.Errorf("recover: remove %s: %w", path, err)
+				}
+				e.recovery.OrphansRemoved++
+				continue
 			}
-			e.recovery.OrphansRemoved++
-			continue
 		}
 		n, ok := wal.ParseSegmentFileName(name)
 		if !ok {
@@ -52,81 +56,89 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 	} else if ok && len(v) == 8 {
 		maxNum = max(maxNum, binary.LittleEndian.Uint64(v)-1)
 	}
-	rows := e.ix.Segments()
-	if indexLost && len(files) > 0 {
-		if err := e.rebuild(files); err != nil {
-			return 0, err
-		}
-		return maxNum + 1, nil
-	}
-	for _, row := range rows {
+	for _, row := range e.ix.Segments() {
 		maxNum = max(maxNum, row.Number)
-		path := wal.SegmentPath(e.segDir, row.Number)
-		if !files[row.Number] {
-			dropped, err := e.ix.DropSegmentEntries(row.Number, 0, false)
-			if err != nil {
-				return 0, err
-			}
-			b := e.ix.NewBatch()
-			b.DeleteSegment(row.Number)
-			if err := e.ix.Apply(b, true); err != nil {
-				return 0, err
-			}
-			e.recovery.EntriesDropped += dropped
-			if row.State == index.SegmentSealed {
-				e.recovery.MissingSegments = append(e.recovery.MissingSegments, row.Number)
-				e.opts.Logger.Error("ucm: sealed segment missing; its blocks are now misses", "path", path, "blocks_dropped", dropped)
+		if files[row.Number] {
+			delete(files, row.Number)
+			if row.State == index.SegmentActive {
+				if err := e.recoverActive(row); err != nil {
+					return 0, err
+				}
 			}
 			continue
 		}
-		delete(files, row.Number)
-		if row.State != index.SegmentActive {
-			continue
-		}
-		res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, false)
-		if err != nil {
-			var ce *wal.CorruptionError
-			if !errors.As(err, &ce) {
-				return 0, fmt.Errorf("recover segment %d: %w", row.Number, err)
-			}
-			// The header itself is unreadable: nothing in the segment can be trusted.
-			if err := e.quarantine(row, err); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if res.Header.Schema != e.fingerprint || res.Header.Generation != row.Generation {
-			if err := e.quarantine(row, fmt.Errorf("%s: header does not match the index (schema or generation)", path)); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		dropped, err := e.ix.DropSegmentEntries(row.Number, res.ValidEnd, false)
-		if err != nil {
+		if err := e.forgetMissing(row); err != nil {
 			return 0, err
-		}
-		row.State, row.Size = index.SegmentSealed, res.FileSize
-		b := e.ix.NewBatch()
-		b.SetSegment(row)
-		if err := e.ix.Apply(b, true); err != nil {
-			return 0, err
-		}
-		e.recovery.SegmentsRecovered++
-		e.recovery.EntriesDropped += dropped
-		e.recovery.TruncatedBytes += res.Truncated
-		if res.Stop != nil {
-			e.opts.Logger.Warn("ucm: torn tail truncated", "segment", row.Number, "valid_end", res.ValidEnd, "cut", res.Truncated, "stop", res.Stop)
 		}
 	}
+	unregistered := make([]uint64, 0, len(files))
 	for n := range files {
-		path := wal.SegmentPath(e.segDir, n)
-		if err := e.fs.Remove(path); err != nil {
-			return 0, fmt.Errorf("recover: remove orphan %s: %w", path, err)
+		unregistered = append(unregistered, n)
+	}
+	slices.Sort(unregistered) // oldest first: a newer record of a block wins
+	if indexLost && len(unregistered) > 0 {
+		e.opts.Logger.Warn("ucm: index missing; rebuilding it from segments", "segments", len(unregistered))
+	}
+	for _, n := range unregistered {
+		if err := e.adopt(n, indexLost); err != nil {
+			return 0, err
 		}
-		e.recovery.OrphansRemoved++
-		e.opts.Logger.Info("ucm: removed unregistered segment file", "path", path)
 	}
 	return maxNum + 1, nil
+}
+
+// forgetMissing drops a registered segment whose file is gone.
+func (e *Engine) forgetMissing(row index.SegmentMeta) error {
+	dropped, err := e.ix.DropSegmentEntries(row.Number, 0, false)
+	if err != nil {
+		return err
+	}
+	b := e.ix.NewBatch()
+	b.DeleteSegment(row.Number)
+	if err := e.ix.Apply(b, true); err != nil {
+		return err
+	}
+	e.recovery.EntriesDropped += dropped
+	if row.State == index.SegmentSealed {
+		e.recovery.MissingSegments = append(e.recovery.MissingSegments, row.Number)
+		e.opts.Logger.Error("ucm: sealed segment missing; its blocks are now misses",
+			"path", wal.SegmentPath(e.segDir, row.Number), "blocks_dropped", dropped)
+	}
+	return nil
+}
+
+// recoverActive seals a segment that was active at a crash at its last valid record.
+func (e *Engine) recoverActive(row index.SegmentMeta) error {
+	path := wal.SegmentPath(e.segDir, row.Number)
+	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
+	res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, false)
+	if err != nil {
+		var ce *wal.CorruptionError
+		if !errors.As(err, &ce) {
+			return fmt.Errorf("recover segment %d: %w", row.Number, err)
+		}
+		return e.quarantine(row, err) // the header itself is unreadable
+	}
+	if res.Header.Schema != e.fingerprint || res.Header.Generation != row.Generation {
+		return e.quarantine(row, fmt.Errorf("%s: header does not match the index (schema or generation)", path))
+	}
+	dropped, err := e.ix.DropSegmentEntries(row.Number, res.ValidEnd, false)
+	if err != nil {
+		return err
+	}
+	row.State, row.Size = index.SegmentSealed, res.FileSize
+	b := e.ix.NewBatch()
+	b.SetSegment(row)
+	if err := e.ix.Apply(b, true); err != nil {
+		return err
+	}
+	e.recovery.SegmentsRecovered++
+	e.recovery.EntriesDropped += dropped
+	e.recovery.TruncatedBytes += res.Truncated
+	if res.Stop != nil {
+		e.opts.Logger.Warn("ucm: torn tail truncated", "segment", row.Number, "valid_end", res.ValidEnd, "cut", res.Truncated, "stop", res.Stop)
+	}
+	return nil
 }
 
 // quarantine drops every entry of a segment that cannot be trusted and marks it quarantined;
@@ -146,64 +158,67 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 		return err
 	}
 	e.recovery.EntriesDropped += dropped
+	e.recovery.QuarantinedSegments = append(e.recovery.QuarantinedSegments, row.Number)
 	e.opts.Logger.Error("ucm: segment quarantined", "segment", row.Number, "blocks_dropped", dropped, "err", cause)
 	return nil
 }
 
-// rebuild recreates the index from the segment files (the index directory was lost): every
-// segment is scanned (and sealed if it was active), its records indexed; when a block appears
-// more than once the newest record wins.
-func (e *Engine) rebuild(files map[uint64]bool) error {
-	nums := make([]uint64, 0, len(files))
-	for n := range files {
-		nums = append(nums, n)
+// adopt registers a segment file the index does not know. Its seal state is unknown, so a
+// footer is trusted: a file with a valid footer and an invalid record is corruption
+// (quarantined, never cut); a file without one is recovered like an active segment. Its records
+// are indexed unless the index holds a newer record of the block. With indexLost, a segment of
+// another schema means the whole store is foreign: ErrSchemaMismatch.
+func (e *Engine) adopt(n uint64, indexLost bool) error {
+	path := wal.SegmentPath(e.segDir, n)
+	if st, err := e.fs.Stat(path); err == nil && st.Size() < format.SegmentHeaderSize {
+		// Created just before a crash, its header never written: not data.
+		if err := e.fs.Remove(path); err != nil {
+			return fmt.Errorf("recover: remove orphan %s: %w", path, err)
+		}
+		e.recovery.OrphansRemoved++
+		return nil
 	}
-	slices.Sort(nums)
-	e.opts.Logger.Warn("ucm: index missing; rebuilding it from segments", "segments", len(nums))
-	for _, n := range nums {
-		path := wal.SegmentPath(e.segDir, n)
-		res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, true)
-		if st, serr := e.fs.Stat(path); serr == nil && st.Size() < format.SegmentHeaderSize {
-			// Created just before a crash, header never written: an orphan, not data.
-			if err := e.fs.Remove(path); err != nil {
-				return fmt.Errorf("rebuild index: remove orphan %s: %w", path, err)
-			}
-			e.recovery.OrphansRemoved++
-			continue
-		}
-		if err != nil {
-			// Registered as quarantined and left in place for inspection (ucm-tool verify
-			// reports it; a later Open does not remove it as an orphan); its blocks are misses.
-			e.opts.Logger.Error("ucm: segment unreadable or corrupt during rebuild; quarantined", "path", path, "err", err)
-			row := index.SegmentMeta{Number: n, Generation: 1, State: index.SegmentQuarantined}
-			if res != nil {
-				row.Generation = res.Header.Generation
-			}
-			if st, serr := e.fs.Stat(path); serr == nil {
-				row.Size = st.Size()
-			}
-			b := e.ix.NewBatch()
-			b.SetSegment(row)
-			if err := e.ix.Apply(b, true); err != nil {
-				return fmt.Errorf("rebuild index: quarantine %s: %w", path, err)
-			}
-			continue
-		}
-		if res.Header.Schema != e.fingerprint {
+	res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, true)
+	if err == nil && res.Header.Schema != e.fingerprint {
+		if indexLost {
 			return fmt.Errorf("rebuild index: segment %s was written under another schema: %w", path, ErrSchemaMismatch)
 		}
-		e.instance = res.Header.Instance
-		b := e.ix.NewBatch()
-		b.SetSegment(index.SegmentMeta{Number: n, Generation: res.Header.Generation, State: index.SegmentSealed, Size: res.FileSize})
-		for i := range res.Records {
-			r := &res.Records[i]
-			b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-				HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs})
-		}
-		if err := e.ix.Apply(b, true); err != nil {
-			return fmt.Errorf("rebuild index from %s: %w", path, err)
-		}
-		e.recovery.SegmentsRecovered++
+		err = fmt.Errorf("%s: written under another schema: %w", path, ErrSchemaMismatch)
 	}
+	if err != nil {
+		var ce *wal.CorruptionError
+		if !errors.As(err, &ce) && !errors.Is(err, ErrSchemaMismatch) {
+			return fmt.Errorf("recover: adopt %s: %w", path, err)
+		}
+		row := index.SegmentMeta{Number: n, Generation: 1, State: index.SegmentQuarantined}
+		if res != nil {
+			row.Generation = res.Header.Generation
+		}
+		return e.quarantine(row, err)
+	}
+	if indexLost && e.instance == (format.InstanceID{}) {
+		e.instance = res.Header.Instance
+	}
+	b := e.ix.NewBatch()
+	b.SetSegment(index.SegmentMeta{Number: n, Generation: res.Header.Generation, State: index.SegmentSealed, Size: res.FileSize})
+	indexed := 0
+	for i := range res.Records {
+		r := &res.Records[i]
+		if cur, ok, err := e.ix.Get(r.Header.ID); err != nil {
+			return err
+		} else if ok && cur.Seq >= r.Header.Seq {
+			continue
+		}
+		b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs})
+		indexed++
+	}
+	if err := e.ix.Apply(b, true); err != nil {
+		return fmt.Errorf("recover: adopt %s: %w", path, err)
+	}
+	e.recovery.SegmentsAdopted++
+	e.recovery.EntriesAdopted += indexed
+	e.recovery.TruncatedBytes += res.Truncated
+	e.opts.Logger.Warn("ucm: adopted a segment the index did not register", "path", path, "records", len(res.Records), "indexed", indexed)
 	return nil
 }

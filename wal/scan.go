@@ -167,9 +167,36 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 		res.ValidEnd = off
 	}
 	if tr != nil && res.Stop == nil && res.ValidEnd == tr.DataEnd {
-		res.Sealed = true
+		if err := checkFooterEntries(r, tr, res.Records); err != nil {
+			res.Stop = &CorruptionError{Path: path, Offset: tr.DataEnd, Err: err}
+		} else {
+			res.Sealed = true
+		}
 	}
 	return res, nil
+}
+
+// checkFooterEntries reads the footer entries a trailer announces and checks they list exactly
+// the records the scan found.
+func checkFooterEntries(r *reader, tr *format.Trailer, recs []ScannedRecord) error {
+	buf := devio.AlignedBuffer(int(r.size - tr.DataEnd))
+	if err := r.read(buf, tr.DataEnd); err != nil {
+		return err
+	}
+	entries, err := format.DecodeFooterEntries(buf, *tr)
+	if err != nil {
+		return err
+	}
+	if len(entries) != len(recs) {
+		return fmt.Errorf("%w: footer lists %d records, the segment holds %d", format.ErrCorrupt, len(entries), len(recs))
+	}
+	for i, e := range entries {
+		rec := &recs[i]
+		if e.ID != rec.Header.ID || e.Offset != rec.Offset || e.Length != rec.Length() || e.Seq != rec.Header.Seq || e.HeaderCRC != rec.HeaderCRC {
+			return fmt.Errorf("%w: footer entry %d (%s at %d) does not match the record at %d (%s)", format.ErrCorrupt, i, e.ID, e.Offset, rec.Offset, rec.Header.ID)
+		}
+	}
+	return nil
 }
 
 // VerifyShards checks shards [first, first+n) of a record whose payload bytes from shard first

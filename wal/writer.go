@@ -466,14 +466,17 @@ func (w *Writer) ensureActive() error {
 	if w.active != nil {
 		return nil
 	}
-	seg, err := CreateSegment(w.opts.FS, w.opts.Dir, w.next, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
-		Number: w.next, Generation: randomGeneration(), Instance: w.opts.Instance,
+	// A number is used once, whether or not its creation succeeds: a failed attempt may leave
+	// a file behind, which the next Open removes or adopts.
+	n := w.next
+	w.next++
+	seg, err := CreateSegment(w.opts.FS, w.opts.Dir, n, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
+		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
 		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
 	})
 	if err != nil {
 		return err
 	}
-	w.next++
 	if err := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation); err != nil {
 		seg.Release()
 		return fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
@@ -551,6 +554,7 @@ func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, bac
 	}
 	if err != nil {
 		_ = f.Close()
+		_ = fs.Remove(path) // best effort: a file left behind is an orphan the next Open removes
 		return nil, fmt.Errorf("wal: create segment %s: %w", path, err)
 	}
 	seg := newSegment(n, h.Generation, path, f)
