@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,12 +23,27 @@ const AllShards = -1
 type inflightDump struct {
 	done chan struct{}
 	err  error
+	once sync.Once
+}
+
+func newInflight() *inflightDump { return &inflightDump{done: make(chan struct{})} }
+
+// finish records the dump's outcome and releases its waiters; later calls do nothing.
+func (d *inflightDump) finish(err error) {
+	d.once.Do(func() {
+		d.err = err
+		close(d.done)
+	})
 }
 
 // stagingSlot assembles a block dumped shard by shard (layer-wise), or created with Create
 // (V0), until it is complete. A slot is published only when every shard has arrived intact;
 // a failed shard turns it into a tombstone that fails the block's other shards.
 type stagingSlot struct {
+	// flight completes with the block's outcome: when it is published (appended by whichever
+	// dump completes it, or by Commit) or discarded. Whole-block dumps that find the block in
+	// assembly wait on it.
+	flight   *inflightDump
 	rec      *wal.Record
 	claimed  []bool // shard has been (or is being) copied in
 	arrived  int    // shards copied in
@@ -165,6 +181,7 @@ func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wa
 		return nil, nil, d, nil
 	}
 	if s := e.mu.staging[id]; s != nil {
+		slotFlight, v0 := s.flight, s.v0
 		e.mu.Unlock()
 		// A layer-wise or V0 block in assembly: deliver every shard to it.
 		l := e.opts.Layout
@@ -174,18 +191,22 @@ func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wa
 				return r, f, w, err
 			}
 		}
-		return nil, nil, nil, nil
+		if v0 {
+			return nil, nil, nil, nil // staged; Commit publishes it
+		}
+		// Another dump is still copying a shard in and will publish the block: this dump is
+		// done when that one is.
+		return nil, nil, slotFlight, nil
 	}
-	flight = &inflightDump{done: make(chan struct{})}
+	flight = newInflight()
 	e.mu.inflight[id] = flight
 	e.mu.Unlock()
 	if _, ok, err := e.ix.Get(id); err != nil || ok {
 		// Stored already (or the index cannot tell): do not write it again.
 		e.mu.Lock()
 		delete(e.mu.inflight, id)
-		flight.err = err
-		close(flight.done)
 		e.mu.Unlock()
+		flight.finish(err)
 		if ok {
 			e.stats.dedupedDumps.Add(1)
 		}
@@ -300,7 +321,7 @@ func (e *Engine) stageShard(id BlockID, shard int, src []byte) (rec *wal.Record,
 func (e *Engine) publishSlotLocked(id BlockID, s *stagingSlot) (*wal.Record, *inflightDump, *inflightDump, error) {
 	delete(e.mu.staging, id)
 	e.mu.stagingBytes -= int64(len(s.rec.Buf))
-	flight := &inflightDump{done: make(chan struct{})}
+	flight := s.flight
 	e.mu.inflight[id] = flight
 	rec := s.rec
 	s.rec = nil
@@ -312,7 +333,7 @@ func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
 	if e.mu.stagingBytes+size > e.opts.MaxStagingBytes {
 		return nil, blockErr(ErrNoSpace, id, "staging memory for partly dumped blocks is full (%d of %d bytes)", e.mu.stagingBytes, e.opts.MaxStagingBytes)
 	}
-	s := &stagingSlot{rec: e.newRecord(id), claimed: make([]bool, e.opts.Layout.Shards), v0: v0, created: time.Now()}
+	s := &stagingSlot{flight: newInflight(), rec: e.newRecord(id), claimed: make([]bool, e.opts.Layout.Shards), v0: v0, created: time.Now()}
 	e.mu.staging[id] = s
 	e.mu.stagingBytes += size
 	return s, nil
@@ -329,7 +350,7 @@ func (e *Engine) failSlot(id BlockID, cause error) {
 		if stored || e.mu.inflight[id] != nil {
 			return // a bad shard for a block already stored (or being written) changes nothing
 		}
-		s = &stagingSlot{claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
+		s = &stagingSlot{flight: newInflight(), claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
 		e.mu.staging[id] = s
 	} else if s.rec != nil && s.pending == 0 {
 		e.mu.stagingBytes -= int64(len(s.rec.Buf))
@@ -338,6 +359,7 @@ func (e *Engine) failSlot(id BlockID, cause error) {
 	}
 	if s.failed == nil {
 		s.failed = cause
+		s.flight.finish(blockErr(ErrBlockFailed, id, "a shard failed: %v", cause))
 	}
 	s.attempts++
 	e.stats.failedBlocks.Add(1)
@@ -351,11 +373,16 @@ func (e *Engine) retireTombstoneLocked(id BlockID, s *stagingSlot) {
 	}
 }
 
-// dropSlotLocked discards a slot; its buffer returns to the pool once no copy is using it.
-func (e *Engine) dropSlotLocked(id BlockID, s *stagingSlot, _ error) {
+// dropSlotLocked discards a slot; its buffer returns to the pool once no copy is using it, and
+// dumps waiting for the block get cause.
+func (e *Engine) dropSlotLocked(id BlockID, s *stagingSlot, cause error) {
 	if e.mu.staging[id] == s {
 		delete(e.mu.staging, id)
 	}
+	if cause == nil {
+		cause = blockErr(ErrBlockFailed, id, "discarded before it was complete")
+	}
+	s.flight.finish(cause)
 	s.dropped = true
 	if s.rec != nil {
 		e.mu.stagingBytes -= int64(len(s.rec.Buf))
@@ -383,7 +410,7 @@ func (e *Engine) janitor() {
 			e.mu.Lock()
 			for id, s := range e.mu.staging {
 				if now.Sub(s.created) > e.opts.TaskTimeout {
-					e.dropSlotLocked(id, s, nil)
+					e.dropSlotLocked(id, s, blockErr(ErrTimeout, id, "partly dumped block expired after %v", e.opts.TaskTimeout))
 					e.stats.stagingExpired.Add(1)
 				}
 			}
@@ -480,9 +507,8 @@ func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []er
 		delete(e.mu.inflight, rec.ID)
 		if err != nil {
 			errs[k] = blockErr(err, rec.ID, "dump")
-			flights[k].err = errs[k]
 		}
-		close(flights[k].done)
+		flights[k].finish(errs[k])
 	}
 	e.mu.Unlock()
 	for _, rec := range recs {

@@ -81,7 +81,8 @@ type RecoveryReport struct {
 	// SegmentsRecovered counts segments that were active at a crash and were scanned,
 	// truncated to their valid end and sealed.
 	SegmentsRecovered int
-	// TruncatedBytes is what those truncations cut (torn or unpublished tails).
+	// TruncatedBytes is what those truncations cut (torn tails). Records that were complete on
+	// disk but never indexed (their dump was not acknowledged) are kept as dead space.
 	TruncatedBytes int64
 	// EntriesDropped counts index entries removed because their record was not in the valid
 	// part of a recovered segment, or their segment file was missing.

@@ -534,3 +534,33 @@ func TestDirectoryLockAcrossProcesses(t *testing.T) {
 		t.Fatalf("second process did not get ErrLocked:\n%s", out)
 	}
 }
+
+// TestWholeDumpOfBlockInAssemblyWaitsForIt: a whole-block dump of a block another task is
+// assembling shard by shard completes only once the block is durable and visible, even when
+// the other task is still copying the last shard in.
+func TestWholeDumpOfBlockInAssemblyWaitsForIt(t *testing.T) {
+	_, fs := memFS()
+	l := Layout{Shards: 2, TensorsPerShard: 1, ShardBytes: 4 << 20}
+	opts := testOptions(fs, l)
+	opts.SegmentSize = 16 << 20
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	for attempt := 0; attempt < 3; attempt++ {
+		id := blockID(100 + attempt)
+		full := blockBytes(l, id)
+		if err := e.DumpShard([]BlockID{id}, 0, [][]byte{full[:l.ShardBytes]}).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		last := e.DumpShard([]BlockID{id}, 1, [][]byte{full[l.ShardBytes:]})
+		time.Sleep(time.Millisecond)
+		if err := e.Dump([]BlockID{id}, [][]byte{full}).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if !e.Lookup([]BlockID{id})[0] {
+			t.Fatalf("attempt %d: Dump returned before the block was visible", attempt)
+		}
+		if err := last.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -179,6 +179,9 @@ func (e *Engine) adopt(n uint64, indexLost bool) error {
 		return nil
 	}
 	res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, true)
+	if err == nil && res.Header.Number != n {
+		err = &wal.CorruptionError{Path: path, Err: fmt.Errorf("%w: header names segment %d", format.ErrCorrupt, res.Header.Number)}
+	}
 	if err == nil && res.Header.Schema != e.fingerprint {
 		if indexLost {
 			return fmt.Errorf("rebuild index: segment %s was written under another schema: %w", path, ErrSchemaMismatch)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
@@ -83,6 +84,32 @@ func (h *Handle) ActiveSegments() []index.SegmentMeta {
 	return out
 }
 
+// NeedsRecovery reports whether the store was left by a crash: a segment still active, or a
+// segment or temporary file in the segment directory that the index does not register (what
+// engine recovery seals, adopts or removes).
+func (h *Handle) NeedsRecovery() bool {
+	if len(h.ActiveSegments()) > 0 {
+		return true
+	}
+	names, err := h.FS.List(h.SegDir)
+	if err != nil {
+		return false
+	}
+	for _, name := range names {
+		if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
+			if _, ours := wal.ParseSegmentFileName(base); ours {
+				return true
+			}
+		}
+		if n, ok := wal.ParseSegmentFileName(name); ok {
+			if _, registered := h.Index.Segment(n); !registered {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
 // and seal every segment left active, drop index entries past it), and closes it again.
 func recoverStore(fs vfs.FS, dir string) (engine.RecoveryReport, error) {
@@ -107,7 +134,7 @@ func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.
 	if err != nil {
 		return nil, nil, err
 	}
-	if !recover || len(h.ActiveSegments()) == 0 {
+	if !recover || !h.NeedsRecovery() {
 		return h, nil, nil
 	}
 	if err := h.Close(); err != nil {

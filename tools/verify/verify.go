@@ -202,7 +202,7 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	for n := range onDisk {
 		if _, ok := registered[n]; !ok {
 			r.UnregisteredFiles++
-			add(n, -1, format.BlockID{}, "segment file not registered in the index (recovery would delete it)")
+			r.Notes = append(r.Notes, fmt.Sprintf("segment file %s not registered in the index: recovery will adopt it (or remove it if it holds no header)", wal.SegmentFileName(n)))
 		}
 	}
 

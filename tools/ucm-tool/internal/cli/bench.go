@@ -28,68 +28,170 @@ type benchConfig struct {
 	blockBytes  int64
 	shards      int
 	total       int64
+	blocks      int // lookup, open: blocks indexed
 	concurrency int
 	batch       int
+	batches     int // lookup: batches of each kind timed
 	ioEngine    devio.IOEngine
 	direct      devio.DirectMode
 	sync        engine.SyncPolicy
 	segmentSize int64
 	json        bool
+	seed        uint64
+
+	fio        bool
+	fioIODepth int
+
+	tracePath string
+	capacity  int64
+	realtime  bool
 }
 
-// benchResult is one bench run; the JSON field names are part of the tool's interface.
+// benchResult is one bench run; the JSON field names are part of the tool's interface. Fields
+// that do not apply to a workload are left out of the JSON object.
 type benchResult struct {
 	Workload    string  `json:"workload"`
 	BlockBytes  int64   `json:"block_bytes"`
 	Shards      int     `json:"shards"`
+	ShardBytes  int64   `json:"shard_bytes"`
 	Blocks      int     `json:"blocks"`
 	TotalBytes  int64   `json:"total_bytes"`
+	Concurrency int     `json:"concurrency"`
+	Batch       int     `json:"batch"`
 	IOEngine    string  `json:"io_engine"`
 	Direct      bool    `json:"direct"`
 	Sync        string  `json:"sync"`
-	DumpMBps    float64 `json:"dump_MBps"`
-	LoadMBps    float64 `json:"load_MBps"`
-	OpenSeconds float64 `json:"open_s"`
-	Verified    bool    `json:"verified"`
+	DumpMBps    float64 `json:"dump_MBps,omitempty"`
+	LoadMBps    float64 `json:"load_MBps,omitempty"`
+	// CachesDropped: without O_DIRECT, the page cache was dropped before loading (root only).
+	CachesDropped bool `json:"caches_dropped,omitempty"`
+
+	// open (and the reopen before seq/layerwise loads): seconds to Open the store.
+	OpenSeconds      float64 `json:"open_s,omitempty"`
+	OpenCrashSeconds float64 `json:"open_crash_s,omitempty"`
+	// CrashRecovery is what Open of the crash copy recovered.
+	CrashRecovery    *crashReport `json:"crash_recovery,omitempty"`
+	IndexSeconds     float64      `json:"index_s,omitempty"` // lookup, open: time to dump the blocks
+	RSSBytesPerBlock float64      `json:"rss_bytes_per_block,omitempty"`
+	HeapBytesPerBlk  float64      `json:"heap_bytes_per_block,omitempty"`
+
+	// lookup: per-batch latencies.
+	LookupBatch       int     `json:"lookup_batch,omitempty"`
+	LookupBatches     int     `json:"lookup_batches,omitempty"`
+	P50LookupBatchMs  float64 `json:"p50_lookup_batch_ms,omitempty"`
+	P99LookupBatchMs  float64 `json:"p99_lookup_batch_ms,omitempty"`
+	P50PrefixBatchMs  float64 `json:"p50_prefix_batch_ms,omitempty"`
+	P99PrefixBatchMs  float64 `json:"p99_prefix_batch_ms,omitempty"`
+	LookupsPerSec     float64 `json:"lookups_per_s,omitempty"`
+	LookupHitFraction float64 `json:"lookup_hit_fraction,omitempty"`
+	PrefixHitFraction float64 `json:"prefix_hit_fraction,omitempty"`
+
+	// trace.
+	TraceFile      string   `json:"trace,omitempty"`
+	Requests       int      `json:"requests,omitempty"`
+	PromptBlocks   int64    `json:"prompt_blocks,omitempty"`
+	HitBlocks      int64    `json:"hit_blocks,omitempty"`
+	HitRate        *float64 `json:"hit_rate,omitempty"`
+	TokenHitRate   float64  `json:"token_hit_rate,omitempty"`
+	BytesLoaded    int64    `json:"bytes_loaded,omitempty"`
+	BytesDumped    int64    `json:"bytes_dumped,omitempty"`
+	ElapsedSeconds float64  `json:"elapsed_s,omitempty"`
+	RequestsPerSec float64  `json:"requests_per_s,omitempty"`
+	ThroughputMBps float64  `json:"throughput_MBps,omitempty"`
+
+	// --fio.
+	Fio          []fioRun `json:"fio,omitempty"`
+	FioWriteMBps float64  `json:"fio_write_MBps,omitempty"`
+	FioReadMBps  float64  `json:"fio_read_MBps,omitempty"`
+	DumpRatio    float64  `json:"dump_ratio,omitempty"`
+	LoadRatio    float64  `json:"load_ratio,omitempty"`
+	FioNote      string   `json:"fio_note,omitempty"`
+
+	Verified bool `json:"verified"`
 
 	dumpTime, loadTime time.Duration
-	mismatch           string // first block that did not verify
+	mismatch           string // first problem found
+	notes              []string
+}
+
+// crashReport is the engine's recovery report for the crash copy, in JSON-friendly units.
+type crashReport struct {
+	SegmentsRecovered int     `json:"segments_recovered"`
+	TruncatedBytes    int64   `json:"truncated_bytes"`
+	EntriesDropped    int     `json:"entries_dropped"`
+	OrphansRemoved    int     `json:"orphans_removed"`
+	Seconds           float64 `json:"recovery_s"`
+	BlocksAfter       int64   `json:"blocks_after"`
 }
 
 func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfg                                     benchConfig
 		blockSize, total, segSize, ioEng, dirIO string
-		syncPol                                 string
+		syncPol, capacity                       string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure dump and load throughput on a scratch store",
-		Long: `bench creates a store at DIR/bench-<block size>-<shards> (removing only that
-subdirectory first), dumps --total bytes of distinct blocks whose bytes are a
-deterministic function of their id, closes and reopens the store so that loads read
-from disk, loads every block back and verifies every byte.
+		Short: "Measure dump, load, lookup, open and trace-replay performance on a scratch store",
+		Long: `bench creates a store under DIR (removing only its own bench-* subdirectory first),
+runs a workload on it and prints a table, or one JSON object with --json. Payloads are a
+deterministic function of the block id and every loaded byte is verified.
 
-Sizes accept plain bytes or K/KiB, M/MiB, G/GiB (binary units). MB/s is 10^6 bytes per
-second. Dump time runs from the first dump task to the last one's completion (durable
-per --sync); load time includes the in-line byte comparison. Without O_DIRECT the
-reloaded bytes may come from the page cache, and the output says so.
+Workloads:
+  seq        dump --total bytes of whole blocks, close, reopen (timed), load them all back.
+             Loads are fresh reads: O_DIRECT, or with --direct off the page cache is dropped
+             first when running as root.
+  layerwise  the same with one shard per task, as a layer-wise connector does: every block is
+             dumped shard by shard (32–80 shards of 64 KiB–1 MiB are typical), then shards are
+             loaded in random order across blocks.
+  lookup     index --blocks blocks (default 1,000,000; a tiny 1 × 4 KiB layout, sync none,
+             1024 blocks per task unless set), reopen, then time --batches batches of 1024
+             mixed hit/miss exact lookups and as many prefix lookups (p50/p99 per batch).
+  open       index --blocks blocks the same way, copy the store while the engine is still
+             open (the copy is what a crash leaves: an unsealed active segment and an
+             unflushed index WAL), close it, then time Open of the clean store and of the copy.
+  trace      replay a Mooncake-format JSONL trace (--trace) as a connector would: look up each
+             prompt's prefix, load the leading run of hits, dump the rest. --block-size is
+             the bytes stored per hash id (one 512-token block). Requests run in order,
+             --concurrency at a time (1: strictly sequential), ignoring timestamps unless
+             --realtime.
 
-Workloads: seq (dump all blocks, reopen, load all blocks).`,
+--fio runs fio (apt-get install fio) on a file in --dir with the same block size, direct
+flag, I/O engine and size, at --fio-iodepth and at 64, and prints engine/fio ratios against
+the better of the two: seq compares dump with fio sequential writes and load with
+sequential reads; layerwise compares dump with sequential writes of whole blocks and load
+with random reads of one shard.
+
+Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units). MB/s is 10^6 bytes
+per second. Dump time runs from the first dump task to the last one's completion (durable
+per --sync); load time includes the in-line byte comparison.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			if _, ok := workloads[cfg.workload]; !ok {
+			w, ok := workloads[cfg.workload]
+			if !ok {
 				return usageErr("--workload %q: unknown workload (available: %s)", cfg.workload, workloadNames())
 			}
-			if cfg.blockBytes, err = parseSize(blockSize); err != nil {
+			// Per-workload defaults for flags the user did not set.
+			fl := cmd.Flags()
+			for name, val := range w().defaults() {
+				if !fl.Changed(name) {
+					if err := fl.Set(name, val); err != nil {
+						return usageErr("--%s: %v", name, err)
+					}
+				}
+			}
+			if cfg.blockBytes, err = engine.ParseSize(blockSize); err != nil {
 				return usageErr("--block-size: %v", err)
 			}
-			if cfg.total, err = parseSize(total); err != nil {
+			if cfg.total, err = engine.ParseSize(total); err != nil {
 				return usageErr("--total: %v", err)
 			}
-			if cfg.segmentSize, err = parseSize(segSize); err != nil {
+			if cfg.segmentSize, err = engine.ParseSize(segSize); err != nil {
 				return usageErr("--segment-size: %v", err)
+			}
+			if cfg.capacity, err = engine.ParseSize(capacity); err != nil {
+				return usageErr("--capacity: %v", err)
 			}
 			if cfg.ioEngine, err = devio.ParseIOEngine(ioEng); err != nil {
 				return usageErr("--io-engine: %v", err)
@@ -104,17 +206,25 @@ Workloads: seq (dump all blocks, reopen, load all blocks).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&cfg.dir, "dir", "./ucm-data", "directory for the bench store (only its bench-* subdirectory is replaced)")
-	fl.StringVar(&cfg.workload, "workload", "seq", "workload to run (seq)")
-	fl.StringVar(&blockSize, "block-size", "2MiB", "bytes of a whole block")
-	fl.IntVar(&cfg.shards, "shards", 32, "shards per block (block size / shards = shard bytes, K and V tensors)")
-	fl.StringVar(&total, "total", "2GiB", "bytes dumped and loaded (total / block size blocks)")
-	fl.IntVar(&cfg.concurrency, "concurrency", 8, "dump/load tasks in flight")
-	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task")
+	fl.StringVar(&cfg.dir, "dir", "./ucm-data", "directory for the bench store (only its bench-* subdirectories are replaced)")
+	fl.StringVar(&cfg.workload, "workload", "seq", "workload to run: "+workloadNames())
+	fl.StringVar(&blockSize, "block-size", "2MiB", "bytes of a whole block (trace: bytes stored per hash id; lookup, open: default 4KiB)")
+	fl.IntVar(&cfg.shards, "shards", 32, "shards per block (block size / shards = shard bytes, K and V tensors; lookup, open, trace: default 1)")
+	fl.StringVar(&total, "total", "2GiB", "seq, layerwise: bytes dumped and loaded (total / block size blocks)")
+	fl.IntVar(&cfg.blocks, "blocks", 1_000_000, "lookup, open: blocks indexed")
+	fl.IntVar(&cfg.concurrency, "concurrency", 8, "dump/load tasks (trace: requests) in flight")
+	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task (lookup, open: default 1024)")
+	fl.IntVar(&cfg.batches, "batches", 2000, "lookup: batches of 1024 ids timed, of each kind")
 	fl.StringVar(&ioEng, "io-engine", "auto", "I/O backend: auto, uring or psync")
 	fl.StringVar(&dirIO, "direct", "auto", "O_DIRECT: auto, on or off")
-	fl.StringVar(&syncPol, "sync", "always", "sync policy: always, interval or none")
+	fl.StringVar(&syncPol, "sync", "always", "sync policy: always, interval or none (lookup, open: default none)")
 	fl.StringVar(&segSize, "segment-size", "256MiB", "segment file size")
+	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
+	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
+	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
+	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
+	fl.StringVar(&capacity, "capacity", "0", "trace: store capacity in bytes (0: unlimited; needs the tiers package)")
+	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
 	return cmd
 }
@@ -143,21 +253,26 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	w := workloads[cfg.workload]()
 	switch {
 	case cfg.concurrency < 1:
 		return usageErr("--concurrency %d: want at least 1", cfg.concurrency)
 	case cfg.batch < 1:
 		return usageErr("--batch %d: want at least 1", cfg.batch)
-	case cfg.total < cfg.blockBytes:
-		return usageErr("--total %d is less than one block (%d bytes)", cfg.total, cfg.blockBytes)
 	case cfg.segmentSize < engine.MinSegmentSize || cfg.segmentSize%format.Alignment != 0:
 		return usageErr("--segment-size %d: want a multiple of %d of at least %s", cfg.segmentSize, format.Alignment, formatSize(engine.MinSegmentSize))
+	case cfg.fioIODepth < 1:
+		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
 	}
-	blocks := cfg.total / cfg.blockBytes
-	if blocks > 1<<31 {
-		return usageErr("--total %d: too many blocks (%d)", cfg.total, blocks)
+	blocks, err := w.blocks(cfg, l)
+	if err != nil {
+		return usageErr("%v", err)
 	}
-	storeDir := filepath.Join(cfg.dir, fmt.Sprintf("bench-%s-%d", formatSize(cfg.blockBytes), cfg.shards))
+	name := fmt.Sprintf("bench-%s-%s-%d", cfg.workload, formatSize(l.BlockBytes()), l.Shards)
+	if cfg.workload == "seq" {
+		name = fmt.Sprintf("bench-%s-%d", formatSize(l.BlockBytes()), l.Shards) // as before
+	}
+	storeDir := filepath.Join(cfg.dir, name)
 	if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
 		return usageErr("--dir: %v", err)
 	}
@@ -166,26 +281,25 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct}
-	env := &benchEnv{cfg: cfg, blocks: int(blocks), payload: newPayloadPool(l.BlockBytes()),
-		open: func() (*engine.Engine, time.Duration, error) {
-			start := time.Now()
-			e, err := engine.Open(storeDir, opts)
-			if err != nil {
-				return nil, 0, &exitError{code: ExitUsage, err: err}
-			}
-			return e, time.Since(start), nil
-		}}
-	res := &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, Blocks: int(blocks),
-		TotalBytes: blocks * l.BlockBytes(), Sync: cfg.sync.String()}
+	env := &benchEnv{cfg: cfg, blocks: blocks, payload: newPayloadPool(l.BlockBytes()), storeDir: storeDir, opts: opts,
+		stderr: stderr}
+	res := &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
+		Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
+		Concurrency: cfg.concurrency, Batch: cfg.batch}
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
 	}
-	if err := workloads[cfg.workload]().run(env, res); err != nil {
+	if err := w.run(env, res); err != nil {
 		code := ExitProblems
 		if errors.As(err, new(*exitError)) {
 			code = ExitUsage // the store could not be opened (bad option for this machine)
 		}
 		return &exitError{code: code, err: fmt.Errorf("bench %s: %w", cfg.workload, err)}
+	}
+	if cfg.fio {
+		if err := runFioComparison(cfg, res, stderr); err != nil {
+			return &exitError{code: ExitProblems, err: fmt.Errorf("bench %s: fio: %w", cfg.workload, err)}
+		}
 	}
 	if cfg.json {
 		enc := json.NewEncoder(stdout)
@@ -207,23 +321,80 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	row("store", "%s", storeDir)
 	row("workload", "%s", r.Workload)
 	row("block size", "%s (%d bytes)", formatSize(r.BlockBytes), r.BlockBytes)
-	row("shards", "%d x %s", r.Shards, formatSize(r.BlockBytes/int64(r.Shards)))
+	row("shards", "%d x %s", r.Shards, formatSize(r.ShardBytes))
 	row("blocks", "%d", r.Blocks)
 	row("total", "%s (%d bytes)", humanBytes(r.TotalBytes), r.TotalBytes)
+	row("tasks", "%d in flight, %d blocks each", r.Concurrency, r.Batch)
 	row("io engine", "%s", r.IOEngine)
 	direct := "on (O_DIRECT: loads read the device, no page cache)"
 	if !r.Direct {
 		direct = "off (loads may be served from the page cache)"
+		if r.CachesDropped {
+			direct = "off (page cache dropped before loading)"
+		}
 	}
 	row("direct", "%s", direct)
 	row("sync", "%s", r.Sync)
-	row("dump", "%.1f MB/s (%v)", r.DumpMBps, r.dumpTime.Round(time.Millisecond))
-	row("open", "%.3f s (reopen before loading)", r.OpenSeconds)
-	row("load", "%.1f MB/s (%v)", r.LoadMBps, r.loadTime.Round(time.Millisecond))
+	if r.IndexSeconds > 0 {
+		row("index", "%.2f s to dump %d blocks", r.IndexSeconds, r.Blocks)
+	}
+	if r.DumpMBps > 0 {
+		row("dump", "%.1f MB/s (%v)%s", r.DumpMBps, r.dumpTime.Round(time.Millisecond), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
+	}
+	if r.OpenSeconds > 0 {
+		what := "reopen before loading"
+		switch r.Workload {
+		case "open":
+			what = "clean store"
+		case "lookup":
+			what = "reopen before the lookups"
+		}
+		row("open", "%.3f s (%s)", r.OpenSeconds, what)
+	}
+	if c := r.CrashRecovery; c != nil {
+		row("open after crash", "%.3f s (recovered %d segment(s), cut %d bytes, dropped %d entries; %d blocks after)",
+			r.OpenCrashSeconds, c.SegmentsRecovered, c.TruncatedBytes, c.EntriesDropped, c.BlocksAfter)
+	}
+	if r.RSSBytesPerBlock != 0 || r.HeapBytesPerBlk != 0 {
+		row("memory", "%.0f bytes/block resident (VmRSS), %.0f bytes/block Go heap, after Open", r.RSSBytesPerBlock, r.HeapBytesPerBlk)
+	}
+	if r.LoadMBps > 0 {
+		row("load", "%.1f MB/s (%v)%s", r.LoadMBps, r.loadTime.Round(time.Millisecond), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
+	}
+	if r.LookupBatches > 0 {
+		row("lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% hits); %.1f M ids/s",
+			r.P50LookupBatchMs, r.P99LookupBatchMs, r.LookupBatch, 100*r.LookupHitFraction, r.LookupsPerSec/1e6)
+		row("prefix lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% of ids in the leading run)",
+			r.P50PrefixBatchMs, r.P99PrefixBatchMs, r.LookupBatch, 100*r.PrefixHitFraction)
+	}
+	if r.Workload == "trace" {
+		row("trace", "%s: %d requests, %d prompt blocks", r.TraceFile, r.Requests, r.PromptBlocks)
+		row("hit rate", "%.4f (%d of %d prompt blocks loaded as a leading run of hits)", *r.HitRate, r.HitBlocks, r.PromptBlocks)
+		row("token hit rate", "%.4f", r.TokenHitRate)
+		row("loaded", "%s (%d bytes)", humanBytes(r.BytesLoaded), r.BytesLoaded)
+		row("dumped", "%s (%d bytes)", humanBytes(r.BytesDumped), r.BytesDumped)
+		row("throughput", "%.1f MB/s loaded+dumped, %.1f requests/s, %.2f s", r.ThroughputMBps, r.RequestsPerSec, r.ElapsedSeconds)
+	}
+	for _, f := range r.Fio {
+		row("fio", "%s bs=%s iodepth=%d: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.MBps)
+	}
+	if r.FioNote != "" {
+		row("fio", "%s", r.FioNote)
+	}
+	for _, n := range r.notes {
+		row("note", "%s", n)
+	}
 	if r.Verified {
-		row("result", "verified (every byte of every block matched)")
+		row("result", "verified")
 	} else {
 		row("result", "FAILED: %s", r.mismatch)
 	}
 	_ = tw.Flush()
+}
+
+func ratioText(ratio, fioMBps float64, what string) string {
+	if ratio == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" = %.2f x fio %s (%.1f MB/s)", ratio, what, fioMBps)
 }

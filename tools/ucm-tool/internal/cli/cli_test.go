@@ -231,12 +231,19 @@ func TestVerifyUnregisteredSegmentFile(t *testing.T) {
 	if err := os.WriteFile(segPath(dir, 9999), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, _, code := run(t, "verify", dir)
-	if code != ExitProblems {
-		t.Fatalf("exit %d, want 1", code)
+	// Read-only: an unregistered segment is what recovery handles, not corruption.
+	out, _, code := run(t, "verify", "--no-recover", dir)
+	if code != ExitOK {
+		t.Fatalf("--no-recover: exit %d, want 0\n%s", code, out)
 	}
-	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(9999)+": segment file not registered", "problems: 1")
-	// Still there: verify never deletes anything from a store it did not have to recover.
+	mustContain(t, out, wal.SegmentFileName(9999)+" not registered in the index: recovery will adopt it")
+	// Recovery tries to adopt it; its header names segment 1, so it is quarantined (kept for
+	// inspection, its blocks never served) and reported.
+	out, _, code = run(t, "verify", dir)
+	if code != ExitProblems {
+		t.Fatalf("exit %d, want 1\n%s", code, out)
+	}
+	mustContain(t, out, "segments quarantined (unreadable or corrupt): [9999]", "PROBLEM "+wal.SegmentFileName(9999))
 	if _, err := os.Stat(segPath(dir, 9999)); err != nil {
 		t.Fatal(err)
 	}
@@ -466,13 +473,13 @@ func TestParseSize(t *testing.T) {
 		{"+1K", 0, false},
 		{"1.5G", 0, false},
 		{"2MB", 0, false},
-		{"2 MiB", 0, false},
-		{"1T", 0, false},
+		{"2 MiB", 2 << 20, true},
+		{"1T", 1 << 40, true},
 		{"abc", 0, false},
 	} {
-		got, err := parseSize(c.in)
+		got, err := engine.ParseSize(c.in)
 		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
+			t.Errorf("engine.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
 		}
 	}
 	for n, want := range map[int64]string{2 << 20: "2MiB", 256 << 10: "256KiB", 1 << 30: "1GiB", 1000: "1000", 0: "0"} {

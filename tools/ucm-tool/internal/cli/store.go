@@ -44,11 +44,15 @@ func (s *store) activeSegments() []index.SegmentMeta { return s.ActiveSegments()
 func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 	fmt.Fprintf(w, "recovery: the store was not closed cleanly; recovered it in %v:\n", r.Duration.Round(1e5))
 	fmt.Fprintf(w, "  segments recovered (truncated to their valid end and sealed): %d\n", r.SegmentsRecovered)
-	fmt.Fprintf(w, "  torn or unpublished tail bytes cut: %d\n", r.TruncatedBytes)
+	fmt.Fprintf(w, "  torn tail bytes cut: %d\n", r.TruncatedBytes)
 	fmt.Fprintf(w, "  index entries dropped (past a valid end or in a missing segment): %d\n", r.EntriesDropped)
-	fmt.Fprintf(w, "  unregistered files removed: %d\n", r.OrphansRemoved)
+	fmt.Fprintf(w, "  unregistered segments adopted: %d (%d block entries indexed)\n", r.SegmentsAdopted, r.EntriesAdopted)
+	fmt.Fprintf(w, "  orphan files removed: %d\n", r.OrphansRemoved)
 	if len(r.MissingSegments) > 0 {
 		fmt.Fprintf(w, "  sealed segments missing: %v\n", r.MissingSegments)
+	}
+	if len(r.QuarantinedSegments) > 0 {
+		fmt.Fprintf(w, "  segments quarantined (unreadable or corrupt): %v\n", r.QuarantinedSegments)
 	}
 }
 

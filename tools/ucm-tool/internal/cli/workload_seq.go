@@ -2,8 +2,10 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
@@ -16,6 +18,10 @@ import (
 type seqWorkload struct{}
 
 func (seqWorkload) name() string { return "seq" }
+
+func (seqWorkload) defaults() map[string]string { return nil }
+
+func (seqWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) { return totalBlocks(cfg, l) }
 
 func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	e, _, err := env.open()
@@ -50,6 +56,9 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	defer func() { _ = e.Close() }()
 	res.OpenSeconds = openTime.Seconds()
+	if _, direct := e.IOEngine(); !direct {
+		res.CachesDropped = dropCaches()
+	}
 	var mismatch atomic.Pointer[error]
 	loadTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
@@ -128,4 +137,11 @@ func mbps(bytes int64, d time.Duration) float64 {
 		return 0
 	}
 	return float64(bytes) / 1e6 / d.Seconds()
+}
+
+// dropCaches writes back dirty pages and drops the page cache so that loads without O_DIRECT
+// read the device; it needs root and reports whether it worked.
+func dropCaches() bool {
+	syscall.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("1\n"), 0) == nil
 }

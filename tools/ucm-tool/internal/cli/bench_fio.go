@@ -1,0 +1,180 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// fioRun is one fio job of a --fio comparison.
+type fioRun struct {
+	RW        string  `json:"rw"` // write, read, randread
+	BlockSize int64   `json:"bs"`
+	IODepth   int     `json:"iodepth"`
+	MBps      float64 `json:"MBps"`
+}
+
+// fioDepths are the queue depths fio runs at: --fio-iodepth and 64, the better of the two
+// being the denominator of a ratio.
+func fioDepths(cfg benchConfig) []int {
+	if cfg.fioIODepth == 64 {
+		return []int{64}
+	}
+	return []int{cfg.fioIODepth, 64}
+}
+
+// runFioComparison runs fio with the bench's parameters on a scratch file in --dir and fills
+// in the fio fields and ratios of res. Without fio it says how to install it and leaves the
+// ratios out.
+func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error {
+	var writeBS, readBS int64
+	readRW := "read"
+	switch cfg.workload {
+	case "seq":
+		writeBS, readBS = res.BlockBytes, res.BlockBytes
+	case "layerwise":
+		writeBS, readBS, readRW = res.BlockBytes, res.ShardBytes, "randread"
+	default:
+		res.FioNote = fmt.Sprintf("--fio applies to the seq and layerwise workloads, not %s", cfg.workload)
+		return nil
+	}
+	bin, err := exec.LookPath("fio")
+	if err != nil {
+		res.FioNote = "fio not found on PATH: install it (apt-get install fio) for engine/fio ratios"
+		fmt.Fprintf(stderr, "bench: %s\n", res.FioNote)
+		return nil
+	}
+	ioengine := "io_uring"
+	if res.IOEngine == "psync" {
+		ioengine = "psync"
+	}
+	file := filepath.Join(cfg.dir, "bench-fio.dat")
+	defer func() { _ = os.Remove(file) }()
+	size := res.TotalBytes
+	run := func(rw string, bs int64, depth int) (float64, error) {
+		if !cfg.json {
+			fmt.Fprintf(stderr, "bench: fio %s bs=%s iodepth=%d size=%s ...\n", rw, formatSize(bs), depth, formatSize(size))
+		}
+		mb, err := runFio(bin, cfg.dir, fioJob{file: file, rw: rw, bs: bs, size: size, depth: depth,
+			direct: res.Direct, ioengine: ioengine})
+		if err != nil {
+			return 0, err
+		}
+		res.Fio = append(res.Fio, fioRun{RW: rw, BlockSize: bs, IODepth: depth, MBps: mb})
+		return mb, nil
+	}
+	for _, d := range fioDepths(cfg) { // writes first: they lay out the file the reads read
+		mb, err := run("write", writeBS, d)
+		if err != nil {
+			return err
+		}
+		res.FioWriteMBps = max(res.FioWriteMBps, mb)
+	}
+	for _, d := range fioDepths(cfg) {
+		mb, err := run(readRW, readBS, d)
+		if err != nil {
+			return err
+		}
+		res.FioReadMBps = max(res.FioReadMBps, mb)
+	}
+	if res.FioWriteMBps > 0 {
+		res.DumpRatio = res.DumpMBps / res.FioWriteMBps
+	}
+	if res.FioReadMBps > 0 {
+		res.LoadRatio = res.LoadMBps / res.FioReadMBps
+	}
+	return nil
+}
+
+// fioJob is one fio job.
+type fioJob struct {
+	file     string
+	rw       string
+	bs, size int64
+	depth    int
+	direct   bool
+	ioengine string
+}
+
+func (j fioJob) text() string {
+	var b strings.Builder
+	direct := 0
+	if j.direct {
+		direct = 1
+	}
+	fmt.Fprintf(&b, "[ucm-bench]\nfilename=%s\nrw=%s\nbs=%d\nsize=%d\niodepth=%d\ndirect=%d\nioengine=%s\n",
+		j.file, j.rw, j.bs, j.size, j.depth, direct, j.ioengine)
+	b.WriteString("numjobs=1\nthread=1\n")
+	if j.rw == "write" {
+		b.WriteString("end_fsync=1\n") // dumps are durable too (--sync always)
+	}
+	return b.String()
+}
+
+// runFio writes the job to a temporary file in dir, runs fio with JSON output and returns the
+// job's bandwidth in MB/s (10^6 bytes per second).
+func runFio(bin, dir string, j fioJob) (float64, error) {
+	jf, err := os.CreateTemp(dir, "bench-fio-*.job")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = os.Remove(jf.Name()) }()
+	if _, err := jf.WriteString(j.text()); err != nil {
+		_ = jf.Close()
+		return 0, err
+	}
+	if err := jf.Close(); err != nil {
+		return 0, err
+	}
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(bin, "--output-format=json", jf.Name())
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return 0, fmt.Errorf("%s %s: %v: %s", bin, j.rw, err, strings.TrimSpace(errOut.String()))
+	}
+	return parseFioBandwidth(out.Bytes(), j.rw)
+}
+
+// parseFioBandwidth reads bw_bytes of the read or write side of the first job of fio's JSON
+// output (anything fio printed before the JSON object is skipped).
+func parseFioBandwidth(out []byte, rw string) (float64, error) {
+	i := bytes.IndexByte(out, '{')
+	if i < 0 {
+		return 0, errors.New("no JSON in fio's output")
+	}
+	var doc struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Read  struct {
+				BWBytes float64 `json:"bw_bytes"`
+			} `json:"read"`
+			Write struct {
+				BWBytes float64 `json:"bw_bytes"`
+			} `json:"write"`
+		} `json:"jobs"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(out[i:])).Decode(&doc); err != nil {
+		return 0, fmt.Errorf("fio's JSON output: %v", err)
+	}
+	if len(doc.Jobs) == 0 {
+		return 0, errors.New("fio's JSON output has no jobs")
+	}
+	job := doc.Jobs[0]
+	if job.Error != 0 {
+		return 0, fmt.Errorf("fio job failed with error %d", job.Error)
+	}
+	bw := job.Write.BWBytes
+	if strings.Contains(rw, "read") {
+		bw = job.Read.BWBytes
+	}
+	if bw <= 0 {
+		return 0, fmt.Errorf("fio %s reported no bandwidth", rw)
+	}
+	return bw / 1e6, nil
+}

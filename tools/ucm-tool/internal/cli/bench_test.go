@@ -1,0 +1,286 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// benchJSON runs a bench with --json and returns the decoded object.
+func benchJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	out, _, code := run(t, append(append([]string{"bench"}, args...), "--json")...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("bench --json does not parse: %v\n%s", err, out)
+	}
+	if m["verified"] != true {
+		t.Errorf("not verified: %v", m)
+	}
+	return m
+}
+
+func mustHaveKeys(t *testing.T, m map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON lacks %q: %v", k, m)
+		}
+	}
+}
+
+func mustLackKeys(t *testing.T, m map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := m[k]; ok {
+			t.Errorf("JSON has %q, which does not apply to %v", k, m["workload"])
+		}
+	}
+}
+
+// fakeFio puts a fio on PATH that prints canned JSON output (and records its job files).
+func fakeFio(t *testing.T) (jobsLog string) {
+	t.Helper()
+	bin := t.TempDir()
+	jobsLog = filepath.Join(bin, "jobs.log")
+	script := `#!/bin/sh
+for a in "$@"; do case "$a" in --*) ;; *) cat "$a" >> ` + jobsLog + ` ;; esac; done
+echo "fio: a warning before the JSON"
+cat <<'JSON'
+{"fio version": "fio-3.33", "jobs": [{"jobname": "ucm-bench", "error": 0,
+  "read": {"bw_bytes": 2000000000}, "write": {"bw_bytes": 1000000000}}]}
+JSON
+`
+	if err := os.WriteFile(filepath.Join(bin, "fio"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return jobsLog
+}
+
+func TestBenchLayerwise(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"--workload", "layerwise", "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "32",
+		"--segment-size", "1MiB", "--batch", "3"}
+	out, _, code := run(t, append([]string{"bench"}, args...)...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "layerwise", "32 x 8KiB", "blocks      16", "dump", "load", "verified")
+	m := benchJSON(t, append(args, "--direct", "off", "--io-engine", "psync")...)
+	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "open_s", "shard_bytes")
+	mustLackKeys(t, m, "hit_rate", "p99_lookup_batch_ms", "fio_write_MBps")
+	if m["workload"] != "layerwise" || m["shard_bytes"] != float64(8<<10) || m["blocks"] != 16.0 {
+		t.Errorf("JSON %v", m)
+	}
+	if _, _, code := run(t, "verify", filepath.Join(dir, "bench-layerwise-256KiB-32")); code != ExitOK {
+		t.Errorf("verify of the layerwise store: exit %d", code)
+	}
+}
+
+func TestBenchLookup(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"--workload", "lookup", "--dir", dir, "--blocks", "2000", "--batches", "50", "--segment-size", "1MiB"}
+	out, _, code := run(t, append([]string{"bench"}, args...)...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "lookup", "prefix lookup", "p99", "bytes/block", "4KiB", "verified")
+	m := benchJSON(t, args...)
+	mustHaveKeys(t, m, "workload", "p50_lookup_batch_ms", "p99_lookup_batch_ms", "p99_prefix_batch_ms", "open_s",
+		"index_s", "rss_bytes_per_block", "heap_bytes_per_block")
+	mustLackKeys(t, m, "hit_rate", "load_MBps", "fio_read_MBps")
+	if m["blocks"] != 2000.0 || m["block_bytes"] != 4096.0 || m["shards"] != 1.0 || m["sync"] != "none" ||
+		m["lookup_batch"] != 1024.0 || m["lookup_batches"] != 50.0 {
+		t.Errorf("JSON %v", m)
+	}
+	if h := m["lookup_hit_fraction"].(float64); h < 0.4 || h > 0.6 {
+		t.Errorf("lookup hit fraction %v, want about 1/2", h)
+	}
+}
+
+func TestBenchOpen(t *testing.T) {
+	dir := t.TempDir()
+	// Small segments: the crash copy has sealed (hard-linked) segments and an active one.
+	args := []string{"--workload", "open", "--dir", dir, "--blocks", "2000", "--segment-size", "1MiB", "--batch", "100"}
+	out, _, code := run(t, append([]string{"bench"}, args...)...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "open after crash", "clean store", "recovered 1 segment(s)", "verified")
+	m := benchJSON(t, args...)
+	mustHaveKeys(t, m, "workload", "open_s", "open_crash_s", "crash_recovery", "rss_bytes_per_block", "index_s")
+	mustLackKeys(t, m, "hit_rate", "load_MBps", "p99_lookup_batch_ms")
+	cr := m["crash_recovery"].(map[string]any)
+	if cr["segments_recovered"] != 1.0 || cr["blocks_after"].(float64) > 2000 || cr["blocks_after"].(float64) < 1 {
+		t.Errorf("crash recovery %v", cr)
+	}
+	// Only the crash copy is removed; the clean store stays, and is clean.
+	if _, err := os.Stat(filepath.Join(dir, "bench-open-4KiB-1-crash")); !os.IsNotExist(err) {
+		t.Errorf("crash copy left behind: %v", err)
+	}
+	if out, _, code := run(t, "verify", filepath.Join(dir, "bench-open-4KiB-1")); code != ExitOK || strings.Contains(out, "recovery:") {
+		t.Errorf("verify of the open store: exit %d", code)
+	}
+}
+
+func TestBenchTrace(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join("testdata", "mooncake_trace_50.jsonl")
+	reqs, distinct, err := readTrace(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 50 {
+		t.Fatalf("%d requests in the excerpt", len(reqs))
+	}
+	// The expected hit rate, replaying one request at a time.
+	seen := map[int64]bool{}
+	var hits, blocks, hitTok, tok int64
+	for _, r := range reqs {
+		n := 0
+		for n < len(r.HashIDs) && seen[r.HashIDs[n]] {
+			n++
+		}
+		hits += int64(n)
+		blocks += int64(len(r.HashIDs))
+		hitTok += min(int64(n)*512, r.InputLength)
+		tok += r.InputLength
+		for _, h := range r.HashIDs {
+			seen[h] = true
+		}
+	}
+	args := []string{"--workload", "trace", "--trace", trace, "--dir", dir, "--block-size", "16KiB", "--shards", "2",
+		"--segment-size", "1MiB", "--concurrency", "1"}
+	out, _, code := run(t, append([]string{"bench"}, args...)...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "hit rate", "token hit rate", "requests/s", "verified")
+	m := benchJSON(t, args...)
+	mustHaveKeys(t, m, "workload", "hit_rate", "token_hit_rate", "bytes_loaded", "bytes_dumped", "throughput_MBps",
+		"requests", "prompt_blocks")
+	mustLackKeys(t, m, "p99_lookup_batch_ms", "open_crash_s")
+	if hits == 0 {
+		t.Fatal("the excerpt has no prefix reuse")
+	}
+	if m["hit_rate"] != float64(hits)/float64(blocks) || m["token_hit_rate"] != float64(hitTok)/float64(tok) ||
+		m["prompt_blocks"] != float64(blocks) || m["blocks"] != float64(distinct) || m["requests"] != 50.0 ||
+		m["bytes_loaded"] != float64(hits*16<<10) || m["bytes_dumped"] != float64(int64(distinct)*16<<10) {
+		t.Errorf("JSON %v; want hit rate %d/%d, %d distinct blocks", m, hits, blocks, distinct)
+	}
+	// Concurrent replay works too (its hit rate may differ slightly).
+	m = benchJSON(t, append(args, "--concurrency", "4", "--batch", "8")...)
+	if hr := m["hit_rate"].(float64); hr <= 0 || hr > float64(hits)/float64(blocks)+1e-9 {
+		t.Errorf("concurrent hit rate %v", hr)
+	}
+}
+
+func TestBenchTraceUsage(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	_ = os.WriteFile(bad, []byte("{\"hash_ids\": [1, 2]}\nnot json\n"), 0o644)
+	for _, args := range [][]string{
+		{"bench", "--workload", "trace", "--dir", dir},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join(dir, "missing.jsonl")},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", bad},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join("testdata", "mooncake_trace_50.jsonl"), "--capacity", "1GiB"},
+		{"bench", "--workload", "lookup", "--dir", dir, "--blocks", "0"},
+		{"bench", "--workload", "seq", "--dir", dir, "--fio-iodepth", "0"},
+	} {
+		if _, _, code := run(t, args...); code != ExitUsage {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+func TestBenchFio(t *testing.T) {
+	jobs := fakeFio(t)
+	dir := t.TempDir()
+	m := benchJSON(t, "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "8")
+	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "fio_write_MBps", "fio_read_MBps", "dump_ratio", "load_ratio", "fio")
+	if m["fio_write_MBps"] != 1000.0 || m["fio_read_MBps"] != 2000.0 ||
+		m["dump_ratio"] != m["dump_MBps"].(float64)/1000 || m["load_ratio"] != m["load_MBps"].(float64)/2000 {
+		t.Errorf("JSON %v", m)
+	}
+	if runs := m["fio"].([]any); len(runs) != 4 {
+		t.Errorf("%d fio runs, want write and read at depths 8 and 64", len(runs))
+	}
+	b, err := os.ReadFile(jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, string(b), "rw=write", "rw=read", "bs=262144", "size=4194304", "iodepth=8", "iodepth=64", "filename="+dir)
+	// Layer-wise: random reads of one shard.
+	_ = os.Remove(jobs)
+	out, _, code := run(t, "bench", "--workload", "layerwise", "--dir", dir, "--total", "4MiB", "--block-size", "256KiB",
+		"--shards", "4", "--segment-size", "1MiB", "--fio")
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "x fio write (1000.0 MB/s)", "x fio read (2000.0 MB/s)", "randread bs=64KiB iodepth=16")
+	b, _ = os.ReadFile(jobs)
+	mustContain(t, string(b), "rw=randread", "bs=65536")
+	// No job or data file is left in --dir.
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "bench-fio") {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}
+
+func TestBenchFioMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	dir := t.TempDir()
+	args := []string{"bench", "--dir", dir, "--total", "1MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB", "--fio"}
+	out, errOut, code := run(t, args...)
+	if code != ExitOK {
+		t.Fatalf("exit %d, want 0 without fio", code)
+	}
+	mustContain(t, out+errOut, "apt-get install fio")
+	m := benchJSON(t, args[1:]...)
+	mustLackKeys(t, m, "dump_ratio", "load_ratio")
+	mustHaveKeys(t, m, "fio_note")
+}
+
+func TestParseFioBandwidth(t *testing.T) {
+	out := []byte(`note: both iodepth >= 1 and synchronous I/O engine are selected
+{"jobs": [{"error": 0, "read": {"bw_bytes": 3e9}, "write": {"bw_bytes": 0}}]}`)
+	if mb, err := parseFioBandwidth(out, "randread"); err != nil || mb != 3000 {
+		t.Errorf("randread: %v %v", mb, err)
+	}
+	if _, err := parseFioBandwidth(out, "write"); err == nil {
+		t.Error("a zero write bandwidth was accepted")
+	}
+	if _, err := parseFioBandwidth([]byte("fio: failed"), "read"); err == nil {
+		t.Error("no JSON accepted")
+	}
+}
+
+func TestPayloadCheckRange(t *testing.T) {
+	p := newPayloadPool(64 << 10)
+	b := make([]byte, 64<<10)
+	id := blockID(9)
+	p.fill(b, id)
+	for _, off := range []int64{0, 8, 16, 4096, 60 << 10} {
+		if err := p.checkRange(b[off:off+4096], id, off); err != nil {
+			t.Errorf("offset %d: %v", off, err)
+		}
+	}
+	b[5] ^= 1
+	if err := p.checkRange(b[:4096], id, 0); err == nil || !strings.Contains(err.Error(), "byte 5 ") {
+		t.Errorf("flipped stamp byte: %v", err)
+	}
+	b[5] ^= 1
+	b[5000] ^= 1
+	if err := p.checkRange(b[4096:8192], id, 4096); err == nil || !strings.Contains(err.Error(), "byte 5000") {
+		t.Errorf("flipped byte: %v", err)
+	}
+}
