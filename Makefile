@@ -1,6 +1,7 @@
 # UCM-Go. Two commands set everything up on a fresh machine with Go, gcc and git:
 #   make run    the main job: the seq benchmark on an embedded default store under ./ucm-data
-#   make test   the whole test suite (lint, race detector, both I/O backends)
+#   make test   the whole test suite: lint, go test -race with both I/O backends (including the
+#               power-loss simulation, fault injection and 20 kill -9 cycles), a 10 s fuzz smoke per target
 
 GO          ?= go
 # The io_uring backend (github.com/iceber/iouring-go) links into syscall internals:
@@ -13,7 +14,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build run test lint vet staticcheck unit fuzz clean
+.PHONY: all build run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest clean
 
 all: build
 
@@ -23,7 +24,7 @@ build:
 run: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit
+test: lint unit fuzz-smoke
 
 unit:
 	$(GO) test -race -count=1 -timeout 20m $(BUILDFLAGS) ./...
@@ -43,14 +44,33 @@ staticcheck: $(BIN)/staticcheck
 	$(BIN)/staticcheck ./...
 	$(BIN)/staticcheck -tags '$(TAGS)' ./...
 
-# Long fuzzing runs: each target for FUZZTIME (default 60s).
+# Every fuzz target, as package:FuzzName. Plain `go test` replays their seed corpora
+# (testdata/fuzz); `make fuzz` explores each for FUZZTIME, `make fuzz-smoke` (part of `make test`)
+# for FUZZSMOKE.
+FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader ./format:FuzzDecodeFooter ./format:FuzzRecordRoundTrip \
+                ./index:FuzzDecodeLocation ./index:FuzzDecodeSegmentMeta \
+                ./wal:FuzzScanSegment \
+                ./engine:FuzzHasher ./engine:FuzzParseConfig \
+                ./fuzz:FuzzEngineOps
+FUZZSMOKE   ?= 10s
+
 fuzz:
-	@for pkg_fuzz in ./format:FuzzDecodeRecordHeader ./format:FuzzDecodeFooter \
-	                 ./index:FuzzDecodeLocation ./index:FuzzDecodeSegmentMeta; do \
-		pkg=$${pkg_fuzz%%:*}; fn=$${pkg_fuzz##*:}; \
-		echo "== $$fn ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME)
+
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZSMOKE)
+
+fuzz-run:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn ($$pkg, $(FUZZ_FOR))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZ_FOR) -fuzzminimizetime 2s $$pkg || exit 1; \
 	done
+
+# The kill -9 loop on the real disk with the io_uring path: 200 cycles (make test runs 20).
+CRASHCYCLES ?= 200
+crashtest:
+	UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -race -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
 
 clean:
 	rm -rf $(BIN) ./ucm-data
