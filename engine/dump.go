@@ -201,16 +201,14 @@ func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wa
 	flight = newInflight()
 	e.mu.inflight[id] = flight
 	e.mu.Unlock()
-	if _, ok, err := e.ix.Get(id); err != nil || ok {
-		// Stored already (or the index cannot tell): do not write it again.
+	if e.ix.Contains(id) {
+		// Stored already: do not write it again.
 		e.mu.Lock()
 		delete(e.mu.inflight, id)
 		e.mu.Unlock()
-		flight.finish(err)
-		if ok {
-			e.stats.dedupedDumps.Add(1)
-		}
-		return nil, nil, nil, err
+		flight.finish(nil)
+		e.stats.dedupedDumps.Add(1)
+		return nil, nil, nil, nil
 	}
 	l := e.opts.Layout
 	if devio.IsAligned(src) && l.ShardStride() == l.ShardBytes {
@@ -258,11 +256,9 @@ func (e *Engine) stageShard(id BlockID, shard int, src []byte) (rec *wal.Record,
 	s := e.mu.staging[id]
 	if s == nil {
 		e.mu.Unlock()
-		if _, ok, err := e.ix.Get(id); err != nil || ok {
-			if ok {
-				e.stats.dedupedDumps.Add(1)
-			}
-			return nil, nil, nil, err
+		if e.ix.Contains(id) {
+			e.stats.dedupedDumps.Add(1)
+			return nil, nil, nil, nil
 		}
 		e.mu.Lock()
 		if s = e.mu.staging[id]; s == nil {
@@ -342,7 +338,7 @@ func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
 // failSlot turns the block's slot (creating one if needed) into a tombstone: the block will
 // not be published and its other shards' dumps fail.
 func (e *Engine) failSlot(id BlockID, cause error) {
-	_, stored, _ := e.ix.Get(id)
+	stored := e.ix.Contains(id)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.mu.staging[id]
@@ -436,11 +432,8 @@ func (e *Engine) Create(ids []BlockID) []error {
 			errs[i] = fmt.Errorf("create: zero block id at position %d: %w", i, ErrInvalidArgument)
 			continue
 		}
-		if _, ok, err := e.ix.Get(id); err != nil || ok {
-			if ok {
-				err = blockErr(ErrExists, id, "create")
-			}
-			errs[i] = err
+		if e.ix.Contains(id) {
+			errs[i] = blockErr(ErrExists, id, "create")
 			continue
 		}
 		e.mu.Lock()

@@ -196,6 +196,16 @@ func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
 		if st, ok := blocks[id]; ok {
 			return st, nil
 		}
+		// The membership set is exactly the committed state (updated under applyMu): a block
+		// that is not a member needs no Pebble read.
+		ix.members.RLock()
+		_, member := ix.members.set[id]
+		ix.members.RUnlock()
+		if !member {
+			st := &blockState{}
+			blocks[id] = st
+			return st, nil
+		}
 		loc, ok, err := ix.getLocation(blockKey(kb[:], id), id)
 		if err != nil {
 			return nil, err

@@ -357,6 +357,14 @@ func (ix *Index) Has(ids []format.BlockID, hits []bool) error {
 	return nil
 }
 
+// Contains reports whether id has an entry, from the in-memory membership set.
+func (ix *Index) Contains(id format.BlockID) bool {
+	ix.members.RLock()
+	_, ok := ix.members.set[id]
+	ix.members.RUnlock()
+	return ok
+}
+
 // PrefixLen returns how many leading ids have an entry (stopping at the first that has not),
 // from the in-memory membership set.
 func (ix *Index) PrefixLen(ids []format.BlockID) (int, error) {

@@ -144,6 +144,7 @@ type Writer struct {
 	next    uint64
 	dirty   []*Segment // segments written since their last fdatasync
 	scratch []devio.Op
+	pool    *devio.BufferPool // coalescing buffers
 }
 
 // NewWriter starts a Writer. No segment is created until the first record arrives.
@@ -163,7 +164,7 @@ func NewWriter(opts Options) (*Writer, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment}
+	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment, pool: devio.NewBufferPool()}
 	w.wg.Add(1)
 	go w.run()
 	if opts.Sync == SyncInterval && opts.SyncInterval > 0 {
@@ -386,15 +387,15 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), rec.Layout.RecordBytes(), format.ErrInvalid)
 		}
 		rec.HeaderCRC = crc
-		ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: off, Write: true})
-		if rec.Payload != nil {
-			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Payload, Off: off + int64(len(rec.Buf)), Write: true})
-		}
 		off += rec.size()
 	}
+	ops, coalesced := w.planWrites(ops, seg, recs)
 	w.scratch = ops[:0]
 	err := w.opts.Backend.Submit(ops)
 	clear(ops) // drop buffer references
+	for _, b := range coalesced {
+		w.pool.Put(b)
+	}
 	if err != nil {
 		w.abandon(seg, err)
 		return fmt.Errorf("wal: write segment %d: %w", seg.Number, err)
@@ -420,6 +421,55 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 		return fmt.Errorf("wal: publish to index: %w", err)
 	}
 	return nil
+}
+
+// Write coalescing: records smaller than coalesceBelow are copied into shared aligned buffers
+// of up to coalesceMax bytes, so a group of small records (layer-wise shards of a small model,
+// metadata-sized blocks) costs a few large writes instead of two writes per record; larger
+// records are written in place, from the caller's buffers, as separate operations the backend
+// runs in parallel.
+const (
+	coalesceBelow = 256 << 10
+	coalesceMax   = 4 << 20
+)
+
+// planWrites turns records placed contiguously from their Offset into write operations,
+// returning the pooled buffers it coalesced small records into (to be returned after Submit).
+func (w *Writer) planWrites(ops []devio.Op, seg *Segment, recs []*Record) ([]devio.Op, [][]byte) {
+	var (
+		coalesced [][]byte
+		cur       []byte // the coalescing buffer being filled
+		curOff    int64
+	)
+	flush := func() {
+		if len(cur) > 0 {
+			ops = append(ops, devio.Op{File: seg.file, Buf: cur, Off: curOff, Write: true})
+		}
+		cur = nil
+	}
+	for _, rec := range recs {
+		size := rec.size()
+		if size >= coalesceBelow {
+			flush()
+			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: rec.Offset, Write: true})
+			if rec.Payload != nil {
+				ops = append(ops, devio.Op{File: seg.file, Buf: rec.Payload, Off: rec.Offset + int64(len(rec.Buf)), Write: true})
+			}
+			continue
+		}
+		if cur != nil && int64(len(cur))+size > int64(cap(cur)) {
+			flush()
+		}
+		if cur == nil {
+			cur = w.pool.Get(coalesceMax)[:0]
+			coalesced = append(coalesced, cur[:cap(cur)])
+			curOff = rec.Offset
+		}
+		cur = append(cur, rec.Buf...)
+		cur = append(cur, rec.Payload...)
+	}
+	flush()
+	return ops, coalesced
 }
 
 func (w *Writer) markDirty(seg *Segment) {
