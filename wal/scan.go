@@ -67,10 +67,44 @@ type reader struct {
 	f       *devio.File
 	backend devio.Backend
 	size    int64
+	win     []byte // the current read window: file bytes [winOff, winOff+winLen)
+	winOff  int64
+	winLen  int
 }
 
 func (r *reader) read(buf []byte, off int64) error {
 	return r.backend.Submit([]devio.Op{{File: r.f, Buf: buf, Off: off}})
+}
+
+// scanWindow is how much of a segment a scan reads at a time: records are parsed out of large
+// sequential reads instead of two small reads each.
+const scanWindow = 8 << 20
+
+// at returns the bytes [off, off+n) of the file, off aligned, from a window of large aligned
+// reads. The slice is valid until the next call. A range the file does not hold in full gives
+// io.ErrUnexpectedEOF.
+func (r *reader) at(off, n int64) ([]byte, error) {
+	if off >= r.winOff && off+n <= r.winOff+int64(r.winLen) {
+		return r.win[off-r.winOff : off-r.winOff+n], nil
+	}
+	want := min(max(scanWindow, format.AlignUp(n)), format.AlignUp(r.size-off))
+	if want <= 0 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	if int64(cap(r.win)) < want {
+		r.win = devio.AlignedBuffer(int(max(want, scanWindow)))
+	}
+	ops := []devio.Op{{File: r.f, Buf: r.win[:want], Off: off}}
+	err := r.backend.Submit(ops)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		r.winLen = 0
+		return nil, err
+	}
+	r.winOff, r.winLen = off, ops[0].N
+	if int64(r.winLen) < n {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return r.win[:n], nil
 }
 
 // ScanSegment reads every record of the segment file at path from the start, validating each
@@ -118,14 +152,14 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 			res.HasFooter = true
 		}
 	}
-	var payload []byte
 	off := int64(format.SegmentHeaderSize)
 	for off < dataLimit {
 		if off+format.RecordHeaderSize > dataLimit {
 			res.Stop = &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf("%w: partial record header", format.ErrCorrupt)}
 			break
 		}
-		if err := r.read(hdr, off); err != nil {
+		hdr, err := r.at(off, format.RecordHeaderSize)
+		if err != nil {
 			return nil, err
 		}
 		if format.IsZeroBlock(hdr) {
@@ -146,12 +180,8 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 			res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: err}
 			break
 		}
-		n := int(rh.Layout.PayloadBytes())
-		if cap(payload) < n {
-			payload = devio.AlignedBuffer(n)
-		}
-		payload = payload[:n]
-		if err := r.read(payload, off+format.RecordHeaderSize); err != nil {
+		payload, err := r.at(off+format.RecordHeaderSize, rh.Layout.PayloadBytes())
+		if err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: fmt.Errorf("%w: payload cut short by end of file", format.ErrCorrupt)}
 				break
