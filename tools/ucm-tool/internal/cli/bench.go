@@ -212,7 +212,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.shards, "shards", 32, "shards per block (block size / shards = shard bytes, K and V tensors; lookup, open, trace: default 1)")
 	fl.StringVar(&total, "total", "2GiB", "seq, layerwise: bytes dumped and loaded (total / block size blocks)")
 	fl.IntVar(&cfg.blocks, "blocks", 1_000_000, "lookup, open: blocks indexed")
-	fl.IntVar(&cfg.concurrency, "concurrency", 8, "dump/load tasks (trace: requests) in flight")
+	fl.IntVar(&cfg.concurrency, "concurrency", 16, "dump/load tasks (trace: requests) in flight; 16 tasks of 4 blocks keep 64 I/Os in flight, matching fio at iodepth 64")
 	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task (lookup, open: default 1024)")
 	fl.IntVar(&cfg.batches, "batches", 2000, "lookup: batches of 1024 ids timed, of each kind")
 	fl.StringVar(&ioEng, "io-engine", "auto", "I/O backend: auto, uring or psync")
