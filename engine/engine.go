@@ -82,7 +82,8 @@ type RecoveryReport struct {
 	// truncated to their valid end and sealed.
 	SegmentsRecovered int
 	// TruncatedBytes is what those truncations cut (torn tails). Records that were complete on
-	// disk but never indexed (their dump was not acknowledged) are kept as dead space.
+	// disk but not indexed are indexed again (they are intact; their dump may not have been
+	// acknowledged, which the contract allows: in-flight blocks may be present or absent).
 	TruncatedBytes int64
 	// EntriesDropped counts index entries removed because their record was not in the valid
 	// part of a recovered segment, or their segment file was missing.
@@ -92,7 +93,8 @@ type RecoveryReport struct {
 	OrphansRemoved int
 	// SegmentsAdopted counts segment files the index did not register (a lost index being
 	// rebuilt, or an index that lost its newest writes) that were recovered and registered;
-	// EntriesAdopted the block entries indexed from them.
+	// EntriesAdopted the block entries indexed from them or from recovered segments' records
+	// the index had lost.
 	SegmentsAdopted int
 	EntriesAdopted  int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.

@@ -129,9 +129,16 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	row.State, row.Size = index.SegmentSealed, res.FileSize
 	b := e.ix.NewBatch()
 	b.SetSegment(row)
+	// Records in the valid part that the index lacks (their index batch was lost with the tail
+	// of Pebble's WAL) are intact: index them again rather than leave them as dead space.
+	readopted, err := e.indexRecords(b, row.Number, res)
+	if err != nil {
+		return err
+	}
 	if err := e.ix.Apply(b, true); err != nil {
 		return err
 	}
+	e.recovery.EntriesAdopted += readopted
 	e.recovery.SegmentsRecovered++
 	e.recovery.EntriesDropped += dropped
 	e.recovery.TruncatedBytes += res.Truncated
@@ -204,17 +211,9 @@ func (e *Engine) adopt(n uint64, indexLost bool) error {
 	}
 	b := e.ix.NewBatch()
 	b.SetSegment(index.SegmentMeta{Number: n, Generation: res.Header.Generation, State: index.SegmentSealed, Size: res.FileSize})
-	indexed := 0
-	for i := range res.Records {
-		r := &res.Records[i]
-		if cur, ok, err := e.ix.Get(r.Header.ID); err != nil {
-			return err
-		} else if ok && cur.Seq >= r.Header.Seq {
-			continue
-		}
-		b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs})
-		indexed++
+	indexed, err := e.indexRecords(b, n, res)
+	if err != nil {
+		return err
 	}
 	if err := e.ix.Apply(b, true); err != nil {
 		return fmt.Errorf("recover: adopt %s: %w", path, err)
@@ -224,4 +223,24 @@ func (e *Engine) adopt(n uint64, indexLost bool) error {
 	e.recovery.TruncatedBytes += res.Truncated
 	e.opts.Logger.Warn("ucm: adopted a segment the index did not register", "path", path, "records", len(res.Records), "indexed", indexed)
 	return nil
+}
+
+// indexRecords adds to b an entry for every scanned record of segment n whose block the index
+// does not hold at all or holds an older record of, and returns how many it added.
+func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (int, error) {
+	added := 0
+	for i := range res.Records {
+		r := &res.Records[i]
+		cur, ok, err := e.ix.Get(r.Header.ID)
+		if err != nil {
+			return added, err
+		}
+		if ok && cur.Seq >= r.Header.Seq {
+			continue
+		}
+		b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs})
+		added++
+	}
+	return added, nil
 }
