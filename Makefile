@@ -27,7 +27,7 @@ run: build
 test: lint unit fuzz-smoke
 
 unit:
-	$(GO) test -race -count=1 -timeout 20m $(BUILDFLAGS) ./...
+	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) ./...
 
 lint: vet staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -611,8 +611,8 @@ func TestFaultMatrix(t *testing.T) {
 
 // TestFaultPersistentThenClose: a fault that does not go away (a dead disk) fails every later
 // dump with the fault's typed error (each retry creates a new segment: a failed creation leaves
-// no file behind that would wedge the writer), Close reports an error (not a panic) and a reopen
-// after the disk recovers serves everything acknowledged before.
+// no file behind that would wedge the writer), Close returns without panicking (its result is
+// logged) and a reopen after the disk recovers serves everything acknowledged before.
 func TestFaultPersistentThenClose(t *testing.T) {
 	for _, c := range []struct {
 		name string

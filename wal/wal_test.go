@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
@@ -324,5 +325,36 @@ func TestRecoverRefusesToCutSealedSegment(t *testing.T) {
 	}
 	if st2, _ := fs.Stat(path); st2.Size() != st.Size() {
 		t.Fatalf("corrupt sealed segment was cut from %d to %d bytes", st.Size(), st2.Size())
+	}
+}
+
+// TestCloseWithPeriodicSync: Close never waits on a periodic sync the committer will not answer.
+func TestCloseWithPeriodicSync(t *testing.T) {
+	for i := 0; i < 50; i++ {
+		fs := vfs.NewMem()
+		if err := fs.MkdirAll("/segs", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := devio.NewBackend(devio.EnginePsync, 4, nil)
+		w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 20, Sync: SyncInterval, SyncInterval: 50 * time.Microsecond,
+			Backend: b, Hooks: &recHooks{sealed: map[uint64]int64{}}, Direct: devio.DirectOff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i%5) * 20 * time.Microsecond)
+		done := make(chan error, 1)
+		go func() { done <- w.Close() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close hung with a periodic sync pending")
+		}
+		b.Close()
 	}
 }

@@ -247,8 +247,14 @@ func (w *Writer) ticker() {
 			case <-w.stop:
 				return
 			}
-			if err := <-r.done; err != nil {
-				w.opts.Logger.Warn("wal: periodic sync failed", "err", err)
+			// Close may stop the committer before it answers; its drain then answers r.
+			select {
+			case err := <-r.done:
+				if err != nil {
+					w.opts.Logger.Warn("wal: periodic sync failed", "err", err)
+				}
+			case <-w.stop:
+				return
 			}
 		}
 	}
