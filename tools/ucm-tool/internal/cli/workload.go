@@ -212,3 +212,24 @@ func parallel(n, workers int, fn func(worker, i int) error) (time.Duration, erro
 	wg.Wait()
 	return time.Since(start), firstErr
 }
+
+// reopenAfterDump ends a timed dump phase: it closes the engine (failing with the dump's error
+// if there was one), records the dump rate, and reopens the store, recording the open time,
+// so that the load phase reads from disk.
+func (env *benchEnv) reopenAfterDump(e *engine.Engine, dumpErr error, res *benchResult, dumpTime time.Duration) (*engine.Engine, error) {
+	if dumpErr != nil {
+		_ = e.Close()
+		return nil, fmt.Errorf("dump: %w", dumpErr)
+	}
+	if err := e.Close(); err != nil {
+		return nil, fmt.Errorf("close after dump: %w", err)
+	}
+	res.DumpMBps = mbps(res.TotalBytes, dumpTime)
+	res.dumpTime = dumpTime
+	e, openTime, err := env.open()
+	if err != nil {
+		return nil, fmt.Errorf("reopen: %w", err)
+	}
+	res.OpenSeconds = openTime.Seconds()
+	return e, nil
+}

@@ -71,23 +71,12 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		return first
 	})
-	if err != nil {
-		_ = e.Close()
-		return fmt.Errorf("dump: %w", err)
-	}
-	if err := e.Close(); err != nil {
-		return fmt.Errorf("close after dump: %w", err)
-	}
-	res.DumpMBps = mbps(res.TotalBytes, dumpTime)
-	res.dumpTime = dumpTime
-
 	// Phase 2: reopen (timed), load (group, shard) pairs in random order.
-	e, openTime, err := env.open()
+	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
-		return fmt.Errorf("reopen: %w", err)
+		return err
 	}
 	defer func() { _ = e.Close() }()
-	res.OpenSeconds = openTime.Seconds()
 	if !res.Direct {
 		res.CachesDropped = dropCaches()
 	}

@@ -39,23 +39,12 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		return e.Dump(ids, bufs).Wait()
 	})
-	if err != nil {
-		_ = e.Close()
-		return fmt.Errorf("dump: %w", err)
-	}
-	if err := e.Close(); err != nil {
-		return fmt.Errorf("close after dump: %w", err)
-	}
-	res.DumpMBps = mbps(res.TotalBytes, dumpTime)
-	res.dumpTime = dumpTime
-
 	// Phase 2: reopen (timed) and load everything back.
-	e, openTime, err := env.open()
+	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
-		return fmt.Errorf("reopen: %w", err)
+		return err
 	}
 	defer func() { _ = e.Close() }()
-	res.OpenSeconds = openTime.Seconds()
 	if _, direct := e.IOEngine(); !direct {
 		res.CachesDropped = dropCaches()
 	}
