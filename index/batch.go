@@ -16,6 +16,7 @@ const (
 	opPutIf
 	opSetSegment
 	opDeleteSegment
+	opDeleteIf
 )
 
 // op is one recorded mutation. For puts, loc carries no ShardCRCs (enc holds the encoded value,
@@ -86,6 +87,15 @@ func (b *Batch) PutIf(id format.BlockID, old Location, loc Location) *bool {
 	enc := EncodeLocation(nil, loc)
 	loc.ShardCRCs = nil
 	b.ops = append(b.ops, op{kind: opPutIf, id: id, loc: loc, enc: enc, oldSeg: old.Segment, oldOff: old.Offset, result: res})
+	return res
+}
+
+// DeleteIf records a conditional delete: at its point in the batch, id's entry is removed only if
+// it exists and points at exactly (old.Segment, old.Offset) — eviction uses it so that a block
+// moved or re-dumped meanwhile is left alone. The returned *bool is set by Apply as for PutIf.
+func (b *Batch) DeleteIf(id format.BlockID, old Location) *bool {
+	res := new(bool)
+	b.ops = append(b.ops, op{kind: opDeleteIf, id: id, oldSeg: old.Segment, oldOff: old.Offset, result: res})
 	return res
 }
 
@@ -278,14 +288,21 @@ func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
 				p  *bool
 				ok bool
 			}{o.result, ok})
-		case opDelete:
+		case opDelete, opDeleteIf:
 			st, err := current(o.id)
 			if err != nil {
 				return err
 			}
-			if st.present {
+			ok := st.present && (o.kind == opDelete || (st.seg == o.oldSeg && st.off == o.oldOff))
+			if ok {
 				adjust(st.seg, -st.bytes, -1)
 				*st = blockState{dirty: true}
+			}
+			if o.result != nil {
+				results = append(results, struct {
+					p  *bool
+					ok bool
+				}{o.result, ok})
 			}
 		}
 	}

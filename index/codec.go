@@ -58,9 +58,13 @@ const (
 	SegmentSealed SegmentState = 2
 	// SegmentQuarantined is a segment found corrupt; it is not served from.
 	SegmentQuarantined SegmentState = 3
+	// SegmentDeleting is a segment being reclaimed (evicted or compacted): no entry points into
+	// it any more and its file is unlinked once its readers release it. Recovery finishes the
+	// deletion, so a crash never brings its records back as unregistered files to adopt.
+	SegmentDeleting SegmentState = 4
 )
 
-// String returns "active", "sealed", "quarantined" or "state(N)" for an unknown value.
+// String returns "active", "sealed", "quarantined", "deleting" or "state(N)" for an unknown value.
 func (s SegmentState) String() string {
 	switch s {
 	case SegmentActive:
@@ -69,11 +73,13 @@ func (s SegmentState) String() string {
 		return "sealed"
 	case SegmentQuarantined:
 		return "quarantined"
+	case SegmentDeleting:
+		return "deleting"
 	}
 	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
-func (s SegmentState) valid() bool { return s >= SegmentActive && s <= SegmentQuarantined }
+func (s SegmentState) valid() bool { return s >= SegmentActive && s <= SegmentDeleting }
 
 // SegmentMeta is one row of the segment table.
 type SegmentMeta struct {

@@ -83,6 +83,7 @@ func TestSegmentMetaRoundTrip(t *testing.T) {
 		{Number: 1, Generation: 99, State: SegmentActive, Size: 4096},
 		{Number: 1 << 60, Generation: 1<<64 - 1, State: SegmentSealed, Size: 1 << 40, LiveBytes: 1 << 39, LiveRecords: 12345},
 		{Number: 3, State: SegmentQuarantined},
+		{Number: 5, Generation: 7, State: SegmentDeleting, Size: 1 << 28},
 	} {
 		enc := EncodeSegmentMeta(nil, m)
 		if len(enc) != segmentMetaSize {
@@ -124,7 +125,7 @@ func TestDecodeSegmentMetaRejects(t *testing.T) {
 }
 
 func TestSegmentStateString(t *testing.T) {
-	for s, want := range map[SegmentState]string{SegmentActive: "active", SegmentSealed: "sealed", SegmentQuarantined: "quarantined", 0: "state(0)", 200: "state(200)"} {
+	for s, want := range map[SegmentState]string{SegmentActive: "active", SegmentSealed: "sealed", SegmentQuarantined: "quarantined", SegmentDeleting: "deleting", 0: "state(0)", 200: "state(200)"} {
 		if s.String() != want {
 			t.Errorf("%d.String() = %q, want %q", uint8(s), s.String(), want)
 		}

@@ -184,6 +184,57 @@ func TestSameIDSeveralOpsInBatch(t *testing.T) {
 	checkAcc(t, ix)
 }
 
+// DeleteIf removes an entry only while it still points where the evictor saw it, and keeps the
+// segment accounting exact either way.
+func TestDeleteIf(t *testing.T) {
+	_, ix := openMem(t)
+	loc, moved := testLoc(1, 4096, 2), testLoc(2, 4096, 2)
+	apply(t, ix, true, func(b *Batch) {
+		b.SetSegment(seg(1))
+		b.SetSegment(seg(2))
+		b.Put(bid(1), loc)
+		b.Put(bid(2), moved) // moved by compaction after the evictor looked
+	})
+	var ok1, ok2, ok3 *bool
+	apply(t, ix, true, func(b *Batch) {
+		ok1 = b.DeleteIf(bid(1), loc)
+		ok2 = b.DeleteIf(bid(2), loc)
+		ok3 = b.DeleteIf(bid(3), loc) // absent
+	})
+	if !*ok1 || *ok2 || *ok3 {
+		t.Fatalf("DeleteIf = %v %v %v, want true false false", *ok1, *ok2, *ok3)
+	}
+	if _, ok := mustGet(t, ix, bid(1)); ok || ix.Contains(bid(1)) {
+		t.Fatalf("bid 1 still indexed")
+	}
+	if got, _ := mustGet(t, ix, bid(2)); !reflect.DeepEqual(got, moved) {
+		t.Fatalf("bid 2 at %+v", got)
+	}
+	wantSeg(t, ix, 1, 0, 0)
+	wantSeg(t, ix, 2, moved.RecordBytes(), 1)
+	checkAcc(t, ix)
+
+	// With the segment emptied, it can be marked deleting and then removed in later batches.
+	apply(t, ix, true, func(b *Batch) { b.SetSegment(SegmentMeta{Number: 1, Generation: 11, State: SegmentDeleting, Size: 1 << 20}) })
+	if m, _ := ix.Segment(1); m.State != SegmentDeleting {
+		t.Fatalf("segment 1 row %+v", m)
+	}
+	apply(t, ix, true, func(b *Batch) { b.DeleteSegment(1) })
+	if _, ok := ix.Segment(1); ok {
+		t.Fatalf("segment 1 row survived DeleteSegment")
+	}
+	checkAcc(t, ix)
+
+	// A failed Apply reports false.
+	b := ix.NewBatch()
+	r := b.DeleteIf(bid(2), moved)
+	b.DeleteSegment(2) // bid 2 deleted first in the batch: fine
+	b.Put(bid(4), testLoc(9, 0, 1))
+	if err := ix.Apply(b, true); !errors.Is(err, format.ErrInvalid) || *r {
+		t.Fatalf("failed batch: err %v, DeleteIf %v", err, *r)
+	}
+}
+
 func TestPutIf(t *testing.T) {
 	_, ix := openMem(t)
 	old, moved := testLoc(1, 4096, 2), testLoc(2, 4096, 2)
