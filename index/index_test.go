@@ -215,7 +215,9 @@ func TestDeleteIf(t *testing.T) {
 	checkAcc(t, ix)
 
 	// With the segment emptied, it can be marked deleting and then removed in later batches.
-	apply(t, ix, true, func(b *Batch) { b.SetSegment(SegmentMeta{Number: 1, Generation: 11, State: SegmentDeleting, Size: 1 << 20}) })
+	apply(t, ix, true, func(b *Batch) {
+		b.SetSegment(SegmentMeta{Number: 1, Generation: 11, State: SegmentDeleting, Size: 1 << 20})
+	})
 	if m, _ := ix.Segment(1); m.State != SegmentDeleting {
 		t.Fatalf("segment 1 row %+v", m)
 	}
