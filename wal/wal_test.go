@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -356,5 +357,74 @@ func TestCloseWithPeriodicSync(t *testing.T) {
 			t.Fatal("Close hung with a periodic sync pending")
 		}
 		b.Close()
+	}
+}
+
+// TestWriterPlacementAndAdmission: with Allocate, DirFor and Admit, segment numbers come from
+// the caller, each segment lands in the directory DirFor names, and a refused admission fails
+// exactly the records that needed the new segment, with the refusal's error, and writes nothing.
+func TestWriterPlacementAndAdmission(t *testing.T) {
+	fs := vfs.NewMem()
+	for _, d := range []string{"/a", "/b"} {
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var (
+		mu      sync.Mutex
+		next    uint64 = 100
+		admit          = 2 // segments admitted before refusals start
+		errFull        = errors.New("tier full")
+	)
+	h := &recHooks{sealed: map[uint64]int64{}}
+	w, err := NewWriter(Options{FS: fs, SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff,
+		Allocate: func() uint64 { mu.Lock(); defer mu.Unlock(); next += 10; return next },
+		DirFor: func(n uint64) string {
+			if n%20 == 0 {
+				return "/a"
+			}
+			return "/b"
+		},
+		Admit: func(n uint64) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if admit == 0 {
+				return errFull
+			}
+			admit--
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 records (28 KiB each) fit a 64 KiB segment: 4 are admitted, the 5th needs a third one.
+	for i := 0; i < 4; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	if err := w.Append([]*Record{testRecord(4)}); !errors.Is(err, errFull) {
+		t.Fatalf("append beyond admission: %v, want %v", err, errFull)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(h.created, []uint64{110, 120}) {
+		t.Fatalf("created %v, want [110 120]", h.created)
+	}
+	for n, dir := range map[uint64]string{110: "/b", 120: "/a"} {
+		res, err := ScanSegment(fs, SegmentPath(dir, n), devio.DirectOff, b)
+		if err != nil || len(res.Records) != 2 {
+			t.Fatalf("segment %d in %s: %v, %d records", n, dir, err, len(res.Records))
+		}
+	}
+	if len(h.published) != 4 {
+		t.Fatalf("published %d records, want 4", len(h.published))
 	}
 }

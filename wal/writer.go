@@ -68,12 +68,22 @@ type Record struct {
 	ShardCRCs []uint32
 	Buf       []byte
 	Payload   []byte
+	// Origin is set on a record that relocates a stored block (compaction, demotion,
+	// promotion): where the block's entry pointed when it was read. Hooks.Publish moves the
+	// entry only if it still points there; the Writer itself does not look at it.
+	Origin *Origin
 
 	// Set by the Writer before Publish.
 	Segment   uint64
 	Offset    int64
 	Seq       uint64
 	HeaderCRC uint32
+}
+
+// Origin is the place a relocated record was copied from.
+type Origin struct {
+	Segment uint64
+	Offset  int64
 }
 
 // Hooks connect the Writer to the index. They are called from the Writer's single committer
@@ -110,8 +120,19 @@ type Options struct {
 	Hooks        Hooks
 	Logger       *slog.Logger
 	// NextSegment is the number the next new segment gets; the caller derives it from the
-	// segment table (one past the highest number ever registered).
+	// segment table (one past the highest number ever registered). Ignored when Allocate is set.
 	NextSegment uint64
+	// Allocate, if set, hands out new segment numbers instead of NextSegment: several Writers
+	// of one store (one per tier, one for relocations) share one number space. Each number it
+	// returns must be new.
+	Allocate func() uint64
+	// DirFor, if set, places segment n in the directory it returns (placement across a tier's
+	// paths) instead of Dir; the directory must exist.
+	DirFor func(n uint64) string
+	// Admit, if set, is asked before segment n is created and may refuse (an error wrapping the
+	// reason, e.g. no space under the tier's capacity); the records waiting for it then fail
+	// with that error. It may block while space is reclaimed.
+	Admit func(n uint64) error
 	// MaxGroupBytes bounds the record bytes written by one group commit.
 	MaxGroupBytes int64
 	// OnSegment is told about every segment the Writer opens, so readers can find it.
@@ -149,8 +170,8 @@ type Writer struct {
 
 // NewWriter starts a Writer. No segment is created until the first record arrives.
 func NewWriter(opts Options) (*Writer, error) {
-	if opts.FS == nil || opts.Backend == nil || opts.Hooks == nil || opts.Dir == "" {
-		return nil, fmt.Errorf("wal: writer needs FS, Dir, Backend and Hooks: %w", format.ErrInvalid)
+	if opts.FS == nil || opts.Backend == nil || opts.Hooks == nil || (opts.Dir == "" && opts.DirFor == nil) {
+		return nil, fmt.Errorf("wal: writer needs FS, Dir or DirFor, Backend and Hooks: %w", format.ErrInvalid)
 	}
 	if opts.SegmentSize < 2*format.Alignment {
 		return nil, fmt.Errorf("wal: segment size %d too small: %w", opts.SegmentSize, format.ErrInvalid)
@@ -525,8 +546,21 @@ func (w *Writer) ensureActive() error {
 	// A number is used once, whether or not its creation succeeds: a failed attempt may leave
 	// a file behind, which the next Open removes or adopts.
 	n := w.next
-	w.next++
-	seg, err := CreateSegment(w.opts.FS, w.opts.Dir, n, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
+	if w.opts.Allocate != nil {
+		n = w.opts.Allocate()
+	} else {
+		w.next++
+	}
+	if w.opts.Admit != nil {
+		if err := w.opts.Admit(n); err != nil {
+			return fmt.Errorf("wal: segment %d not admitted: %w", n, err)
+		}
+	}
+	dir := w.opts.Dir
+	if w.opts.DirFor != nil {
+		dir = w.opts.DirFor(n)
+	}
+	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
 		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
 		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
 	})
