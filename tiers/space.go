@@ -1,0 +1,129 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ErrNoSpace is returned when a tier cannot admit a new segment within its capacity.
+var ErrNoSpace = errors.New("tier full")
+
+// Space is the exact byte account of one disk tier: the bytes of every segment file in it,
+// with the active segments counted at the size they may grow to (their reservation) until they
+// are sealed. Admission keeps the tier within its capacity plus at most one segment:
+//
+//   - a segment for new dumps is admitted only if used + reservation ≤ capacity;
+//   - a segment for relocations (compaction, demotion, promotion), which reclamation needs in
+//     order to free space, is admitted only if used ≤ capacity.
+//
+// So used never exceeds capacity + one reservation. A capacity of 0 means unlimited.
+// Space is safe for concurrent use.
+type Space struct {
+	capacity  int64
+	high, low int64 // watermarks in bytes (0 with an unlimited capacity)
+
+	mu      sync.Mutex
+	used    int64
+	waiters int
+	freed   chan struct{} // closed and replaced whenever used falls
+}
+
+// NewSpace returns the account of a tier of the given capacity (0: unlimited) and watermarks
+// (fractions of capacity, 0 < low < high ≤ 1).
+func NewSpace(capacity int64, high, low float64) *Space {
+	s := &Space{capacity: capacity, freed: make(chan struct{})}
+	if capacity > 0 {
+		s.high, s.low = int64(float64(capacity)*high), int64(float64(capacity)*low)
+	}
+	return s
+}
+
+// Capacity returns the tier's capacity in bytes (0: unlimited).
+func (s *Space) Capacity() int64 { return s.capacity }
+
+// Used returns the bytes accounted to the tier.
+func (s *Space) Used() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
+// Add accounts n more bytes (n may be negative: bytes freed). It never refuses: callers use
+// it for segments that exist already (found at Open, or a sealed segment's final size).
+func (s *Space) Add(n int64) {
+	s.mu.Lock()
+	s.used += n
+	if n < 0 {
+		close(s.freed)
+		s.freed = make(chan struct{})
+	}
+	s.mu.Unlock()
+}
+
+// OverHigh reports whether reclamation should start: used above the high watermark, or a
+// writer waiting for space.
+func (s *Space) OverHigh() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.capacity > 0 && (s.used > s.high || s.waiters > 0)
+}
+
+// Excess returns the bytes to free to get down to the low watermark (≤ 0: nothing to do).
+func (s *Space) Excess() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.capacity == 0 {
+		return 0
+	}
+	return s.used - s.low
+}
+
+// Reserve admits a new segment of up to n bytes and accounts it. relocation selects the
+// reclamation rule (see Space). A dump segment that does not fit waits for space to be freed
+// (kick is called so that reclamation runs) until timeout or stop; it then fails with an error
+// wrapping ErrNoSpace that says how full the tier is.
+func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-chan struct{}, kick func()) error {
+	var deadline <-chan time.Time
+	for {
+		s.mu.Lock()
+		fits := s.capacity == 0 || s.used+n <= s.capacity
+		if relocation {
+			fits = s.capacity == 0 || s.used <= s.capacity
+		}
+		if fits {
+			s.used += n
+			s.mu.Unlock()
+			return nil
+		}
+		if relocation || timeout <= 0 {
+			used := s.used
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, s.capacity, n)
+		}
+		s.waiters++
+		freed := s.freed
+		s.mu.Unlock()
+		if kick != nil {
+			kick()
+		}
+		if deadline == nil {
+			deadline = time.After(timeout)
+		}
+		var err error
+		select {
+		case <-freed:
+		case <-deadline:
+			err = fmt.Errorf("%w: waited %v for %d bytes; %d of %d used", ErrNoSpace, timeout, n, s.Used(), s.capacity)
+		case <-stop:
+			err = fmt.Errorf("%w: store closing", ErrNoSpace)
+		}
+		s.mu.Lock()
+		s.waiters--
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package tiers
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The admission rules bound used by capacity plus one reservation, whatever the interleaving.
+func TestSpaceAdmission(t *testing.T) {
+	s := NewSpace(100, 0.9, 0.5)
+	if err := s.Reserve(60, false, 0, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve(60, false, 0, nil, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("dump reservation beyond capacity: %v", err)
+	}
+	// Relocations may go one reservation past capacity, never from above it.
+	if err := s.Reserve(60, true, 0, nil, nil); err != nil {
+		t.Fatalf("relocation within capacity: %v", err)
+	}
+	if s.Used() != 120 {
+		t.Fatalf("used %d", s.Used())
+	}
+	if err := s.Reserve(10, true, 0, nil, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("relocation above capacity: %v", err)
+	}
+	if !s.OverHigh() || s.Excess() != 70 {
+		t.Fatalf("over high %v, excess %d", s.OverHigh(), s.Excess())
+	}
+	// A waiting dump is admitted when space is freed.
+	done := make(chan error)
+	var kicked atomic.Int32
+	go func() { done <- s.Reserve(50, false, time.Minute, nil, func() { kicked.Add(1) }) }()
+	time.Sleep(10 * time.Millisecond)
+	s.Add(-100)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if kicked.Load() == 0 || s.Used() != 70 {
+		t.Fatalf("kicked %d, used %d", kicked.Load(), s.Used())
+	}
+	// ... and fails with ErrNoSpace at its deadline or when stopped.
+	if err := s.Reserve(50, false, 5*time.Millisecond, nil, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("timed out reservation: %v", err)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if err := s.Reserve(50, false, time.Minute, stop, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("stopped reservation: %v", err)
+	}
+	if u := NewSpace(0, 0.9, 0.5); u.Reserve(1<<50, false, 0, nil, nil) != nil || u.OverHigh() || u.Excess() != 0 {
+		t.Fatalf("unlimited space refused or asked for reclamation")
+	}
+}
+
+func TestSpaceConcurrentBound(t *testing.T) {
+	const capacity, seg = 1000, 100
+	s := NewSpace(capacity, 0.9, 0.5)
+	var wg sync.WaitGroup
+	var peak atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				if s.Reserve(seg, g%2 == 0, time.Millisecond, nil, nil) == nil {
+					if u := s.Used(); u > peak.Load() {
+						peak.Store(u)
+					}
+					s.Add(-seg)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if peak.Load() > capacity+seg || s.Used() != 0 {
+		t.Fatalf("used peaked at %d (bound %d), ended at %d", peak.Load(), capacity+seg, s.Used())
+	}
+}
