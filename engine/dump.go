@@ -234,6 +234,19 @@ func (e *Engine) newRecord(id BlockID) *wal.Record {
 	return &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(int(l.RecordBytes()))}
 }
 
+// blockBytes returns rec's block bytes as one contiguous slice when its payload is laid out
+// that way (shard size a multiple of 4 KiB), else nil.
+func (e *Engine) blockBytes(rec *wal.Record) []byte {
+	l := e.opts.Layout
+	switch {
+	case rec.Payload != nil:
+		return rec.Payload
+	case l.ShardStride() == l.ShardBytes:
+		return rec.Buf[format.RecordHeaderSize : format.RecordHeaderSize+l.BlockBytes()]
+	}
+	return nil
+}
+
 // fillShard copies shard sh into rec's payload, zeroes its padding and checksums what was
 // copied (so the checksum covers exactly the bytes written, whatever the caller does to src).
 func fillShard(rec *wal.Record, l Layout, sh int, src []byte) {
@@ -504,6 +517,14 @@ func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []er
 		flights[k].finish(errs[k])
 	}
 	e.mu.Unlock()
+	if err == nil && e.mem != nil {
+		// Write-through: the memory tier gets the block once it is stored below.
+		for _, rec := range recs {
+			if b := e.blockBytes(rec); b != nil {
+				e.mem.Put(rec.ID, b)
+			}
+		}
+	}
 	for _, rec := range recs {
 		e.pool.Put(rec.Buf)
 	}

@@ -7,16 +7,17 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -61,6 +62,17 @@ type Engine struct {
 
 	segMu sync.RWMutex
 	segs  map[uint64]*wal.Segment // open segment files
+	homes map[uint64]segHome      // where every known segment lives
+
+	tiers       []*diskTier     // disk tiers, fastest first
+	mem         *tiers.MemCache // the memory tier, or nil
+	memCfg      tiers.Config
+	backends    []devio.Backend // one per I/O engine in use
+	nextSeg     atomic.Uint64   // the next segment number
+	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
+	reclaimMu   sync.Mutex      // one reclamation at a time
+	reclaimKick chan struct{}
+	promote     chan BlockID // lower-tier hits waiting to be promoted
 
 	mu struct {
 		sync.Mutex
@@ -97,6 +109,9 @@ type RecoveryReport struct {
 	// the index had lost.
 	SegmentsAdopted int
 	EntriesAdopted  int
+	// RetiredSegmentsDeleted counts segments whose retirement (eviction or compaction) a crash
+	// interrupted and recovery finished.
+	RetiredSegmentsDeleted int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.
 	MissingSegments []uint64
 	// QuarantinedSegments lists segments found unreadable or corrupt by recovery: their
@@ -115,8 +130,9 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, dir: dir, segDir: filepath.Join(dir, SegmentDir), fs: opts.FS,
-		pool: devio.NewBufferPool(), metrics: newMetrics(), segs: map[uint64]*wal.Segment{}, stop: make(chan struct{})}
+	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), metrics: newMetrics(),
+		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, stop: make(chan struct{}),
+		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue)}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
@@ -131,21 +147,21 @@ func (e *Engine) open() error {
 	start := time.Now()
 	fs := e.fs
 	if !e.opts.ReadOnly {
-		if err := fs.MkdirAll(e.segDir, 0o755); err != nil {
+		if err := fs.MkdirAll(e.dir, 0o755); err != nil {
 			return fmt.Errorf("open %s: %w", e.dir, err)
 		}
 	}
 	lock, err := fs.Lock(filepath.Join(e.dir, LockFile))
 	if err != nil {
-		// Another process: EAGAIN/EWOULDBLOCK/EACCES from fcntl; this process: Pebble's vfs
-		// reports "lock held by current process".
-		if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EWOULDBLOCK) ||
-			strings.Contains(err.Error(), "lock held by current process") {
+		if isLockHeld(err) {
 			return fmt.Errorf("open %s: the store is in use by another process or engine: %w", e.dir, ErrLocked)
 		}
 		return fmt.Errorf("open %s: lock: %w", e.dir, err)
 	}
 	e.lock = lock
+	if err := e.openTiers(); err != nil {
+		return err
+	}
 	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
@@ -163,24 +179,10 @@ func (e *Engine) open() error {
 	if err != nil {
 		return err
 	}
-	e.io, err = devio.NewBackend(e.opts.IOEngine, e.opts.QueueDepth, e.opts.Logger)
-	if err != nil {
-		return fmt.Errorf("open %s: io engine %s: %w", e.dir, e.opts.IOEngine, err)
-	}
-	e.direct = devio.DirectOff
-	switch e.opts.DirectIO {
-	case devio.DirectOn:
-		e.direct = devio.DirectOn
-	case devio.DirectAuto:
-		if !e.opts.ReadOnly {
-			if ok, err := devio.ProbeDirect(fs, e.segDir); err != nil {
-				return fmt.Errorf("open %s: %w", e.dir, err)
-			} else if ok {
-				e.direct = devio.DirectOn
-			}
-		}
-	}
 	if e.opts.ReadOnly {
+		if err := e.findSegments(); err != nil {
+			return err
+		}
 		e.recovery.Duration = time.Since(start)
 		return nil
 	}
@@ -193,19 +195,20 @@ func (e *Engine) open() error {
 			return err
 		}
 	}
-	e.recovery.Duration = time.Since(start)
-	e.w, err = wal.NewWriter(wal.Options{
-		FS: fs, Dir: e.segDir, SegmentSize: e.opts.SegmentSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
-		Direct: e.direct, Backend: e.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
-		Logger: e.opts.Logger, NextSegment: next, OnSegment: e.addSegment,
-	})
-	if err != nil {
+	e.nextSeg.Store(next)
+	if err := e.initAccounting(); err != nil {
 		return err
 	}
-	e.bg.Add(1)
+	e.recovery.Duration = time.Since(start)
+	if err := e.startWriters(); err != nil {
+		return err
+	}
+	e.bg.Add(3)
 	go e.janitor()
+	go e.reclaimer()
+	go e.promoter()
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
-		"sync", e.opts.SyncPolicy, "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
+		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
 	return nil
 }
 
@@ -306,11 +309,16 @@ func (e *Engine) release() {
 		delete(e.segs, n)
 	}
 	e.segMu.Unlock()
-	if e.io != nil {
-		_ = e.io.Close()
+	for _, b := range e.backends {
+		_ = b.Close()
 	}
 	if e.ix != nil {
 		_ = e.ix.Close()
+	}
+	for _, t := range e.tiers {
+		for _, l := range t.locks {
+			_ = l.Close()
+		}
 	}
 	if e.lock != nil {
 		_ = e.lock.Close()
@@ -335,10 +343,11 @@ func (e *Engine) Close() error {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
 	}
 	e.mu.Unlock()
-	var err error
-	if e.w != nil {
-		err = e.w.Close()
+	var errs []error
+	for _, w := range e.writers() {
+		errs = append(errs, w.Close())
 	}
+	err := errors.Join(errs...)
 	e.release()
 	if err != nil {
 		return fmt.Errorf("close %s: %w", e.dir, err)
@@ -377,10 +386,24 @@ func (e *Engine) Sync() error {
 	if e.closing.Load() {
 		return ErrClosed
 	}
-	if e.w == nil {
-		return nil
+	var errs []error
+	for _, w := range e.writers() {
+		errs = append(errs, w.Sync())
 	}
-	return wrapIO(e.w.Sync())
+	return wrapIO(errors.Join(errs...))
+}
+
+// writers returns every open log writer: the dump writer and each tier's relocation writer.
+func (e *Engine) writers() []*wal.Writer {
+	var ws []*wal.Writer
+	for _, t := range e.tiers {
+		for _, w := range []*wal.Writer{t.w, t.rw} {
+			if w != nil {
+				ws = append(ws, w)
+			}
+		}
+	}
+	return ws
 }
 
 // wrapIO classifies an error from the file system for the caller.
@@ -398,6 +421,17 @@ func wrapIO(err error) error {
 	return fmt.Errorf("%w: %w", ErrIO, err)
 }
 
+func isNotExist(err error) bool { return oserror.IsNotExist(err) }
+
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // addSegment makes a segment the writer opened visible to readers.
 func (e *Engine) addSegment(s *wal.Segment) {
 	e.segMu.Lock()
@@ -405,7 +439,8 @@ func (e *Engine) addSegment(s *wal.Segment) {
 	e.segMu.Unlock()
 }
 
-// acquireSegment returns segment n pinned for reading, opening a sealed one on first use.
+// acquireSegment returns segment n pinned for reading, opening a sealed one on first use. A
+// segment that is unknown, being deleted or gone fails with wal.ErrSegmentGone.
 func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 	e.segMu.RLock()
 	s := e.segs[n]
@@ -414,12 +449,13 @@ func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 		e.segMu.Lock()
 		if s = e.segs[n]; s == nil {
 			meta, ok := e.ix.Segment(n)
-			if !ok {
+			h, known := e.homes[n]
+			if !ok || !known || meta.State == index.SegmentDeleting {
 				e.segMu.Unlock()
 				return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
 			}
 			var err error
-			s, err = wal.OpenSegmentForRead(e.fs, e.segDir, n, meta.Generation, e.direct, e.io)
+			s, err = wal.OpenSegmentForRead(e.fs, h.dir, n, meta.Generation, h.tier.direct, h.tier.io)
 			if err != nil {
 				e.segMu.Unlock()
 				return nil, err

@@ -15,13 +15,17 @@ type walHooks Engine
 var _ wal.Hooks = (*walHooks)(nil)
 
 // SegmentCreated registers a new segment as active, durably. The next segment number is
-// advanced first, unsynced; the synced batch after it makes both durable together (Pebble's
-// WAL is ordered), so a number is never reused.
+// recorded first, unsynced; the synced batch after it makes both durable together (Pebble's
+// WAL is ordered), so a number is never reused. Several writers create segments: the counter
+// is read and written under one lock so the recorded value never goes back.
 func (h *walHooks) SegmentCreated(number, generation uint64) error {
 	e := (*Engine)(h)
 	var next [8]byte
-	binary.LittleEndian.PutUint64(next[:], number+1)
-	if err := e.ix.SetMeta(metaNextSegment, next[:], false); err != nil {
+	e.nextSegMu.Lock()
+	binary.LittleEndian.PutUint64(next[:], max(number+1, e.nextSeg.Load()))
+	err := e.ix.SetMeta(metaNextSegment, next[:], false)
+	e.nextSegMu.Unlock()
+	if err != nil {
 		return err
 	}
 	b := e.ix.NewBatch()
@@ -31,25 +35,62 @@ func (h *walHooks) SegmentCreated(number, generation uint64) error {
 
 // Publish indexes a group of records: one batch with every entry and the segment's new size.
 // Under SyncAlways the records are already durable and the batch is synced before the dumps
-// are acknowledged.
+// are acknowledged. A relocated record (Origin set) moves its block's entry only if the entry
+// still points at the origin; otherwise the copy is dead space, left for compaction.
 func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	e := (*Engine)(h)
 	b := e.ix.NewBatch()
 	var last *wal.Record
-	for _, r := range recs {
-		b.Put(r.ID, index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs})
+	moved := make([]*bool, len(recs))
+	for k, r := range recs {
+		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs}
+		if r.Origin != nil {
+			moved[k] = b.PutIf(r.ID, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)
+		} else {
+			b.Put(r.ID, loc)
+		}
 		last = r
 	}
 	if meta, ok := e.ix.Segment(last.Segment); ok {
 		meta.Size = last.Offset + last.Layout.RecordBytes()
 		b.SetSegment(meta)
 	}
-	return e.ix.Apply(b, durable)
+	if err := e.ix.Apply(b, durable); err != nil {
+		return err
+	}
+	// Recency: a dumped block is the newest of its tier; a block moved to another tier leaves
+	// the old tier's list; compaction within a tier keeps the block's recency.
+	to := e.tierOf(last.Segment)
+	for k, r := range recs {
+		if r.Origin == nil {
+			if to != nil && to.lru != nil {
+				to.lru.Add(r.ID, r.Layout.RecordBytes())
+			}
+			continue
+		}
+		if !*moved[k] {
+			e.stats.relocationsLost.Add(1)
+			continue
+		}
+		from := e.tierOf(r.Origin.Segment)
+		if from == to {
+			continue
+		}
+		if from != nil && from.lru != nil {
+			from.lru.Remove(r.ID)
+		}
+		if to != nil && to.lru != nil {
+			to.lru.Add(r.ID, r.Layout.RecordBytes())
+		}
+	}
+	return nil
 }
 
-// SegmentSealed records a segment's final size and sealed state, durably.
+// SegmentSealed records a segment's final size and sealed state, durably, and settles its
+// tier's account from the reservation to that size.
 func (h *walHooks) SegmentSealed(number uint64, size int64) error {
 	e := (*Engine)(h)
+	e.settleSealed(number, size)
 	meta, ok := e.ix.Segment(number)
 	if !ok {
 		return nil

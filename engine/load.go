@@ -37,6 +37,13 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 		e.opts.Logger.Warn("ucm: prefix lookup failed; reporting no hits", "err", err)
 		return 0
 	}
+	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
+	// leaves before their parents.
+	for _, t := range e.tiers {
+		if t.lru != nil && n > 0 {
+			t.lru.TouchChain(ids[:n])
+		}
+	}
 	return n
 }
 
@@ -73,6 +80,7 @@ type blockRead struct {
 	i      int
 	loc    index.Location
 	seg    *wal.Segment
+	tier   *diskTier
 	header []byte // whole-block loads: the record header, to check the id
 	bounce []byte // payload read here when dst cannot take it directly
 	opLo   int    // ops[opLo:opHi] belong to this block
@@ -116,6 +124,22 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", len(dst[i]), want)
 			continue
 		}
+		if e.mem != nil {
+			off := int64(0)
+			if shard != AllShards {
+				off = int64(shard) * l.ShardBytes
+			}
+			if e.mem.Get(id, off, dst[i]) {
+				e.stats.memoryHits.Add(1)
+				e.countLoaded(shard)
+				for _, t := range e.tiers {
+					if t.lru != nil {
+						t.lru.Touch(id)
+					}
+				}
+				continue
+			}
+		}
 		loc, ok, err := e.ix.Get(id)
 		if err != nil || !ok {
 			if err == nil {
@@ -140,7 +164,10 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			}
 			continue
 		}
-		r := blockRead{i: i, loc: loc, seg: seg, opLo: len(ops)}
+		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), opLo: len(ops)}
+		if r.tier != nil && r.tier.lru != nil {
+			r.tier.lru.Pin(id) // not evicted while read
+		}
 		f := seg.File()
 		direct := devio.IsAligned(dst[i]) && l.ShardStride() == l.ShardBytes
 		if shard == AllShards {
@@ -164,13 +191,35 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		reads = append(reads, r)
 	}
 	if len(ops) > 0 {
-		_ = e.io.Submit(ops) // per-op errors are examined below
+		owner := make([]*diskTier, len(ops))
+		for k := range reads {
+			for o := reads[k].opLo; o < reads[k].opHi; o++ {
+				owner[o] = reads[k].tier
+			}
+		}
+		_ = e.submit(ops, func(o int) *diskTier { return owner[o] }) // per-op errors are examined below
 	}
 	for k := range reads {
 		r := &reads[k]
 		id := t.ids[r.i]
 		t.errs[r.i] = e.finishRead(r, id, shard, dst[r.i], ops[r.opLo:r.opHi])
 		r.seg.Release()
+		if r.tier != nil {
+			if r.tier.lru != nil {
+				r.tier.lru.Unpin(id)
+				if t.errs[r.i] == nil {
+					r.tier.lru.Touch(id)
+				}
+			}
+			if t.errs[r.i] == nil {
+				if r.tier.pos > 0 {
+					e.wantPromotion(id)
+				}
+				if e.mem != nil && shard == AllShards {
+					e.mem.Put(id, dst[r.i]) // backfill: the next load of it needs no disk
+				}
+			}
+		}
 		if r.header != nil {
 			e.pool.Put(r.header)
 		}
@@ -208,8 +257,7 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 				copy(dst[int64(sh)*l.ShardBytes:], payload[off:off+l.ShardBytes])
 			}
 		}
-		e.stats.loadedBlocks.Add(1)
-		e.stats.loadedBytes.Add(l.BlockBytes())
+		e.countLoaded(AllShards)
 		return nil
 	}
 	buf := ops[0].Buf
@@ -219,9 +267,19 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 	if r.bounce != nil {
 		copy(dst, buf[:l.ShardBytes])
 	}
-	e.stats.loadedShards.Add(1)
-	e.stats.loadedBytes.Add(l.ShardBytes)
+	e.countLoaded(shard)
 	return nil
+}
+
+// countLoaded counts one successful block or shard load.
+func (e *Engine) countLoaded(shard int) {
+	if shard == AllShards {
+		e.stats.loadedBlocks.Add(1)
+		e.stats.loadedBytes.Add(e.opts.Layout.BlockBytes())
+		return
+	}
+	e.stats.loadedShards.Add(1)
+	e.stats.loadedBytes.Add(e.opts.Layout.ShardBytes)
 }
 
 // dropBroken handles a block whose stored bytes cannot be served: it is counted, removed from
@@ -237,11 +295,17 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 	}
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
 	if !e.opts.ReadOnly {
-		if cur, ok, err := e.ix.Get(id); err == nil && ok && cur.Segment == loc.Segment && cur.Offset == loc.Offset {
-			b := e.ix.NewBatch()
-			b.Delete(id)
-			if err := e.ix.Apply(b, false); err != nil {
-				e.opts.Logger.Error("ucm: could not drop broken block from the index", "block", id, "err", err)
+		b := e.ix.NewBatch()
+		dropped := b.DeleteIf(id, loc)
+		if err := e.ix.Apply(b, false); err != nil {
+			e.opts.Logger.Error("ucm: could not drop broken block from the index", "block", id, "err", err)
+		}
+		if *dropped {
+			if t := e.tierOf(loc.Segment); t != nil && t.lru != nil {
+				t.lru.Remove(id)
+			}
+			if e.mem != nil {
+				e.mem.Remove(id)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -63,6 +64,15 @@ type Options struct {
 	// MaxStagingBytes bounds the memory held by partly dumped (layer-wise or V0-created) blocks
 	// (default 1 GiB); a dump beyond it fails with ErrNoSpace.
 	MaxStagingBytes int64
+	// Tiers lists the store's tiers, fastest first: at most one memory tier (first), then one or
+	// more disk tiers, each with its paths, capacity, watermarks and I/O settings (see
+	// tiers.Config and docs/tiers.md). Empty means one disk tier in the store directory with
+	// unlimited capacity and the I/O settings above. A disk tier's io_engine and direct_io
+	// "auto" (or unset) take IOEngine and DirectIO from these Options.
+	Tiers []tiers.Config
+	// CompactLiveRatio is the live-bytes ratio at or below which reclamation compacts a sealed
+	// segment instead of waiting for it to empty (default 0.5, in (0, 1)).
+	CompactLiveRatio float64
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
@@ -96,6 +106,9 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.CompactLiveRatio == 0 {
+		o.CompactLiveRatio = DefaultCompactLiveRatio
+	}
 	return o
 }
 
@@ -124,8 +137,15 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
 	case o.TaskTimeout < 0:
 		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
+	case o.CompactLiveRatio <= 0 || o.CompactLiveRatio >= 1:
+		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
+	}
+	if len(o.Tiers) > 0 {
+		if err := tiers.Validate(o.Tiers); err != nil {
+			return fmt.Errorf("options: %w: %w", ErrInvalidArgument, err)
+		}
 	}
 	return nil
 }

@@ -26,30 +26,9 @@ import (
 //     and its records indexed where the index has nothing newer. This rebuilds a lost index
 //     from the segments, and never deletes data an index that lost its tail forgot.
 func (e *Engine) recover(indexLost bool) (uint64, error) {
-	names, err := e.fs.List(e.segDir)
+	files, maxNum, err := e.listSegments(true)
 	if err != nil {
-		return 0, fmt.Errorf("recover %s: %w", e.segDir, err)
-	}
-	files := map[uint64]bool{}
-	var maxNum uint64
-	for _, name := range names {
-		path := e.fs.PathJoin(e.segDir, name)
-		if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
-			if _, ours := wal.ParseSegmentFileName(base); ours {
-				if err := e.fs.Remove(path); err != nil {
-					return 0, fmt.Errorf("recover: remove %s: %w", path, err)
-				}
-				e.recovery.OrphansRemoved++
-				continue
-			}
-		}
-		n, ok := wal.ParseSegmentFileName(name)
-		if !ok {
-			e.opts.Logger.Warn("ucm: foreign file in the segment directory left alone", "path", path)
-			continue
-		}
-		files[n] = true
-		maxNum = max(maxNum, n)
+		return 0, err
 	}
 	if v, ok, err := e.ix.Meta(metaNextSegment); err != nil {
 		return 0, err
@@ -58,6 +37,14 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 	}
 	for _, row := range e.ix.Segments() {
 		maxNum = max(maxNum, row.Number)
+		if row.State == index.SegmentDeleting {
+			// Retired before the crash: finish the deletion (its entries are gone already).
+			if err := e.finishDeleting(row, files[row.Number]); err != nil {
+				return 0, err
+			}
+			delete(files, row.Number)
+			continue
+		}
 		if files[row.Number] {
 			delete(files, row.Number)
 			if row.State == index.SegmentActive {
@@ -87,6 +74,81 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 	return maxNum + 1, nil
 }
 
+// listSegments finds the segment files of every disk tier, records where each lives and
+// returns them with the highest number seen. With cleanup, the log's temporary files are
+// removed. A number found in two directories is refused: the paths belong to different stores.
+func (e *Engine) listSegments(cleanup bool) (map[uint64]bool, uint64, error) {
+	files := map[uint64]bool{}
+	var maxNum uint64
+	for _, t := range e.tiers {
+		for _, dir := range t.dirs {
+			names, err := e.fs.List(dir)
+			if err != nil {
+				return nil, 0, fmt.Errorf("recover %s: %w", dir, err)
+			}
+			for _, name := range names {
+				path := e.fs.PathJoin(dir, name)
+				if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
+					if _, ours := wal.ParseSegmentFileName(base); ours && cleanup {
+						if err := e.fs.Remove(path); err != nil {
+							return nil, 0, fmt.Errorf("recover: remove %s: %w", path, err)
+						}
+						e.recovery.OrphansRemoved++
+						continue
+					}
+				}
+				n, ok := wal.ParseSegmentFileName(name)
+				if !ok {
+					e.opts.Logger.Warn("ucm: foreign file in the segment directory left alone", "path", path)
+					continue
+				}
+				if files[n] {
+					other, _ := e.home(n)
+					return nil, 0, fmt.Errorf("open %s: segment %d found in both %s and %s (tier paths shared by two stores?): %w", e.dir, n, other.dir, dir, ErrCorrupt)
+				}
+				files[n] = true
+				maxNum = max(maxNum, n)
+				e.segMu.Lock()
+				e.homes[n] = segHome{tier: t, dir: dir}
+				e.segMu.Unlock()
+			}
+		}
+	}
+	return files, maxNum, nil
+}
+
+// findSegments records where every segment lives, for read-only opens.
+func (e *Engine) findSegments() error {
+	_, _, err := e.listSegments(false)
+	return err
+}
+
+// finishDeleting completes the retirement of a segment interrupted by a crash.
+func (e *Engine) finishDeleting(row index.SegmentMeta, exists bool) error {
+	if _, err := e.ix.DropSegmentEntries(row.Number, 0, false); err != nil {
+		return err
+	}
+	if exists {
+		h, _ := e.home(row.Number)
+		if err := e.fs.Remove(wal.SegmentPath(h.dir, row.Number)); err != nil && !isNotExist(err) {
+			return fmt.Errorf("recover: delete retired segment %d: %w", row.Number, err)
+		}
+		if err := wal.SyncDir(e.fs, h.dir); err != nil {
+			return fmt.Errorf("recover: %w", err)
+		}
+		e.segMu.Lock()
+		delete(e.homes, row.Number)
+		e.segMu.Unlock()
+	}
+	b := e.ix.NewBatch()
+	b.DeleteSegment(row.Number)
+	if err := e.ix.Apply(b, true); err != nil {
+		return fmt.Errorf("recover: forget retired segment %d: %w", row.Number, err)
+	}
+	e.recovery.RetiredSegmentsDeleted++
+	return nil
+}
+
 // forgetMissing drops a registered segment whose file is gone.
 func (e *Engine) forgetMissing(row index.SegmentMeta) error {
 	dropped, err := e.ix.DropSegmentEntries(row.Number, 0, false)
@@ -102,16 +164,16 @@ func (e *Engine) forgetMissing(row index.SegmentMeta) error {
 	if row.State == index.SegmentSealed {
 		e.recovery.MissingSegments = append(e.recovery.MissingSegments, row.Number)
 		e.opts.Logger.Error("ucm: sealed segment missing; its blocks are now misses",
-			"path", wal.SegmentPath(e.segDir, row.Number), "blocks_dropped", dropped)
+			"path", e.segPath(row.Number), "blocks_dropped", dropped)
 	}
 	return nil
 }
 
 // recoverActive seals a segment that was active at a crash at its last valid record.
 func (e *Engine) recoverActive(row index.SegmentMeta) error {
-	path := wal.SegmentPath(e.segDir, row.Number)
+	path := e.segPath(row.Number)
 	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
-	res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, false)
+	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
 	if err != nil {
 		var ce *wal.CorruptionError
 		if !errors.As(err, &ce) {
@@ -156,7 +218,7 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 		return err
 	}
 	row.State = index.SegmentQuarantined
-	if st, err := e.fs.Stat(wal.SegmentPath(e.segDir, row.Number)); err == nil {
+	if st, err := e.fs.Stat(e.segPath(row.Number)); err == nil {
 		row.Size = st.Size()
 	}
 	b := e.ix.NewBatch()
@@ -176,16 +238,19 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 // are indexed unless the index holds a newer record of the block. With indexLost, a segment of
 // another schema means the whole store is foreign: ErrSchemaMismatch.
 func (e *Engine) adopt(n uint64, indexLost bool) error {
-	path := wal.SegmentPath(e.segDir, n)
+	path := e.segPath(n)
 	if st, err := e.fs.Stat(path); err == nil && st.Size() < format.SegmentHeaderSize {
 		// Created just before a crash, its header never written: not data.
 		if err := e.fs.Remove(path); err != nil {
 			return fmt.Errorf("recover: remove orphan %s: %w", path, err)
 		}
+		e.segMu.Lock()
+		delete(e.homes, n)
+		e.segMu.Unlock()
 		e.recovery.OrphansRemoved++
 		return nil
 	}
-	res, err := wal.RecoverSegment(e.fs, path, e.direct, e.io, true)
+	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(n).direct, e.tierOf(n).io, true)
 	if err == nil && res.Header.Number != n {
 		err = &wal.CorruptionError{Path: path, Err: fmt.Errorf("%w: header names segment %d", format.ErrCorrupt, res.Header.Number)}
 	}

@@ -33,6 +33,12 @@ type Stats struct {
 	StagingExpired      int64 // partly dumped blocks discarded after TaskTimeout
 	Lookups             int64 // ids looked up
 	LookupHits          int64
+	// Tiers.
+	MemoryHits      int64 // loads served from the memory tier, without touching disk
+	EvictedBlocks   int64 // blocks evicted from a disk tier (demoted or dropped)
+	SegmentsRetired int64 // segment files deleted by reclamation
+	Promotions      int64 // blocks moved up to the first disk tier after a lower-tier hit or Prefetch
+	RelocationsLost int64 // relocated copies not published because the block changed meanwhile
 }
 
 // counters are the engine's live counters.
@@ -41,6 +47,8 @@ type counters struct {
 	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses   atomic.Int64
 	corruptReads, missingSegmentReads, readErrors, stagingExpired    atomic.Int64
 	lookups, lookupHits                                              atomic.Int64
+	memoryHits, evictedBlocks, segmentsRetired, promotions           atomic.Int64
+	relocationsLost                                                  atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -52,6 +60,8 @@ func (c *counters) snapshot() Stats {
 		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
 		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(),
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
+		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(),
+		Promotions: c.promotions.Load(), RelocationsLost: c.relocationsLost.Load(),
 	}
 }
 

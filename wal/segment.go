@@ -99,6 +99,14 @@ func (s *Segment) Release() {
 	}
 }
 
+// Retire hands the owner's reference over to deletion: remove runs once, after the last reader
+// releases the segment (at once if there is none), and later Acquire calls fail with
+// ErrSegmentGone. Retire must be called once, by the owner, instead of Release.
+func (s *Segment) Retire(remove func()) {
+	s.removeFn = remove
+	s.Release()
+}
+
 // SequenceFor is the store-wide sequence number of the ordinal-th record of segment n:
 // segment numbers only grow, so sequence numbers grow in write order without extra state.
 func SequenceFor(segment, ordinal uint64) uint64 { return segment<<32 | ordinal }

@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/index"
+)
+
+// promoteQueue bounds the lower-tier hits waiting to be promoted; beyond it hits are not
+// promoted (the next hit asks again).
+const promoteQueue = 1024
+
+// promoter moves blocks that were loaded from a lower disk tier up to the first one, in the
+// background, in small batches.
+func (e *Engine) promoter() {
+	defer e.bg.Done()
+	for {
+		var ids []BlockID
+		select {
+		case <-e.stop:
+			return
+		case id := <-e.promote:
+			ids = append(ids, id)
+		}
+	gather:
+		for len(ids) < relocateBatch {
+			select {
+			case id := <-e.promote:
+				ids = append(ids, id)
+			default:
+				break gather
+			}
+		}
+		if _, err := e.promoteBlocks(ids); err != nil {
+			e.opts.Logger.Debug("ucm: promotion skipped", "blocks", len(ids), "err", err)
+		}
+	}
+}
+
+// wantPromotion queues a block read from a lower tier for promotion, without blocking.
+func (e *Engine) wantPromotion(id BlockID) {
+	select {
+	case e.promote <- id:
+	default:
+	}
+}
+
+// promoteBlocks moves those of ids stored in a lower disk tier to the first one and returns
+// how many moved. The first tier refuses (ErrNoSpace) when it is above capacity.
+func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
+	if len(e.tiers) < 2 {
+		return 0, nil
+	}
+	var (
+		move []BlockID
+		locs []index.Location
+	)
+	for _, id := range ids {
+		loc, ok, err := e.ix.Get(id)
+		if err != nil {
+			return 0, err
+		}
+		if t := e.tierOf(loc.Segment); ok && t != nil && t.pos > 0 {
+			move = append(move, id)
+			locs = append(locs, loc)
+		}
+	}
+	n, err := e.relocate(move, locs, e.tiers[0])
+	e.stats.promotions.Add(int64(n))
+	return n, err
+}
+
+// Prefetch promotes blocks ahead of their use: those stored in a lower disk tier move to the
+// first one, and with a memory tier every stored block is read (verified) into memory. Blocks
+// not stored are reported as ErrNotFound in the task's BlockErrors; a block the first tier
+// has no room for stays where it is (its error wraps ErrNoSpace) and loads from there.
+func (e *Engine) Prefetch(ids []BlockID) *Task {
+	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
+		for i, id := range t.ids {
+			if !e.ix.Contains(id) {
+				t.errs[i] = blockErr(ErrNotFound, id, "prefetch")
+			}
+		}
+		if _, err := e.promoteBlocks(t.ids); err != nil {
+			for i := range t.errs {
+				if t.errs[i] == nil {
+					t.errs[i] = fmt.Errorf("prefetch: %w", err)
+				}
+			}
+			return
+		}
+		if e.mem == nil {
+			return
+		}
+		l := e.opts.Layout
+		var (
+			need []BlockID
+			bufs [][]byte
+		)
+		for i, id := range t.ids {
+			if t.errs[i] == nil && !e.mem.Contains(id) {
+				need = append(need, id)
+				bufs = append(bufs, devio.AlignedBuffer(int(l.BlockBytes())))
+			}
+		}
+		if len(need) == 0 {
+			return
+		}
+		// A load backfills the memory tier with every block it reads from disk.
+		lt := newTask(need, e.opts.TaskTimeout)
+		e.runLoad(lt, AllShards, bufs)
+		for k, err := range lt.errs {
+			if err != nil {
+				for i, id := range t.ids {
+					if id == need[k] {
+						t.errs[i] = err
+					}
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,512 @@
+package engine
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Space reclamation (docs/tiers.md). A disk tier above its high watermark is brought down to
+// its low watermark by, in this order:
+//
+//  1. retiring sealed segments no entry points into (dropped whole);
+//  2. compacting sealed segments whose live ratio is at most Options.CompactLiveRatio: their
+//     live records are copied forward (verified, synced, then moved in one index batch that
+//     moves each entry only if it still points at the old place) and the segment retired;
+//  3. evicting the least recently used blocks of the tier (chain-aware, never a block pinned
+//     by a load): demoted to the next disk tier when there is one, else dropped from the
+//     index; the segments they leave empty or sparse are reclaimed by 1 and 2 on the next round.
+//
+// Retiring a segment marks it deleting in the index (durably) before the file is unlinked,
+// which happens when its last reader releases it; recovery finishes interrupted deletions, so
+// a crash never resurrects evicted blocks nor leaves an orphan file.
+
+// DefaultCompactLiveRatio is the live ratio at or below which a sealed segment is compacted.
+const DefaultCompactLiveRatio = 0.5
+
+// reclaimRounds bounds the rounds of one reclamation pass (each round evicts at least one
+// block or stops).
+const reclaimRounds = 64
+
+// reclaimer runs reclamation for tiers above their high watermark, when kicked by a writer
+// waiting for space and once a second.
+func (e *Engine) reclaimer() {
+	defer e.bg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+		case <-e.reclaimKick:
+		}
+		for _, t := range e.tiers {
+			if t.space.OverHigh() {
+				if _, err := e.reclaimTier(t, -1, t.recency()); err != nil && !errors.Is(err, ErrClosed) {
+					e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.cfg.Name, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// ReclaimReport says what one reclamation did.
+type ReclaimReport struct {
+	SegmentsRetired   int   // segment files deleted
+	SegmentsCompacted int   // of which compacted first
+	BytesReclaimed    int64 // accounted bytes freed
+	RecordsMoved      int   // live records copied forward by compaction
+	BlocksEvicted     int   // blocks dropped from the tier (demoted or deleted)
+	BlocksDemoted     int   // of which moved to the next tier
+}
+
+// reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
+// it did; it stops early, without error, when nothing more can be evicted (everything left is
+// pinned or the tier is empty).
+func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
+	e.reclaimMu.Lock()
+	defer e.reclaimMu.Unlock()
+	var rep ReclaimReport
+	before := t.space.Used()
+	defer func() { rep.BytesReclaimed = before - t.space.Used() }()
+	excess := func() int64 {
+		if target < 0 {
+			return t.space.Excess()
+		}
+		return t.space.Used() - target
+	}
+	for round := 0; round < reclaimRounds && excess() > 0; round++ {
+		if e.closing.Load() {
+			return rep, ErrClosed
+		}
+		if err := e.reclaimSegments(t, e.opts.CompactLiveRatio, &rep, excess, nil); err != nil {
+			return rep, err
+		}
+		need := excess()
+		if need <= 0 || lru == nil {
+			break
+		}
+		victims := lru.Victims(need)
+		if len(victims) == 0 {
+			break
+		}
+		if err := e.evict(t, lru, victims, &rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// reclaimSegments retires t's empty sealed segments and compacts those at or below
+// liveRatio, emptiest first, while excess() > 0 (or all of them when excess is nil), calling
+// progress (if not nil) after each segment.
+func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
+	type cand struct {
+		row   index.SegmentMeta
+		ratio float64
+	}
+	var cands []cand
+	for _, row := range e.ix.Segments() {
+		if row.State != index.SegmentSealed || e.tierOf(row.Number) != t || row.Size <= 0 {
+			continue
+		}
+		ratio := float64(row.LiveBytes) / float64(row.Size)
+		if row.LiveRecords == 0 || ratio <= liveRatio {
+			cands = append(cands, cand{row, ratio})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int { return cmp.Compare(a.ratio, b.ratio) })
+	for _, c := range cands {
+		if excess != nil && excess() <= 0 {
+			return nil
+		}
+		if c.row.LiveRecords > 0 {
+			moved, err := e.compactSegment(t, c.row.Number)
+			rep.RecordsMoved += moved
+			if err != nil {
+				if errors.Is(err, ErrNoSpace) {
+					return nil // no room to copy into: eviction must free whole segments first
+				}
+				return err
+			}
+			rep.SegmentsCompacted++
+		}
+		if err := e.retire(c.row.Number); err != nil {
+			return err
+		}
+		rep.SegmentsRetired++
+		if progress != nil {
+			progress()
+		}
+	}
+	return nil
+}
+
+// compactSegment copies every live record of segment n forward into t's relocation writer.
+// Entries that moved or went away meanwhile are left alone by the conditional index batch.
+func (e *Engine) compactSegment(t *diskTier, n uint64) (int, error) {
+	var ids []BlockID
+	var locs []index.Location
+	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+		if loc.Segment == n {
+			ids = append(ids, id)
+			locs = append(locs, loc)
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	return e.relocate(ids, locs, t)
+}
+
+// relocateBatch bounds the records read and appended together by relocate.
+const relocateBatch = 16
+
+// relocate copies blocks from where locs say they are into dst's relocation writer. Each record
+// is read whole and verified (header and every shard checksum) before it is written again; a
+// record that fails is handled like a failed load (dropped from the index, counted). The moves
+// are published by the writer's Publish hook with a compare-and-set per entry. It returns how
+// many records were copied.
+func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (int, error) {
+	moved := 0
+	for lo := 0; lo < len(ids); lo += relocateBatch {
+		hi := min(len(ids), lo+relocateBatch)
+		recs, err := e.readRecords(ids[lo:hi], locs[lo:hi])
+		if err != nil {
+			return moved, err
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		err = wrapIO(dst.rw.Append(recs))
+		for _, r := range recs {
+			e.pool.Put(r.Buf)
+		}
+		if err != nil {
+			return moved, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
+		}
+		moved += len(recs)
+	}
+	return moved, nil
+}
+
+// readRecords reads and verifies whole records for relocation; unusable ones are dropped from
+// the index and skipped. The returned records own pooled buffers.
+func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Record, error) {
+	l := e.opts.Layout
+	type read struct {
+		rec  *wal.Record
+		seg  *wal.Segment
+		loc  index.Location
+		tier *diskTier
+	}
+	var (
+		reads []read
+		ops   []devio.Op
+	)
+	for k, id := range ids {
+		loc := locs[k]
+		seg, err := e.acquireSegment(loc.Segment)
+		if err != nil {
+			var ce *wal.CorruptionError
+			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
+				_ = e.dropBroken(id, loc, err)
+				continue
+			}
+			for _, r := range reads {
+				r.seg.Release()
+				e.pool.Put(r.rec.Buf)
+			}
+			return nil, wrapIO(err)
+		}
+		buf := e.pool.Get(int(loc.RecordBytes()))
+		rec := &wal.Record{ID: id, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs, Buf: buf,
+			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
+		reads = append(reads, read{rec: rec, seg: seg, loc: loc, tier: e.tierOf(loc.Segment)})
+		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.Offset})
+	}
+	if len(ops) > 0 {
+		_ = e.submit(ops, func(i int) *diskTier { return reads[i].tier })
+	}
+	var out []*wal.Record
+	for k, r := range reads {
+		err := ops[k].Err
+		if err == nil {
+			err = e.checkRecord(r.rec.ID, r.loc, r.rec.Buf)
+			if err != nil {
+				_ = e.dropBroken(r.rec.ID, r.loc, err)
+			}
+		} else {
+			e.stats.readErrors.Add(1)
+		}
+		r.seg.Release()
+		if err != nil || r.loc.Layout != l {
+			e.pool.Put(r.rec.Buf)
+			continue
+		}
+		out = append(out, r.rec)
+	}
+	return out, nil
+}
+
+// checkRecord verifies a whole record read into buf against its index entry.
+func (e *Engine) checkRecord(id BlockID, loc index.Location, buf []byte) error {
+	rh, crc, err := format.DecodeRecordHeader(buf[:format.RecordHeaderSize])
+	switch {
+	case err != nil:
+		return err
+	case rh.ID != id || crc != loc.HeaderCRC || rh.Seq != loc.Seq:
+		return fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, loc.Offset, rh.ID, rh.Seq, loc.Seq)
+	}
+	h := format.RecordHeader{ID: id, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs}
+	return wal.VerifyShards(&h, buf[format.RecordHeaderSize:], 0, loc.Layout.Shards)
+}
+
+// evict removes victims from t: demoted to the next disk tier if there is one (falling back
+// to dropping them when it has no room), else deleted from the index, only where their entry
+// still points into t.
+func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *ReclaimReport) error {
+	var (
+		ids  []BlockID
+		locs []index.Location
+	)
+	for _, id := range victims {
+		loc, ok, err := e.ix.Get(id)
+		if err != nil {
+			return err
+		}
+		if !ok || e.tierOf(loc.Segment) != t {
+			lru.Remove(id) // already gone from this tier
+			continue
+		}
+		ids = append(ids, id)
+		locs = append(locs, loc)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if t.pos+1 < len(e.tiers) {
+		next := e.tiers[t.pos+1]
+		moved, err := e.relocate(ids, locs, next)
+		if err == nil {
+			rep.BlocksDemoted += moved
+			rep.BlocksEvicted += len(ids)
+			for _, id := range ids {
+				lru.Remove(id) // moved ones left via Publish; broken ones were dropped
+			}
+			return nil
+		}
+		if !errors.Is(err, ErrNoSpace) {
+			return err
+		}
+		e.kickTier(next)
+		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.cfg.Name, "next", next.cfg.Name, "err", err)
+		// Some may have moved before the refusal; drop only those still here.
+	}
+	b := e.ix.NewBatch()
+	results := make([]*bool, len(ids))
+	for k, id := range ids {
+		results[k] = b.DeleteIf(id, locs[k])
+	}
+	if err := e.ix.Apply(b, false); err != nil {
+		return err
+	}
+	for k, id := range ids {
+		lru.Remove(id)
+		if *results[k] {
+			rep.BlocksEvicted++
+			if e.mem != nil {
+				e.mem.Remove(id)
+			}
+		}
+	}
+	e.stats.evictedBlocks.Add(int64(len(ids)))
+	return nil
+}
+
+// retire deletes segment n: marked deleting in the index (durably), then unlinked once its last
+// reader releases it, then its row removed and its bytes released from its tier's account.
+func (e *Engine) retire(n uint64) error {
+	row, ok := e.ix.Segment(n)
+	if !ok {
+		return nil
+	}
+	if row.LiveRecords != 0 {
+		return fmt.Errorf("retire segment %d: %d live records: %w", n, row.LiveRecords, ErrCorrupt)
+	}
+	row.State = index.SegmentDeleting
+	b := e.ix.NewBatch()
+	b.SetSegment(row)
+	if err := e.ix.Apply(b, true); err != nil {
+		return fmt.Errorf("retire segment %d: %w", n, err)
+	}
+	remove := func() { e.finishRetire(n, row.Size) }
+	e.segMu.Lock()
+	s := e.segs[n]
+	delete(e.segs, n)
+	e.segMu.Unlock()
+	if s == nil {
+		remove()
+		return nil
+	}
+	s.Retire(remove)
+	return nil
+}
+
+// finishRetire unlinks a retired segment, makes that durable and forgets it. Failures are
+// logged: the row stays deleting and the next Open finishes the job.
+func (e *Engine) finishRetire(n uint64, size int64) {
+	h, ok := e.home(n)
+	if !ok {
+		return
+	}
+	path := wal.SegmentPath(h.dir, n)
+	if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
+		e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "path", path, "err", err)
+		return
+	}
+	if err := wal.SyncDir(e.fs, h.dir); err != nil {
+		e.opts.Logger.Error("ucm: could not sync directory after deleting a segment", "path", path, "err", err)
+		return
+	}
+	b := e.ix.NewBatch()
+	b.DeleteSegment(n)
+	if err := e.ix.Apply(b, false); err != nil {
+		e.opts.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
+	}
+	e.segMu.Lock()
+	delete(e.homes, n)
+	e.segMu.Unlock()
+	h.tier.space.Add(-size)
+	e.stats.segmentsRetired.Add(1)
+}
+
+// Evict frees space in the disk tier named tier (the first disk tier when empty) until it
+// accounts at most toBytes, by the same policy as automatic reclamation. It returns what it did;
+// fewer bytes are freed when the remaining blocks are pinned or the store is empty.
+func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
+	if !e.enter() {
+		return ReclaimReport{}, ErrClosed
+	}
+	defer e.tasks.Done()
+	t, err := e.diskTierNamed(tier)
+	if err != nil {
+		return ReclaimReport{}, err
+	}
+	if toBytes < 0 {
+		return ReclaimReport{}, fmt.Errorf("evict to %d bytes: %w", toBytes, ErrInvalidArgument)
+	}
+	lru := t.recency()
+	if lru == nil {
+		// An unlimited last tier keeps no recency; evict by write order, oldest first.
+		if lru, err = e.writeOrder(t); err != nil {
+			return ReclaimReport{}, err
+		}
+	}
+	return e.reclaimTier(t, toBytes, lru)
+}
+
+// recency is what eviction needs of a tier's LRU.
+type recency interface {
+	Victims(bytes int64) []BlockID
+	Remove(id BlockID)
+}
+
+// recency returns t's LRU, or nil (an interface holding no pointer) when it keeps none.
+func (t *diskTier) recency() recency {
+	if t.lru == nil {
+		return nil
+	}
+	return t.lru
+}
+
+// writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
+func (e *Engine) writeOrder(t *diskTier) (recency, error) {
+	lru := tiers.NewLRU()
+	type entry struct {
+		id   BlockID
+		seq  uint64
+		size int64
+	}
+	var all []entry
+	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+		if e.tierOf(loc.Segment) == t {
+			all = append(all, entry{id, loc.Seq, loc.RecordBytes()})
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
+	for _, x := range all {
+		lru.Add(x.id, x.size)
+	}
+	return lru, nil
+}
+
+// Compact retires every empty sealed segment and compacts every sealed segment whose live
+// ratio is at most liveRatio (0 < liveRatio < 1), in every disk tier, whatever the watermarks:
+// what `ucm-tool compact` runs. progress, if not nil, is called after each segment.
+func (e *Engine) Compact(liveRatio float64, progress func(ReclaimReport)) (ReclaimReport, error) {
+	if !e.enter() {
+		return ReclaimReport{}, ErrClosed
+	}
+	defer e.tasks.Done()
+	if liveRatio <= 0 || liveRatio >= 1 {
+		return ReclaimReport{}, fmt.Errorf("compact: live ratio %v out of (0, 1): %w", liveRatio, ErrInvalidArgument)
+	}
+	e.reclaimMu.Lock()
+	defer e.reclaimMu.Unlock()
+	var total ReclaimReport
+	for _, t := range e.tiers {
+		before := t.space.Used()
+		var rep ReclaimReport
+		err := e.reclaimSegments(t, liveRatio, &rep, nil, func() {
+			if progress != nil {
+				p := total
+				p.add(rep)
+				p.BytesReclaimed = total.BytesReclaimed + before - t.space.Used()
+				progress(p)
+			}
+		})
+		rep.BytesReclaimed = before - t.space.Used()
+		total.add(rep)
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (r *ReclaimReport) add(o ReclaimReport) {
+	r.SegmentsRetired += o.SegmentsRetired
+	r.SegmentsCompacted += o.SegmentsCompacted
+	r.BytesReclaimed += o.BytesReclaimed
+	r.RecordsMoved += o.RecordsMoved
+	r.BlocksEvicted += o.BlocksEvicted
+	r.BlocksDemoted += o.BlocksDemoted
+}
+
+// diskTierNamed returns the disk tier called name ("" = the first).
+func (e *Engine) diskTierNamed(name string) (*diskTier, error) {
+	if name == "" {
+		return e.tiers[0], nil
+	}
+	for _, t := range e.tiers {
+		if t.cfg.Name == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("no disk tier named %q: %w", name, ErrInvalidArgument)
+}

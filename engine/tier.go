@@ -1,0 +1,399 @@
+package engine
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// diskTier is one disk tier of the store: a local SSD or a mounted shared file system, with
+// one or more paths. Its segments are spread across the paths by segment number; its space is
+// accounted exactly (tiers.Space) and, when it can run out of room or has a slower tier below
+// it, every block in it is tracked for LRU eviction.
+type diskTier struct {
+	pos    int // position among the disk tiers, 0 = fastest
+	cfg    tiers.Config
+	dirs   []string // segment directories, one per path
+	locks  []io.Closer
+	io     devio.Backend
+	direct devio.DirectMode
+	// w takes dumps (the first disk tier only); rw takes relocations into this tier:
+	// compaction of its own segments, demotion from the tier above, promotion from below.
+	w, rw *wal.Writer
+	space *tiers.Space
+	lru   *tiers.LRU // nil when the tier never evicts
+	kick  chan struct{}
+}
+
+// segHome says where a segment lives.
+type segHome struct {
+	tier     *diskTier
+	dir      string
+	reserved int64 // bytes reserved at creation while active; 0 once sealed or found at Open
+}
+
+// tierConfigs returns the configured tiers, or the default: one unlimited disk tier in the
+// store directory, with the engine-wide I/O settings.
+func (o Options) tierConfigs(dir string) []tiers.Config {
+	if len(o.Tiers) > 0 {
+		out := make([]tiers.Config, len(o.Tiers))
+		for i, c := range o.Tiers {
+			out[i] = c.WithDefaults()
+		}
+		return out
+	}
+	return []tiers.Config{tiers.Config{Name: "disk", Kind: tiers.KindDisk, Paths: []string{dir}}.WithDefaults()}
+}
+
+// openTiers builds the tier stack: the memory cache and every disk tier with its directories
+// (created unless read-only), locks, I/O backend and direct-I/O mode.
+func (e *Engine) openTiers() error {
+	cfgs := e.opts.tierConfigs(e.dir)
+	backends := map[devio.IOEngine]devio.Backend{}
+	for _, c := range cfgs {
+		if c.Kind == tiers.KindMemory {
+			e.mem = tiers.NewMemCache(c.Capacity)
+			e.memCfg = c
+			continue
+		}
+		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(c.Capacity, c.HighWatermark, c.LowWatermark), kick: make(chan struct{}, 1)}
+		eng := e.opts.IOEngine
+		if c.IOEngine != "" && c.IOEngine != "auto" {
+			var err error
+			if eng, err = devio.ParseIOEngine(c.IOEngine); err != nil {
+				return fmt.Errorf("open %s: tier %q: %w: %w", e.dir, c.Name, ErrInvalidArgument, err)
+			}
+		}
+		if b := backends[eng]; b != nil {
+			t.io = b
+		} else {
+			b, err := devio.NewBackend(eng, e.opts.QueueDepth, e.opts.Logger)
+			if err != nil {
+				return fmt.Errorf("open %s: tier %q: io engine %s: %w", e.dir, c.Name, eng, err)
+			}
+			backends[eng] = b
+			e.backends = append(e.backends, b)
+			t.io = b
+		}
+		mode := e.opts.DirectIO
+		if c.DirectIO != "" && c.DirectIO != "auto" {
+			var err error
+			if mode, err = devio.ParseDirectMode(c.DirectIO); err != nil {
+				return fmt.Errorf("open %s: tier %q: %w: %w", e.dir, c.Name, ErrInvalidArgument, err)
+			}
+		}
+		for _, p := range c.Paths {
+			segDir := filepath.Join(p, SegmentDir)
+			if !e.opts.ReadOnly {
+				if err := e.fs.MkdirAll(segDir, 0o755); err != nil {
+					return fmt.Errorf("open tier %q: %w", c.Name, err)
+				}
+			}
+			if filepath.Clean(p) != filepath.Clean(e.dir) {
+				// Another store using this path would reuse our segment numbers.
+				lock, err := e.fs.Lock(filepath.Join(p, LockFile))
+				if err != nil {
+					if isLockHeld(err) {
+						return fmt.Errorf("open tier %q: path %s is in use by another store: %w", c.Name, p, ErrLocked)
+					}
+					return fmt.Errorf("open tier %q: lock %s: %w", c.Name, p, err)
+				}
+				t.locks = append(t.locks, lock)
+				if !e.opts.ReadOnly {
+					if err := wal.SyncDir(e.fs, p); err != nil {
+						return fmt.Errorf("open tier %q: %w", c.Name, err)
+					}
+				}
+			}
+			t.dirs = append(t.dirs, segDir)
+		}
+		t.direct = devio.DirectOff
+		switch mode {
+		case devio.DirectOn:
+			t.direct = devio.DirectOn
+		case devio.DirectAuto:
+			if !e.opts.ReadOnly {
+				ok, err := devio.ProbeDirect(e.fs, t.dirs[0])
+				if err != nil {
+					return fmt.Errorf("open tier %q: %w", c.Name, err)
+				}
+				if ok {
+					t.direct = devio.DirectOn
+				}
+			}
+		}
+		e.tiers = append(e.tiers, t)
+	}
+	if len(e.tiers) == 0 {
+		return fmt.Errorf("open %s: no disk tier configured: %w", e.dir, ErrInvalidArgument)
+	}
+	// Eviction needs recency only where a tier can fill up or can hand blocks down.
+	for i, t := range e.tiers {
+		if t.cfg.Capacity > 0 || i+1 < len(e.tiers) {
+			t.lru = tiers.NewLRU()
+		}
+	}
+	first := e.tiers[0]
+	e.io, e.direct, e.segDir = first.io, first.direct, first.dirs[0]
+	return nil
+}
+
+func isLockHeld(err error) bool {
+	// Another process: EAGAIN/EWOULDBLOCK/EACCES from fcntl; this process: Pebble's vfs
+	// reports "lock held by current process".
+	return errorsIsAny(err, syscall.EAGAIN, syscall.EACCES, syscall.EWOULDBLOCK) ||
+		strings.Contains(err.Error(), "lock held by current process")
+}
+
+// tierOfDir returns the tier owning segment directory dir.
+func (e *Engine) tierOfDir(dir string) *diskTier {
+	for _, t := range e.tiers {
+		for _, d := range t.dirs {
+			if d == dir {
+				return t
+			}
+		}
+	}
+	return nil
+}
+
+// home returns where segment n lives.
+func (e *Engine) home(n uint64) (segHome, bool) {
+	e.segMu.RLock()
+	h, ok := e.homes[n]
+	e.segMu.RUnlock()
+	return h, ok
+}
+
+// segPath returns segment n's file path (in the first tier's first directory when unknown).
+func (e *Engine) segPath(n uint64) string {
+	if h, ok := e.home(n); ok {
+		return wal.SegmentPath(h.dir, n)
+	}
+	return wal.SegmentPath(e.segDir, n)
+}
+
+// tierOf returns the tier holding segment n, or nil.
+func (e *Engine) tierOf(n uint64) *diskTier {
+	h, ok := e.home(n)
+	if !ok {
+		return nil
+	}
+	return h.tier
+}
+
+// allocSegment hands out a new segment number, shared by every writer of the store.
+func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
+
+// reservation is the most a new segment can grow to: the segment size, or one record with its
+// header and footer when a record is larger.
+func (e *Engine) reservation() int64 {
+	return max(e.opts.SegmentSize, format.SegmentHeaderSize+e.opts.Layout.RecordBytes()+format.FooterSize(1))
+}
+
+// startWriters starts each tier's relocation writer and the first tier's dump writer.
+func (e *Engine) startWriters() error {
+	for _, t := range e.tiers {
+		for _, relocation := range []bool{false, true} {
+			if !relocation && t.pos != 0 {
+				continue
+			}
+			w, err := wal.NewWriter(wal.Options{
+				FS: e.fs, SegmentSize: e.opts.SegmentSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
+				Direct: t.direct, Backend: t.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
+				Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
+				DirFor: e.placer(t), Admit: e.admitter(t, relocation),
+			})
+			if err != nil {
+				return err
+			}
+			if relocation {
+				t.rw = w
+			} else {
+				t.w = w
+			}
+		}
+	}
+	e.w = e.tiers[0].w
+	return nil
+}
+
+// placer returns the DirFor of t's writers: placement by segment number across t's paths. The
+// segment's home is recorded before its file is created, so readers and accounting find it.
+func (e *Engine) placer(t *diskTier) func(uint64) string {
+	return func(n uint64) string {
+		dir := tiers.PathFor(t.dirs, n)
+		e.segMu.Lock()
+		e.homes[n] = segHome{tier: t, dir: dir, reserved: e.reservation()}
+		e.segMu.Unlock()
+		return dir
+	}
+}
+
+// admitter returns the Admit of one of t's writers: a new segment reserves its largest size
+// under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room.
+func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64) error {
+	return func(n uint64) error {
+		err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, func() { e.kickTier(t) })
+		if err != nil {
+			e.kickTier(t)
+			return fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
+		}
+		return nil
+	}
+}
+
+// kickTier asks the reclaimer to look at t now.
+func (e *Engine) kickTier(t *diskTier) {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case e.reclaimKick <- struct{}{}:
+	default:
+	}
+}
+
+// settleSealed replaces a sealed segment's reservation by its final size.
+func (e *Engine) settleSealed(n uint64, size int64) {
+	e.segMu.Lock()
+	h, ok := e.homes[n]
+	if ok {
+		reserved := h.reserved
+		h.reserved = 0
+		e.homes[n] = h
+		e.segMu.Unlock()
+		if reserved > 0 {
+			h.tier.space.Add(size - reserved)
+		}
+		return
+	}
+	e.segMu.Unlock()
+}
+
+// initAccounting accounts every registered segment to its tier and, for tiers that evict,
+// loads every block into the tier's recency list, oldest written first (recency is not
+// persisted: write order is the best prior after a restart).
+func (e *Engine) initAccounting() error {
+	for _, row := range e.ix.Segments() {
+		if t := e.tierOf(row.Number); t != nil {
+			t.space.Add(row.Size)
+		}
+	}
+	need := false
+	for _, t := range e.tiers {
+		need = need || t.lru != nil
+	}
+	if !need {
+		return nil
+	}
+	type entry struct {
+		id   BlockID
+		seq  uint64
+		size int64
+		t    *diskTier
+	}
+	var all []entry
+	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+		if t := e.tierOf(loc.Segment); t != nil && t.lru != nil {
+			all = append(all, entry{id, loc.Seq, loc.RecordBytes(), t})
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: load recency: %w", e.dir, err)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].seq < all[j].seq })
+	for _, x := range all {
+		x.t.lru.Add(x.id, x.size)
+	}
+	return nil
+}
+
+// TierStats is the state of one tier.
+type TierStats struct {
+	Name     string
+	Kind     tiers.Kind
+	Paths    []string
+	Capacity int64 // bytes; 0: unlimited
+	// Used is the accounted bytes: every segment file's size, active segments at their
+	// reservation. It never exceeds Capacity by more than one segment.
+	Used      int64
+	FileBytes int64 // sum of the segment rows' sizes
+	LiveBytes int64 // bytes of records the index points at
+	DeadBytes int64 // FileBytes − LiveBytes: reclaimable by compaction
+	Blocks    int64
+	Segments  int
+	// Memory tier only.
+	Hits, Misses, Evictions int64
+}
+
+// TierStats returns the memory tier (if any) and every disk tier, fastest first.
+func (e *Engine) TierStats() []TierStats {
+	var out []TierStats
+	if e.mem != nil {
+		ms := e.mem.Stats()
+		out = append(out, TierStats{Name: e.memCfg.Name, Kind: tiers.KindMemory, Capacity: ms.Capacity, Used: ms.Bytes,
+			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: ms.Hits, Misses: ms.Misses, Evictions: ms.Evictions})
+	}
+	start := len(out)
+	for _, t := range e.tiers {
+		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, Used: t.space.Used()})
+	}
+	for _, row := range e.ix.Segments() {
+		t := e.tierOf(row.Number)
+		if t == nil {
+			continue
+		}
+		s := &out[start+t.pos]
+		s.FileBytes += row.Size
+		s.LiveBytes += row.LiveBytes
+		s.Blocks += row.LiveRecords
+		s.Segments++
+	}
+	for i := start; i < len(out); i++ {
+		out[i].DeadBytes = out[i].FileBytes - out[i].LiveBytes
+	}
+	return out
+}
+
+// submit runs ops, each on the I/O backend of the tier tierOf(i) names (the first tier's when
+// nil); with one backend (the usual case) it is a single Submit. Per-op errors are in ops.
+func (e *Engine) submit(ops []devio.Op, tierOf func(i int) *diskTier) error {
+	if len(e.backends) == 1 {
+		return e.io.Submit(ops)
+	}
+	groups := map[devio.Backend][]int{}
+	for i := range ops {
+		b := e.io
+		if t := tierOf(i); t != nil {
+			b = t.io
+		}
+		groups[b] = append(groups[b], i)
+	}
+	var first error
+	for b, idx := range groups {
+		sub := make([]devio.Op, len(idx))
+		for k, i := range idx {
+			sub[k] = ops[i]
+		}
+		err := b.Submit(sub)
+		for k, i := range idx {
+			ops[i].Err = sub[k].Err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
