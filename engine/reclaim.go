@@ -102,9 +102,20 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 		if err := e.evict(t, lru, victims, &rep); err != nil {
 			return rep, err
 		}
+		// The victims left holes across segments. Before evicting more, rewrite the hot
+		// remainder of the sparsest segments forward: compaction costs I/O, eviction costs a
+		// recomputation.
+		if err := e.reclaimSegments(t, pressureLiveRatio, &rep, excess, nil); err != nil {
+			return rep, err
+		}
 	}
 	return rep, nil
 }
+
+// pressureLiveRatio is the live ratio up to which a segment is compacted, after an eviction
+// round, when the tier is still above its target: bounds the bytes rewritten per byte freed
+// (at most 9 for 1).
+const pressureLiveRatio = 0.9
 
 // reclaimSegments retires t's empty sealed segments and compacts those at or below
 // liveRatio, emptiest first, while excess() > 0 (or all of them when excess is nil), calling
@@ -301,6 +312,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		if err == nil {
 			rep.BlocksDemoted += moved
 			rep.BlocksEvicted += len(ids)
+			e.stats.evictedBlocks.Add(int64(len(ids)))
 			for _, id := range ids {
 				lru.Remove(id) // moved ones left via Publish; broken ones were dropped
 			}
@@ -325,12 +337,12 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		lru.Remove(id)
 		if *results[k] {
 			rep.BlocksEvicted++
+			e.stats.evictedBlocks.Add(1)
 			if e.mem != nil {
 				e.mem.Remove(id)
 			}
 		}
 	}
-	e.stats.evictedBlocks.Add(int64(len(ids)))
 	return nil
 }
 

@@ -344,7 +344,7 @@ func (e *Engine) TierStats() []TierStats {
 	if e.mem != nil {
 		ms := e.mem.Stats()
 		out = append(out, TierStats{Name: e.memCfg.Name, Kind: tiers.KindMemory, Capacity: ms.Capacity, Used: ms.Bytes,
-			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: ms.Hits, Misses: ms.Misses, Evictions: ms.Evictions})
+			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: int64(ms.Hits), Misses: int64(ms.Misses), Evictions: int64(ms.Evictions)})
 	}
 	start := len(out)
 	for _, t := range e.tiers {

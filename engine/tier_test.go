@@ -1,0 +1,519 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// tierSegment is the segment size of the tier tests: 7 records of mhaLayout (36 KiB each).
+const tierSegment = 256 << 10
+
+func tierOptions(fs vfs.FS, ts ...tiers.Config) Options {
+	o := testOptions(fs, mhaLayout)
+	o.SegmentSize = tierSegment
+	o.Tiers = ts
+	return o
+}
+
+func diskTierCfg(name string, capacity int64, paths ...string) tiers.Config {
+	return tiers.Config{Name: name, Kind: tiers.KindDisk, Paths: paths, Capacity: capacity}
+}
+
+// segmentFileBytes sums the sizes of the segment files under dirs, as the file system sees them.
+func segmentFileBytes(t testing.TB, fs vfs.FS, dirs ...string) (total int64, files int) {
+	t.Helper()
+	for _, d := range dirs {
+		names, err := fs.List(d + "/" + SegmentDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if _, ok := wal.ParseSegmentFileName(n); !ok {
+				continue
+			}
+			st, err := fs.Stat(d + "/" + SegmentDir + "/" + n)
+			if err != nil {
+				continue // retired between List and Stat
+			}
+			total += st.Size()
+			files++
+		}
+	}
+	return total, files
+}
+
+func loadOne(e *Engine, id BlockID) ([]byte, error) {
+	buf := make([]byte, e.Layout().BlockBytes())
+	err := e.Load([]BlockID{id}, [][]byte{buf}).Wait()
+	return buf, err
+}
+
+// checkBlock fails the test unless id loads with exactly its payload.
+func checkBlock(t testing.TB, e *Engine, id BlockID) {
+	t.Helper()
+	got, err := loadOne(e, id)
+	if err != nil {
+		t.Fatalf("load %s: %v", id, err)
+	}
+	if !bytes.Equal(got, blockBytes(e.Layout(), id)) {
+		t.Fatalf("block %s: loaded bytes differ from what was dumped", id)
+	}
+}
+
+// A tier never holds more than its capacity plus one segment, whatever the dump pattern: here
+// sustained concurrent dumps of random blocks, 5× the capacity, checked both by the account and
+// by the file system while the dumps run. Every block still indexed at the end loads intact.
+func TestTierCapacityNeverExceeded(t *testing.T) {
+	_, fs := memFS()
+	const capacity = 2 << 20
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", capacity, "/ssd1", "/ssd2")))
+	defer e.Close()
+	bound := int64(capacity) + e.reservation()
+
+	var (
+		wg   sync.WaitGroup
+		stop atomic.Bool
+		peak atomic.Int64
+	)
+	watch := make(chan struct{})
+	go func() {
+		defer close(watch)
+		for !stop.Load() {
+			if u := e.TierStats()[0].Used; u > peak.Load() {
+				peak.Store(u)
+			}
+			if n, _ := segmentFileBytes(t, fs, "/ssd1", "/ssd2"); n > bound {
+				t.Errorf("segment files hold %d bytes, capacity %d + one segment = %d", n, capacity, bound)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	const blocks = 300 // × 36 KiB ≈ 5 × capacity
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for i := 0; i < blocks/4; i++ {
+				id := blockID(r.IntN(1 << 20))
+				if err := e.Dump([]BlockID{id}, [][]byte{blockBytes(mhaLayout, id)}).Wait(); err != nil {
+					t.Errorf("dump: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stop.Store(true)
+	<-watch
+	st := e.TierStats()[0]
+	if peak.Load() > bound || st.Used > bound {
+		t.Fatalf("accounted bytes peaked at %d, now %d; bound %d", peak.Load(), st.Used, bound)
+	}
+	if st.Blocks == 0 || e.Stats().EvictedBlocks == 0 || e.Stats().SegmentsRetired == 0 {
+		t.Fatalf("no eviction happened: %+v, %+v", st, e.Stats())
+	}
+	// Both paths were used, and the account matches the files exactly once sealed.
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"/ssd1", "/ssd2"} {
+		if _, n := segmentFileBytes(t, fs, d); n == 0 {
+			t.Fatalf("no segment placed in %s", d)
+		}
+	}
+	checkAllIndexed(t, e)
+}
+
+// checkAllIndexed loads every indexed block and checks its bytes and the index's accounting.
+func checkAllIndexed(t *testing.T, e *Engine) {
+	t.Helper()
+	var ids []BlockID
+	if err := e.ix.Iterate(func(id BlockID, _ index.Location) bool { ids = append(ids, id); return true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		checkBlock(t, e, id)
+	}
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Eviction is one LRU across all of a tier's paths: the blocks loaded last survive, the others
+// go, oldest first, wherever they are stored.
+func TestTierLRUAcrossPaths(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/p1", "/p2", "/p3")))
+	defer e.Close()
+	ids := make([]BlockID, 60)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids[:30])
+	dumpBlocks(t, e, ids[30:])
+	// Touch the oldest ten: they become the most recent.
+	for _, id := range ids[:10] {
+		checkBlock(t, e, id)
+	}
+	placed := map[string]bool{}
+	for _, id := range ids {
+		loc, _, _ := e.ix.Get(id)
+		h, _ := e.home(loc.Segment)
+		placed[h.dir] = true
+	}
+	if len(placed) != 3 {
+		t.Fatalf("blocks placed in %d of 3 paths", len(placed))
+	}
+	// Keep room for about 25 blocks and the two active segments (dumps, relocations): the 10
+	// touched ones and the 10 dumped last survive, the 30 least recently used go.
+	rep, err := e.Evict("ssd", 25*mhaLayout.RecordBytes()+2*e.reservation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Recency order, oldest first: 10..59 as dumped, then 0..9 as loaded. What was evicted must
+	// be a prefix of it (how long depends on segment boundaries), never the 20 newest.
+	order := append(slices.Clone(ids[10:]), ids[:10]...)
+	hits := e.Lookup(order)
+	evicted := 0
+	for evicted < len(order) && !hits[evicted] {
+		evicted++
+	}
+	if evicted < 20 || evicted > 40 {
+		t.Fatalf("evicted the %d least recently used blocks, want 20 to 40 (hits %v)", evicted, hits)
+	}
+	for k := evicted; k < len(order); k++ {
+		if !hits[k] {
+			t.Fatalf("block %d evicted while older block %d was kept: not LRU", k, evicted)
+		}
+		checkBlock(t, e, order[k])
+	}
+	if rep.BlocksEvicted == 0 || rep.SegmentsRetired == 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Eviction takes a chain's leaves before their parents: a prompt's prefix stays usable.
+func TestTierChainAwareEviction(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	chain := make([]BlockID, 21)
+	for i := range chain {
+		chain[i] = blockID(1000 + i)
+	}
+	// Dumped leaf first (newest = the root), then the connector looks the chain up: the parent
+	// links are learned and the chain's order wins over the write order.
+	for i := len(chain) - 1; i >= 0; i-- {
+		dumpBlocks(t, e, chain[i:i+1])
+	}
+	if n := e.LookupPrefix(chain); n != len(chain) {
+		t.Fatalf("prefix %d", n)
+	}
+	// A leaf touched on its own later must not protect... its parents are kept too.
+	checkBlock(t, e, chain[20])
+	for round := 0; round < 3; round++ {
+		used := e.TierStats()[0].Used
+		if _, err := e.Evict("ssd", used-7*mhaLayout.RecordBytes()); err != nil {
+			t.Fatal(err)
+		}
+		n := e.LookupPrefix(chain)
+		hits := e.Lookup(chain)
+		if got := countTrue(hits); got != n {
+			t.Fatalf("round %d: %d blocks stored but the prefix is %d: a parent went before its child (%v)", round, got, n, hits)
+		}
+	}
+}
+
+func countTrue(b []bool) int {
+	n := 0
+	for _, v := range b {
+		if v {
+			n++
+		}
+	}
+	return n
+}
+
+// A block pinned by an in-flight load survives eviction; compaction moves it intact.
+func TestTierPinnedBlocksSurvive(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	ids := make([]BlockID, 30)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	lru := e.tiers[0].lru
+	pinned := []BlockID{ids[0], ids[13]}
+	for _, id := range pinned {
+		lru.Pin(id)
+	}
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	hits := e.Lookup(ids)
+	for i := range ids {
+		if hits[i] != slices.Contains(pinned, ids[i]) {
+			t.Fatalf("after evicting everything: block %d stored %v", i, hits[i])
+		}
+	}
+	// Their segments were compacted on the way (everything else in them died): the pinned
+	// blocks moved and, still pinned, load intact.
+	if got := e.Stats(); got.SegmentsRetired == 0 {
+		t.Fatalf("nothing reclaimed: %+v", got)
+	}
+	for _, id := range pinned {
+		checkBlock(t, e, id)
+		lru.Unpin(id)
+	}
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Blocks evicted from the first disk tier demote to the second, intact; a hit there promotes
+// the block back up (asynchronously), intact.
+func TestTierDemotionAndPromotion(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("nfs", 0, "/nfs")))
+	defer e.Close()
+	ids := make([]BlockID, 80) // 2.9 MiB into a 1 MiB first tier
+	for i := range ids {
+		ids[i] = blockID(i)
+		dumpBlocks(t, e, ids[i:i+1])
+	}
+	waitFor(t, "the first tier to get under its high watermark", func() bool {
+		return !e.tiers[0].space.OverHigh()
+	})
+	st := e.TierStats()
+	if st[1].Blocks == 0 || e.Stats().EvictedBlocks == 0 {
+		t.Fatalf("nothing demoted: %+v", st)
+	}
+	if hits := e.Lookup(ids); countTrue(hits) != len(ids) {
+		t.Fatalf("demotion lost blocks: %d of %d stored", countTrue(hits), len(ids))
+	}
+	var low BlockID
+	for _, id := range ids {
+		loc, _, _ := e.ix.Get(id)
+		if e.tierOf(loc.Segment).pos == 1 {
+			low = id
+			break
+		}
+	}
+	checkBlock(t, e, low) // served from the second tier, queued for promotion
+	waitFor(t, "the promotion", func() bool {
+		loc, _, _ := e.ix.Get(low)
+		return e.tierOf(loc.Segment).pos == 0
+	})
+	checkBlock(t, e, low)
+	if e.Stats().Promotions == 0 {
+		t.Fatalf("promotion not counted")
+	}
+	checkAllIndexed(t, e)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// countingFS counts reads of segment files.
+type countingFS struct {
+	vfs.FS
+	reads atomic.Int64
+}
+
+type countingFile struct {
+	vfs.File
+	fs *countingFS
+}
+
+func (c *countingFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := c.FS.Open(name, opts...)
+	if err != nil || !strings.HasSuffix(name, wal.SegmentExt) {
+		return f, err
+	}
+	return countingFile{f, c}, nil
+}
+
+func (f countingFile) ReadAt(p []byte, off int64) (int, error) {
+	f.fs.reads.Add(1)
+	return f.File.ReadAt(p, off)
+}
+
+// Memory-tier hits never touch disk: blocks dumped (write-through) or loaded once (backfill)
+// are served from memory, whole or shard by shard, with no segment read.
+func TestMemoryTierHitsNeverTouchDisk(t *testing.T) {
+	_, inner := memFS()
+	fs := &countingFS{FS: inner}
+	mem := tiers.Config{Name: "dram", Kind: tiers.KindMemory, Capacity: 40 * mhaLayout.BlockBytes()}
+	o := tierOptions(fs, mem, diskTierCfg("ssd", 0, "/ssd"))
+	o.DirectIO = 2 // off: the counting wrapper sees every read
+	e := mustOpen(t, "/store", o)
+	ids := make([]BlockID, 30)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	fs.reads.Store(0)
+	for _, id := range ids {
+		checkBlock(t, e, id)
+		shard := make([]byte, mhaLayout.ShardBytes)
+		if err := e.LoadShard([]BlockID{id}, 2, [][]byte{shard}).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(shard, blockBytes(mhaLayout, id)[2*mhaLayout.ShardBytes:3*mhaLayout.ShardBytes]) {
+			t.Fatalf("shard 2 of %s differs", id)
+		}
+	}
+	if n := fs.reads.Load(); n != 0 {
+		t.Fatalf("%d segment reads for blocks in the memory tier", n)
+	}
+	if got := e.Stats().MemoryHits; got != 60 {
+		t.Fatalf("memory hits %d, want 60", got)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// After a restart the memory tier is empty: the first load reads the disk and backfills,
+	// the second does not.
+	e = mustOpen(t, "/store", o)
+	defer e.Close()
+	fs.reads.Store(0)
+	checkBlock(t, e, ids[3])
+	if fs.reads.Load() == 0 {
+		t.Fatalf("a cold load read nothing from disk")
+	}
+	fs.reads.Store(0)
+	checkBlock(t, e, ids[3])
+	if n := fs.reads.Load(); n != 0 {
+		t.Fatalf("backfilled block read %d times from disk", n)
+	}
+}
+
+// Compaction reclaims dead space and keeps every live block byte-identical while loads and
+// dumps run (race detector).
+func TestCompactionUnderConcurrentLoadsAndDumps(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/a", "/b")))
+	defer e.Close()
+	ids := make([]BlockID, 140) // 20 segments
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	// Kill three of every four blocks: mostly-dead segments.
+	var live []BlockID
+	b := e.ix.NewBatch()
+	for i, id := range ids {
+		if i%4 != 0 {
+			b.Delete(id)
+		} else {
+			live = append(live, id)
+		}
+	}
+	if err := e.ix.Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	before := e.TierStats()[0]
+	var (
+		wg   sync.WaitGroup
+		stop atomic.Bool
+	)
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			for !stop.Load() {
+				id := live[r.IntN(len(live))]
+				got, err := loadOne(e, id)
+				if err != nil {
+					t.Errorf("load during compaction: %v", err)
+					return
+				}
+				if !bytes.Equal(got, blockBytes(mhaLayout, id)) {
+					t.Errorf("block %s differs during compaction", id)
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; !stop.Load() && i < 40; i++ {
+			dumpBlocks(t, e, []BlockID{blockID(10000 + i)})
+		}
+	}()
+	rep, err := e.Compact(0.5, nil)
+	stop.Store(true)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := e.TierStats()[0]
+	if rep.SegmentsCompacted == 0 || rep.BytesReclaimed <= 0 || after.DeadBytes >= before.DeadBytes {
+		t.Fatalf("compaction %+v: dead bytes %d → %d", rep, before.DeadBytes, after.DeadBytes)
+	}
+	for _, id := range live {
+		checkBlock(t, e, id)
+	}
+	checkAllIndexed(t, e)
+	// Reopen: accounting and blocks survive.
+	closing := e.TierStats()[0]
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/a", "/b")))
+	defer e.Close()
+	for _, id := range live {
+		checkBlock(t, e, id)
+	}
+	if got := e.TierStats()[0]; got.LiveBytes != closing.LiveBytes || got.Blocks != closing.Blocks || got.Used != got.FileBytes {
+		t.Fatalf("after reopen %+v, before %+v", got, closing)
+	}
+}
+
+// Tier configuration errors are reported at Open, naming the tier.
+func TestTierConfigErrors(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/shared")))
+	// A second store cannot use a path the first one holds.
+	_, err := Open("/other", tierOptions(fs, diskTierCfg("ssd", 0, "/shared")))
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "/shared") {
+		t.Fatalf("second store on a held tier path: %v", err)
+	}
+	e.Close()
+	for name, ts := range map[string][]tiers.Config{
+		"io engine": {{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/x"}, IOEngine: "spdk"}},
+		"direct":    {{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/x"}, DirectIO: "maybe"}},
+	} {
+		if _, err := Open("/s-"+name, tierOptions(fs, ts...)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,314 @@
+package tiers
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func bid(n int) ID {
+	var id ID
+	id[0], id[1], id[15] = byte(n), byte(n>>8), 0xAB
+	return id
+}
+
+func fill(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
+
+func TestMemCacheLRUOrder(t *testing.T) {
+	c := NewMemCache(300)
+	c.Put(bid(1), fill(100, 1))
+	c.Put(bid(2), fill(100, 2))
+	c.Put(bid(3), fill(100, 3))
+	// Touch 1: now 2 is least recent.
+	if !c.Get(bid(1), 0, make([]byte, 1)) {
+		t.Fatal("miss on 1")
+	}
+	// Contains must not refresh 2.
+	if !c.Contains(bid(2)) {
+		t.Fatal("2 not contained")
+	}
+	c.Put(bid(4), fill(100, 4))
+	if c.Contains(bid(2)) {
+		t.Error("2 (least recent) survived the eviction")
+	}
+	for _, n := range []int{1, 3, 4} {
+		if !c.Contains(bid(n)) {
+			t.Errorf("%d was evicted", n)
+		}
+	}
+	// A block needing two slots evicts the two least recent, 3 then 4, once 1 is read again.
+	c.Get(bid(1), 0, nil)
+	c.Put(bid(5), fill(200, 5))
+	if c.Contains(bid(3)) || c.Contains(bid(4)) || !c.Contains(bid(1)) || !c.Contains(bid(5)) {
+		t.Errorf("after a 200-byte put: 1=%v 3=%v 4=%v 5=%v, want 1 and 5 only",
+			c.Contains(bid(1)), c.Contains(bid(3)), c.Contains(bid(4)), c.Contains(bid(5)))
+	}
+	s := c.Stats()
+	if s.Bytes != 300 || s.Blocks != 2 || s.Evictions != 3 || s.Inserts != 5 || s.Capacity != 300 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
+	c := NewMemCache(1 << 20)
+	src := make([]byte, 4096)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	c.Put(bid(1), src)
+	orig := append([]byte(nil), src...)
+	for i := range src { // the caller reuses its buffer right after Put
+		src[i] = 0xFF
+	}
+	dst := make([]byte, 4096)
+	if !c.Get(bid(1), 0, dst) || !bytes.Equal(dst, orig) {
+		t.Fatal("whole-block Get did not return the bytes as they were at Put")
+	}
+	part := make([]byte, 100)
+	if !c.Get(bid(1), 1000, part) || !bytes.Equal(part, orig[1000:1100]) {
+		t.Error("partial Get returned wrong bytes")
+	}
+	tail := make([]byte, 96)
+	if !c.Get(bid(1), 4000, tail) || !bytes.Equal(tail, orig[4000:]) {
+		t.Error("Get of the last bytes returned wrong bytes")
+	}
+	if !c.Get(bid(1), 4096, nil) {
+		t.Error("empty Get at the end of the block missed")
+	}
+	// Out of range: dst must stay untouched.
+	for _, tc := range []struct {
+		off int64
+		n   int
+	}{{4000, 97}, {4097, 0}, {-1, 10}, {0, 4097}, {1 << 62, 1}} {
+		dst := fill(tc.n, 0x5A)
+		if c.Get(bid(1), tc.off, dst) {
+			t.Errorf("Get(off=%d, len=%d) of a 4096-byte block hit", tc.off, tc.n)
+		}
+		if !bytes.Equal(dst, fill(tc.n, 0x5A)) {
+			t.Errorf("Get(off=%d, len=%d) wrote into dst on a miss", tc.off, tc.n)
+		}
+	}
+	if c.Get(bid(2), 0, make([]byte, 1)) {
+		t.Error("Get of an absent block hit")
+	}
+	s := c.Stats()
+	if s.Hits != 4 || s.Misses != 6 {
+		t.Errorf("hits %d misses %d, want 4 and 6", s.Hits, s.Misses)
+	}
+}
+
+func TestMemCacheOutOfRangeGetKeepsRecency(t *testing.T) {
+	c := NewMemCache(200)
+	c.Put(bid(1), fill(100, 1))
+	c.Put(bid(2), fill(100, 2))
+	c.Get(bid(1), 50, make([]byte, 51)) // out of range: 1 stays least recent
+	c.Put(bid(3), fill(100, 3))
+	if c.Contains(bid(1)) || !c.Contains(bid(2)) {
+		t.Error("an out-of-range Get refreshed the block")
+	}
+}
+
+func TestMemCacheOversizeBlock(t *testing.T) {
+	c := NewMemCache(1000)
+	c.Put(bid(1), fill(600, 1))
+	c.Put(bid(2), fill(1001, 2))
+	if c.Contains(bid(2)) {
+		t.Error("a block larger than the capacity was cached")
+	}
+	if !c.Contains(bid(1)) {
+		t.Error("an oversize Put evicted another block")
+	}
+	// An oversize re-Put must not leave the old version readable.
+	c.Put(bid(1), fill(2000, 9))
+	if c.Contains(bid(1)) {
+		t.Error("an oversize re-Put left the old version cached")
+	}
+	c.Put(bid(3), fill(1000, 3)) // exactly the capacity fits
+	if !c.Contains(bid(3)) {
+		t.Error("a block of exactly the capacity was not cached")
+	}
+	if s := c.Stats(); s.Bytes != 1000 || s.Blocks != 1 || s.Inserts != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestMemCacheReplaceAndRemove(t *testing.T) {
+	c := NewMemCache(1000)
+	c.Put(bid(1), fill(100, 1))
+	c.Put(bid(1), fill(300, 7))
+	dst := make([]byte, 300)
+	if !c.Get(bid(1), 0, dst) || !bytes.Equal(dst, fill(300, 7)) {
+		t.Error("re-Put did not replace the block")
+	}
+	if s := c.Stats(); s.Bytes != 300 || s.Blocks != 1 {
+		t.Errorf("after re-Put: %+v, want 300 bytes in 1 block", s)
+	}
+	c.Remove(bid(1))
+	c.Remove(bid(1)) // idempotent
+	if c.Get(bid(1), 0, dst[:1]) || c.Contains(bid(1)) {
+		t.Error("Get after Remove hit")
+	}
+	if s := c.Stats(); s.Bytes != 0 || s.Blocks != 0 || s.Evictions != 0 {
+		t.Errorf("after Remove: %+v", s)
+	}
+}
+
+// A reader holding an entry that is evicted or replaced under it still copies one whole,
+// consistent version.
+func TestMemCacheConcurrentInvariants(t *testing.T) {
+	const capacity = 64 << 10
+	c := NewMemCache(capacity)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var violations atomic.Int64
+	wg.Add(1)
+	go func() { // checker: the cap holds at every observed instant
+		defer wg.Done()
+		for !stop.Load() {
+			s := c.Stats()
+			if s.Bytes > s.Capacity || s.Bytes < 0 {
+				violations.Add(1)
+				t.Errorf("Stats: %d bytes cached, capacity %d", s.Bytes, s.Capacity)
+				return
+			}
+		}
+	}()
+	const workers = 8
+	var ops sync.WaitGroup
+	for w := range workers {
+		ops.Add(1)
+		go func() {
+			defer ops.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			buf := make([]byte, 20<<10)
+			for range 4000 {
+				n := r.IntN(64)
+				id := bid(n)
+				switch op := r.IntN(10); {
+				case op < 4: // every version of block n is filled with byte n, whatever its size
+					size := r.IntN(20 << 10)
+					if r.IntN(50) == 0 {
+						size = capacity + 1
+					}
+					data := fill(size, byte(n))
+					c.Put(id, data)
+					clear(data) // reuse the caller's buffer at once
+				case op < 9:
+					size := r.IntN(len(buf))
+					dst := buf[:size]
+					clear(dst)
+					if c.Get(id, 0, dst) {
+						for i, b := range dst {
+							if b != byte(n) {
+								t.Errorf("Get of block %d: byte %d is %d", n, i, b)
+								return
+							}
+						}
+					}
+				default:
+					c.Remove(id)
+				}
+			}
+		}()
+	}
+	ops.Wait()
+	stop.Store(true)
+	wg.Wait()
+	s := c.Stats()
+	if s.Bytes > capacity {
+		t.Errorf("final stats over capacity: %+v", s)
+	}
+	// The accounting matches the content.
+	var sum int64
+	blocks := 0
+	for n := range 64 {
+		if c.Contains(bid(n)) {
+			blocks++
+			lo, hi := int64(0), int64(capacity)
+			for lo < hi { // largest readable length = the block's size
+				mid := (lo + hi + 1) / 2
+				if c.Get(bid(n), mid-1, make([]byte, 1)) {
+					lo = mid
+				} else {
+					hi = mid - 1
+				}
+			}
+			sum += lo
+		}
+	}
+	if blocks != s.Blocks || sum != s.Bytes {
+		t.Errorf("content: %d blocks, %d bytes; stats say %d blocks, %d bytes", blocks, sum, s.Blocks, s.Bytes)
+	}
+	if s.Inserts == 0 || s.Hits == 0 || s.Evictions == 0 {
+		t.Errorf("the workload did not exercise the cache: %+v", s)
+	}
+}
+
+const block2MiB = 2 << 20
+
+// BenchmarkMemCacheGet2MiB and BenchmarkMemcpy2MiB measure the same copy with and without the
+// cache in front: their MB/s ratio is the cache's overhead over a plain copy.
+func BenchmarkMemCacheGet2MiB(b *testing.B) {
+	c := NewMemCache(64 * block2MiB)
+	for i := range 64 {
+		c.Put(bid(i), fill(block2MiB, byte(i)))
+	}
+	dst := make([]byte, block2MiB)
+	b.SetBytes(block2MiB)
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if !c.Get(bid(i%64), 0, dst) {
+			b.Fatal("miss")
+		}
+	}
+}
+
+func BenchmarkMemcpy2MiB(b *testing.B) {
+	srcs := make([][]byte, 64)
+	for i := range srcs {
+		srcs[i] = fill(block2MiB, byte(i))
+	}
+	dst := make([]byte, block2MiB)
+	b.SetBytes(block2MiB)
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		copy(dst, srcs[i%64])
+	}
+}
+
+// Parallel readers: the copy runs outside the lock, so throughput should scale with cores.
+func BenchmarkMemCacheGet2MiBParallel(b *testing.B) {
+	c := NewMemCache(64 * block2MiB)
+	for i := range 64 {
+		c.Put(bid(i), fill(block2MiB, byte(i)))
+	}
+	b.SetBytes(block2MiB)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		dst := make([]byte, block2MiB)
+		i := 0
+		for pb.Next() {
+			c.Get(bid(i%64), 0, dst)
+			i++
+		}
+	})
+}
+
+func BenchmarkMemcpy2MiBParallel(b *testing.B) {
+	srcs := make([][]byte, 64)
+	for i := range srcs {
+		srcs[i] = fill(block2MiB, byte(i))
+	}
+	b.SetBytes(block2MiB)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		dst := make([]byte, block2MiB)
+		i := 0
+		for pb.Next() {
+			copy(dst, srcs[i%64])
+			i++
+		}
+	})
+}

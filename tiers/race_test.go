@@ -1,0 +1,5 @@
+//go:build race
+
+package tiers
+
+const raceEnabled = true
