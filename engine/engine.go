@@ -39,6 +39,7 @@ const (
 	metaNextSegment = "engine.next_segment"
 	metaFormat      = "engine.format_version"
 	metaLayout      = "engine.layout"
+	metaTiers       = "engine.tiers"
 )
 
 // Engine is an open store. All methods are safe for concurrent use.
@@ -159,12 +160,15 @@ func (e *Engine) open() error {
 		return fmt.Errorf("open %s: lock: %w", e.dir, err)
 	}
 	e.lock = lock
-	if err := e.openTiers(); err != nil {
-		return err
-	}
 	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
+	}
+	if err := e.loadStoredTiers(); err != nil {
+		return err
+	}
+	if err := e.openTiers(); err != nil {
+		return err
 	}
 	if !e.opts.ReadOnly {
 		// Make the store's directories themselves durable: a crash must not lose the
@@ -194,6 +198,9 @@ func (e *Engine) open() error {
 		if err := e.recordSchema(); err != nil {
 			return err
 		}
+	}
+	if err := e.recordTiers(); err != nil {
+		return err
 	}
 	e.nextSeg.Store(next)
 	if err := e.initAccounting(); err != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -52,6 +53,55 @@ func (o Options) tierConfigs(dir string) []tiers.Config {
 		return out
 	}
 	return []tiers.Config{tiers.Config{Name: "disk", Kind: tiers.KindDisk, Paths: []string{dir}}.WithDefaults()}
+}
+
+// loadStoredTiers makes an engine opened by a tool (AdoptStoredSchema, no Tiers given) use the
+// tiers the store was last opened with, so that its segments on other paths are found.
+func (e *Engine) loadStoredTiers() error {
+	if !e.opts.AdoptStoredSchema || len(e.opts.Tiers) > 0 {
+		return nil
+	}
+	v, ok, err := e.ix.Meta(metaTiers)
+	if err != nil || !ok {
+		return err
+	}
+	var ts []tiers.Config
+	if err := json.Unmarshal(v, &ts); err != nil || tiers.Validate(ts) != nil {
+		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
+	}
+	e.opts.Tiers = ts
+	return nil
+}
+
+// recordTiers records the tier configuration in use, for tools (see loadStoredTiers).
+func (e *Engine) recordTiers() error {
+	b, err := json.Marshal(e.opts.tierConfigs(e.dir))
+	if err != nil {
+		return err
+	}
+	if old, ok, _ := e.ix.Meta(metaTiers); ok && string(old) == string(b) {
+		return nil
+	}
+	return e.ix.SetMeta(metaTiers, b, true)
+}
+
+// SegmentDirs returns the segment directory of every path of every disk tier, fastest tier
+// first (for tools).
+func (e *Engine) SegmentDirs() []string {
+	var out []string
+	for _, t := range e.tiers {
+		out = append(out, t.dirs...)
+	}
+	return out
+}
+
+// SegmentPath returns the file path of segment n and whether the engine knows it (for tools).
+func (e *Engine) SegmentPath(n uint64) (string, bool) {
+	h, ok := e.home(n)
+	if !ok {
+		return "", false
+	}
+	return wal.SegmentPath(h.dir, n), true
 }
 
 // openTiers builds the tier stack: the memory cache and every disk tier with its directories
