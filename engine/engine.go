@@ -52,6 +52,7 @@ type Engine struct {
 	io     devio.Backend
 	pool   *devio.BufferPool
 	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
+	codec  format.Compression // what dumps are stored with, from Options.Compression and the dtype
 
 	instance    format.InstanceID
 	fingerprint format.Fingerprint
@@ -124,6 +125,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 		e.release()
 		return nil, err
 	}
+	dtype := opts.Schema.DType
+	if opts.AdoptStoredSchema {
+		dtype = storedDType(e.StoredSchema())
+	}
+	e.codec = codecFor(opts.Compression, dtype)
 	return e, nil
 }
 

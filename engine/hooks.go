@@ -37,11 +37,12 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	b := e.ix.NewBatch()
 	var last *wal.Record
 	for _, r := range recs {
-		b.Put(r.ID, index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs})
+		b.Put(r.ID, index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs,
+			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs})
 		last = r
 	}
 	if meta, ok := e.ix.Segment(last.Segment); ok {
-		meta.Size = last.Offset + last.Layout.RecordBytes()
+		meta.Size = last.Offset + int64(len(last.Buf)) + int64(len(last.Payload))
 		b.SetSegment(meta)
 	}
 	return e.ix.Apply(b, durable)

@@ -19,6 +19,13 @@ type Stats struct {
 	DumpedBytes  int64
 	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
 	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
+	// Compression (Options.Compression): CompressedBlocks were stored compressed,
+	// CompressSkipped were compressed but stored raw (saving below CompressMinSaving);
+	// StoredPayloadBytes is the on-disk payload of all dumped blocks (DumpedBytes/StoredPayloadBytes
+	// is the achieved ratio, padding included).
+	CompressedBlocks   int64
+	CompressSkipped    int64
+	StoredPayloadBytes int64
 	LoadTasks    int64
 	LoadedBlocks int64 // whole blocks loaded and verified
 	LoadedShards int64 // single shards loaded and verified
@@ -41,6 +48,7 @@ type counters struct {
 	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses   atomic.Int64
 	corruptReads, missingSegmentReads, readErrors, stagingExpired    atomic.Int64
 	lookups, lookupHits                                              atomic.Int64
+	compressedBlocks, compressSkipped, storedPayloadBytes            atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -52,6 +60,8 @@ func (c *counters) snapshot() Stats {
 		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
 		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(),
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
+		CompressedBlocks: c.compressedBlocks.Load(), CompressSkipped: c.compressSkipped.Load(),
+		StoredPayloadBytes: c.storedPayloadBytes.Load(),
 	}
 }
 

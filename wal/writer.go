@@ -61,13 +61,20 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 //     aligned on-disk payload (Layout.PayloadBytes() bytes), written straight from the caller's
 //     memory without a copy.
 //
+// A compressed record (Compression != CompressionNone, StoredLens and StoredCRCs set) is always
+// in the first form: Buf holds RecordHeaderSize + format.StoredPayloadBytes(...) bytes, the
+// stored shards packed from RecordHeaderSize (see format/compress.go).
+//
 // The Writer fills the header part. Buffers must stay untouched until Append returns.
 type Record struct {
-	ID        format.BlockID
-	Layout    format.Layout
-	ShardCRCs []uint32
-	Buf       []byte
-	Payload   []byte
+	ID          format.BlockID
+	Layout      format.Layout
+	ShardCRCs   []uint32
+	Compression format.Compression
+	StoredLens  []uint32
+	StoredCRCs  []uint32
+	Buf         []byte
+	Payload     []byte
 
 	// Set by the Writer before Publish.
 	Segment   uint64
@@ -384,13 +391,13 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 		ordinal++
 		rec.Segment, rec.Offset, rec.Seq = seg.Number, off, SequenceFor(seg.Number, ordinal)
 		h := format.RecordHeader{Type: format.RecordBlock, ID: rec.ID, Segment: seg.Number, Generation: seg.Generation,
-			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs}
+			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs, Compression: rec.Compression, StoredLens: rec.StoredLens, StoredCRCs: rec.StoredCRCs}
 		crc, err := format.EncodeRecordHeader(rec.Buf[:format.RecordHeaderSize], &h)
 		if err != nil {
 			return fmt.Errorf("wal: record %s: %w", rec.ID, err)
 		}
-		if rec.size() != rec.Layout.RecordBytes() || (rec.Payload != nil && len(rec.Buf) != format.RecordHeaderSize) {
-			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), rec.Layout.RecordBytes(), format.ErrInvalid)
+		if rec.size() != h.RecordBytes() || (rec.Payload != nil && len(rec.Buf) != format.RecordHeaderSize) {
+			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), h.RecordBytes(), format.ErrInvalid)
 		}
 		rec.HeaderCRC = crc
 		off += rec.size()
