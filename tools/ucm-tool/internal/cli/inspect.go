@@ -154,6 +154,21 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "  offset:     %d\n", loc.Offset)
 	fmt.Fprintf(stdout, "  layout:     %d shards x %d tensors, %d bytes per shard\n", loc.Layout.Shards, loc.Layout.TensorsPerShard, loc.Layout.ShardBytes)
 	fmt.Fprintf(stdout, "  record:     %d bytes on disk, payload at %d\n", loc.RecordBytes(), loc.Offset+format.RecordHeaderSize)
+	fmt.Fprintf(stdout, "  compression: %v", loc.Compression)
+	if loc.Compression != format.CompressionNone {
+		var sum int64
+		for _, n := range loc.StoredLens {
+			sum += int64(n)
+		}
+		fmt.Fprintf(stdout, ", %d raw bytes stored in %d (ratio %.3f)\n  stored lens:", loc.Layout.BlockBytes(), sum, float64(loc.Layout.BlockBytes())/float64(sum))
+		for i, n := range loc.StoredLens {
+			if i > 0 && i%8 == 0 {
+				fmt.Fprintf(stdout, "\n             ")
+			}
+			fmt.Fprintf(stdout, " %d", n)
+		}
+	}
+	fmt.Fprintln(stdout)
 	fmt.Fprintf(stdout, "  seq:        %d\n", loc.Seq)
 	fmt.Fprintf(stdout, "  header crc: %08x\n", loc.HeaderCRC)
 	fmt.Fprintf(stdout, "  shard crcs:")
@@ -200,6 +215,9 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		}
 		if h.Layout != loc.Layout || !slices.Equal(h.ShardCRCs, loc.ShardCRCs) {
 			why = append(why, "layout or shard checksums differ")
+		}
+		if h.Compression != loc.Compression || !slices.Equal(h.StoredLens, loc.StoredLens) || !slices.Equal(h.StoredCRCs, loc.StoredCRCs) {
+			why = append(why, "compression or stored lengths differ")
 		}
 	}
 	if len(why) == 0 {
