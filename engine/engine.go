@@ -51,7 +51,7 @@ type Engine struct {
 	w      *wal.Writer
 	io     devio.Backend
 	pool   *devio.BufferPool
-	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
+	direct devio.DirectMode   // resolved at Open: DirectOn or DirectOff
 	codec  format.Compression // what dumps are stored with, from Options.Compression and the dtype
 
 	instance    format.InstanceID

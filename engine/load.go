@@ -78,7 +78,7 @@ type blockRead struct {
 	// Compressed records: bounce holds the stored bytes read; winOff is the offset of
 	// bounce[0] from the payload start (single-shard loads read an aligned window).
 	winOff int64
-	opLo   int    // ops[opLo:opHi] belong to this block
+	opLo   int // ops[opLo:opHi] belong to this block
 	opHi   int
 }
 

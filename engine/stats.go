@@ -26,11 +26,11 @@ type Stats struct {
 	CompressedBlocks   int64
 	CompressSkipped    int64
 	StoredPayloadBytes int64
-	LoadTasks    int64
-	LoadedBlocks int64 // whole blocks loaded and verified
-	LoadedShards int64 // single shards loaded and verified
-	LoadedBytes  int64
-	LoadMisses   int64 // blocks a load did not find
+	LoadTasks          int64
+	LoadedBlocks       int64 // whole blocks loaded and verified
+	LoadedShards       int64 // single shards loaded and verified
+	LoadedBytes        int64
+	LoadMisses         int64 // blocks a load did not find
 	// CorruptReads counts loads that found bytes failing a check; each is reported as a miss
 	// and dropped from the index.
 	CorruptReads int64
