@@ -116,17 +116,18 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  problem at %d: %s\n", p.Offset, p.Msg)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\theader crc\tindexed\t")
+	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\tcompression\trecord bytes\theader crc\tindexed\t")
 	for _, r := range res.Records {
 		indexed := "no"
 		if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
 			indexed = "yes"
 		}
 		if r.Header == nil {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
+			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes, r.HeaderCRC, indexed)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes,
+			r.Header.Compression, r.Header.RecordBytes(), r.HeaderCRC, indexed)
 		if r.Err != nil {
 			fmt.Fprintf(tw, "INVALID: %v", r.Err)
 		}
