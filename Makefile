@@ -48,6 +48,7 @@ staticcheck: $(BIN)/staticcheck
 # (testdata/fuzz); `make fuzz` explores each for FUZZTIME, `make fuzz-smoke` (part of `make test`)
 # for FUZZSMOKE.
 FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader ./format:FuzzDecodeFooter ./format:FuzzRecordRoundTrip \
+                ./format:FuzzDecodeCompressedRecordHeader \
                 ./index:FuzzDecodeLocation ./index:FuzzDecodeSegmentMeta \
                 ./wal:FuzzScanSegment \
                 ./engine:FuzzHasher ./engine:FuzzParseConfig \

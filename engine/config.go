@@ -81,6 +81,9 @@ type ConnectorParams struct {
 	IOEngine        string `yaml:"io_engine"`
 	QueueDepth      int    `yaml:"queue_depth"`
 	MaxStagingBytes Size   `yaml:"max_staging_bytes"`
+	// Compression: "off" (default) or "lz4"; CompressMinSaving: Options.CompressMinSaving.
+	Compression       string  `yaml:"compression"`
+	CompressMinSaving float64 `yaml:"compress_min_saving"`
 }
 
 // Paths is a list of directories given as a YAML list or as one colon-separated string.
@@ -212,7 +215,8 @@ func LoadConfig(path string) (*Config, error) {
 
 // ApplyEnv applies UCM's environment overrides to the first connector (creating one if the
 // file had none): UCM_STORAGE_PATH (paths, colon-separated), UCM_BLOCK_SIZE (a size),
-// UCM_IO_DIRECT (true/false/1/0), UCM_LOG_LEVEL (debug, info, warn, error).
+// UCM_IO_DIRECT (true/false/1/0), UCM_LOG_LEVEL (debug, info, warn, error), UCM_COMPRESSION
+// (off, lz4).
 func (c *Config) ApplyEnv(getenv func(string) string) error {
 	if len(c.Connectors) == 0 {
 		c.Connectors = []ConnectorConfig{{Name: "UcmPosixStore"}}
@@ -234,6 +238,12 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 			return fmt.Errorf("UCM_IO_DIRECT=%q: want true or false: %w", v, ErrInvalidArgument)
 		}
 		p.IODirect = &b
+	}
+	if v := getenv("UCM_COMPRESSION"); v != "" {
+		if _, err := ParseCompression(v); err != nil {
+			return fmt.Errorf("UCM_COMPRESSION: %w", err)
+		}
+		p.Compression = v
 	}
 	if v := getenv("UCM_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
@@ -257,6 +267,12 @@ func (c *Config) validate() error {
 			if _, err := wal.ParseSyncPolicy(p.SyncPolicy); err != nil {
 				return fmt.Errorf("%s: sync_policy: %w", where, err)
 			}
+		}
+		if _, err := ParseCompression(p.Compression); err != nil {
+			return fmt.Errorf("%s: compression: %w", where, err)
+		}
+		if p.CompressMinSaving < 0 || p.CompressMinSaving > 1 {
+			return fmt.Errorf("%s: compress_min_saving %v out of range (0, 1]: %w", where, p.CompressMinSaving, ErrInvalidArgument)
 		}
 		if _, err := connectorIOEngine(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
@@ -316,6 +332,8 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	}
 	opts.TaskTimeout = time.Duration(p.TimeoutMs) * time.Millisecond
 	opts.MaxStagingBytes = int64(p.MaxStagingBytes)
+	opts.Compression, _ = ParseCompression(p.Compression) // validated at parse
+	opts.CompressMinSaving = p.CompressMinSaving
 	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel}))
 	return p.StorageBackends[0], opts, nil
 }

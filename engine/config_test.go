@@ -24,6 +24,8 @@ ucm_connectors:
       segment_size: 512MiB
       sync_policy: interval
       sync_interval_ms: 50
+      compression: lz4
+      compress_min_saving: 0.05
 ucm_sparse_config:
   ESA:
     sparse_ratio: 0.3
@@ -44,7 +46,7 @@ func TestParseConfigUCMKeys(t *testing.T) {
 	}
 	if opts.DirectIO != devio.DirectOn || opts.IOEngine != devio.EnginePsync || opts.QueueDepth != 128 ||
 		opts.TaskTimeout.Milliseconds() != 5000 || opts.SegmentSize != 512<<20 || opts.SyncPolicy != SyncInterval ||
-		opts.SyncInterval.Milliseconds() != 50 {
+		opts.SyncInterval.Milliseconds() != 50 || opts.Compression != CompressionLZ4 || opts.CompressMinSaving != 0.05 {
 		t.Fatalf("options %+v", opts)
 	}
 	if _, ok := c.SparseConfig["ESA"]; !ok || !c.LoadOnlyFirstRank {
@@ -89,16 +91,16 @@ func TestConfigEnvOverrides(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"UCM_STORAGE_PATH": "/data/ucm:/data2", "UCM_BLOCK_SIZE": "1MiB", "UCM_IO_DIRECT": "0", "UCM_LOG_LEVEL": "debug"}
+	env := map[string]string{"UCM_STORAGE_PATH": "/data/ucm:/data2", "UCM_BLOCK_SIZE": "1MiB", "UCM_IO_DIRECT": "0", "UCM_LOG_LEVEL": "debug", "UCM_COMPRESSION": "lz4"}
 	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	dir, opts, err := c.StoreOptions()
-	if err != nil || dir != "/data/ucm" || opts.DirectIO != devio.DirectOff || c.LogLevel != slog.LevelDebug ||
+	if err != nil || dir != "/data/ucm" || opts.DirectIO != devio.DirectOff || c.LogLevel != slog.LevelDebug || opts.Compression != CompressionLZ4 ||
 		c.Connectors[0].Config.BlockSize != 1<<20 {
 		t.Fatalf("env overrides: dir %q opts %+v level %v err %v", dir, opts, c.LogLevel, err)
 	}
-	for k, v := range map[string]string{"UCM_BLOCK_SIZE": "big", "UCM_IO_DIRECT": "perhaps", "UCM_LOG_LEVEL": "chatty"} {
+	for k, v := range map[string]string{"UCM_BLOCK_SIZE": "big", "UCM_IO_DIRECT": "perhaps", "UCM_LOG_LEVEL": "chatty", "UCM_COMPRESSION": "zstd"} {
 		c, _ := ParseConfig(nil)
 		if err := c.ApplyEnv(func(key string) string {
 			if key == k {

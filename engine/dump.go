@@ -506,6 +506,9 @@ func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []er
 	if len(recs) == 0 {
 		return nil
 	}
+	for _, rec := range recs {
+		e.compressRecord(rec)
+	}
 	err := wrapIO(e.w.Append(recs))
 	errs := make([]error, len(recs))
 	e.mu.Lock()

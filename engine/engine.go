@@ -53,7 +53,8 @@ type Engine struct {
 	w      *wal.Writer
 	io     devio.Backend
 	pool   *devio.BufferPool
-	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
+	direct devio.DirectMode   // resolved at Open: DirectOn or DirectOff
+	codec  format.Compression // what dumps are stored with, from Options.Compression and the dtype
 
 	instance    format.InstanceID
 	fingerprint format.Fingerprint
@@ -141,6 +142,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 		e.release()
 		return nil, err
 	}
+	dtype := opts.Schema.DType
+	if opts.AdoptStoredSchema {
+		dtype = storedDType(e.StoredSchema())
+	}
+	e.codec = codecFor(opts.Compression, dtype)
 	return e, nil
 }
 

@@ -43,7 +43,8 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	var last *wal.Record
 	moved := make([]*bool, len(recs))
 	for k, r := range recs {
-		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs}
+		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs,
+			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs}
 		if r.Origin != nil {
 			moved[k] = b.PutIf(r.ID, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)
 		} else {
@@ -52,7 +53,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 		last = r
 	}
 	if meta, ok := e.ix.Segment(last.Segment); ok {
-		meta.Size = last.Offset + last.Layout.RecordBytes()
+		meta.Size = last.Offset + last.Size()
 		b.SetSegment(meta)
 	}
 	if err := e.ix.Apply(b, durable); err != nil {
@@ -64,7 +65,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	for k, r := range recs {
 		if r.Origin == nil {
 			if to != nil && to.lru != nil {
-				to.lru.Add(r.ID, r.Layout.RecordBytes())
+				to.lru.Add(r.ID, r.Size())
 			}
 			continue
 		}
@@ -80,7 +81,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 			from.lru.Remove(r.ID)
 		}
 		if to != nil && to.lru != nil {
-			to.lru.Add(r.ID, r.Layout.RecordBytes())
+			to.lru.Add(r.ID, r.Size())
 		}
 	}
 	return nil

@@ -83,7 +83,10 @@ type blockRead struct {
 	tier   *diskTier
 	header []byte // whole-block loads: the record header, to check the id
 	bounce []byte // payload read here when dst cannot take it directly
-	opLo   int    // ops[opLo:opHi] belong to this block
+	// Compressed records: bounce holds the stored bytes read; winOff is the offset of
+	// bounce[0] from the payload start (single-shard loads read an aligned window).
+	winOff int64
+	opLo   int // ops[opLo:opHi] belong to this block
 	opHi   int
 }
 
@@ -170,7 +173,20 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		}
 		f := seg.File()
 		direct := devio.IsAligned(dst[i]) && l.ShardStride() == l.ShardBytes
-		if shard == AllShards {
+		if loc.Compression != format.CompressionNone {
+			// Read the stored bytes into a bounce buffer: the whole payload, or the aligned
+			// window around one packed shard; finishRead decodes them into dst.
+			lo, hi := int64(0), loc.PayloadBytes()
+			if shard == AllShards {
+				r.header = e.pool.Get(format.RecordHeaderSize)
+				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+			} else {
+				off, n := loc.ShardExtent(shard)
+				lo, hi = off&^(format.Alignment-1), format.AlignUp(off+n)
+			}
+			r.bounce, r.winOff = e.pool.Get(int(hi-lo)), lo
+			ops = append(ops, devio.Op{File: f, Buf: r.bounce, Off: loc.Offset + format.RecordHeaderSize + lo})
+		} else if shard == AllShards {
 			r.header = e.pool.Get(format.RecordHeaderSize)
 			ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
 			payload := dst[i]
@@ -239,6 +255,9 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		}
 	}
 	h := format.RecordHeader{ID: id, Layout: l, ShardCRCs: r.loc.ShardCRCs}
+	if r.loc.Compression != format.CompressionNone {
+		return e.finishCompressed(r, id, shard, dst, ops)
+	}
 	if shard == AllShards {
 		rh, crc, err := format.DecodeRecordHeader(r.header)
 		switch {
@@ -280,6 +299,39 @@ func (e *Engine) countLoaded(shard int) {
 	}
 	e.stats.loadedShards.Add(1)
 	e.stats.loadedBytes.Add(e.opts.Layout.ShardBytes)
+}
+
+// finishCompressed checks and decodes the stored bytes of a compressed record read into
+// r.bounce: every stored shard's CRC, then, decompressed into dst, its raw CRC.
+func (e *Engine) finishCompressed(r *blockRead, id BlockID, shard int, dst []byte, ops []devio.Op) error {
+	l, loc := e.opts.Layout, &r.loc
+	var scratch []byte
+	if loc.Compression == format.CompressionLZ4Planes {
+		scratch = e.pool.Get(int(l.ShardBytes))
+		defer e.pool.Put(scratch)
+	}
+	if shard == AllShards {
+		rh, crc, err := format.DecodeRecordHeader(r.header)
+		switch {
+		case err != nil:
+			return e.dropBroken(id, r.loc, err)
+		case rh.ID != id || crc != loc.HeaderCRC || rh.Seq != loc.Seq:
+			return e.dropBroken(id, r.loc, fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, loc.Offset, rh.ID, rh.Seq, loc.Seq))
+		}
+		h := format.RecordHeader{ID: id, Layout: l, ShardCRCs: loc.ShardCRCs, Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs}
+		if err := format.VerifyPayload(&h, ops[1].Buf, dst, scratch); err != nil {
+			return e.dropBroken(id, r.loc, err)
+		}
+		e.countLoaded(AllShards)
+		return nil
+	}
+	off, n := loc.ShardExtent(shard)
+	stored := r.bounce[off-r.winOff : off-r.winOff+n]
+	if err := format.UnpackShard(loc.Compression, shard, stored, loc.StoredCRCs[shard], loc.ShardCRCs[shard], dst, scratch); err != nil {
+		return e.dropBroken(id, r.loc, err)
+	}
+	e.countLoaded(shard)
+	return nil
 }
 
 // dropBroken handles a block whose stored bytes cannot be served: it is counted, removed from

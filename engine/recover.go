@@ -304,7 +304,8 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 			continue
 		}
 		b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs})
+			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
+			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
 		added++
 	}
 	return added, nil

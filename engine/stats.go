@@ -19,11 +19,18 @@ type Stats struct {
 	DumpedBytes  int64
 	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
 	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
-	LoadTasks    int64
-	LoadedBlocks int64 // whole blocks loaded and verified
-	LoadedShards int64 // single shards loaded and verified
-	LoadedBytes  int64
-	LoadMisses   int64 // blocks a load did not find
+	// Compression (Options.Compression): CompressedBlocks were stored compressed,
+	// CompressSkipped were compressed but stored raw (saving below CompressMinSaving);
+	// StoredPayloadBytes is the on-disk payload of all dumped blocks (DumpedBytes/StoredPayloadBytes
+	// is the achieved ratio, padding included).
+	CompressedBlocks   int64
+	CompressSkipped    int64
+	StoredPayloadBytes int64
+	LoadTasks          int64
+	LoadedBlocks       int64 // whole blocks loaded and verified
+	LoadedShards       int64 // single shards loaded and verified
+	LoadedBytes        int64
+	LoadMisses         int64 // blocks a load did not find
 	// CorruptReads counts loads that found bytes failing a check; each is reported as a miss
 	// and dropped from the index.
 	CorruptReads int64
@@ -49,6 +56,7 @@ type counters struct {
 	lookups, lookupHits                                              atomic.Int64
 	memoryHits, evictedBlocks, segmentsRetired, promotions           atomic.Int64
 	relocationsLost                                                  atomic.Int64
+	compressedBlocks, compressSkipped, storedPayloadBytes            atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -62,6 +70,8 @@ func (c *counters) snapshot() Stats {
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
 		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(),
 		Promotions: c.promotions.Load(), RelocationsLost: c.relocationsLost.Load(),
+		CompressedBlocks: c.compressedBlocks.Load(), CompressSkipped: c.compressSkipped.Load(),
+		StoredPayloadBytes: c.storedPayloadBytes.Load(),
 	}
 }
 

@@ -3,6 +3,7 @@ package format
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 )
 
 // Limits that bound every length read from disk before it sizes anything.
@@ -68,22 +69,45 @@ const (
 	RecordBlock RecordType = 1
 )
 
-// Compression says how a record's payload is stored. Version 1 stores payloads raw.
+// Compression says how a record's payload is stored (record header byte 7); see compress.go.
 type Compression uint8
 
 const (
-	// CompressionNone stores each shard's raw bytes.
+	// CompressionNone stores each shard's raw bytes in its own ShardStride slot.
 	CompressionNone Compression = 0
+	// CompressionLZ4 stores each shard as an independent lz4 block (or raw when lz4 does not
+	// make it smaller), packed back to back.
+	CompressionLZ4 Compression = 1
+	// CompressionLZ4Planes is CompressionLZ4 applied after a 16-bit byte-plane split of the
+	// shard (all high bytes, then all low bytes): for fp16/bf16 KV.
+	CompressionLZ4Planes Compression = 2
 )
 
+// String returns "none", "lz4", "lz4-planes" or "compression(N)".
+func (c Compression) String() string {
+	switch c {
+	case CompressionNone:
+		return "none"
+	case CompressionLZ4:
+		return "lz4"
+	case CompressionLZ4Planes:
+		return "lz4-planes"
+	}
+	return fmt.Sprintf("compression(%d)", uint8(c))
+}
+
+func (c Compression) known() bool { return c <= CompressionLZ4Planes }
+
 // Record header: the first Alignment bytes of every record; the payload follows at the next
-// byte, shard i at RecordHeaderSize + i × ShardStride, each shard zero-padded to ShardStride.
+// byte. Uncompressed (compression 0): shard i at RecordHeaderSize + i × ShardStride, each shard
+// zero-padded to ShardStride. Compressed (1, 2): see compress.go for the table at 128 and the
+// packed payload.
 //
 //	offset size field
 //	     0    4 magic "UCMR"
 //	     4    2 format version (uint16 LE, = Version)
 //	     6    1 record type (1 = block)
-//	     7    1 compression (0 = none)
+//	     7    1 compression (0 = none, 1 = lz4, 2 = lz4 after a 16-bit byte-plane split)
 //	     8   16 block id
 //	    24    8 segment number (uint64 LE; must equal the segment's)
 //	    32    8 segment generation (uint64 LE; must equal the segment's: rejects stale bytes)
@@ -91,9 +115,11 @@ const (
 //	    48    4 shards (uint32 LE, [1, 960])
 //	    52    4 tensors per shard (uint32 LE)
 //	    56    8 shard bytes (uint64 LE, raw bytes of one shard)
-//	    64    8 payload bytes on disk (uint64 LE, = shards × align4k(shard bytes))
+//	    64    8 payload bytes on disk (uint64 LE, = shards × align4k(shard bytes);
+//	            compressed: align4k(sum of stored lengths))
 //	    72   56 zero (reserved)
 //	   128  4×n CRC32C of each shard's raw bytes (uint32 LE each, n = shards)
+//	            compressed: 12×n, per shard raw CRC32C, stored length, stored CRC32C (compress.go)
 //	     …      zero
 //	  4092    4 CRC32C of bytes [0, 4092) (uint32 LE)
 //
@@ -126,7 +152,20 @@ type RecordHeader struct {
 	Layout      Layout
 	// ShardCRCs holds the CRC32C of each shard's raw bytes; len == Layout.Shards.
 	ShardCRCs []uint32
+	// StoredLens and StoredCRCs describe a compressed record's packed shards (nil when
+	// Compression is CompressionNone): the bytes shard i occupies on disk and their CRC32C. A
+	// stored length equal to Layout.ShardBytes means the shard is stored raw.
+	StoredLens []uint32
+	StoredCRCs []uint32
 }
+
+// PayloadBytes is the on-disk size of the record's payload.
+func (h *RecordHeader) PayloadBytes() int64 {
+	return StoredPayloadBytes(h.Layout, h.Compression, h.StoredLens)
+}
+
+// RecordBytes is the on-disk size of the whole record: header plus payload.
+func (h *RecordHeader) RecordBytes() int64 { return RecordHeaderSize + h.PayloadBytes() }
 
 // EncodeRecordHeader writes h into dst, which must be exactly RecordHeaderSize bytes; every byte
 // of dst is overwritten. It returns the header checksum (what a footer entry records).
@@ -140,8 +179,8 @@ func EncodeRecordHeader(dst []byte, h *RecordHeader) (uint32, error) {
 	if h.Type != RecordBlock {
 		return 0, errorf(ErrInvalid, "record header: type %d", h.Type)
 	}
-	if h.Compression != CompressionNone {
-		return 0, errorf(ErrInvalid, "record header: compression %d", h.Compression)
+	if err := CheckStored(ErrInvalid, h.Layout, h.Compression, h.StoredLens, h.StoredCRCs); err != nil {
+		return 0, err
 	}
 	if len(h.ShardCRCs) != h.Layout.Shards {
 		return 0, errorf(ErrInvalid, "record header: %d shard checksums for %d shards", len(h.ShardCRCs), h.Layout.Shards)
@@ -162,9 +201,18 @@ func EncodeRecordHeader(dst []byte, h *RecordHeader) (uint32, error) {
 	le.PutUint32(dst[recOffShards:], uint32(h.Layout.Shards))
 	le.PutUint32(dst[recOffTensors:], uint32(h.Layout.TensorsPerShard))
 	le.PutUint64(dst[recOffShardBytes:], uint64(h.Layout.ShardBytes))
-	le.PutUint64(dst[recOffPayload:], uint64(h.Layout.PayloadBytes()))
-	for i, c := range h.ShardCRCs {
-		le.PutUint32(dst[recOffShardCRCs+4*i:], c)
+	le.PutUint64(dst[recOffPayload:], uint64(h.PayloadBytes()))
+	if h.Compression == CompressionNone {
+		for i, c := range h.ShardCRCs {
+			le.PutUint32(dst[recOffShardCRCs+4*i:], c)
+		}
+	} else {
+		for i, c := range h.ShardCRCs {
+			e := dst[recOffShardCRCs+compressedEntrySize*i:]
+			le.PutUint32(e, c)
+			le.PutUint32(e[4:], h.StoredLens[i])
+			le.PutUint32(e[8:], h.StoredCRCs[i])
+		}
 	}
 	crc := Checksum(dst[:headerCRCOffset])
 	le.PutUint32(dst[headerCRCOffset:], crc)
@@ -210,7 +258,7 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 		return h, 0, errorf(ErrCorrupt, "record header: field type: unknown %d", h.Type)
 	}
 	h.Compression = Compression(src[recOffCompress])
-	if h.Compression != CompressionNone {
+	if !h.Compression.known() {
 		return h, 0, errorf(ErrCorrupt, "record header: field compression: unknown %d", h.Compression)
 	}
 	copy(h.ID[:], src[recOffID:])
@@ -234,12 +282,34 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 	if err := h.Layout.Validate(); err != nil {
 		return h, 0, errorf(ErrCorrupt, "record header %s: %v", h.ID, err)
 	}
-	if int64(payload) != h.Layout.PayloadBytes() || payload > MaxPayloadBytes {
-		return h, 0, errorf(ErrCorrupt, "record header %s: field payload bytes: %d, layout implies %d", h.ID, payload, h.Layout.PayloadBytes())
+	if h.Compression == CompressionNone {
+		if int64(payload) != h.Layout.PayloadBytes() || payload > MaxPayloadBytes {
+			return h, 0, errorf(ErrCorrupt, "record header %s: field payload bytes: %d, layout implies %d", h.ID, payload, h.Layout.PayloadBytes())
+		}
+		h.ShardCRCs = make([]uint32, shards)
+		for i := range h.ShardCRCs {
+			h.ShardCRCs[i] = le.Uint32(src[recOffShardCRCs+4*i:])
+		}
+		return h, crc, nil
+	}
+	// Compressed: the shard count must fit the 12-byte table before anything is allocated.
+	if shards > MaxCompressedShards {
+		return h, 0, errorf(ErrCorrupt, "record header %s: field shards: %d compressed shards, at most %d", h.ID, shards, MaxCompressedShards)
 	}
 	h.ShardCRCs = make([]uint32, shards)
+	h.StoredLens = make([]uint32, shards)
+	h.StoredCRCs = make([]uint32, shards)
 	for i := range h.ShardCRCs {
-		h.ShardCRCs[i] = le.Uint32(src[recOffShardCRCs+4*i:])
+		e := src[recOffShardCRCs+compressedEntrySize*i:]
+		h.ShardCRCs[i] = le.Uint32(e)
+		h.StoredLens[i] = le.Uint32(e[4:])
+		h.StoredCRCs[i] = le.Uint32(e[8:])
+	}
+	if p := storedProblem(h.Layout, h.Compression, h.StoredLens, h.StoredCRCs); p != "" {
+		return h, 0, errorf(ErrCorrupt, "record header %s: %s", h.ID, p)
+	}
+	if want := h.PayloadBytes(); int64(payload) != want {
+		return h, 0, errorf(ErrCorrupt, "record header %s: field payload bytes: %d, stored lengths imply %d", h.ID, payload, want)
 	}
 	return h, crc, nil
 }

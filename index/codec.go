@@ -23,11 +23,31 @@ type Location struct {
 	HeaderCRC uint32
 	// ShardCRCs holds the CRC32C of each shard's raw bytes; len == Layout.Shards.
 	ShardCRCs []uint32
+	// Compression is how the record's payload is stored. For a compressed record StoredLens
+	// and StoredCRCs (len == Layout.Shards) give each shard's stored length and the CRC32C of
+	// its stored bytes, so a single shard can be located and verified without reading the
+	// record header; both are nil for CompressionNone.
+	Compression format.Compression
+	StoredLens  []uint32
+	StoredCRCs  []uint32
 }
 
 // RecordBytes is the on-disk size of the record at l (header plus padded payload): exactly what
 // the segment table's LiveBytes counts for it.
-func (l Location) RecordBytes() int64 { return l.Layout.RecordBytes() }
+func (l Location) RecordBytes() int64 {
+	return format.RecordHeaderSize + format.StoredPayloadBytes(l.Layout, l.Compression, l.StoredLens)
+}
+
+// PayloadBytes is the on-disk size of the record's payload.
+func (l Location) PayloadBytes() int64 {
+	return format.StoredPayloadBytes(l.Layout, l.Compression, l.StoredLens)
+}
+
+// ShardExtent is where shard i's stored bytes lie, from the start of the record's payload, and
+// how many there are (ShardBytes for a raw record).
+func (l Location) ShardExtent(i int) (off, n int64) {
+	return format.StoredOffset(l.Layout, l.Compression, l.StoredLens, i), format.StoredLen(l.Layout, l.Compression, l.StoredLens, i)
+}
 
 // validate reports whether l can be stored, wrapping format.ErrInvalid.
 func (l Location) validate() error {
@@ -42,6 +62,9 @@ func (l Location) validate() error {
 	}
 	if len(l.ShardCRCs) != l.Layout.Shards {
 		return fmt.Errorf("%w: location: %d shard checksums for %d shards", format.ErrInvalid, len(l.ShardCRCs), l.Layout.Shards)
+	}
+	if err := format.CheckStored(format.ErrInvalid, l.Layout, l.Compression, l.StoredLens, l.StoredCRCs); err != nil {
+		return fmt.Errorf("location: %w", err)
 	}
 	return nil
 }
@@ -115,8 +138,11 @@ func (m SegmentMeta) validate() error {
 
 // Value format versions. Part of the index's on-disk format.
 const (
-	locationVersion    = 1
-	segmentMetaVersion = 1
+	locationVersion = 1
+	// locationVersionCompressed is the location of a compressed record; raw records keep
+	// version 1, so stores written with compression off stay readable by older builds.
+	locationVersionCompressed = 2
+	segmentMetaVersion        = 1
 )
 
 // Location value layout (version 1); see doc.go.
@@ -132,6 +158,11 @@ const (
 	locOffShardCRCs  = 45
 	// locationFixedSize is the size of a location value without its shard checksums.
 	locationFixedSize = locOffShardCRCs
+	// Version 2 (compressed records): the same 45 bytes, then the compression code, then a
+	// 12-byte entry per shard: raw CRC32C, stored length, stored CRC32C.
+	locOffCompression      = 45
+	locFixedSizeCompressed = 46
+	locEntrySizeCompressed = 12
 )
 
 // SegmentMeta value layout (version 1); see doc.go.
@@ -147,12 +178,16 @@ const (
 	segmentMetaSize = 42
 )
 
-// EncodeLocation appends the version-1 encoding of l to dst and returns the extended slice. It
-// does not validate l (Batch.Put does); DecodeLocation accepts exactly what it produces for a
-// valid l.
+// EncodeLocation appends the encoding of l to dst and returns the extended slice: version 1
+// for a raw record, version 2 for a compressed one. It does not validate l (Batch.Put does);
+// DecodeLocation accepts exactly what it produces for a valid l.
 func EncodeLocation(dst []byte, l Location) []byte {
 	n := len(dst)
-	dst = append(dst, make([]byte, locationFixedSize+4*len(l.ShardCRCs))...)
+	size := locationFixedSize + 4*len(l.ShardCRCs)
+	if l.Compression != format.CompressionNone {
+		size = locFixedSizeCompressed + locEntrySizeCompressed*len(l.ShardCRCs)
+	}
+	dst = append(dst, make([]byte, size)...)
 	b := dst[n:]
 	le := binary.LittleEndian
 	b[locOffVersion] = locationVersion
@@ -163,6 +198,17 @@ func EncodeLocation(dst []byte, l Location) []byte {
 	le.PutUint32(b[locOffShards:], uint32(l.Layout.Shards))
 	le.PutUint32(b[locOffTensors:], uint32(l.Layout.TensorsPerShard))
 	le.PutUint64(b[locOffShardBytes:], uint64(l.Layout.ShardBytes))
+	if l.Compression != format.CompressionNone {
+		b[locOffVersion] = locationVersionCompressed
+		b[locOffCompression] = byte(l.Compression)
+		for i, c := range l.ShardCRCs {
+			e := b[locFixedSizeCompressed+locEntrySizeCompressed*i:]
+			le.PutUint32(e, c)
+			le.PutUint32(e[4:], l.StoredLens[i])
+			le.PutUint32(e[8:], l.StoredCRCs[i])
+		}
+		return dst
+	}
 	for i, c := range l.ShardCRCs {
 		le.PutUint32(b[locOffShardCRCs+4*i:], c)
 	}
@@ -178,15 +224,20 @@ func DecodeLocation(src []byte) (Location, error) {
 	if len(src) < locationFixedSize {
 		return l, fmt.Errorf("%w: location value: %d bytes, want at least %d", format.ErrCorrupt, len(src), locationFixedSize)
 	}
-	if v := src[locOffVersion]; v != locationVersion {
-		return l, fmt.Errorf("%w: location value: field version: %d, this build reads %d", format.ErrCorrupt, v, locationVersion)
+	v := src[locOffVersion]
+	if v != locationVersion && v != locationVersionCompressed {
+		return l, fmt.Errorf("%w: location value: field version: %d, this build reads %d and %d", format.ErrCorrupt, v, locationVersion, locationVersionCompressed)
 	}
 	le := binary.LittleEndian
 	shards := le.Uint32(src[locOffShards:])
-	if shards < 1 || shards > format.MaxShards {
-		return l, fmt.Errorf("%w: location value: field shards: %d out of range [1, %d]", format.ErrCorrupt, shards, format.MaxShards)
+	maxShards, want := uint32(format.MaxShards), locationFixedSize+4*int64(shards)
+	if v == locationVersionCompressed {
+		maxShards, want = format.MaxCompressedShards, locFixedSizeCompressed+locEntrySizeCompressed*int64(shards)
 	}
-	if want := locationFixedSize + 4*int(shards); len(src) != want {
+	if shards < 1 || shards > maxShards {
+		return l, fmt.Errorf("%w: location value: field shards: %d out of range [1, %d]", format.ErrCorrupt, shards, maxShards)
+	}
+	if int64(len(src)) != want {
 		return l, fmt.Errorf("%w: location value: %d bytes, %d shards imply %d", format.ErrCorrupt, len(src), shards, want)
 	}
 	tensors := le.Uint32(src[locOffTensors:])
@@ -213,8 +264,26 @@ func DecodeLocation(src []byte) (Location, error) {
 	l.Seq = le.Uint64(src[locOffSeq:])
 	l.HeaderCRC = le.Uint32(src[locOffHeaderCRC:])
 	l.ShardCRCs = make([]uint32, shards)
+	if v == locationVersion {
+		for i := range l.ShardCRCs {
+			l.ShardCRCs[i] = le.Uint32(src[locOffShardCRCs+4*i:])
+		}
+		return l, nil
+	}
+	l.Compression = format.Compression(src[locOffCompression])
+	if l.Compression == format.CompressionNone {
+		return Location{}, fmt.Errorf("%w: location value: field compression: 0 in a version 2 value", format.ErrCorrupt)
+	}
+	l.StoredLens = make([]uint32, shards)
+	l.StoredCRCs = make([]uint32, shards)
 	for i := range l.ShardCRCs {
-		l.ShardCRCs[i] = le.Uint32(src[locOffShardCRCs+4*i:])
+		e := src[locFixedSizeCompressed+locEntrySizeCompressed*i:]
+		l.ShardCRCs[i] = le.Uint32(e)
+		l.StoredLens[i] = le.Uint32(e[4:])
+		l.StoredCRCs[i] = le.Uint32(e[8:])
+	}
+	if err := format.CheckStored(format.ErrCorrupt, l.Layout, l.Compression, l.StoredLens, l.StoredCRCs); err != nil {
+		return Location{}, fmt.Errorf("location value: %w", err)
 	}
 	return l, nil
 }

@@ -20,7 +20,7 @@ type ScannedRecord struct {
 }
 
 // Length is the on-disk size of the record.
-func (r *ScannedRecord) Length() int64 { return r.Header.Layout.RecordBytes() }
+func (r *ScannedRecord) Length() int64 { return r.Header.RecordBytes() }
 
 // ScanResult is what a scan of a segment found.
 type ScanResult struct {
@@ -153,6 +153,7 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 		}
 	}
 	off := int64(format.SegmentHeaderSize)
+	var scratch []byte // decoding compressed shards
 	for off < dataLimit {
 		if off+format.RecordHeaderSize > dataLimit {
 			res.Stop = &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf("%w: partial record header", format.ErrCorrupt)}
@@ -173,14 +174,14 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 			err = fmt.Errorf("%w: record of segment %d generation %#x in segment %d generation %#x (stale bytes)",
 				format.ErrCorrupt, rh.Segment, rh.Generation, h.Number, h.Generation)
 		}
-		if err == nil && off+rh.Layout.RecordBytes() > dataLimit {
-			err = fmt.Errorf("%w: record of %d bytes runs past the data end %d", format.ErrCorrupt, rh.Layout.RecordBytes(), dataLimit)
+		if err == nil && off+rh.RecordBytes() > dataLimit {
+			err = fmt.Errorf("%w: record of %d bytes runs past the data end %d", format.ErrCorrupt, rh.RecordBytes(), dataLimit)
 		}
 		if err != nil {
 			res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: err}
 			break
 		}
-		payload, err := r.at(off+format.RecordHeaderSize, rh.Layout.PayloadBytes())
+		payload, err := r.at(off+format.RecordHeaderSize, rh.PayloadBytes())
 		if err != nil {
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: fmt.Errorf("%w: payload cut short by end of file", format.ErrCorrupt)}
@@ -188,12 +189,16 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 			}
 			return nil, err
 		}
-		if err := VerifyShards(&rh, payload, 0, rh.Layout.Shards); err != nil {
+		if rh.Compression != format.CompressionNone && int64(len(scratch)) < 2*rh.Layout.ShardBytes {
+			scratch = make([]byte, 2*rh.Layout.ShardBytes)
+		}
+		// Compressed records are decoded too: the stored and the raw checksums must match.
+		if err := format.VerifyPayload(&rh, payload, nil, scratch); err != nil {
 			res.Stop = &CorruptionError{Path: path, Offset: off, ID: rh.ID, Err: err}
 			break
 		}
 		res.Records = append(res.Records, ScannedRecord{Header: rh, Offset: off, HeaderCRC: crc})
-		off += rh.Layout.RecordBytes()
+		off += rh.RecordBytes()
 		res.ValidEnd = off
 	}
 	if tr != nil && res.Stop == nil && res.ValidEnd == tr.DataEnd {
@@ -229,9 +234,13 @@ func checkFooterEntries(r *reader, tr *format.Trailer, recs []ScannedRecord) err
 	return nil
 }
 
-// VerifyShards checks shards [first, first+n) of a record whose payload bytes from shard first
-// on are in payload (shard i of the run at (i-first) × stride).
+// VerifyShards checks shards [first, first+n) of a raw (uncompressed) record whose payload bytes
+// from shard first on are in payload (shard i of the run at (i-first) × stride). Compressed
+// records are checked with format.VerifyPayload or format.UnpackShard.
 func VerifyShards(h *format.RecordHeader, payload []byte, first, n int) error {
+	if h.Compression != format.CompressionNone {
+		return fmt.Errorf("%w: VerifyShards of a %v record", format.ErrInvalid, h.Compression)
+	}
 	stride := h.Layout.ShardStride()
 	for i := 0; i < n; i++ {
 		s := first + i

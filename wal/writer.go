@@ -61,13 +61,20 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 //     aligned on-disk payload (Layout.PayloadBytes() bytes), written straight from the caller's
 //     memory without a copy.
 //
+// A compressed record (Compression != CompressionNone, StoredLens and StoredCRCs set) is always
+// in the first form: Buf holds RecordHeaderSize + format.StoredPayloadBytes(...) bytes, the
+// stored shards packed from RecordHeaderSize (see format/compress.go).
+//
 // The Writer fills the header part. Buffers must stay untouched until Append returns.
 type Record struct {
-	ID        format.BlockID
-	Layout    format.Layout
-	ShardCRCs []uint32
-	Buf       []byte
-	Payload   []byte
+	ID          format.BlockID
+	Layout      format.Layout
+	ShardCRCs   []uint32
+	Compression format.Compression
+	StoredLens  []uint32
+	StoredCRCs  []uint32
+	Buf         []byte
+	Payload     []byte
 	// Origin is set on a record that relocates a stored block (compaction, demotion,
 	// promotion): where the block's entry pointed when it was read. Hooks.Publish moves the
 	// entry only if it still points there; the Writer itself does not look at it.
@@ -311,13 +318,13 @@ func (w *Writer) run() {
 func reqBytes(r *request) int64 {
 	var n int64
 	for _, rec := range r.recs {
-		n += rec.size()
+		n += rec.Size()
 	}
 	return n
 }
 
-// size is the record's on-disk size.
-func (r *Record) size() int64 { return int64(len(r.Buf)) + int64(len(r.Payload)) }
+// Size is the record's on-disk size: header plus payload as written.
+func (r *Record) Size() int64 { return int64(len(r.Buf)) + int64(len(r.Payload)) }
 
 // commit writes one group. Records are placed in order; when the active segment fills, the
 // records placed so far are flushed, the segment sealed and a new one started.
@@ -354,7 +361,7 @@ func (w *Writer) commit(group []*request) {
 		seg := w.active
 		end, off := start, seg.end
 		for end < len(recs) {
-			size := recs[end].size()
+			size := recs[end].Size()
 			n := len(seg.entries) + end - start
 			fits := off+size+format.FooterSize(n+1) <= w.opts.SegmentSize
 			if !fits && n > 0 {
@@ -405,16 +412,16 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 		ordinal++
 		rec.Segment, rec.Offset, rec.Seq = seg.Number, off, SequenceFor(seg.Number, ordinal)
 		h := format.RecordHeader{Type: format.RecordBlock, ID: rec.ID, Segment: seg.Number, Generation: seg.Generation,
-			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs}
+			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs, Compression: rec.Compression, StoredLens: rec.StoredLens, StoredCRCs: rec.StoredCRCs}
 		crc, err := format.EncodeRecordHeader(rec.Buf[:format.RecordHeaderSize], &h)
 		if err != nil {
 			return fmt.Errorf("wal: record %s: %w", rec.ID, err)
 		}
-		if rec.size() != rec.Layout.RecordBytes() || (rec.Payload != nil && len(rec.Buf) != format.RecordHeaderSize) {
-			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), rec.Layout.RecordBytes(), format.ErrInvalid)
+		if rec.Size() != h.RecordBytes() || (rec.Payload != nil && len(rec.Buf) != format.RecordHeaderSize) {
+			return fmt.Errorf("wal: record %s: buffers of %d+%d bytes, layout needs %d: %w", rec.ID, len(rec.Buf), len(rec.Payload), h.RecordBytes(), format.ErrInvalid)
 		}
 		rec.HeaderCRC = crc
-		off += rec.size()
+		off += rec.Size()
 	}
 	ops, coalesced := w.planWrites(ops, seg, recs)
 	w.scratch = ops[:0]
@@ -430,7 +437,7 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 	// The records are in the file: account for them even if the sync below fails, so that the
 	// segment's extent stays right.
 	for _, rec := range recs {
-		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.size(),
+		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.Size(),
 			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
 	}
 	seg.end, seg.ordinal = off, ordinal
@@ -475,7 +482,7 @@ func (w *Writer) planWrites(ops []devio.Op, seg *Segment, recs []*Record) ([]dev
 		cur = nil
 	}
 	for _, rec := range recs {
-		size := rec.size()
+		size := rec.Size()
 		if size >= coalesceBelow {
 			flush()
 			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: rec.Offset, Write: true})

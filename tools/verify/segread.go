@@ -314,7 +314,7 @@ func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
 		ri.Err = err
 		return ri, nil
 	}
-	ri.Header, ri.ID, ri.Seq, ri.HeaderCRC, ri.Length = &h, h.ID, h.Seq, crc, h.Layout.RecordBytes()
+	ri.Header, ri.ID, ri.Seq, ri.HeaderCRC, ri.Length = &h, h.ID, h.Seq, crc, h.RecordBytes()
 	switch {
 	case h.Segment != r.number || h.Generation != r.gen:
 		ri.Err = fmt.Errorf("%w: record of segment %d generation %#x in segment %d generation %#x (stale bytes)", format.ErrCorrupt, h.Segment, h.Generation, r.number, r.gen)
@@ -335,7 +335,13 @@ func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
 			return ri, err
 		}
 	}
-	if err := wal.VerifyShards(&h, payload, 0, h.Layout.Shards); err != nil {
+	// Raw records: every shard CRC. Compressed ones: every stored CRC (the bytes on disk), then,
+	// decompressed, every raw CRC (the bytes a load returns).
+	var scratch []byte
+	if h.Compression != format.CompressionNone {
+		scratch = make([]byte, 2*h.Layout.ShardBytes)
+	}
+	if err := format.VerifyPayload(&h, payload, nil, scratch); err != nil {
 		ri.Err = err
 		return ri, nil
 	}

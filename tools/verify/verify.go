@@ -363,6 +363,8 @@ func mismatch(ri RecordInfo, id format.BlockID, loc index.Location, l format.Lay
 			why = append(why, fmt.Sprintf("layout %+v, index has %+v", hd.Layout, loc.Layout))
 		} else if !slices.Equal(hd.ShardCRCs, loc.ShardCRCs) {
 			why = append(why, "shard checksums differ from the index's")
+		} else if hd.Compression != loc.Compression || !slices.Equal(hd.StoredLens, loc.StoredLens) || !slices.Equal(hd.StoredCRCs, loc.StoredCRCs) {
+			why = append(why, fmt.Sprintf("compression %v with stored lengths %v, index has %v with %v", hd.Compression, hd.StoredLens, loc.Compression, loc.StoredLens))
 		}
 	}
 	if loc.Layout != l {

@@ -258,3 +258,52 @@ func TestRecoveredCrashClonesAreClean(t *testing.T) {
 		t.Error("no clone needed recovery and kept blocks")
 	}
 }
+
+// TestVerifyCompressedStore: a store of lz4-compressed records verifies clean (stored and raw
+// checksums), and a flipped stored byte is reported for its block.
+func TestVerifyCompressedStore(t *testing.T) {
+	fs := vfs.NewMem()
+	e, err := engine.Open(storeDir, engine.Options{FS: fs, Layout: testLayout, Schema: testSchema, SegmentSize: 128 << 10,
+		Compression: engine.CompressionLZ4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []format.BlockID
+	var src [][]byte
+	for j := 0; j < 12; j++ {
+		b := make([]byte, testLayout.BlockBytes())
+		rand.NewChaCha8([32]byte{byte(j)}).Read(b)
+		for sh := int64(0); sh < int64(testLayout.Shards); sh++ {
+			clear(b[sh*testLayout.ShardBytes : sh*testLayout.ShardBytes+testLayout.ShardBytes/2]) // compressible
+		}
+		ids, src = append(ids, testID(j)), append(src, b)
+	}
+	if err := e.Dump(ids, src).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.Stats(); st.CompressedBlocks != 12 {
+		t.Fatalf("compressed %d blocks", st.CompressedBlocks)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, fs, false); len(r.Problems) != 0 {
+		t.Fatalf("clean compressed store: %d problems", len(r.Problems))
+	}
+	h := open(t, fs)
+	loc, ok, err := h.Index.Get(testID(5))
+	_ = h.Close()
+	if err != nil || !ok || loc.Compression == format.CompressionNone {
+		t.Fatalf("block 5: %v %v %v", ok, err, loc.Compression)
+	}
+	off, _ := loc.ShardExtent(2)
+	writeAt(t, fs, segPath(loc.Segment), []byte{0xee}, loc.Offset+format.RecordHeaderSize+off+1)
+	r := run(t, fs, false)
+	found := false
+	for _, p := range r.Problems {
+		found = found || strings.Contains(p.String(), testID(5).String())
+	}
+	if !found {
+		t.Fatalf("flipped stored byte not reported for its block: %v", r.Problems)
+	}
+}

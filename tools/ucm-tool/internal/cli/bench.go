@@ -14,6 +14,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/kvgen"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -45,6 +46,9 @@ type benchConfig struct {
 	tracePath string
 	capacity  int64
 	realtime  bool
+
+	compression engine.Compression
+	minSaving   float64
 }
 
 // benchResult is one bench run; the JSON field names are part of the tool's interface. Fields
@@ -107,6 +111,11 @@ type benchResult struct {
 	LoadRatio    float64  `json:"load_ratio,omitempty"`
 	FioNote      string   `json:"fio_note,omitempty"`
 
+	// Compression is the --compression option; CompressRatio the raw block bytes over the stored
+	// payload bytes of the blocks left in the store (compression runs only).
+	Compression   string  `json:"compression"`
+	CompressRatio float64 `json:"compress_ratio,omitempty"`
+
 	Verified bool `json:"verified"`
 
 	dumpTime, loadTime time.Duration
@@ -128,7 +137,7 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfg                                     benchConfig
 		blockSize, total, segSize, ioEng, dirIO string
-		syncPol, capacity                       string
+		syncPol, capacity, compression          string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -202,6 +211,9 @@ per --sync); load time includes the in-line byte comparison.`,
 			if cfg.sync, err = wal.ParseSyncPolicy(syncPol); err != nil {
 				return usageErr("--sync: %v", err)
 			}
+			if cfg.compression, err = engine.ParseCompression(compression); err != nil {
+				return usageErr("--compression: %v", err)
+			}
 			return runBench(cfg, stdout, stderr)
 		},
 	}
@@ -225,6 +237,8 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.StringVar(&capacity, "capacity", "0", "trace: store capacity in bytes (0: unlimited; needs the tiers package)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
+	fl.StringVar(&compression, "compression", "off", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")
+	fl.Float64Var(&cfg.minSaving, "compress-min-saving", engine.DefaultCompressMinSaving, "lz4: fraction of a record's payload compression must save to be kept")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
 	return cmd
 }
@@ -280,12 +294,17 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("remove the previous bench store %s: %v", storeDir, err)
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
-		IOEngine: cfg.ioEngine, DirectIO: cfg.direct}
-	env := &benchEnv{cfg: cfg, blocks: blocks, payload: newPayloadPool(l.BlockBytes()), storeDir: storeDir, opts: opts,
+		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression,
+		CompressMinSaving: cfg.minSaving}
+	payload := newPayloadPool(l.BlockBytes())
+	if cfg.compression != engine.CompressionOff {
+		payload = newKVPayloadPool(l.BlockBytes())
+	}
+	env := &benchEnv{cfg: cfg, blocks: blocks, payload: payload, storeDir: storeDir, opts: opts,
 		stderr: stderr}
 	res := &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
 		Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
-		Concurrency: cfg.concurrency, Batch: cfg.batch}
+		Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String()}
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
 	}
@@ -295,6 +314,9 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 			code = ExitUsage // the store could not be opened (bad option for this machine)
 		}
 		return &exitError{code: code, err: fmt.Errorf("bench %s: %w", cfg.workload, err)}
+	}
+	if cfg.compression != engine.CompressionOff {
+		res.CompressRatio = storedRatio(storeDir)
 	}
 	if cfg.fio {
 		if err := runFioComparison(cfg, res, stderr); err != nil {
@@ -315,6 +337,32 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// newKVPayloadPool is newPayloadPool with a KV-shaped body (bf16, normal values with per-channel
+// scales; internal/kvgen) instead of random bytes: what compression runs need, as random bytes
+// never compress and regular patterns compress far better than real KV. Stamps and checks are
+// the same.
+func newKVPayloadPool(blockBytes int64) *payloadPool {
+	b := make([]byte, blockBytes)
+	kvgen.Fill(b, kvgen.BF16, payloadSeed)
+	return &payloadPool{body: b}
+}
+
+// storedRatio returns the raw block bytes over the stored payload bytes of the store in dir
+// (0 if it cannot be opened or is empty).
+func storedRatio(dir string) float64 {
+	e, err := engine.Open(dir, engine.Options{AdoptStoredSchema: true, ReadOnly: true})
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = e.Close() }()
+	st := e.Stats()
+	stored := st.LiveBytes - st.Blocks*format.RecordHeaderSize
+	if st.Blocks == 0 || stored <= 0 {
+		return 0
+	}
+	return float64(st.Blocks*e.Layout().BlockBytes()) / float64(stored)
+}
+
 func printBench(w io.Writer, storeDir string, r *benchResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
@@ -325,6 +373,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	row("blocks", "%d", r.Blocks)
 	row("total", "%s (%d bytes)", humanBytes(r.TotalBytes), r.TotalBytes)
 	row("tasks", "%d in flight, %d blocks each", r.Concurrency, r.Batch)
+	if r.Compression != engine.CompressionOff.String() {
+		row("compression", "%s, ratio %.3f (raw / stored payload bytes)", r.Compression, r.CompressRatio)
+	}
 	row("io engine", "%s", r.IOEngine)
 	direct := "on (O_DIRECT: loads read the device, no page cache)"
 	if !r.Direct {

@@ -116,17 +116,18 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  problem at %d: %s\n", p.Offset, p.Msg)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\theader crc\tindexed\t")
+	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\tcompression\trecord bytes\theader crc\tindexed\t")
 	for _, r := range res.Records {
 		indexed := "no"
 		if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
 			indexed = "yes"
 		}
 		if r.Header == nil {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
+			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes, r.HeaderCRC, indexed)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes,
+			r.Header.Compression, r.Header.RecordBytes(), r.HeaderCRC, indexed)
 		if r.Err != nil {
 			fmt.Fprintf(tw, "INVALID: %v", r.Err)
 		}
@@ -154,6 +155,21 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "  offset:     %d\n", loc.Offset)
 	fmt.Fprintf(stdout, "  layout:     %d shards x %d tensors, %d bytes per shard\n", loc.Layout.Shards, loc.Layout.TensorsPerShard, loc.Layout.ShardBytes)
 	fmt.Fprintf(stdout, "  record:     %d bytes on disk, payload at %d\n", loc.RecordBytes(), loc.Offset+format.RecordHeaderSize)
+	fmt.Fprintf(stdout, "  compression: %v", loc.Compression)
+	if loc.Compression != format.CompressionNone {
+		var sum int64
+		for _, n := range loc.StoredLens {
+			sum += int64(n)
+		}
+		fmt.Fprintf(stdout, ", %d raw bytes stored in %d (ratio %.3f)\n  stored lens:", loc.Layout.BlockBytes(), sum, float64(loc.Layout.BlockBytes())/float64(sum))
+		for i, n := range loc.StoredLens {
+			if i > 0 && i%8 == 0 {
+				fmt.Fprintf(stdout, "\n             ")
+			}
+			fmt.Fprintf(stdout, " %d", n)
+		}
+	}
+	fmt.Fprintln(stdout)
 	fmt.Fprintf(stdout, "  seq:        %d\n", loc.Seq)
 	fmt.Fprintf(stdout, "  header crc: %08x\n", loc.HeaderCRC)
 	fmt.Fprintf(stdout, "  shard crcs:")
@@ -200,6 +216,9 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		}
 		if h.Layout != loc.Layout || !slices.Equal(h.ShardCRCs, loc.ShardCRCs) {
 			why = append(why, "layout or shard checksums differ")
+		}
+		if h.Compression != loc.Compression || !slices.Equal(h.StoredLens, loc.StoredLens) || !slices.Equal(h.StoredCRCs, loc.StoredCRCs) {
+			why = append(why, "compression or stored lengths differ")
 		}
 	}
 	if len(why) == 0 {

@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// codecFor returns the record compression code the engine writes for a store of dtype:
+// none when compression is off; lz4 after a byte-plane split for 2-byte dtypes (the exponent
+// bits of fp16/bf16 live in the high byte and repeat, the mantissa bits in the low byte do
+// not); plain lz4 otherwise.
+func codecFor(c Compression, dtype string) format.Compression {
+	if c != CompressionLZ4 {
+		return format.CompressionNone
+	}
+	if dtypeBytes(dtype) == 2 {
+		return format.CompressionLZ4Planes
+	}
+	return format.CompressionLZ4
+}
+
+// dtypeBytes returns the element size of a KV dtype name, or 0 when it is not known.
+func dtypeBytes(dtype string) int {
+	d := strings.ToLower(strings.TrimSpace(dtype))
+	d = strings.TrimPrefix(d, "torch.")
+	switch d {
+	case "bfloat16", "bf16", "float16", "fp16", "half", "f16":
+		return 2
+	case "float32", "fp32", "float", "f32":
+		return 4
+	}
+	if strings.HasPrefix(d, "fp8") || strings.HasPrefix(d, "float8") || d == "int8" || d == "uint8" {
+		return 1
+	}
+	return 0
+}
+
+// storedDType extracts the dtype from a canonical schema text (Schema.Canonical), "" if absent.
+func storedDType(canonical string) string {
+	for _, line := range strings.Split(canonical, "\n") {
+		if v, ok := strings.CutPrefix(line, "dtype="); ok {
+			if s, err := strconv.Unquote(v); err == nil {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+// compressRecord replaces rec's payload with its compressed form when the engine compresses
+// and that saves at least CompressMinSaving of the raw payload; otherwise rec is left as it
+// is (stored raw). rec.ShardCRCs (raw checksums) must already be set. It runs on the dumping
+// task's goroutine, so blocks compress in parallel.
+func (e *Engine) compressRecord(rec *wal.Record) {
+	l := rec.Layout
+	code := e.codec
+	if code == format.CompressionNone || l.Shards > format.MaxCompressedShards {
+		e.stats.storedPayloadBytes.Add(l.PayloadBytes())
+		return
+	}
+	if code == format.CompressionLZ4Planes && l.ShardBytes%2 != 0 {
+		code = format.CompressionLZ4
+	}
+	src, stride := rec.Payload, l.ShardBytes
+	if src == nil {
+		src, stride = rec.Buf[format.RecordHeaderSize:], l.ShardStride()
+	}
+	buf := e.pool.Get(format.RecordHeaderSize + int(format.AlignUp(l.BlockBytes())))
+	lens, crcs := make([]uint32, l.Shards), make([]uint32, l.Shards)
+	c := format.GetCompressor()
+	sum := c.PackShards(code, l, src, stride, buf[format.RecordHeaderSize:], lens, crcs)
+	format.PutCompressor(c)
+	raw, stored := l.PayloadBytes(), format.AlignUp(sum)
+	if float64(raw-stored) < e.opts.CompressMinSaving*float64(raw) {
+		e.pool.Put(buf)
+		e.stats.compressSkipped.Add(1)
+		e.stats.storedPayloadBytes.Add(raw)
+		return
+	}
+	n := format.RecordHeaderSize + stored
+	clear(buf[format.RecordHeaderSize+sum : n])
+	e.pool.Put(rec.Buf)
+	rec.Buf, rec.Payload = buf[:n], nil
+	rec.Compression, rec.StoredLens, rec.StoredCRCs = code, lens, crcs
+	e.stats.compressedBlocks.Add(1)
+	e.stats.storedPayloadBytes.Add(stored)
+}
