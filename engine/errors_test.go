@@ -169,7 +169,8 @@ func TestMetricsCollector(t *testing.T) {
 		}
 	}
 	want := map[string]float64{"ucm_blocks": 3, "ucm_dumped_blocks_total": 3, "ucm_loaded_blocks_total": 3,
-		"ucm_kv_cache_hit_rate": 0.75, "ucm_load_latency_seconds": 1, "ucm_dump_latency_seconds": 1, "ucm_corrupt_reads_total": 0}
+		"ucm_kv_cache_hit_rate": 0.75, "ucm_load_latency_seconds": 1, "ucm_dump_latency_seconds": 1, "ucm_corrupt_reads_total": 0,
+		"ucm_tier_blocks": 3, "ucm_tier_live_bytes": float64(3 * mhaLayout.RecordBytes()), "ucm_tier_capacity_bytes": 0}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)

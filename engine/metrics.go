@@ -62,7 +62,19 @@ var statMetrics = []metricDesc{
 	counterDesc("ucm_read_errors_total", "Loads failed by the file system.", func(s *Stats) int64 { return s.ReadErrors }),
 	counterDesc("ucm_staging_expired_total", "Partly dumped blocks discarded after the task timeout.", func(s *Stats) int64 { return s.StagingExpired }),
 	counterDesc("ucm_lookups_total", "Block ids looked up.", func(s *Stats) int64 { return s.Lookups }),
+	counterDesc("ucm_memory_hits_total", "Loads served from the memory tier without touching disk.", func(s *Stats) int64 { return s.MemoryHits }),
+	counterDesc("ucm_evicted_blocks_total", "Blocks evicted from a disk tier (demoted or dropped).", func(s *Stats) int64 { return s.EvictedBlocks }),
+	counterDesc("ucm_segments_retired_total", "Segment files deleted by reclamation.", func(s *Stats) int64 { return s.SegmentsRetired }),
+	counterDesc("ucm_promotions_total", "Blocks moved up to the first disk tier.", func(s *Stats) int64 { return s.Promotions }),
 }
+
+// Per-tier gauges, labelled by tier name.
+var (
+	tierUsedDesc     = prometheus.NewDesc("ucm_tier_used_bytes", "Bytes accounted to the tier (segment files; active ones at their reservation).", []string{"tier"}, nil)
+	tierCapacityDesc = prometheus.NewDesc("ucm_tier_capacity_bytes", "The tier's capacity (0: unlimited).", []string{"tier"}, nil)
+	tierLiveDesc     = prometheus.NewDesc("ucm_tier_live_bytes", "Bytes of the records the index points at in the tier.", []string{"tier"}, nil)
+	tierBlocksDesc   = prometheus.NewDesc("ucm_tier_blocks", "Blocks stored in the tier.", []string{"tier"}, nil)
+)
 
 // Collector returns a Prometheus collector for the engine's metrics (UCM's names where they
 // exist: ucm_load_latency_seconds, ucm_dump_latency_seconds, ucm_kv_cache_hit_rate,
@@ -77,6 +89,9 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range statMetrics {
 		ch <- m.desc
 	}
+	for _, d := range []*prometheus.Desc{tierUsedDesc, tierCapacityDesc, tierLiveDesc, tierBlocksDesc} {
+		ch <- d
+	}
 	e.metrics.dumpLatency.Describe(ch)
 	e.metrics.loadLatency.Describe(ch)
 }
@@ -86,6 +101,12 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	st := e.Stats()
 	for _, m := range statMetrics {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(&st))
+	}
+	for _, t := range e.TierStats() {
+		ch <- prometheus.MustNewConstMetric(tierUsedDesc, prometheus.GaugeValue, float64(t.Used), t.Name)
+		ch <- prometheus.MustNewConstMetric(tierCapacityDesc, prometheus.GaugeValue, float64(t.Capacity), t.Name)
+		ch <- prometheus.MustNewConstMetric(tierLiveDesc, prometheus.GaugeValue, float64(t.LiveBytes), t.Name)
+		ch <- prometheus.MustNewConstMetric(tierBlocksDesc, prometheus.GaugeValue, float64(t.Blocks), t.Name)
 	}
 	e.metrics.dumpLatency.Collect(ch)
 	e.metrics.loadLatency.Collect(ch)
