@@ -71,10 +71,10 @@ func (e *Engine) compressRecord(rec *wal.Record) {
 	buf := e.pool.Get(format.RecordHeaderSize + int(format.AlignUp(l.BlockBytes())))
 	lens, crcs := make([]uint32, l.Shards), make([]uint32, l.Shards)
 	c := format.GetCompressor()
-	sum := c.PackShards(code, l, src, stride, buf[format.RecordHeaderSize:], lens, crcs)
+	sum, ok := c.PackShards(code, l, src, stride, buf[format.RecordHeaderSize:], lens, crcs, e.opts.CompressMinSaving)
 	format.PutCompressor(c)
 	raw, stored := l.PayloadBytes(), format.AlignUp(sum)
-	if float64(raw-stored) < e.opts.CompressMinSaving*float64(raw) {
+	if !ok || float64(raw-stored) < e.opts.CompressMinSaving*float64(raw) {
 		e.pool.Put(buf)
 		e.stats.compressSkipped.Add(1)
 		e.stats.storedPayloadBytes.Add(raw)

@@ -264,7 +264,13 @@ func VerifyPayload(h *RecordHeader, payload, block, scratch []byte) error {
 // Shards × ShardBytes bytes): shard i's raw bytes are src[i×srcStride : i×srcStride+ShardBytes].
 // It fills lens and crcs (Shards entries each) with each shard's stored length and stored
 // CRC32C and returns the sum of the stored lengths.
-func (c *Compressor) PackShards(code Compression, l Layout, src []byte, srcStride int64, dst []byte, lens, crcs []uint32) int64 {
+//
+// With minSaving > 0 it gives up early (ok false, lens and crcs partly filled) when the first
+// eighth of the shards (at least one) saved less than minSaving of what they take in a
+// raw record (ShardStride each, padding included): incompressible KV then costs an eighth of a
+// compression, not a whole one.
+func (c *Compressor) PackShards(code Compression, l Layout, src []byte, srcStride int64, dst []byte, lens, crcs []uint32, minSaving float64) (sum int64, ok bool) {
+	probe := max(1, l.Shards/8)
 	var off int64
 	for i := 0; i < l.Shards; i++ {
 		raw := src[int64(i)*srcStride : int64(i)*srcStride+l.ShardBytes]
@@ -273,6 +279,12 @@ func (c *Compressor) PackShards(code Compression, l Layout, src []byte, srcStrid
 		lens[i] = uint32(n)
 		crcs[i] = Checksum(out[:n])
 		off += int64(n)
+		if minSaving > 0 && i+1 == probe && probe < l.Shards {
+			rawBytes := int64(probe) * l.ShardStride()
+			if float64(rawBytes-off) < minSaving*float64(rawBytes) {
+				return off, false
+			}
+		}
 	}
-	return off
+	return off, true
 }

@@ -112,7 +112,7 @@ func packBlock(t testing.TB, code Compression, l Layout, block []byte) (*RecordH
 	payload := make([]byte, AlignUp(l.BlockBytes()))
 	c := GetCompressor()
 	defer PutCompressor(c)
-	sum := c.PackShards(code, l, block, l.ShardBytes, payload, h.StoredLens, h.StoredCRCs)
+	sum, _ := c.PackShards(code, l, block, l.ShardBytes, payload, h.StoredLens, h.StoredCRCs, 0)
 	if AlignUp(sum) != h.PayloadBytes() {
 		t.Fatalf("packed %d bytes, header says %d", sum, h.PayloadBytes())
 	}
@@ -288,5 +288,27 @@ func BenchmarkDecompressShard(b *testing.B) {
 				b.ReportMetric(float64(len(src))/float64(n), "ratio")
 			})
 		}
+	}
+}
+
+// PackShards gives up after the first eighth of the shards when they do not compress, and
+// goes on when they do.
+func TestPackShardsGivesUpEarly(t *testing.T) {
+	l := Layout{Shards: 16, TensorsPerShard: 2, ShardBytes: 16 << 10}
+	random := make([]byte, l.BlockBytes())
+	rand.NewChaCha8([32]byte{2}).Read(random)
+	zeros := make([]byte, l.BlockBytes())
+	c := GetCompressor()
+	defer PutCompressor(c)
+	lens, crcs := make([]uint32, l.Shards), make([]uint32, l.Shards)
+	dst := make([]byte, l.BlockBytes())
+	if sum, ok := c.PackShards(CompressionLZ4, l, random, l.ShardBytes, dst, lens, crcs, 0.125); ok || sum != 2*l.ShardBytes {
+		t.Fatalf("random block: ok %v after %d bytes, want a stop after 2 shards", ok, sum)
+	}
+	if sum, ok := c.PackShards(CompressionLZ4, l, zeros, l.ShardBytes, dst, lens, crcs, 0.125); !ok || sum >= l.BlockBytes()/8 {
+		t.Fatalf("zero block: ok %v, %d bytes", ok, sum)
+	}
+	if _, ok := c.PackShards(CompressionLZ4, l, random, l.ShardBytes, dst, lens, crcs, 0); !ok {
+		t.Fatalf("minSaving 0 must pack every shard")
 	}
 }
