@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"text/tabwriter"
 	"time"
 
@@ -45,6 +46,8 @@ type benchConfig struct {
 	tracePath string
 	capacity  int64
 	realtime  bool
+
+	cpuProfile string
 }
 
 // benchResult is one bench run; the JSON field names are part of the tool's interface. Fields
@@ -226,6 +229,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&capacity, "capacity", "0", "trace: store capacity in bytes (0: unlimited; needs the tiers package)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
+	fl.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the workload (not of fio) to this file")
 	return cmd
 }
 
@@ -289,7 +293,13 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
 	}
-	if err := w.run(env, res); err != nil {
+	stopProfile, err := startCPUProfile(cfg.cpuProfile)
+	if err != nil {
+		return usageErr("--cpuprofile: %v", err)
+	}
+	err = w.run(env, res)
+	stopProfile()
+	if err != nil {
 		code := ExitProblems
 		if errors.As(err, new(*exitError)) {
 			code = ExitUsage // the store could not be opened (bad option for this machine)
@@ -397,4 +407,24 @@ func ratioText(ratio, fioMBps float64, what string) string {
 		return ""
 	}
 	return fmt.Sprintf(" = %.2f x fio %s (%.1f MB/s)", ratio, what, fioMBps)
+}
+
+// startCPUProfile starts a CPU profile into path (nothing when path is empty) and returns the
+// function that stops it.
+func startCPUProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }
