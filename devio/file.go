@@ -192,3 +192,28 @@ func ProbeDirect(fs vfs.FS, dir string) (bool, error) {
 	}
 	return true, nil
 }
+
+// Allocate reserves the file's blocks up to size bytes and makes its size at least size
+// (fallocate mode 0: the new range reads as zeros). O_DIRECT writes inside the file's size
+// need not extend it, which on ext4 and XFS lets them run concurrently instead of one at a
+// time under the inode lock. It reports false (and does nothing) for files without a kernel
+// descriptor or on file systems without fallocate; the size change is durable after the next
+// SyncData.
+func (f *File) Allocate(size int64) bool {
+	if !f.hasFd() {
+		return false
+	}
+	return allocate(f.fd, size) == nil
+}
+
+// Truncate sets the file's size (ftruncate), for trimming the unused tail of an allocated
+// file. Files without a kernel descriptor cannot be truncated this way (an error).
+func (f *File) Truncate(size int64) error {
+	if !f.hasFd() {
+		return fmt.Errorf("devio: truncate %s: %w", f.path, errNoFd)
+	}
+	if err := truncate(f.fd, size); err != nil {
+		return fmt.Errorf("devio: truncate %s to %d: %w", f.path, size, err)
+	}
+	return nil
+}

@@ -66,16 +66,24 @@ func (e *Engine) loadStoredTiers() error {
 		return err
 	}
 	var ts []tiers.Config
-	if err := json.Unmarshal(v, &ts); err != nil || tiers.Validate(ts) != nil {
+	if err := json.Unmarshal(v, &ts); err != nil || (len(ts) > 0 && tiers.Validate(ts) != nil) {
 		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
 	}
-	e.opts.Tiers = ts
+	if len(ts) > 0 {
+		e.opts.Tiers = ts
+	}
 	return nil
 }
 
-// recordTiers records the tier configuration in use, for tools (see loadStoredTiers).
+// recordTiers records the tier configuration in use, for tools (see loadStoredTiers). The
+// default configuration (one tier in the store directory) is recorded as an empty list, so a
+// store copied or moved elsewhere still opens in place.
 func (e *Engine) recordTiers() error {
-	b, err := json.Marshal(e.opts.tierConfigs(e.dir))
+	ts := e.opts.Tiers
+	if ts == nil {
+		ts = []tiers.Config{}
+	}
+	b, err := json.Marshal(ts)
 	if err != nil {
 		return err
 	}

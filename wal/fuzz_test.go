@@ -83,7 +83,7 @@ func buildFuzzSegment(t testing.TB, b devio.Backend, k fuzzSegmentKey) *fuzzSegm
 	s := &fuzzSegment{}
 	for i := 0; i < k.n; i++ {
 		r := fuzzRecord(fuzzLayouts[k.layout], i)
-		if err := w.writeRun(seg, []*Record{r}); err != nil {
+		if err := w.writeRunSync(seg, []*Record{r}); err != nil {
 			t.Fatal(err)
 		}
 		r.Buf = nil
@@ -98,6 +98,27 @@ func buildFuzzSegment(t testing.TB, b devio.Backend, k fuzzSegmentKey) *fuzzSegm
 	s.data = readAll(t, fs, seg.Path())
 	fuzzSegCache[k] = s
 	return s
+}
+
+// writeRunSync writes recs to the end of seg and publishes them, without the committer and
+// publisher goroutines: the append path of a Writer built by hand.
+func (w *Writer) writeRunSync(seg *Segment, recs []*Record) error {
+	if w.flights == nil {
+		w.flights, w.slots = make(chan *flight, maxFlights), make(chan struct{}, maxFlights)
+	}
+	r := &request{recs: recs, remaining: len(recs), done: make(chan error, 1)}
+	owners := make([]*request, len(recs))
+	for i := range owners {
+		owners[i] = r
+	}
+	if err := w.issue(seg, recs, owners); err != nil {
+		return err
+	}
+	f := <-w.flights
+	<-f.written
+	w.settle([]*flight{f})
+	w.last = nil
+	return <-r.done
 }
 
 func readAll(t testing.TB, fs vfs.FS, path string) []byte {

@@ -58,6 +58,23 @@ type Segment struct {
 	end     int64                // next append offset
 	entries []format.FooterEntry // records appended, for the footer
 	ordinal uint64               // records appended, for sequence numbers
+	// allocated: the file was extended to the segment size with fallocate when it was
+	// created; seal trims the unused tail.
+	allocated bool
+	// failed holds the first write or sync error of the segment; appends stop there.
+	failed atomic.Pointer[error]
+}
+
+// fail records that a write or sync of the segment failed; it reports whether this was the
+// first failure.
+func (s *Segment) fail(err error) bool { return s.failed.CompareAndSwap(nil, &err) }
+
+// failure returns the segment's first write or sync error, nil while it is healthy.
+func (s *Segment) failure() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func newSegment(number, generation uint64, path string, f *devio.File) *Segment {

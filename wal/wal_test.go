@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -426,5 +427,159 @@ func TestWriterPlacementAndAdmission(t *testing.T) {
 	}
 	if len(h.published) != 4 {
 		t.Fatalf("published %d records, want 4", len(h.published))
+	}
+}
+
+// TestAllocatedSegmentOnDisk: on a real file system the active segment is laid out to the
+// segment size (its unused tail reads as zeros, the clean end of the log for a scan after a
+// crash) and sealing trims it to end at the footer. Records published by pipelined appends
+// are exactly the ones a scan finds, in placement order.
+func TestAllocatedSegmentOnDisk(t *testing.T) {
+	fs := vfs.Default
+	dir := t.TempDir()
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const segSize = 1 << 20
+	h := &recHooks{sealed: map[uint64]int64{}}
+	w, err := NewWriter(Options{FS: fs, Dir: dir, SegmentSize: segSize, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectAuto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				if err := w.Append([]*Record{testRecord(g*100 + i)}); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	path := SegmentPath(dir, h.created[0])
+	st, err := fs.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := st.Size() == segSize
+	if !allocated {
+		t.Logf("file system did not allocate the segment (size %d): appends extend it", st.Size())
+	}
+	// What a crash now leaves: the unsealed segment, its tail zero. A scan stops cleanly there.
+	crash := path + ".crash"
+	copyFile(t, fs, path, crash, st.Size(), nil)
+	res, err := ScanSegment(fs, crash, devio.DirectOff, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sealed || res.Stop != nil || len(res.Records) != 20 {
+		t.Fatalf("crash copy: sealed %v stop %v, %d records (want 20)", res.Sealed, res.Stop, len(res.Records))
+	}
+	h.mu.Lock()
+	for i, r := range res.Records {
+		if p := h.published[i]; p.ID != r.Header.ID || p.Offset != r.Offset || p.Seq != r.Header.Seq {
+			t.Fatalf("record %d: published %s at %d seq %d, scanned %s at %d seq %d", i, p.ID, p.Offset, p.Seq, r.Header.ID, r.Offset, r.Header.Seq)
+		}
+	}
+	h.mu.Unlock()
+	if err := fs.Remove(crash); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err = ScanSegment(fs, path, devio.DirectOff, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Sealed || res.FileSize != h.sealed[h.created[0]] || len(res.Records) != 20 {
+		t.Fatalf("after close: sealed %v size %d (reported %d), %d records", res.Sealed, res.FileSize, h.sealed[h.created[0]], len(res.Records))
+	}
+}
+
+// failingBackend fails every batch with a write reaching past offset failAt.
+type failingBackend struct {
+	devio.Backend
+	failAt atomic.Int64
+}
+
+func (f *failingBackend) Submit(ops []devio.Op) error {
+	for i := range ops {
+		if ops[i].Write && ops[i].Off+int64(len(ops[i].Buf)) > f.failAt.Load() {
+			for j := range ops {
+				ops[j].Err = errors.New("injected write error")
+			}
+			return ops[i].Err
+		}
+	}
+	return f.Backend.Submit(ops)
+}
+
+// TestPipelinedWriteFailure: when a write fails, no record placed at or after it in the same
+// segment is published (recovery cuts the segment there), the appends report the error, and
+// the next append goes to a new segment.
+func TestPipelinedWriteFailure(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	// The third record of segment 1 fails, wherever its group lands.
+	failAt := format.SegmentHeaderSize + 2*testLayout.RecordBytes()
+	b := &failingBackend{Backend: inner}
+	b.failAt.Store(failAt)
+	h := &recHooks{sealed: map[uint64]int64{}}
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 30, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.Append([]*Record{testRecord(i)})
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	for _, err := range errs {
+		if err != nil {
+			failed++
+		}
+	}
+	h.mu.Lock()
+	for _, r := range h.published {
+		if r.Segment == 1 && r.Offset >= failAt {
+			t.Errorf("record %s at offset %d of segment 1 published after the failed write at %d", r.ID, r.Offset, failAt)
+		}
+	}
+	published := len(h.published)
+	h.mu.Unlock()
+	if failed == 0 || failed+published != 8 {
+		t.Fatalf("%d appends failed, %d records published: want some failed, 8 in all", failed, published)
+	}
+	b.failAt.Store(1 << 40) // heal
+	if err := w.Append([]*Record{testRecord(100)}); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	last := h.published[len(h.published)-1]
+	h.mu.Unlock()
+	if last.Segment == 1 {
+		t.Fatalf("append after the failure went to the abandoned segment 1")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -93,8 +93,9 @@ type Origin struct {
 	Offset  int64
 }
 
-// Hooks connect the Writer to the index. They are called from the Writer's single committer
-// goroutine, in order.
+// Hooks connect the Writer to the index. They are called one at a time, in order: Publish from
+// the goroutine that completes appends, the others from the committer goroutine once every
+// earlier append has been published.
 type Hooks interface {
 	// SegmentCreated registers a new segment durably as active. It is called after the
 	// segment's header is durable and its directory entry synced, before any record is
@@ -153,12 +154,51 @@ type request struct {
 	recs []*Record
 	sync bool // an explicit Sync request (recs empty)
 	done chan error
+
+	mu        sync.Mutex
+	remaining int   // records not yet published or failed
+	err       error // the first failure among them
 }
 
-// Writer appends records to the active segment of one directory with group commit: concurrent
-// Append calls are written as one batch of I/O with one fdatasync and published with one
-// index batch. Writes to a segment whose write or sync failed stop there: the segment is left
-// for recovery to seal and a new segment is started; the error reaches every caller of the group.
+// settle records the outcome of n of the request's records; the last one answers the caller
+// with the first failure.
+func (r *request) settle(n int, err error) {
+	r.mu.Lock()
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	r.remaining -= n
+	last, first := r.remaining == 0, r.err
+	r.mu.Unlock()
+	if last {
+		r.done <- first
+	}
+}
+
+// flight is a run of records placed contiguously in one segment whose writes have been issued:
+// the publisher waits for the writes, syncs (SyncAlways) and publishes flights in placement
+// order, so a record is published only after a sync that began after its write completed, and
+// never before the records placed ahead of it.
+type flight struct {
+	seg     *Segment
+	recs    []*Record
+	owners  []*request // owners[i] sent recs[i]
+	written chan struct{}
+	err     error         // the write's error, set before written is closed
+	settled chan struct{} // closed once every record is published or failed
+}
+
+// maxFlights bounds the flights between placement and publication: enough to keep writes
+// flowing while earlier ones are synced and published.
+const maxFlights = 8
+
+// Writer appends records to the active segment of one directory with group commit, pipelined:
+// the committer places each group of concurrent Append calls at the end of the log and issues
+// its writes without waiting for them; the publisher takes every group whose writes have
+// completed, covers them with one fdatasync and publishes them with one index batch per
+// segment, while the committer already writes the next groups. Writes to a segment whose write
+// or sync failed stop there: the segment is left for recovery to seal and a new segment is
+// started; the error reaches the callers of every record not published before it.
 type Writer struct {
 	opts   Options
 	reqs   chan *request
@@ -168,11 +208,14 @@ type Writer struct {
 	closed bool
 
 	// Owned by the committer goroutine.
-	active  *Segment
-	next    uint64
-	dirty   []*Segment // segments written since their last fdatasync
-	scratch []devio.Op
-	pool    *devio.BufferPool // coalescing buffers
+	active *Segment
+	next   uint64
+	dirty  []*Segment        // segments written since their last fdatasync
+	pool   *devio.BufferPool // coalescing buffers
+	last   *flight           // the flight issued last, for drain
+
+	flights chan *flight  // committer -> publisher, in placement order
+	slots   chan struct{} // one per flight not yet settled
 }
 
 // NewWriter starts a Writer. No segment is created until the first record arrives.
@@ -192,9 +235,11 @@ func NewWriter(opts Options) (*Writer, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment, pool: devio.NewBufferPool()}
-	w.wg.Add(1)
+	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment, pool: devio.NewBufferPool(),
+		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights)}
+	w.wg.Add(2)
 	go w.run()
+	go w.publisher()
 	if opts.Sync == SyncInterval && opts.SyncInterval > 0 {
 		w.wg.Add(1)
 		go w.ticker()
@@ -290,6 +335,8 @@ func (w *Writer) ticker() {
 
 func (w *Writer) run() {
 	defer w.wg.Done()
+	defer close(w.flights) // after the deferred drain below: the publisher is idle by then
+	defer w.drain()
 	var group []*request
 	for {
 		group = group[:0]
@@ -326,29 +373,29 @@ func reqBytes(r *request) int64 {
 // Size is the record's on-disk size: header plus payload as written.
 func (r *Record) Size() int64 { return int64(len(r.Buf)) + int64(len(r.Payload)) }
 
-// commit writes one group. Records are placed in order; when the active segment fills, the
-// records placed so far are flushed, the segment sealed and a new one started.
+// commit places one group. Records are placed in order; when the active segment fills, the
+// records placed so far are drained (written and published), the segment sealed and a new one
+// started. Appends are answered by the publisher; Sync requests here, once everything before
+// them is published.
 func (w *Writer) commit(group []*request) {
 	var (
-		recs    []*Record
-		owners  []int // owners[i] = index in group of recs[i]
-		errs    = make([]error, len(group))
-		syncReq bool
+		recs     []*Record
+		owners   []*request // owners[i] sent recs[i]
+		syncReqs []*request
 	)
-	for gi, r := range group {
+	for _, r := range group {
 		if r.sync {
-			syncReq = true
+			syncReqs = append(syncReqs, r)
 		}
+		r.remaining = len(r.recs)
 		for _, rec := range r.recs {
 			recs = append(recs, rec)
-			owners = append(owners, gi)
+			owners = append(owners, r)
 		}
 	}
 	fail := func(lo, hi int, err error) {
 		for i := lo; i < hi; i++ {
-			if errs[owners[i]] == nil {
-				errs[owners[i]] = err
-			}
+			owners[i].settle(1, err)
 		}
 	}
 	start := 0
@@ -378,34 +425,26 @@ func (w *Writer) commit(group []*request) {
 			}
 			continue
 		}
-		if err := w.writeRun(seg, recs[start:end]); err != nil {
+		if err := w.issue(seg, recs[start:end], owners[start:end]); err != nil {
 			fail(start, end, err)
 		}
 		start = end
 	}
-	if syncReq {
-		if err := w.syncDirty(); err != nil {
-			for gi, r := range group {
-				if r.sync {
-					errs[gi] = err
-				}
-			}
-		} else if err := w.opts.Hooks.Synced(); err != nil {
-			for gi, r := range group {
-				if r.sync {
-					errs[gi] = err
-				}
-			}
+	if len(syncReqs) > 0 {
+		w.drain()
+		err := w.syncDirty()
+		if err == nil {
+			err = w.opts.Hooks.Synced()
 		}
-	}
-	for gi, r := range group {
-		r.done <- errs[gi]
+		for _, r := range syncReqs {
+			r.done <- err
+		}
 	}
 }
 
-// writeRun writes recs to the end of seg, syncs per policy and publishes them.
-func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
-	ops := w.scratch[:0]
+// issue places recs at the end of seg, starts their writes and hands them to the publisher.
+// It returns an error, with nothing written, only for records it refuses.
+func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	off := seg.end
 	ordinal := seg.ordinal
 	for _, rec := range recs {
@@ -423,38 +462,132 @@ func (w *Writer) writeRun(seg *Segment, recs []*Record) error {
 		rec.HeaderCRC = crc
 		off += rec.Size()
 	}
-	ops, coalesced := w.planWrites(ops, seg, recs)
-	w.scratch = ops[:0]
-	err := w.opts.Backend.Submit(ops)
-	clear(ops) // drop buffer references
-	for _, b := range coalesced {
-		w.pool.Put(b)
-	}
-	if err != nil {
-		w.abandon(seg, err)
-		return fmt.Errorf("wal: write segment %d: %w", seg.Number, err)
-	}
-	// The records are in the file: account for them even if the sync below fails, so that the
-	// segment's extent stays right.
+	// The records are placed: account for them now, so that the next run goes after them. If
+	// their write or sync fails the segment is abandoned, never sealed with these entries.
 	for _, rec := range recs {
 		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.Size(),
 			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
 	}
 	seg.end, seg.ordinal = off, ordinal
-	durable := false
-	if w.opts.Sync == SyncAlways {
-		if err := seg.file.SyncData(); err != nil {
-			w.abandon(seg, err)
-			return fmt.Errorf("wal: sync segment %d: %w", seg.Number, err)
-		}
-		durable = true
-	} else {
+	if w.opts.Sync != SyncAlways {
 		w.markDirty(seg)
 	}
-	if err := w.opts.Hooks.Publish(recs, durable); err != nil {
-		return fmt.Errorf("wal: publish to index: %w", err)
-	}
+	ops, coalesced := w.planWrites(nil, seg, recs)
+	f := &flight{seg: seg, recs: recs, owners: owners, written: make(chan struct{}), settled: make(chan struct{})}
+	w.slots <- struct{}{}
+	go func() {
+		f.err = w.opts.Backend.Submit(ops)
+		clear(ops) // drop buffer references
+		for _, b := range coalesced {
+			w.pool.Put(b)
+		}
+		close(f.written)
+	}()
+	w.last = f
+	w.flights <- f // never blocks: slots bounds the flights
 	return nil
+}
+
+// drain waits until every issued flight is settled; the publisher is then idle, so hooks may
+// be called. A failure it left on the active segment abandons the segment.
+func (w *Writer) drain() {
+	if w.last != nil {
+		<-w.last.settled
+		w.last = nil
+	}
+	if w.active != nil {
+		if err := w.active.failure(); err != nil {
+			w.abandon(w.active, err)
+		}
+	}
+}
+
+// publisher settles flights in placement order: it waits for a flight's writes, takes every
+// following flight whose writes have completed too, syncs their segments once (SyncAlways) and
+// publishes them, one index batch per run of flights in the same segment.
+func (w *Writer) publisher() {
+	defer w.wg.Done()
+	var (
+		next  *flight
+		batch []*flight
+	)
+	for {
+		f := next
+		next = nil
+		if f == nil {
+			var ok bool
+			if f, ok = <-w.flights; !ok {
+				return
+			}
+		}
+		<-f.written
+		batch = append(batch[:0], f)
+	gather:
+		for {
+			select {
+			case g, ok := <-w.flights:
+				if !ok {
+					break gather // the loop above sees the close next
+				}
+				select {
+				case <-g.written:
+					batch = append(batch, g)
+				default:
+					next = g
+					break gather
+				}
+			default:
+				break gather
+			}
+		}
+		w.settle(batch)
+		clear(batch)
+	}
+}
+
+// settle syncs and publishes a batch of flights whose writes have completed, answers their
+// records' callers and releases the flights.
+func (w *Writer) settle(batch []*flight) {
+	for _, f := range batch {
+		if f.err != nil {
+			w.markFailed(f.seg, fmt.Errorf("wal: write segment %d: %w", f.seg.Number, f.err))
+		}
+	}
+	durable := w.opts.Sync == SyncAlways
+	if durable {
+		for i, f := range batch {
+			if (i > 0 && batch[i-1].seg == f.seg) || f.seg.failure() != nil {
+				continue
+			}
+			if err := f.seg.file.SyncData(); err != nil {
+				w.markFailed(f.seg, fmt.Errorf("wal: sync segment %d: %w", f.seg.Number, err))
+			}
+		}
+	}
+	var (
+		recs   []*Record
+		owners []*request
+	)
+	for i, f := range batch {
+		recs, owners = append(recs, f.recs...), append(owners, f.owners...)
+		if i+1 < len(batch) && batch[i+1].seg == f.seg {
+			continue // one index batch for the run
+		}
+		err := f.seg.failure()
+		if err == nil {
+			if perr := w.opts.Hooks.Publish(recs, durable); perr != nil {
+				err = fmt.Errorf("wal: publish to index: %w", perr)
+			}
+		}
+		for _, r := range owners {
+			r.settle(1, err)
+		}
+		recs, owners = recs[:0], owners[:0]
+	}
+	for _, f := range batch {
+		<-w.slots
+		close(f.settled)
+	}
 }
 
 // Write coalescing: records smaller than coalesceBelow are copied into shared aligned buffers
@@ -533,7 +666,7 @@ func (w *Writer) syncDirty() error {
 // as if it had succeeded: the segment stays registered as active, so the next Open scans it,
 // truncates whatever did not make it and seals it. Readers may keep reading what was published.
 func (w *Writer) abandon(seg *Segment, cause error) {
-	w.opts.Logger.Error("wal: segment abandoned after I/O failure; recovery will seal it", "segment", seg.Number, "path", seg.path, "err", cause)
+	w.markFailed(seg, cause)
 	if w.active == seg {
 		w.active = nil
 	}
@@ -545,11 +678,23 @@ func (w *Writer) abandon(seg *Segment, cause error) {
 	}
 }
 
-// ensureActive opens a new active segment when there is none.
+// markFailed records the first write or sync failure of seg, which stops appends to it.
+func (w *Writer) markFailed(seg *Segment, cause error) {
+	if seg.fail(cause) {
+		w.opts.Logger.Error("wal: segment abandoned after I/O failure; recovery will seal it", "segment", seg.Number, "path", seg.path, "err", cause)
+	}
+}
+
+// ensureActive opens a new active segment when there is none (or the active one failed).
 func (w *Writer) ensureActive() error {
 	if w.active != nil {
-		return nil
+		err := w.active.failure()
+		if err == nil {
+			return nil
+		}
+		w.abandon(w.active, err)
 	}
+	w.drain() // SegmentCreated must not run beside the publisher's hooks
 	// A number is used once, whether or not its creation succeeds: a failed attempt may leave
 	// a file behind, which the next Open removes or adopts.
 	n := w.next
@@ -574,6 +719,10 @@ func (w *Writer) ensureActive() error {
 	if err != nil {
 		return err
 	}
+	// Lay out the whole segment now (it reads as zeros, which a scan takes for the clean end
+	// of the log): appends then write inside the file instead of extending it, which O_DIRECT
+	// writes on ext4 and XFS do one at a time. Best effort: without it appends extend the file.
+	seg.allocated = seg.file.Allocate(w.opts.SegmentSize)
 	if err := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation); err != nil {
 		seg.Release()
 		return fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
@@ -588,8 +737,20 @@ func (w *Writer) ensureActive() error {
 // seal writes seg's footer, syncs it and reports it sealed. On failure the segment is
 // abandoned (left active for recovery).
 func (w *Writer) seal(seg *Segment) error {
+	w.drain() // every record of seg written and published before its footer
+	if err := seg.failure(); err != nil {
+		w.abandon(seg, err)
+		return err
+	}
 	if w.active == seg {
 		w.active = nil
+	}
+	if seg.allocated {
+		// Trim the allocated tail: a sealed segment ends with its footer.
+		if err := seg.file.Truncate(seg.end + format.FooterSize(len(seg.entries))); err != nil {
+			w.abandon(seg, err)
+			return fmt.Errorf("wal: seal segment %d: %w", seg.Number, err)
+		}
 	}
 	if err := sealAt(seg, seg.end, seg.entries, w.opts.Backend); err != nil {
 		w.abandon(seg, err)

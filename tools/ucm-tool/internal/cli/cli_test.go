@@ -292,12 +292,17 @@ func TestVerifyCrashLeftStore(t *testing.T) {
 		t.Fatalf("%d active segments in the crash copy, want 1", len(active))
 	}
 	path := segPath(cp, active[0].Number)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The active segment may be laid out beyond its last record (fallocate): cut it there, so
+	// the garbage directly follows the last record and is the whole tail.
 	garbage := bytes.Repeat([]byte("torn"), 3000)
-	_, _ = f.Write(garbage)
+	if err := f.Truncate(active[0].Size); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteAt(garbage, active[0].Size)
 	_ = f.Close()
 
 	cp2 := filepath.Join(t.TempDir(), "crashed2")
