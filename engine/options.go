@@ -203,6 +203,13 @@ func (o Options) Validate() error {
 		if err := tiers.Validate(o.Tiers); err != nil {
 			return fmt.Errorf("options: %w: %w", ErrInvalidArgument, err)
 		}
+		// A disk tier holds at least the active segment of dumps and the one of relocations.
+		least := 2 * max(o.SegmentSize, format.SegmentHeaderSize+o.Layout.RecordBytes()+format.FooterSize(1))
+		for i, t := range o.Tiers {
+			if t.Kind == tiers.KindDisk && t.Capacity > 0 && t.Capacity < least && !o.AdoptStoredSchema {
+				return fmt.Errorf("options: tier %d (%q): capacity %d below two segments (%d): %w", i, t.Name, t.Capacity, least, ErrInvalidArgument)
+			}
+		}
 	}
 	return nil
 }

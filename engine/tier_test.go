@@ -265,8 +265,12 @@ func TestTierPinnedBlocksSurvive(t *testing.T) {
 	for _, id := range pinned {
 		lru.Pin(id)
 	}
-	if _, err := e.Evict("ssd", 0); err != nil {
+	rep, err := e.Evict("ssd", 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if rep.RecordsMoved == 0 {
+		t.Fatalf("the pinned blocks' segments were not compacted: %+v", rep)
 	}
 	hits := e.Lookup(ids)
 	for i := range ids {
@@ -511,6 +515,8 @@ func TestTierConfigErrors(t *testing.T) {
 	for name, ts := range map[string][]tiers.Config{
 		"io engine": {{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/x"}, IOEngine: "spdk"}},
 		"direct":    {{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/x"}, DirectIO: "maybe"}},
+		"capacity":  {{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/x"}, Capacity: tierSegment}},
+		"no disk":   {{Name: "dram", Kind: tiers.KindMemory, Capacity: 1 << 20}},
 	} {
 		if _, err := Open("/s-"+name, tierOptions(fs, ts...)); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)
