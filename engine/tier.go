@@ -234,18 +234,6 @@ func isLockHeld(err error) bool {
 		strings.Contains(err.Error(), "lock held by current process")
 }
 
-// tierOfDir returns the tier owning segment directory dir.
-func (e *Engine) tierOfDir(dir string) *diskTier {
-	for _, t := range e.tiers {
-		for _, d := range t.dirs {
-			if d == dir {
-				return t
-			}
-		}
-	}
-	return nil
-}
-
 // home returns where segment n lives.
 func (e *Engine) home(n uint64) (segHome, bool) {
 	e.segMu.RLock()
