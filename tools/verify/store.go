@@ -188,6 +188,38 @@ func (h *Handle) NeedsRecovery() bool {
 	return false
 }
 
+// OpenWritable opens the store in dir on fs (nil: vfs.Default) read-write for an offline
+// maintenance command (ucm-tool compact, evict, gc), adopting the schema and the tiers the store
+// recorded. Opening recovers a store left by a crash (Engine.Recovery says what it did). It
+// fails when dir is missing, is not a store, or is in use by an engine. logger nil: discard.
+func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	// The segment size is not recorded: new segments (compaction, demotion) get the size of
+	// the largest existing one, so that a tier's capacity is not asked for the default
+	// segment size's reservation.
+	h, err := Open(dir, fs)
+	if err != nil {
+		return nil, err
+	}
+	var segSize int64
+	for _, m := range h.Index.Segments() {
+		segSize = max(segSize, m.Size)
+	}
+	if err := h.Close(); err != nil {
+		return nil, err
+	}
+	if segSize > 0 {
+		segSize = max(engine.MinSegmentSize, (segSize+format.Alignment-1)/format.Alignment*format.Alignment)
+	}
+	return engine.Open(dir, engine.Options{FS: fs, AdoptStoredSchema: true, IOEngine: devio.EnginePsync, Logger: logger,
+		SegmentSize: segSize})
+}
+
 // recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
 // and seal every segment left active, drop index entries past it), and closes it again.
 func recoverStore(fs vfs.FS, dir string) (engine.RecoveryReport, error) {
