@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 	"gopkg.in/yaml.v3"
 )
@@ -34,10 +37,34 @@ import (
 //	      io_engine: auto                    # auto | uring | psync (wins over posix_io_engine)
 //	      queue_depth: 64                    # wins over posix_data_trans_concurrency
 //	      max_staging_bytes: 1GiB
+//	      posix_capacity_gb: 1024                # UCM: capacity of the store (see Tiers below)
+//	      posix_gc_trigger_threshold_ratio: 0.7  # UCM: reclamation starts above this fill ratio
+//	      posix_gc_recycle_percent: 0.1          # UCM: and frees this share of the capacity
 //	ucm_sparse_config: {...}                 # kept for the sparse package
 //
+// Tiers (Options.Tiers, docs/tiers.md). UCM-Go's own key tiers lists them fastest first, each
+// with the keys of tiers.Config (name, kind, paths, capacity, high_watermark, low_watermark,
+// io_engine, direct_io, compression; capacity takes a size with a unit, like every size here):
+//
+//	tiers:
+//	  - {name: dram, kind: memory, capacity: 64GiB}
+//	  - {name: ssd, kind: disk, paths: [/mnt/nvme0/ucm, /mnt/nvme1/ucm], capacity: 3TiB}
+//	  - {name: nfs, kind: disk, paths: [/mnt/nfs/ucm]}   # capacity 0: unlimited
+//
+// A list tiers.Validate rejects is an error naming the tier. Without tiers, UCM's
+// posix_capacity_gb (GiB, 2^30 bytes, as UCM counts it) makes one disk tier named "disk" whose
+// paths are storage_backends, with that capacity; its high watermark is
+// posix_gc_trigger_threshold_ratio (UCM's default 0.7 when absent) and its low watermark that
+// minus posix_gc_recycle_percent (UCM's default 0.1). posix_capacity_gb with tiers is an error
+// (say the capacity in the list). Without either, the store is one unlimited disk tier in the
+// store directory. posix_gc_enable, posix_gc_check_interval_sec and the GC keys without a
+// capacity are accepted and ignored: a tier with a capacity is always reclaimed, continuously.
+//
+// The store directory (index, lock) is the first of storage_backends, or, when it is empty and
+// tiers are given, the first path of the first disk tier.
+//
 // Unknown keys are errors naming the key (a typo must not silently select a default). UCM keys
-// that belong to later parts of the engine (stream_number, buffer_number, GC and cache keys) are
+// that belong to other parts of the engine (stream_number, buffer_number, cache keys) are
 // accepted and recorded. Environment overrides (ApplyEnv): UCM_STORAGE_PATH, UCM_BLOCK_SIZE,
 // UCM_IO_DIRECT, UCM_LOG_LEVEL.
 type Config struct {
@@ -64,7 +91,8 @@ type ConnectorParams struct {
 	PosixIOEngine             string `yaml:"posix_io_engine"`
 	PosixDataTransConcurrency int    `yaml:"posix_data_trans_concurrency"`
 	TimeoutMs                 int    `yaml:"timeout_ms"`
-	// UCM keys accepted for the tiers and staging parts (not used by the core engine yet).
+	// UCM keys accepted for the staging parts (not used by the core engine yet), and UCM's
+	// capacity and GC keys (see Config: they make the default disk tier).
 	StreamNumber                 int     `yaml:"stream_number"`
 	BufferNumber                 int     `yaml:"buffer_number"`
 	PosixCapacityGB              float64 `yaml:"posix_capacity_gb"`
@@ -84,6 +112,94 @@ type ConnectorParams struct {
 	// Compression: "off" (default) or "lz4"; CompressMinSaving: Options.CompressMinSaving.
 	Compression       string  `yaml:"compression"`
 	CompressMinSaving float64 `yaml:"compress_min_saving"`
+	// Tiers is Options.Tiers (see Config).
+	Tiers TierList `yaml:"tiers"`
+}
+
+// UCM's defaults for its GC keys when posix_capacity_gb is set.
+const (
+	ucmGCTriggerRatio  = 0.7
+	ucmGCRecyclePart   = 0.1
+	ucmCapacityUnit    = 1 << 30 // posix_capacity_gb counts GiB
+	defaultDiskTierKey = "disk"
+)
+
+// TierList is a tier list in YAML: a sequence of mappings with the keys of tiers.Config, whose
+// capacity takes a size with a unit. Unknown keys are errors naming them.
+type TierList []tiers.Config
+
+// tierKeys are the YAML keys of tiers.Config.
+var tierKeys = func() map[string]bool {
+	keys := map[string]bool{}
+	t := reflect.TypeOf(tiers.Config{})
+	for i := 0; i < t.NumField(); i++ {
+		if k, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); k != "" && k != "-" {
+			keys[k] = true
+		}
+	}
+	return keys
+}()
+
+// UnmarshalYAML decodes the list strictly.
+func (l *TierList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.SequenceNode {
+		return fmt.Errorf("line %d: tiers: want a list of tiers: %w", n.Line, ErrInvalidArgument)
+	}
+	out := make(TierList, 0, len(n.Content))
+	for i, item := range n.Content {
+		if item.Kind != yaml.MappingNode {
+			return fmt.Errorf("line %d: tiers[%d]: want a mapping (name, kind, paths, capacity, ...): %w", item.Line, i, ErrInvalidArgument)
+		}
+		for k := 0; k+1 < len(item.Content); k += 2 {
+			key, val := item.Content[k], item.Content[k+1]
+			if !tierKeys[key.Value] {
+				return fmt.Errorf("line %d: tiers[%d]: unknown key %q: %w", key.Line, i, key.Value, ErrInvalidArgument)
+			}
+			if key.Value == "capacity" && val.Kind == yaml.ScalarNode {
+				v, err := ParseSize(val.Value)
+				if err != nil {
+					return fmt.Errorf("line %d: tiers[%d].capacity: %w", val.Line, i, err)
+				}
+				val.Value, val.Tag = strconv.FormatInt(v, 10), "!!int"
+			}
+		}
+		var c tiers.Config
+		if err := item.Decode(&c); err != nil {
+			return fmt.Errorf("tiers[%d]: %w", i, err)
+		}
+		out = append(out, c)
+	}
+	*l = out
+	return nil
+}
+
+// defaultDiskTier is the tier UCM's posix_capacity_gb describes (ok false without it).
+func defaultDiskTier(p ConnectorParams) (tiers.Config, bool) {
+	if p.PosixCapacityGB <= 0 {
+		return tiers.Config{}, false
+	}
+	high := p.PosixGCTriggerThresholdRatio
+	if high == 0 {
+		high = ucmGCTriggerRatio
+	}
+	recycle := p.PosixGCRecyclePercent
+	if recycle == 0 {
+		recycle = ucmGCRecyclePart
+	}
+	return tiers.Config{Name: defaultDiskTierKey, Kind: tiers.KindDisk, Paths: append([]string(nil), p.StorageBackends...),
+		Capacity: int64(math.Round(p.PosixCapacityGB * ucmCapacityUnit)), HighWatermark: high, LowWatermark: high - recycle}, true
+}
+
+// connectorTiers returns Options.Tiers for a connector: its tiers, or the default disk tier,
+// or nil (one unlimited tier in the store directory).
+func connectorTiers(p ConnectorParams) []tiers.Config {
+	if len(p.Tiers) > 0 {
+		return p.Tiers
+	}
+	if t, ok := defaultDiskTier(p); ok {
+		return []tiers.Config{t}
+	}
+	return nil
 }
 
 // Paths is a list of directories given as a YAML list or as one colon-separated string.
@@ -277,6 +393,42 @@ func (c *Config) validate() error {
 		if _, err := connectorIOEngine(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
+		if err := validateTiers(p); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+	}
+	return nil
+}
+
+// validateTiers checks the tier keys of a connector.
+func validateTiers(p ConnectorParams) error {
+	switch {
+	case p.PosixCapacityGB < 0 || math.IsNaN(p.PosixCapacityGB) || math.IsInf(p.PosixCapacityGB, 0):
+		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, ErrInvalidArgument)
+	case len(p.Tiers) > 0 && p.PosixCapacityGB > 0:
+		return fmt.Errorf("posix_capacity_gb and tiers both given: set the capacity in the tier list: %w", ErrInvalidArgument)
+	case p.PosixCapacityGB > 0 && !(p.PosixGCTriggerThresholdRatio >= 0 && p.PosixGCTriggerThresholdRatio <= 1):
+		return fmt.Errorf("posix_gc_trigger_threshold_ratio %v: want 0 < ratio <= 1: %w", p.PosixGCTriggerThresholdRatio, ErrInvalidArgument)
+	case p.PosixCapacityGB > 0 && !(p.PosixGCRecyclePercent >= 0 && p.PosixGCRecyclePercent < 1):
+		return fmt.Errorf("posix_gc_recycle_percent %v: want 0 < share < 1: %w", p.PosixGCRecyclePercent, ErrInvalidArgument)
+	}
+	ts := connectorTiers(p)
+	if len(ts) == 0 {
+		return nil
+	}
+	if len(p.Tiers) == 0 && len(p.StorageBackends) == 0 {
+		return nil // UCM_STORAGE_PATH may still come (ApplyEnv); StoreOptions checks
+	}
+	if err := tiers.Validate(ts); err != nil {
+		if len(p.Tiers) == 0 {
+			var ce *tiers.ConfigError
+			if errors.As(err, &ce) && strings.Contains(ce.Field, "watermark") {
+				return fmt.Errorf("posix_gc_trigger_threshold_ratio %v with posix_gc_recycle_percent %v: %w: %w",
+					p.PosixGCTriggerThresholdRatio, p.PosixGCRecyclePercent, ErrInvalidArgument, err)
+			}
+			return fmt.Errorf("posix_capacity_gb: %w: %w", ErrInvalidArgument, err)
+		}
+		return fmt.Errorf("%w: %w", err, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -309,9 +461,21 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 		return "", opts, fmt.Errorf("config: no ucm_connectors and no UCM_STORAGE_PATH: %w", ErrInvalidArgument)
 	}
 	p := c.Connectors[0].Config
-	if len(p.StorageBackends) == 0 {
+	dir = ""
+	if len(p.StorageBackends) > 0 {
+		dir = p.StorageBackends[0]
+	} else {
+		for _, t := range p.Tiers {
+			if t.Kind == tiers.KindDisk && len(t.Paths) > 0 {
+				dir = t.Paths[0]
+				break
+			}
+		}
+	}
+	if dir == "" {
 		return "", opts, fmt.Errorf("config: ucm_connectors[0].ucm_connector_config.storage_backends is empty: %w", ErrInvalidArgument)
 	}
+	opts.Tiers = connectorTiers(p)
 	opts.IOEngine, _ = connectorIOEngine(p) // validated at parse
 	switch {
 	case p.IODirect == nil:
@@ -335,7 +499,7 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	opts.Compression, _ = ParseCompression(p.Compression) // validated at parse
 	opts.CompressMinSaving = p.CompressMinSaving
 	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel}))
-	return p.StorageBackends[0], opts, nil
+	return dir, opts, nil
 }
 
 // CheckBlockSize reports whether the configured block_size (if any) matches the layout.

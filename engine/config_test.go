@@ -3,10 +3,12 @@ package engine
 import (
 	"errors"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 const ucmYAML = `
@@ -149,4 +151,113 @@ func FuzzParseConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+func connectorDoc(body string) []byte {
+	return []byte("ucm_connectors:\n  - ucm_connector_name: UcmPosixStore\n    ucm_connector_config:\n" + body)
+}
+
+// UCM's posix_capacity_gb makes one disk tier over storage_backends with that capacity; the GC
+// trigger ratio is its high watermark, minus the recycle share its low one.
+func TestConfigPosixCapacity(t *testing.T) {
+	c, err := ParseConfig([]byte(ucmYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, opts, err := c.StoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tiers.Config{Name: "disk", Kind: tiers.KindDisk, Paths: []string{"/mnt/a", "/mnt/b"}, Capacity: 100 << 30,
+		HighWatermark: 0.7, LowWatermark: 0.7 - 0.1}
+	if len(opts.Tiers) != 1 || !reflect.DeepEqual(opts.Tiers[0], want) {
+		t.Fatalf("tiers %+v, want %+v", opts.Tiers, want)
+	}
+	c, err = ParseConfig(connectorDoc("      storage_backends: /mnt/a\n      posix_capacity_gb: 1.5\n      posix_gc_trigger_threshold_ratio: 0.9\n      posix_gc_recycle_percent: 0.2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, opts, _ = c.StoreOptions(); len(opts.Tiers) != 1 || opts.Tiers[0].Capacity != 3<<29 || opts.Tiers[0].HighWatermark != 0.9 || opts.Tiers[0].LowWatermark != 0.9-0.2 {
+		t.Fatalf("tiers %+v", opts.Tiers)
+	}
+	// Without a capacity: no tier list (one unlimited tier in the store directory), GC keys ignored.
+	c, err = ParseConfig(connectorDoc("      storage_backends: /mnt/a\n      posix_gc_trigger_threshold_ratio: 0.9\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, opts, _ = c.StoreOptions(); opts.Tiers != nil {
+		t.Fatalf("tiers without a capacity: %+v", opts.Tiers)
+	}
+}
+
+// The tiers key is Options.Tiers, with sizes in units; the store directory is the first
+// backend, or the first disk path when there is none.
+func TestConfigTiers(t *testing.T) {
+	c, err := ParseConfig(connectorDoc(`      tiers:
+        - {name: dram, kind: memory, capacity: 64MiB}
+        - name: ssd
+          kind: disk
+          paths: [/mnt/nvme0/ucm, /mnt/nvme1/ucm]
+          capacity: 3TiB
+          high_watermark: 0.9
+          low_watermark: 0.8
+          io_engine: psync
+          direct_io: "off"
+          compression: lz4
+        - {name: nfs, kind: disk, paths: [/mnt/nfs/ucm]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, opts, err := c.StoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []tiers.Config{
+		{Name: "dram", Kind: tiers.KindMemory, Capacity: 64 << 20},
+		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/mnt/nvme0/ucm", "/mnt/nvme1/ucm"}, Capacity: 3 << 40, HighWatermark: 0.9,
+			LowWatermark: 0.8, IOEngine: "psync", DirectIO: "off", Compression: "lz4"},
+		{Name: "nfs", Kind: tiers.KindDisk, Paths: []string{"/mnt/nfs/ucm"}},
+	}
+	if dir != "/mnt/nvme0/ucm" || !reflect.DeepEqual(opts.Tiers, want) {
+		t.Fatalf("dir %q tiers %+v", dir, opts.Tiers)
+	}
+	c, err = ParseConfig(connectorDoc("      storage_backends: /var/ucm\n      tiers: [{name: ssd, kind: disk, paths: [/ssd], capacity: 1048576}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir, opts, _ = c.StoreOptions(); dir != "/var/ucm" || len(opts.Tiers) != 1 || opts.Tiers[0].Capacity != 1<<20 {
+		t.Fatalf("dir %q tiers %+v", dir, opts.Tiers)
+	}
+}
+
+// Bad tier keys fail at parse, naming the key or the tier.
+func TestConfigTierErrors(t *testing.T) {
+	cases := map[string]string{
+		// tiers.Validate rejects: the message names the tier.
+		"tiers: [{name: ssd, kind: disk}]":                                                          `"ssd"`,
+		"tiers: [{name: ssd, kind: disk, paths: [/a]}, {name: ssd, kind: disk, paths: [/b]}]":       `tier 1 ("ssd")`,
+		"tiers: [{name: nfs, kind: disk, paths: [/a]}, {name: dram, kind: memory, capacity: 1GiB}]": `"dram"`,
+		"tiers: [{name: ssd, kind: disk, paths: [/a], high_watermark: 0.5, low_watermark: 0.6}]":    `"ssd"`,
+		"tiers: [{name: ssd, kind: tape, paths: [/a]}]":                                             `"ssd"`,
+		"tiers: [{name: ssd, kind: disk, paths: [/a], io_engine: spdk}]":                            `"ssd"`,
+		// Decoding.
+		"tiers: [{name: ssd, kind: disk, paths: [/a], capacity: -1}]":  "tiers[0].capacity",
+		"tiers: [{name: ssd, kind: disk, paths: [/a], capacity: 2TB}]": "tiers[0].capacity",
+		"tiers: [{name: ssd, kind: disk, path: [/a]}]":                 `unknown key "path"`,
+		"tiers: {name: ssd}": "tiers",
+		"tiers: [ssd]":       "tiers[0]",
+		// UCM keys.
+		"storage_backends: /a\n      posix_capacity_gb: -5":                                                                                  "posix_capacity_gb",
+		"storage_backends: /a\n      posix_capacity_gb: 5\n      posix_gc_trigger_threshold_ratio: 1.5":                                      "posix_gc_trigger_threshold_ratio",
+		"storage_backends: /a\n      posix_capacity_gb: 5\n      posix_gc_recycle_percent: 1":                                                "posix_gc_recycle_percent",
+		"storage_backends: /a\n      posix_capacity_gb: 5\n      posix_gc_trigger_threshold_ratio: 0.1\n      posix_gc_recycle_percent: 0.2": "posix_gc_trigger_threshold_ratio",
+		"storage_backends: /a\n      posix_capacity_gb: 5\n      tiers: [{name: ssd, kind: disk, paths: [/b]}]":                              "posix_capacity_gb and tiers",
+	}
+	for line, want := range cases {
+		_, err := ParseConfig(connectorDoc("      " + line + "\n"))
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want ErrInvalidArgument naming %q)", line, err, want)
+		}
+	}
 }

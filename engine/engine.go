@@ -193,6 +193,7 @@ func (e *Engine) open() error {
 		if err := e.findSegments(); err != nil {
 			return err
 		}
+		e.accountSegments()
 		e.recovery.Duration = time.Since(start)
 		return nil
 	}

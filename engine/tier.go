@@ -66,7 +66,17 @@ func (e *Engine) loadStoredTiers() error {
 		return err
 	}
 	var ts []tiers.Config
-	if err := json.Unmarshal(v, &ts); err != nil || (len(ts) > 0 && tiers.Validate(ts) != nil) {
+	if err := json.Unmarshal(v, &ts); err != nil {
+		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
+	}
+	for i := range ts {
+		for k, p := range ts[i].Paths {
+			if p == storedStoreDir {
+				ts[i].Paths[k] = e.dir
+			}
+		}
+	}
+	if len(ts) > 0 && tiers.Validate(ts) != nil {
 		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
 	}
 	if len(ts) > 0 {
@@ -75,15 +85,29 @@ func (e *Engine) loadStoredTiers() error {
 	return nil
 }
 
-// recordTiers records the tier configuration in use, for tools (see loadStoredTiers). The
-// default configuration (one tier in the store directory) is recorded as an empty list, so a
-// store copied or moved elsewhere still opens in place.
+// storedStoreDir stands for the store directory among the recorded tier paths, so that a
+// copied or moved store finds its own segments where it is now; every other recorded path is
+// absolute.
+const storedStoreDir = "."
+
+// recordTiers records the tier configuration in use, for tools (see loadStoredTiers).
 func (e *Engine) recordTiers() error {
-	ts := e.opts.Tiers
-	if ts == nil {
-		ts = []tiers.Config{}
+	cfgs := e.opts.tierConfigs(e.dir)
+	for i := range cfgs {
+		paths := make([]string, len(cfgs[i].Paths))
+		for k, p := range cfgs[i].Paths {
+			switch abs, err := filepath.Abs(p); {
+			case filepath.Clean(p) == filepath.Clean(e.dir):
+				paths[k] = storedStoreDir
+			case err == nil:
+				paths[k] = abs
+			default:
+				paths[k] = p
+			}
+		}
+		cfgs[i].Paths = paths
 	}
-	b, err := json.Marshal(ts)
+	b, err := json.Marshal(cfgs)
 	if err != nil {
 		return err
 	}
@@ -327,15 +351,21 @@ func (e *Engine) settleSealed(n uint64, size int64) {
 	e.segMu.Unlock()
 }
 
-// initAccounting accounts every registered segment to its tier and, for tiers that evict,
-// loads every block into the tier's recency list, oldest written first (recency is not
-// persisted: write order is the best prior after a restart).
-func (e *Engine) initAccounting() error {
+// accountSegments accounts every registered segment whose file was found to its tier (also
+// for read-only engines, so that TierStats.Used is right for tools).
+func (e *Engine) accountSegments() {
 	for _, row := range e.ix.Segments() {
 		if t := e.tierOf(row.Number); t != nil {
 			t.space.Add(row.Size)
 		}
 	}
+}
+
+// initAccounting accounts every registered segment to its tier and, for tiers that evict,
+// loads every block into the tier's recency list, oldest written first (recency is not
+// persisted: write order is the best prior after a restart).
+func (e *Engine) initAccounting() error {
+	e.accountSegments()
 	need := false
 	for _, t := range e.tiers {
 		need = need || t.lru != nil

@@ -523,3 +523,37 @@ func TestTierConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// The recorded tier configuration names the store directory itself relatively: a store moved
+// (or copied) elsewhere and opened by a tool finds its segments where it now is, and those on
+// its other paths where they are.
+func TestStoredTiersFollowAMovedStore(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/store", "/ssd2")))
+	ids := make([]BlockID, 40)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Rename("/store", "/moved"); err != nil {
+		t.Fatal(err)
+	}
+	r := mustOpen(t, "/moved", Options{FS: fs, ReadOnly: true, AdoptStoredSchema: true})
+	defer r.Close()
+	if got, want := r.SegmentDirs(), []string{"/moved/" + SegmentDir, "/ssd2/" + SegmentDir}; !slices.Equal(got, want) {
+		t.Fatalf("segment dirs %v, want %v", got, want)
+	}
+	rows := r.Index().Segments()
+	for _, row := range rows {
+		if _, ok := r.SegmentPath(row.Number); !ok {
+			t.Fatalf("segment %d not found", row.Number)
+		}
+	}
+	checkBlocks(t, r, ids)
+	if st := r.TierStats()[0]; st.Used != st.FileBytes || st.Blocks != int64(len(ids)) {
+		t.Fatalf("read-only tier stats %+v: want Used = FileBytes and %d blocks", st, len(ids))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -21,10 +22,12 @@ import (
 // directory lock for as long as the handle is open, so no engine can write the store
 // meanwhile. Its fields must not be modified.
 type Handle struct {
-	// Dir is the store directory, SegDir its segment directory, FS the file system both are on.
-	Dir    string
-	SegDir string
-	FS     vfs.FS
+	// Dir is the store directory and FS the file system it is on.
+	Dir string
+	FS  vfs.FS
+	// SegDirs are the segment directories of every path of every disk tier the store was
+	// last opened with, fastest tier first (one, <Dir>/segments, for a store without tiers).
+	SegDirs []string
 	// Engine is the read-only engine holding the store open, and Index its index.
 	Engine *engine.Engine
 	Index  *index.Index
@@ -33,19 +36,20 @@ type Handle struct {
 	Layout format.Layout
 	// Fingerprint is the SHA-256 of Schema, as in every segment header.
 	Fingerprint format.Fingerprint
+
+	tierOfDir map[string]string // segment directory → disk tier name
 }
 
 // checkStoreDir refuses a directory that is not a store before anything opens it (opening
-// would otherwise create files in it).
+// would otherwise create files in it). Only the index is required: a store with tiers may
+// keep all its segments on other paths.
 func checkStoreDir(fs vfs.FS, dir string) error {
-	for _, sub := range []string{engine.IndexDir, engine.SegmentDir} {
-		st, err := fs.Stat(fs.PathJoin(dir, sub))
-		if err != nil || !st.IsDir() {
-			if _, derr := fs.Stat(dir); derr != nil {
-				return fmt.Errorf("%s: %w", dir, derr)
-			}
-			return fmt.Errorf("%s is not a UCM-Go store (no %s/ directory)", dir, sub)
+	st, err := fs.Stat(fs.PathJoin(dir, engine.IndexDir))
+	if err != nil || !st.IsDir() {
+		if _, derr := fs.Stat(dir); derr != nil {
+			return fmt.Errorf("%s: %w", dir, derr)
 		}
+		return fmt.Errorf("%s is not a UCM-Go store (no %s/ directory)", dir, engine.IndexDir)
 	}
 	return nil
 }
@@ -63,14 +67,89 @@ func Open(dir string, fs vfs.FS) (*Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handle{Dir: dir, SegDir: fs.PathJoin(dir, engine.SegmentDir), FS: fs, Engine: e, Index: e.Index(),
+	h := &Handle{Dir: dir, SegDirs: e.SegmentDirs(), FS: fs, Engine: e, Index: e.Index(),
 		Schema: e.StoredSchema(), Layout: e.Layout()}
 	h.Fingerprint = sha256.Sum256([]byte(h.Schema))
+	h.tierOfDir = map[string]string{}
+	for _, t := range e.TierStats() {
+		for _, p := range t.Paths {
+			h.tierOfDir[filepath.Join(p, engine.SegmentDir)] = t.Name
+		}
+	}
 	return h, nil
 }
 
 // Close closes the store (and releases its directory lock).
 func (h *Handle) Close() error { return h.Engine.Close() }
+
+// SegmentPath returns the path of segment n's file: where the engine found it, or, for a
+// segment whose file is missing, where it would be in the first segment directory. It is the
+// one way tools locate a segment.
+func (h *Handle) SegmentPath(n uint64) string {
+	if p, ok := h.Engine.SegmentPath(n); ok {
+		return p
+	}
+	return wal.SegmentPath(h.SegDirs[0], n)
+}
+
+// SegmentTier returns the name of the disk tier holding segment n's file ("" when the file
+// was not found).
+func (h *Handle) SegmentTier(n uint64) string {
+	p, ok := h.Engine.SegmentPath(n)
+	if !ok {
+		return ""
+	}
+	return h.tierOfDir[filepath.Dir(p)]
+}
+
+// RetiringSegments returns the rows of segments marked deleting: their retirement (eviction
+// or compaction) was interrupted by a crash; recovery finishes it by deleting them. They are
+// not corruption.
+func (h *Handle) RetiringSegments() []index.SegmentMeta {
+	var out []index.SegmentMeta
+	for _, m := range h.Index.Segments() {
+		if m.State == index.SegmentDeleting {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// SegmentFile is a file found in a segment directory.
+type SegmentFile struct {
+	// Dir is the segment directory, Name the file name and Path both joined.
+	Dir, Name, Path string
+	// Number is the segment number for a segment file (Segment set), else 0.
+	Number  uint64
+	Segment bool
+	// Temp reports a temporary file of the log (a segment name plus wal.TempSuffix).
+	Temp bool
+}
+
+// ListSegmentFiles lists every file of every segment directory, directory by directory in
+// SegDirs order, names sorted. A directory that does not exist is skipped.
+func (h *Handle) ListSegmentFiles() ([]SegmentFile, error) {
+	var out []SegmentFile
+	for _, dir := range h.SegDirs {
+		names, err := h.FS.List(dir)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, err
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			f := SegmentFile{Dir: dir, Name: name, Path: h.FS.PathJoin(dir, name)}
+			if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
+				_, f.Temp = wal.ParseSegmentFileName(base)
+			}
+			f.Number, f.Segment = wal.ParseSegmentFileName(name)
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
 
 // ActiveSegments returns the rows of segments still marked active: the store was not closed
 // cleanly (or a write failed) and recovery has work to do.
@@ -84,30 +163,61 @@ func (h *Handle) ActiveSegments() []index.SegmentMeta {
 	return out
 }
 
-// NeedsRecovery reports whether the store was left by a crash: a segment still active, or a
-// segment or temporary file in the segment directory that the index does not register (what
-// engine recovery seals, adopts or removes).
+// NeedsRecovery reports whether the store was left by a crash: a segment still active, a
+// segment marked deleting (an interrupted retirement), or a segment or temporary file in any
+// segment directory that the index does not register (what engine recovery seals, deletes,
+// adopts or removes).
 func (h *Handle) NeedsRecovery() bool {
-	if len(h.ActiveSegments()) > 0 {
+	if len(h.ActiveSegments()) > 0 || len(h.RetiringSegments()) > 0 {
 		return true
 	}
-	names, err := h.FS.List(h.SegDir)
+	files, err := h.ListSegmentFiles()
 	if err != nil {
 		return false
 	}
-	for _, name := range names {
-		if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
-			if _, ours := wal.ParseSegmentFileName(base); ours {
-				return true
-			}
+	for _, f := range files {
+		if f.Temp {
+			return true
 		}
-		if n, ok := wal.ParseSegmentFileName(name); ok {
-			if _, registered := h.Index.Segment(n); !registered {
+		if f.Segment {
+			if _, registered := h.Index.Segment(f.Number); !registered {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// OpenWritable opens the store in dir on fs (nil: vfs.Default) read-write for an offline
+// maintenance command (ucm-tool compact, evict, gc), adopting the schema and the tiers the store
+// recorded. Opening recovers a store left by a crash (Engine.Recovery says what it did). It
+// fails when dir is missing, is not a store, or is in use by an engine. logger nil: discard.
+func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	// The segment size is not recorded: new segments (compaction, demotion) get the size of
+	// the largest existing one, so that a tier's capacity is not asked for the default
+	// segment size's reservation.
+	h, err := Open(dir, fs)
+	if err != nil {
+		return nil, err
+	}
+	var segSize int64
+	for _, m := range h.Index.Segments() {
+		segSize = max(segSize, m.Size)
+	}
+	if err := h.Close(); err != nil {
+		return nil, err
+	}
+	if segSize > 0 {
+		segSize = max(engine.MinSegmentSize, (segSize+format.Alignment-1)/format.Alignment*format.Alignment)
+	}
+	return engine.Open(dir, engine.Options{FS: fs, AdoptStoredSchema: true, IOEngine: devio.EnginePsync, Logger: logger,
+		SegmentSize: segSize})
 }
 
 // recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
@@ -172,15 +282,19 @@ type PendingSegment struct {
 	// Unreadable is why the segment header could not be read ("" when it could): recovery
 	// quarantines such a segment.
 	Unreadable string `json:"unreadable,omitempty"`
-	scan       *wal.ScanResult
+	// Retiring reports a segment marked deleting, whose retirement a crash interrupted:
+	// recovery deletes its file (FileSize bytes; Missing when already gone) and its row.
+	Retiring bool `json:"retiring,omitempty"`
+	scan     *wal.ScanResult
 }
 
-// ScanPending scans every active segment read-only (wal.ScanSegment, the scan recovery runs)
-// and counts the index entries recovery would drop. It returns nothing for a store without
-// active segments.
+// ScanPending scans every active segment read-only (wal.ScanSegment, the scan recovery runs),
+// lists the segments marked deleting (Retiring) and counts the index entries recovery would
+// drop. It returns nothing for a store without active or deleting segments.
 func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 	active := h.ActiveSegments()
-	if len(active) == 0 {
+	retiring := h.RetiringSegments()
+	if len(active) == 0 && len(retiring) == 0 {
 		return nil, nil
 	}
 	backend, err := devio.NewBackend(devio.EnginePsync, 0, slog.New(slog.DiscardHandler))
@@ -190,11 +304,21 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 	defer func() { _ = backend.Close() }()
 	var out []*PendingSegment
 	byNum := map[uint64]*PendingSegment{}
+	for _, m := range retiring {
+		p := &PendingSegment{Number: m.Number, File: wal.SegmentFileName(m.Number), Retiring: true}
+		out = append(out, p)
+		byNum[m.Number] = p
+		if st, err := h.FS.Stat(h.SegmentPath(m.Number)); err == nil {
+			p.FileSize = st.Size()
+		} else {
+			p.Missing = true
+		}
+	}
 	for _, m := range active {
 		p := &PendingSegment{Number: m.Number, File: wal.SegmentFileName(m.Number)}
 		out = append(out, p)
 		byNum[m.Number] = p
-		path := wal.SegmentPath(h.SegDir, m.Number)
+		path := h.SegmentPath(m.Number)
 		if _, err := h.FS.Stat(path); errors.Is(err, os.ErrNotExist) {
 			p.Missing = true
 			continue
@@ -218,7 +342,7 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 		}
 	}
 	err = h.Index.Iterate(func(_ format.BlockID, loc index.Location) bool {
-		if p := byNum[loc.Segment]; p != nil && (p.scan == nil || loc.Offset >= p.ValidEnd) {
+		if p := byNum[loc.Segment]; p != nil && (p.Retiring || p.scan == nil || loc.Offset >= p.ValidEnd) {
 			p.EntriesToDrop++
 		}
 		return true

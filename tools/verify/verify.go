@@ -12,9 +12,13 @@
 // recorded size must equal its file size. Records in the log that the index does not point
 // at are dead space (counted, not a problem).
 //
-// A store left by a crash (a segment still active) is not corrupt: with Options.Recover,
-// Store first recovers it as opening the engine does; without, it changes nothing and
-// reports what recovery will do (Report.Pending).
+// A store left by a crash (a segment still active, or a segment marked deleting because the
+// crash interrupted its retirement) is not corrupt: with Options.Recover, Store first recovers
+// it as opening the engine does; without, it changes nothing and reports what recovery will
+// do (Report.Pending).
+//
+// A store with tiers keeps segments under every path of every disk tier; Store finds them all
+// through the tier configuration the store recorded (Handle.SegDirs, Handle.SegmentPath).
 package verify
 
 import (
@@ -28,7 +32,6 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
-	"github.com/ucm-go/ucm/wal"
 )
 
 // Options configure Store.
@@ -84,12 +87,14 @@ func (p Problem) String() string {
 
 // Report is what Store found.
 type Report struct {
-	// Dir is the store directory.
-	Dir string
-	// Segments counts the registered segments: Sealed, Active and Quarantined by state;
+	// Dir is the store directory and SegDirs its segment directories (Handle.SegDirs).
+	Dir     string
+	SegDirs []string
+	// Segments counts the registered segments: Sealed, Active, Quarantined and Retiring
+	// (marked deleting: a retirement a crash interrupted, which recovery finishes) by state;
 	// MissingFiles of them have no file. UnregisteredFiles counts segment files the index does
 	// not register.
-	Segments, Sealed, Active, Quarantined, MissingFiles, UnregisteredFiles int
+	Segments, Sealed, Active, Quarantined, Retiring, MissingFiles, UnregisteredFiles int
 	// Records counts the records read from the log, ValidRecords the valid ones and
 	// DeadRecords the valid ones no index entry points at, DeadBytes bytes on disk.
 	Records, ValidRecords, DeadRecords int
@@ -105,8 +110,8 @@ type Report struct {
 	// Problems are the problems found, sorted by segment file and offset; index-wide ones
 	// first.
 	Problems []Problem
-	// Notes are remarks that are not problems (temporary or foreign files in the segment
-	// directory).
+	// Notes are remarks that are not problems (temporary or foreign files in a segment
+	// directory, unregistered segment files, segments being retired).
 	Notes []string
 	// Recovery is what recovery did, when Store recovered the store (Options.Recover and a
 	// segment was still active); nil otherwise.
@@ -148,9 +153,9 @@ func Store(dir string, opts Options) (*Report, error) {
 
 // verify verifies the store h holds open; rec is what recovery did before, if it ran.
 func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, error) {
-	r := &Report{Dir: h.Dir, Recovery: rec}
+	r := &Report{Dir: h.Dir, SegDirs: h.SegDirs, Recovery: rec}
 	add := func(seg uint64, off int64, id format.BlockID, format string, args ...any) {
-		r.Problems = append(r.Problems, Problem{Segment: seg, Path: wal.SegmentPath(h.SegDir, seg), Offset: off, Block: id,
+		r.Problems = append(r.Problems, Problem{Segment: seg, Path: h.SegmentPath(seg), Offset: off, Block: id,
 			Msg: fmt.Sprintf(format, args...)})
 	}
 	if rec != nil {
@@ -170,24 +175,24 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		}
 	}
 
-	// Segment files on disk.
-	names, err := h.FS.List(h.SegDir)
+	// Segment files on disk, in every segment directory.
+	files, err := h.ListSegmentFiles()
 	if err != nil {
 		return nil, err
 	}
-	slices.Sort(names)
 	onDisk := map[uint64]int64{}
-	for _, name := range names {
-		if n, ok := wal.ParseSegmentFileName(name); ok {
+	for _, f := range files {
+		switch {
+		case f.Segment:
 			size := int64(-1)
-			if fi, err := h.FS.Stat(h.FS.PathJoin(h.SegDir, name)); err == nil {
+			if fi, err := h.FS.Stat(f.Path); err == nil {
 				size = fi.Size()
 			}
-			onDisk[n] = size
-		} else if strings.HasSuffix(name, wal.TempSuffix) {
-			r.Notes = append(r.Notes, fmt.Sprintf("temporary file %s left by an interrupted operation (the engine removes it at open)", name))
-		} else {
-			r.Notes = append(r.Notes, fmt.Sprintf("foreign file %s in the segment directory (ignored by the engine)", name))
+			onDisk[f.Number] = size
+		case f.Temp:
+			r.Notes = append(r.Notes, fmt.Sprintf("temporary file %s left by an interrupted operation (the engine removes it at open)", f.Path))
+		default:
+			r.Notes = append(r.Notes, fmt.Sprintf("foreign file %s in a segment directory (ignored by the engine)", f.Path))
 		}
 	}
 	rows := h.Index.Segments()
@@ -195,14 +200,14 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	var total int64
 	for _, m := range rows {
 		registered[m.Number] = m
-		if sz, ok := onDisk[m.Number]; ok && m.State != index.SegmentQuarantined && sz > 0 {
+		if sz, ok := onDisk[m.Number]; ok && m.State != index.SegmentQuarantined && m.State != index.SegmentDeleting && sz > 0 {
 			total += sz
 		}
 	}
 	for n := range onDisk {
 		if _, ok := registered[n]; !ok {
 			r.UnregisteredFiles++
-			r.Notes = append(r.Notes, fmt.Sprintf("segment file %s not registered in the index: recovery will adopt it (or remove it if it holds no header)", wal.SegmentFileName(n)))
+			r.Notes = append(r.Notes, fmt.Sprintf("segment file %s not registered in the index: recovery will adopt it (or remove it if it holds no header)", h.SegmentPath(n)))
 		}
 	}
 
@@ -217,7 +222,7 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	recs := map[recKey]*recState{}
 	validEnd := map[uint64]int64{} // active segments (without Recover): entries at or past it will be dropped
 	for _, m := range rows {
-		path := wal.SegmentPath(h.SegDir, m.Number)
+		path := h.SegmentPath(m.Number)
 		r.Segments++
 		size, present := onDisk[m.Number]
 		switch m.State {
@@ -228,6 +233,14 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		case index.SegmentQuarantined:
 			r.Quarantined++
 			add(m.Number, -1, format.BlockID{}, "segment quarantined (found corrupt when recovery scanned it); its blocks are not served")
+			continue
+		case index.SegmentDeleting:
+			// A retirement interrupted by a crash: no entry is served from it and recovery
+			// deletes it. Not corruption; nothing to read.
+			r.Retiring++
+			if !opts.Recover {
+				r.Notes = append(r.Notes, fmt.Sprintf("segment %s is being retired (marked deleting when a crash interrupted it): recovery deletes it", path))
+			}
 			continue
 		}
 		if !present {
@@ -286,6 +299,10 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		}
 		if m.State == index.SegmentQuarantined {
 			add(loc.Segment, loc.Offset, id, "index entry points into a quarantined segment")
+			return true
+		}
+		if m.State == index.SegmentDeleting {
+			r.PendingDrops++ // recovery drops the entries of a segment it finishes deleting
 			return true
 		}
 		if end, ok := validEnd[loc.Segment]; ok && loc.Offset >= end {

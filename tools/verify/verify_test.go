@@ -3,8 +3,11 @@ package verify_test
 import (
 	"bytes"
 	"crypto/md5"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"path"
 	"strings"
 	"testing"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/tools/verify"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -99,11 +103,11 @@ func flipPayloadByte(t *testing.T, fs vfs.FS, id format.BlockID) index.Location 
 	t.Helper()
 	h := open(t, fs)
 	loc, ok, err := h.Index.Get(id)
+	path := h.SegmentPath(loc.Segment)
 	_ = h.Close()
 	if err != nil || !ok {
 		t.Fatalf("block %s not in the index: %v", id, err)
 	}
-	path := segPath(loc.Segment)
 	off := loc.Offset + format.RecordHeaderSize + testLayout.ShardStride()*2 + 123
 	b := make([]byte, 1)
 	f, err := fs.Open(path)
@@ -305,5 +309,120 @@ func TestVerifyCompressedStore(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("flipped stored byte not reported for its block: %v", r.Problems)
+	}
+}
+
+// tieredOptions: two disk tiers of two paths each, none of them the store directory; the first
+// holds about 25 records.
+func tieredOptions(fs vfs.FS) engine.Options {
+	return engine.Options{FS: fs, Layout: testLayout, Schema: testSchema, SegmentSize: 128 << 10,
+		Logger: slog.New(slog.DiscardHandler),
+		Tiers: []tiers.Config{
+			{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/ssd1", "/ssd2"}, Capacity: 512 << 10},
+			{Name: "nfs", Kind: tiers.KindDisk, Paths: []string{"/nfs1", "/nfs2"}},
+		}}
+}
+
+// buildTieredStore fills a two-tier store and demotes most blocks to the second tier.
+func buildTieredStore(t *testing.T, fs vfs.FS) {
+	t.Helper()
+	e, err := engine.Open(storeDir, tieredOptions(fs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump(t, e, 0, 60)
+	if _, err := e.Evict("ssd", 128<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Verify finds the segments of every path of every tier (the store directory itself holds
+// none), and reports a problem in the second tier with that file's path.
+func TestVerifyTieredStore(t *testing.T) {
+	fs := vfs.NewMem()
+	buildTieredStore(t, fs)
+	r := run(t, fs, false)
+	if !r.Clean() || r.Segments == 0 || r.BlocksVerified != 60 || len(r.SegDirs) != 4 || r.UnregisteredFiles != 0 {
+		t.Fatalf("tiered store: %+v", r)
+	}
+	h := open(t, fs)
+	perDir := map[string]int{}
+	var low format.BlockID
+	for _, m := range h.Index.Segments() {
+		perDir[path.Dir(h.SegmentPath(m.Number))]++
+	}
+	err := h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
+		if h.SegmentTier(loc.Segment) == "nfs" {
+			low = id
+			return false
+		}
+		return true
+	})
+	if err != nil || low.IsZero() || h.NeedsRecovery() {
+		t.Fatalf("no block in the second tier (%v), or recovery needed", err)
+	}
+	_ = h.Close()
+	if len(perDir) < 3 {
+		t.Fatalf("segments in %d directories only: %v", len(perDir), perDir)
+	}
+	loc := flipPayloadByte(t, fs, low)
+	r = run(t, fs, false)
+	if r.Clean() || !strings.HasPrefix(r.Problems[0].Path, "/nfs") || r.Problems[0].Segment != loc.Segment {
+		t.Fatalf("flipped byte in the second tier: %+v", r.Problems)
+	}
+}
+
+// failRemoveFS refuses to delete segment files, as a crash between marking a segment deleting
+// and unlinking it would leave the store.
+type failRemoveFS struct{ vfs.FS }
+
+func (f failRemoveFS) Remove(name string) error {
+	if strings.HasSuffix(name, wal.SegmentExt) {
+		return errors.New("injected: remove refused")
+	}
+	return f.FS.Remove(name)
+}
+
+// A segment marked deleting (a retirement a crash interrupted) is not corruption: without
+// recovery it is reported as pending; recovery deletes it and the store verifies clean.
+func TestVerifyInterruptedRetirement(t *testing.T) {
+	fs := vfs.NewMem()
+	buildTieredStore(t, fs)
+	e, err := engine.Open(storeDir, tieredOptions(failRemoveFS{fs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h := open(t, fs)
+	retiring := len(h.RetiringSegments())
+	needs := h.NeedsRecovery()
+	_ = h.Close()
+	if retiring == 0 || !needs {
+		t.Fatalf("%d segments marked deleting, needs recovery %v", retiring, needs)
+	}
+	r := run(t, fs, false)
+	if !r.Clean() || r.Retiring != retiring || r.BlocksVerified != 60 {
+		t.Fatalf("without recovery: %+v", r)
+	}
+	pending := 0
+	for _, p := range r.Pending {
+		if p.Retiring && !p.Missing && p.FileSize > 0 {
+			pending++
+		}
+	}
+	if pending != retiring {
+		t.Fatalf("pending retirements %d, want %d: %+v", pending, retiring, r.Pending)
+	}
+	r = run(t, fs, true)
+	if !r.Clean() || r.Retiring != 0 || r.Recovery == nil || r.Recovery.RetiredSegmentsDeleted != retiring || r.BlocksVerified != 60 {
+		t.Fatalf("after recovery: %+v (recovery %+v)", r, r.Recovery)
 	}
 }

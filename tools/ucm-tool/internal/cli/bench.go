@@ -16,6 +16,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/kvgen"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -45,7 +46,8 @@ type benchConfig struct {
 	fioIODepth int
 
 	tracePath string
-	capacity  int64
+	capacity  int64 // trace: disk tier capacity (0: unlimited)
+	memory    int64 // trace: memory tier in front (0: none)
 	realtime  bool
 
 	compression engine.Compression
@@ -104,6 +106,18 @@ type benchResult struct {
 	ElapsedSeconds float64  `json:"elapsed_s,omitempty"`
 	RequestsPerSec float64  `json:"requests_per_s,omitempty"`
 	ThroughputMBps float64  `json:"throughput_MBps,omitempty"`
+	// trace with --capacity or --memory: the tiers and what they did. PeakUsedBytes is the
+	// highest accounted bytes of the disk tier sampled during the run (active segments at
+	// their full reservation); CapacityExceededBy is PeakUsedBytes − CapacityBytes when
+	// positive (at most one segment by design).
+	CapacityBytes      int64  `json:"capacity_bytes,omitempty"`
+	MemoryBytes        int64  `json:"memory_bytes,omitempty"`
+	EvictedBlocks      *int64 `json:"evicted_blocks,omitempty"`
+	SegmentsRetired    *int64 `json:"segments_retired,omitempty"`
+	PeakUsedBytes      int64  `json:"peak_used_bytes,omitempty"`
+	CapacityExceededBy *int64 `json:"capacity_exceeded_by_bytes,omitempty"`
+	MemoryHits         *int64 `json:"memory_hits,omitempty"`
+	ReloadMisses       int64  `json:"evicted_before_load,omitempty"`
 
 	// --fio.
 	Fio          []fioRun `json:"fio,omitempty"`
@@ -139,7 +153,7 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfg                                     benchConfig
 		blockSize, total, segSize, ioEng, dirIO string
-		syncPol, capacity, compression          string
+		syncPol, capacity, memory, compression  string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -165,7 +179,11 @@ Workloads:
              prompt's prefix, load the leading run of hits, dump the rest. --block-size is
              the bytes stored per hash id (one 512-token block). Requests run in order,
              --concurrency at a time (1: strictly sequential), ignoring timestamps unless
-             --realtime.
+             --realtime. --capacity bounds the store's disk tier (least recently used
+             blocks are evicted beyond it) and --memory puts a memory tier in front; the
+             report then adds the capacity, the peak accounted bytes sampled during the run
+             and by how much it exceeded the capacity (at most one segment by design), the
+             blocks evicted and segments deleted. Pick --segment-size well below --capacity.
 
 --fio runs fio (apt-get install fio) on a file in --dir with the same block size, direct
 flag, I/O engine and size, at --fio-iodepth and at 64, and prints engine/fio ratios against
@@ -204,6 +222,9 @@ per --sync); load time includes the in-line byte comparison.`,
 			if cfg.capacity, err = engine.ParseSize(capacity); err != nil {
 				return usageErr("--capacity: %v", err)
 			}
+			if cfg.memory, err = engine.ParseSize(memory); err != nil {
+				return usageErr("--memory: %v", err)
+			}
 			if cfg.ioEngine, err = devio.ParseIOEngine(ioEng); err != nil {
 				return usageErr("--io-engine: %v", err)
 			}
@@ -237,13 +258,28 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
-	fl.StringVar(&capacity, "capacity", "0", "trace: store capacity in bytes (0: unlimited; needs the tiers package)")
+	fl.StringVar(&capacity, "capacity", "0", "trace: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it")
+	fl.StringVar(&memory, "memory", "0", "trace: bytes of a memory tier in front of the disk tier (0: none)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
 	fl.StringVar(&compression, "compression", "off", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")
 	fl.Float64Var(&cfg.minSaving, "compress-min-saving", engine.DefaultCompressMinSaving, "lz4: fraction of a record's payload compression must save to be kept")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
 	fl.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the workload (not of fio) to this file")
 	return cmd
+}
+
+// benchTiers returns the bench store's tiers: none (the default unlimited disk tier) unless
+// --capacity or --memory is set, else an optional memory tier and one disk tier in the store
+// directory with --capacity.
+func benchTiers(cfg benchConfig, storeDir string) []tiers.Config {
+	if cfg.capacity == 0 && cfg.memory == 0 {
+		return nil
+	}
+	var ts []tiers.Config
+	if cfg.memory > 0 {
+		ts = append(ts, tiers.Config{Name: "memory", Kind: tiers.KindMemory, Capacity: cfg.memory})
+	}
+	return append(ts, tiers.Config{Name: "disk", Kind: tiers.KindDisk, Paths: []string{storeDir}, Capacity: cfg.capacity})
 }
 
 // benchLayout checks the sizes and returns the bench layout: shards × (K, V) tensors.
@@ -280,6 +316,15 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--segment-size %d: want a multiple of %d of at least %s", cfg.segmentSize, format.Alignment, formatSize(engine.MinSegmentSize))
 	case cfg.fioIODepth < 1:
 		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
+	case cfg.capacity != 0 && cfg.workload != "trace":
+		return usageErr("--capacity: only the trace workload takes a capacity")
+	case cfg.memory != 0 && cfg.workload != "trace":
+		return usageErr("--memory: only the trace workload takes a memory tier")
+	}
+	if ts := benchTiers(cfg, "bench"); ts != nil {
+		if err := tiers.Validate(ts); err != nil {
+			return usageErr("--capacity/--memory: %v", err)
+		}
 	}
 	blocks, err := w.blocks(cfg, l)
 	if err != nil {
@@ -298,7 +343,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression,
-		CompressMinSaving: cfg.minSaving}
+		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir)}
 	payload := newPayloadPool(l.BlockBytes())
 	if cfg.compression != engine.CompressionOff {
 		payload = newKVPayloadPool(l.BlockBytes())
@@ -434,6 +479,16 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("loaded", "%s (%d bytes)", humanBytes(r.BytesLoaded), r.BytesLoaded)
 		row("dumped", "%s (%d bytes)", humanBytes(r.BytesDumped), r.BytesDumped)
 		row("throughput", "%.1f MB/s loaded+dumped, %.1f requests/s, %.2f s", r.ThroughputMBps, r.RequestsPerSec, r.ElapsedSeconds)
+		if r.CapacityExceededBy != nil {
+			row("capacity", "%s (%d bytes); peak used %s (%d bytes), exceeded by %d bytes", humanBytes(r.CapacityBytes), r.CapacityBytes,
+				humanBytes(r.PeakUsedBytes), r.PeakUsedBytes, *r.CapacityExceededBy)
+		}
+		if r.EvictedBlocks != nil {
+			row("eviction", "%d blocks evicted, %d segments deleted, %d prompt blocks evicted between lookup and load", *r.EvictedBlocks, *r.SegmentsRetired, r.ReloadMisses)
+		}
+		if r.MemoryHits != nil {
+			row("memory tier", "%s (%d bytes), %d hits", humanBytes(r.MemoryBytes), r.MemoryBytes, *r.MemoryHits)
+		}
 	}
 	for _, f := range r.Fio {
 		row("fio", "%s bs=%s iodepth=%d: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.MBps)

@@ -189,7 +189,10 @@ func TestBenchTraceUsage(t *testing.T) {
 		{"bench", "--workload", "trace", "--dir", dir},
 		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join(dir, "missing.jsonl")},
 		{"bench", "--workload", "trace", "--dir", dir, "--trace", bad},
-		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join("testdata", "mooncake_trace_50.jsonl"), "--capacity", "1GiB"},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join("testdata", "mooncake_trace_50.jsonl"), "--capacity", "-1"},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join("testdata", "mooncake_trace_50.jsonl"), "--capacity", "1MiB"},
+		{"bench", "--workload", "trace", "--dir", dir, "--trace", filepath.Join("testdata", "mooncake_trace_50.jsonl"), "--memory", "lots"},
+		{"bench", "--workload", "seq", "--dir", dir, "--capacity", "1GiB"},
 		{"bench", "--workload", "lookup", "--dir", dir, "--blocks", "0"},
 		{"bench", "--workload", "seq", "--dir", dir, "--fio-iodepth", "0"},
 	} {
@@ -283,4 +286,34 @@ func TestPayloadCheckRange(t *testing.T) {
 	if err := p.checkRange(b[4096:8192], id, 4096); err == nil || !strings.Contains(err.Error(), "byte 5000") {
 		t.Errorf("flipped byte: %v", err)
 	}
+}
+
+// With --capacity the trace store's disk tier stays within its capacity plus one segment,
+// evicts, and hits no more than the unlimited store; --memory adds a memory tier.
+func TestBenchTraceCapacity(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join("testdata", "mooncake_trace_50.jsonl")
+	base := []string{"--workload", "trace", "--trace", trace, "--dir", dir, "--block-size", "16KiB", "--shards", "2",
+		"--segment-size", "1MiB", "--concurrency", "2", "--sync", "none"}
+	unlimited := benchJSON(t, base...)
+	mustLackKeys(t, unlimited, "capacity_bytes", "evicted_blocks", "capacity_exceeded_by_bytes")
+	const capacity = 6 << 20 // about a quarter of the 1342 distinct blocks
+	capped := benchJSON(t, append(base, "--capacity", "6MiB")...)
+	mustHaveKeys(t, capped, "hit_rate", "capacity_bytes", "evicted_blocks", "segments_retired", "peak_used_bytes", "capacity_exceeded_by_bytes")
+	if capped["capacity_bytes"] != float64(capacity) || capped["evicted_blocks"].(float64) == 0 || capped["segments_retired"].(float64) == 0 {
+		t.Fatalf("capped run: %v", capped)
+	}
+	if over := capped["capacity_exceeded_by_bytes"].(float64); over > 1<<20 || capped["peak_used_bytes"].(float64) > capacity+1<<20 {
+		t.Fatalf("capacity exceeded by %v bytes, more than one segment", over)
+	}
+	if capped["hit_rate"].(float64) > unlimited["hit_rate"].(float64) {
+		t.Fatalf("capped hit rate %v above the unlimited %v", capped["hit_rate"], unlimited["hit_rate"])
+	}
+	mem := benchJSON(t, append(base, "--capacity", "6MiB", "--memory", "2MiB")...)
+	mustHaveKeys(t, mem, "memory_bytes", "memory_hits", "capacity_exceeded_by_bytes")
+	out, _, code := run(t, append([]string{"bench"}, append(base, "--capacity", "6MiB", "--memory", "2MiB")...)...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "capacity", "exceeded by", "eviction", "memory tier", "verified")
 }

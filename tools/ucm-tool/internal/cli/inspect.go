@@ -69,13 +69,17 @@ func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) e
 	rows := s.ix.Segments()
 	fmt.Fprintln(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "segment\tstate\tgeneration\tsize\tlive bytes\tlive records\tlive ratio\t")
+	fmt.Fprintln(tw, "segment\ttier\tstate\tgeneration\tsize\tlive bytes\tlive records\tlive ratio\t")
 	for _, m := range rows {
 		ratio := 0.0
 		if m.Size > 0 {
 			ratio = float64(m.LiveBytes) / float64(m.Size)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%016x\t%d\t%d\t%d\t%.3f\t\n", m.Number, m.State, m.Generation, m.Size, m.LiveBytes, m.LiveRecords, ratio)
+		tier := s.SegmentTier(m.Number)
+		if tier == "" {
+			tier = "(no file)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%016x\t%d\t%d\t%d\t%.3f\t\n", m.Number, tier, m.State, m.Generation, m.Size, m.LiveBytes, m.LiveRecords, ratio)
 	}
 	_ = tw.Flush()
 	blocks, live, files := s.ix.Totals()
@@ -97,7 +101,7 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		return usageErr("segment %d is not registered in the index", n)
 	}
 	name := wal.SegmentFileName(n)
-	path := wal.SegmentPath(s.SegDir, n)
+	path := s.SegmentPath(n)
 	res, err := verify.ReadSegment(s.FS, path, m, false, nil)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -105,7 +109,7 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		}
 		return usageErr("read %s: %v", path, err)
 	}
-	fmt.Fprintf(stdout, "\nsegment %d (%s, %s): file %d bytes", n, name, m.State, res.FileSize)
+	fmt.Fprintf(stdout, "\nsegment %d (%s, %s, tier %q): file %s, %d bytes", n, name, m.State, s.SegmentTier(n), path, res.FileSize)
 	if res.Footer {
 		fmt.Fprintf(stdout, ", footer lists %d records, data end %d", len(res.Records), res.DataEnd)
 	} else {
@@ -185,7 +189,7 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  record header: segment %d is not registered\n", loc.Segment)
 		return nil
 	}
-	f, err := s.FS.Open(wal.SegmentPath(s.SegDir, loc.Segment))
+	f, err := s.FS.Open(s.SegmentPath(loc.Segment))
 	if err != nil {
 		fmt.Fprintf(stdout, "  record header: cannot open the segment file: %v\n", err)
 		return nil

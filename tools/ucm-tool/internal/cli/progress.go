@@ -13,13 +13,22 @@ type progress struct{ bar *progressbar.ProgressBar }
 // newProgress returns a bar over total bytes when enabled (--progress, or stderr is a
 // terminal), else a no-op.
 func newProgress(w io.Writer, enabled bool, total int64, desc string) *progress {
+	return newBar(w, enabled, total, desc, true)
+}
+
+// newCountProgress is newProgress over a count of items (segments) instead of bytes.
+func newCountProgress(w io.Writer, enabled bool, total int64, desc string) *progress {
+	return newBar(w, enabled, total, desc, false)
+}
+
+func newBar(w io.Writer, enabled bool, total int64, desc string, bytes bool) *progress {
 	if !enabled {
 		return &progress{}
 	}
 	return &progress{bar: progressbar.NewOptions64(total,
 		progressbar.OptionSetWriter(w),
 		progressbar.OptionSetDescription(desc),
-		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowBytes(bytes),
 		progressbar.OptionUseIECUnits(true),
 		progressbar.OptionSetWidth(30),
 		progressbar.OptionThrottle(100*time.Millisecond),

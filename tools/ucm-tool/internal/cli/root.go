@@ -16,8 +16,8 @@ import (
 const (
 	// ExitOK: the command ran and found nothing wrong.
 	ExitOK = 0
-	// ExitProblems: the command ran and found problems (verify), or a bench failed
-	// verification.
+	// ExitProblems: the command ran and found problems (verify), a bench failed
+	// verification, or compact, gc or evict failed part way (evict: or missed its target).
 	ExitProblems = 1
 	// ExitUsage: bad arguments, or the store could not be opened.
 	ExitUsage = 2
@@ -71,18 +71,20 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "ucm-tool",
 		Short: "Offline operator tool for UCM-Go KV-cache stores",
-		Long: `ucm-tool checks, inspects and benchmarks UCM-Go stores.
+		Long: `ucm-tool checks, inspects, reclaims space in and benchmarks UCM-Go stores.
 
 Exit status: 0 when the command found nothing wrong, 1 when it found problems
-(verify) or a benchmark failed verification, 2 on usage errors or when the store
-cannot be opened (missing, not a store, or in use by a running engine).`,
+(verify), a benchmark failed verification, or compact, gc or evict failed part way
+(evict: or could not reach --to), 2 on usage errors or when the store cannot be
+opened (missing, not a store, or in use by a running engine).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newVerifyCmd(stdout, stderr), newInspectCmd(stdout, stderr), newStatsCmd(stdout, stderr), newBenchCmd(stdout, stderr))
+	root.AddCommand(newVerifyCmd(stdout, stderr), newInspectCmd(stdout, stderr), newStatsCmd(stdout, stderr), newBenchCmd(stdout, stderr),
+		newCompactCmd(stdout, stderr), newGCCmd(stdout, stderr), newEvictCmd(stdout, stderr))
 	return root
 }
 

@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/tools/verify"
 )
 
@@ -21,19 +24,76 @@ type statsReport struct {
 	LiveRatio float64 `json:"live_ratio"`
 	Segments  int     `json:"segments"`
 	// SegmentsByState counts segments per state ("active", "sealed", "quarantined").
-	SegmentsByState map[string]int           `json:"segments_by_state"`
+	SegmentsByState map[string]int `json:"segments_by_state"`
+	// Tiers is every tier, fastest first (a memory tier is empty offline).
+	Tiers           []tierJSON               `json:"tiers"`
 	Recovery        *recoveryJSON            `json:"recovery,omitempty"`
 	PendingRecovery []*verify.PendingSegment `json:"pending_recovery,omitempty"`
 }
 
+// tierJSON is engine.TierStats in the --json form.
+type tierJSON struct {
+	Name      string   `json:"name"`
+	Kind      string   `json:"kind"`
+	Paths     []string `json:"paths,omitempty"`
+	Capacity  int64    `json:"capacity_bytes"` // 0: unlimited
+	Used      int64    `json:"used_bytes"`
+	FileBytes int64    `json:"file_bytes"`
+	LiveBytes int64    `json:"live_bytes"`
+	DeadBytes int64    `json:"dead_bytes"`
+	Blocks    int64    `json:"blocks"`
+	Segments  int      `json:"segments"`
+	// Memory tier only.
+	Hits      *int64 `json:"hits,omitempty"`
+	Misses    *int64 `json:"misses,omitempty"`
+	Evictions *int64 `json:"evictions,omitempty"`
+}
+
+func newTierJSON(ts []engine.TierStats) []tierJSON {
+	out := make([]tierJSON, 0, len(ts))
+	for _, t := range ts {
+		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, Used: t.Used, FileBytes: t.FileBytes,
+			LiveBytes: t.LiveBytes, DeadBytes: t.DeadBytes, Blocks: t.Blocks, Segments: t.Segments}
+		if t.Kind == tiers.KindMemory {
+			j.Hits, j.Misses, j.Evictions = &t.Hits, &t.Misses, &t.Evictions
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+// printTiers prints the per-tier table of stats.
+func printTiers(w io.Writer, ts []tierJSON) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "tier\tkind\tcapacity\tused\tfile\tlive\tdead\tblocks\tsegments\thits\tmisses\tpaths")
+	for _, t := range ts {
+		capacity := "unlimited"
+		if t.Capacity > 0 {
+			capacity = humanBytes(t.Capacity)
+		}
+		hits, misses := "-", "-"
+		if t.Hits != nil {
+			hits, misses = fmt.Sprint(*t.Hits), fmt.Sprint(*t.Misses)
+		}
+		paths := strings.Join(t.Paths, ",")
+		if paths == "" {
+			paths = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Kind, capacity, humanBytes(t.Used), humanBytes(t.FileBytes),
+			humanBytes(t.LiveBytes), humanBytes(t.DeadBytes), t.Blocks, t.Segments, hits, misses, paths)
+	}
+	_ = tw.Flush()
+}
+
 // recoveryJSON is engine.RecoveryReport in the --json form.
 type recoveryJSON struct {
-	SegmentsRecovered int      `json:"segments_recovered"`
-	TruncatedBytes    int64    `json:"truncated_bytes"`
-	EntriesDropped    int      `json:"entries_dropped"`
-	OrphansRemoved    int      `json:"orphans_removed"`
-	MissingSegments   []uint64 `json:"missing_segments"`
-	Seconds           float64  `json:"seconds"`
+	SegmentsRecovered      int      `json:"segments_recovered"`
+	TruncatedBytes         int64    `json:"truncated_bytes"`
+	EntriesDropped         int      `json:"entries_dropped"`
+	OrphansRemoved         int      `json:"orphans_removed"`
+	RetiredSegmentsDeleted int      `json:"retired_segments_deleted"`
+	MissingSegments        []uint64 `json:"missing_segments"`
+	Seconds                float64  `json:"seconds"`
 }
 
 func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
@@ -41,7 +101,8 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 		return nil
 	}
 	return &recoveryJSON{SegmentsRecovered: r.SegmentsRecovered, TruncatedBytes: r.TruncatedBytes, EntriesDropped: r.EntriesDropped,
-		OrphansRemoved: r.OrphansRemoved, MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
+		OrphansRemoved: r.OrphansRemoved, RetiredSegmentsDeleted: r.RetiredSegmentsDeleted,
+		MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
 }
 
 func newStatsCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -52,7 +113,9 @@ func newStatsCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `stats prints the number of blocks, live bytes (on-disk bytes of the records the index
 points at), file bytes (all segment files), dead bytes (file bytes minus live bytes:
 superseded records, headers, footers), the live ratio and the segments by state, from
-the index's exact accounting.
+the index's exact accounting, then a table of the tiers: name, kind, capacity, used
+(accounted) bytes, file, live and dead bytes, blocks and segments of each disk tier
+(a memory tier is empty offline: its hits and misses are 0).
 
 Like verify, a store left by a crash is recovered first (--no-recover: report what
 recovery will do instead, without changing anything).`,
@@ -75,8 +138,8 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	st := s.Engine.Stats()
 	r := statsReport{Dir: dir, Blocks: st.Blocks, LiveBytes: st.LiveBytes, FileBytes: st.FileBytes,
 		DeadBytes: st.FileBytes - st.LiveBytes, Segments: st.Segments, Recovery: newRecoveryJSON(rep),
-		SegmentsByState: map[string]int{}}
-	for _, state := range []index.SegmentState{index.SegmentActive, index.SegmentSealed, index.SegmentQuarantined} {
+		SegmentsByState: map[string]int{}, Tiers: newTierJSON(s.Engine.TierStats())}
+	for _, state := range []index.SegmentState{index.SegmentActive, index.SegmentSealed, index.SegmentQuarantined, index.SegmentDeleting} {
 		r.SegmentsByState[state.String()] = 0
 	}
 	for _, m := range s.ix.Segments() {
@@ -107,7 +170,9 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "file bytes:  %d (%s)\n", r.FileBytes, humanBytes(r.FileBytes))
 	fmt.Fprintf(stdout, "dead bytes:  %d (%s)\n", r.DeadBytes, humanBytes(r.DeadBytes))
 	fmt.Fprintf(stdout, "live ratio:  %.4f\n", r.LiveRatio)
-	fmt.Fprintf(stdout, "segments:    %d (active %d, sealed %d, quarantined %d)\n", r.Segments,
-		r.SegmentsByState["active"], r.SegmentsByState["sealed"], r.SegmentsByState["quarantined"])
+	fmt.Fprintf(stdout, "segments:    %d (active %d, sealed %d, quarantined %d, being retired %d)\n", r.Segments,
+		r.SegmentsByState["active"], r.SegmentsByState["sealed"], r.SegmentsByState["quarantined"], r.SegmentsByState["deleting"])
+	fmt.Fprintln(stdout)
+	printTiers(stdout, r.Tiers)
 	return nil
 }

@@ -48,6 +48,9 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 	fmt.Fprintf(w, "  index entries dropped (past a valid end or in a missing segment): %d\n", r.EntriesDropped)
 	fmt.Fprintf(w, "  unregistered segments adopted: %d (%d block entries indexed)\n", r.SegmentsAdopted, r.EntriesAdopted)
 	fmt.Fprintf(w, "  orphan files removed: %d\n", r.OrphansRemoved)
+	if r.RetiredSegmentsDeleted > 0 {
+		fmt.Fprintf(w, "  interrupted retirements finished (segments deleted): %d\n", r.RetiredSegmentsDeleted)
+	}
 	if len(r.MissingSegments) > 0 {
 		fmt.Fprintf(w, "  sealed segments missing: %v\n", r.MissingSegments)
 	}
@@ -58,9 +61,13 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 
 // printPending prints what recovery will do, for --no-recover.
 func printPending(w io.Writer, ps []*verify.PendingSegment) {
-	fmt.Fprintf(w, "recovery pending: %d segment(s) still active (the store was not closed cleanly); not recovering (--no-recover). Recovery will:\n", len(ps))
+	fmt.Fprintf(w, "recovery pending: %d segment(s) still active or being retired (the store was not closed cleanly); not recovering (--no-recover). Recovery will:\n", len(ps))
 	for _, p := range ps {
 		switch {
+		case p.Retiring && p.Missing:
+			fmt.Fprintf(w, "  %s: being retired, file already deleted; forget its row\n", p.File)
+		case p.Retiring:
+			fmt.Fprintf(w, "  %s: being retired (a crash interrupted it); delete its file (%d bytes) and row\n", p.File, p.FileSize)
 		case p.Missing:
 			fmt.Fprintf(w, "  %s: file missing; drop its %d index entries\n", p.File, p.EntriesToDrop)
 		case p.Unreadable != "":

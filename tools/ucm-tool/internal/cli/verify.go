@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/tools/verify"
@@ -27,9 +28,13 @@ the segment table's live bytes and records must equal what the index entries add
 to, and a sealed segment's recorded size must equal its file size. Records in the log
 that the index does not point at are dead space (counted, not a problem).
 
-A store left by a crash (a segment still active) is not corrupt: verify first
-recovers it (truncates the torn tail and seals the segment, as opening the engine
-does) and prints what recovery did. With --no-recover it changes nothing and reports
+A store with tiers keeps segments under every path of every disk tier: verify finds
+them all through the tier configuration the store recorded.
+
+A store left by a crash (a segment still active, or a segment marked deleting because
+the crash interrupted its retirement) is not corrupt: verify first recovers it
+(truncates the torn tail and seals the segment, finishes deleting retired segments, as
+opening the engine does) and prints what recovery did. With --no-recover it changes nothing and reports
 what recovery will do instead.
 
 Exit status: 0 clean, 1 problems found, 2 usage or open error.`,
@@ -69,8 +74,9 @@ func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
 	for _, p := range r.Problems {
 		fmt.Fprintln(stdout, p)
 	}
-	fmt.Fprintf(stdout, "segments: %d (sealed %d, active %d, quarantined %d, files missing %d, unregistered files %d)\n",
-		r.Segments, r.Sealed, r.Active, r.Quarantined, r.MissingFiles, r.UnregisteredFiles)
+	fmt.Fprintf(stdout, "segments: %d (sealed %d, active %d, quarantined %d, being retired %d, files missing %d, unregistered files %d)\n",
+		r.Segments, r.Sealed, r.Active, r.Quarantined, r.Retiring, r.MissingFiles, r.UnregisteredFiles)
+	fmt.Fprintf(stdout, "segment directories: %s\n", strings.Join(r.SegDirs, ", "))
 	fmt.Fprintf(stdout, "records: %d (valid %d, dead %d = %d bytes)\n", r.Records, r.ValidRecords, r.DeadRecords, r.DeadBytes)
 	fmt.Fprintf(stdout, "index entries: %d; blocks verified: %d", r.IndexEntries, r.BlocksVerified)
 	if r.PendingDrops > 0 {

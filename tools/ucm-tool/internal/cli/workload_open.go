@@ -12,7 +12,6 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
-	"github.com/ucm-go/ucm/wal"
 )
 
 // openWorkload indexes --blocks blocks like lookup, then copies the store while the engine
@@ -44,8 +43,8 @@ func (openWorkload) run(env *benchEnv, res *benchResult) error {
 	defer func() { _ = os.RemoveAll(crashDir) }()
 	sealed := map[string]bool{}
 	for _, m := range e.Index().Segments() {
-		if m.State == index.SegmentSealed {
-			sealed[wal.SegmentPath(filepath.Join(env.storeDir, engine.SegmentDir), m.Number)] = true
+		if p, ok := e.SegmentPath(m.Number); ok && m.State == index.SegmentSealed {
+			sealed[p] = true
 		}
 	}
 	err = crashCopyDir(env.storeDir, crashDir, sealed)

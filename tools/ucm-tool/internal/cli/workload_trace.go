@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // traceTokensPerBlock is the number of prompt tokens one hash id of a Mooncake trace covers.
@@ -96,8 +98,8 @@ func (w *traceWorkload) blocks(cfg benchConfig, _ format.Layout) (int, error) {
 	if cfg.tracePath == "" {
 		return 0, fmt.Errorf("--trace: required by the trace workload")
 	}
-	if cfg.capacity != 0 {
-		return 0, fmt.Errorf("--capacity: not available yet: a capacity limit needs the tiers package (tiers issue); run without it for an unlimited store")
+	if cfg.capacity > 0 && cfg.capacity < 2*cfg.segmentSize {
+		return 0, fmt.Errorf("--capacity %d: want at least two segments (--segment-size %d): one segment may be written beyond the capacity", cfg.capacity, cfg.segmentSize)
 	}
 	reqs, distinct, err := readTrace(cfg.tracePath)
 	if err != nil {
@@ -122,10 +124,31 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 	res.Batch = chunk
 
 	var (
-		hitBlocks, promptBlocks, hitTokens, tokens, loaded atomic.Int64
-		mismatch                                           atomic.Pointer[error]
+		hitBlocks, promptBlocks, hitTokens, tokens, loaded, gone atomic.Int64
+		mismatch                                                 atomic.Pointer[error]
 	)
 	before := e.Stats()
+	// With a capacity, sample the disk tier's accounted bytes for its peak.
+	var peak atomic.Int64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, t := range e.TierStats() {
+				if t.Kind == tiers.KindDisk && t.Used > peak.Load() {
+					peak.Store(t.Used)
+				}
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	work := make(chan *traceRequest)
 	errs := make(chan error, cfg.concurrency)
 	var wg sync.WaitGroup
@@ -138,7 +161,7 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 				bufs[i] = devio.AlignedBuffer(int(blockBytes))
 			}
 			for r := range work {
-				n, err := replayRequest(env, e, r, bufs, &mismatch)
+				n, err := replayRequest(env, e, r, bufs, &mismatch, &gone)
 				if err != nil {
 					errs <- err
 					for range work { // drain
@@ -167,6 +190,8 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 	close(work)
 	wg.Wait()
 	elapsed := time.Since(start)
+	close(stopSampling)
+	<-sampled
 	close(errs)
 	if err := <-errs; err != nil {
 		return err
@@ -183,6 +208,19 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 	res.BytesDumped = after.DumpedBytes - before.DumpedBytes
 	res.RequestsPerSec = float64(len(w.reqs)) / elapsed.Seconds()
 	res.ThroughputMBps = mbps(res.BytesLoaded+res.BytesDumped, elapsed)
+	if cfg.capacity > 0 || cfg.memory > 0 {
+		evicted, retired := after.EvictedBlocks-before.EvictedBlocks, after.SegmentsRetired-before.SegmentsRetired
+		res.EvictedBlocks, res.SegmentsRetired, res.ReloadMisses = &evicted, &retired, gone.Load()
+	}
+	if cfg.capacity > 0 {
+		res.CapacityBytes, res.PeakUsedBytes = cfg.capacity, peak.Load()
+		over := max(0, res.PeakUsedBytes-cfg.capacity)
+		res.CapacityExceededBy = &over
+	}
+	if cfg.memory > 0 {
+		hits := after.MemoryHits - before.MemoryHits
+		res.MemoryBytes, res.MemoryHits = cfg.memory, &hits
+	}
 	if p := mismatch.Load(); p != nil {
 		res.mismatch = (*p).Error()
 		return nil
@@ -192,14 +230,41 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 }
 
 // replayRequest serves one request: it returns the length of the leading run of stored blocks,
-// which it loaded (and checked), after dumping the rest.
-func replayRequest(env *benchEnv, e *engine.Engine, r *traceRequest, bufs [][]byte, mismatch *atomic.Pointer[error]) (int, error) {
+// which it loaded (and checked), after dumping the rest. With a capacity a block found by the
+// lookup can be evicted before its load: the run ends there (counted in gone) and the rest is
+// dumped again.
+func replayRequest(env *benchEnv, e *engine.Engine, r *traceRequest, bufs [][]byte, mismatch *atomic.Pointer[error], gone *atomic.Int64) (int, error) {
 	n := e.LookupPrefix(r.ids)
+load:
 	for lo := 0; lo < n; lo += len(bufs) {
 		ids := r.ids[lo:min(n, lo+len(bufs))]
 		dst := bufs[:len(ids)]
-		if err := e.Load(ids, dst).Wait(); err != nil {
-			return 0, fmt.Errorf("load: %w", err)
+		t := e.Load(ids, dst)
+		if err := t.Wait(); err != nil {
+			errs := t.BlockErrors()
+			first := -1
+			for i, be := range errs {
+				if be != nil {
+					if !errors.Is(be, engine.ErrNotFound) {
+						return 0, fmt.Errorf("load: %w", err)
+					}
+					if first < 0 {
+						first = i
+					}
+				}
+			}
+			if first < 0 {
+				return 0, fmt.Errorf("load: %w", err)
+			}
+			gone.Add(int64(n - (lo + first)))
+			ids, dst = ids[:first], dst[:first]
+			n = lo + first
+			for i, id := range ids {
+				if err := env.payload.check(dst[i], id); err != nil {
+					mismatch.CompareAndSwap(nil, &err)
+				}
+			}
+			break load
 		}
 		for i, id := range ids {
 			if err := env.payload.check(dst[i], id); err != nil {
