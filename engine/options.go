@@ -68,6 +68,7 @@ const (
 	DefaultQueueDepth      = 64
 	DefaultTaskTimeout     = 30 * time.Second
 	DefaultMaxStagingBytes = 1 << 30
+	DefaultCompactInterval = 30 * time.Second
 	// DefaultCompression is off: measured on KV-shaped bf16, lz4 saves ~10 % at ~260 MB/s per
 	// core, far below a local NVMe's 2.5 GB/s (docs/performance.md, Compression).
 	DefaultCompression = CompressionOff
@@ -123,6 +124,11 @@ type Options struct {
 	// save for the compressed form to be kept (default 0.125); otherwise the record is stored
 	// raw. In (0, 1].
 	CompressMinSaving float64
+	// CompactInterval is how often the engine compacts every tier's segments at or below
+	// CompactLiveRatio and deletes empty ones, whatever the watermarks, so dead space (blocks
+	// relocated, evicted or dropped) is reclaimed also in unlimited tiers (default 30 s;
+	// negative: only under capacity pressure and by Compact).
+	CompactInterval time.Duration
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
@@ -158,6 +164,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.CompactInterval == 0 {
+		o.CompactInterval = DefaultCompactInterval
 	}
 	if o.CompactLiveRatio == 0 {
 		o.CompactLiveRatio = DefaultCompactLiveRatio

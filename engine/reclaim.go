@@ -42,6 +42,7 @@ func (e *Engine) reclaimer() {
 	defer e.bg.Done()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	lastCompact := time.Now()
 	for {
 		select {
 		case <-e.stop:
@@ -49,14 +50,38 @@ func (e *Engine) reclaimer() {
 		case <-tick.C:
 		case <-e.reclaimKick:
 		}
+		compact := e.opts.CompactInterval > 0 && time.Since(lastCompact) >= e.opts.CompactInterval
+		if compact {
+			lastCompact = time.Now()
+		}
 		for _, t := range e.tiers {
+			var err error
 			if t.space.OverHigh() {
-				if _, err := e.reclaimTier(t, -1, t.recency()); err != nil && !errors.Is(err, ErrClosed) {
-					e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.cfg.Name, "err", err)
-				}
+				_, err = e.reclaimTier(t, -1, t.recency())
+			} else if compact {
+				// Online compaction: dead space (relocated, evicted or dropped blocks) is
+				// reclaimed in every tier, also below the watermarks and in unlimited tiers.
+				err = e.compactTier(t)
+			}
+			if err != nil && !errors.Is(err, ErrClosed) {
+				e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.cfg.Name, "err", err)
 			}
 		}
 	}
+}
+
+// compactTier retires t's empty sealed segments and compacts those at or below
+// CompactLiveRatio.
+func (e *Engine) compactTier(t *diskTier) error {
+	select {
+	case <-e.stop:
+		return ErrClosed
+	default:
+	}
+	e.reclaimMu.Lock()
+	defer e.reclaimMu.Unlock()
+	var rep ReclaimReport
+	return e.reclaimSegments(t, e.opts.CompactLiveRatio, &rep, nil, nil)
 }
 
 // ReclaimReport says what one reclamation did.
@@ -85,8 +110,10 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 		return t.space.Used() - target
 	}
 	for round := 0; round < reclaimRounds && excess() > 0; round++ {
-		if e.closing.Load() {
+		select {
+		case <-e.stop:
 			return rep, ErrClosed
+		default:
 		}
 		if err := e.reclaimSegments(t, e.opts.CompactLiveRatio, &rep, excess, nil); err != nil {
 			return rep, err
@@ -163,10 +190,43 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 }
 
 // compactSegment copies every live record of segment n forward into t's relocation writer.
-// Entries that moved or went away meanwhile are left alone by the conditional index batch.
+// The segment's footer lists its records, so only those are looked up (a damaged footer falls
+// back to a scan of the index). Entries that moved or went away meanwhile are left alone by the
+// conditional index batch.
 func (e *Engine) compactSegment(t *diskTier, n uint64) (int, error) {
-	var ids []BlockID
-	var locs []index.Location
+	ids, locs, err := e.liveRecords(n)
+	if err != nil {
+		return 0, err
+	}
+	return e.relocate(ids, locs, t)
+}
+
+// liveRecords returns the blocks whose index entry points into sealed segment n.
+func (e *Engine) liveRecords(n uint64) ([]BlockID, []index.Location, error) {
+	var (
+		ids  []BlockID
+		locs []index.Location
+	)
+	if row, ok := e.ix.Segment(n); ok {
+		if seg, err := e.acquireSegment(n); err == nil {
+			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
+			seg.Release()
+			if ferr == nil {
+				for _, fe := range entries {
+					loc, ok, err := e.ix.Get(fe.ID)
+					if err != nil {
+						return nil, nil, err
+					}
+					if ok && loc.Segment == n && loc.Offset == fe.Offset {
+						ids = append(ids, fe.ID)
+						locs = append(locs, loc)
+					}
+				}
+				return ids, locs, nil
+			}
+			e.opts.Logger.Warn("ucm: segment footer unreadable; finding its records in the index", "segment", n, "err", ferr)
+		}
+	}
 	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
 		if loc.Segment == n {
 			ids = append(ids, id)
@@ -174,10 +234,7 @@ func (e *Engine) compactSegment(t *diskTier, n uint64) (int, error) {
 		}
 		return true
 	})
-	if err != nil {
-		return 0, err
-	}
-	return e.relocate(ids, locs, t)
+	return ids, locs, err
 }
 
 // relocateBatch bounds the records read and appended together by relocate.

@@ -557,3 +557,34 @@ func TestStoredTiersFollowAMovedStore(t *testing.T) {
 		t.Fatalf("read-only tier stats %+v: want Used = FileBytes and %d blocks", st, len(ids))
 	}
 }
+
+// Online compaction reclaims dead space in an unlimited tier without being asked, keeping
+// every live block intact.
+func TestOnlineCompaction(t *testing.T) {
+	_, fs := memFS()
+	o := tierOptions(fs, diskTierCfg("ssd", 0, "/ssd"))
+	o.CompactInterval = 20 * time.Millisecond
+	e := mustOpen(t, "/store", o)
+	defer e.Close()
+	ids := make([]BlockID, 70)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	b := e.ix.NewBatch()
+	for i, id := range ids {
+		if i%3 != 0 {
+			b.Delete(id)
+		}
+	}
+	if err := e.ix.Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	dead := e.TierStats()[0].DeadBytes
+	waitFor(t, "online compaction", func() bool { return e.Stats().SegmentsRetired > 0 && e.TierStats()[0].DeadBytes < dead/2 })
+	for i, id := range ids {
+		if i%3 == 0 {
+			checkBlock(t, e, id)
+		}
+	}
+}

@@ -172,3 +172,32 @@ func OpenSegmentForRead(fs vfs.FS, dir string, n, generation uint64, direct devi
 	}
 	return newSegment(n, generation, path, f), nil
 }
+
+// ReadFooter reads and checks the footer of sealed segment seg, whose file is size bytes (the
+// size the index recorded at the seal): the list of every record in it, without scanning them.
+// A footer that fails its checks is a *CorruptionError.
+func ReadFooter(seg *Segment, size int64, backend devio.Backend) ([]format.FooterEntry, error) {
+	if size < format.SegmentHeaderSize+format.Alignment || size%format.Alignment != 0 {
+		return nil, &CorruptionError{Path: seg.path, Err: fmt.Errorf("%w: sealed size %d", format.ErrCorrupt, size)}
+	}
+	tail := devio.AlignedBuffer(format.Alignment)
+	if err := backend.Submit([]devio.Op{{File: seg.file, Buf: tail, Off: size - format.Alignment}}); err != nil {
+		return nil, fmt.Errorf("read footer of segment %d: %w", seg.Number, err)
+	}
+	t, err := format.DecodeTrailer(tail, size)
+	if err == nil && (t.Segment != seg.Number || t.Generation != seg.Generation) {
+		err = fmt.Errorf("%w: footer names segment %d generation %#x", format.ErrCorrupt, t.Segment, t.Generation)
+	}
+	if err != nil {
+		return nil, &CorruptionError{Path: seg.path, Err: err}
+	}
+	foot := devio.AlignedBuffer(int(size - t.DataEnd)) // bounded by the file size, checked above
+	if err := backend.Submit([]devio.Op{{File: seg.file, Buf: foot, Off: t.DataEnd}}); err != nil {
+		return nil, fmt.Errorf("read footer of segment %d: %w", seg.Number, err)
+	}
+	entries, err := format.DecodeFooterEntries(foot, t)
+	if err != nil {
+		return nil, &CorruptionError{Path: seg.path, Err: err}
+	}
+	return entries, nil
+}

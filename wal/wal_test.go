@@ -583,3 +583,60 @@ func TestPipelinedWriteFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ReadFooter lists exactly the records of a sealed segment, and refuses a damaged footer or a
+// size that is not the sealed one.
+func TestReadFooter(t *testing.T) {
+	fs := vfs.NewMem()
+	w, h, b := newTestWriter(t, fs, 128<<10)
+	for i := 0; i < 7; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range h.created {
+		seg, err := OpenSegmentForRead(fs, "/segs", n, generationOf(t, fs, n), devio.DirectOff, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, err := ReadFooter(seg, h.sealed[n], b)
+		if err != nil {
+			t.Fatalf("segment %d: %v", n, err)
+		}
+		res, err := ScanSegment(fs, SegmentPath("/segs", n), devio.DirectOff, b)
+		if err != nil || len(res.Records) != len(entries) {
+			t.Fatalf("segment %d: footer lists %d records, scan finds %d (%v)", n, len(entries), len(res.Records), err)
+		}
+		for i, r := range res.Records {
+			if entries[i].ID != r.Header.ID || entries[i].Offset != r.Offset {
+				t.Fatalf("segment %d entry %d: %+v, scanned %s at %d", n, i, entries[i], r.Header.ID, r.Offset)
+			}
+		}
+		var ce *CorruptionError
+		if _, err := ReadFooter(seg, h.sealed[n]-format.Alignment, b); !errors.As(err, &ce) {
+			t.Fatalf("segment %d at a wrong size: %v", n, err)
+		}
+		seg.Release()
+	}
+}
+
+func generationOf(t *testing.T, fs vfs.FS, n uint64) uint64 {
+	t.Helper()
+	f, err := fs.Open(SegmentPath("/segs", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, format.SegmentHeaderSize)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	hd, err := format.DecodeSegmentHeader(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hd.Generation
+}
