@@ -515,26 +515,13 @@ func (t *diskTier) recency() recency {
 // writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
 func (e *Engine) writeOrder(t *diskTier) (recency, error) {
 	lru := tiers.NewLRU()
-	type entry struct {
-		id   BlockID
-		seq  uint64
-		size int64
-	}
-	var all []entry
-	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+	err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
 		if e.tierOf(loc.Segment) == t {
-			all = append(all, entry{id, loc.Seq, loc.RecordBytes()})
+			return lru
 		}
-		return true
+		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
-	for _, x := range all {
-		lru.Add(x.id, x.size)
-	}
-	return lru, nil
+	return lru, err
 }
 
 // Compact retires every empty sealed segment and compacts every sealed segment whose live

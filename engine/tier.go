@@ -1,11 +1,12 @@
 package engine
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -373,25 +374,39 @@ func (e *Engine) initAccounting() error {
 	if !need {
 		return nil
 	}
+	if err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
+		if t := e.tierOf(loc.Segment); t != nil {
+			return t.lru
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("open %s: load recency: %w", e.dir, err)
+	}
+	return nil
+}
+
+// fillWriteOrder adds every indexed block to the recency list pick returns for its location
+// (none when nil), oldest written first.
+func (e *Engine) fillWriteOrder(pick func(index.Location) *tiers.LRU) error {
 	type entry struct {
+		lru  *tiers.LRU
 		id   BlockID
 		seq  uint64
 		size int64
-		t    *diskTier
 	}
 	var all []entry
 	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
-		if t := e.tierOf(loc.Segment); t != nil && t.lru != nil {
-			all = append(all, entry{id, loc.Seq, loc.RecordBytes(), t})
+		if lru := pick(loc); lru != nil {
+			all = append(all, entry{lru, id, loc.Seq, loc.RecordBytes()})
 		}
 		return true
 	})
 	if err != nil {
-		return fmt.Errorf("open %s: load recency: %w", e.dir, err)
+		return err
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].seq < all[j].seq })
+	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
 	for _, x := range all {
-		x.t.lru.Add(x.id, x.size)
+		x.lru.Add(x.id, x.size)
 	}
 	return nil
 }
