@@ -44,6 +44,7 @@ type benchConfig struct {
 
 	fio        bool
 	fioIODepth int
+	queueDepth int
 
 	tracePath string
 	capacity  int64 // trace: disk tier capacity (0: unlimited)
@@ -256,6 +257,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&segSize, "segment-size", "256MiB", "segment file size")
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
+	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.StringVar(&capacity, "capacity", "0", "trace: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it")
@@ -314,6 +316,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--batch %d: want at least 1", cfg.batch)
 	case cfg.segmentSize < engine.MinSegmentSize || cfg.segmentSize%format.Alignment != 0:
 		return usageErr("--segment-size %d: want a multiple of %d of at least %s", cfg.segmentSize, format.Alignment, formatSize(engine.MinSegmentSize))
+	case cfg.queueDepth < 1 || cfg.queueDepth > 4096:
+		return usageErr("--queue-depth %d: want 1 to 4096", cfg.queueDepth)
 	case cfg.fioIODepth < 1:
 		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
 	case cfg.capacity != 0 && cfg.workload != "trace":
@@ -342,7 +346,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("remove the previous bench store %s: %v", storeDir, err)
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
-		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression,
+		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression, QueueDepth: cfg.queueDepth,
 		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir)}
 	payload := newPayloadPool(l.BlockBytes())
 	if cfg.compression != engine.CompressionOff {
