@@ -50,16 +50,22 @@ func storedDType(canonical string) string {
 	return ""
 }
 
-// compressRecord replaces rec's payload with its compressed form when the engine compresses
-// and that saves at least CompressMinSaving of the raw payload; otherwise rec is left as it
-// is (stored raw). rec.ShardCRCs (raw checksums) must already be set. It runs on the dumping
-// task's goroutine, so blocks compress in parallel.
-func (e *Engine) compressRecord(rec *wal.Record) {
+// compressRecord replaces the raw payload of rec with its form under code when that saves at
+// least CompressMinSaving of the raw payload; otherwise rec is left as it is (stored raw).
+// rec.ShardCRCs (raw checksums) must already be set. Dumps run it on the dumping task's
+// goroutine, so blocks compress in parallel; relocations into a compressing tier on theirs.
+func (e *Engine) compressRecord(rec *wal.Record, code format.Compression) {
+	stored := e.packRecord(rec, code)
+	if rec.Origin == nil { // a dump, not a relocation: Stats count what dumps store
+		e.stats.storedPayloadBytes.Add(stored)
+	}
+}
+
+// packRecord does the work of compressRecord and returns the payload bytes rec now stores.
+func (e *Engine) packRecord(rec *wal.Record, code format.Compression) int64 {
 	l := rec.Layout
-	code := e.codec
-	if code == format.CompressionNone || l.Shards > format.MaxCompressedShards {
-		e.stats.storedPayloadBytes.Add(l.PayloadBytes())
-		return
+	if code == format.CompressionNone || rec.Compression != format.CompressionNone || l.Shards > format.MaxCompressedShards {
+		return int64(len(rec.Buf)+len(rec.Payload)) - format.RecordHeaderSize
 	}
 	if code == format.CompressionLZ4Planes && l.ShardBytes%2 != 0 {
 		code = format.CompressionLZ4
@@ -77,8 +83,7 @@ func (e *Engine) compressRecord(rec *wal.Record) {
 	if !ok || float64(raw-stored) < e.opts.CompressMinSaving*float64(raw) {
 		e.pool.Put(buf)
 		e.stats.compressSkipped.Add(1)
-		e.stats.storedPayloadBytes.Add(raw)
-		return
+		return raw
 	}
 	n := format.RecordHeaderSize + stored
 	clear(buf[format.RecordHeaderSize+sum : n])
@@ -86,5 +91,5 @@ func (e *Engine) compressRecord(rec *wal.Record) {
 	rec.Buf, rec.Payload = buf[:n], nil
 	rec.Compression, rec.StoredLens, rec.StoredCRCs = code, lens, crcs
 	e.stats.compressedBlocks.Add(1)
-	e.stats.storedPayloadBytes.Add(stored)
+	return stored
 }

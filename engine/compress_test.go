@@ -11,6 +11,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/kvgen"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // kvBlock is block id's bytes for the compression tests: KV-shaped bf16 for even ids, with the
@@ -331,5 +332,51 @@ func TestCompressedCrashRecovery(t *testing.T) {
 	}
 	if err := e3.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With tiers, compression is a disk tier's setting: a memory tier in front of a compressing
+// tier caches raw blocks (never the stored form), and blocks demoted into a compressing tier
+// are compressed on the way, loading intact from both.
+func TestCompressionPerTier(t *testing.T) {
+	_, fs := memFS()
+	l := Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 16 << 10}
+	o := testOptions(fs, l)
+	o.SegmentSize = 256 << 10
+	o.CompressMinSaving = 0.01
+	o.Tiers = []tiers.Config{
+		{Name: "dram", Kind: tiers.KindMemory, Capacity: 64 * l.BlockBytes()},
+		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/ssd"}, Capacity: 1 << 20},
+		{Name: "cold", Kind: tiers.KindDisk, Paths: []string{"/cold"}, Compression: "lz4"},
+	}
+	e := mustOpen(t, "/store", o)
+	defer e.Close()
+	ids := compressibleIDs(60)
+	for _, id := range ids {
+		dumpKV(t, e, []BlockID{id}, false)
+	}
+	waitFor(t, "demotion", func() bool { return !e.tiers[0].space.OverHigh() && e.TierStats()[2].Blocks > 0 })
+	compressedBelow := 0
+	for _, id := range ids {
+		loc, _, _ := e.ix.Get(id)
+		switch tier := e.tierOf(loc.Segment); {
+		case tier.pos == 0 && loc.Compression != format.CompressionNone:
+			t.Fatalf("block %s compressed in the raw tier", id)
+		case tier.pos == 1 && loc.Compression != format.CompressionNone:
+			compressedBelow++
+		}
+	}
+	if compressedBelow == 0 {
+		t.Fatalf("no demoted block was compressed")
+	}
+	checkKV(t, e, ids, false) // from memory, the raw tier and the compressed one
+	if e.Stats().MemoryHits == 0 {
+		t.Fatalf("the memory tier served nothing")
+	}
+
+	// Options.Compression and tiers together are refused: one place says how a tier stores.
+	o.Compression = CompressionLZ4
+	if _, err := Open("/other", o); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("compression with tiers: %v", err)
 	}
 }

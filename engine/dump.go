@@ -239,6 +239,8 @@ func (e *Engine) newRecord(id BlockID) *wal.Record {
 func (e *Engine) blockBytes(rec *wal.Record) []byte {
 	l := e.opts.Layout
 	switch {
+	case rec.Compression != format.CompressionNone:
+		return nil // the buffer holds the stored form
 	case rec.Payload != nil:
 		return rec.Payload
 	case l.ShardStride() == l.ShardBytes:
@@ -507,7 +509,7 @@ func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []er
 		return nil
 	}
 	for _, rec := range recs {
-		e.compressRecord(rec)
+		e.compressRecord(rec, e.tiers[0].codec)
 	}
 	err := wrapIO(e.w.Append(recs))
 	errs := make([]error, len(recs))

@@ -54,7 +54,6 @@ type Engine struct {
 	io     devio.Backend
 	pool   *devio.BufferPool
 	direct devio.DirectMode   // resolved at Open: DirectOn or DirectOff
-	codec  format.Compression // what dumps are stored with, from Options.Compression and the dtype
 
 	instance    format.InstanceID
 	fingerprint format.Fingerprint
@@ -146,7 +145,13 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if opts.AdoptStoredSchema {
 		dtype = storedDType(e.StoredSchema())
 	}
-	e.codec = codecFor(opts.Compression, dtype)
+	for _, t := range e.tiers {
+		c := opts.Compression
+		if len(opts.Tiers) > 0 {
+			c, _ = ParseCompression(t.cfg.Compression) // validated by tiers.Validate
+		}
+		t.codec = codecFor(c, dtype)
+	}
 	return e, nil
 }
 

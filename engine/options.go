@@ -117,8 +117,9 @@ type Options struct {
 	// CompactLiveRatio is the live-bytes ratio at or below which reclamation compacts a sealed
 	// segment instead of waiting for it to empty (default 0.5, in (0, 1)).
 	CompactLiveRatio float64
-	// Compression of dumped blocks (default off). Loads read compressed and raw records alike
-	// whatever this says.
+	// Compression of dumped blocks (default off) in a store without Tiers; with Tiers, each disk
+	// tier's compression says it (and setting this too is an error). Loads read compressed and
+	// raw records alike whatever this says.
 	Compression Compression
 	// CompressMinSaving is the fraction of a record's raw on-disk payload that compression must
 	// save for the compressed form to be kept (default 0.125); otherwise the record is stored
@@ -211,6 +212,9 @@ func (o Options) Validate() error {
 	if len(o.Tiers) > 0 {
 		if err := tiers.Validate(o.Tiers); err != nil {
 			return fmt.Errorf("options: %w: %w", ErrInvalidArgument, err)
+		}
+		if o.Compression != CompressionOff {
+			return fmt.Errorf("options: compression %s with tiers: set it per disk tier (tiers[].compression): %w", o.Compression, ErrInvalidArgument)
 		}
 		// A disk tier holds at least the active segment of dumps and the one of relocations.
 		least := 2 * max(o.SegmentSize, format.SegmentHeaderSize+o.Layout.RecordBytes()+format.FooterSize(1))

@@ -256,6 +256,9 @@ func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (
 		if len(recs) == 0 {
 			continue
 		}
+		for _, r := range recs {
+			e.compressRecord(r, dst.codec)
+		}
 		err = wrapIO(dst.rw.Append(recs))
 		for _, r := range recs {
 			e.pool.Put(r.Buf)

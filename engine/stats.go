@@ -19,8 +19,9 @@ type Stats struct {
 	DumpedBytes  int64
 	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
 	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
-	// Compression (Options.Compression): CompressedBlocks were stored compressed,
-	// CompressSkipped were compressed but stored raw (saving below CompressMinSaving);
+	// Compression (Options.Compression, or a disk tier's): CompressedBlocks records were stored
+	// compressed, CompressSkipped were compressed but stored raw (saving below
+	// CompressMinSaving) — dumps and relocations into a compressing tier both count;
 	// StoredPayloadBytes is the on-disk payload of all dumped blocks (DumpedBytes/StoredPayloadBytes
 	// is the achieved ratio, padding included).
 	CompressedBlocks   int64

@@ -33,6 +33,9 @@ type diskTier struct {
 	w, rw *wal.Writer
 	space *tiers.Space
 	lru   *tiers.LRU // nil when the tier never evicts
+	// codec is how raw records are stored on their way into this tier (dumps into the first
+	// tier, relocations into any); records already compressed are moved as they are.
+	codec format.Compression
 	kick  chan struct{}
 }
 

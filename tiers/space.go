@@ -27,6 +27,7 @@ type Space struct {
 	mu      sync.Mutex
 	used    int64
 	waiters int
+	want    int64         // the largest reservation a waiter asks for (while waiters > 0)
 	freed   chan struct{} // closed and replaced whenever used falls
 }
 
@@ -70,14 +71,19 @@ func (s *Space) OverHigh() bool {
 	return s.capacity > 0 && (s.used > s.high || s.waiters > 0)
 }
 
-// Excess returns the bytes to free to get down to the low watermark (≤ 0: nothing to do).
+// Excess returns the bytes to free to get down to the low watermark, or further when a writer
+// waits for a reservation the low watermark leaves no room for (≤ 0: nothing to do).
 func (s *Space) Excess() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.capacity == 0 {
 		return 0
 	}
-	return s.used - s.low
+	target := s.low
+	if s.waiters > 0 {
+		target = min(target, s.capacity-s.want)
+	}
+	return s.used - target
 }
 
 // Reserve admits a new segment of up to n bytes and accounts it. relocation selects the
@@ -103,6 +109,7 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 			return fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, s.capacity, n)
 		}
 		s.waiters++
+		s.want = max(s.want, n)
 		freed := s.freed
 		s.mu.Unlock()
 		if kick != nil {
@@ -120,7 +127,9 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 			err = fmt.Errorf("%w: store closing", ErrNoSpace)
 		}
 		s.mu.Lock()
-		s.waiters--
+		if s.waiters--; s.waiters == 0 {
+			s.want = 0
+		}
 		s.mu.Unlock()
 		if err != nil {
 			return err

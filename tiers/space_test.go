@@ -42,6 +42,13 @@ func TestSpaceAdmission(t *testing.T) {
 	if kicked.Load() == 0 || s.Used() != 70 {
 		t.Fatalf("kicked %d, used %d", kicked.Load(), s.Used())
 	}
+	// A waiter whose reservation does not fit under the low watermark asks for more to be freed.
+	w := NewSpace(100, 0.9, 0.8)
+	w.Add(70)
+	go func() { _ = w.Reserve(40, false, time.Minute, nil, nil) }()
+	waitUntil(t, func() bool { return w.Excess() == 10 }) // 70 − (100 − 40), not 70 − 80
+	w.Add(-10)
+	waitUntil(t, func() bool { return w.Used() == 100 && w.Excess() == 20 }) // admitted: back to the low watermark
 	// ... and fails with ErrNoSpace at its deadline or when stopped.
 	if err := s.Reserve(50, false, 5*time.Millisecond, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("timed out reservation: %v", err)
@@ -78,5 +85,16 @@ func TestSpaceConcurrentBound(t *testing.T) {
 	wg.Wait()
 	if peak.Load() > capacity+seg || s.Used() != 0 {
 		t.Fatalf("used peaked at %d (bound %d), ended at %d", peak.Load(), capacity+seg, s.Used())
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
