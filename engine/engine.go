@@ -53,7 +53,7 @@ type Engine struct {
 	w      *wal.Writer
 	io     devio.Backend
 	pool   *devio.BufferPool
-	direct devio.DirectMode   // resolved at Open: DirectOn or DirectOff
+	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
 
 	instance    format.InstanceID
 	fingerprint format.Fingerprint
