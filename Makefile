@@ -1,7 +1,8 @@
 # UCM-Go. Two commands set everything up on a fresh machine with Go, gcc and git:
 #   make run    the main job: the seq benchmark on an embedded default store under ./ucm-data
 #   make test   the whole test suite: lint, go test -race with both I/O backends (including the
-#               power-loss simulation, fault injection and 20 kill -9 cycles), a 10 s fuzz smoke per target
+#               power-loss simulation, fault injection, 20 kill -9 cycles and 10 more on a tiered
+#               store), a 10 s fuzz smoke per target
 
 GO          ?= go
 # The io_uring backend (github.com/iceber/iouring-go) links into syscall internals:
@@ -28,6 +29,7 @@ test: lint unit fuzz-smoke
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) ./...
+	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
 
 lint: vet staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -74,6 +76,7 @@ CRASHCYCLES ?= 200
 crashtest:
 	UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
 	UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m -run '^TestKillLoop$$' -v ./fuzz/
+	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
 
 clean:
 	rm -rf $(BIN) ./ucm-data
