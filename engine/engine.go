@@ -66,6 +66,7 @@ type Engine struct {
 	homes map[uint64]segHome      // where every known segment lives
 
 	tiers       []*diskTier     // disk tiers, fastest first
+	storedDirs  []string        // segment directories of the tiers the store last recorded
 	mem         *tiers.MemCache // the memory tier, or nil
 	memCfg      tiers.Config
 	backends    []devio.Backend // one per I/O engine in use

@@ -54,6 +54,9 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 			}
 			continue
 		}
+		if err := e.checkDroppedPaths(row); err != nil {
+			return 0, err
+		}
 		if err := e.forgetMissing(row); err != nil {
 			return 0, err
 		}

@@ -62,31 +62,80 @@ func (o Options) tierConfigs(dir string) []tiers.Config {
 // loadStoredTiers makes an engine opened by a tool (AdoptStoredSchema, no Tiers given) use the
 // tiers the store was last opened with, so that its segments on other paths are found.
 func (e *Engine) loadStoredTiers() error {
-	if !e.opts.AdoptStoredSchema || len(e.opts.Tiers) > 0 {
-		return nil
+	ts, err := e.storedTiers()
+	if err != nil || !e.opts.AdoptStoredSchema || len(e.opts.Tiers) > 0 {
+		return err
 	}
+	if len(ts) > 0 {
+		e.opts.Tiers = ts
+	}
+	return nil
+}
+
+// storedTiers returns the tier configuration the store recorded (nil for none or the default),
+// and remembers its segment directories: a segment found in one that no configured tier has
+// is refused by recovery rather than forgotten (see checkDroppedPaths).
+func (e *Engine) storedTiers() ([]tiers.Config, error) {
 	v, ok, err := e.ix.Meta(metaTiers)
 	if err != nil || !ok {
-		return err
+		return nil, err
 	}
 	var ts []tiers.Config
 	if err := json.Unmarshal(v, &ts); err != nil {
-		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
+		return nil, fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
 	}
 	for i := range ts {
 		for k, p := range ts[i].Paths {
 			if p == storedStoreDir {
 				ts[i].Paths[k] = e.dir
 			}
+			e.storedDirs = append(e.storedDirs, filepath.Join(ts[i].Paths[k], SegmentDir))
 		}
 	}
 	if len(ts) > 0 && tiers.Validate(ts) != nil {
-		return fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
+		return nil, fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
 	}
-	if len(ts) > 0 {
-		e.opts.Tiers = ts
+	return ts, nil
+}
+
+// checkDroppedPaths refuses to forget registered segment row when its file is in a directory of a
+// tier the store was last opened with and that the configuration no longer has: a path removed
+// from the tiers by mistake would otherwise turn its whole content into misses. Move the
+// blocks off it first (ucm-tool evict --tier NAME --to 0) or put the path back. A segment there
+// that holds no indexed block is deleted.
+func (e *Engine) checkDroppedPaths(row index.SegmentMeta) error {
+	n := row.Number
+	for _, d := range e.storedDirs {
+		if e.dirInUse(d) {
+			continue
+		}
+		path := wal.SegmentPath(d, n)
+		if _, err := e.fs.Stat(path); err != nil {
+			continue
+		}
+		if row.LiveRecords == 0 {
+			// Nothing in it is indexed: it goes with the path.
+			if err := e.fs.Remove(path); err != nil {
+				return fmt.Errorf("open %s: remove empty segment %s of a dropped tier path: %w", e.dir, path, err)
+			}
+			return wal.SyncDir(e.fs, d)
+		}
+		return fmt.Errorf("open %s: segment %d (%d blocks) is in %s, a path the store's tiers had and the configuration no longer has; put the path back in a tier, or evict its tier to 0 bytes first: %w",
+			e.dir, n, row.LiveRecords, filepath.Dir(d), ErrInvalidArgument)
 	}
 	return nil
+}
+
+// dirInUse reports whether segment directory d belongs to a configured tier.
+func (e *Engine) dirInUse(d string) bool {
+	for _, t := range e.tiers {
+		for _, td := range t.dirs {
+			if filepath.Clean(td) == filepath.Clean(d) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // storedStoreDir stands for the store directory among the recorded tier paths, so that a

@@ -631,3 +631,43 @@ func TestReclamationIOFailuresLoseNothing(t *testing.T) {
 		checkBlock(t, e, id) // from the second tier (each hit queues a promotion)
 	}
 }
+
+// A tier path dropped from the configuration while it holds blocks is refused at Open, naming
+// the path, instead of turning its blocks into misses; once its tier is evicted to 0 bytes the
+// path can go.
+func TestDroppedTierPathRefused(t *testing.T) {
+	_, fs := memFS()
+	both := tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("cold", 0, "/cold"))
+	e := mustOpen(t, "/store", both)
+	ids := make([]BlockID, 30)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	one := tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"))
+	if _, err := Open("/store", one); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "/cold") {
+		t.Fatalf("open without the tier holding blocks: %v", err)
+	}
+	e = mustOpen(t, "/store", both)
+	for _, id := range ids {
+		checkBlock(t, e, id) // nothing was forgotten by the refused Open
+	}
+	waitFor(t, "promotions to settle", func() bool { return len(e.promote) == 0 })
+	if _, err := e.Evict("cold", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", one)
+	defer e.Close()
+	if e.Recovery().EntriesDropped != 0 {
+		t.Fatalf("dropping the emptied path dropped entries: %+v", e.Recovery())
+	}
+}
