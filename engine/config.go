@@ -57,8 +57,11 @@ import (
 // posix_gc_trigger_threshold_ratio (UCM's default 0.7 when absent) and its low watermark that
 // minus posix_gc_recycle_percent (UCM's default 0.1). posix_capacity_gb with tiers is an error
 // (say the capacity in the list). Without either, the store is one unlimited disk tier in the
-// store directory. posix_gc_enable, posix_gc_check_interval_sec and the GC keys without a
-// capacity are accepted and ignored: a tier with a capacity is always reclaimed, continuously.
+// store directory. UCM's cache_buffer_capacity_gb (GiB; the Cache|Posix pipeline) puts a memory
+// tier named "cache" of that size in front (with tiers: an error, list it there).
+// posix_gc_check_interval_sec is Options.CompactInterval (online compaction; UCM's default 30).
+// posix_gc_enable and the GC keys without a capacity are accepted and ignored: a tier with a
+// capacity is always reclaimed, continuously.
 //
 // The store directory (index, lock) is the first of storage_backends, or, when it is empty and
 // tiers are given, the first path of the first disk tier.
@@ -122,6 +125,8 @@ const (
 	ucmGCRecyclePart   = 0.1
 	ucmCapacityUnit    = 1 << 30 // posix_capacity_gb counts GiB
 	defaultDiskTierKey = "disk"
+	// defaultMemoryTierKey names the memory tier UCM's cache_buffer_capacity_gb makes.
+	defaultMemoryTierKey = "cache"
 )
 
 // TierList is a tier list in YAML: a sequence of mappings with the keys of tiers.Config, whose
@@ -196,10 +201,18 @@ func connectorTiers(p ConnectorParams) []tiers.Config {
 	if len(p.Tiers) > 0 {
 		return p.Tiers
 	}
-	if t, ok := defaultDiskTier(p); ok {
-		return []tiers.Config{t}
+	var out []tiers.Config
+	if p.CacheBufferCapacityGB > 0 {
+		// UCM's Cache|Posix pipeline: a memory tier in front.
+		out = append(out, tiers.Config{Name: defaultMemoryTierKey, Kind: tiers.KindMemory,
+			Capacity: int64(math.Round(p.CacheBufferCapacityGB * ucmCapacityUnit))})
 	}
-	return nil
+	if t, ok := defaultDiskTier(p); ok {
+		out = append(out, t)
+	} else if len(out) > 0 {
+		out = append(out, tiers.Config{Name: defaultDiskTierKey, Kind: tiers.KindDisk, Paths: append([]string(nil), p.StorageBackends...)})
+	}
+	return out
 }
 
 // Paths is a list of directories given as a YAML list or as one colon-separated string.
@@ -405,6 +418,12 @@ func validateTiers(p ConnectorParams) error {
 	switch {
 	case p.PosixCapacityGB < 0 || math.IsNaN(p.PosixCapacityGB) || math.IsInf(p.PosixCapacityGB, 0):
 		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, ErrInvalidArgument)
+	case p.CacheBufferCapacityGB < 0 || math.IsNaN(p.CacheBufferCapacityGB) || math.IsInf(p.CacheBufferCapacityGB, 0):
+		return fmt.Errorf("cache_buffer_capacity_gb %v: want > 0 (absent or 0: no memory tier): %w", p.CacheBufferCapacityGB, ErrInvalidArgument)
+	case len(p.Tiers) > 0 && p.CacheBufferCapacityGB > 0:
+		return fmt.Errorf("cache_buffer_capacity_gb and tiers both given: put the memory tier in the tier list: %w", ErrInvalidArgument)
+	case p.PosixGCCheckIntervalSec < 0:
+		return fmt.Errorf("posix_gc_check_interval_sec %d: want >= 0: %w", p.PosixGCCheckIntervalSec, ErrInvalidArgument)
 	case len(p.Tiers) > 0 && p.PosixCapacityGB > 0:
 		return fmt.Errorf("posix_capacity_gb and tiers both given: set the capacity in the tier list: %w", ErrInvalidArgument)
 	case p.PosixCapacityGB > 0 && !(p.PosixGCTriggerThresholdRatio >= 0 && p.PosixGCTriggerThresholdRatio <= 1):
@@ -476,6 +495,7 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 		return "", opts, fmt.Errorf("config: ucm_connectors[0].ucm_connector_config.storage_backends is empty: %w", ErrInvalidArgument)
 	}
 	opts.Tiers = connectorTiers(p)
+	opts.CompactInterval = time.Duration(p.PosixGCCheckIntervalSec) * time.Second
 	opts.IOEngine, _ = connectorIOEngine(p) // validated at parse
 	switch {
 	case p.IODirect == nil:

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/tiers"
@@ -187,6 +188,26 @@ func TestConfigPosixCapacity(t *testing.T) {
 	}
 	if _, opts, _ = c.StoreOptions(); opts.Tiers != nil {
 		t.Fatalf("tiers without a capacity: %+v", opts.Tiers)
+	}
+	// UCM's Cache|Posix: a memory tier in front of the (unlimited) disk tier; the GC check
+	// interval is the online compaction interval.
+	c, err = ParseConfig(connectorDoc("      storage_backends: /mnt/a\n      cache_buffer_capacity_gb: 2\n      posix_gc_check_interval_sec: 45\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, opts, err = c.StoreOptions()
+	if err != nil || len(opts.Tiers) != 2 || opts.Tiers[0].Kind != tiers.KindMemory || opts.Tiers[0].Capacity != 2<<30 ||
+		opts.Tiers[1].Kind != tiers.KindDisk || opts.Tiers[1].Capacity != 0 || opts.CompactInterval != 45*time.Second {
+		t.Fatalf("cache tier: %v %+v %v", err, opts.Tiers, opts.CompactInterval)
+	}
+	for _, doc := range []string{
+		"      storage_backends: /mnt/a\n      cache_buffer_capacity_gb: -1\n",
+		"      storage_backends: /mnt/a\n      posix_gc_check_interval_sec: -5\n",
+		"      storage_backends: /mnt/a\n      cache_buffer_capacity_gb: 1\n      tiers: [{name: ssd, kind: disk, paths: [/x]}]\n",
+	} {
+		if _, err := ParseConfig(connectorDoc(doc)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%q: %v, want ErrInvalidArgument", doc, err)
+		}
 	}
 }
 
