@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // The model's world: 8 block ids, blocks of 2 shards × 4 KiB, 128 KiB segments (9 records
@@ -63,11 +64,13 @@ const (
 	opLookupPrefix        // LookupPrefix(x%9 ids from arg&7, stepping by arg>>3|1)
 	opReopen              // Close, Open
 	opCrash               // CrashClone with no unsynced data, Open on the clone
+	opEvict               // Evict the first tier down to (x%4)×64 KiB: its blocks demote
+	opCompact             // Compact at live ratio (x%9+1)/10
 	opCount
 )
 
 var opNames = [opCount]string{"dump", "dump-pair", "dump-shard", "create", "commit-true", "commit-false", "load",
-	"load-shard", "lookup", "lookup-prefix", "reopen", "crash"}
+	"load-shard", "lookup", "lookup-prefix", "reopen", "crash", "evict", "compact"}
 
 // model is what the engine must hold.
 type model struct {
@@ -128,7 +131,13 @@ func (m *model) dumpWhole(i int) {
 func modelOptions(fs vfs.FS) engine.Options {
 	return engine.Options{Layout: modelLayout, Schema: modelSchema, FS: fs, SegmentSize: 2 * engine.MinSegmentSize,
 		SyncPolicy: engine.SyncAlways, IOEngine: devio.EnginePsync, DirectIO: devio.DirectOff, QueueDepth: 8,
-		TaskTimeout: time.Hour} // staged blocks must not expire under the model
+		TaskTimeout: time.Hour, // staged blocks must not expire under the model
+		// Two tiers: eviction of the first demotes to the unlimited second, so no op ever
+		// drops a block and the model stays exact; loads from the second promote back.
+		Tiers: []tiers.Config{
+			{Name: "hot", Kind: tiers.KindDisk, Paths: []string{"/store"}, Capacity: 8 * engine.MinSegmentSize},
+			{Name: "cold", Kind: tiers.KindDisk, Paths: []string{"/cold"}},
+		}}
 }
 
 // engineRun is one input's run: the engine under test, its file system and the model.
@@ -335,6 +344,14 @@ func (r *engineRun) step(op, x, arg byte) {
 		r.close()
 		m.forgetStaging()
 		r.open()
+	case opEvict:
+		if _, err := r.e.Evict("hot", int64(x%4)*engine.MinSegmentSize); err != nil {
+			r.fatalf("evict: %v", err)
+		}
+	case opCompact:
+		if _, err := r.e.Compact(float64(x%9+1)/10, nil); err != nil {
+			r.fatalf("compact: %v", err)
+		}
 	case opCrash:
 		clone := r.mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
 		_ = r.e.Close() // the old engine's writes go to the discarded file system
@@ -351,7 +368,8 @@ func (r *engineRun) step(op, x, arg byte) {
 // Create never committed or a layer-wise block missing a shard leaves it absent; loads return
 // the block's bytes or ErrNotFound; LookupPrefix is the model's leading run; close+reopen and
 // a power loss (SyncAlways: every acknowledged block is durable) keep exactly the stored set and
-// drop partly dumped blocks.
+// drop partly dumped blocks; eviction (demotion to a second tier), promotion and compaction
+// never change it.
 func FuzzEngineOps(f *testing.F) {
 	for _, seed := range modelSeeds {
 		f.Add(seed)
@@ -395,6 +413,7 @@ var modelSeeds = [][]byte{
 	{opCreate, 0x03, opDump, 0x01, opDumpShard, 0x02, opCommitTrue, 0x03, opLookup, 0x03, opCommitFalse, 0x01},
 	{opCreate, 0x04, opDump, 0x04, opCommitFalse, 0x04, opLookup, 0x04, opCreate, 0x04, opCrash, 0, opCommitTrue, 0x04},
 	{opDumpPair, 0x09, opDumpPair, 0x12, opDump, 0xff, opDump, 0xff, opCrash, 0, opLookupPrefix + 5*opCount, 0x1b},
+	{opDump, 0xff, opEvict, 0, opLoad, 0x0f, opCompact + 8*opCount, 0, opCrash, 0, opLoad, 0xff, opEvict + opCount, 0, opReopen, 0},
 }
 
 // TestBadShardOfStoredBlockFailsLaterDumps: a layer-wise dump with a wrong-sized buffer for a
