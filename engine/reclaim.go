@@ -70,6 +70,18 @@ func (e *Engine) reclaimer() {
 	}
 }
 
+// tierFileBytes is the bytes of t's segment files as the segment table records them (an active
+// segment's size is its durable end).
+func (e *Engine) tierFileBytes(t *diskTier) int64 {
+	var n int64
+	for _, row := range e.ix.Segments() {
+		if e.tierOf(row.Number) == t {
+			n += row.Size
+		}
+	}
+	return n
+}
+
 // compactTier retires t's empty sealed segments and compacts those at or below
 // CompactLiveRatio.
 func (e *Engine) compactTier(t *diskTier) error {
@@ -107,7 +119,9 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 		if target < 0 {
 			return t.space.Excess()
 		}
-		return t.space.Used() - target
+		// An explicit target is about the files: active segments count what they hold, not
+		// their reservation (which a target below one segment could never get under).
+		return e.tierFileBytes(t) - target
 	}
 	for round := 0; round < reclaimRounds && excess() > 0; round++ {
 		select {
@@ -476,8 +490,8 @@ func (e *Engine) finishRetire(n uint64, size int64) {
 	e.stats.segmentsRetired.Add(1)
 }
 
-// Evict frees space in the disk tier named tier (the first disk tier when empty) until it
-// accounts at most toBytes, by the same policy as automatic reclamation. It returns what it did;
+// Evict frees space in the disk tier named tier (the first disk tier when empty) until its
+// segment files hold at most toBytes, by the same policy as automatic reclamation. It returns what it did;
 // fewer bytes are freed when the remaining blocks are pinned or the store is empty.
 func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	if !e.enter() {
