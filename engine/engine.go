@@ -74,6 +74,9 @@ type Engine struct {
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
 	reclaimMu   sync.Mutex      // one reclamation at a time
 	reclaimKick chan struct{}
+	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
+	// background after Open).
+	recencyReady chan struct{}
 	promote     chan BlockID // lower-tier hits waiting to be promoted
 
 	mu struct {
@@ -134,11 +137,13 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), metrics: newMetrics(),
 		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, stop: make(chan struct{}),
-		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue)}
+		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
 	if err := e.open(); err != nil {
+		close(e.stop) // stops what open started (the recency fill) before release closes the index
+		e.bg.Wait()
 		e.release()
 		return nil, err
 	}
@@ -200,6 +205,7 @@ func (e *Engine) open() error {
 			return err
 		}
 		e.accountSegments()
+		close(e.recencyReady) // a read-only engine never evicts
 		e.recovery.Duration = time.Since(start)
 		return nil
 	}

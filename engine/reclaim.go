@@ -136,6 +136,9 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 		if need <= 0 || lru == nil {
 			break
 		}
+		if !e.waitRecency() {
+			return rep, ErrClosed
+		}
 		victims := lru.Victims(need)
 		if len(victims) == 0 {
 			break

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"cmp"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -424,21 +425,42 @@ func (e *Engine) initAccounting() error {
 		need = need || t.lru != nil
 	}
 	if !need {
+		close(e.recencyReady)
 		return nil
 	}
-	if err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
-		if t := e.tierOf(loc.Segment); t != nil {
-			return t.lru
+	// Recency is rebuilt in the background: Open does not wait for a walk of the whole index
+	// (1M blocks: ~2 s). Blocks dumped or touched meanwhile keep their place ahead of the
+	// loaded ones (AddColdest); eviction waits for the fill (see waitRecency).
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		defer close(e.recencyReady)
+		err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
+			if t := e.tierOf(loc.Segment); t != nil {
+				return t.lru
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, ErrClosed) {
+			e.opts.Logger.Error("ucm: loading recency failed; eviction falls back to what was touched since Open", "err", err)
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("open %s: load recency: %w", e.dir, err)
-	}
+	}()
 	return nil
 }
 
+// waitRecency waits until the recency lists are loaded; false if the engine stops first.
+func (e *Engine) waitRecency() bool {
+	select {
+	case <-e.recencyReady:
+		return true
+	case <-e.stop:
+		return false
+	}
+}
+
 // fillWriteOrder adds every indexed block to the recency list pick returns for its location
-// (none when nil), oldest written first.
+// (none when nil) behind the blocks it already holds, newest first, so that the list ends in
+// write order. It stops with ErrClosed when the engine stops.
 func (e *Engine) fillWriteOrder(pick func(index.Location) *tiers.LRU) error {
 	type entry struct {
 		lru  *tiers.LRU
@@ -447,18 +469,30 @@ func (e *Engine) fillWriteOrder(pick func(index.Location) *tiers.LRU) error {
 		size int64
 	}
 	var all []entry
+	stopped := false
 	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
 		if lru := pick(loc); lru != nil {
 			all = append(all, entry{lru, id, loc.Seq, loc.RecordBytes()})
+		}
+		if len(all)%4096 == 0 {
+			select {
+			case <-e.stop:
+				stopped = true
+				return false
+			default:
+			}
 		}
 		return true
 	})
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(a.seq, b.seq) })
+	if stopped {
+		return ErrClosed
+	}
+	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(b.seq, a.seq) })
 	for _, x := range all {
-		x.lru.Add(x.id, x.size)
+		x.lru.AddColdest(x.id, x.size)
 	}
 	return nil
 }

@@ -90,6 +90,31 @@ func (l *LRU) Add(id ID, size int64) {
 	l.bytes += size
 }
 
+// AddColdest records block id of size bytes as the least recently used block, unless it is
+// tracked already (a later Add or Touch placed it: that wins). Loading a tier's blocks newest
+// first with AddColdest rebuilds their write order behind whatever was added meanwhile, so the
+// engine can fill recency in the background after Open.
+func (l *LRU) AddColdest(id ID, size int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lookup(id) != 0 {
+		return
+	}
+	i := l.alloc()
+	n := l.node(i)
+	n.id, n.size, n.state = id, size, nodeListed
+	// Older than everything listed: the stamp just below the least recent one's.
+	if last := l.node(0).prev; last != 0 {
+		n.stamp = l.node(last).stamp - 1
+	} else {
+		n.stamp = l.clock
+	}
+	l.insertAfter(i, l.node(0).prev)
+	l.insert(i)
+	l.count++
+	l.bytes += size
+}
+
 // Remove forgets block id (it left the tier). Its children, if any, stay tracked with their
 // parent link cleared: they no longer protect id and id no longer waits for them. Unknown ids
 // are ignored.

@@ -565,3 +565,27 @@ func BenchmarkLRUVictims(b *testing.B) {
 		})
 	}
 }
+
+// AddColdest puts blocks behind everything tracked, leaves tracked blocks where they are, and
+// newest-first loading rebuilds write order behind blocks added meanwhile.
+func TestLRUAddColdest(t *testing.T) {
+	l := NewLRU()
+	l.Add(lid(100), 10) // dumped while the fill runs
+	for i := 9; i >= 0; i-- {
+		l.AddColdest(lid(i), 10) // the fill: newest (9) first
+	}
+	l.AddColdest(lid(100), 10) // already tracked: stays the most recent
+	got := l.Victims(100)
+	want := []ID{lid(0), lid(1), lid(2), lid(3), lid(4), lid(5), lid(6), lid(7), lid(8), lid(9)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("victims %v, want %v", got, want)
+	}
+	if l.Len() != 11 || l.Bytes() != 110 {
+		t.Fatalf("len %d bytes %d", l.Len(), l.Bytes())
+	}
+	l.Touch(lid(0))
+	if v := l.Victims(10); len(v) != 1 || v[0] != lid(1) {
+		t.Fatalf("after touching the coldest: %v", v)
+	}
+	checkLRU(t, l)
+}

@@ -260,7 +260,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
-	fl.StringVar(&capacity, "capacity", "0", "trace: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it")
+	fl.StringVar(&capacity, "capacity", "0", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
 	fl.StringVar(&memory, "memory", "0", "trace: bytes of a memory tier in front of the disk tier (0: none)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
 	fl.StringVar(&compression, "compression", "off", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")
@@ -320,8 +320,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--queue-depth %d: want 1 to 4096", cfg.queueDepth)
 	case cfg.fioIODepth < 1:
 		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
-	case cfg.capacity != 0 && cfg.workload != "trace":
-		return usageErr("--capacity: only the trace workload takes a capacity")
+	case cfg.capacity != 0 && cfg.workload != "trace" && cfg.workload != "lookup" && cfg.workload != "open":
+		return usageErr("--capacity: only the trace, lookup and open workloads take a capacity")
 	case cfg.memory != 0 && cfg.workload != "trace":
 		return usageErr("--memory: only the trace workload takes a memory tier")
 	}
