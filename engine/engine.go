@@ -77,7 +77,7 @@ type Engine struct {
 	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
 	// background after Open).
 	recencyReady chan struct{}
-	promote     chan BlockID // lower-tier hits waiting to be promoted
+	promote      chan BlockID // lower-tier hits waiting to be promoted
 
 	mu struct {
 		sync.Mutex

@@ -2,8 +2,8 @@ package engine
 
 import (
 	"cmp"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
