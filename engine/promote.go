@@ -52,6 +52,11 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 	if len(e.tiers) < 2 {
 		return 0, nil
 	}
+	if e.tiers[0].space.OverHigh() {
+		// The first tier is being reclaimed (or a dump waits for room): a promotion now would
+		// take the space back and evict another block to make room for it.
+		return 0, fmt.Errorf("tier %q is above its high watermark: %w", e.tiers[0].cfg.Name, ErrNoSpace)
+	}
 	var (
 		move []BlockID
 		locs []index.Location

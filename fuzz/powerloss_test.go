@@ -350,7 +350,9 @@ func powerLossReclaiming(t *testing.T, ts []tiers.Config, keeps bool) {
 	mem := vfs.NewCrashableMem()
 	state := newCrashState()
 	l := engine.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 4096}
-	opts := engine.Options{Layout: l, Schema: plSchema, SegmentSize: 128 << 10, TaskTimeout: 10 * time.Second, Tiers: ts}
+	// Every write op of the engine recovers two clones first, so reclamation runs slowly here
+	// (seconds under -race on a loaded machine): dumps waiting for room get minutes.
+	opts := engine.Options{Layout: l, Schema: plSchema, SegmentSize: 128 << 10, TaskTimeout: 5 * time.Minute, Tiers: ts}
 	cp := &crashPoints{t: t, mem: mem, state: state, opts: opts}
 	opts.FS = errorfs.Wrap(mem, cp)
 	e, err := engine.Open("/store", opts)
