@@ -259,12 +259,8 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		return e.finishCompressed(r, id, shard, dst, ops)
 	}
 	if shard == AllShards {
-		rh, crc, err := format.DecodeRecordHeader(r.header)
-		switch {
-		case err != nil:
+		if err := checkHeader(id, r.loc, r.header); err != nil {
 			return e.dropBroken(id, r.loc, err)
-		case rh.ID != id || crc != r.loc.HeaderCRC || rh.Seq != r.loc.Seq:
-			return e.dropBroken(id, r.loc, fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, r.loc.Offset, rh.ID, rh.Seq, r.loc.Seq))
 		}
 		payload := ops[1].Buf
 		if err := wal.VerifyShards(&h, payload, 0, l.Shards); err != nil {
@@ -311,12 +307,8 @@ func (e *Engine) finishCompressed(r *blockRead, id BlockID, shard int, dst []byt
 		defer e.pool.Put(scratch)
 	}
 	if shard == AllShards {
-		rh, crc, err := format.DecodeRecordHeader(r.header)
-		switch {
-		case err != nil:
+		if err := checkHeader(id, r.loc, r.header); err != nil {
 			return e.dropBroken(id, r.loc, err)
-		case rh.ID != id || crc != loc.HeaderCRC || rh.Seq != loc.Seq:
-			return e.dropBroken(id, r.loc, fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, loc.Offset, rh.ID, rh.Seq, loc.Seq))
 		}
 		h := format.RecordHeader{ID: id, Layout: l, ShardCRCs: loc.ShardCRCs, Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs}
 		if err := format.VerifyPayload(&h, ops[1].Buf, dst, scratch); err != nil {
@@ -331,6 +323,19 @@ func (e *Engine) finishCompressed(r *blockRead, id BlockID, shard int, dst []byt
 		return e.dropBroken(id, r.loc, err)
 	}
 	e.countLoaded(shard)
+	return nil
+}
+
+// checkHeader checks that the record header read into header is the one loc was indexed
+// with: it decodes, names block id, and has the index's header checksum and sequence number.
+func checkHeader(id BlockID, loc index.Location, header []byte) error {
+	rh, crc, err := format.DecodeRecordHeader(header[:format.RecordHeaderSize])
+	switch {
+	case err != nil:
+		return err
+	case rh.ID != id || crc != loc.HeaderCRC || rh.Seq != loc.Seq:
+		return fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, loc.Offset, rh.ID, rh.Seq, loc.Seq)
+	}
 	return nil
 }
 

@@ -350,12 +350,8 @@ func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Recor
 
 // checkRecord verifies a whole record read into buf against its index entry.
 func (e *Engine) checkRecord(id BlockID, loc index.Location, buf []byte) error {
-	rh, crc, err := format.DecodeRecordHeader(buf[:format.RecordHeaderSize])
-	switch {
-	case err != nil:
+	if err := checkHeader(id, loc, buf); err != nil {
 		return err
-	case rh.ID != id || crc != loc.HeaderCRC || rh.Seq != loc.Seq:
-		return fmt.Errorf("%w: record header at offset %d holds block %s seq %d, index expects seq %d", ErrCorrupt, loc.Offset, rh.ID, rh.Seq, loc.Seq)
 	}
 	payload := buf[format.RecordHeaderSize:]
 	if loc.Compression == format.CompressionNone {
