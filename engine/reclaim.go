@@ -407,7 +407,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		if !errors.Is(err, ErrNoSpace) {
 			return err
 		}
-		e.kickTier(next)
+		e.kickReclaimer()
 		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.cfg.Name, "next", next.cfg.Name, "err", err)
 		// Some may have moved before the refusal; drop only those still here.
 	}

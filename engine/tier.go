@@ -37,7 +37,6 @@ type diskTier struct {
 	// codec is how raw records are stored on their way into this tier (dumps into the first
 	// tier, relocations into any); records already compressed are moved as they are.
 	codec format.Compression
-	kick  chan struct{}
 }
 
 // segHome says where a segment lives.
@@ -201,7 +200,7 @@ func (e *Engine) openTiers() error {
 			e.memCfg = c
 			continue
 		}
-		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(c.Capacity, c.HighWatermark, c.LowWatermark), kick: make(chan struct{}, 1)}
+		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(c.Capacity, c.HighWatermark, c.LowWatermark)}
 		eng := e.opts.IOEngine
 		if c.IOEngine != "" && c.IOEngine != "auto" {
 			var err error
@@ -367,21 +366,18 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 // under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room.
 func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64) error {
 	return func(n uint64) error {
-		err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, func() { e.kickTier(t) })
+		err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer)
 		if err != nil {
-			e.kickTier(t)
+			e.kickReclaimer()
 			return fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
 		}
 		return nil
 	}
 }
 
-// kickTier asks the reclaimer to look at t now.
-func (e *Engine) kickTier(t *diskTier) {
-	select {
-	case t.kick <- struct{}{}:
-	default:
-	}
+// kickReclaimer asks the reclaimer to look at the tiers now (one that a writer waits on is
+// over its high watermark: tiers.Space.OverHigh).
+func (e *Engine) kickReclaimer() {
 	select {
 	case e.reclaimKick <- struct{}{}:
 	default:
