@@ -21,6 +21,31 @@ func benchEngine(b *testing.B, l Layout, eng devio.IOEngine) *Engine {
 	return e
 }
 
+// alignedBlocks returns n aligned buffers holding the payloads of blocks 0..n-1.
+func alignedBlocks(l Layout, n int) [][]byte {
+	src := make([][]byte, n)
+	for i := range src {
+		src[i] = devio.AlignedBuffer(int(l.BlockBytes()))
+		payload(blockID(i), 0, src[i])
+	}
+	return src
+}
+
+// benchDumps dumps tasks of len(src) new blocks (ids from *next on) from src until b is done.
+func benchDumps(b *testing.B, e *Engine, src [][]byte, next *int) {
+	b.SetBytes(int64(len(src)) * e.Layout().BlockBytes())
+	for b.Loop() {
+		ids := make([]BlockID, len(src))
+		for i := range ids {
+			ids[i] = blockID(*next)
+			*next++
+		}
+		if err := e.Dump(ids, src).Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkDump measures whole-block dumps of 2 MiB blocks (32 shards), 8 blocks a task, from
 // aligned buffers (the zero-copy path), with SyncAlways and group commit.
 func BenchmarkDump(b *testing.B) {
@@ -30,25 +55,7 @@ func BenchmarkDump(b *testing.B) {
 				b.Skip(err)
 			}
 			l := Layout{Shards: 32, TensorsPerShard: 2, ShardBytes: 64 << 10}
-			e := benchEngine(b, l, eng)
-			const batch = 8
-			src := make([][]byte, batch)
-			for i := range src {
-				src[i] = devio.AlignedBuffer(int(l.BlockBytes()))
-				payload(blockID(i), 0, src[i])
-			}
-			b.SetBytes(batch * l.BlockBytes())
-			n := 0
-			for b.Loop() {
-				ids := make([]BlockID, batch)
-				for i := range ids {
-					ids[i] = blockID(n)
-					n++
-				}
-				if err := e.Dump(ids, src).Wait(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchDumps(b, benchEngine(b, l, eng), alignedBlocks(l, 8), new(int))
 		})
 	}
 }
@@ -65,12 +72,10 @@ func BenchmarkLoad(b *testing.B) {
 			e := benchEngine(b, l, eng)
 			const blocks = 64
 			ids := make([]BlockID, blocks)
-			src := make([][]byte, blocks)
 			for i := range ids {
 				ids[i] = blockID(i)
-				src[i] = devio.AlignedBuffer(int(l.BlockBytes()))
-				payload(ids[i], 0, src[i])
 			}
+			src := alignedBlocks(l, blocks)
 			if err := e.Dump(ids, src).Wait(); err != nil {
 				b.Fatal(err)
 			}
@@ -173,25 +178,9 @@ func BenchmarkMemoryTier(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer e.Close()
-			src := make([][]byte, batch)
-			for i := range src {
-				src[i] = devio.AlignedBuffer(int(l.BlockBytes()))
-				payload(blockID(i), 0, src[i])
-			}
+			src := alignedBlocks(l, batch)
 			n := 0
-			b.Run("dump", func(b *testing.B) {
-				b.SetBytes(batch * l.BlockBytes())
-				for b.Loop() {
-					ids := make([]BlockID, batch)
-					for i := range ids {
-						ids[i] = blockID(n)
-						n++
-					}
-					if err := e.Dump(ids, src).Wait(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			b.Run("dump", func(b *testing.B) { benchDumps(b, e, src, &n) })
 			ids := make([]BlockID, batch)
 			for i := range ids {
 				ids[i] = blockID(i)
