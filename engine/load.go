@@ -207,13 +207,19 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		reads = append(reads, r)
 	}
 	if len(ops) > 0 {
-		owner := make([]*diskTier, len(ops))
-		for k := range reads {
-			for o := reads[k].opLo; o < reads[k].opHi; o++ {
-				owner[o] = reads[k].tier
+		var owner []*diskTier // built only when the tiers use more than one backend
+		tierOf := func(o int) *diskTier {
+			if owner == nil {
+				owner = make([]*diskTier, len(ops))
+				for k := range reads {
+					for i := reads[k].opLo; i < reads[k].opHi; i++ {
+						owner[i] = reads[k].tier
+					}
+				}
 			}
+			return owner[o]
 		}
-		_ = e.submit(ops, func(o int) *diskTier { return owner[o] }) // per-op errors are examined below
+		_ = e.submit(ops, tierOf) // per-op errors are examined below
 	}
 	for k := range reads {
 		r := &reads[k]
