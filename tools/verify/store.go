@@ -105,15 +105,7 @@ func (h *Handle) SegmentTier(n uint64) string {
 // RetiringSegments returns the rows of segments marked deleting: their retirement (eviction
 // or compaction) was interrupted by a crash; recovery finishes it by deleting them. They are
 // not corruption.
-func (h *Handle) RetiringSegments() []index.SegmentMeta {
-	var out []index.SegmentMeta
-	for _, m := range h.Index.Segments() {
-		if m.State == index.SegmentDeleting {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+func (h *Handle) RetiringSegments() []index.SegmentMeta { return h.segmentsIn(index.SegmentDeleting) }
 
 // SegmentFile is a file found in a segment directory.
 type SegmentFile struct {
@@ -153,10 +145,13 @@ func (h *Handle) ListSegmentFiles() ([]SegmentFile, error) {
 
 // ActiveSegments returns the rows of segments still marked active: the store was not closed
 // cleanly (or a write failed) and recovery has work to do.
-func (h *Handle) ActiveSegments() []index.SegmentMeta {
+func (h *Handle) ActiveSegments() []index.SegmentMeta { return h.segmentsIn(index.SegmentActive) }
+
+// segmentsIn returns the rows of the segments in state st.
+func (h *Handle) segmentsIn(st index.SegmentState) []index.SegmentMeta {
 	var out []index.SegmentMeta
 	for _, m := range h.Index.Segments() {
-		if m.State == index.SegmentActive {
+		if m.State == st {
 			out = append(out, m)
 		}
 	}
