@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -45,6 +46,7 @@ type benchConfig struct {
 	fio        bool
 	fioIODepth int
 	queueDepth int
+	rounds     int // seq, layerwise: workload (+ fio) runs, medians reported
 
 	tracePath string
 	capacity  int64 // trace: disk tier capacity (0: unlimited)
@@ -133,11 +135,26 @@ type benchResult struct {
 	Compression   string  `json:"compression"`
 	CompressRatio float64 `json:"compress_ratio,omitempty"`
 
+	// Rounds holds each round's figures when --rounds > 1; the fields above are then the
+	// medians over the rounds (the ratios: the median of each round's own ratio).
+	Rounds []roundResult `json:"rounds,omitempty"`
+
 	Verified bool `json:"verified"`
 
 	dumpTime, loadTime time.Duration
 	mismatch           string // first problem found
 	notes              []string
+}
+
+// roundResult is one round of a --rounds run: the workload, then fio, in the same minutes.
+type roundResult struct {
+	DumpMBps     float64 `json:"dump_MBps,omitempty"`
+	LoadMBps     float64 `json:"load_MBps,omitempty"`
+	OpenSeconds  float64 `json:"open_s,omitempty"`
+	FioWriteMBps float64 `json:"fio_write_MBps,omitempty"`
+	FioReadMBps  float64 `json:"fio_read_MBps,omitempty"`
+	DumpRatio    float64 `json:"dump_ratio,omitempty"`
+	LoadRatio    float64 `json:"load_ratio,omitempty"`
 }
 
 // crashReport is the engine's recovery report for the crash copy, in JSON-friendly units.
@@ -258,6 +275,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
+	fl.IntVar(&cfg.rounds, "rounds", 1, "seq, layerwise: run the workload (then fio, with --fio) this many times and report medians, each ratio taken within its round")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.StringVar(&capacity, "capacity", "0", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
@@ -320,6 +338,10 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--queue-depth %d: want 1 to 4096", cfg.queueDepth)
 	case cfg.fioIODepth < 1:
 		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
+	case cfg.rounds < 1:
+		return usageErr("--rounds %d: want at least 1", cfg.rounds)
+	case cfg.rounds > 1 && cfg.workload != "seq" && cfg.workload != "layerwise":
+		return usageErr("--rounds: only the seq and layerwise workloads repeat")
 	case cfg.capacity != 0 && cfg.workload != "trace" && cfg.workload != "lookup" && cfg.workload != "open":
 		return usageErr("--capacity: only the trace, lookup and open workloads take a capacity")
 	case cfg.memory != 0 && cfg.workload != "trace":
@@ -354,33 +376,51 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	}
 	env := &benchEnv{cfg: cfg, blocks: blocks, payload: payload, storeDir: storeDir, opts: opts,
 		stderr: stderr}
-	res := &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
-		Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
-		Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String()}
+	newResult := func() *benchResult {
+		return &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
+			Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
+			Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String()}
+	}
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
 	}
-	stopProfile, err := startCPUProfile(cfg.cpuProfile)
-	if err != nil {
-		return usageErr("--cpuprofile: %v", err)
-	}
-	err = w.run(env, res)
-	stopProfile()
-	if err != nil {
-		code := ExitProblems
-		if errors.As(err, new(*exitError)) {
-			code = ExitUsage // the store could not be opened (bad option for this machine)
+	var rounds []*benchResult
+	for r := 0; r < cfg.rounds; r++ {
+		if cfg.rounds > 1 && !cfg.json {
+			fmt.Fprintf(stderr, "bench: round %d of %d ...\n", r+1, cfg.rounds)
 		}
-		return &exitError{code: code, err: fmt.Errorf("bench %s: %w", cfg.workload, err)}
-	}
-	if cfg.compression != engine.CompressionOff {
-		res.CompressRatio = storedRatio(storeDir)
-	}
-	if cfg.fio {
-		if err := runFioComparison(cfg, res, stderr); err != nil {
-			return &exitError{code: ExitProblems, err: fmt.Errorf("bench %s: fio: %w", cfg.workload, err)}
+		res := newResult()
+		profile := ""
+		if r == 0 {
+			profile = cfg.cpuProfile
+		}
+		stopProfile, err := startCPUProfile(profile)
+		if err != nil {
+			return usageErr("--cpuprofile: %v", err)
+		}
+		err = w.run(env, res)
+		stopProfile()
+		if err != nil {
+			code := ExitProblems
+			if errors.As(err, new(*exitError)) {
+				code = ExitUsage // the store could not be opened (bad option for this machine)
+			}
+			return &exitError{code: code, err: fmt.Errorf("bench %s: %w", cfg.workload, err)}
+		}
+		if cfg.compression != engine.CompressionOff {
+			res.CompressRatio = storedRatio(storeDir)
+		}
+		if cfg.fio {
+			if err := runFioComparison(cfg, res, stderr); err != nil {
+				return &exitError{code: ExitProblems, err: fmt.Errorf("bench %s: fio: %w", cfg.workload, err)}
+			}
+		}
+		rounds = append(rounds, res)
+		if !res.Verified {
+			break
 		}
 	}
+	res := combineRounds(rounds)
 	if cfg.json {
 		enc := json.NewEncoder(stdout)
 		if err := enc.Encode(res); err != nil {
@@ -393,6 +433,56 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return &exitError{code: ExitProblems, err: fmt.Errorf("bench: verification failed: %s", res.mismatch)}
 	}
 	return nil
+}
+
+// combineRounds returns the result of a run of one or more rounds: the only round as it is,
+// or the last round's result with every rate, time and ratio replaced by its median over the
+// rounds, each round's figures in Rounds, and Verified only if every round verified.
+func combineRounds(rounds []*benchResult) *benchResult {
+	last := rounds[len(rounds)-1]
+	if len(rounds) == 1 {
+		return last
+	}
+	res := *last
+	res.Fio = nil // each round's fio figures are in Rounds
+	res.Rounds = make([]roundResult, len(rounds))
+	for i, r := range rounds {
+		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, OpenSeconds: r.OpenSeconds,
+			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio}
+		if !r.Verified && res.Verified {
+			res.Verified, res.mismatch = false, r.mismatch
+		}
+	}
+	med := func(f func(roundResult) float64) float64 {
+		vs := make([]float64, len(res.Rounds))
+		for i, r := range res.Rounds {
+			vs[i] = f(r)
+		}
+		return median(vs)
+	}
+	res.DumpMBps = med(func(r roundResult) float64 { return r.DumpMBps })
+	res.LoadMBps = med(func(r roundResult) float64 { return r.LoadMBps })
+	res.OpenSeconds = med(func(r roundResult) float64 { return r.OpenSeconds })
+	res.FioWriteMBps = med(func(r roundResult) float64 { return r.FioWriteMBps })
+	res.FioReadMBps = med(func(r roundResult) float64 { return r.FioReadMBps })
+	res.DumpRatio = med(func(r roundResult) float64 { return r.DumpRatio })
+	res.LoadRatio = med(func(r roundResult) float64 { return r.LoadRatio })
+	res.dumpTime, res.loadTime = 0, 0
+	return &res
+}
+
+// median returns the median of vs (the mean of the middle two for an even count); vs is
+// reordered.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
 }
 
 // newKVPayloadPool is newPayloadPool with a KV-shaped body (bf16, normal values with per-channel
@@ -447,8 +537,11 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	if r.IndexSeconds > 0 {
 		row("index", "%.2f s to dump %d blocks", r.IndexSeconds, r.Blocks)
 	}
+	if len(r.Rounds) > 0 {
+		row("rounds", "%d (dump, load, open and fio: medians; ratios: median of each round's ratio)", len(r.Rounds))
+	}
 	if r.DumpMBps > 0 {
-		row("dump", "%.1f MB/s (%v)%s", r.DumpMBps, r.dumpTime.Round(time.Millisecond), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
+		row("dump", "%.1f MB/s%s%s", r.DumpMBps, elapsed(r.dumpTime), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
 	}
 	if r.OpenSeconds > 0 {
 		what := "reopen before loading"
@@ -468,7 +561,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("memory", "%.0f bytes/block resident (VmRSS), %.0f bytes/block Go heap, after Open", r.RSSBytesPerBlock, r.HeapBytesPerBlk)
 	}
 	if r.LoadMBps > 0 {
-		row("load", "%.1f MB/s (%v)%s", r.LoadMBps, r.loadTime.Round(time.Millisecond), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
+		row("load", "%.1f MB/s%s%s", r.LoadMBps, elapsed(r.loadTime), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
 	}
 	if r.LookupBatches > 0 {
 		row("lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% hits); %.1f M ids/s",
@@ -494,6 +587,13 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 			row("memory tier", "%s (%d bytes), %d hits", humanBytes(r.MemoryBytes), r.MemoryBytes, *r.MemoryHits)
 		}
 	}
+	for i, rr := range r.Rounds {
+		fio := ""
+		if rr.DumpRatio > 0 || rr.LoadRatio > 0 {
+			fio = fmt.Sprintf("; fio write %.1f, read %.1f MB/s; ratios %.2f, %.2f", rr.FioWriteMBps, rr.FioReadMBps, rr.DumpRatio, rr.LoadRatio)
+		}
+		row(fmt.Sprintf("round %d", i+1), "dump %.1f MB/s, load %.1f MB/s%s", rr.DumpMBps, rr.LoadMBps, fio)
+	}
 	for _, f := range r.Fio {
 		row("fio", "%s bs=%s iodepth=%d: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.MBps)
 	}
@@ -509,6 +609,14 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("result", "FAILED: %s", r.mismatch)
 	}
 	_ = tw.Flush()
+}
+
+// elapsed formats a phase's wall time for the table, nothing for a median over rounds.
+func elapsed(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%v)", d.Round(time.Millisecond))
 }
 
 func ratioText(ratio, fioMBps float64, what string) string {
