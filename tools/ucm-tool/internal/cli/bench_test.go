@@ -317,3 +317,61 @@ func TestBenchTraceCapacity(t *testing.T) {
 	}
 	mustContain(t, out, "capacity", "exceeded by", "eviction", "memory tier", "verified")
 }
+
+// TestBenchRounds: --rounds repeats the workload and fio, keeps each round's figures and
+// reports medians, each ratio taken within its round.
+func TestBenchRounds(t *testing.T) {
+	jobs := fakeFio(t)
+	dir := t.TempDir()
+	m := benchJSON(t, "--dir", dir, "--total", "2MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "64", "--rounds", "3")
+	rounds, ok := m["rounds"].([]any)
+	if !ok || len(rounds) != 3 {
+		t.Fatalf("rounds %v, want 3", m["rounds"])
+	}
+	var dumps, ratios []float64
+	for i, r := range rounds {
+		rr := r.(map[string]any)
+		d, ratio := rr["dump_MBps"].(float64), rr["dump_ratio"].(float64)
+		if rr["fio_write_MBps"] != 1000.0 || ratio != d/1000 {
+			t.Errorf("round %d: %v", i, rr)
+		}
+		dumps, ratios = append(dumps, d), append(ratios, ratio)
+	}
+	if m["dump_MBps"] != median(dumps) || m["dump_ratio"] != median(ratios) || m["fio_write_MBps"] != 1000.0 {
+		t.Errorf("medians: dump %v ratio %v, rounds %v", m["dump_MBps"], m["dump_ratio"], rounds)
+	}
+	if _, ok := m["fio"]; ok {
+		t.Errorf("a rounds run keeps fio runs per round only: %v", m["fio"])
+	}
+	b, err := os.ReadFile(jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "rw=write"); n != 3 {
+		t.Errorf("%d fio write jobs, want one per round", n)
+	}
+	out, _, code := run(t, "bench", "--dir", dir, "--total", "1MiB", "--block-size", "256KiB", "--shards", "4",
+		"--segment-size", "1MiB", "--rounds", "2")
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "rounds", "round 1", "round 2", "verified")
+	for _, args := range [][]string{{"--rounds", "0"}, {"--workload", "lookup", "--blocks", "10", "--rounds", "2"}} {
+		_, errOut, code := run(t, append([]string{"bench", "--dir", dir}, args...)...)
+		if code != ExitUsage || !strings.Contains(errOut, "--rounds") {
+			t.Errorf("%v: exit %d, %q", args, code, errOut)
+		}
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(c.in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
