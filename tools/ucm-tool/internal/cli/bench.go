@@ -364,9 +364,6 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	if err := os.MkdirAll(cfg.dir, 0o755); err != nil {
 		return usageErr("--dir: %v", err)
 	}
-	if err := os.RemoveAll(storeDir); err != nil {
-		return usageErr("remove the previous bench store %s: %v", storeDir, err)
-	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression, QueueDepth: cfg.queueDepth,
 		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir)}
@@ -388,6 +385,9 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	for r := 0; r < cfg.rounds; r++ {
 		if cfg.rounds > 1 && !cfg.json {
 			fmt.Fprintf(stderr, "bench: round %d of %d ...\n", r+1, cfg.rounds)
+		}
+		if err := os.RemoveAll(storeDir); err != nil { // every round starts from an empty store
+			return usageErr("remove the previous bench store %s: %v", storeDir, err)
 		}
 		res := newResult()
 		profile := ""

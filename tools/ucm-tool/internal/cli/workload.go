@@ -221,6 +221,11 @@ func (env *benchEnv) reopenAfterDump(e *engine.Engine, dumpErr error, res *bench
 		_ = e.Close()
 		return nil, fmt.Errorf("dump: %w", dumpErr)
 	}
+	if st := e.Stats(); st.DumpedBlocks != int64(res.Blocks) {
+		_ = e.Close()
+		return nil, fmt.Errorf("dump wrote %d of %d blocks (%d deduplicated): the store was not fresh, the rate would be meaningless",
+			st.DumpedBlocks, res.Blocks, st.DedupedDumps)
+	}
 	if err := e.Close(); err != nil {
 		return nil, fmt.Errorf("close after dump: %w", err)
 	}
