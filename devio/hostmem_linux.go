@@ -1,0 +1,30 @@
+//go:build linux
+
+package devio
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// mapRegion maps n bytes (plus one huge page of slack, to start on a huge-page boundary),
+// advises huge pages and returns the aligned n bytes.
+func (m *HostMemory) mapRegion(n int) ([]byte, error) {
+	mapping, err := unix.Mmap(-1, 0, n+HugePageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: map %d bytes: %w", ErrHostMemory, n, err)
+	}
+	skip := 0
+	if r := int(uintptr(unsafe.Pointer(&mapping[0])) % HugePageSize); r != 0 {
+		skip = HugePageSize - r
+	}
+	region := mapping[skip : skip+n : skip+n]
+	// Advice only: with transparent huge pages disabled the region still works, in 4 KiB pages.
+	m.huge = unix.Madvise(region, unix.MADV_HUGEPAGE) == nil
+	m.mapping = mapping
+	return region, nil
+}
+
+func unmap(mapping []byte) error { return unix.Munmap(mapping) }

@@ -1,0 +1,90 @@
+package devio_test
+
+import (
+	"bytes"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+)
+
+// TestHostBuffers: the buffers are zeroed, as long as asked, aligned (on a huge page when a
+// buffer is that large, on Linux), disjoint, usable for direct I/O, and Close is idempotent.
+func TestHostBuffers(t *testing.T) {
+	for _, size := range []int{4096, 64 << 10, devio.HugePageSize, devio.HugePageSize + 4096} {
+		m, bufs, err := devio.NewHostBuffers(3, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range bufs {
+			if len(b) != size || cap(b) != size {
+				t.Fatalf("size %d: buffer %d len %d cap %d", size, i, len(b), cap(b))
+			}
+			if !devio.IsAligned(b) {
+				t.Fatalf("size %d: buffer %d misaligned at %#x", size, i, addr(b))
+			}
+			if runtime.GOOS == "linux" && size >= devio.HugePageSize && addr(b)%devio.HugePageSize != 0 {
+				t.Fatalf("size %d: buffer %d not on a huge page boundary: %#x", size, i, addr(b))
+			}
+			if bytes.ContainsFunc(b, func(r rune) bool { return r != 0 }) {
+				t.Fatalf("size %d: buffer %d not zeroed", size, i)
+			}
+		}
+		for i, b := range bufs {
+			for j := range b {
+				b[j] = byte(i + 1)
+			}
+		}
+		for i, b := range bufs {
+			if b[0] != byte(i+1) || b[len(b)-1] != byte(i+1) {
+				t.Fatalf("size %d: buffers overlap", size)
+			}
+		}
+		// A direct write from a host buffer and a read back into another.
+		dir := t.TempDir()
+		mode := devio.DirectOff
+		if ok, _ := devio.ProbeDirect(vfs.Default, dir); ok {
+			mode = devio.DirectOn
+		}
+		f, err := devio.OpenFile(vfs.Default, filepath.Join(dir, "f"), true, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be, err := devio.NewBackend(devio.EnginePsync, 4, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := be.Submit([]devio.Op{{File: f, Buf: bufs[0], Write: true}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := be.Submit([]devio.Op{{File: f, Buf: bufs[1]}}); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(bufs[0], bufs[1]) {
+			t.Fatalf("size %d: read back differs", size)
+		}
+		_ = be.Close()
+		_ = f.Close()
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+	}
+}
+
+func TestHostBuffersBadSizes(t *testing.T) {
+	for _, c := range [][2]int{{-1, 4096}, {1, -1}, {1 << 40, 1 << 20}} {
+		if _, _, err := devio.NewHostBuffers(c[0], c[1]); !errors.Is(err, devio.ErrHostMemory) {
+			t.Errorf("NewHostBuffers(%d, %d): %v, want ErrHostMemory", c[0], c[1], err)
+		}
+	}
+	m, bufs, err := devio.NewHostBuffers(0, 4096)
+	if err != nil || len(bufs) != 0 || m.Close() != nil {
+		t.Errorf("no buffers: %v %v", bufs, err)
+	}
+}
