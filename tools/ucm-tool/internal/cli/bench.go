@@ -46,7 +46,8 @@ type benchConfig struct {
 	fio        bool
 	fioIODepth int
 	queueDepth int
-	rounds     int // seq, layerwise: workload (+ fio) runs, medians reported
+	rounds     int    // seq, layerwise: workload (+ fio) runs, medians reported
+	buffers    string // huge or heap: where the tasks' payload buffers live
 
 	tracePath string
 	capacity  int64 // trace: disk tier capacity (0: unlimited)
@@ -61,19 +62,22 @@ type benchConfig struct {
 // benchResult is one bench run; the JSON field names are part of the tool's interface. Fields
 // that do not apply to a workload are left out of the JSON object.
 type benchResult struct {
-	Workload    string  `json:"workload"`
-	BlockBytes  int64   `json:"block_bytes"`
-	Shards      int     `json:"shards"`
-	ShardBytes  int64   `json:"shard_bytes"`
-	Blocks      int     `json:"blocks"`
-	TotalBytes  int64   `json:"total_bytes"`
-	Concurrency int     `json:"concurrency"`
-	Batch       int     `json:"batch"`
-	IOEngine    string  `json:"io_engine"`
-	Direct      bool    `json:"direct"`
-	Sync        string  `json:"sync"`
-	DumpMBps    float64 `json:"dump_MBps,omitempty"`
-	LoadMBps    float64 `json:"load_MBps,omitempty"`
+	Workload    string `json:"workload"`
+	BlockBytes  int64  `json:"block_bytes"`
+	Shards      int    `json:"shards"`
+	ShardBytes  int64  `json:"shard_bytes"`
+	Blocks      int    `json:"blocks"`
+	TotalBytes  int64  `json:"total_bytes"`
+	Concurrency int    `json:"concurrency"`
+	Batch       int    `json:"batch"`
+	IOEngine    string `json:"io_engine"`
+	Direct      bool   `json:"direct"`
+	Sync        string `json:"sync"`
+	// Buffers is where the tasks' payload buffers live: "huge" (huge-page host memory),
+	// "huge (4 KiB pages: advice refused)" or "heap".
+	Buffers  string  `json:"buffers"`
+	DumpMBps float64 `json:"dump_MBps,omitempty"`
+	LoadMBps float64 `json:"load_MBps,omitempty"`
 	// CachesDropped: without O_DIRECT, the page cache was dropped before loading (root only).
 	CachesDropped bool `json:"caches_dropped,omitempty"`
 
@@ -275,6 +279,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
+	fl.StringVar(&cfg.buffers, "buffers", "huge", "where the tasks' payload buffers live: huge (host memory in transparent huge pages, as a connector's pinned KV buffers) or heap (Go heap, 4 KiB pages)")
 	fl.IntVar(&cfg.rounds, "rounds", 1, "seq, layerwise: run the workload (then fio, with --fio) this many times and report medians, each ratio taken within its round")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
@@ -338,6 +343,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--queue-depth %d: want 1 to 4096", cfg.queueDepth)
 	case cfg.fioIODepth < 1:
 		return usageErr("--fio-iodepth %d: want at least 1", cfg.fioIODepth)
+	case cfg.buffers != "huge" && cfg.buffers != "heap":
+		return usageErr("--buffers %q: want huge or heap", cfg.buffers)
 	case cfg.rounds < 1:
 		return usageErr("--rounds %d: want at least 1", cfg.rounds)
 	case cfg.rounds > 1 && cfg.workload != "seq" && cfg.workload != "layerwise":
@@ -400,6 +407,10 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		}
 		err = w.run(env, res)
 		stopProfile()
+		res.Buffers = cfg.buffers
+		if cfg.buffers == "huge" && !env.hugePages {
+			res.Buffers = "huge (4 KiB pages: advice refused)"
+		}
 		if err != nil {
 			code := ExitProblems
 			if errors.As(err, new(*exitError)) {
@@ -534,6 +545,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	row("direct", "%s", direct)
 	row("sync", "%s", r.Sync)
+	row("buffers", "%s", r.Buffers)
 	if r.IndexSeconds > 0 {
 		row("index", "%.2f s to dump %d blocks", r.IndexSeconds, r.Blocks)
 	}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 )
@@ -73,6 +74,8 @@ type benchEnv struct {
 	storeDir string
 	opts     engine.Options
 	stderr   io.Writer
+	// hugePages: the last workerBuffers got huge-page memory (the kernel took the advice).
+	hugePages bool
 }
 
 // open opens the bench store (creating it the first time) and says how long it took.
@@ -211,6 +214,33 @@ func parallel(n, workers int, fn func(worker, i int) error) (time.Duration, erro
 	}
 	wg.Wait()
 	return time.Since(start), firstErr
+}
+
+// workerBuffers returns --concurrency × --batch buffers of size bytes for the tasks' payloads,
+// [worker][slot]: from huge-page host memory (--buffers huge, the default: what a connector's
+// pinned KV buffer pool is; devio.HostMemory) or from the Go heap (--buffers heap). release
+// frees them once no task uses them.
+func (env *benchEnv) workerBuffers(size int64) (bufs [][][]byte, release func(), err error) {
+	cfg := env.cfg
+	bufs = make([][][]byte, cfg.concurrency)
+	if cfg.buffers == "heap" {
+		for w := range bufs {
+			bufs[w] = make([][]byte, cfg.batch)
+			for j := range bufs[w] {
+				bufs[w][j] = devio.AlignedBuffer(int(size))
+			}
+		}
+		return bufs, func() {}, nil
+	}
+	m, flat, err := devio.NewHostBuffers(cfg.concurrency*cfg.batch, int(size))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--buffers huge: %w (--buffers heap uses Go heap memory)", err)
+	}
+	env.hugePages = m.Huge()
+	for w := range bufs {
+		bufs[w] = flat[w*cfg.batch : (w+1)*cfg.batch : (w+1)*cfg.batch]
+	}
+	return bufs, func() { _ = m.Close() }, nil
 }
 
 // reopenAfterDump ends a timed dump phase: it closes the engine (failing with the dump's error

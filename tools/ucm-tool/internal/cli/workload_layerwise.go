@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 
-	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 )
@@ -43,13 +42,12 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 
 	// Phase 1: dump, shard by shard.
-	blockBufs := make([][][]byte, cfg.concurrency)
-	for w := range blockBufs {
-		blockBufs[w] = make([][]byte, cfg.batch)
-		for j := range blockBufs[w] {
-			blockBufs[w][j] = devio.AlignedBuffer(int(l.BlockBytes()))
-		}
+	blockBufs, release, err := env.workerBuffers(l.BlockBytes())
+	if err != nil {
+		_ = e.Close()
+		return err
 	}
+	defer release()
 	dumpTime, err := parallel(groups, cfg.concurrency, func(w, g int) error {
 		ids := group(g)
 		for j, id := range ids {
@@ -85,13 +83,11 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 		units[i] = int32(i)
 	}
 	rand.New(rand.NewPCG(cfg.seed, 0x6c61796572)).Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
-	shardBufs := make([][][]byte, cfg.concurrency)
-	for w := range shardBufs {
-		shardBufs[w] = make([][]byte, cfg.batch)
-		for j := range shardBufs[w] {
-			shardBufs[w][j] = devio.AlignedBuffer(int(l.ShardBytes))
-		}
+	shardBufs, releaseShards, err := env.workerBuffers(l.ShardBytes)
+	if err != nil {
+		return err
 	}
+	defer releaseShards()
 	var mismatch atomic.Pointer[error]
 	loadTime, err := parallel(len(units), cfg.concurrency, func(w, u int) error {
 		g, s := int(units[u])/l.Shards, int(units[u])%l.Shards

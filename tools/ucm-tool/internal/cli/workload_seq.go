@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 )
 
@@ -86,13 +85,11 @@ func runTasks(env *benchEnv, blockBytes int64, fn func(ids []format.BlockID, buf
 		failed   atomic.Bool
 		wg       sync.WaitGroup
 	)
-	workers := make([][][]byte, cfg.concurrency)
-	for w := range workers {
-		workers[w] = make([][]byte, cfg.batch)
-		for j := range workers[w] {
-			workers[w][j] = devio.AlignedBuffer(int(blockBytes))
-		}
+	workers, release, err := env.workerBuffers(blockBytes)
+	if err != nil {
+		return 0, err
 	}
+	defer release()
 	ids := make([]format.BlockID, env.blocks)
 	for i := range ids {
 		ids[i] = blockID(i)
