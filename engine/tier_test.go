@@ -89,6 +89,9 @@ func TestTierCapacityNeverExceeded(t *testing.T) {
 		stop atomic.Bool
 		peak atomic.Int64
 	)
+	// placed records the paths that held a segment at some point: eviction may empty either
+	// path later, so placement is observed while the dumps run, not only at the end.
+	placed := map[string]bool{}
 	watch := make(chan struct{})
 	go func() {
 		defer close(watch)
@@ -96,7 +99,13 @@ func TestTierCapacityNeverExceeded(t *testing.T) {
 			if u := e.TierStats()[0].Used; u > peak.Load() {
 				peak.Store(u)
 			}
-			if n, _ := segmentFileBytes(t, fs, "/ssd1", "/ssd2"); n > bound {
+			var n int64
+			for _, d := range []string{"/ssd1", "/ssd2"} {
+				b, files := segmentFileBytes(t, fs, d)
+				n += b
+				placed[d] = placed[d] || files > 0
+			}
+			if n > bound {
 				t.Errorf("segment files hold %d bytes, capacity %d + one segment = %d", n, capacity, bound)
 			}
 			time.Sleep(time.Millisecond)
@@ -127,12 +136,12 @@ func TestTierCapacityNeverExceeded(t *testing.T) {
 	if st.Blocks == 0 || e.Stats().EvictedBlocks == 0 || e.Stats().SegmentsRetired == 0 {
 		t.Fatalf("no eviction happened: %+v, %+v", st, e.Stats())
 	}
-	// Both paths were used, and the account matches the files exactly once sealed.
+	// Both paths were used, and every block still indexed loads intact.
 	if err := e.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"/ssd1", "/ssd2"} {
-		if _, n := segmentFileBytes(t, fs, d); n == 0 {
+		if !placed[d] {
 			t.Fatalf("no segment placed in %s", d)
 		}
 	}
@@ -147,7 +156,21 @@ func checkAllIndexed(t *testing.T, e *Engine) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		checkBlock(t, e, id)
+		got, err := loadOne(e, id)
+		if errors.Is(err, ErrNotFound) {
+			// The background reclaimer may still be evicting (the tier can stay above its high
+			// watermark after the last dump): a block evicted since the iteration is no longer
+			// indexed. One that is still indexed must load.
+			if _, ok, _ := e.ix.Get(id); !ok {
+				continue
+			}
+		}
+		if err != nil {
+			t.Fatalf("load %s: %v", id, err)
+		}
+		if !bytes.Equal(got, blockBytes(e.Layout(), id)) {
+			t.Fatalf("block %s: loaded bytes differ from what was dumped", id)
+		}
 	}
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
@@ -615,7 +638,21 @@ func TestReclamationIOFailuresLoseNothing(t *testing.T) {
 	}
 	inj.armed.Store(false)
 	for _, id := range ids {
-		checkBlock(t, e, id)
+		got, err := loadOne(e, id)
+		if errors.Is(err, ErrNotFound) {
+			// The background reclaimer may still be evicting (the tier can stay above its high
+			// watermark after the last dump): a block evicted since the iteration is no longer
+			// indexed. One that is still indexed must load.
+			if _, ok, _ := e.ix.Get(id); !ok {
+				continue
+			}
+		}
+		if err != nil {
+			t.Fatalf("load %s: %v", id, err)
+		}
+		if !bytes.Equal(got, blockBytes(e.Layout(), id)) {
+			t.Fatalf("block %s: loaded bytes differ from what was dumped", id)
+		}
 	}
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
