@@ -88,3 +88,45 @@ func TestHostBuffersBadSizes(t *testing.T) {
 		t.Errorf("no buffers: %v %v", bufs, err)
 	}
 }
+
+// TestBufferPoolHostClasses: buffers of 2 MiB and more come from host memory, are reused
+// while idle, are released by Close (and when Put after it), and a heap buffer of such a class
+// Put into the pool is never unmapped.
+func TestBufferPoolHostClasses(t *testing.T) {
+	p := devio.NewBufferPool()
+	b := p.Get(3 << 20)
+	if len(b) != 3<<20 || cap(b) != 4<<20 || !devio.IsAligned(b[:4<<20]) {
+		t.Fatalf("Get(3 MiB): len %d cap %d at %#x", len(b), cap(b), addr(b))
+	}
+	if runtime.GOOS == "linux" && addr(b)%devio.HugePageSize != 0 {
+		t.Fatalf("host buffer not on a huge page boundary: %#x", addr(b))
+	}
+	b[len(b)-1] = 7
+	at := addr(b)
+	p.Put(b)
+	if runtime.GOOS == "linux" && p.IdleHostBytes() != 4<<20 {
+		t.Fatalf("idle host bytes %d after Put, want 4 MiB", p.IdleHostBytes())
+	}
+	b2 := p.Get(4 << 20)
+	if runtime.GOOS == "linux" && (addr(b2) != at || b2[3<<20-1] != 7) {
+		t.Fatalf("the idle buffer was not reused")
+	}
+	// A heap buffer of a host class goes to the heap classes, never to munmap.
+	heap := devio.AlignedBuffer(2 << 20)
+	heap = heap[: 2<<20 : 2<<20]
+	p.Put(heap)
+	p.Close()
+	p.Close()
+	if p.IdleHostBytes() != 0 {
+		t.Fatalf("idle host bytes %d after Close", p.IdleHostBytes())
+	}
+	heap[0], heap[len(heap)-1] = 1, 1 // still mapped: it was never the pool's
+	b2[0] = 1                         // in use during Close: still mapped
+	p.Put(b2)                         // unmapped now
+	if p.IdleHostBytes() != 0 {
+		t.Fatalf("a buffer Put after Close is kept idle")
+	}
+	b3 := p.Get(2 << 20) // Get works after Close
+	b3[0] = 1
+	p.Put(b3)
+}

@@ -12,6 +12,17 @@ const (
 	numClasses    = maxClassShift - minClassShift + 1
 )
 
+// hostClassShift: classes of 2 MiB and more are served from huge-page host
+// memory (HostMemory), one mapping per buffer, kept while idle up to
+// maxIdleHostBytes: a whole-block record or a coalescing buffer is then one
+// DMA segment per 2 MiB and is not faulted in again on every use (4 KiB heap
+// pages first touched by concurrent copies are scattered: a 2 MiB write from
+// them is split into several device requests; see HostMemory).
+const (
+	hostClassShift   = 21
+	maxIdleHostBytes = 512 << 20
+)
+
 // BufferPool recycles DefaultAlignment-aligned buffers in power-of-two size
 // classes from 4 KiB to 1 GiB. It is safe for concurrent use; the zero value
 // is not usable, create one with NewBufferPool.
@@ -19,15 +30,25 @@ const (
 // A buffer handed to the kernel (through Backend.Submit) must only be Put
 // after its completion is reaped, i.e. after Submit has returned; putting it
 // earlier lets another goroutine reuse memory the kernel may still be writing.
-// Idle buffers may be released at any garbage collection (the pool is built on
-// sync.Pool), so the pool bounds allocation churn, not memory.
+// Classes below 2 MiB are Go heap memory on sync.Pool: idle buffers may be
+// released at any garbage collection. Classes of 2 MiB and more are host
+// memory in huge pages (Go heap memory where it cannot be mapped): up to 512
+// MiB of idle ones are kept for reuse, the rest unmapped when Put; Close
+// unmaps the idle ones, and a buffer Put after Close is unmapped at once. A
+// buffer must not be used after it is Put.
 type BufferPool struct {
 	classes [numClasses]sync.Pool
+
+	mu        sync.Mutex
+	mapped    map[uintptr]*HostMemory // host buffers handed out or idle, by address
+	idle      [numClasses][][]byte    // idle host buffers
+	idleBytes int64
+	closed    bool
 }
 
 // NewBufferPool returns an empty BufferPool.
 func NewBufferPool() *BufferPool {
-	return &BufferPool{}
+	return &BufferPool{mapped: make(map[uintptr]*HostMemory)}
 }
 
 // classFor returns the class index for a buffer of n bytes, or -1 when n
@@ -56,6 +77,9 @@ func (p *BufferPool) Get(n int) []byte {
 	if c < 0 {
 		return AlignedBuffer(n)
 	}
+	if c+minClassShift >= hostClassShift {
+		return p.getHost(c, n)
+	}
 	if v := p.classes[c].Get(); v != nil {
 		b := *(v.(*[]byte))
 		return b[:n]
@@ -80,5 +104,79 @@ func (p *BufferPool) Put(b []byte) {
 		return
 	}
 	c := bits.Len(uint(size)) - 1 - minClassShift
+	if c+minClassShift >= hostClassShift && p.putHost(c, b) {
+		return
+	}
 	p.classes[c].Put(&b)
+}
+
+// getHost returns an idle host buffer of class c, or maps a new one (a heap
+// buffer if mapping fails), sliced to n bytes.
+func (p *BufferPool) getHost(c, n int) []byte {
+	p.mu.Lock()
+	if k := len(p.idle[c]); k > 0 {
+		b := p.idle[c][k-1]
+		p.idle[c][k-1] = nil
+		p.idle[c] = p.idle[c][:k-1]
+		p.idleBytes -= int64(cap(b))
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	size := 1 << (c + minClassShift)
+	m, bufs, err := NewHostBuffers(1, size)
+	if err != nil {
+		b := AlignedBuffer(size)
+		return b[:n:size]
+	}
+	b := bufs[0]
+	p.mu.Lock()
+	p.mapped[uintptr(unsafe.Pointer(&b[0]))] = m
+	p.mu.Unlock()
+	return b[:n]
+}
+
+// putHost takes back b (full capacity) if it is one of the pool's host
+// buffers: kept idle, or unmapped when the pool is closed or holds enough idle
+// memory. It reports false for a heap buffer.
+func (p *BufferPool) putHost(c int, b []byte) bool {
+	addr := uintptr(unsafe.Pointer(&b[0]))
+	p.mu.Lock()
+	m, ok := p.mapped[addr]
+	if !ok {
+		p.mu.Unlock()
+		return false
+	}
+	if p.closed || p.idleBytes+int64(len(b)) > maxIdleHostBytes {
+		delete(p.mapped, addr)
+		p.mu.Unlock()
+		_ = m.Close()
+		return true
+	}
+	p.idle[c] = append(p.idle[c], b)
+	p.idleBytes += int64(len(b))
+	p.mu.Unlock()
+	return true
+}
+
+// Close unmaps the idle host buffers; buffers still in use are unmapped when
+// they are Put. Get keeps working (new host buffers are mapped as needed).
+// Close is idempotent.
+func (p *BufferPool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	var release []*HostMemory
+	for c := range p.idle {
+		for _, b := range p.idle[c] {
+			addr := uintptr(unsafe.Pointer(&b[0]))
+			release = append(release, p.mapped[addr])
+			delete(p.mapped, addr)
+		}
+		p.idle[c] = nil
+	}
+	p.idleBytes = 0
+	p.mu.Unlock()
+	for _, m := range release {
+		_ = m.Close()
+	}
 }

@@ -338,6 +338,7 @@ func (e *Engine) release() {
 	for _, b := range e.backends {
 		_ = b.Close()
 	}
+	e.pool.Close() // the idle host buffers; the I/O that used them has ended
 	if e.ix != nil {
 		_ = e.ix.Close()
 	}

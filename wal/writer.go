@@ -288,7 +288,9 @@ func (w *Writer) Close() error {
 		case r := <-w.reqs:
 			r.done <- ErrWriterClosed
 		default:
-			return w.finish()
+			err := w.finish()
+			w.pool.Close()
+			return err
 		}
 	}
 }
