@@ -182,7 +182,10 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short: "Measure dump, load, lookup, open and trace-replay performance on a scratch store",
 		Long: `bench creates a store under DIR (removing only its own bench-* subdirectory first),
 runs a workload on it and prints a table, or one JSON object with --json. Payloads are a
-deterministic function of the block id and every loaded byte is verified.
+deterministic function of the block id (a shared body with every 4 KiB page stamped with
+the block id and page number) and every loaded byte is verified: seq and layerwise check
+each page's stamp during the timed load (the engine checks its CRCs) and, after the timing,
+load every block again and compare it byte for byte.
 
 Workloads:
   seq        dump --total bytes of whole blocks, close, reopen (timed), load them all back.
@@ -208,10 +211,11 @@ Workloads:
              blocks evicted and segments deleted. Pick --segment-size well below --capacity.
 
 --fio runs fio (apt-get install fio) on a file in --dir with the same block size, direct
-flag, I/O engine and size, at --fio-iodepth and at 64, and prints engine/fio ratios against
-the better of the two: seq compares dump with fio sequential writes and load with
-sequential reads; layerwise compares dump with sequential writes of whole blocks and load
-with random reads of one shard.
+flag, I/O engine and size, at --fio-iodepth and at 64, from malloc buffers and, where
+hugetlb pages are reserved (sysctl -w vm.nr_hugepages=160), from huge pages as the engine's
+buffers are, and prints engine/fio ratios against the best of these: seq compares dump with
+fio sequential writes and load with sequential reads; layerwise compares dump with
+sequential writes of whole blocks and load with random reads of one shard.
 
 Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units). MB/s is 10^6 bytes
 per second. Dump time runs from the first dump task to the last one's completion (durable
@@ -607,7 +611,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row(fmt.Sprintf("round %d", i+1), "dump %.1f MB/s, load %.1f MB/s%s", rr.DumpMBps, rr.LoadMBps, fio)
 	}
 	for _, f := range r.Fio {
-		row("fio", "%s bs=%s iodepth=%d: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.MBps)
+		row("fio", "%s bs=%s iodepth=%d mem=%s: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.Mem, f.MBps)
 	}
 	if r.FioNote != "" {
 		row("fio", "%s", r.FioNote)

@@ -2,10 +2,16 @@ package cli
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
 )
 
 // benchJSON runs a bench with --json and returns the decoded object.
@@ -43,9 +49,11 @@ func mustLackKeys(t *testing.T, m map[string]any, keys ...string) {
 	}
 }
 
-// fakeFio puts a fio on PATH that prints canned JSON output (and records its job files).
+// fakeFio puts a fio on PATH that prints canned JSON output (and records its job files), with
+// no hugetlb pages free (whatever this machine has) unless the test says otherwise.
 func fakeFio(t *testing.T) (jobsLog string) {
 	t.Helper()
+	withHugetlbFree(t, 0)
 	bin := t.TempDir()
 	jobsLog = filepath.Join(bin, "jobs.log")
 	script := `#!/bin/sh
@@ -202,6 +210,13 @@ func TestBenchTraceUsage(t *testing.T) {
 	}
 }
 
+// withHugetlbFree makes the bench see n bytes of free hugetlb pages for the rest of the test.
+func withHugetlbFree(t *testing.T, n int64) {
+	old := hugetlbFree
+	hugetlbFree = func() int64 { return n }
+	t.Cleanup(func() { hugetlbFree = old })
+}
+
 func TestBenchFio(t *testing.T) {
 	jobs := fakeFio(t)
 	dir := t.TempDir()
@@ -219,7 +234,11 @@ func TestBenchFio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustContain(t, string(b), "rw=write", "rw=read", "bs=262144", "size=4194304", "iodepth=8", "iodepth=64", "filename="+dir)
+	mustContain(t, string(b), "rw=write", "rw=read", "bs=262144", "size=4194304", "iodepth=8", "iodepth=64", "filename="+dir,
+		"iomem=malloc")
+	if strings.Contains(string(b), "mmaphuge") || !strings.Contains(m["fio_note"].(string), "vm.nr_hugepages") {
+		t.Errorf("without hugetlb pages fio must run from malloc buffers and say how to reserve huge pages: %v", m["fio_note"])
+	}
 	// Layer-wise: random reads of one shard.
 	_ = os.Remove(jobs)
 	out, _, code := run(t, "bench", "--workload", "layerwise", "--dir", dir, "--total", "4MiB", "--block-size", "256KiB",
@@ -236,6 +255,40 @@ func TestBenchFio(t *testing.T) {
 		if strings.HasPrefix(e.Name(), "bench-fio") {
 			t.Errorf("left behind: %s", e.Name())
 		}
+	}
+}
+
+// With hugetlb pages reserved, fio also runs from huge pages and the best run is the
+// denominator.
+func TestBenchFioHugePages(t *testing.T) {
+	jobs := fakeFio(t)
+	withHugetlbFree(t, 1<<30)
+	m := benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "8")
+	runs := m["fio"].([]any)
+	mems := map[string]int{}
+	for _, r := range runs {
+		mems[r.(map[string]any)["mem"].(string)]++
+	}
+	if len(runs) != 8 || mems["malloc"] != 4 || mems["mmaphuge"] != 4 {
+		t.Errorf("fio runs %v, want write and read at depths 8 and 64 from malloc and from huge pages", runs)
+	}
+	if _, ok := m["fio_note"]; ok {
+		t.Errorf("fio_note %v with huge pages available", m["fio_note"])
+	}
+	b, _ := os.ReadFile(jobs)
+	mustContain(t, string(b), "iomem=mmaphuge", "iomem=malloc")
+	// Too few free huge pages for 64 buffers of a block: malloc only.
+	withHugetlbFree(t, 64*256<<10)
+	m = benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB", "--fio")
+	if runs := m["fio"].([]any); len(runs) != 4 {
+		t.Errorf("%d fio runs with too few huge pages, want 4 from malloc", len(runs))
+	}
+}
+
+func TestReadHugetlbFree(t *testing.T) {
+	if n := readHugetlbFree(); n < 0 {
+		t.Errorf("readHugetlbFree = %d", n)
 	}
 }
 
@@ -285,6 +338,68 @@ func TestPayloadCheckRange(t *testing.T) {
 	b[5000] ^= 1
 	if err := p.checkRange(b[4096:8192], id, 4096); err == nil || !strings.Contains(err.Error(), "byte 5000") {
 		t.Errorf("flipped byte: %v", err)
+	}
+}
+
+// The timed loads check every page's stamp: a page of another block or of another place in
+// the block fails, wherever the checked range starts; the body is left to the engine's
+// checksums and to verifyAll.
+func TestPayloadCheckStamps(t *testing.T) {
+	p := newPayloadPool(64 << 10)
+	b := make([]byte, 64<<10)
+	id := blockID(9)
+	p.fill(b, id)
+	for _, off := range []int64{0, 8, 16, 4096, 60 << 10} {
+		if err := p.checkStamps(b[off:off+4096], id, off); err != nil {
+			t.Errorf("offset %d: %v", off, err)
+		}
+	}
+	if err := p.checkStamps(b, blockID(10), 0); err == nil || !strings.Contains(err.Error(), "page 0") {
+		t.Errorf("another block's bytes: %v", err)
+	}
+	moved := slices.Clone(b)
+	copy(moved[8192:12288], b[4096:8192]) // page 1 where page 2 belongs
+	if err := p.checkStamps(moved[8:], id, 8); err == nil || !strings.Contains(err.Error(), "page 2") {
+		t.Errorf("misplaced page, checked from byte 8: %v", err)
+	}
+	b[5000] ^= 1 // body, not stamp
+	if err := p.checkStamps(b, id, 0); err != nil {
+		t.Errorf("a body byte is not a stamp: %v", err)
+	}
+	if err := p.checkStamps(b[:8], id, 64<<10); err == nil {
+		t.Error("a range past the block was accepted")
+	}
+}
+
+// verifyAll compares every byte: a block stored with a wrong body byte (its checksums match
+// what was stored, and its stamps are right) is reported.
+func TestVerifyAllComparesEveryByte(t *testing.T) {
+	l := format.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 16 << 10}
+	dir := t.TempDir()
+	env := &benchEnv{cfg: benchConfig{concurrency: 2, batch: 2, buffers: "heap"}, blocks: 5,
+		payload: newPayloadPool(l.BlockBytes()), storeDir: dir,
+		opts: engine.Options{Layout: l, Schema: benchSchema, SegmentSize: 1 << 20}, stderr: io.Discard}
+	e, _, err := env.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close() }()
+	for i := range env.blocks {
+		b := make([]byte, l.BlockBytes())
+		env.payload.fill(b, blockID(i))
+		if i == 3 {
+			b[40000] ^= 0x80
+		}
+		if err := e.Dump([]format.BlockID{blockID(i)}, [][]byte{b}).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mismatch atomic.Pointer[error]
+	if err := verifyAll(env, e, &mismatch); err != nil {
+		t.Fatal(err)
+	}
+	if p := mismatch.Load(); p == nil || !strings.Contains((*p).Error(), blockID(3).String()) || !strings.Contains((*p).Error(), "byte 40000") {
+		t.Fatalf("mismatch %v, want block 3 byte 40000", p)
 	}
 }
 

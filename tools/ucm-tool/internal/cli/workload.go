@@ -176,6 +176,48 @@ func (p *payloadPool) checkRange(dst []byte, id format.BlockID, off int64) error
 	return nil
 }
 
+// checkStamps reports the first 4 KiB page of dst, holding bytes [off, off+len(dst)) of block
+// id, whose stamp is not (id, page): a page of another block, of another place in this block,
+// or never written. It reads 16 bytes a page, so the timed loads can afford it on every page;
+// the rest of each page is the shared body, which the engine's checksums cover and verifyAll
+// compares after the timing.
+func (p *payloadPool) checkStamps(dst []byte, id format.BlockID, off int64) error {
+	if off < 0 || off+int64(len(dst)) > int64(len(p.body)) {
+		return fmt.Errorf("block %s: %d bytes at %d, block is %d", id, len(dst), off, len(p.body))
+	}
+	end := off + int64(len(dst))
+	for page := off / stampPage * stampPage; page < end; page += stampPage {
+		s := stamp(id, page/stampPage)
+		lo, hi := max(page, off), min(page+int64(len(s)), end)
+		if lo < hi && !bytes.Equal(dst[lo-off:hi-off], s[lo-page:hi-page]) {
+			return fmt.Errorf("block %s: page %d (bytes %d..%d) holds another page's stamp %x", id, page/stampPage, lo, hi, dst[lo-off:hi-off])
+		}
+	}
+	return nil
+}
+
+// verifyAll loads every one of the env's blocks whole, cfg.concurrency tasks at a time, and
+// compares every byte; it runs after the timed phases, so a workload's rates measure the
+// engine (with the stamp checks above), not the bench comparing gigabytes. It returns the
+// first mismatch in *mismatch (unless one is there already) and any load error.
+func verifyAll(env *benchEnv, e *engine.Engine, mismatch *atomic.Pointer[error]) error {
+	_, err := runTasks(env, e.Layout().BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+		if err := e.Load(ids, bufs).Wait(); err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if err := env.payload.check(bufs[i], id); err != nil {
+				mismatch.CompareAndSwap(nil, &err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	return nil
+}
+
 // check reports where dst differs from block id's bytes, nil when it matches.
 func (p *payloadPool) check(dst []byte, id format.BlockID) error {
 	if len(dst) != len(p.body) {

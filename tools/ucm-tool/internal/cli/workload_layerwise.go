@@ -13,7 +13,8 @@ import (
 // blocks are split into groups of `batch`; each group is dumped shard by shard (all of its
 // shard tasks issued, then waited for), `concurrency` groups at a time. After a timed reopen,
 // every (group, shard) pair is loaded with one LoadShard task, in a random order across
-// groups and shards, `concurrency` tasks in flight, and every byte is checked.
+// groups and shards, `concurrency` tasks in flight, checking every page's stamp; finally
+// (untimed) every block is loaded whole and compared byte for byte.
 type layerwiseWorkload struct{}
 
 func (layerwiseWorkload) name() string { return "layerwise" }
@@ -97,7 +98,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 			return err
 		}
 		for j, id := range ids {
-			if err := env.payload.checkRange(dst[j], id, int64(s)*l.ShardBytes); err != nil {
+			if err := env.payload.checkStamps(dst[j], id, int64(s)*l.ShardBytes); err != nil {
 				err = fmt.Errorf("shard %d: %w", s, err)
 				mismatch.CompareAndSwap(nil, &err)
 			}
@@ -109,6 +110,9 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	res.LoadMBps = mbps(res.TotalBytes, loadTime)
 	res.loadTime = loadTime
+	if err := verifyAll(env, e, &mismatch); err != nil {
+		return err
+	}
 	if p := mismatch.Load(); p != nil {
 		res.mismatch = (*p).Error()
 		return nil

@@ -13,7 +13,8 @@ import (
 
 // seqWorkload dumps every block once, in id order, with `concurrency` whole-block dump tasks
 // of `batch` blocks in flight; closes and reopens the store so reads come from disk; then
-// loads every block back the same way and checks every byte.
+// loads every block back the same way, checking every page's stamp, and finally (untimed)
+// loads and compares every byte once more.
 type seqWorkload struct{}
 
 func (seqWorkload) name() string { return "seq" }
@@ -53,7 +54,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 			return err
 		}
 		for i, id := range ids {
-			if err := env.payload.check(bufs[i], id); err != nil {
+			if err := env.payload.checkStamps(bufs[i], id, 0); err != nil {
 				mismatch.CompareAndSwap(nil, &err)
 			}
 		}
@@ -64,6 +65,9 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	res.LoadMBps = mbps(res.TotalBytes, loadTime)
 	res.loadTime = loadTime
+	if err := verifyAll(env, e, &mismatch); err != nil {
+		return err
+	}
 	if p := mismatch.Load(); p != nil {
 		res.Verified = false
 		res.mismatch = (*p).Error()
