@@ -285,9 +285,9 @@ func (env *benchEnv) workerBuffers(size int64) (bufs [][][]byte, release func(),
 	return bufs, func() { _ = m.Close() }, nil
 }
 
-// reopenAfterDump ends a timed dump phase: it closes the engine (failing with the dump's error
-// if there was one), records the dump rate, and reopens the store, recording the open time,
-// so that the load phase reads from disk.
+// reopenAfterDump ends a timed dump phase: it syncs (inside the timed dump) and closes the
+// engine (failing with the dump's error if there was one), records the dump rate, and reopens
+// the store, recording the open time, so that the load phase reads from disk.
 func (env *benchEnv) reopenAfterDump(e *engine.Engine, dumpErr error, res *benchResult, dumpTime time.Duration) (*engine.Engine, error) {
 	if dumpErr != nil {
 		_ = e.Close()
@@ -298,6 +298,14 @@ func (env *benchEnv) reopenAfterDump(e *engine.Engine, dumpErr error, res *bench
 		return nil, fmt.Errorf("dump wrote %d of %d blocks (%d deduplicated): the store was not fresh, the rate would be meaningless",
 			st.DumpedBlocks, res.Blocks, st.DedupedDumps)
 	}
+	// The dump is timed until its bytes are durable, as fio's write job is timed until its
+	// end_fsync: with --sync none the flush happens here, not in the dumps.
+	syncStart := time.Now()
+	if err := e.Sync(); err != nil {
+		_ = e.Close()
+		return nil, fmt.Errorf("sync after dump: %w", err)
+	}
+	dumpTime += time.Since(syncStart)
 	if err := e.Close(); err != nil {
 		return nil, fmt.Errorf("close after dump: %w", err)
 	}
