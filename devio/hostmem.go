@@ -36,6 +36,13 @@ var ErrHostMemory = errors.New("devio: host memory")
 // DefaultAlignment boundary, and is DefaultAlignment-aligned, so it may be used for direct I/O
 // when size is a multiple of DefaultAlignment.
 func NewHostBuffers(count, size int) (*HostMemory, [][]byte, error) {
+	return newHostBuffers(count, size, true)
+}
+
+// newHostBuffers is NewHostBuffers, leaving the pages to be faulted in on first use unless
+// resident: the buffer pool's buffers are often larger than what is written into them (a
+// 2 MiB + 4 KiB record in a 4 MiB class), and populating the rest would be wasted work.
+func newHostBuffers(count, size int, resident bool) (*HostMemory, [][]byte, error) {
 	if count < 0 || size < 0 {
 		return nil, nil, fmt.Errorf("%w: %d buffers of %d bytes", ErrHostMemory, count, size)
 	}
@@ -53,6 +60,9 @@ func NewHostBuffers(count, size int) (*HostMemory, [][]byte, error) {
 	region, err := m.mapRegion(count * stride)
 	if err != nil {
 		return nil, nil, err
+	}
+	if resident {
+		populate(region)
 	}
 	bufs := make([][]byte, count)
 	for i := range bufs {

@@ -24,7 +24,6 @@ func (m *HostMemory) mapRegion(n int) ([]byte, error) {
 	// Advice only: with transparent huge pages disabled the region still works, in 4 KiB pages.
 	m.huge = unix.Madvise(region, unix.MADV_HUGEPAGE) == nil
 	m.mapping = mapping
-	populate(region)
 	return region, nil
 }
 

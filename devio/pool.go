@@ -124,7 +124,7 @@ func (p *BufferPool) getHost(c, n int) []byte {
 	}
 	p.mu.Unlock()
 	size := 1 << (c + minClassShift)
-	m, bufs, err := NewHostBuffers(1, size)
+	m, bufs, err := newHostBuffers(1, size, false)
 	if err != nil {
 		b := AlignedBuffer(size)
 		return b[:n:size]
