@@ -74,8 +74,9 @@ type benchResult struct {
 	Direct      bool   `json:"direct"`
 	Sync        string `json:"sync"`
 	// Buffers is where the tasks' payload buffers live: "huge" (huge-page host memory),
-	// "huge (4 KiB pages: advice refused)" or "heap".
-	Buffers  string  `json:"buffers"`
+	// "huge (4 KiB pages: advice refused)" or "heap" (every workload's dumps and loads go
+	// through worker buffers; the field is set by the one that allocated them).
+	Buffers  string  `json:"buffers,omitempty"`
 	DumpMBps float64 `json:"dump_MBps,omitempty"`
 	LoadMBps float64 `json:"load_MBps,omitempty"`
 	// CachesDropped: without O_DIRECT, the page cache was dropped before loading (root only).
@@ -411,10 +412,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		}
 		err = w.run(env, res)
 		stopProfile()
-		res.Buffers = cfg.buffers
-		if cfg.buffers == "huge" && !env.hugePages {
-			res.Buffers = "huge (4 KiB pages: advice refused)"
-		}
+		res.Buffers = env.buffers
 		if err != nil {
 			code := ExitProblems
 			if errors.As(err, new(*exitError)) {
@@ -549,7 +547,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	row("direct", "%s", direct)
 	row("sync", "%s", r.Sync)
-	row("buffers", "%s", r.Buffers)
+	if r.Buffers != "" {
+		row("buffers", "%s", r.Buffers)
+	}
 	if r.IndexSeconds > 0 {
 		row("index", "%.2f s to dump %d blocks", r.IndexSeconds, r.Blocks)
 	}

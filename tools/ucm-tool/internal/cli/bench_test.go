@@ -172,7 +172,10 @@ func TestBenchTrace(t *testing.T) {
 	mustContain(t, out, "hit rate", "token hit rate", "requests/s", "verified")
 	m := benchJSON(t, args...)
 	mustHaveKeys(t, m, "workload", "hit_rate", "token_hit_rate", "bytes_loaded", "bytes_dumped", "throughput_MBps",
-		"requests", "prompt_blocks")
+		"requests", "prompt_blocks", "buffers")
+	if b := m["buffers"].(string); !strings.HasPrefix(b, "huge") {
+		t.Errorf("trace buffers %q, want the default huge-page host memory", b)
+	}
 	mustLackKeys(t, m, "p99_lookup_batch_ms", "open_crash_s")
 	if hits == 0 {
 		t.Fatal("the excerpt has no prefix reuse")

@@ -74,8 +74,8 @@ type benchEnv struct {
 	storeDir string
 	opts     engine.Options
 	stderr   io.Writer
-	// hugePages: the last workerBuffers got huge-page memory (the kernel took the advice).
-	hugePages bool
+	// buffers says where the last workerBuffers' buffers live (benchResult.Buffers).
+	buffers string
 }
 
 // open opens the bench store (creating it the first time) and says how long it took.
@@ -258,29 +258,34 @@ func parallel(n, workers int, fn func(worker, i int) error) (time.Duration, erro
 	return time.Since(start), firstErr
 }
 
-// workerBuffers returns --concurrency × --batch buffers of size bytes for the tasks' payloads,
-// [worker][slot]: from huge-page host memory (--buffers huge, the default: what a connector's
-// pinned KV buffer pool is; devio.HostMemory) or from the Go heap (--buffers heap). release
-// frees them once no task uses them.
-func (env *benchEnv) workerBuffers(size int64) (bufs [][][]byte, release func(), err error) {
+// workerBuffers returns --concurrency × perWorker buffers of size bytes for the tasks'
+// payloads, [worker][slot]: from huge-page host memory (--buffers huge, the default: what a
+// connector's pinned KV buffer pool is; devio.HostMemory) or from the Go heap (--buffers
+// heap), and records which in env.buffers for the report. release frees them once no task
+// uses them.
+func (env *benchEnv) workerBuffers(perWorker int, size int64) (bufs [][][]byte, release func(), err error) {
 	cfg := env.cfg
 	bufs = make([][][]byte, cfg.concurrency)
 	if cfg.buffers == "heap" {
 		for w := range bufs {
-			bufs[w] = make([][]byte, cfg.batch)
+			bufs[w] = make([][]byte, perWorker)
 			for j := range bufs[w] {
 				bufs[w][j] = devio.AlignedBuffer(int(size))
 			}
 		}
+		env.buffers = "heap"
 		return bufs, func() {}, nil
 	}
-	m, flat, err := devio.NewHostBuffers(cfg.concurrency*cfg.batch, int(size))
+	m, flat, err := devio.NewHostBuffers(cfg.concurrency*perWorker, int(size))
 	if err != nil {
 		return nil, nil, fmt.Errorf("--buffers huge: %w (--buffers heap uses Go heap memory)", err)
 	}
-	env.hugePages = m.Huge()
+	env.buffers = "huge"
+	if !m.Huge() {
+		env.buffers = "huge (4 KiB pages: advice refused)"
+	}
 	for w := range bufs {
-		bufs[w] = flat[w*cfg.batch : (w+1)*cfg.batch : (w+1)*cfg.batch]
+		bufs[w] = flat[w*perWorker : (w+1)*perWorker : (w+1)*perWorker]
 	}
 	return bufs, func() { _ = m.Close() }, nil
 }

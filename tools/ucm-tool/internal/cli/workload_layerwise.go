@@ -43,7 +43,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 
 	// Phase 1: dump, shard by shard.
-	blockBufs, release, err := env.workerBuffers(l.BlockBytes())
+	blockBufs, release, err := env.workerBuffers(cfg.batch, l.BlockBytes())
 	if err != nil {
 		_ = e.Close()
 		return err
@@ -84,7 +84,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 		units[i] = int32(i)
 	}
 	rand.New(rand.NewPCG(cfg.seed, 0x6c61796572)).Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
-	shardBufs, releaseShards, err := env.workerBuffers(l.ShardBytes)
+	shardBufs, releaseShards, err := env.workerBuffers(cfg.batch, l.ShardBytes)
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,7 @@ func runTasks(env *benchEnv, blockBytes int64, fn func(ids []format.BlockID, buf
 		failed   atomic.Bool
 		wg       sync.WaitGroup
 	)
-	workers, release, err := env.workerBuffers(blockBytes)
+	workers, release, err := env.workerBuffers(cfg.batch, blockBytes)
 	if err != nil {
 		return 0, err
 	}

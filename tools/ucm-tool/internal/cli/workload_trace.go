@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
@@ -149,17 +148,18 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 			}
 		}
 	}()
+	workerBufs, release, err := env.workerBuffers(chunk, blockBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	work := make(chan *traceRequest)
 	errs := make(chan error, cfg.concurrency)
 	var wg sync.WaitGroup
-	for range cfg.concurrency {
+	for w := range cfg.concurrency {
 		wg.Add(1)
-		go func() {
+		go func(bufs [][]byte) {
 			defer wg.Done()
-			bufs := make([][]byte, chunk)
-			for i := range bufs {
-				bufs[i] = devio.AlignedBuffer(int(blockBytes))
-			}
 			for r := range work {
 				n, err := replayRequest(env, e, r, bufs, &mismatch, &gone)
 				if err != nil {
@@ -174,7 +174,7 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 				tokens.Add(r.InputLength)
 				loaded.Add(int64(n) * blockBytes)
 			}
-		}()
+		}(workerBufs[w])
 	}
 	env.progressf("replaying %d requests ...", len(w.reqs))
 	start := time.Now()
