@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -129,4 +130,46 @@ func TestBufferPoolHostClasses(t *testing.T) {
 	b3 := p.Get(2 << 20) // Get works after Close
 	b3[0] = 1
 	p.Put(b3)
+}
+
+// The pool keeps at most 512 MiB of idle host buffers and unmaps the rest when they are Put;
+// concurrent Get/Put/Close is safe (run under -race).
+func TestBufferPoolHostIdleBoundAndConcurrency(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("host buffers are heap buffers here")
+	}
+	p := devio.NewBufferPool()
+	const n = 130 // × 4 MiB = 520 MiB, more than the idle bound
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = p.Get(4 << 20)
+		bufs[i][0] = byte(i)
+	}
+	for _, b := range bufs {
+		p.Put(b)
+	}
+	if got := p.IdleHostBytes(); got != 512<<20 {
+		t.Fatalf("idle host bytes %d after putting %d × 4 MiB, want the 512 MiB bound", got, n)
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				size := (2 << 20) << ((g + i) % 3) // 2, 4 or 8 MiB classes
+				b := p.Get(size)
+				b[0], b[len(b)-1] = byte(g), byte(i)
+				if b[0] != byte(g) || b[len(b)-1] != byte(i) {
+					t.Errorf("buffer shared between goroutines")
+				}
+				p.Put(b)
+			}
+		}(g)
+	}
+	wg.Wait()
+	p.Close()
+	if got := p.IdleHostBytes(); got != 0 {
+		t.Fatalf("idle host bytes %d after Close", got)
+	}
 }
