@@ -48,6 +48,12 @@ func readHugetlbFree() int64 {
 	if err != nil {
 		return 0
 	}
+	return parseHugetlbFree(b)
+}
+
+// parseHugetlbFree returns HugePages_Free × Hugepagesize from the text of /proc/meminfo, 0 when
+// either is missing or unreadable.
+func parseHugetlbFree(b []byte) int64 {
 	var free, size int64
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)

@@ -293,6 +293,16 @@ func TestReadHugetlbFree(t *testing.T) {
 	if n := readHugetlbFree(); n < 0 {
 		t.Errorf("readHugetlbFree = %d", n)
 	}
+	meminfo := "MemTotal:       24576000 kB\nHugePages_Total:     300\nHugePages_Free:      296\n" +
+		"HugePages_Rsvd:        0\nHugepagesize:       2048 kB\nHugetlb:          614400 kB\n"
+	if n := parseHugetlbFree([]byte(meminfo)); n != 296*2<<20 {
+		t.Errorf("parseHugetlbFree = %d, want %d", n, 296*2<<20)
+	}
+	for _, bad := range []string{"", "HugePages_Free: 10\n", "Hugepagesize: 2048 kB\n", "HugePages_Free: x\nHugepagesize: 2048 kB\n"} {
+		if n := parseHugetlbFree([]byte(bad)); n != 0 {
+			t.Errorf("parseHugetlbFree(%q) = %d, want 0", bad, n)
+		}
+	}
 }
 
 func TestBenchFioMissing(t *testing.T) {
