@@ -57,7 +57,8 @@ func fakeFio(t *testing.T) (jobsLog string) {
 	bin := t.TempDir()
 	jobsLog = filepath.Join(bin, "jobs.log")
 	script := `#!/bin/sh
-for a in "$@"; do case "$a" in --*) ;; *) cat "$a" >> ` + jobsLog + ` ;; esac; done
+for a in "$@"; do case "$a" in --*) ;; *) cat "$a" >> ` + jobsLog + `
+  if [ -n "$FAKE_FIO_FAIL_HUGE" ] && grep -q mmaphuge "$a"; then echo "fio: hugetlb mmap: Cannot allocate memory" >&2; exit 1; fi ;; esac; done
 echo "fio: a warning before the JSON"
 cat <<'JSON'
 {"fio version": "fio-3.33", "jobs": [{"jobname": "ucm-bench", "error": 0,
@@ -287,6 +288,39 @@ func TestBenchFioHugePages(t *testing.T) {
 	if runs := m["fio"].([]any); len(runs) != 4 {
 		t.Errorf("%d fio runs with too few huge pages, want 4 from malloc", len(runs))
 	}
+}
+
+// A fio job from huge pages that fails is dropped with a note; the bench still reports the
+// malloc runs' ratios, and the reads read a file laid out again from malloc buffers.
+func TestBenchFioHugePagesFail(t *testing.T) {
+	jobs := fakeFio(t)
+	withHugetlbFree(t, 1<<30)
+	t.Setenv("FAKE_FIO_FAIL_HUGE", "1")
+	m := benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "8")
+	if note, _ := m["fio_note"].(string); !strings.Contains(note, "could not run from huge pages") || !strings.Contains(note, "Cannot allocate memory") {
+		t.Errorf("fio_note %q", note)
+	}
+	if m["fio_write_MBps"] != 1000.0 || m["fio_read_MBps"] != 2000.0 || m["dump_ratio"] == nil || m["load_ratio"] == nil {
+		t.Errorf("JSON %v", m)
+	}
+	var writes, reads int
+	for _, r := range m["fio"].([]any) {
+		run := r.(map[string]any)
+		if run["mem"] != "malloc" {
+			t.Errorf("a failed huge-page run is listed: %v", run)
+		}
+		if run["rw"] == "write" {
+			writes++
+		} else {
+			reads++
+		}
+	}
+	if writes != 3 || reads != 2 {
+		t.Errorf("%d writes and %d reads, want 2 + 1 relayout writes and 2 reads, from malloc", writes, reads)
+	}
+	b, _ := os.ReadFile(jobs)
+	mustContain(t, string(b), "iomem=mmaphuge")
 }
 
 func TestReadHugetlbFree(t *testing.T) {
