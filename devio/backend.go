@@ -189,6 +189,11 @@ func runOp(op *Op) error {
 	if !prepareOp(op) {
 		return op.Err
 	}
+	return transfer(op)
+}
+
+// transfer runs the untransferred rest of a prepared op (from op.N) synchronously, as runOp.
+func transfer(op *Op) error {
 	f := op.File
 	useFd := f.hasFd() && rawFdIO
 	retries := 0

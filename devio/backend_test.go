@@ -475,3 +475,129 @@ func BenchmarkSubmit(b *testing.B) {
 		}
 	}
 }
+
+// TestAdjacentOps submits batches whose ops continue each other in one file (a record header
+// and its payload, consecutive records), which the backends issue as vectored requests, and
+// checks every op's bytes and outcome as if it had been issued alone.
+func TestAdjacentOps(t *testing.T) {
+	forEach(t, func(t *testing.T, b devio.Backend, fs vfs.FS, dir string, fc fsCase) {
+		f, err := devio.OpenFile(fs, filepath.Join(dir, "adjacent"), true, fc.mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		// 40 records of a 4 KiB header and a 64 KiB payload, then one op after a gap.
+		var ops []devio.Op
+		off := int64(0)
+		for i := range 40 {
+			for _, n := range []int{4096, 64 << 10} {
+				buf := devio.AlignedBuffer(n)
+				fill(buf, uint64(len(ops)))
+				ops = append(ops, devio.Op{File: f, Buf: buf, Off: off, Write: true})
+				off += int64(n)
+			}
+			if i == 20 {
+				off += 8192 // a hole: the run before it ends there
+			}
+		}
+		if err := b.Submit(ops); err != nil {
+			t.Fatal(err)
+		}
+		reads := make([]devio.Op, len(ops))
+		for i, op := range ops {
+			if op.N != len(op.Buf) || op.Err != nil {
+				t.Fatalf("write op %d: N=%d Err=%v", i, op.N, op.Err)
+			}
+			reads[i] = devio.Op{File: f, Buf: devio.AlignedBuffer(len(op.Buf)), Off: op.Off}
+		}
+		if err := b.Submit(reads); err != nil {
+			t.Fatal(err)
+		}
+		for i := range reads {
+			if reads[i].N != len(ops[i].Buf) || !bytes.Equal(reads[i].Buf, ops[i].Buf) {
+				t.Fatalf("read op %d at %d: N=%d, bytes differ", i, reads[i].Off, reads[i].N)
+			}
+		}
+		// One read of everything sees the records in place and the hole as zeros.
+		whole := []devio.Op{{File: f, Buf: devio.AlignedBuffer(int(off)), Off: 0}}
+		if err := b.Submit(whole); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range ops {
+			if !bytes.Equal(whole[0].Buf[op.Off:op.Off+int64(len(op.Buf))], op.Buf) {
+				t.Fatalf("op at %d not in place", op.Off)
+			}
+		}
+	})
+}
+
+// TestAdjacentOpsAtEOF reads a run of adjacent ops that crosses the end of the file: the ops
+// inside it complete, the one crossing it is short, the one past it reads nothing, each with
+// its own error, exactly as when issued alone.
+func TestAdjacentOpsAtEOF(t *testing.T) {
+	forEach(t, func(t *testing.T, b devio.Backend, fs vfs.FS, dir string, fc fsCase) {
+		f, err := devio.OpenFile(fs, filepath.Join(dir, "eof"), true, fc.mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		data := devio.AlignedBuffer(3 * 4096)
+		fill(data, 7)
+		if err := b.Submit([]devio.Op{{File: f, Buf: data, Write: true}}); err != nil {
+			t.Fatal(err)
+		}
+		ops := []devio.Op{
+			{File: f, Buf: devio.AlignedBuffer(2 * 4096), Off: 0},
+			{File: f, Buf: devio.AlignedBuffer(2 * 4096), Off: 2 * 4096}, // the file ends 4 KiB into it
+			{File: f, Buf: devio.AlignedBuffer(4096), Off: 4 * 4096},     // past the end
+		}
+		err = b.Submit(ops)
+		if !errors.Is(err, io.ErrUnexpectedEOF) || err != ops[1].Err {
+			t.Fatalf("Submit = %v, want ops[1]'s ErrUnexpectedEOF", err)
+		}
+		if ops[0].Err != nil || ops[0].N != 2*4096 || !bytes.Equal(ops[0].Buf, data[:2*4096]) {
+			t.Errorf("op 0: N=%d Err=%v", ops[0].N, ops[0].Err)
+		}
+		if ops[1].N != 4096 || !bytes.Equal(ops[1].Buf[:4096], data[2*4096:]) || !strings.Contains(ops[1].Err.Error(), "offset 8192") {
+			t.Errorf("op 1: N=%d Err=%v", ops[1].N, ops[1].Err)
+		}
+		if ops[2].N != 0 || !errors.Is(ops[2].Err, io.ErrUnexpectedEOF) || !strings.Contains(ops[2].Err.Error(), "offset 16384") {
+			t.Errorf("op 2: N=%d Err=%v", ops[2].N, ops[2].Err)
+		}
+	})
+}
+
+// TestAdjacentOpsFail writes a run of adjacent ops to a read-only file: the vectored request
+// fails and every op reports the failure under its own offset.
+func TestAdjacentOpsFail(t *testing.T) {
+	for _, bc := range backendCases {
+		t.Run(bc.name, func(t *testing.T) {
+			b := bc.mk(t, 8)
+			defer b.Close()
+			path := filepath.Join(diskDir(t), "ro")
+			w, err := devio.OpenFile(vfs.Default, path, true, devio.DirectOn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = w.Close()
+			f, err := devio.OpenReadOnly(vfs.Default, path, devio.DirectOn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			ops := make([]devio.Op, 3)
+			for i := range ops {
+				ops[i] = devio.Op{File: f, Buf: devio.AlignedBuffer(4096), Off: int64(i) * 4096, Write: true}
+			}
+			if err := b.Submit(ops); err == nil {
+				t.Fatal("write to a read-only file succeeded")
+			}
+			for i, op := range ops {
+				if op.Err == nil || op.N != 0 || !errors.Is(op.Err, syscall.EBADF) ||
+					!strings.Contains(op.Err.Error(), fmt.Sprintf("offset %d ", i*4096)) {
+					t.Errorf("op %d: N=%d Err=%v, want EBADF at its own offset", i, op.N, op.Err)
+				}
+			}
+		})
+	}
+}

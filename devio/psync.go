@@ -12,9 +12,10 @@ type psyncBackend struct {
 	workers sync.WaitGroup
 }
 
+// psyncJob is one unit of a batch: a single op, or a merged run of adjacent ops.
 type psyncJob struct {
-	op *Op
-	wg *sync.WaitGroup
+	ops []Op
+	wg  *sync.WaitGroup
 }
 
 func newPsync(queueDepth int) *psyncBackend {
@@ -29,7 +30,11 @@ func newPsync(queueDepth int) *psyncBackend {
 func (b *psyncBackend) worker() {
 	defer b.workers.Done()
 	for j := range b.jobs {
-		_ = runOp(j.op)
+		if len(j.ops) == 1 {
+			_ = transfer(&j.ops[0])
+		} else {
+			runMerged(j.ops)
+		}
 		j.wg.Done()
 	}
 }
@@ -44,10 +49,11 @@ func (b *psyncBackend) Submit(ops []Op) error {
 	if b.closed {
 		return ErrClosed
 	}
+	units := mergeRuns(ops, prepareOp)
 	var wg sync.WaitGroup
-	wg.Add(len(ops))
-	for i := range ops {
-		b.jobs <- psyncJob{op: &ops[i], wg: &wg}
+	wg.Add(len(units))
+	for _, un := range units {
+		b.jobs <- psyncJob{ops: ops[un.lo:un.hi], wg: &wg}
 	}
 	wg.Wait()
 	return firstErr(ops)

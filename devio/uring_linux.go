@@ -84,31 +84,34 @@ func (u *uringBackend) Submit(ops []Op) error {
 		return err
 	}
 
-	pending := make([]int, 0, len(ops))
-	for i := range ops {
-		op := &ops[i]
+	// A unit is ops[lo:hi]: one op, or a run of ops adjacent in their file issued as one
+	// vectored request (see mergeRuns).
+	units := mergeRuns(ops, func(op *Op) bool {
 		if !prepareOp(op) {
-			continue
+			return false
 		}
 		if !op.File.hasFd() {
 			_ = runOp(op) // MemFS and friends: ReadAt/WriteAt inline.
-			continue
+			return false
 		}
-		pending = append(pending, i)
-	}
-	if len(pending) == 0 {
+		return true
+	})
+	if len(units) == 0 {
 		return firstErr(ops)
 	}
+	pending := make([]int, len(units))
+	for k := range pending {
+		pending[k] = k
+	}
 
-	ch := make(chan iouring.Result, len(pending))
+	ch := make(chan iouring.Result, len(units))
 	retries := make([]uint8, len(ops))
 	reqs := make([]iouring.PrepRequest, 0, min(len(pending), cap(u.tokens)))
 	taken := make([]int, 0, cap(reqs))
 	inflight := 0
 	for len(pending) > 0 || inflight > 0 {
-		// Issue as many pending ops as there are free tokens; block for a
-		// token only when nothing of ours is in flight (no deadlock: we hold
-		// none then).
+		// Issue as many pending units as there are free tokens; block for a token only when
+		// nothing of ours is in flight (no deadlock: we hold none then).
 		reqs, taken = reqs[:0], taken[:0]
 		for len(pending) > 0 {
 			select {
@@ -119,10 +122,10 @@ func (u *uringBackend) Submit(ops []Op) error {
 				}
 				u.tokens <- struct{}{}
 			}
-			i := pending[0]
+			k := pending[0]
 			pending = pending[1:]
-			reqs = append(reqs, u.prep(&ops[i], i))
-			taken = append(taken, i)
+			reqs = append(reqs, u.prep(ops, units[k], k))
+			taken = append(taken, k)
 		}
 	issue:
 		if len(reqs) > 0 {
@@ -139,8 +142,10 @@ func (u *uringBackend) Submit(ops []Op) error {
 					}
 					u.brokenMu.Unlock()
 				}
-				for _, i := range taken {
-					ops[i].Err = opError(&ops[i], fmt.Errorf("io_uring submit: %w", err))
+				for _, k := range taken {
+					for i := units[k].lo; i < units[k].hi; i++ {
+						ops[i].Err = opError(&ops[i], fmt.Errorf("io_uring submit: %w", err))
+					}
 				}
 			} else {
 				inflight += len(reqs)
@@ -152,14 +157,25 @@ func (u *uringBackend) Submit(ops []Op) error {
 		res := <-ch
 		inflight--
 		<-u.tokens
-		i := res.GetRequestInfo().(int)
-		op := &ops[i]
+		k := res.GetRequestInfo().(int)
+		un := units[k]
 		n, err := res.ReturnInt()
+		if un.hi-un.lo > 1 {
+			// A merged request: done, or split back into its ops, each retried alone so
+			// that every op gets its own outcome.
+			for _, i := range un.settle(ops, n, err) {
+				units = append(units, opUnit{lo: i, hi: i + 1})
+				pending = append(pending, len(units)-1)
+			}
+			continue
+		}
+		i := un.lo
+		op := &ops[i]
 		switch {
 		case err != nil:
 			if (errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.EAGAIN)) && retries[i] < 100 {
 				retries[i]++
-				pending = append(pending, i)
+				pending = append(pending, k)
 				continue
 			}
 			op.Err = opError(op, err)
@@ -172,7 +188,7 @@ func (u *uringBackend) Submit(ops []Op) error {
 		default:
 			op.N += n
 			if op.N < len(op.Buf) {
-				pending = append(pending, i)
+				pending = append(pending, k)
 			}
 		}
 	}
@@ -188,16 +204,28 @@ func (u *uringBackend) Submit(ops []Op) error {
 	return firstErr(ops)
 }
 
-// prep builds the request for the untransferred rest of op.
-func (u *uringBackend) prep(op *Op, i int) iouring.PrepRequest {
+// prep builds the request for unit k: the untransferred rest of a single op, or one vectored
+// request for a merged run.
+func (u *uringBackend) prep(ops []Op, un opUnit, k int) iouring.PrepRequest {
+	op := &ops[un.lo]
+	fd := int(op.File.fd)
+	if un.hi-un.lo > 1 {
+		bufs := make([][]byte, un.hi-un.lo)
+		for i := range bufs {
+			bufs[i] = ops[un.lo+i].Buf
+		}
+		if op.Write {
+			return iouring.Pwritev(fd, bufs, op.Off).WithInfo(k)
+		}
+		return iouring.Preadv(fd, bufs, uint64(op.Off)).WithInfo(k)
+	}
 	b := op.Buf[op.N:]
 	if len(b) > maxIOChunk {
 		b = b[:maxIOChunk]
 	}
 	off := uint64(op.Off + int64(op.N))
-	fd := int(op.File.fd)
 	if op.Write {
-		return iouring.Pwrite(fd, b, off).WithInfo(i)
+		return iouring.Pwrite(fd, b, off).WithInfo(k)
 	}
-	return iouring.Pread(fd, b, off).WithInfo(i)
+	return iouring.Pread(fd, b, off).WithInfo(k)
 }
