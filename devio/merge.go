@@ -18,7 +18,7 @@ const (
 	// the queue depth's worth of parallelism.
 	maxMergeBytes = 4 << 20
 	// maxMergeOps bounds the iovecs of one merged request (the kernel's UIO_MAXIOV is 1024).
-	maxMergeOps = 64
+	maxMergeOps = 1024
 )
 
 // opUnit is ops[lo:hi] issued as one request: one op (hi == lo+1) or a merged run.

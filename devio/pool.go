@@ -14,7 +14,7 @@ const (
 
 // hostClassShift: classes of 2 MiB and more are served from huge-page host
 // memory (HostMemory), one mapping per buffer, kept while idle up to
-// maxIdleHostBytes: a whole-block record or a coalescing buffer is then one
+// maxIdleHostBytes: a whole-block record is then one
 // DMA segment per 2 MiB and is not faulted in again on every use (4 KiB heap
 // pages first touched by concurrent copies are scattered: a 2 MiB write from
 // them is split into several device requests; see HostMemory).

@@ -210,9 +210,8 @@ type Writer struct {
 	// Owned by the committer goroutine.
 	active *Segment
 	next   uint64
-	dirty  []*Segment        // segments written since their last fdatasync
-	pool   *devio.BufferPool // coalescing buffers
-	last   *flight           // the flight issued last, for drain
+	dirty  []*Segment // segments written since their last fdatasync
+	last   *flight    // the flight issued last, for drain
 
 	flights chan *flight  // committer -> publisher, in placement order
 	slots   chan struct{} // one per flight not yet settled
@@ -235,7 +234,7 @@ func NewWriter(opts Options) (*Writer, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment, pool: devio.NewBufferPool(),
+	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment,
 		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights)}
 	w.wg.Add(2)
 	go w.run()
@@ -289,7 +288,6 @@ func (w *Writer) Close() error {
 			r.done <- ErrWriterClosed
 		default:
 			err := w.finish()
-			w.pool.Close()
 			return err
 		}
 	}
@@ -474,15 +472,12 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	if w.opts.Sync != SyncAlways {
 		w.markDirty(seg)
 	}
-	ops, coalesced := w.planWrites(nil, seg, recs)
+	ops := planWrites(seg, recs)
 	f := &flight{seg: seg, recs: recs, owners: owners, written: make(chan struct{}), settled: make(chan struct{})}
 	w.slots <- struct{}{}
 	go func() {
 		f.err = w.opts.Backend.Submit(ops)
 		clear(ops) // drop buffer references
-		for _, b := range coalesced {
-			w.pool.Put(b)
-		}
 		close(f.written)
 	}()
 	w.last = f
@@ -592,53 +587,19 @@ func (w *Writer) settle(batch []*flight) {
 	}
 }
 
-// Write coalescing: records smaller than coalesceBelow are copied into shared aligned buffers
-// of up to coalesceMax bytes, so a group of small records (layer-wise shards of a small model,
-// metadata-sized blocks) costs a few large writes instead of two writes per record; larger
-// records are written in place, from the caller's buffers, as separate operations the backend
-// runs in parallel.
-const (
-	coalesceBelow = 256 << 10
-	coalesceMax   = 4 << 20
-)
-
-// planWrites turns records placed contiguously from their Offset into write operations,
-// returning the pooled buffers it coalesced small records into (to be returned after Submit).
-func (w *Writer) planWrites(ops []devio.Op, seg *Segment, recs []*Record) ([]devio.Op, [][]byte) {
-	var (
-		coalesced [][]byte
-		cur       []byte // the coalescing buffer being filled
-		curOff    int64
-	)
-	flush := func() {
-		if len(cur) > 0 {
-			ops = append(ops, devio.Op{File: seg.file, Buf: cur, Off: curOff, Write: true})
-		}
-		cur = nil
-	}
+// planWrites turns records placed contiguously from their Offset into write operations on
+// the records' own buffers, in placement order: a record's header and payload, and consecutive
+// records, are adjacent, so the backend issues them as large vectored writes (devio merges
+// adjacent ops) without copying a byte.
+func planWrites(seg *Segment, recs []*Record) []devio.Op {
+	ops := make([]devio.Op, 0, 2*len(recs))
 	for _, rec := range recs {
-		size := rec.Size()
-		if size >= coalesceBelow {
-			flush()
-			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: rec.Offset, Write: true})
-			if rec.Payload != nil {
-				ops = append(ops, devio.Op{File: seg.file, Buf: rec.Payload, Off: rec.Offset + int64(len(rec.Buf)), Write: true})
-			}
-			continue
+		ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: rec.Offset, Write: true})
+		if rec.Payload != nil {
+			ops = append(ops, devio.Op{File: seg.file, Buf: rec.Payload, Off: rec.Offset + int64(len(rec.Buf)), Write: true})
 		}
-		if cur != nil && int64(len(cur))+size > int64(cap(cur)) {
-			flush()
-		}
-		if cur == nil {
-			cur = w.pool.Get(coalesceMax)[:0]
-			coalesced = append(coalesced, cur[:cap(cur)])
-			curOff = rec.Offset
-		}
-		cur = append(cur, rec.Buf...)
-		cur = append(cur, rec.Payload...)
 	}
-	flush()
-	return ops, coalesced
+	return ops
 }
 
 func (w *Writer) markDirty(seg *Segment) {
