@@ -624,3 +624,76 @@ func TestReadFooter(t *testing.T) {
 		seg.Release()
 	}
 }
+
+// footerFailBackend fails writes to one path at one offset (where its footer goes).
+type footerFailBackend struct {
+	devio.Backend
+	path string
+	off  int64
+}
+
+func (f *footerFailBackend) Submit(ops []devio.Op) error {
+	for i := range ops {
+		if ops[i].Write && ops[i].File.Path() == f.path && ops[i].Off == f.off {
+			for j := range ops {
+				ops[j].Err = errors.New("injected footer write error")
+			}
+			return ops[i].Err
+		}
+	}
+	return f.Backend.Submit(ops)
+}
+
+// TestSealFailureLeavesSegmentForRecovery: a full segment is sealed behind its records while
+// appends go on in the next one; when its footer cannot be written, every record already
+// acknowledged stays published, later appends still succeed, the segment is not reported
+// sealed, and recovery finds all of its records.
+func TestSealFailureLeavesSegmentForRecovery(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	// Segment 1's footer goes after the last record that fits with it in 64 KiB.
+	const segSize = 64 << 10
+	perSeg := 0
+	for format.SegmentHeaderSize+int64(perSeg+1)*testLayout.RecordBytes()+format.FooterSize(perSeg+1) <= segSize {
+		perSeg++
+	}
+	b := &footerFailBackend{Backend: inner, path: SegmentPath("/segs", 1), off: format.SegmentHeaderSize + int64(perSeg)*testLayout.RecordBytes()}
+	h := &recHooks{sealed: map[uint64]int64{}}
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: segSize, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 7 {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.published) != 7 {
+		t.Fatalf("published %d records, want 7", len(h.published))
+	}
+	if _, ok := h.sealed[1]; ok {
+		t.Fatal("segment 1 reported sealed although its footer write failed")
+	}
+	for _, n := range h.created[1:] {
+		if _, ok := h.sealed[n]; !ok {
+			t.Errorf("segment %d not sealed", n)
+		}
+	}
+	res, err := RecoverSegment(fs, SegmentPath("/segs", 1), devio.DirectOff, inner, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != perSeg || perSeg < 2 {
+		t.Fatalf("recovery found %d records in segment 1, want %d (≥ 2)", len(res.Records), perSeg)
+	}
+}

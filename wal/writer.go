@@ -93,9 +93,13 @@ type Origin struct {
 	Offset  int64
 }
 
-// Hooks connect the Writer to the index. They are called one at a time, in order: Publish from
-// the goroutine that completes appends, the others from the committer goroutine once every
-// earlier append has been published.
+// Hooks connect the Writer to the index. Publish and SegmentSealed are called one at a time, in
+// placement order, from the goroutine that completes appends: a segment is sealed after every
+// record placed in it has been published, and a record is published after the segment it is
+// in was created. SegmentCreated and Synced are called from the committer goroutine: Synced
+// once every earlier append has been published, SegmentCreated possibly while records of an
+// older segment are still being published or that segment sealed (never for the same
+// segment), so an implementation must not assume it runs alone.
 type Hooks interface {
 	// SegmentCreated registers a new segment durably as active. It is called after the
 	// segment's header is durable and its directory entry synced, before any record is
@@ -179,8 +183,13 @@ func (r *request) settle(n int, err error) {
 // the publisher waits for the writes, syncs (SyncAlways) and publishes flights in placement
 // order, so a record is published only after a sync that began after its write completed, and
 // never before the records placed ahead of it.
+//
+// A seal flight (seal set, no records) marks the end of a segment's records: the publisher
+// seals the segment when it reaches it, so the committer goes on writing the next segment
+// while the last writes of the old one complete.
 type flight struct {
 	seg     *Segment
+	seal    bool
 	recs    []*Record
 	owners  []*request // owners[i] sent recs[i]
 	written chan struct{}
@@ -418,11 +427,9 @@ func (w *Writer) commit(group []*request) {
 			end++
 		}
 		if end == start {
-			// The active segment is full: seal it and go round again with a new one.
-			if err := w.seal(seg); err != nil {
-				fail(start, len(recs), err)
-				break
-			}
+			// The active segment is full: the publisher seals it once its records are
+			// published; go round again with a new one.
+			w.rotate(seg)
 			continue
 		}
 		if err := w.issue(seg, recs[start:end], owners[start:end]); err != nil {
@@ -517,6 +524,10 @@ func (w *Writer) publisher() {
 				return
 			}
 		}
+		if f.seal {
+			w.sealFlight(f)
+			continue
+		}
 		<-f.written
 		batch = append(batch[:0], f)
 	gather:
@@ -525,6 +536,10 @@ func (w *Writer) publisher() {
 			case g, ok := <-w.flights:
 				if !ok {
 					break gather // the loop above sees the close next
+				}
+				if g.seal {
+					next = g // after this batch is published
+					break gather
 				}
 				select {
 				case <-g.written:
@@ -633,12 +648,7 @@ func (w *Writer) abandon(seg *Segment, cause error) {
 	if w.active == seg {
 		w.active = nil
 	}
-	for i, s := range w.dirty {
-		if s == seg {
-			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
-			break
-		}
-	}
+	w.undirty(seg)
 }
 
 // markFailed records the first write or sync failure of seg, which stops appends to it.
@@ -656,8 +666,8 @@ func (w *Writer) ensureActive() error {
 			return nil
 		}
 		w.abandon(w.active, err)
+		w.drain() // settle what the failed segment still has in flight before starting anew
 	}
-	w.drain() // SegmentCreated must not run beside the publisher's hooks
 	// A number is used once, whether or not its creation succeeds: a failed attempt may leave
 	// a file behind, which the next Open removes or adopts.
 	n := w.next
@@ -697,33 +707,63 @@ func (w *Writer) ensureActive() error {
 	return nil
 }
 
-// seal writes seg's footer, syncs it and reports it sealed. On failure the segment is
-// abandoned (left active for recovery).
-func (w *Writer) seal(seg *Segment) error {
-	w.drain() // every record of seg written and published before its footer
-	if err := seg.failure(); err != nil {
-		w.abandon(seg, err)
-		return err
-	}
+// rotate ends the committer's use of the full active segment seg: the segment leaves the
+// active and dirty lists (its seal syncs it) and a seal flight is queued behind its records,
+// so the publisher seals it once they are published while the committer writes the next
+// segment.
+func (w *Writer) rotate(seg *Segment) {
 	if w.active == seg {
 		w.active = nil
+	}
+	w.undirty(seg)
+	f := &flight{seg: seg, seal: true, written: closedChan, settled: make(chan struct{})}
+	w.slots <- struct{}{}
+	w.last = f
+	w.flights <- f
+}
+
+// closedChan is the written channel of flights without writes.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// sealFlight seals the segment of a seal flight, in the publisher: every record placed in it
+// has been published. A failure leaves the segment registered as active for recovery to seal;
+// every record in it was published, so no caller is owed the error, which is logged.
+func (w *Writer) sealFlight(f *flight) {
+	if err := w.sealSegment(f.seg); err != nil {
+		w.opts.Logger.Error("wal: segment not sealed; recovery will seal it", "segment", f.seg.Number, "path", f.seg.path, "err", err)
+	}
+	<-w.slots
+	close(f.settled)
+}
+
+// seal seals seg from the committer (Close): it waits for everything in flight, then seals.
+// On failure the segment is abandoned (left active for recovery).
+func (w *Writer) seal(seg *Segment) error {
+	w.drain() // every record of seg written and published before its footer
+	if w.active == seg {
+		w.active = nil
+	}
+	w.undirty(seg)
+	return w.sealSegment(seg)
+}
+
+// sealSegment trims seg's preallocated tail, writes its footer, syncs it and reports it sealed.
+// Every record placed in seg must be published. On failure seg is marked failed.
+func (w *Writer) sealSegment(seg *Segment) error {
+	if err := seg.failure(); err != nil {
+		return err
 	}
 	if seg.allocated {
 		// Trim the allocated tail: a sealed segment ends with its footer.
 		if err := seg.file.Truncate(seg.end + format.FooterSize(len(seg.entries))); err != nil {
-			w.abandon(seg, err)
-			return fmt.Errorf("wal: seal segment %d: %w", seg.Number, err)
+			err = fmt.Errorf("wal: seal segment %d: %w", seg.Number, err)
+			w.markFailed(seg, err)
+			return err
 		}
 	}
 	if err := sealAt(seg, seg.end, seg.entries, w.opts.Backend); err != nil {
-		w.abandon(seg, err)
+		w.markFailed(seg, err)
 		return err
-	}
-	for i, s := range w.dirty {
-		if s == seg {
-			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
-			break
-		}
 	}
 	size := seg.end + format.FooterSize(len(seg.entries))
 	seg.entries = nil
@@ -731,6 +771,16 @@ func (w *Writer) seal(seg *Segment) error {
 		return fmt.Errorf("wal: record seal of segment %d: %w", seg.Number, err)
 	}
 	return nil
+}
+
+// undirty removes seg from the segments awaiting a sync.
+func (w *Writer) undirty(seg *Segment) {
+	for i, s := range w.dirty {
+		if s == seg {
+			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
+			return
+		}
+	}
 }
 
 // sealAt writes the footer for entries at dataEnd and fdatasyncs the segment.
