@@ -155,7 +155,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			t.errs[i] = e.dropBroken(id, loc, fmt.Errorf("index layout %+v differs from the store's %+v: %w", loc.Layout, l, ErrCorrupt))
 			continue
 		}
-		seg, err := e.acquireSegment(loc.Segment)
+		seg, loc, err := e.acquireLatest(id, loc)
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
@@ -248,6 +248,27 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		if r.bounce != nil {
 			e.pool.Put(r.bounce)
 		}
+	}
+}
+
+// maxFollow bounds how many times acquireLatest follows a block that moved.
+const maxFollow = 3
+
+// acquireLatest pins the segment loc, id's index entry, points into. A segment retired after
+// the entry was read is not a miss when compaction or eviction moved the block meanwhile: the
+// entry is read again and followed (up to maxFollow times). It returns the segment pinned and
+// the entry it belongs to, or the error of the last attempt.
+func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, error) {
+	for attempt := 0; ; attempt++ {
+		seg, err := e.acquireSegment(loc.Segment)
+		if err == nil || !errors.Is(err, wal.ErrSegmentGone) || attempt == maxFollow {
+			return seg, loc, err
+		}
+		now, ok, gerr := e.ix.Get(id)
+		if gerr != nil || !ok || (now.Segment == loc.Segment && now.Offset == loc.Offset) {
+			return nil, loc, err
+		}
+		loc = now
 	}
 }
 
