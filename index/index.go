@@ -480,6 +480,22 @@ func (ix *Index) Sync() error {
 	return nil
 }
 
+// Checkpoint writes a consistent copy of the index to dir, which must not exist, as a crash
+// would leave it: tables hard-linked, the manifest and the WAL copied as far as Pebble has
+// written it (every synced batch, unsynced ones possibly not; nothing is flushed), so that
+// opening the copy replays the WAL. A copy of the
+// files made while the index is open is not that: Pebble compacts meanwhile, and the copied
+// manifest can name tables the copy lacks.
+func (ix *Index) Checkpoint(dir string) error {
+	if err := ix.checkOpen(); err != nil {
+		return err
+	}
+	if err := ix.db.Checkpoint(dir); err != nil {
+		return fmt.Errorf("index: checkpoint to %s: %w", dir, err)
+	}
+	return nil
+}
+
 // Meta returns a copy of the value stored under the meta name key; ok=false if absent.
 func (ix *Index) Meta(key string) ([]byte, bool, error) {
 	if err := ix.checkOpen(); err != nil {
