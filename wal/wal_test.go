@@ -504,15 +504,15 @@ func TestAllocatedSegmentOnDisk(t *testing.T) {
 	}
 }
 
-// failingBackend fails every batch with a write reaching past offset failAt.
+// failingBackend fails every batch holding a write for which fail returns true.
 type failingBackend struct {
 	devio.Backend
-	failAt atomic.Int64
+	fail func(op *devio.Op) bool
 }
 
 func (f *failingBackend) Submit(ops []devio.Op) error {
 	for i := range ops {
-		if ops[i].Write && ops[i].Off+int64(len(ops[i].Buf)) > f.failAt.Load() {
+		if ops[i].Write && f.fail(&ops[i]) {
 			for j := range ops {
 				ops[j].Err = errors.New("injected write error")
 			}
@@ -522,10 +522,10 @@ func (f *failingBackend) Submit(ops []devio.Op) error {
 	return f.Backend.Submit(ops)
 }
 
-// TestPipelinedWriteFailure: when a write fails, no record placed at or after it in the same
-// segment is published (recovery cuts the segment there), the appends report the error, and
-// the next append goes to a new segment.
-func TestPipelinedWriteFailure(t *testing.T) {
+// newFailingWriter is a Writer on a fresh MemFS directory /segs whose backend fails the
+// batches fail picks.
+func newFailingWriter(t *testing.T, segSize int64, fail func(op *devio.Op) bool) (*Writer, *recHooks, vfs.FS, devio.Backend) {
+	t.Helper()
 	fs := vfs.NewMem()
 	if err := fs.MkdirAll("/segs", 0o755); err != nil {
 		t.Fatal(err)
@@ -534,16 +534,25 @@ func TestPipelinedWriteFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer inner.Close()
-	// The third record of segment 1 fails, wherever its group lands.
-	failAt := format.SegmentHeaderSize + 2*testLayout.RecordBytes()
-	b := &failingBackend{Backend: inner}
-	b.failAt.Store(failAt)
+	t.Cleanup(func() { inner.Close() })
 	h := &recHooks{sealed: map[uint64]int64{}}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 30, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: segSize, Sync: SyncAlways,
+		Backend: &failingBackend{Backend: inner, fail: fail}, Hooks: h, Direct: devio.DirectOff})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return w, h, fs, inner
+}
+
+// TestPipelinedWriteFailure: when a write fails, no record placed at or after it in the same
+// segment is published (recovery cuts the segment there), the appends report the error, and
+// the next append goes to a new segment.
+func TestPipelinedWriteFailure(t *testing.T) {
+	// The third record of segment 1 fails, wherever its group lands.
+	failAt := format.SegmentHeaderSize + 2*testLayout.RecordBytes()
+	var limit atomic.Int64
+	limit.Store(failAt)
+	w, h, _, _ := newFailingWriter(t, 1<<30, func(op *devio.Op) bool { return op.Off+int64(len(op.Buf)) > limit.Load() })
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -571,7 +580,7 @@ func TestPipelinedWriteFailure(t *testing.T) {
 	if failed == 0 || failed+published != 8 {
 		t.Fatalf("%d appends failed, %d records published: want some failed, 8 in all", failed, published)
 	}
-	b.failAt.Store(1 << 40) // heal
+	limit.Store(1 << 40) // heal
 	if err := w.Append([]*Record{testRecord(100)}); err != nil {
 		t.Fatal(err)
 	}
@@ -625,51 +634,21 @@ func TestReadFooter(t *testing.T) {
 	}
 }
 
-// footerFailBackend fails writes to one path at one offset (where its footer goes).
-type footerFailBackend struct {
-	devio.Backend
-	path string
-	off  int64
-}
-
-func (f *footerFailBackend) Submit(ops []devio.Op) error {
-	for i := range ops {
-		if ops[i].Write && ops[i].File.Path() == f.path && ops[i].Off == f.off {
-			for j := range ops {
-				ops[j].Err = errors.New("injected footer write error")
-			}
-			return ops[i].Err
-		}
-	}
-	return f.Backend.Submit(ops)
-}
-
 // TestSealFailureLeavesSegmentForRecovery: a full segment is sealed behind its records while
 // appends go on in the next one; when its footer cannot be written, every record already
 // acknowledged stays published, later appends still succeed, the segment is not reported
 // sealed, and recovery finds all of its records.
 func TestSealFailureLeavesSegmentForRecovery(t *testing.T) {
-	fs := vfs.NewMem()
-	if err := fs.MkdirAll("/segs", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	inner, err := devio.NewBackend(devio.EnginePsync, 16, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inner.Close()
 	// Segment 1's footer goes after the last record that fits with it in 64 KiB.
 	const segSize = 64 << 10
 	perSeg := 0
 	for format.SegmentHeaderSize+int64(perSeg+1)*testLayout.RecordBytes()+format.FooterSize(perSeg+1) <= segSize {
 		perSeg++
 	}
-	b := &footerFailBackend{Backend: inner, path: SegmentPath("/segs", 1), off: format.SegmentHeaderSize + int64(perSeg)*testLayout.RecordBytes()}
-	h := &recHooks{sealed: map[uint64]int64{}}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: segSize, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
-	if err != nil {
-		t.Fatal(err)
-	}
+	footer := format.SegmentHeaderSize + int64(perSeg)*testLayout.RecordBytes()
+	w, h, fs, inner := newFailingWriter(t, segSize, func(op *devio.Op) bool {
+		return op.File.Path() == SegmentPath("/segs", 1) && op.Off == footer
+	})
 	for i := range 7 {
 		if err := w.Append([]*Record{testRecord(i)}); err != nil {
 			t.Fatalf("append %d: %v", i, err)
