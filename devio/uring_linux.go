@@ -109,18 +109,23 @@ func (u *uringBackend) Submit(ops []Op) error {
 	reqs := make([]iouring.PrepRequest, 0, min(len(pending), cap(u.tokens)))
 	taken := make([]int, 0, cap(reqs))
 	inflight := 0
+	held := false // a token taken while waiting, for pending[0]
 	for len(pending) > 0 || inflight > 0 {
 		// Issue as many pending units as there are free tokens; block for a token only when
 		// nothing of ours is in flight (no deadlock: we hold none then).
 		reqs, taken = reqs[:0], taken[:0]
 		for len(pending) > 0 {
-			select {
-			case u.tokens <- struct{}{}:
-			default:
-				if inflight > 0 || len(reqs) > 0 {
-					goto issue
+			if held {
+				held = false
+			} else {
+				select {
+				case u.tokens <- struct{}{}:
+				default:
+					if inflight > 0 || len(reqs) > 0 {
+						goto issue
+					}
+					u.tokens <- struct{}{}
 				}
-				u.tokens <- struct{}{}
 			}
 			k := pending[0]
 			pending = pending[1:]
@@ -154,7 +159,20 @@ func (u *uringBackend) Submit(ops []Op) error {
 		if inflight == 0 {
 			continue
 		}
-		res := <-ch
+		// Wait for a completion of ours or, with units still pending, for a token another
+		// Submit's completion freed: the queue depth is shared, and a Submit that only woke
+		// for its own completions would leave freed tokens unused while it waits.
+		var res iouring.Result
+		if len(pending) > 0 {
+			select {
+			case res = <-ch:
+			case u.tokens <- struct{}{}:
+				held = true
+				continue
+			}
+		} else {
+			res = <-ch
+		}
 		inflight--
 		<-u.tokens
 		k := res.GetRequestInfo().(int)
