@@ -100,7 +100,9 @@ type Op struct {
 // Off, else they fail with an error wrapping ErrMisaligned without being
 // issued. Ops within a batch may run concurrently and in any order: a batch
 // must not contain overlapping writes (or a read overlapping a write) that
-// depend on ordering.
+// depend on ordering. Ops adjacent in the batch that continue each other in one
+// file are issued as one vectored request (merge.go); each op's N and Err are
+// still its own.
 //
 // A Backend is safe for concurrent use by many goroutines. Close waits for
 // running Submits, releases the backend's resources and makes later Submits
