@@ -401,6 +401,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		if err := os.RemoveAll(storeDir); err != nil { // every round starts from an empty store
 			return usageErr("remove the previous bench store %s: %v", storeDir, err)
 		}
+		settleFS(cfg.dir)
 		res := newResult()
 		profile := ""
 		if r == 0 {

@@ -152,6 +152,7 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 			if err := os.Remove(file); err != nil && !os.IsNotExist(err) {
 				return err
 			}
+			settleFS(cfg.dir)
 			mb, err := run("write", writeBS, d, mem)
 			if err != nil {
 				if !hugeFailed(mem, err) {

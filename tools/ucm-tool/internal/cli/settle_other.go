@@ -1,0 +1,6 @@
+//go:build !linux
+
+package cli
+
+// settleFS is a no-op where syncfs is not available.
+func settleFS(string) {}
