@@ -112,6 +112,11 @@ type ReclaimReport struct {
 func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
+	return e.reclaimTierLocked(t, target, lru)
+}
+
+// reclaimTierLocked is reclaimTier with reclaimMu held.
+func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
 	var rep ReclaimReport
 	before := t.space.Used()
 	defer func() { rep.BytesReclaimed = before - t.space.Used() }()
@@ -504,14 +509,19 @@ func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	if toBytes < 0 {
 		return ReclaimReport{}, fmt.Errorf("evict to %d bytes: %w", toBytes, ErrInvalidArgument)
 	}
-	lru := t.recency()
-	if lru == nil {
-		// An unlimited last tier keeps no recency; evict by write order, oldest first.
-		if lru, err = e.writeOrder(t); err != nil {
-			return ReclaimReport{}, err
-		}
+	if lru := t.recency(); lru != nil {
+		return e.reclaimTier(t, toBytes, lru)
 	}
-	return e.reclaimTier(t, toBytes, lru)
+	// An unlimited last tier keeps no recency; evict by write order, oldest first. The list
+	// is built under the reclamation lock: blocks that a reclamation of the tier above was
+	// demoting into t meanwhile are in it, so Evict(t, 0) leaves t empty.
+	e.reclaimMu.Lock()
+	defer e.reclaimMu.Unlock()
+	lru, err := e.writeOrder(t)
+	if err != nil {
+		return ReclaimReport{}, err
+	}
+	return e.reclaimTierLocked(t, toBytes, lru)
 }
 
 // recency is what eviction needs of a tier's LRU.

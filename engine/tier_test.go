@@ -660,7 +660,9 @@ func TestReclamationIOFailuresLoseNothing(t *testing.T) {
 // path can go.
 func TestDroppedTierPathRefused(t *testing.T) {
 	_, fs := memFS()
-	both := tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("cold", 0, "/cold"))
+	// The ssd tier holds every block: promotions never push it over its watermark, so no
+	// background demotion can refill cold after it is evicted to 0 below.
+	both := tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd"), diskTierCfg("cold", 0, "/cold"))
 	e := mustOpen(t, "/store", both)
 	ids := make([]BlockID, 30)
 	for i := range ids {
@@ -673,7 +675,7 @@ func TestDroppedTierPathRefused(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	one := tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"))
+	one := tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd"))
 	if _, err := Open("/store", one); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "/cold") {
 		t.Fatalf("open without the tier holding blocks: %v", err)
 	}
