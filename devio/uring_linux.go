@@ -104,7 +104,10 @@ func (u *uringBackend) Submit(ops []Op) error {
 		pending[k] = k
 	}
 
-	ch := make(chan iouring.Result, len(units))
+	// Room for a completion of every op: a merged request split back into its ops can have
+	// more requests in flight than there were units, and the library's completion goroutine
+	// (shared by every Submit) must never block on this channel.
+	ch := make(chan iouring.Result, len(ops))
 	retries := make([]uint8, len(ops))
 	reqs := make([]iouring.PrepRequest, 0, min(len(pending), cap(u.tokens)))
 	taken := make([]int, 0, cap(reqs))
