@@ -441,17 +441,23 @@ func TestAlignCheckFS(t *testing.T) {
 	}
 }
 
+// benchFile creates a file on disk (O_DIRECT where supported), closed when b ends.
+func benchFile(b *testing.B) *devio.File {
+	f, err := devio.OpenFile(vfs.Default, filepath.Join(diskDir(b), "bench"), true, devio.DirectAuto)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close() })
+	return f
+}
+
 func BenchmarkSubmit(b *testing.B) {
 	for _, bc := range backendCases {
 		for _, dir := range []string{"write", "read"} {
 			b.Run(fmt.Sprintf("%s/%s-1MiB", bc.name, dir), func(b *testing.B) {
 				be := bc.mk(b, 16)
 				defer be.Close()
-				f, err := devio.OpenFile(vfs.Default, filepath.Join(diskDir(b), "bench"), true, devio.DirectAuto)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer f.Close()
+				f := benchFile(b)
 				const blocks = 128
 				buf := devio.AlignedBuffer(1 << 20)
 				fill(buf, 7)
@@ -485,11 +491,7 @@ func BenchmarkSubmitRecords(b *testing.B) {
 			b.Run(bc.name+"/"+layout, func(b *testing.B) {
 				be := bc.mk(b, 64)
 				defer be.Close()
-				f, err := devio.OpenFile(vfs.Default, filepath.Join(diskDir(b), "bench"), true, devio.DirectAuto)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer f.Close()
+				f := benchFile(b)
 				const records, header, payload = 16, 4 << 10, 64 << 10
 				gap := int64(0)
 				if layout == "gapped" {

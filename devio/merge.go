@@ -82,13 +82,20 @@ func (un opUnit) settle(ops []Op, n int, err error) (again []int) {
 	return again
 }
 
+// bufs returns the buffers of the unit's ops, in order: the iovecs of its vectored request.
+func (un opUnit) bufs(ops []Op) [][]byte {
+	bufs := make([][]byte, un.hi-un.lo)
+	for i := range bufs {
+		bufs[i] = ops[un.lo+i].Buf
+	}
+	return bufs
+}
+
 // runMerged runs a merged run synchronously with one preadv/pwritev, then finishes every op it
 // did not complete on its own (transfer), so each op's N and Err are its own.
 func runMerged(ops []Op) {
-	bufs := make([][]byte, len(ops))
-	for i := range ops {
-		bufs[i] = ops[i].Buf
-	}
+	un := opUnit{lo: 0, hi: len(ops)}
+	bufs := un.bufs(ops)
 	first := &ops[0]
 	var (
 		n   int
@@ -99,7 +106,7 @@ func runMerged(ops []Op) {
 	} else {
 		n, err = preadv(first.File.fd, bufs, first.Off)
 	}
-	for _, i := range (opUnit{lo: 0, hi: len(ops)}).settle(ops, n, err) {
+	for _, i := range un.settle(ops, n, err) {
 		_ = transfer(&ops[i])
 	}
 	runtime.KeepAlive(first.File.file)

@@ -231,14 +231,10 @@ func (u *uringBackend) prep(ops []Op, un opUnit, k int) iouring.PrepRequest {
 	op := &ops[un.lo]
 	fd := int(op.File.fd)
 	if un.hi-un.lo > 1 {
-		bufs := make([][]byte, un.hi-un.lo)
-		for i := range bufs {
-			bufs[i] = ops[un.lo+i].Buf
-		}
 		if op.Write {
-			return iouring.Pwritev(fd, bufs, op.Off).WithInfo(k)
+			return iouring.Pwritev(fd, un.bufs(ops), op.Off).WithInfo(k)
 		}
-		return iouring.Preadv(fd, bufs, uint64(op.Off)).WithInfo(k)
+		return iouring.Preadv(fd, un.bufs(ops), uint64(op.Off)).WithInfo(k)
 	}
 	b := op.Buf[op.N:]
 	if len(b) > maxIOChunk {

@@ -483,9 +483,8 @@ func (ix *Index) Sync() error {
 // Checkpoint writes a consistent copy of the index to dir, which must not exist, as a crash
 // would leave it: tables hard-linked, the manifest and the WAL copied as far as Pebble has
 // written it (every synced batch, unsynced ones possibly not; nothing is flushed), so that
-// opening the copy replays the WAL. A copy of the
-// files made while the index is open is not that: Pebble compacts meanwhile, and the copied
-// manifest can name tables the copy lacks.
+// opening the copy replays the WAL. A copy of the files made while the index is open is not
+// that: Pebble compacts meanwhile, and the copied manifest can name tables the copy lacks.
 func (ix *Index) Checkpoint(dir string) error {
 	if err := ix.checkOpen(); err != nil {
 		return err

@@ -645,10 +645,7 @@ func (w *Writer) syncDirty() error {
 // truncates whatever did not make it and seals it. Readers may keep reading what was published.
 func (w *Writer) abandon(seg *Segment, cause error) {
 	w.markFailed(seg, cause)
-	if w.active == seg {
-		w.active = nil
-	}
-	w.undirty(seg)
+	w.detach(seg)
 }
 
 // markFailed records the first write or sync failure of seg, which stops appends to it.
@@ -712,10 +709,7 @@ func (w *Writer) ensureActive() error {
 // so the publisher seals it once they are published while the committer writes the next
 // segment.
 func (w *Writer) rotate(seg *Segment) {
-	if w.active == seg {
-		w.active = nil
-	}
-	w.undirty(seg)
+	w.detach(seg)
 	f := &flight{seg: seg, seal: true, written: closedChan, settled: make(chan struct{})}
 	w.slots <- struct{}{}
 	w.last = f
@@ -740,10 +734,7 @@ func (w *Writer) sealFlight(f *flight) {
 // On failure the segment is abandoned (left active for recovery).
 func (w *Writer) seal(seg *Segment) error {
 	w.drain() // every record of seg written and published before its footer
-	if w.active == seg {
-		w.active = nil
-	}
-	w.undirty(seg)
+	w.detach(seg)
 	return w.sealSegment(seg)
 }
 
@@ -773,8 +764,12 @@ func (w *Writer) sealSegment(seg *Segment) error {
 	return nil
 }
 
-// undirty removes seg from the segments awaiting a sync.
-func (w *Writer) undirty(seg *Segment) {
+// detach ends the committer's use of seg: no longer the active segment, no longer awaiting a
+// sync (whoever seals or recovers it syncs it).
+func (w *Writer) detach(seg *Segment) {
+	if w.active == seg {
+		w.active = nil
+	}
 	for i, s := range w.dirty {
 		if s == seg {
 			w.dirty = append(w.dirty[:i], w.dirty[i+1:]...)
