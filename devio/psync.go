@@ -3,9 +3,12 @@ package devio
 import "sync"
 
 // psyncBackend is a bounded pool of goroutines issuing pread/pwrite (or
-// ReadAt/WriteAt for files without a descriptor).
+// ReadAt/WriteAt for files without a descriptor). A job is handed to a worker only with one
+// of queueDepth tokens, granted to Submits in arrival order (tokenQueue), so concurrent
+// Submits are served first come, first served instead of interleaved.
 type psyncBackend struct {
-	jobs chan psyncJob
+	jobs   chan psyncJob
+	tokens *tokenQueue
 	mu   sync.RWMutex // held shared by Submit, exclusively by Close
 	// closed is guarded by mu.
 	closed  bool
@@ -19,7 +22,7 @@ type psyncJob struct {
 }
 
 func newPsync(queueDepth int) *psyncBackend {
-	b := &psyncBackend{jobs: make(chan psyncJob)}
+	b := &psyncBackend{jobs: make(chan psyncJob), tokens: newTokenQueue(queueDepth)}
 	b.workers.Add(queueDepth)
 	for range queueDepth {
 		go b.worker()
@@ -35,6 +38,7 @@ func (b *psyncBackend) worker() {
 		} else {
 			runMerged(j.ops)
 		}
+		b.tokens.release(1)
 		j.wg.Done()
 	}
 }
@@ -52,8 +56,18 @@ func (b *psyncBackend) Submit(ops []Op) error {
 	units := mergeRuns(ops, prepareOp)
 	var wg sync.WaitGroup
 	wg.Add(len(units))
-	for _, un := range units {
-		b.jobs <- psyncJob{ops: ops[un.lo:un.hi], wg: &wg}
+	w := b.tokens.join()
+	defer b.tokens.leave(w)
+	for next := 0; next < len(units); {
+		n := b.tokens.take(w, len(units)-next)
+		if n == 0 {
+			<-w.wake
+			continue
+		}
+		for _, un := range units[next : next+n] {
+			b.jobs <- psyncJob{ops: ops[un.lo:un.hi], wg: &wg}
+		}
+		next += n
 	}
 	wg.Wait()
 	return firstErr(ops)

@@ -21,14 +21,15 @@ const maxRingEntries = 32768
 
 // uringBackend issues reads and writes through one shared io_uring.
 //
-// In-flight operations across all Submits are bounded by a token semaphore of
-// queueDepth, which is also the ring's SQ size (the CQ is twice that), so the
-// completion queue cannot overflow. Each Submit has its own result channel
+// In-flight operations across all Submits are bounded by queueDepth tokens, granted to
+// Submits in arrival order (tokenQueue); queueDepth is also the ring's SQ size (the CQ is
+// twice that), so the completion queue cannot overflow. Each Submit has its own result channel
 // sized to its op count: the library's completion goroutine blocks sending to
 // it, and each op has at most one request in flight at a time.
 type uringBackend struct {
 	ring   *iouring.IOURing
-	tokens chan struct{}
+	depth  int
+	tokens *tokenQueue
 
 	mu sync.RWMutex // held shared by Submit, exclusively by Close
 	// closed is guarded by mu.
@@ -50,7 +51,7 @@ func newURing(queueDepth int) (Backend, error) {
 	if ring.Size() < queueDepth {
 		queueDepth = ring.Size()
 	}
-	return &uringBackend{ring: ring, tokens: make(chan struct{}, queueDepth)}, nil
+	return &uringBackend{ring: ring, depth: queueDepth, tokens: newTokenQueue(queueDepth)}, nil
 }
 
 // Name implements Backend.
@@ -109,38 +110,25 @@ func (u *uringBackend) Submit(ops []Op) error {
 	// (shared by every Submit) must never block on this channel.
 	ch := make(chan iouring.Result, len(ops))
 	retries := make([]uint8, len(ops))
-	reqs := make([]iouring.PrepRequest, 0, min(len(pending), cap(u.tokens)))
+	reqs := make([]iouring.PrepRequest, 0, min(len(pending), u.depth))
 	taken := make([]int, 0, cap(reqs))
 	inflight := 0
-	held := false // a token taken while waiting, for pending[0]
+	w := u.tokens.join()
+	defer u.tokens.leave(w)
 	for len(pending) > 0 || inflight > 0 {
-		// Issue as many pending units as there are free tokens; block for a token only when
-		// nothing of ours is in flight (no deadlock: we hold none then).
+		// Issue as many pending units as we hold tokens for; the rest wait their turn.
 		reqs, taken = reqs[:0], taken[:0]
-		for len(pending) > 0 {
-			if held {
-				held = false
-			} else {
-				select {
-				case u.tokens <- struct{}{}:
-				default:
-					if inflight > 0 || len(reqs) > 0 {
-						goto issue
-					}
-					u.tokens <- struct{}{}
-				}
+		if len(pending) > 0 {
+			for range u.tokens.take(w, len(pending)) {
+				k := pending[0]
+				pending = pending[1:]
+				reqs = append(reqs, u.prep(ops, units[k], k))
+				taken = append(taken, k)
 			}
-			k := pending[0]
-			pending = pending[1:]
-			reqs = append(reqs, u.prep(ops, units[k], k))
-			taken = append(taken, k)
 		}
-	issue:
 		if len(reqs) > 0 {
 			if _, err := u.ring.SubmitRequests(reqs, ch); err != nil {
-				for range reqs {
-					<-u.tokens
-				}
+				u.tokens.release(len(reqs))
 				if !errors.Is(err, iouring.ErrIOURingClosed) && !errors.Is(err, iouring.ErrUnregisteredFile) {
 					// The SQEs may have reached the ring without their
 					// completions being tracked: the ring cannot be trusted.
@@ -159,25 +147,25 @@ func (u *uringBackend) Submit(ops []Op) error {
 				inflight += len(reqs)
 			}
 		}
-		if inflight == 0 {
-			continue
-		}
-		// Wait for a completion of ours or, with units still pending, for a token another
-		// Submit's completion freed: the queue depth is shared, and a Submit that only woke
-		// for its own completions would leave freed tokens unused while it waits.
+		// Wait for a completion of ours or, with units still pending, for tokens granted to us.
 		var res iouring.Result
-		if len(pending) > 0 {
+		switch {
+		case inflight == 0 && len(pending) > 0:
+			<-w.wake
+			continue
+		case inflight == 0:
+			continue
+		case len(pending) > 0:
 			select {
 			case res = <-ch:
-			case u.tokens <- struct{}{}:
-				held = true
+			case <-w.wake:
 				continue
 			}
-		} else {
+		default:
 			res = <-ch
 		}
 		inflight--
-		<-u.tokens
+		u.tokens.release(1)
 		k := res.GetRequestInfo().(int)
 		un := units[k]
 		n, err := res.ReturnInt()
