@@ -9,7 +9,7 @@ import "sync"
 type psyncBackend struct {
 	jobs   chan psyncJob
 	tokens *tokenQueue
-	mu   sync.RWMutex // held shared by Submit, exclusively by Close
+	mu     sync.RWMutex // held shared by Submit, exclusively by Close
 	// closed is guarded by mu.
 	closed  bool
 	workers sync.WaitGroup
