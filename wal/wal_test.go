@@ -676,3 +676,67 @@ func TestSealFailureLeavesSegmentForRecovery(t *testing.T) {
 		t.Fatalf("recovery found %d records in segment 1, want %d (≥ 2)", len(res.Records), perSeg)
 	}
 }
+
+// slowSealHooks holds every SegmentSealed until release is closed.
+type slowSealHooks struct {
+	*recHooks
+	release chan struct{}
+	started chan uint64
+}
+
+func (h *slowSealHooks) SegmentSealed(n uint64, size int64) error {
+	h.started <- n
+	<-h.release
+	return h.recHooks.SegmentSealed(n, size)
+}
+
+// A seal in progress does not hold up appends to the next segment: the footer's write and
+// sync run beside publication. Sync and Close wait for it.
+func TestSealRunsBesidePublication(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	h := &slowSealHooks{recHooks: &recHooks{sealed: map[uint64]int64{}}, release: make(chan struct{}), started: make(chan uint64, 16)}
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 16 KiB records, 3 to a segment: the 4th starts segment 2 and seals segment 1.
+	for i := 0; i < 6; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := <-h.started; n != 1 {
+		t.Fatalf("first seal of segment %d, want 1", n)
+	}
+	h.mu.Lock()
+	published := len(h.published)
+	h.mu.Unlock()
+	if published != 6 {
+		t.Fatalf("%d records published while segment 1's seal is held, want 6", published)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- w.Sync() }()
+	select {
+	case err := <-synced:
+		t.Fatalf("Sync returned (%v) before the seal it must cover finished", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(h.release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.sealed[1]; !ok {
+		t.Fatal("Sync returned before segment 1 was sealed")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -93,13 +93,14 @@ type Origin struct {
 	Offset  int64
 }
 
-// Hooks connect the Writer to the index. Publish and SegmentSealed are called one at a time, in
-// placement order, from the goroutine that completes appends: a segment is sealed after every
-// record placed in it has been published, and a record is published after the segment it is
-// in was created. SegmentCreated and Synced are called from the committer goroutine: Synced
-// once every earlier append has been published, SegmentCreated possibly while records of an
-// older segment are still being published or that segment sealed (never for the same
-// segment), so an implementation must not assume it runs alone.
+// Hooks connect the Writer to the index. Publish is called one group at a time, in placement
+// order, from the goroutine that completes appends; a record is published after the segment
+// it is in was created. SegmentSealed is called once every record placed in the segment has
+// been published, from a goroutine of its own: it may run beside Publish of later segments
+// and beside other hooks. SegmentCreated and Synced are called from the committer goroutine:
+// Synced once every earlier append has been published and every started seal has finished,
+// SegmentCreated possibly while records of older segments are still being published or
+// sealed (never for the same segment). No implementation may assume it runs alone.
 type Hooks interface {
 	// SegmentCreated registers a new segment durably as active. It is called after the
 	// segment's header is durable and its directory entry synced, before any record is
@@ -184,9 +185,12 @@ func (r *request) settle(n int, err error) {
 // order, so a record is published only after a sync that began after its write completed, and
 // never before the records placed ahead of it.
 //
-// A seal flight (seal set, no records) marks the end of a segment's records: the publisher
-// seals the segment when it reaches it, so the committer goes on writing the next segment
-// while the last writes of the old one complete.
+// A seal flight (seal set, no records) marks the end of a segment's records: when the
+// publisher reaches it, every record of the segment is published, and the publisher starts
+// the seal in the background. The committer goes on writing the next segment while the last
+// writes of the old one complete, and the publisher goes on publishing it while the old one's
+// footer is written and synced (a seal costs two flushes, each queued behind a full device
+// queue under load: publication held up behind it starved the device).
 type flight struct {
 	seg     *Segment
 	seal    bool
@@ -222,8 +226,9 @@ type Writer struct {
 	dirty  []*Segment // segments written since their last fdatasync
 	last   *flight    // the flight issued last, for drain
 
-	flights chan *flight  // committer -> publisher, in placement order
-	slots   chan struct{} // one per flight not yet settled
+	flights chan *flight   // committer -> publisher, in placement order
+	slots   chan struct{}  // one per flight not yet settled
+	sealing sync.WaitGroup // seals started by the publisher and not finished
 }
 
 // NewWriter starts a Writer. No segment is created until the first record arrives.
@@ -499,6 +504,9 @@ func (w *Writer) drain() {
 		<-w.last.settled
 		w.last = nil
 	}
+	// Every seal flight before the last one has started its seal: wait for the seals too, so
+	// that a Sync or Close covers the records of the segments they seal.
+	w.sealing.Wait()
 	if w.active != nil {
 		if err := w.active.failure(); err != nil {
 			w.abandon(w.active, err)
@@ -719,13 +727,18 @@ func (w *Writer) rotate(seg *Segment) {
 // closedChan is the written channel of flights without writes.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// sealFlight seals the segment of a seal flight, in the publisher: every record placed in it
-// has been published. A failure leaves the segment registered as active for recovery to seal;
+// sealFlight starts sealing the segment of a seal flight, from the publisher: every record
+// placed in it has been published. The seal runs beside the publication of later segments;
+// drain waits for it. A failure leaves the segment registered as active for recovery to seal;
 // every record in it was published, so no caller is owed the error, which is logged.
 func (w *Writer) sealFlight(f *flight) {
-	if err := w.sealSegment(f.seg); err != nil {
-		w.opts.Logger.Error("wal: segment not sealed; recovery will seal it", "segment", f.seg.Number, "path", f.seg.path, "err", err)
-	}
+	w.sealing.Add(1)
+	go func() {
+		defer w.sealing.Done()
+		if err := w.sealSegment(f.seg); err != nil {
+			w.opts.Logger.Error("wal: segment not sealed; recovery will seal it", "segment", f.seg.Number, "path", f.seg.path, "err", err)
+		}
+	}()
 	<-w.slots
 	close(f.settled)
 }
