@@ -117,6 +117,10 @@ type RecoveryReport struct {
 	// RetiredSegmentsDeleted counts segments whose retirement (eviction or compaction) a crash
 	// interrupted and recovery finished.
 	RetiredSegmentsDeleted int
+	// EmptySegmentsDeleted counts segments active at the crash that held no valid record (the
+	// dump writer's prepared next segment, or one whose first records never became durable),
+	// deleted instead of sealed.
+	EmptySegmentsDeleted int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.
 	MissingSegments []uint64
 	// QuarantinedSegments lists segments found unreadable or corrupt by recovery: their
@@ -147,18 +151,23 @@ func Open(dir string, opts Options) (*Engine, error) {
 		e.release()
 		return nil, err
 	}
-	dtype := opts.Schema.DType
-	if opts.AdoptStoredSchema {
+	return e, nil
+}
+
+// setCodecs picks each tier's record compression; before any writer or background goroutine
+// starts, since they read it.
+func (e *Engine) setCodecs() {
+	dtype := e.opts.Schema.DType
+	if e.opts.AdoptStoredSchema {
 		dtype = storedDType(e.StoredSchema())
 	}
 	for _, t := range e.tiers {
-		c := opts.Compression
-		if len(opts.Tiers) > 0 {
+		c := e.opts.Compression
+		if len(e.opts.Tiers) > 0 {
 			c, _ = ParseCompression(t.cfg.Compression) // validated by tiers.Validate
 		}
 		t.codec = codecFor(c, dtype)
 	}
-	return e, nil
 }
 
 func (e *Engine) open() error {
@@ -226,6 +235,7 @@ func (e *Engine) open() error {
 		return err
 	}
 	e.recovery.Duration = time.Since(start)
+	e.setCodecs()
 	if err := e.startWriters(); err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/devio/devtest"
+	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -490,18 +491,42 @@ func checkFileSizes(t *testing.T, fs vfs.FS, e *Engine) {
 	}
 }
 
+// activeSizes maps each active segment to its recorded size: the end of its last record. Its
+// file is preallocated beyond that (the dump writer prepares its next segment at Open).
+func activeSizes(rows []index.SegmentMeta) map[uint64]int64 {
+	m := map[uint64]int64{}
+	for _, r := range rows {
+		if r.State == index.SegmentActive {
+			m[r.Number] = r.Size
+		}
+	}
+	return m
+}
+
+// fileBytesOf is what segment file name of size bytes counts for in the accounting: its size,
+// or, for an active segment, its recorded size.
+func fileBytesOf(name string, size int64, active map[uint64]int64) int64 {
+	if n, ok := wal.ParseSegmentFileName(name); ok {
+		if recorded, ok := active[n]; ok && recorded <= size {
+			return recorded
+		}
+	}
+	return size
+}
+
 func fileSizesMatch(fs vfs.FS, e *Engine) error {
 	var total int64
 	names, err := fs.List(e.segDir)
 	if err != nil {
 		return err
 	}
+	active := activeSizes(e.ix.Segments())
 	for _, n := range names {
 		st, err := fs.Stat(fs.PathJoin(e.segDir, n))
 		if err != nil {
 			return err
 		}
-		total += st.Size()
+		total += fileBytesOf(n, st.Size(), active)
 	}
 	if _, _, fileBytes := e.ix.Totals(); fileBytes != total {
 		return fmt.Errorf("accounted file bytes %d, segment files hold %d", fileBytes, total)
@@ -562,5 +587,51 @@ func TestWholeDumpOfBlockInAssemblyWaitsForIt(t *testing.T) {
 		if err := last.Wait(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// The dump writer prepares its next segment from Open on; Close deletes it when unused, so
+// opening and closing a store leaves no segment behind, and after dumps only the sealed
+// segments holding them remain.
+func TestPreparedSegmentDroppedAtClose(t *testing.T) {
+	_, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	for i := 0; i < 3; i++ {
+		e := mustOpen(t, "/store", opts)
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := mustOpen(t, "/store", opts)
+	blocks := ids(0, 4)
+	dumpBlocks(t, e, blocks)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", opts)
+	checkBlocks(t, e, blocks)
+	if r := e.Recovery(); r.EmptySegmentsDeleted != 0 || r.SegmentsRecovered != 0 {
+		t.Fatalf("clean reopen recovered segments: %+v", r)
+	}
+	used := map[uint64]bool{}
+	for _, id := range blocks {
+		used[location(t, e, id).Segment] = true
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, err := fs.List(e.segDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if num, ok := wal.ParseSegmentFileName(n); ok && !used[num] {
+			t.Errorf("segment file %s holds no dumped block: a prepared segment was left behind", n)
+		} else if ok {
+			delete(used, num)
+		}
+	}
+	if len(used) != 0 {
+		t.Fatalf("segments %v holding blocks are gone", used)
 	}
 }

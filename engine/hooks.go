@@ -104,3 +104,16 @@ func (h *walHooks) SegmentSealed(number uint64, size int64) error {
 
 // Synced makes the index durable after the segments were synced.
 func (h *walHooks) Synced() error { return (*Engine)(h).ix.Sync() }
+
+// SegmentDropped deletes a segment prepared for a writer and never used: its reservation is
+// settled to its header, then it is retired like any empty segment (marked deleting durably,
+// unlinked, its row removed), so a crash on the way is finished by the next Open.
+func (h *walHooks) SegmentDropped(number uint64) error {
+	e := (*Engine)(h)
+	meta, ok := e.ix.Segment(number)
+	if !ok {
+		return nil
+	}
+	e.settleSealed(number, meta.Size)
+	return e.retire(number)
+}

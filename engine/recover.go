@@ -20,7 +20,7 @@ import (
 //     garbage) and its row; a missing sealed segment is reported;
 //   - a segment still active (the crash interrupted it) is scanned record by record, truncated
 //     after its last valid record, sealed with a footer, and index entries past that point are
-//     dropped: it is never appended to again;
+//     dropped: it is never appended to again; one without a valid record is deleted;
 //   - a segment file the index does not register is adopted: a file too short to hold a header
 //     (created just before a crash) is removed; otherwise it is recovered like an active one
 //     and its records indexed where the index has nothing newer. This rebuilds a lost index
@@ -128,16 +128,28 @@ func (e *Engine) findSegments() error {
 
 // finishDeleting completes the retirement of a segment interrupted by a crash.
 func (e *Engine) finishDeleting(row index.SegmentMeta, exists bool) error {
-	if _, err := e.ix.DropSegmentEntries(row.Number, 0, false); err != nil {
+	if _, err := e.deleteSegment(row, exists); err != nil {
 		return err
+	}
+	e.recovery.RetiredSegmentsDeleted++
+	return nil
+}
+
+// deleteSegment drops a segment's index entries, unlinks its file (if it exists) and syncs
+// the directory, then forgets its row; it returns the entries dropped. A crash after the
+// unlink leaves a row without a file, which the next recovery forgets.
+func (e *Engine) deleteSegment(row index.SegmentMeta, exists bool) (int, error) {
+	dropped, err := e.ix.DropSegmentEntries(row.Number, 0, false)
+	if err != nil {
+		return 0, err
 	}
 	if exists {
 		h, _ := e.home(row.Number)
 		if err := e.fs.Remove(wal.SegmentPath(h.dir, row.Number)); err != nil && !isNotExist(err) {
-			return fmt.Errorf("recover: delete retired segment %d: %w", row.Number, err)
+			return 0, fmt.Errorf("recover: delete segment %d: %w", row.Number, err)
 		}
 		if err := wal.SyncDir(e.fs, h.dir); err != nil {
-			return fmt.Errorf("recover: %w", err)
+			return 0, fmt.Errorf("recover: %w", err)
 		}
 		e.segMu.Lock()
 		delete(e.homes, row.Number)
@@ -146,10 +158,9 @@ func (e *Engine) finishDeleting(row index.SegmentMeta, exists bool) error {
 	b := e.ix.NewBatch()
 	b.DeleteSegment(row.Number)
 	if err := e.ix.Apply(b, true); err != nil {
-		return fmt.Errorf("recover: forget retired segment %d: %w", row.Number, err)
+		return 0, fmt.Errorf("recover: forget segment %d: %w", row.Number, err)
 	}
-	e.recovery.RetiredSegmentsDeleted++
-	return nil
+	return dropped, nil
 }
 
 // forgetMissing drops a registered segment whose file is gone.
@@ -186,6 +197,17 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	}
 	if res.Header.Schema != e.fingerprint || res.Header.Generation != row.Generation {
 		return e.quarantine(row, fmt.Errorf("%s: header does not match the index (schema or generation)", path))
+	}
+	if len(res.Records) == 0 {
+		// Nothing in it survived: the dump writer's prepared next segment, or one whose first
+		// records were never made durable. Delete it rather than keep an empty sealed segment.
+		dropped, err := e.deleteSegment(row, true)
+		if err != nil {
+			return err
+		}
+		e.recovery.EmptySegmentsDeleted++
+		e.recovery.EntriesDropped += dropped
+		return nil
 	}
 	dropped, err := e.ix.DropSegmentEntries(row.Number, res.ValidEnd, false)
 	if err != nil {

@@ -335,6 +335,9 @@ func (e *Engine) startWriters() error {
 				Direct: t.direct, Backend: t.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
 				Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
 				DirFor: e.placer(t), Admit: e.admitter(t, relocation),
+				// Dumps arrive in streams: have the next segment ready before the active one
+				// fills. Relocations come in bursts; their writer creates segments as needed.
+				PrepareNext: !relocation,
 			})
 			if err != nil {
 				return err

@@ -23,6 +23,7 @@ type recHooks struct {
 	published []*Record
 	groups    int
 	synced    int
+	dropped   []uint64
 }
 
 func (h *recHooks) SegmentCreated(n, gen uint64) error {
@@ -46,6 +47,12 @@ func (h *recHooks) SegmentSealed(n uint64, size int64) error {
 	return nil
 }
 func (h *recHooks) Synced() error { h.mu.Lock(); h.synced++; h.mu.Unlock(); return nil }
+func (h *recHooks) SegmentDropped(n uint64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropped = append(h.dropped, n)
+	return nil
+}
 
 var testLayout = format.Layout{Shards: 3, TensorsPerShard: 1, ShardBytes: 5000}
 
@@ -738,5 +745,83 @@ func TestSealRunsBesidePublication(t *testing.T) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With PrepareNext the writer creates its next segment ahead of need: rotation takes it, and
+// the one left unused at Close is handed back with SegmentDropped. Every record still lands in
+// a sealed segment in order.
+func TestPrepareNextSegment(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	h := &recHooks{sealed: map[uint64]int64{}}
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h,
+		Direct: devio.DirectOff, PrepareNext: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 7; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	used := uint64(0)
+	for i, r := range h.published {
+		if r.Segment != used && r.Segment != used+1 || (i == 0 && r.Segment != 1) {
+			t.Fatalf("record %d in segment %d after segment %d: segments not used in order", i, r.Segment, used)
+		}
+		used = r.Segment
+	}
+	if used < 3 || len(h.created) != int(used)+1 || len(h.dropped) != 1 || h.dropped[0] != used+1 {
+		t.Fatalf("records in segments 1-%d, created %v, dropped %v: want %d created, the last prepared and dropped", used, h.created, h.dropped, used+1)
+	}
+	if len(h.sealed) != int(used) {
+		t.Fatalf("sealed %v, want segments 1-%d", h.sealed, used)
+	}
+}
+
+// A failed preparation (here: Admit refuses once) does not fail appends: the committer creates
+// the segment itself.
+func TestPrepareNextFailureFallsBack(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	h := &recHooks{sealed: map[uint64]int64{}}
+	var refused atomic.Int32
+	admit := func(n uint64) error {
+		if n == 1 && refused.Add(1) == 1 {
+			return errors.New("no room yet")
+		}
+		return nil
+	}
+	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h,
+		Direct: devio.DirectOff, PrepareNext: true, Admit: admit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Append([]*Record{testRecord(0)}); err != nil {
+		t.Fatalf("append after a failed preparation: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if refused.Load() != 1 || len(h.published) != 1 || h.published[0].Segment != 2 {
+		t.Fatalf("refusals %d, published %d records (first in segment %d): want 1 refusal, the record in segment 2", refused.Load(), len(h.published), h.published[0].Segment)
 	}
 }

@@ -115,6 +115,10 @@ type Hooks interface {
 	// Synced is called after a periodic or explicit Sync has made every written record durable;
 	// the index should make every applied batch durable too.
 	Synced() error
+	// SegmentDropped gives back a segment that was created (SegmentCreated) and never received
+	// a record (PrepareNext): the Writer will not touch it again, and the implementation
+	// deletes it. Called from Close.
+	SegmentDropped(number uint64) error
 }
 
 // Options configure a Writer.
@@ -146,6 +150,13 @@ type Options struct {
 	// reason, e.g. no space under the tier's capacity); the records waiting for it then fail
 	// with that error. It may block while space is reclaimed.
 	Admit func(n uint64) error
+	// PrepareNext has the Writer create its next segment in the background, from NewWriter on
+	// and again whenever it starts appending to a new one, so that rotation does not wait for
+	// a creation: under load its flushes (header, directory, index) queue behind full device
+	// queues, 35–100 ms each time here, longer than a 256 MiB segment takes to fill. A prepared
+	// segment left unused at Close is handed back with Hooks.SegmentDropped. Off by default: a
+	// writer that seldom appends (relocation) would keep an empty segment for nothing.
+	PrepareNext bool
 	// MaxGroupBytes bounds the record bytes written by one group commit.
 	MaxGroupBytes int64
 	// OnSegment is told about every segment the Writer opens, so readers can find it.
@@ -223,8 +234,10 @@ type Writer struct {
 	// Owned by the committer goroutine.
 	active *Segment
 	next   uint64
-	dirty  []*Segment // segments written since their last fdatasync
-	last   *flight    // the flight issued last, for drain
+	// prepared delivers the segment prepareNext is creating; nil when none is under way.
+	prepared chan prepared
+	dirty    []*Segment // segments written since their last fdatasync
+	last     *flight    // the flight issued last, for drain
 
 	flights chan *flight   // committer -> publisher, in placement order
 	slots   chan struct{}  // one per flight not yet settled
@@ -250,6 +263,7 @@ func NewWriter(opts Options) (*Writer, error) {
 	}
 	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment,
 		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights)}
+	w.prepareNext()
 	w.wg.Add(2)
 	go w.run()
 	go w.publisher()
@@ -316,7 +330,7 @@ func (w *Writer) finish() error {
 	if err == nil && len(w.dirty) == 0 {
 		err = w.opts.Hooks.Synced()
 	}
-	return err
+	return errors.Join(err, w.dropPrepared())
 }
 
 func (w *Writer) ticker() {
@@ -673,6 +687,70 @@ func (w *Writer) ensureActive() error {
 		w.abandon(w.active, err)
 		w.drain() // settle what the failed segment still has in flight before starting anew
 	}
+	seg := w.takePrepared()
+	if seg == nil {
+		var err error
+		if seg, err = w.createSegment(); err != nil {
+			return err
+		}
+	}
+	w.active = seg
+	w.prepareNext()
+	return nil
+}
+
+// prepared is the outcome of a background segment creation.
+type prepared struct {
+	seg *Segment
+	err error
+}
+
+// prepareNext starts creating the segment that follows the active one, with PrepareNext.
+func (w *Writer) prepareNext() {
+	if !w.opts.PrepareNext {
+		return
+	}
+	c := make(chan prepared, 1)
+	w.prepared = c
+	go func() {
+		seg, err := w.createSegment()
+		c <- prepared{seg, err}
+	}()
+}
+
+// takePrepared returns the segment prepareNext created, waiting for it if needed; nil if none
+// was started or its creation failed (the caller creates one itself: a refusal by Admit may be
+// stale by now, and a real failure repeats with its error).
+func (w *Writer) takePrepared() *Segment {
+	if w.prepared == nil {
+		return nil
+	}
+	p := <-w.prepared
+	w.prepared = nil
+	if p.err != nil {
+		w.opts.Logger.Warn("wal: preparing the next segment failed; creating it now", "err", p.err)
+		return nil
+	}
+	return p.seg
+}
+
+// dropPrepared hands a prepared segment that never became active (Close) to
+// Hooks.SegmentDropped, which deletes it.
+func (w *Writer) dropPrepared() error {
+	seg := w.takePrepared()
+	if seg == nil {
+		return nil
+	}
+	if err := w.opts.Hooks.SegmentDropped(seg.Number); err != nil {
+		return fmt.Errorf("wal: drop unused segment %d: %w", seg.Number, err)
+	}
+	return nil
+}
+
+// createSegment allocates a number, has it admitted and creates the segment, durable and
+// registered. It runs on the committer, or in the background for prepareNext; never both at
+// once (the committer waits for a preparation before creating a segment itself).
+func (w *Writer) createSegment() (*Segment, error) {
 	// A number is used once, whether or not its creation succeeds: a failed attempt may leave
 	// a file behind, which the next Open removes or adopts.
 	n := w.next
@@ -683,7 +761,7 @@ func (w *Writer) ensureActive() error {
 	}
 	if w.opts.Admit != nil {
 		if err := w.opts.Admit(n); err != nil {
-			return fmt.Errorf("wal: segment %d not admitted: %w", n, err)
+			return nil, fmt.Errorf("wal: segment %d not admitted: %w", n, err)
 		}
 	}
 	dir := w.opts.Dir
@@ -695,7 +773,7 @@ func (w *Writer) ensureActive() error {
 		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Lay out the whole segment now (it reads as zeros, which a scan takes for the clean end
 	// of the log): appends then write inside the file instead of extending it, which O_DIRECT
@@ -703,13 +781,12 @@ func (w *Writer) ensureActive() error {
 	seg.allocated = seg.file.Allocate(w.opts.SegmentSize)
 	if err := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation); err != nil {
 		seg.Release()
-		return fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
+		return nil, fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
 	}
 	if w.opts.OnSegment != nil {
 		w.opts.OnSegment(seg)
 	}
-	w.active = seg
-	return nil
+	return seg, nil
 }
 
 // rotate ends the committer's use of the full active segment seg: the segment leaves the

@@ -280,7 +280,10 @@ type PendingSegment struct {
 	// Retiring reports a segment marked deleting, whose retirement a crash interrupted:
 	// recovery deletes its file (FileSize bytes; Missing when already gone) and its row.
 	Retiring bool `json:"retiring,omitempty"`
-	scan     *wal.ScanResult
+	// Empty reports an active segment without a valid record (the dump writer's prepared next
+	// segment, or one whose first records never became durable): recovery deletes it.
+	Empty bool `json:"empty,omitempty"`
+	scan  *wal.ScanResult
 }
 
 // ScanPending scans every active segment read-only (wal.ScanSegment, the scan recovery runs),
@@ -331,6 +334,7 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 		p.FileSize, p.ValidEnd, p.Records = res.FileSize, res.ValidEnd, len(res.Records)
 		if !res.Sealed {
 			p.CutBytes = res.FileSize - res.ValidEnd
+			p.Empty = len(res.Records) == 0
 		}
 		if res.Stop != nil {
 			p.Stop = res.Stop.Error()

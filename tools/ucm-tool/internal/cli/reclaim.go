@@ -163,7 +163,8 @@ func diskTierNames(ts []engine.TierStats) []string {
 // recovered reports whether opening the store recovered anything.
 func recovered(r engine.RecoveryReport) bool {
 	return r.SegmentsRecovered > 0 || r.TruncatedBytes > 0 || r.EntriesDropped > 0 || r.OrphansRemoved > 0 ||
-		r.SegmentsAdopted > 0 || r.RetiredSegmentsDeleted > 0 || len(r.MissingSegments) > 0 || len(r.QuarantinedSegments) > 0
+		r.SegmentsAdopted > 0 || r.RetiredSegmentsDeleted > 0 || r.EmptySegmentsDeleted > 0 || len(r.MissingSegments) > 0 ||
+		len(r.QuarantinedSegments) > 0
 }
 
 // compactCandidates counts the segments Compact will take: sealed, non-empty files that are

@@ -92,6 +92,7 @@ type recoveryJSON struct {
 	EntriesDropped         int      `json:"entries_dropped"`
 	OrphansRemoved         int      `json:"orphans_removed"`
 	RetiredSegmentsDeleted int      `json:"retired_segments_deleted"`
+	EmptySegmentsDeleted   int      `json:"empty_segments_deleted"`
 	MissingSegments        []uint64 `json:"missing_segments"`
 	Seconds                float64  `json:"seconds"`
 }
@@ -101,7 +102,7 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 		return nil
 	}
 	return &recoveryJSON{SegmentsRecovered: r.SegmentsRecovered, TruncatedBytes: r.TruncatedBytes, EntriesDropped: r.EntriesDropped,
-		OrphansRemoved: r.OrphansRemoved, RetiredSegmentsDeleted: r.RetiredSegmentsDeleted,
+		OrphansRemoved: r.OrphansRemoved, RetiredSegmentsDeleted: r.RetiredSegmentsDeleted, EmptySegmentsDeleted: r.EmptySegmentsDeleted,
 		MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
 }
 

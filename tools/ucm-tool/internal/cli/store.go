@@ -51,6 +51,9 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 	if r.RetiredSegmentsDeleted > 0 {
 		fmt.Fprintf(w, "  interrupted retirements finished (segments deleted): %d\n", r.RetiredSegmentsDeleted)
 	}
+	if r.EmptySegmentsDeleted > 0 {
+		fmt.Fprintf(w, "  active segments without a valid record deleted: %d\n", r.EmptySegmentsDeleted)
+	}
 	if len(r.MissingSegments) > 0 {
 		fmt.Fprintf(w, "  sealed segments missing: %v\n", r.MissingSegments)
 	}
@@ -72,6 +75,9 @@ func printPending(w io.Writer, ps []*verify.PendingSegment) {
 			fmt.Fprintf(w, "  %s: file missing; drop its %d index entries\n", p.File, p.EntriesToDrop)
 		case p.Unreadable != "":
 			fmt.Fprintf(w, "  %s: header unreadable (%s); quarantine it and drop its %d index entries\n", p.File, p.Unreadable, p.EntriesToDrop)
+		case p.Empty:
+			fmt.Fprintf(w, "  %s: no valid record (a prepared segment, or its first records never became durable); delete it (%d bytes) and drop its %d index entries\n",
+				p.File, p.FileSize, p.EntriesToDrop)
 		default:
 			fmt.Fprintf(w, "  %s: keep %d valid records up to offset %d, cut %d bytes (file is %d), drop %d index entries, seal it\n",
 				p.File, p.Records, p.ValidEnd, p.CutBytes, p.FileSize, p.EntriesToDrop)
