@@ -143,14 +143,19 @@ type segState struct {
 	meta   SegmentMeta
 }
 
-// Apply commits b atomically with pebble.Sync if sync, else pebble.NoSync (then the batch is
-// visible at once and durable after a later Sync or synced Apply, or through anyone else's), then
-// updates the in-memory segment table. Ops are evaluated in order against an in-batch view that
-// starts from the committed state; each segment row written carries the exact live counters (see
-// SetSegment) in the same Pebble batch as the entries. Apply is serialized with other Apply and
-// DropSegmentEntries calls, so the previous locations it reads cannot change under it. On any
-// error nothing is committed and every PutIf result is false. A stored entry that fails to decode
-// fails Apply with an error wrapping format.ErrCorrupt.
+// Apply commits b atomically and updates the in-memory segment table; with sync it returns
+// once the batch is durable, else the batch is durable after a later Sync or synced Apply (or
+// through anyone else's). Either way it is visible at once. Ops are evaluated in order against
+// an in-batch view that starts from the committed state; each segment row written carries the
+// exact live counters (see SetSegment) in the same Pebble batch as the entries. The evaluation
+// and commit are serialized with other Apply and DropSegmentEntries calls, so the previous
+// locations it reads cannot change under it; the wait for durability is not: Pebble's WAL is
+// ordered, so a synced empty record written after the batch makes it durable, and other
+// batches commit meanwhile (a sync waits behind a full device queue, tens of milliseconds
+// under load, during which every index update used to wait). On an error before the commit,
+// nothing is committed and every PutIf result is false; if only the sync fails, the batch is
+// committed and visible but its durability unknown, and the error says so. A stored entry that
+// fails to decode fails Apply with an error wrapping format.ErrCorrupt.
 func (ix *Index) Apply(b *Batch, sync bool) error {
 	if err := ix.checkWritable(); err != nil {
 		return err
@@ -162,12 +167,24 @@ func (ix *Index) Apply(b *Batch, sync bool) error {
 		return fmt.Errorf("%w: index: batch already applied", format.ErrInvalid)
 	}
 	ix.applyMu.Lock()
-	defer ix.applyMu.Unlock()
-	return ix.applyLocked(b, sync)
+	err := ix.applyLocked(b)
+	ix.applyMu.Unlock()
+	if err != nil || !sync {
+		return err
+	}
+	return ix.syncWAL()
 }
 
-// applyLocked is Apply with applyMu held.
-func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
+// syncWAL makes every committed batch durable.
+func (ix *Index) syncWAL() error {
+	if err := ix.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("index: sync: %w", err)
+	}
+	return nil
+}
+
+// applyLocked is Apply with applyMu held, without waiting for durability.
+func (ix *Index) applyLocked(b *Batch) (err error) {
 	b.applied = true
 	var results []struct {
 		p  *bool
@@ -189,11 +206,6 @@ func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
 		return b.err
 	}
 	if len(b.ops) == 0 {
-		if sync {
-			if err := ix.db.LogData(nil, pebble.Sync); err != nil {
-				return fmt.Errorf("index: apply: %w", err)
-			}
-		}
 		return nil
 	}
 
@@ -367,16 +379,10 @@ func (ix *Index) applyLocked(b *Batch, sync bool) (err error) {
 			return fmt.Errorf("index: apply: %w", err)
 		}
 	}
-	if pb.Empty() && !sync {
-		return nil
-	}
 	if pb.Empty() {
-		if err := ix.db.LogData(nil, pebble.Sync); err != nil {
-			return fmt.Errorf("index: apply: %w", err)
-		}
 		return nil
 	}
-	if err := ix.db.Apply(pb, writeOpts(sync)); err != nil {
+	if err := ix.db.Apply(pb, pebble.NoSync); err != nil {
 		return fmt.Errorf("index: apply: %w", err)
 	}
 

@@ -474,10 +474,7 @@ func (ix *Index) Sync() error {
 	if err := ix.checkWritable(); err != nil {
 		return err
 	}
-	if err := ix.db.LogData(nil, pebble.Sync); err != nil {
-		return fmt.Errorf("index: sync: %w", err)
-	}
-	return nil
+	return ix.syncWAL()
 }
 
 // Checkpoint writes a consistent copy of the index to dir, which must not exist, as a crash
@@ -642,6 +639,15 @@ func (ix *Index) DropSegmentEntries(number uint64, from int64, sync bool) (int, 
 	if err := ix.checkWritable(); err != nil {
 		return 0, err
 	}
+	n, err := ix.dropSegmentEntries(number, from)
+	if err != nil || n == 0 || !sync {
+		return n, err
+	}
+	return n, ix.syncWAL()
+}
+
+// dropSegmentEntries deletes the entries, without waiting for durability.
+func (ix *Index) dropSegmentEntries(number uint64, from int64) (int, error) {
 	ix.applyMu.Lock()
 	defer ix.applyMu.Unlock()
 	b := ix.NewBatch()
@@ -658,7 +664,7 @@ func (ix *Index) DropSegmentEntries(number uint64, from int64, sync bool) (int, 
 	if n == 0 {
 		return 0, nil
 	}
-	if err := ix.applyLocked(b, sync); err != nil {
+	if err := ix.applyLocked(b); err != nil {
 		return 0, err
 	}
 	return n, nil
