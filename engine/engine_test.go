@@ -590,9 +590,9 @@ func TestWholeDumpOfBlockInAssemblyWaitsForIt(t *testing.T) {
 	}
 }
 
-// The dump writer prepares its next segment from Open on; Close deletes it when unused, so
-// opening and closing a store leaves no segment behind, and after dumps only the sealed
-// segments holding them remain.
+// The dump writer prepares its next segment once it writes to one; Close deletes it when
+// unused, so opening and closing a store leaves no segment behind, and after dumps only the
+// sealed segments holding them remain.
 func TestPreparedSegmentDroppedAtClose(t *testing.T) {
 	_, fs := memFS()
 	opts := testOptions(fs, mhaLayout)

@@ -62,8 +62,11 @@ func TestTornTailTruncated(t *testing.T) {
 	e2 := mustOpen(t, "/store", opts)
 	defer e2.Close()
 	r := e2.Recovery()
-	if r.SegmentsRecovered != 1 || r.EntriesDropped != 1 || r.TruncatedBytes != mhaLayout.RecordBytes() {
-		t.Fatalf("recovery report %+v: want 1 segment, 1 entry dropped, %d bytes cut", r, mhaLayout.RecordBytes())
+	// The index may or may not hold the entries (dumps do not wait for its sync: the active
+	// segment is their durable copy): the torn one is dropped if it was there, the intact
+	// ones are indexed again if they were not.
+	if r.SegmentsRecovered != 1 || r.EntriesDropped+r.EntriesAdopted == 0 || r.EntriesDropped > 1 || r.TruncatedBytes != mhaLayout.RecordBytes() {
+		t.Fatalf("recovery report %+v: want 1 segment, at most 1 entry dropped, %d bytes cut", r, mhaLayout.RecordBytes())
 	}
 	if hits := e2.Lookup(blocks); !hits[3] || hits[4] {
 		t.Fatalf("after torn tail: %v", hits)

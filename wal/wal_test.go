@@ -790,8 +790,8 @@ func TestPrepareNextSegment(t *testing.T) {
 	}
 }
 
-// A failed preparation (here: Admit refuses once) does not fail appends: the committer creates
-// the segment itself.
+// A failed preparation (here: Admit refuses segment 2 once) does not fail appends: the
+// committer creates the segment itself when it needs it.
 func TestPrepareNextFailureFallsBack(t *testing.T) {
 	fs := vfs.NewMem()
 	if err := fs.MkdirAll("/segs", 0o755); err != nil {
@@ -805,7 +805,7 @@ func TestPrepareNextFailureFallsBack(t *testing.T) {
 	h := &recHooks{sealed: map[uint64]int64{}}
 	var refused atomic.Int32
 	admit := func(n uint64) error {
-		if n == 1 && refused.Add(1) == 1 {
+		if n == 2 && refused.Add(1) == 1 {
 			return errors.New("no room yet")
 		}
 		return nil
@@ -815,13 +815,17 @@ func TestPrepareNextFailureFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Append([]*Record{testRecord(0)}); err != nil {
-		t.Fatalf("append after a failed preparation: %v", err)
+	for i := 0; i < 4; i++ { // more than a segment holds
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatalf("append %d after a failed preparation: %v", i, err)
+		}
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if refused.Load() != 1 || len(h.published) != 1 || h.published[0].Segment != 2 {
-		t.Fatalf("refusals %d, published %d records (first in segment %d): want 1 refusal, the record in segment 2", refused.Load(), len(h.published), h.published[0].Segment)
+	last := h.published[len(h.published)-1].Segment
+	if refused.Load() != 1 || len(h.published) != 4 || h.published[0].Segment != 1 || last != 3 {
+		t.Fatalf("refusals %d, %d records published, in segments %d..%d: want 1 refusal, 4 records in segments 1 and 3",
+			refused.Load(), len(h.published), h.published[0].Segment, last)
 	}
 }

@@ -107,10 +107,12 @@ type Hooks interface {
 	// appended to it.
 	SegmentCreated(number, generation uint64) error
 	// Publish makes a group of appended records visible. Under SyncAlways it is called after
-	// the records are durable and must apply its index batch with a sync; otherwise after
-	// they are written.
+	// the records are durable (durable true), otherwise after they are written. The records
+	// stay in an active segment, which recovery scans, until SegmentSealed: an index need not
+	// sync their entries here if SegmentSealed makes them durable.
 	Publish(recs []*Record, durable bool) error
-	// SegmentSealed records that a segment's footer is durable and its size final.
+	// SegmentSealed records that a segment's footer is durable and its size final, and makes
+	// every entry published for the segment durable with it: recovery no longer scans it.
 	SegmentSealed(number uint64, size int64) error
 	// Synced is called after a periodic or explicit Sync has made every written record durable;
 	// the index should make every applied batch durable too.
@@ -150,12 +152,14 @@ type Options struct {
 	// reason, e.g. no space under the tier's capacity); the records waiting for it then fail
 	// with that error. It may block while space is reclaimed.
 	Admit func(n uint64) error
-	// PrepareNext has the Writer create its next segment in the background, from NewWriter on
-	// and again whenever it starts appending to a new one, so that rotation does not wait for
-	// a creation: under load its flushes (header, directory, index) queue behind full device
-	// queues, 35–100 ms each time here, longer than a 256 MiB segment takes to fill. A prepared
-	// segment left unused at Close is handed back with Hooks.SegmentDropped. Off by default: a
-	// writer that seldom appends (relocation) would keep an empty segment for nothing.
+	// PrepareNext has the Writer create its next segment in the background whenever it starts
+	// appending to a new one, so that rotation does not wait for a creation: under load its
+	// flushes (header, directory, index) queue behind full device queues, 35–100 ms each time
+	// here, longer than a 256 MiB segment takes to fill. The first segment is created when the
+	// first records arrive (on an idle device: milliseconds), so opening a store has no side
+	// effect (on a full tier, a reservation at Open would evict). A prepared segment left unused
+	// at Close is handed back with Hooks.SegmentDropped. Off by default: a writer that seldom
+	// appends (relocation) would keep an empty segment for nothing.
 	PrepareNext bool
 	// MaxGroupBytes bounds the record bytes written by one group commit.
 	MaxGroupBytes int64
@@ -263,7 +267,6 @@ func NewWriter(opts Options) (*Writer, error) {
 	}
 	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment,
 		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights)}
-	w.prepareNext()
 	w.wg.Add(2)
 	go w.run()
 	go w.publisher()
