@@ -105,8 +105,9 @@ type RecoveryReport struct {
 	// EntriesDropped counts index entries removed because their record was not in the valid
 	// part of a recovered segment, or their segment file was missing.
 	EntriesDropped int
-	// OrphansRemoved counts temporary files and segment files too short to hold a header
-	// (created just before a crash) that were deleted.
+	// OrphansRemoved counts temporary files, and segment files the index does not know that
+	// hold no header (created just before a crash, too short or never written), that were
+	// deleted.
 	OrphansRemoved int
 	// SegmentsAdopted counts segment files the index did not register (a lost index being
 	// rebuilt, or an index that lost its newest writes) that were recovered and registered;
@@ -118,8 +119,8 @@ type RecoveryReport struct {
 	// interrupted and recovery finished.
 	RetiredSegmentsDeleted int
 	// EmptySegmentsDeleted counts segments active at the crash that held no valid record (the
-	// dump writer's prepared next segment, or one whose first records never became durable),
-	// deleted instead of sealed.
+	// dump writer's prepared next segment, or one whose header and first records, written
+	// together, never became durable), deleted instead of sealed.
 	EmptySegmentsDeleted int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.
 	MissingSegments []uint64

@@ -504,10 +504,11 @@ func activeSizes(rows []index.SegmentMeta) map[uint64]int64 {
 }
 
 // fileBytesOf is what segment file name of size bytes counts for in the accounting: its size,
-// or, for an active segment, its recorded size.
+// or, for an active segment, its recorded size (its file may be preallocated beyond, or not
+// hold its header yet).
 func fileBytesOf(name string, size int64, active map[uint64]int64) int64 {
 	if n, ok := wal.ParseSegmentFileName(name); ok {
-		if recorded, ok := active[n]; ok && recorded <= size {
+		if recorded, ok := active[n]; ok {
 			return recorded
 		}
 	}

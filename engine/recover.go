@@ -188,6 +188,11 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	path := e.segPath(row.Number)
 	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
 	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
+	if errors.Is(err, wal.ErrNoHeader) {
+		// Created, its header (written with the first records) never written: nothing in it
+		// was acknowledged.
+		return e.deleteEmpty(row)
+	}
 	if err != nil {
 		var ce *wal.CorruptionError
 		if !errors.As(err, &ce) {
@@ -201,13 +206,7 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	if len(res.Records) == 0 {
 		// Nothing in it survived: the dump writer's prepared next segment, or one whose first
 		// records were never made durable. Delete it rather than keep an empty sealed segment.
-		dropped, err := e.deleteSegment(row, true)
-		if err != nil {
-			return err
-		}
-		e.recovery.EmptySegmentsDeleted++
-		e.recovery.EntriesDropped += dropped
-		return nil
+		return e.deleteEmpty(row)
 	}
 	dropped, err := e.ix.DropSegmentEntries(row.Number, res.ValidEnd, false)
 	if err != nil {
@@ -232,6 +231,17 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	if res.Stop != nil {
 		e.opts.Logger.Warn("ucm: torn tail truncated", "segment", row.Number, "valid_end", res.ValidEnd, "cut", res.Truncated, "stop", res.Stop)
 	}
+	return nil
+}
+
+// deleteEmpty deletes an active segment in which no record survived.
+func (e *Engine) deleteEmpty(row index.SegmentMeta) error {
+	dropped, err := e.deleteSegment(row, true)
+	if err != nil {
+		return err
+	}
+	e.recovery.EmptySegmentsDeleted++
+	e.recovery.EntriesDropped += dropped
 	return nil
 }
 
@@ -266,16 +276,13 @@ func (e *Engine) adopt(n uint64, indexLost bool) error {
 	path := e.segPath(n)
 	if st, err := e.fs.Stat(path); err == nil && st.Size() < format.SegmentHeaderSize {
 		// Created just before a crash, its header never written: not data.
-		if err := e.fs.Remove(path); err != nil {
-			return fmt.Errorf("recover: remove orphan %s: %w", path, err)
-		}
-		e.segMu.Lock()
-		delete(e.homes, n)
-		e.segMu.Unlock()
-		e.recovery.OrphansRemoved++
-		return nil
+		return e.removeOrphan(n, path)
 	}
 	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(n).direct, e.tierOf(n).io, true)
+	if errors.Is(err, wal.ErrNoHeader) {
+		// Created just before a crash, its header never written: not data.
+		return e.removeOrphan(n, path)
+	}
 	if err == nil && res.Header.Number != n {
 		err = &wal.CorruptionError{Path: path, Err: fmt.Errorf("%w: header names segment %d", format.ErrCorrupt, res.Header.Number)}
 	}
@@ -312,6 +319,19 @@ func (e *Engine) adopt(n uint64, indexLost bool) error {
 	e.recovery.EntriesAdopted += indexed
 	e.recovery.TruncatedBytes += res.Truncated
 	e.opts.Logger.Warn("ucm: adopted a segment the index did not register", "path", path, "records", len(res.Records), "indexed", indexed)
+	return nil
+}
+
+// removeOrphan deletes the file of segment n, which the index does not know and which holds no
+// header.
+func (e *Engine) removeOrphan(n uint64, path string) error {
+	if err := e.fs.Remove(path); err != nil {
+		return fmt.Errorf("recover: remove orphan %s: %w", path, err)
+	}
+	e.segMu.Lock()
+	delete(e.homes, n)
+	e.segMu.Unlock()
+	e.recovery.OrphansRemoved++
 	return nil
 }
 

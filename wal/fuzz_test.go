@@ -74,7 +74,7 @@ func buildFuzzSegment(t testing.TB, b devio.Backend, k fuzzSegmentKey) *fuzzSegm
 	hooks := &recHooks{sealed: map[uint64]int64{}}
 	w := &Writer{opts: Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 30, Sync: SyncAlways, Backend: b, Hooks: hooks,
 		Direct: devio.DirectOff, Logger: slog.New(slog.DiscardHandler)}, next: 2}
-	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff, b,
+	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff,
 		&format.SegmentHeader{Number: 1, Generation: 0x0123456789abcdef, CreatedNano: 1_700_000_000_000_000_000})
 	if err != nil {
 		t.Fatal(err)

@@ -129,11 +129,14 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 	r := &reader{f: f, backend: backend, size: size}
 	res := &ScanResult{FileSize: size, ValidEnd: format.SegmentHeaderSize}
 	if size < format.SegmentHeaderSize {
-		return nil, &CorruptionError{Path: path, Err: fmt.Errorf("%w: file of %d bytes has no segment header", format.ErrCorrupt, size)}
+		return nil, &CorruptionError{Path: path, Err: fmt.Errorf("%w: %w: file of %d bytes", format.ErrCorrupt, ErrNoHeader, size)}
 	}
 	hdr := devio.AlignedBuffer(format.Alignment)
 	if err := r.read(hdr, 0); err != nil {
 		return nil, err
+	}
+	if format.IsZeroBlock(hdr) {
+		return nil, &CorruptionError{Path: path, Err: fmt.Errorf("%w: %w", format.ErrCorrupt, ErrNoHeader)}
 	}
 	h, err := format.DecodeSegmentHeader(hdr)
 	if err != nil {

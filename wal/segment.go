@@ -39,6 +39,12 @@ func ParseSegmentFileName(name string) (uint64, bool) {
 // evicted, or removed by its owner). Readers treat it as a miss.
 var ErrSegmentGone = errors.New("segment gone")
 
+// ErrNoHeader marks a segment file whose header block is all zeros or missing (a file shorter
+// than a header): created, its header never written or never made durable. The header goes to disk with the segment's first records and is durable before any
+// of them is acknowledged, so such a file holds nothing anyone was promised; recovery deletes
+// it. A scan reports it as a CorruptionError wrapping ErrNoHeader (and format.ErrCorrupt).
+var ErrNoHeader = errors.New("segment header never written")
+
 // Segment is one open segment file. Records are read through File with the Backend; readers
 // Acquire the segment for the duration of their I/O so that it is not closed or unlinked
 // under them.
@@ -61,6 +67,9 @@ type Segment struct {
 	// allocated: the file was extended to the segment size with fallocate when it was
 	// created; seal trims the unused tail.
 	allocated bool
+	// header is the encoded segment header until it is written: with the first records (one
+	// vectored write with them), or by the seal of a segment that never got one.
+	header []byte
 	// failed holds the first write or sync error of the segment; appends stop there.
 	failed atomic.Pointer[error]
 }

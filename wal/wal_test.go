@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -827,5 +828,49 @@ func TestPrepareNextFailureFallsBack(t *testing.T) {
 	if refused.Load() != 1 || len(h.published) != 4 || h.published[0].Segment != 1 || last != 3 {
 		t.Fatalf("refusals %d, %d records published, in segments %d..%d: want 1 refusal, 4 records in segments 1 and 3",
 			refused.Load(), len(h.published), h.published[0].Segment, last)
+	}
+}
+
+// A segment's header is written with its first records, not at creation: a created segment
+// reads as never written (ErrNoHeader) until then, holds a valid header after, and a segment
+// sealed without records gets its header from the seal.
+func TestHeaderWrittenWithFirstRecords(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/segs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := devio.NewBackend(devio.EnginePsync, 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	h := &format.SegmentHeader{Number: 1, Generation: 7}
+	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ScanSegment(fs, seg.Path(), devio.DirectOff, b); !errors.Is(err, ErrNoHeader) || !errors.Is(err, format.ErrCorrupt) {
+		t.Fatalf("scan of a created segment: %v, want ErrNoHeader", err)
+	}
+	w := &Writer{opts: Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 20, Sync: SyncAlways, Backend: b,
+		Hooks: &recHooks{sealed: map[uint64]int64{}}, Direct: devio.DirectOff, Logger: slog.New(slog.DiscardHandler)}}
+	if err := w.writeRunSync(seg, []*Record{testRecord(1)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := ScanSegment(fs, seg.Path(), devio.DirectOff, b)
+	if err != nil || res.Header.Number != 1 || res.Header.Generation != 7 || len(res.Records) != 1 {
+		t.Fatalf("after the first record: %+v, %v", res, err)
+	}
+
+	empty, err := CreateSegment(fs, "/segs", 2, devio.DirectOff, &format.SegmentHeader{Number: 2, Generation: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sealSegment(empty); err != nil {
+		t.Fatal(err)
+	}
+	res, err = ScanSegment(fs, empty.Path(), devio.DirectOff, b)
+	if err != nil || !res.Sealed || res.Header.Number != 2 || len(res.Records) != 0 {
+		t.Fatalf("sealed without records: %+v, %v", res, err)
 	}
 }

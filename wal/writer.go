@@ -102,9 +102,9 @@ type Origin struct {
 // SegmentCreated possibly while records of older segments are still being published or
 // sealed (never for the same segment). No implementation may assume it runs alone.
 type Hooks interface {
-	// SegmentCreated registers a new segment durably as active. It is called after the
-	// segment's header is durable and its directory entry synced, before any record is
-	// appended to it.
+	// SegmentCreated registers a new segment durably as active. It is called once the segment
+	// file exists (its directory entry is synced meanwhile), before any record is appended to
+	// it; the segment's header is written with its first records (see CreateSegment).
 	SegmentCreated(number, generation uint64) error
 	// Publish makes a group of appended records visible. Under SyncAlways it is called after
 	// the records are durable (durable true), otherwise after they are written. The records
@@ -632,7 +632,8 @@ func (w *Writer) settle(batch []*flight) {
 // records, are adjacent, so the backend issues them as large vectored writes (devio merges
 // adjacent ops) without copying a byte.
 func planWrites(seg *Segment, recs []*Record) []devio.Op {
-	ops := make([]devio.Op, 0, 2*len(recs))
+	ops := make([]devio.Op, 0, 2*len(recs)+1)
+	ops = append(ops, headerOp(seg)...) // the first records of the segment write its header
 	for _, rec := range recs {
 		ops = append(ops, devio.Op{File: seg.file, Buf: rec.Buf, Off: rec.Offset, Write: true})
 		if rec.Payload != nil {
@@ -771,7 +772,7 @@ func (w *Writer) createSegment() (*Segment, error) {
 	if w.opts.DirFor != nil {
 		dir = w.opts.DirFor(n)
 	}
-	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, w.opts.Backend, &format.SegmentHeader{
+	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, &format.SegmentHeader{
 		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
 		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
 	})
@@ -782,9 +783,17 @@ func (w *Writer) createSegment() (*Segment, error) {
 	// of the log): appends then write inside the file instead of extending it, which O_DIRECT
 	// writes on ext4 and XFS do one at a time. Best effort: without it appends extend the file.
 	seg.allocated = seg.file.Allocate(w.opts.SegmentSize)
-	if err := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation); err != nil {
+	// The directory entry and the registration are made durable side by side: each waits for
+	// a flush, queued behind a full device under load. Either may survive a crash without the
+	// other: recovery forgets a registered segment without a file, and deletes a segment file
+	// whose header was never written, registered or not.
+	dirSynced := make(chan error, 1)
+	go func() { dirSynced <- SyncDir(w.opts.FS, dir) }()
+	regErr := w.opts.Hooks.SegmentCreated(seg.Number, seg.Generation)
+	if err := errors.Join(<-dirSynced, regErr); err != nil {
 		seg.Release()
-		return nil, fmt.Errorf("wal: register segment %d: %w", seg.Number, err)
+		_ = w.opts.FS.Remove(seg.path) // best effort: recovery deletes a file left behind
+		return nil, fmt.Errorf("wal: create segment %d: %w", seg.Number, err)
 	}
 	if w.opts.OnSegment != nil {
 		w.opts.OnSegment(seg)
@@ -871,7 +880,8 @@ func (w *Writer) detach(seg *Segment) {
 	}
 }
 
-// sealAt writes the footer for entries at dataEnd and fdatasyncs the segment.
+// sealAt writes the footer for entries at dataEnd (and the segment header, if no record wrote
+// it) and fdatasyncs the segment.
 func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend devio.Backend) error {
 	foot, err := format.EncodeFooter(seg.Number, seg.Generation, dataEnd, entries)
 	if err != nil {
@@ -879,7 +889,8 @@ func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend d
 	}
 	buf := devio.AlignedBuffer(len(foot))
 	copy(buf, foot)
-	if err := backend.Submit([]devio.Op{{File: seg.file, Buf: buf, Off: dataEnd, Write: true}}); err != nil {
+	ops := append(headerOp(seg), devio.Op{File: seg.file, Buf: buf, Off: dataEnd, Write: true})
+	if err := backend.Submit(ops); err != nil {
 		return fmt.Errorf("wal: write footer of segment %d: %w", seg.Number, err)
 	}
 	if err := seg.file.SyncData(); err != nil {
@@ -888,37 +899,41 @@ func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend d
 	return nil
 }
 
-// CreateSegment creates segment file number n in dir with header h, makes the header and the
-// directory entry durable, and returns it open for appending.
-func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, backend devio.Backend, h *format.SegmentHeader) (*Segment, error) {
+// CreateSegment creates segment file number n in dir, open for appending. Its header h is
+// written with the first records appended (one vectored write with them, made durable by the
+// sync that makes them durable) or by the seal of a segment that got none: creating a segment
+// costs no write and no flush here, where under load each queues behind a full device. Until
+// then the file reads as zeros, which recovery takes for a segment never written (ErrNoHeader)
+// and deletes: nothing in it was ever acknowledged. The caller makes the directory entry
+// durable (SyncDir) before the segment's first records are acknowledged.
+func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, h *format.SegmentHeader) (*Segment, error) {
 	path := SegmentPath(dir, n)
 	if _, err := fs.Stat(path); err == nil {
 		return nil, fmt.Errorf("wal: segment %s already exists: %w", path, format.ErrInvalid)
+	}
+	hdr := devio.AlignedBuffer(format.SegmentHeaderSize)
+	if err := format.EncodeSegmentHeader(hdr, h); err != nil {
+		return nil, err
 	}
 	f, err := devio.OpenFile(fs, path, true, direct)
 	if err != nil {
 		return nil, fmt.Errorf("wal: create segment: %w", err)
 	}
-	buf := devio.AlignedBuffer(format.SegmentHeaderSize)
-	if err := format.EncodeSegmentHeader(buf, h); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	err = backend.Submit([]devio.Op{{File: f, Buf: buf, Off: 0, Write: true}})
-	if err == nil {
-		err = f.SyncData()
-	}
-	if err == nil {
-		err = SyncDir(fs, dir)
-	}
-	if err != nil {
-		_ = f.Close()
-		_ = fs.Remove(path) // best effort: a file left behind is an orphan the next Open removes
-		return nil, fmt.Errorf("wal: create segment %s: %w", path, err)
-	}
 	seg := newSegment(n, h.Generation, path, f)
 	seg.end = format.SegmentHeaderSize
+	seg.header = hdr
 	return seg, nil
+}
+
+// headerOp returns the write of seg's header if no record has written it yet, and marks it
+// written; nil otherwise. Owned by whoever appends to seg.
+func headerOp(seg *Segment) []devio.Op {
+	if seg.header == nil {
+		return nil
+	}
+	op := devio.Op{File: seg.file, Buf: seg.header, Off: 0, Write: true}
+	seg.header = nil
+	return []devio.Op{op}
 }
 
 func randomGeneration() uint64 {

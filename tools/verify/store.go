@@ -322,6 +322,13 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 			continue
 		}
 		res, err := wal.ScanSegment(h.FS, path, devio.DirectOff, backend)
+		if errors.Is(err, wal.ErrNoHeader) {
+			p.Empty = true // created, its header never written
+			if st, err := h.FS.Stat(path); err == nil {
+				p.FileSize = st.Size()
+			}
+			continue
+		}
 		if err != nil {
 			var ce *wal.CorruptionError
 			if !errors.As(err, &ce) {

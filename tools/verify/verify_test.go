@@ -197,6 +197,10 @@ func TestCrashClone(t *testing.T) {
 		emptyActives int
 	)
 	for _, p := range r.Pending {
+		if p.Missing && p.Records == 0 {
+			// The prepared segment, its directory entry not synced yet: recovery forgets it.
+			continue
+		}
 		if p.Empty != (p.Records == 0) || p.CutBytes != 0 || p.EntriesToDrop != 0 || p.Unreadable != "" || p.Missing {
 			t.Errorf("pending %+v: want a clean end", p)
 		}

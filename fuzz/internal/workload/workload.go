@@ -317,8 +317,8 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 	if err != nil {
 		return err
 	}
-	// An active segment counts up to its last record: its file is preallocated beyond that
-	// (the dump writer prepares its next segment at Open).
+	// An active segment counts for its recorded size: its file may be preallocated beyond its
+	// last record, or not hold its header yet (the dump writer's prepared next segment).
 	active := map[uint64]int64{}
 	for _, r := range e.Index().Segments() {
 		if r.State == index.SegmentActive {
@@ -333,7 +333,7 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 		}
 		size := st.Size()
 		if n, ok := wal.ParseSegmentFileName(de.Name()); ok {
-			if recorded, ok := active[n]; ok && recorded <= size {
+			if recorded, ok := active[n]; ok {
 				size = recorded
 			}
 		}
