@@ -122,7 +122,12 @@ func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
 		flights []*inflightDump
 		waits   []waiter
 	)
+	// Checksums, copies and compression: CPU work, through the gate (see cpuGate).
+	e.cpu.enter()
 	for i, id := range t.ids {
+		if i > 0 {
+			e.cpu.yield()
+		}
 		switch {
 		case t.cancelled():
 			t.errs[i] = blockErr(ErrTimeout, id, "dump cancelled")
@@ -160,7 +165,9 @@ func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
 			flights = append(flights, flight)
 		}
 	}
-	for k, err := range e.appendRecords(recs, flights) {
+	e.compressRecords(recs)
+	e.cpu.leave()
+	for k, err := range e.writeRecords(recs, flights) {
 		if err != nil {
 			t.errs[owners[k]] = err
 		}
@@ -505,11 +512,21 @@ func (e *Engine) Commit(ids []BlockID, ok bool) error {
 // their in-flight entries with the outcome, returns their buffers to the pool and returns one
 // error per record (all nil on success).
 func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []error {
-	if len(recs) == 0 {
-		return nil
-	}
+	e.compressRecords(recs)
+	return e.writeRecords(recs, flights)
+}
+
+// compressRecords compresses records for the first tier (per its codec).
+func (e *Engine) compressRecords(recs []*wal.Record) {
 	for _, rec := range recs {
 		e.compressRecord(rec, e.tiers[0].codec)
+	}
+}
+
+// writeRecords is appendRecords once the records are compressed.
+func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []error {
+	if len(recs) == 0 {
+		return nil
 	}
 	err := wrapIO(e.w.Append(recs))
 	errs := make([]error, len(recs))

@@ -53,6 +53,7 @@ type Engine struct {
 	w      *wal.Writer
 	io     devio.Backend
 	pool   *devio.BufferPool
+	cpu    cpuGate
 	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
 
 	instance    format.InstanceID
@@ -140,7 +141,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), metrics: newMetrics(),
+	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, stop: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
