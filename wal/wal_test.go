@@ -74,6 +74,13 @@ func testRecord(i int) *Record {
 
 func newTestWriter(t *testing.T, fs vfs.FS, segSize int64) (*Writer, *recHooks, devio.Backend) {
 	t.Helper()
+	return newTestWriterWith(t, fs, segSize, nil)
+}
+
+// newTestWriterWith is newTestWriter with options changed by tweak (if not nil) before the
+// Writer starts; the returned recHooks are the ones in the options unless tweak replaced them.
+func newTestWriterWith(t *testing.T, fs vfs.FS, segSize int64, tweak func(*Options)) (*Writer, *recHooks, devio.Backend) {
+	t.Helper()
 	if err := fs.MkdirAll("/segs", 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +90,11 @@ func newTestWriter(t *testing.T, fs vfs.FS, segSize int64) (*Writer, *recHooks, 
 	}
 	t.Cleanup(func() { b.Close() })
 	h := &recHooks{sealed: map[uint64]int64{}}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: segSize, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
+	opts := Options{FS: fs, Dir: "/segs", SegmentSize: segSize, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	w, err := NewWriter(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -701,20 +712,8 @@ func (h *slowSealHooks) SegmentSealed(n uint64, size int64) error {
 // A seal in progress does not hold up appends to the next segment: the footer's write and
 // sync run beside publication. Sync and Close wait for it.
 func TestSealRunsBesidePublication(t *testing.T) {
-	fs := vfs.NewMem()
-	if err := fs.MkdirAll("/segs", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	h := &slowSealHooks{recHooks: &recHooks{sealed: map[uint64]int64{}}, release: make(chan struct{}), started: make(chan uint64, 16)}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h, Direct: devio.DirectOff})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _, _ := newTestWriterWith(t, vfs.NewMem(), 64<<10, func(o *Options) { o.Hooks = h })
 	// 16 KiB records, 3 to a segment: the 4th starts segment 2 and seals segment 1.
 	for i := 0; i < 6; i++ {
 		if err := w.Append([]*Record{testRecord(i)}); err != nil {
@@ -753,21 +752,7 @@ func TestSealRunsBesidePublication(t *testing.T) {
 // the one left unused at Close is handed back with SegmentDropped. Every record still lands in
 // a sealed segment in order.
 func TestPrepareNextSegment(t *testing.T) {
-	fs := vfs.NewMem()
-	if err := fs.MkdirAll("/segs", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	h := &recHooks{sealed: map[uint64]int64{}}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h,
-		Direct: devio.DirectOff, PrepareNext: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, h, _ := newTestWriterWith(t, vfs.NewMem(), 64<<10, func(o *Options) { o.PrepareNext = true })
 	for i := 0; i < 7; i++ {
 		if err := w.Append([]*Record{testRecord(i)}); err != nil {
 			t.Fatal(err)
@@ -794,16 +779,6 @@ func TestPrepareNextSegment(t *testing.T) {
 // A failed preparation (here: Admit refuses segment 2 once) does not fail appends: the
 // committer creates the segment itself when it needs it.
 func TestPrepareNextFailureFallsBack(t *testing.T) {
-	fs := vfs.NewMem()
-	if err := fs.MkdirAll("/segs", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	h := &recHooks{sealed: map[uint64]int64{}}
 	var refused atomic.Int32
 	admit := func(n uint64) error {
 		if n == 2 && refused.Add(1) == 1 {
@@ -811,11 +786,7 @@ func TestPrepareNextFailureFallsBack(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWriter(Options{FS: fs, Dir: "/segs", SegmentSize: 64 << 10, Sync: SyncAlways, Backend: b, Hooks: h,
-		Direct: devio.DirectOff, PrepareNext: true, Admit: admit})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, h, _ := newTestWriterWith(t, vfs.NewMem(), 64<<10, func(o *Options) { o.PrepareNext, o.Admit = true, admit })
 	for i := 0; i < 4; i++ { // more than a segment holds
 		if err := w.Append([]*Record{testRecord(i)}); err != nil {
 			t.Fatalf("append %d after a failed preparation: %v", i, err)
