@@ -172,7 +172,15 @@ func mutate(data []byte, kind int, off uint32, length uint16, extra []byte) ([]b
 	size := len(data)
 	out := slices.Clone(data)
 	first := size
-	at := func(o uint32) int { return int(o % uint32(size)) } // size > 0: the header is always there
+	if size == 0 {
+		// A segment created and never written (its header goes out with the first records):
+		// only appending can change it.
+		if kind == mutAppendGarbage || kind == mutTruncateAppend {
+			out = append(out, garbage(extra, length)...)
+		}
+		return out, 0
+	}
+	at := func(o uint32) int { return int(o % uint32(size)) }
 	switch kind {
 	case mutTruncate:
 		cut := int(off % uint32(size+1))
