@@ -21,10 +21,11 @@ import (
 //   - a segment still active (the crash interrupted it) is scanned record by record, truncated
 //     after its last valid record, sealed with a footer, and index entries past that point are
 //     dropped: it is never appended to again; one without a valid record is deleted;
-//   - a segment file the index does not register is adopted: a file too short to hold a header
-//     (created just before a crash) is removed; otherwise it is recovered like an active one
-//     and its records indexed where the index has nothing newer. This rebuilds a lost index
-//     from the segments, and never deletes data an index that lost its tail forgot.
+//   - a segment file the index does not register is adopted: a file without a header (created
+//     just before a crash, never written: wal.ErrNoHeader) is removed; otherwise it is
+//     recovered like an active one and its records indexed where the index has nothing newer.
+//     This rebuilds a lost index from the segments, and never deletes data an index that lost
+//     its tail forgot.
 func (e *Engine) recover(indexLost bool) (uint64, error) {
 	files, maxNum, err := e.listSegments(true)
 	if err != nil {
@@ -274,13 +275,10 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 // another schema means the whole store is foreign: ErrSchemaMismatch.
 func (e *Engine) adopt(n uint64, indexLost bool) error {
 	path := e.segPath(n)
-	if st, err := e.fs.Stat(path); err == nil && st.Size() < format.SegmentHeaderSize {
-		// Created just before a crash, its header never written: not data.
-		return e.removeOrphan(n, path)
-	}
 	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(n).direct, e.tierOf(n).io, true)
 	if errors.Is(err, wal.ErrNoHeader) {
-		// Created just before a crash, its header never written: not data.
+		// Created just before a crash, its header never written (zeros, or a file shorter than
+		// a header): not data.
 		return e.removeOrphan(n, path)
 	}
 	if err == nil && res.Header.Number != n {

@@ -751,8 +751,8 @@ func (w *Writer) dropPrepared() error {
 	return nil
 }
 
-// createSegment allocates a number, has it admitted and creates the segment, durable and
-// registered. It runs on the committer, or in the background for prepareNext; never both at
+// createSegment allocates a number, has it admitted and creates the segment: laid out, its
+// directory entry durable and registered (its header goes out with its first records). It runs on the committer, or in the background for prepareNext; never both at
 // once (the committer waits for a preparation before creating a segment itself).
 func (w *Writer) createSegment() (*Segment, error) {
 	// A number is used once, whether or not its creation succeeds: a failed attempt may leave

@@ -317,14 +317,15 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 		out = append(out, p)
 		byNum[m.Number] = p
 		path := h.SegmentPath(m.Number)
-		if _, err := h.FS.Stat(path); errors.Is(err, os.ErrNotExist) {
+		st, statErr := h.FS.Stat(path)
+		if errors.Is(statErr, os.ErrNotExist) {
 			p.Missing = true
 			continue
 		}
 		res, err := wal.ScanSegment(h.FS, path, devio.DirectOff, backend)
 		if errors.Is(err, wal.ErrNoHeader) {
 			p.Empty = true // created, its header never written
-			if st, err := h.FS.Stat(path); err == nil {
+			if statErr == nil {
 				p.FileSize = st.Size()
 			}
 			continue
