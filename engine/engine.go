@@ -66,6 +66,9 @@ type Engine struct {
 	segs  map[uint64]*wal.Segment // open segment files
 	homes map[uint64]segHome      // where every known segment lives
 
+	recycled      recyclePool // retired segment files kept for reuse (recycle.go)
+	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
+
 	tiers       []*diskTier     // disk tiers, fastest first
 	storedDirs  []string        // segment directories of the tiers the store last recorded
 	mem         *tiers.MemCache // the memory tier, or nil
@@ -142,7 +145,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
-		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, stop: make(chan struct{}),
+		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
@@ -236,6 +239,7 @@ func (e *Engine) open() error {
 	if err := e.initAccounting(); err != nil {
 		return err
 	}
+	e.poolFound()
 	e.recovery.Duration = time.Since(start)
 	e.setCodecs()
 	if err := e.startWriters(); err != nil {
@@ -476,6 +480,9 @@ func (e *Engine) addSegment(s *wal.Segment) {
 	e.segMu.Lock()
 	e.segs[s.Number] = s
 	e.segMu.Unlock()
+	if s.Reused() {
+		e.stats.segmentsRecycled.Add(1)
+	}
 }
 
 // acquireSegment returns segment n pinned for reading, opening a sealed one on first use. A

@@ -130,6 +130,13 @@ type Options struct {
 	// relocated, evicted or dropped) is reclaimed also in unlimited tiers (default 30 s;
 	// negative: only under capacity pressure and by Compact).
 	CompactInterval time.Duration
+	// RecycleSegments is how many retired segment files each segment directory keeps for reuse
+	// by new segments instead of deleting them (default 4; negative: none). Reusing a file
+	// skips the file system's block allocation and, on ext4 and XFS, the journal commit an
+	// fdatasync pays for writes into new blocks (docs/tiers.md). Kept files count in their
+	// tier's used bytes until reused or deleted, which happens as soon as a segment needs their
+	// room. Only file systems with kernel file descriptors recycle.
+	RecycleSegments int
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
@@ -172,6 +179,9 @@ func (o Options) withDefaults() Options {
 	if o.CompactLiveRatio == 0 {
 		o.CompactLiveRatio = DefaultCompactLiveRatio
 	}
+	if o.RecycleSegments == 0 {
+		o.RecycleSegments = DefaultRecycleSegments
+	}
 	return o
 }
 
@@ -198,6 +208,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: direct io %d: %w", int(o.DirectIO), ErrInvalidArgument)
 	case o.QueueDepth < 1 || o.QueueDepth > 4096:
 		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
+	case o.RecycleSegments > 1024:
+		return fmt.Errorf("options: recycle segments %d above 1024: %w", o.RecycleSegments, ErrInvalidArgument)
 	case o.Compression < CompressionOff || o.Compression > CompressionLZ4:
 		return fmt.Errorf("options: compression %d: %w", int(o.Compression), ErrInvalidArgument)
 	case !(o.CompressMinSaving > 0 && o.CompressMinSaving <= 1):

@@ -453,11 +453,12 @@ func (e *Engine) retire(n uint64) error {
 	if err := e.ix.Apply(b, true); err != nil {
 		return fmt.Errorf("retire segment %d: %w", n, err)
 	}
-	remove := func() { e.finishRetire(n, row.Size) }
 	e.segMu.Lock()
 	s := e.segs[n]
 	delete(e.segs, n)
 	e.segMu.Unlock()
+	recyclable := s != nil && s.Recyclable()
+	remove := func() { e.finishRetire(n, row.Size, recyclable) }
 	if s == nil {
 		remove()
 		return nil
@@ -466,17 +467,27 @@ func (e *Engine) retire(n uint64) error {
 	return nil
 }
 
-// finishRetire unlinks a retired segment, makes that durable and forgets it. Failures are
-// logged: the row stays deleting and the next Open finishes the job.
-func (e *Engine) finishRetire(n uint64, size int64) {
+// finishRetire unlinks a retired segment (or renames its file for reuse, when recyclable and
+// its directory's pool has room), makes that durable and forgets it. Failures are logged: the
+// row stays deleting and the next Open finishes the job.
+func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	h, ok := e.home(n)
 	if !ok {
 		return
 	}
 	path := wal.SegmentPath(h.dir, n)
-	if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
-		e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "path", path, "err", err)
-		return
+	keep := recyclable && e.poolHasRoom(h.tier, h.dir, size)
+	if keep {
+		if err := e.fs.Rename(path, wal.RecyclePath(h.dir, n)); err != nil {
+			e.opts.Logger.Warn("ucm: could not keep a retired segment's file for reuse; deleting it", "path", path, "err", err)
+			keep = false
+		}
+	}
+	if !keep {
+		if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
+			e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "path", path, "err", err)
+			return
+		}
 	}
 	if err := wal.SyncDir(e.fs, h.dir); err != nil {
 		e.opts.Logger.Error("ucm: could not sync directory after deleting a segment", "path", path, "err", err)
@@ -490,7 +501,11 @@ func (e *Engine) finishRetire(n uint64, size int64) {
 	e.segMu.Lock()
 	delete(e.homes, n)
 	e.segMu.Unlock()
-	h.tier.space.Add(-size)
+	if keep {
+		e.addPooled(h.tier, h.dir, pooledFile{path: wal.RecyclePath(h.dir, n), size: size})
+	} else {
+		h.tier.space.Add(-size)
+	}
 	e.stats.segmentsRetired.Add(1)
 }
 

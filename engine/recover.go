@@ -101,6 +101,12 @@ func (e *Engine) listSegments(cleanup bool) (map[uint64]bool, uint64, error) {
 						continue
 					}
 				}
+				if _, ok := wal.ParseRecycleFileName(name); ok {
+					if cleanup { // pooled once the tiers are accounted (poolFound)
+						e.foundRecycled = append(e.foundRecycled, foundFile{tier: t, dir: dir, path: path})
+					}
+					continue
+				}
 				n, ok := wal.ParseSegmentFileName(name)
 				if !ok {
 					e.opts.Logger.Warn("ucm: foreign file in the segment directory left alone", "path", path)
@@ -188,10 +194,10 @@ func (e *Engine) forgetMissing(row index.SegmentMeta) error {
 func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	path := e.segPath(row.Number)
 	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
-	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
-	if errors.Is(err, wal.ErrNoHeader) {
-		// Created, its header (written with the first records) never written: nothing in it
-		// was acknowledged.
+	res, err := wal.RecoverSegment(e.fs, path, row.Number, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
+	if errors.Is(err, wal.ErrNoHeader) || e.recycledUnwritten(res, err) {
+		// Created (or reusing a recycled file), its header (written with the first records)
+		// never written: nothing in it was acknowledged.
 		return e.deleteEmpty(row)
 	}
 	if err != nil {
@@ -235,6 +241,18 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 	return nil
 }
 
+// recycledUnwritten reports whether a recovery's error is wal.ErrStaleHeader for a recycled
+// file whose new header never reached the disk: its header names a segment that is retired
+// (no row, or marked deleting). A file naming a live segment is not one (a copy of a segment
+// file under another name, say): it is corruption, quarantined and kept for inspection.
+func (e *Engine) recycledUnwritten(res *wal.ScanResult, err error) bool {
+	if !errors.Is(err, wal.ErrStaleHeader) || res == nil {
+		return false
+	}
+	row, ok := e.ix.Segment(res.Header.Number)
+	return !ok || row.State == index.SegmentDeleting
+}
+
 // deleteEmpty deletes an active segment in which no record survived.
 func (e *Engine) deleteEmpty(row index.SegmentMeta) error {
 	dropped, err := e.deleteSegment(row, true)
@@ -275,14 +293,11 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 // another schema means the whole store is foreign: ErrSchemaMismatch.
 func (e *Engine) adopt(n uint64, indexLost bool) error {
 	path := e.segPath(n)
-	res, err := wal.RecoverSegment(e.fs, path, e.tierOf(n).direct, e.tierOf(n).io, true)
-	if errors.Is(err, wal.ErrNoHeader) {
-		// Created just before a crash, its header never written (zeros, or a file shorter than
-		// a header): not data.
+	res, err := wal.RecoverSegment(e.fs, path, n, e.tierOf(n).direct, e.tierOf(n).io, true)
+	if errors.Is(err, wal.ErrNoHeader) || e.recycledUnwritten(res, err) {
+		// Created just before a crash, its header never written (zeros, a file shorter than a
+		// header, or a recycled file still naming the retired segment): not data.
 		return e.removeOrphan(n, path)
-	}
-	if err == nil && res.Header.Number != n {
-		err = &wal.CorruptionError{Path: path, Err: fmt.Errorf("%w: header names segment %d", format.ErrCorrupt, res.Header.Number)}
 	}
 	if err == nil && res.Header.Schema != e.fingerprint {
 		if indexLost {

@@ -44,20 +44,23 @@ type Stats struct {
 	// Tiers.
 	MemoryHits      int64 // loads served from the memory tier, without touching disk
 	EvictedBlocks   int64 // blocks evicted from a disk tier (demoted or dropped)
-	SegmentsRetired int64 // segment files deleted by reclamation
-	Promotions      int64 // blocks moved up to the first disk tier after a lower-tier hit or Prefetch
-	RelocationsLost int64 // relocated copies not published because the block changed meanwhile
+	SegmentsRetired int64 // segments retired by reclamation (their files deleted or kept for reuse)
+	// SegmentsRecycled counts segments created in a retired segment's file instead of a new
+	// one (Options.RecycleSegments).
+	SegmentsRecycled int64
+	Promotions       int64 // blocks moved up to the first disk tier after a lower-tier hit or Prefetch
+	RelocationsLost  int64 // relocated copies not published because the block changed meanwhile
 }
 
 // counters are the engine's live counters.
 type counters struct {
-	dumpTasks, dumpedBlocks, dumpedBytes, dedupedDumps, failedBlocks atomic.Int64
-	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses   atomic.Int64
-	corruptReads, missingSegmentReads, readErrors, stagingExpired    atomic.Int64
-	lookups, lookupHits                                              atomic.Int64
-	memoryHits, evictedBlocks, segmentsRetired, promotions           atomic.Int64
-	relocationsLost                                                  atomic.Int64
-	compressedBlocks, compressSkipped, storedPayloadBytes            atomic.Int64
+	dumpTasks, dumpedBlocks, dumpedBytes, dedupedDumps, failedBlocks         atomic.Int64
+	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses           atomic.Int64
+	corruptReads, missingSegmentReads, readErrors, stagingExpired            atomic.Int64
+	lookups, lookupHits                                                      atomic.Int64
+	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
+	relocationsLost                                                          atomic.Int64
+	compressedBlocks, compressSkipped, storedPayloadBytes                    atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -69,7 +72,7 @@ func (c *counters) snapshot() Stats {
 		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
 		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(),
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
-		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(),
+		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(), SegmentsRecycled: c.segmentsRecycled.Load(),
 		Promotions: c.promotions.Load(), RelocationsLost: c.relocationsLost.Load(),
 		CompressedBlocks: c.compressedBlocks.Load(), CompressSkipped: c.compressSkipped.Load(),
 		StoredPayloadBytes: c.storedPayloadBytes.Load(),

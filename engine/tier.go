@@ -366,15 +366,31 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 }
 
 // admitter returns the Admit of one of t's writers: a new segment reserves its largest size
-// under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room.
-func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64) error {
-	return func(n uint64) error {
-		err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer)
-		if err != nil {
-			e.kickReclaimer()
-			return fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
+// under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room. A recycled
+// file in the segment's directory is handed to the writer to reuse, its bytes counted towards
+// the reservation.
+func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (string, error) {
+	return func(n uint64, dir string) (string, error) {
+		reuse, ok := e.takePooled(t, dir)
+		// A segment that has to wait for room takes a file recycled meanwhile in its
+		// directory, or has recycled files elsewhere deleted.
+		relieve := func(need int64) (int64, bool) {
+			if !ok {
+				if reuse, ok = e.takePooled(t, dir); ok {
+					return reuse.size, true
+				}
+			}
+			return 0, e.releasePooled(t, need) > 0
 		}
-		return nil
+		err := t.space.Reserve(max(0, e.reservation()-reuse.size), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, relieve)
+		if err != nil {
+			if ok {
+				e.addPooled(t, dir, reuse)
+			}
+			e.kickReclaimer()
+			return "", fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
+		}
+		return reuse.path, nil
 	}
 }
 

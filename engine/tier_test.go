@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/ucm-go/ucm/index"
@@ -33,21 +35,32 @@ func diskTierCfg(name string, capacity int64, paths ...string) tiers.Config {
 	return tiers.Config{Name: name, Kind: tiers.KindDisk, Paths: paths, Capacity: capacity}
 }
 
-// segmentFileBytes sums the sizes of the segment files under dirs, as the file system sees them.
+// segmentFileBytes sums the sizes of the segment files (and of recycled files kept for reuse)
+// under dirs, as the file system sees them. A file renamed while a directory is listed can be
+// listed under both names: files are counted once by inode where the file system has them.
 func segmentFileBytes(t testing.TB, fs vfs.FS, dirs ...string) (total int64, files int) {
 	t.Helper()
+	seen := map[uint64]bool{}
 	for _, d := range dirs {
 		names, err := fs.List(d + "/" + SegmentDir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range names {
-			if _, ok := wal.ParseSegmentFileName(n); !ok {
+			_, seg := wal.ParseSegmentFileName(n)
+			_, recycled := wal.ParseRecycleFileName(n)
+			if !seg && !recycled {
 				continue
 			}
 			st, err := fs.Stat(d + "/" + SegmentDir + "/" + n)
 			if err != nil {
 				continue // retired between List and Stat
+			}
+			if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+				if seen[sys.Ino] {
+					continue
+				}
+				seen[sys.Ino] = true
 			}
 			total += st.Size()
 			files++
@@ -77,10 +90,22 @@ func checkBlock(t testing.TB, e *Engine, id BlockID) {
 // A tier never holds more than its capacity plus one segment, whatever the dump pattern: here
 // sustained concurrent dumps of random blocks, 5× the capacity, checked both by the account and
 // by the file system while the dumps run. Every block still indexed at the end loads intact.
+// On a real file system retired segment files are recycled (and counted: they are on disk).
 func TestTierCapacityNeverExceeded(t *testing.T) {
-	_, fs := memFS()
+	t.Run("memfs", func(t *testing.T) {
+		_, fs := memFS()
+		testTierCapacityNeverExceeded(t, fs, "")
+	})
+	t.Run("os", func(t *testing.T) { testTierCapacityNeverExceeded(t, vfs.Default, t.TempDir()) })
+}
+
+func testTierCapacityNeverExceeded(t *testing.T, fs vfs.FS, root string) {
 	const capacity = 2 << 20
-	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", capacity, "/ssd1", "/ssd2")))
+	ssd1, ssd2 := root+"/ssd1", root+"/ssd2"
+	cfg := diskTierCfg("ssd", capacity, ssd1, ssd2)
+	// Headroom above the high watermark for two recycled 256 KiB segment files.
+	cfg.HighWatermark, cfg.LowWatermark = 0.75, 0.6
+	e := mustOpen(t, root+"/store", tierOptions(fs, cfg))
 	defer e.Close()
 	bound := int64(capacity) + e.reservation()
 
@@ -100,7 +125,7 @@ func TestTierCapacityNeverExceeded(t *testing.T) {
 				peak.Store(u)
 			}
 			var n int64
-			for _, d := range []string{"/ssd1", "/ssd2"} {
+			for _, d := range []string{ssd1, ssd2} {
 				b, files := segmentFileBytes(t, fs, d)
 				n += b
 				placed[d] = placed[d] || files > 0
@@ -136,11 +161,14 @@ func TestTierCapacityNeverExceeded(t *testing.T) {
 	if st.Blocks == 0 || e.Stats().EvictedBlocks == 0 || e.Stats().SegmentsRetired == 0 {
 		t.Fatalf("no eviction happened: %+v, %+v", st, e.Stats())
 	}
+	if recycled := e.Stats().SegmentsRecycled; (root != "") != (recycled > 0) {
+		t.Fatalf("%d segments created in recycled files (real file system: %v)", recycled, root != "")
+	}
 	// Both paths were used, and every block still indexed loads intact.
 	if err := e.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"/ssd1", "/ssd2"} {
+	for _, d := range []string{ssd1, ssd2} {
 		if !placed[d] {
 			t.Fatalf("no segment placed in %s", d)
 		}
@@ -746,5 +774,106 @@ func TestLoadFollowsBlockMovedByCompaction(t *testing.T) {
 	}
 	if _, _, err := e.acquireLatest(gone, staleGone); !errors.Is(err, wal.ErrSegmentGone) {
 		t.Fatalf("acquireLatest of a deleted block: %v, want ErrSegmentGone", err)
+	}
+}
+
+// recycledFiles lists the recycled segment files kept under dirs.
+func recycledFiles(t *testing.T, fs vfs.FS, dirs ...string) []string {
+	t.Helper()
+	var out []string
+	for _, d := range dirs {
+		names, err := fs.List(d + "/" + SegmentDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if _, ok := wal.ParseRecycleFileName(n); ok {
+				out = append(out, d+"/"+SegmentDir+"/"+n)
+			}
+		}
+	}
+	return out
+}
+
+// Retired segment files are kept for reuse up to Options.RecycleSegments per directory, found
+// again by Open and reused by the next segments; a recycled file renamed for a segment that
+// never wrote its header (a crash between the rename and the first write) is removed by
+// recovery, not adopted or quarantined; RecycleSegments -1 keeps none.
+func TestRecycledFilesAcrossReopen(t *testing.T) {
+	root := t.TempDir()
+	fs, ssd := vfs.Default, root+"/ssd"
+	cfg := diskTierCfg("ssd", 2<<20, ssd)
+	cfg.HighWatermark, cfg.LowWatermark = 0.75, 0.6 // headroom for two recycled files
+	opts := tierOptions(fs, cfg)
+	fill := func(e *Engine, from int) {
+		for i := from; i < from+150; i++ { // ≈ 2.5 × the capacity
+			dumpBlocks(t, e, []BlockID{blockID(i)})
+		}
+		if err := e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := mustOpen(t, root+"/store", opts)
+	fill(e, 0)
+	if e.Stats().SegmentsRecycled == 0 {
+		t.Fatalf("no segment reused a recycled file: %+v", e.Stats())
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kept := recycledFiles(t, fs, ssd)
+	var keptBytes int64
+	for _, p := range kept {
+		st, err := fs.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keptBytes += st.Size()
+	}
+	if headroom := int64(2<<20) / 4; len(kept) == 0 || keptBytes > headroom {
+		t.Fatalf("%d recycled files of %d bytes kept, want at least one, within the %d bytes above the high watermark", len(kept), keptBytes, headroom)
+	}
+
+	// A crash right after a reuse's rename: an unregistered segment file with a retired
+	// segment's header (a copy, so that the kept files are still there to be reused).
+	stale := wal.SegmentPath(ssd+"/"+SegmentDir, 9999)
+	b, err := os.ReadFile(kept[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stale, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, root+"/store", opts)
+	r := e.Recovery()
+	if r.OrphansRemoved != 1 || len(r.QuarantinedSegments) != 0 || r.SegmentsAdopted != 0 {
+		t.Fatalf("recovery %+v: want the stale-header file removed as an orphan", r)
+	}
+	if _, err := fs.Stat(stale); !oserror.IsNotExist(err) {
+		t.Fatalf("stale-header file still there: %v", err)
+	}
+	// The files found at Open are reused by the next segments.
+	dumpBlocks(t, e, []BlockID{blockID(1000)})
+	if e.Stats().SegmentsRecycled == 0 {
+		t.Fatalf("no segment reused a file found at Open: %+v", e.Stats())
+	}
+	fill(e, 2000)
+	checkAllIndexed(t, e)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	opts.RecycleSegments = -1
+	e = mustOpen(t, root+"/store", opts)
+	if n := len(recycledFiles(t, fs, ssd)); n != 0 {
+		t.Fatalf("RecycleSegments -1: %d recycled files left after Open", n)
+	}
+	fill(e, 4000)
+	if st := e.Stats(); st.SegmentsRecycled != 0 || st.SegmentsRetired == 0 || len(recycledFiles(t, fs, ssd)) != 0 {
+		t.Fatalf("RecycleSegments -1: %+v, %d recycled files", st, len(recycledFiles(t, fs, ssd)))
+	}
+	checkAllIndexed(t, e)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

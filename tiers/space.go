@@ -19,6 +19,13 @@ var ErrNoSpace = errors.New("tier full")
 //     order to free space, is admitted only if used ≤ capacity.
 //
 // So used never exceeds capacity + one reservation. A capacity of 0 means unlimited.
+//
+// Retired segment files kept for reuse (the recycle pool) stay in used, since they are on
+// disk, and are also counted as pooled: reclamation does not evict for them (OverHigh and
+// Excess leave them out), a new segment that reuses one converts its bytes into its
+// reservation, and a segment that does not fit while files are pooled has Reserve's relieve
+// reuse or delete one instead of waiting for reclamation.
+//
 // Space is safe for concurrent use.
 type Space struct {
 	capacity  int64
@@ -26,6 +33,7 @@ type Space struct {
 
 	mu      sync.Mutex
 	used    int64
+	pooled  int64 // of used: retired files kept for reuse
 	waiters int
 	want    int64         // the largest reservation a waiter asks for (while waiters > 0)
 	freed   chan struct{} // closed and replaced whenever used falls
@@ -63,12 +71,46 @@ func (s *Space) Add(n int64) {
 	s.mu.Unlock()
 }
 
-// OverHigh reports whether reclamation should start: used above the high watermark, or a
-// writer waiting for space.
+// Pool moves n bytes already in used to the recycle pool: a retired segment's file kept for
+// reuse instead of deleted. Waiters for space look again (the releaser can free them).
+func (s *Space) Pool(n int64) {
+	s.mu.Lock()
+	s.pooled += n
+	close(s.freed)
+	s.freed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// Unpool takes n bytes out of the recycle pool; they stay in used (a new segment reusing the
+// file, then Reserve of the rest of its reservation) unless the caller frees them with Add.
+func (s *Space) Unpool(n int64) {
+	s.mu.Lock()
+	s.pooled -= n
+	s.mu.Unlock()
+}
+
+// PoolRoom reports whether n more bytes may be pooled: within the headroom above the high
+// watermark, which blocks never fill (reclamation keeps them below it), so kept files take no
+// room from them. Unlimited tiers have room for any.
+func (s *Space) PoolRoom(n int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.capacity == 0 || s.pooled+n <= s.capacity-s.high
+}
+
+// Pooled returns the bytes of the recycle pool (part of Used).
+func (s *Space) Pooled() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pooled
+}
+
+// OverHigh reports whether reclamation should start: used, less the recycle pool, above the
+// high watermark, or a writer waiting for space.
 func (s *Space) OverHigh() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.capacity > 0 && (s.used > s.high || s.waiters > 0)
+	return s.capacity > 0 && (s.used-s.pooled > s.high || s.waiters > 0)
 }
 
 // Excess returns the bytes to free to get down to the low watermark, or further when a writer
@@ -83,14 +125,19 @@ func (s *Space) Excess() int64 {
 	if s.waiters > 0 {
 		target = min(target, s.capacity-s.want)
 	}
-	return s.used - target
+	return s.used - s.pooled - target
 }
 
 // Reserve admits a new segment of up to n bytes and accounts it. relocation selects the
 // reclamation rule (see Space). A dump segment that does not fit waits for space to be freed
 // (kick is called so that reclamation runs) until timeout or stop; it then fails with an error
 // wrapping ErrNoSpace that says how full the tier is.
-func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-chan struct{}, kick func()) error {
+//
+// relieve, if not nil, is called (without the lock) whenever the segment does not fit while
+// files are pooled, with the bytes missing: it either takes a pooled file for the new segment
+// (Unpool) and returns its size, which is in used already and comes off n, or deletes pooled
+// files (Unpool, Add) and returns 0; ok false says it could do neither. Reserve then tries again.
+func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-chan struct{}, kick func(), relieve func(need int64) (reused int64, ok bool)) error {
 	var deadline <-chan time.Time
 	for {
 		s.mu.Lock()
@@ -102,6 +149,18 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 			s.used += n
 			s.mu.Unlock()
 			return nil
+		}
+		if s.pooled > 0 && relieve != nil {
+			need := s.used + n - s.capacity
+			if relocation {
+				need = s.used - s.capacity
+			}
+			s.mu.Unlock()
+			if reused, ok := relieve(need); ok {
+				n = max(0, n-reused)
+				continue
+			}
+			s.mu.Lock()
 		}
 		if relocation || timeout <= 0 {
 			used := s.used

@@ -75,7 +75,7 @@ func buildFuzzSegment(t testing.TB, b devio.Backend, k fuzzSegmentKey) *fuzzSegm
 	w := &Writer{opts: Options{FS: fs, Dir: "/segs", SegmentSize: 1 << 30, Sync: SyncAlways, Backend: b, Hooks: hooks,
 		Direct: devio.DirectOff, Logger: slog.New(slog.DiscardHandler)}, next: 2}
 	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff,
-		&format.SegmentHeader{Number: 1, Generation: 0x0123456789abcdef, CreatedNano: 1_700_000_000_000_000_000})
+		&format.SegmentHeader{Number: 1, Generation: 0x0123456789abcdef, CreatedNano: 1_700_000_000_000_000_000}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func FuzzScanSegment(f *testing.F) {
 
 		// Recovery as for a segment whose seal never completed: cut after the valid prefix and
 		// seal. The result rescans sealed with the same records.
-		rec, err := RecoverSegment(fs, path, devio.DirectOff, b, false)
+		rec, err := RecoverSegment(fs, path, 1, devio.DirectOff, b, false)
 		if err != nil {
 			t.Fatalf("recover: %v", err)
 		}

@@ -265,8 +265,15 @@ func VerifyShards(h *format.RecordHeader, payload []byte, first, n int) error {
 // earlier unsynced records did not, so it is a torn tail like any other (trustFooter false). When
 // the seal state is unknown (rebuilding a lost index) the footer is trusted: the segment is left
 // untouched and the *CorruptionError returned with the scan, never cutting valid records.
-func RecoverSegment(fs vfs.FS, path string, direct devio.DirectMode, backend devio.Backend, trustFooter bool) (*ScanResult, error) {
+//
+// The file must be segment number's: one whose header names another segment (a recycled file
+// whose new header never reached the disk) is left untouched and reported as a
+// *CorruptionError wrapping ErrStaleHeader.
+func RecoverSegment(fs vfs.FS, path string, number uint64, direct devio.DirectMode, backend devio.Backend, trustFooter bool) (*ScanResult, error) {
 	res, err := ScanSegment(fs, path, direct, backend)
+	if err == nil && res.Header.Number != number {
+		return res, &CorruptionError{Path: path, Err: fmt.Errorf("%w: %w: header names segment %d, not %d", format.ErrCorrupt, ErrStaleHeader, res.Header.Number, number)}
+	}
 	if err != nil || res.Sealed {
 		return res, err
 	}

@@ -35,6 +35,34 @@ func ParseSegmentFileName(name string) (uint64, bool) {
 	return n, true
 }
 
+// RecycleExt is appended to a retired segment's file name when the file is kept for reuse
+// instead of deleted ("0000000000000007.seg.recycle"). A recycled file is not a segment: its
+// old records belong to a retired segment no index entry points into. A new segment reuses it
+// by renaming it to its own name and overwriting it (CreateSegment): O_DIRECT writes over blocks
+// already written need no extent conversion, so their fdatasync commits no journal
+// (docs/performance.md measures 2 MiB dumps at 6.0–6.7 GB/s into recycled files against
+// 3.2–3.7 GB/s into fresh ones).
+const RecycleExt = ".recycle"
+
+// RecyclePath is the name segment n's file gets in dir while it waits for reuse.
+func RecyclePath(dir string, n uint64) string { return SegmentPath(dir, n) + RecycleExt }
+
+// ParseRecycleFileName returns the number of the retired segment a recycled file held,
+// ok=false for any other name.
+func ParseRecycleFileName(name string) (uint64, bool) {
+	base, found := strings.CutSuffix(name, RecycleExt)
+	if !found {
+		return 0, false
+	}
+	return ParseSegmentFileName(base)
+}
+
+// ErrStaleHeader reports a segment file whose header names another segment: a recycled file
+// renamed for a new segment whose own header (written with its first records) never reached
+// the disk. Nothing in it belongs to the segment, and nothing was acknowledged from it: the
+// header is durable before any of the new segment's records is. Recovery deletes it.
+var ErrStaleHeader = errors.New("segment file still holds a retired segment's header")
+
 // ErrSegmentGone is returned when a segment a reader asks for has been deleted (compacted,
 // evicted, or removed by its owner). Readers treat it as a miss.
 var ErrSegmentGone = errors.New("segment gone")
@@ -67,6 +95,9 @@ type Segment struct {
 	// allocated: the file was extended to the segment size with fallocate when it was
 	// created; seal trims the unused tail.
 	allocated bool
+	// reused: the segment was created in a recycled file (CreateSegment with reuse), which
+	// may extend past its records with a retired segment's bytes until the seal trims it.
+	reused bool
 	// header is the encoded segment header until it is written: with the first records (one
 	// vectored write with them), or by the seal of a segment that never got one.
 	header []byte
@@ -124,6 +155,14 @@ func (s *Segment) Release() {
 		})
 	}
 }
+
+// Recyclable reports whether the segment's file can be kept for reuse once the segment is
+// retired: it has a kernel descriptor, so the segment that reuses it can lay it out and trim
+// it at its seal (devio.File.Allocate, Truncate).
+func (s *Segment) Recyclable() bool { return s.file.VFS().Fd() != vfs.InvalidFd }
+
+// Reused reports whether the segment was created in a recycled file.
+func (s *Segment) Reused() bool { return s.reused }
 
 // Retire hands the owner's reference over to deletion: remove runs once, after the last reader
 // releases the segment (at once if there is none), and later Acquire calls fail with

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
@@ -160,13 +162,138 @@ func writeActive(t *testing.T, fs vfs.FS, n int) (string, int64) {
 			t.Fatal(err)
 		}
 	}
-	// Do not Close (that would seal): stop the committer only.
+	stopUnsealed(w)
+	return SegmentPath("/segs", h.created[0]), format.SegmentHeaderSize + int64(n)*testLayout.RecordBytes()
+}
+
+// stopUnsealed stops w's committer without sealing its active segment (Close would seal it).
+func stopUnsealed(w *Writer) {
 	w.mu.Lock()
 	w.closed = true
 	close(w.stop)
 	w.mu.Unlock()
 	w.wg.Wait()
-	return SegmentPath("/segs", h.created[0]), format.SegmentHeaderSize + int64(n)*testLayout.RecordBytes()
+}
+
+// A retired segment's file reused for a new segment (on a real file system: reuse needs a
+// kernel descriptor to lay the file out and trim it). The retired segment's records past the
+// new ones are never taken for the new segment's: an unsealed scan stops at them and recovery
+// cuts them, a seal trims them. Until the new header is written the file names the retired
+// segment, and recovery reports ErrStaleHeader without touching it.
+func TestRecycledSegmentFile(t *testing.T) {
+	fs, dir := vfs.Default, t.TempDir()
+	b, err := devio.NewBackend(devio.EnginePsync, 16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// open starts a writer whose segments are numbered from first; reuseFrom (if not 0) is
+	// the retired segment whose recycled file its first segment reuses.
+	open := func(first, reuseFrom uint64) (*Writer, *recHooks) {
+		h := &recHooks{sealed: map[uint64]int64{}}
+		next := first - 1
+		w, err := NewWriter(Options{FS: fs, Dir: dir, SegmentSize: 1 << 20, Sync: SyncAlways, Backend: b, Hooks: h,
+			Direct: devio.DirectOff, Allocate: func() uint64 { next++; return next },
+			Admit: func(n uint64, d string) (string, error) {
+				if n != first || reuseFrom == 0 {
+					return "", nil
+				}
+				return RecyclePath(d, reuseFrom), nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, h
+	}
+	appendRecs := func(w *Writer, from, n int) {
+		for i := from; i < from+n; i++ {
+			if err := w.Append([]*Record{testRecord(i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	recycle := func(n uint64) {
+		if err := fs.Rename(SegmentPath(dir, n), RecyclePath(dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(res *ScanResult) (out []int) {
+		for _, r := range res.Records {
+			var i int
+			_, _ = fmt.Sscanf(string(r.Header.ID[:]), "rec-%012d", &i)
+			out = append(out, i)
+		}
+		return out
+	}
+
+	// Segment 1: six records, sealed, retired and kept for reuse.
+	w, _ := open(1, 0)
+	appendRecs(w, 0, 6)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recycle(1)
+
+	// Segment 2 reuses it for two records, then the process dies before the seal.
+	w, h := open(2, 1)
+	appendRecs(w, 10, 2)
+	stopUnsealed(w)
+	if len(h.created) != 1 || h.created[0] != 2 {
+		t.Fatalf("created %v, want segment 2", h.created)
+	}
+	if _, err := fs.Stat(RecyclePath(dir, 1)); !oserror.IsNotExist(err) {
+		t.Fatalf("recycled file still there after reuse: %v", err)
+	}
+	path := SegmentPath(dir, 2)
+	res, err := ScanSegment(fs, path, devio.DirectOff, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(res); res.Header.Number != 2 || !slices.Equal(got, []int{10, 11}) || res.Sealed || res.HasFooter || res.Stop == nil {
+		t.Fatalf("scan of the reused file: segment %d, records %v, sealed %v, footer %v, stop %v: want segment 2's records 10 and 11, stopped at the retired segment's bytes",
+			res.Header.Number, got, res.Sealed, res.HasFooter, res.Stop)
+	}
+	rec, err := RecoverSegment(fs, path, 2, devio.DirectOff, b, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = ScanSegment(fs, path, devio.DirectOff, b)
+	if err != nil || !res.Sealed || !slices.Equal(ids(res), []int{10, 11}) || res.FileSize != rec.FileSize {
+		t.Fatalf("after recovery: %v, sealed %v, records %v, size %d (recovery said %d)", err, res.Sealed, ids(res), res.FileSize, rec.FileSize)
+	}
+
+	// Segment 3 reuses segment 2's file for one record and is sealed by Close: the seal trims
+	// what is left of segment 2.
+	recycle(2)
+	w, h = open(3, 2)
+	appendRecs(w, 20, 1)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err = ScanSegment(fs, SegmentPath(dir, 3), devio.DirectOff, b)
+	if err != nil || !res.Sealed || res.Stop != nil || !slices.Equal(ids(res), []int{20}) || res.FileSize != h.sealed[3] {
+		t.Fatalf("sealed reused segment: %v, sealed %v, stop %v, records %v, size %d (sealed at %d)", err, res.Sealed, res.Stop, ids(res), res.FileSize, h.sealed[3])
+	}
+
+	// A reuse interrupted before the first write: segment 4's file still holds segment 3's
+	// header. Recovery says so and leaves the file alone.
+	recycle(3)
+	if err := fs.Rename(RecyclePath(dir, 3), SegmentPath(dir, 4)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := fs.Stat(SegmentPath(dir, 4))
+	if _, err := RecoverSegment(fs, SegmentPath(dir, 4), 4, devio.DirectOff, b, false); !errors.Is(err, ErrStaleHeader) || !errors.Is(err, format.ErrCorrupt) {
+		t.Fatalf("recovering a file with a retired segment's header: %v, want ErrStaleHeader", err)
+	}
+	if after, _ := fs.Stat(SegmentPath(dir, 4)); after.Size() != before.Size() {
+		t.Fatalf("stale-header file changed size from %d to %d", before.Size(), after.Size())
+	}
+	if n, ok := ParseRecycleFileName(filepath.Base(RecyclePath(dir, 7))); !ok || n != 7 {
+		t.Fatalf("ParseRecycleFileName(%s) = %d, %v", RecyclePath(dir, 7), n, ok)
+	}
+	if _, ok := ParseRecycleFileName(SegmentFileName(7)); ok {
+		t.Fatal("a segment file name parsed as a recycled file's")
+	}
 }
 
 func copyFile(t *testing.T, fs vfs.FS, from, to string, n int64, mutate func([]byte)) {
@@ -275,7 +402,7 @@ func TestRecoverSegmentAndSealedStrictness(t *testing.T) {
 	if err := fs.Rename("/segs/torn.seg", path); err != nil {
 		t.Fatal(err)
 	}
-	res, err := RecoverSegment(fs, path, devio.DirectOff, b, true)
+	res, err := RecoverSegment(fs, path, 1, devio.DirectOff, b, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +414,7 @@ func TestRecoverSegmentAndSealedStrictness(t *testing.T) {
 		t.Fatalf("rescan after recovery: %+v %v", again, err)
 	}
 	// Recovering a sealed segment changes nothing.
-	if res2, err := RecoverSegment(fs, path, devio.DirectOff, b, true); err != nil || res2.Truncated != 0 || res2.FileSize != res.FileSize {
+	if res2, err := RecoverSegment(fs, path, 1, devio.DirectOff, b, true); err != nil || res2.Truncated != 0 || res2.FileSize != res.FileSize {
 		t.Fatalf("second recovery: %+v %v", res2, err)
 	}
 	// A flipped payload bit in the sealed segment: reported, with offset and block id.
@@ -341,7 +468,7 @@ func TestRecoverRefusesToCutSealedSegment(t *testing.T) {
 	if err := fs.Rename("/segs/x", path); err != nil {
 		t.Fatal(err)
 	}
-	res, err := RecoverSegment(fs, path, devio.DirectOff, b, true)
+	res, err := RecoverSegment(fs, path, 1, devio.DirectOff, b, true)
 	var ce *CorruptionError
 	if !errors.As(err, &ce) || !res.HasFooter || res.Sealed {
 		t.Fatalf("recover of a corrupt sealed segment: %v", err)
@@ -412,14 +539,14 @@ func TestWriterPlacementAndAdmission(t *testing.T) {
 			}
 			return "/b"
 		},
-		Admit: func(n uint64) error {
+		Admit: func(n uint64, dir string) (string, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if admit == 0 {
-				return errFull
+				return "", errFull
 			}
 			admit--
-			return nil
+			return "", nil
 		},
 	})
 	if err != nil {
@@ -687,7 +814,7 @@ func TestSealFailureLeavesSegmentForRecovery(t *testing.T) {
 			t.Errorf("segment %d not sealed", n)
 		}
 	}
-	res, err := RecoverSegment(fs, SegmentPath("/segs", 1), devio.DirectOff, inner, true)
+	res, err := RecoverSegment(fs, SegmentPath("/segs", 1), 1, devio.DirectOff, inner, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,11 +907,11 @@ func TestPrepareNextSegment(t *testing.T) {
 // committer creates the segment itself when it needs it.
 func TestPrepareNextFailureFallsBack(t *testing.T) {
 	var refused atomic.Int32
-	admit := func(n uint64) error {
+	admit := func(n uint64, _ string) (string, error) {
 		if n == 2 && refused.Add(1) == 1 {
-			return errors.New("no room yet")
+			return "", errors.New("no room yet")
 		}
-		return nil
+		return "", nil
 	}
 	w, h, _ := newTestWriterWith(t, vfs.NewMem(), 64<<10, func(o *Options) { o.PrepareNext, o.Admit = true, admit })
 	for i := 0; i < 4; i++ { // more than a segment holds
@@ -816,7 +943,7 @@ func TestHeaderWrittenWithFirstRecords(t *testing.T) {
 	}
 	defer b.Close()
 	h := &format.SegmentHeader{Number: 1, Generation: 7}
-	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff, h)
+	seg, err := CreateSegment(fs, "/segs", 1, devio.DirectOff, h, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -833,7 +960,7 @@ func TestHeaderWrittenWithFirstRecords(t *testing.T) {
 		t.Fatalf("after the first record: %+v, %v", res, err)
 	}
 
-	empty, err := CreateSegment(fs, "/segs", 2, devio.DirectOff, &format.SegmentHeader{Number: 2, Generation: 9})
+	empty, err := CreateSegment(fs, "/segs", 2, devio.DirectOff, &format.SegmentHeader{Number: 2, Generation: 9}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

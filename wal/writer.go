@@ -148,10 +148,12 @@ type Options struct {
 	// DirFor, if set, places segment n in the directory it returns (placement across a tier's
 	// paths) instead of Dir; the directory must exist.
 	DirFor func(n uint64) string
-	// Admit, if set, is asked before segment n is created and may refuse (an error wrapping the
-	// reason, e.g. no space under the tier's capacity); the records waiting for it then fail
-	// with that error. It may block while space is reclaimed.
-	Admit func(n uint64) error
+	// Admit, if set, is asked before segment n is created in dir and may refuse (an error
+	// wrapping the reason, e.g. no space under the tier's capacity); the records waiting for it
+	// then fail with that error. It may block while space is reclaimed. It may hand back the
+	// path of a recycled file in dir (RecyclePath), which the segment then reuses instead of a
+	// new file; if that creation fails the file is removed.
+	Admit func(n uint64, dir string) (reuse string, err error)
 	// PrepareNext has the Writer create its next segment in the background whenever it starts
 	// appending to a new one, so that rotation does not wait for a creation: under load its
 	// flushes (header, directory, index) queue behind full device queues, 35–100 ms each time
@@ -763,20 +765,25 @@ func (w *Writer) createSegment() (*Segment, error) {
 	} else {
 		w.next++
 	}
-	if w.opts.Admit != nil {
-		if err := w.opts.Admit(n); err != nil {
-			return nil, fmt.Errorf("wal: segment %d not admitted: %w", n, err)
-		}
-	}
 	dir := w.opts.Dir
 	if w.opts.DirFor != nil {
 		dir = w.opts.DirFor(n)
 	}
+	var reuse string
+	if w.opts.Admit != nil {
+		var err error
+		if reuse, err = w.opts.Admit(n, dir); err != nil {
+			return nil, fmt.Errorf("wal: segment %d not admitted: %w", n, err)
+		}
+	}
 	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, &format.SegmentHeader{
 		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
 		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
-	})
+	}, reuse)
 	if err != nil {
+		if reuse != "" {
+			_ = w.opts.FS.Remove(reuse) // best effort: the next Open removes or reuses it
+		}
 		return nil, err
 	}
 	// Lay out the whole segment now (it reads as zeros, which a scan takes for the clean end
@@ -846,8 +853,9 @@ func (w *Writer) sealSegment(seg *Segment) error {
 	if err := seg.failure(); err != nil {
 		return err
 	}
-	if seg.allocated {
-		// Trim the allocated tail: a sealed segment ends with its footer.
+	if seg.allocated || seg.reused {
+		// Trim the allocated tail (and a recycled file's old bytes): a sealed segment ends
+		// with its footer.
 		if err := seg.file.Truncate(seg.end + format.FooterSize(len(seg.entries))); err != nil {
 			err = fmt.Errorf("wal: seal segment %d: %w", seg.Number, err)
 			w.markFailed(seg, err)
@@ -906,7 +914,11 @@ func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend d
 // then the file reads as zeros, which recovery takes for a segment never written (ErrNoHeader)
 // and deletes: nothing in it was ever acknowledged. The caller makes the directory entry
 // durable (SyncDir) before the segment's first records are acknowledged.
-func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, h *format.SegmentHeader) (*Segment, error) {
+//
+// With reuse set (a RecyclePath in dir), the recycled file is renamed to the segment's name and
+// overwritten instead: until the new header is written it still holds a retired segment's
+// header, which recovery reports as ErrStaleHeader and deletes the same way.
+func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, h *format.SegmentHeader, reuse string) (*Segment, error) {
 	path := SegmentPath(dir, n)
 	if _, err := fs.Stat(path); err == nil {
 		return nil, fmt.Errorf("wal: segment %s already exists: %w", path, format.ErrInvalid)
@@ -915,13 +927,21 @@ func CreateSegment(fs vfs.FS, dir string, n uint64, direct devio.DirectMode, h *
 	if err := format.EncodeSegmentHeader(hdr, h); err != nil {
 		return nil, err
 	}
-	f, err := devio.OpenFile(fs, path, true, direct)
+	if reuse != "" {
+		if err := fs.Rename(reuse, path); err != nil {
+			return nil, fmt.Errorf("wal: create segment %d from %s: %w", n, reuse, err)
+		}
+	}
+	// A reused file keeps its blocks (and the retired segment's bytes, which the new header's
+	// generation disowns); a new one starts empty.
+	f, err := devio.OpenFile(fs, path, reuse == "", direct)
 	if err != nil {
 		return nil, fmt.Errorf("wal: create segment: %w", err)
 	}
 	seg := newSegment(n, h.Generation, path, f)
 	seg.end = format.SegmentHeaderSize
 	seg.header = hdr
+	seg.reused = reuse != ""
 	return seg, nil
 }
 

@@ -116,6 +116,8 @@ type SegmentFile struct {
 	Segment bool
 	// Temp reports a temporary file of the log (a segment name plus wal.TempSuffix).
 	Temp bool
+	// Recycled reports a retired segment's file kept for reuse (wal.RecycleExt).
+	Recycled bool
 }
 
 // ListSegmentFiles lists every file of every segment directory, directory by directory in
@@ -136,6 +138,7 @@ func (h *Handle) ListSegmentFiles() ([]SegmentFile, error) {
 			if base, ok := strings.CutSuffix(name, wal.TempSuffix); ok {
 				_, f.Temp = wal.ParseSegmentFileName(base)
 			}
+			_, f.Recycled = wal.ParseRecycleFileName(name)
 			f.Number, f.Segment = wal.ParseSegmentFileName(name)
 			out = append(out, f)
 		}

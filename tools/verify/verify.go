@@ -93,8 +93,9 @@ type Report struct {
 	// Segments counts the registered segments: Sealed, Active, Quarantined and Retiring
 	// (marked deleting: a retirement a crash interrupted, which recovery finishes) by state;
 	// MissingFiles of them have no file. UnregisteredFiles counts segment files the index does
-	// not register.
-	Segments, Sealed, Active, Quarantined, Retiring, MissingFiles, UnregisteredFiles int
+	// not register. RecycledFiles counts retired segment files kept for reuse
+	// (engine.Options.RecycleSegments), which hold nothing the index points at.
+	Segments, Sealed, Active, Quarantined, Retiring, MissingFiles, UnregisteredFiles, RecycledFiles int
 	// Records counts the records read from the log, ValidRecords the valid ones and
 	// DeadRecords the valid ones no index entry points at, DeadBytes bytes on disk.
 	Records, ValidRecords, DeadRecords int
@@ -189,6 +190,8 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 				size = fi.Size()
 			}
 			onDisk[f.Number] = size
+		case f.Recycled:
+			r.RecycledFiles++
 		case f.Temp:
 			r.Notes = append(r.Notes, fmt.Sprintf("temporary file %s left by an interrupted operation (the engine removes it at open)", f.Path))
 		default:

@@ -40,6 +40,7 @@ type benchConfig struct {
 	direct      devio.DirectMode
 	sync        engine.SyncPolicy
 	segmentSize int64
+	recycle     int // Options.RecycleSegments (0: the engine's default)
 	json        bool
 	seed        uint64
 
@@ -118,10 +119,12 @@ type benchResult struct {
 	// highest accounted bytes of the disk tier sampled during the run (active segments at
 	// their full reservation); CapacityExceededBy is PeakUsedBytes − CapacityBytes when
 	// positive (at most one segment by design).
-	CapacityBytes      int64  `json:"capacity_bytes,omitempty"`
-	MemoryBytes        int64  `json:"memory_bytes,omitempty"`
-	EvictedBlocks      *int64 `json:"evicted_blocks,omitempty"`
-	SegmentsRetired    *int64 `json:"segments_retired,omitempty"`
+	CapacityBytes   int64  `json:"capacity_bytes,omitempty"`
+	MemoryBytes     int64  `json:"memory_bytes,omitempty"`
+	EvictedBlocks   *int64 `json:"evicted_blocks,omitempty"`
+	SegmentsRetired *int64 `json:"segments_retired,omitempty"`
+	// SegmentsRecycled counts segments created in a retired segment's file (--recycle-segments).
+	SegmentsRecycled   *int64 `json:"segments_recycled,omitempty"`
 	PeakUsedBytes      int64  `json:"peak_used_bytes,omitempty"`
 	CapacityExceededBy *int64 `json:"capacity_exceeded_by_bytes,omitempty"`
 	MemoryHits         *int64 `json:"memory_hits,omitempty"`
@@ -209,7 +212,8 @@ Workloads:
              blocks are evicted beyond it) and --memory puts a memory tier in front; the
              report then adds the capacity, the peak accounted bytes sampled during the run
              and by how much it exceeded the capacity (at most one segment by design), the
-             blocks evicted and segments deleted. Pick --segment-size well below --capacity.
+             blocks evicted, segments retired and how many new segments reused their
+             files (--recycle-segments). Pick --segment-size well below --capacity.
 
 --fio runs fio (apt-get install fio) on a file in --dir with the same block size, direct
 flag, I/O engine and size, at --fio-iodepth and at 64, from malloc buffers and, where
@@ -281,6 +285,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&dirIO, "direct", "auto", "O_DIRECT: auto, on or off")
 	fl.StringVar(&syncPol, "sync", "always", "sync policy: always, interval or none (lookup, open: default none)")
 	fl.StringVar(&segSize, "segment-size", "256MiB", "segment file size")
+	fl.IntVar(&cfg.recycle, "recycle-segments", 0, fmt.Sprintf("retired segment files kept per directory for reuse by new segments (0: the engine's default, %d; -1: none)", engine.DefaultRecycleSegments))
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
@@ -378,7 +383,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression, QueueDepth: cfg.queueDepth,
-		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir)}
+		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir), RecycleSegments: cfg.recycle}
 	payload := newPayloadPool(l.BlockBytes())
 	if cfg.compression != engine.CompressionOff {
 		payload = newKVPayloadPool(l.BlockBytes())
@@ -598,7 +603,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 				humanBytes(r.PeakUsedBytes), r.PeakUsedBytes, *r.CapacityExceededBy)
 		}
 		if r.EvictedBlocks != nil {
-			row("eviction", "%d blocks evicted, %d segments deleted, %d prompt blocks evicted between lookup and load", *r.EvictedBlocks, *r.SegmentsRetired, r.ReloadMisses)
+			row("eviction", "%d blocks evicted, %d segments retired (%d new segments reused their files), %d prompt blocks evicted between lookup and load", *r.EvictedBlocks, *r.SegmentsRetired, *r.SegmentsRecycled, r.ReloadMisses)
 		}
 		if r.MemoryHits != nil {
 			row("memory tier", "%s (%d bytes), %d hits", humanBytes(r.MemoryBytes), r.MemoryBytes, *r.MemoryHits)

@@ -74,8 +74,8 @@ func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
 	for _, p := range r.Problems {
 		fmt.Fprintln(stdout, p)
 	}
-	fmt.Fprintf(stdout, "segments: %d (sealed %d, active %d, quarantined %d, being retired %d, files missing %d, unregistered files %d)\n",
-		r.Segments, r.Sealed, r.Active, r.Quarantined, r.Retiring, r.MissingFiles, r.UnregisteredFiles)
+	fmt.Fprintf(stdout, "segments: %d (sealed %d, active %d, quarantined %d, being retired %d, files missing %d, unregistered files %d); recycled files kept for reuse: %d\n",
+		r.Segments, r.Sealed, r.Active, r.Quarantined, r.Retiring, r.MissingFiles, r.UnregisteredFiles, r.RecycledFiles)
 	fmt.Fprintf(stdout, "segment directories: %s\n", strings.Join(r.SegDirs, ", "))
 	fmt.Fprintf(stdout, "records: %d (valid %d, dead %d = %d bytes)\n", r.Records, r.ValidRecords, r.DeadRecords, r.DeadBytes)
 	fmt.Fprintf(stdout, "index entries: %d; blocks verified: %d", r.IndexEntries, r.BlocksVerified)

@@ -210,7 +210,8 @@ func (w *traceWorkload) run(env *benchEnv, res *benchResult) error {
 	res.ThroughputMBps = mbps(res.BytesLoaded+res.BytesDumped, elapsed)
 	if cfg.capacity > 0 || cfg.memory > 0 {
 		evicted, retired := after.EvictedBlocks-before.EvictedBlocks, after.SegmentsRetired-before.SegmentsRetired
-		res.EvictedBlocks, res.SegmentsRetired, res.ReloadMisses = &evicted, &retired, gone.Load()
+		recycled := after.SegmentsRecycled - before.SegmentsRecycled
+		res.EvictedBlocks, res.SegmentsRetired, res.SegmentsRecycled, res.ReloadMisses = &evicted, &retired, &recycled, gone.Load()
 	}
 	if cfg.capacity > 0 {
 		res.CapacityBytes, res.PeakUsedBytes = cfg.capacity, peak.Load()

@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Segment file recycling (docs/tiers.md). A retired segment's file (evicted, compacted or
+// dropped) is kept in its directory under its recycle name (wal.RecyclePath) instead of deleted,
+// up to Options.RecycleSegments files per directory, and the next segment created in that
+// directory reuses it: renamed to the new segment's name and overwritten. On ext4 (and XFS) an
+// O_DIRECT write over blocks already written needs no extent conversion, so the fdatasync that
+// acknowledges it commits no journal transaction: a store at capacity, which retires and
+// creates segments all the time, dumps at up to twice the rate it would into fresh files
+// (docs/performance.md).
+//
+// Safety rests on three facts. A segment is retired only once no index entry points into it
+// (marked deleting, durably, before its file is renamed). The new segment's header, with a new
+// generation, goes out with its first records, so until they are durable the file still names
+// the retired segment, which recovery reports as wal.ErrStaleHeader and deletes: nothing in it
+// was acknowledged. And a scan rejects every record and footer of another segment or
+// generation, so the retired segment's bytes past the new records are never read as the new
+// segment's (the seal trims them).
+//
+// Accounting stays exact (tiers.Space): a pooled file's bytes stay in its tier's used bytes
+// and are marked pooled, so reclamation does not evict for them; reusing a file converts its
+// bytes into the new segment's reservation, and a segment that does not fit while files are
+// pooled has some deleted instead of waiting.
+
+// DefaultRecycleSegments is how many retired segment files each segment directory keeps for
+// reuse (Options.RecycleSegments).
+const DefaultRecycleSegments = 4
+
+// pooledFile is a recycled segment file waiting for reuse.
+type pooledFile struct {
+	path string
+	size int64
+}
+
+// recyclePool holds the recycled files of every segment directory, oldest first.
+type recyclePool struct {
+	mu    sync.Mutex
+	files map[string][]pooledFile
+}
+
+// poolHasRoom reports whether dir's pool takes one more file, of size bytes, in tier t: at most
+// Options.RecycleSegments files per directory, and no more bytes than t's headroom above its
+// high watermark (tiers.Space.PoolRoom), so that kept files never take room from blocks.
+func (e *Engine) poolHasRoom(t *diskTier, dir string, size int64) bool {
+	e.recycled.mu.Lock()
+	defer e.recycled.mu.Unlock()
+	return len(e.recycled.files[dir]) < e.opts.RecycleSegments && t.space.PoolRoom(size)
+}
+
+// addPooled puts a recycled file of tier t into dir's pool and accounts it as pooled (its bytes
+// are in t's used bytes already). A pool filled meanwhile by another retirement gets the file
+// deleted instead; it reports whether the file was kept.
+func (e *Engine) addPooled(t *diskTier, dir string, f pooledFile) bool {
+	e.recycled.mu.Lock()
+	if len(e.recycled.files[dir]) >= e.opts.RecycleSegments || !t.space.PoolRoom(f.size) {
+		e.recycled.mu.Unlock()
+		if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
+			e.opts.Logger.Error("ucm: could not delete a recycled segment file; the next Open will", "path", f.path, "err", err)
+			return false // its bytes stay accounted until then: the file is still there
+		}
+		t.space.Add(-f.size)
+		return false
+	}
+	e.recycled.files[dir] = append(e.recycled.files[dir], f)
+	e.recycled.mu.Unlock()
+	t.space.Pool(f.size)
+	return true
+}
+
+// takePooled removes the oldest recycled file of dir from its pool and from its tier's pooled
+// bytes (they stay in used: the caller reuses the file or deletes it and frees them).
+func (e *Engine) takePooled(t *diskTier, dir string) (pooledFile, bool) {
+	e.recycled.mu.Lock()
+	files := e.recycled.files[dir]
+	if len(files) == 0 {
+		e.recycled.mu.Unlock()
+		return pooledFile{}, false
+	}
+	f := files[0]
+	e.recycled.files[dir] = files[1:]
+	e.recycled.mu.Unlock()
+	t.space.Unpool(f.size)
+	return f, true
+}
+
+// releasePooled deletes recycled files of t until need bytes are freed or none is left, and
+// returns the bytes freed: tiers.Space calls it when a new segment does not fit only because
+// of them.
+func (e *Engine) releasePooled(t *diskTier, need int64) int64 {
+	var freed int64
+	for _, dir := range t.dirs {
+		for freed < need {
+			f, ok := e.takePooled(t, dir)
+			if !ok {
+				break
+			}
+			if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
+				e.opts.Logger.Error("ucm: could not delete a recycled segment file", "path", f.path, "err", err)
+				e.addPooled(t, dir, f) // still there: keep it pooled
+				return freed
+			}
+			t.space.Add(-f.size)
+			freed += f.size
+		}
+	}
+	return freed
+}
+
+// poolFound puts the recycled files Open found back into their pools (accounted to their tier),
+// up to each pool's size, and deletes the others: those beyond it, those a new segment could
+// not reuse (larger than a segment's reservation) and those on file systems that cannot trim a
+// reused file (no kernel descriptor).
+func (e *Engine) poolFound() {
+	for _, r := range e.foundRecycled {
+		if size, ok := e.reusable(r); ok {
+			r.tier.space.Add(size)
+			e.addPooled(r.tier, r.dir, pooledFile{path: r.path, size: size})
+			continue
+		}
+		if err := e.fs.Remove(r.path); err != nil && !isNotExist(err) {
+			e.opts.Logger.Warn("ucm: could not delete a recycled segment file", "path", r.path, "err", err)
+		}
+	}
+	e.foundRecycled = nil
+}
+
+// reusable returns the size of a recycled file found at Open and whether it may join its pool.
+func (e *Engine) reusable(r foundFile) (int64, bool) {
+	st, err := e.fs.Stat(r.path)
+	if err != nil || st.Size() > e.reservation() || !e.poolHasRoom(r.tier, r.dir, st.Size()) {
+		return 0, false
+	}
+	f, err := e.fs.Open(r.path)
+	if err != nil {
+		return 0, false
+	}
+	defer func() { _ = f.Close() }()
+	return st.Size(), f.Fd() != vfs.InvalidFd
+}
+
+// foundFile is a recycled file found at Open.
+type foundFile struct {
+	tier      *diskTier
+	dir, path string
+}
