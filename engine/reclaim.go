@@ -118,8 +118,8 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 // reclaimTierLocked is reclaimTier with reclaimMu held.
 func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
 	var rep ReclaimReport
-	before := t.space.Used()
-	defer func() { rep.BytesReclaimed = before - t.space.Used() }()
+	before := t.space.Segments()
+	defer func() { rep.BytesReclaimed = before - t.space.Segments() }()
 	excess := func() int64 {
 		if target < 0 {
 			return t.space.Excess()
@@ -476,7 +476,9 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 		return
 	}
 	path := wal.SegmentPath(h.dir, n)
-	keep := recyclable && e.poolHasRoom(h.tier, h.dir, size)
+	// Only a file whose size is what its tier accounts for is kept (a prepared segment dropped
+	// unused is laid out beyond its accounted header): the pool's bytes stay exact.
+	keep := recyclable && e.poolHasRoom(h.tier, h.dir, size) && e.fileSize(path) == size
 	if keep {
 		if err := e.fs.Rename(path, wal.RecyclePath(h.dir, n)); err != nil {
 			e.opts.Logger.Warn("ucm: could not keep a retired segment's file for reuse; deleting it", "path", path, "err", err)
@@ -580,17 +582,17 @@ func (e *Engine) Compact(liveRatio float64, progress func(ReclaimReport)) (Recla
 	defer e.reclaimMu.Unlock()
 	var total ReclaimReport
 	for _, t := range e.tiers {
-		before := t.space.Used()
+		before := t.space.Segments()
 		var rep ReclaimReport
 		err := e.reclaimSegments(t, liveRatio, &rep, nil, func() {
 			if progress != nil {
 				p := total
 				p.add(rep)
-				p.BytesReclaimed = total.BytesReclaimed + before - t.space.Used()
+				p.BytesReclaimed = total.BytesReclaimed + before - t.space.Segments()
 				progress(p)
 			}
 		})
-		rep.BytesReclaimed = before - t.space.Used()
+		rep.BytesReclaimed = before - t.space.Segments()
 		total.add(rep)
 		if err != nil {
 			return total, err

@@ -89,6 +89,34 @@ func (e *Engine) takePooled(t *diskTier, dir string) (pooledFile, bool) {
 	return f, true
 }
 
+// reservationRecycler is the tiers.Recycler of one segment's reservation in dir: it takes
+// dir's oldest recycled file for the segment, gives it back if the reservation waits, and
+// deletes recycled files of the tier to make room.
+type reservationRecycler struct {
+	e     *Engine
+	t     *diskTier
+	dir   string
+	taken pooledFile // the file the segment reuses (path "" if none)
+}
+
+func (r *reservationRecycler) Take() int64 {
+	f, ok := r.e.takePooled(r.t, r.dir)
+	if !ok {
+		return 0
+	}
+	r.taken = f
+	return f.size
+}
+
+func (r *reservationRecycler) Return() {
+	if r.taken.path != "" {
+		r.e.addPooled(r.t, r.dir, r.taken)
+		r.taken = pooledFile{}
+	}
+}
+
+func (r *reservationRecycler) Release(need int64) int64 { return r.e.releasePooled(r.t, need) }
+
 // releasePooled deletes recycled files of t until need bytes are freed or none is left, and
 // returns the bytes freed: tiers.Space calls it when a new segment does not fit only because
 // of them.
@@ -112,6 +140,15 @@ func (e *Engine) releasePooled(t *diskTier, need int64) int64 {
 	return freed
 }
 
+// fileSize returns the size of the file at path, -1 if it cannot be read.
+func (e *Engine) fileSize(path string) int64 {
+	st, err := e.fs.Stat(path)
+	if err != nil {
+		return -1
+	}
+	return st.Size()
+}
+
 // poolFound puts the recycled files Open found back into their pools (accounted to their tier),
 // up to each pool's size, and deletes the others: those beyond it, those a new segment could
 // not reuse (larger than a segment's reservation) and those on file systems that cannot trim a
@@ -132,8 +169,8 @@ func (e *Engine) poolFound() {
 
 // reusable returns the size of a recycled file found at Open and whether it may join its pool.
 func (e *Engine) reusable(r foundFile) (int64, bool) {
-	st, err := e.fs.Stat(r.path)
-	if err != nil || st.Size() > e.reservation() || !e.poolHasRoom(r.tier, r.dir, st.Size()) {
+	size := e.fileSize(r.path)
+	if size < 0 || size > e.reservation() || !e.poolHasRoom(r.tier, r.dir, size) {
 		return 0, false
 	}
 	f, err := e.fs.Open(r.path)
@@ -141,7 +178,7 @@ func (e *Engine) reusable(r foundFile) (int64, bool) {
 		return 0, false
 	}
 	defer func() { _ = f.Close() }()
-	return st.Size(), f.Fd() != vfs.InvalidFd
+	return size, f.Fd() != vfs.InvalidFd
 }
 
 // foundFile is a recycled file found at Open.

@@ -371,26 +371,12 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 // the reservation.
 func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (string, error) {
 	return func(n uint64, dir string) (string, error) {
-		reuse, ok := e.takePooled(t, dir)
-		// A segment that has to wait for room takes a file recycled meanwhile in its
-		// directory, or has recycled files elsewhere deleted.
-		relieve := func(need int64) (int64, bool) {
-			if !ok {
-				if reuse, ok = e.takePooled(t, dir); ok {
-					return reuse.size, true
-				}
-			}
-			return 0, e.releasePooled(t, need) > 0
-		}
-		err := t.space.Reserve(max(0, e.reservation()-reuse.size), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, relieve)
-		if err != nil {
-			if ok {
-				e.addPooled(t, dir, reuse)
-			}
+		rc := &reservationRecycler{e: e, t: t, dir: dir}
+		if _, err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, rc); err != nil {
 			e.kickReclaimer()
 			return "", fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
 		}
-		return reuse.path, nil
+		return rc.taken.path, nil
 	}
 }
 
@@ -519,8 +505,12 @@ type TierStats struct {
 	Paths    []string
 	Capacity int64 // bytes; 0: unlimited
 	// Used is the accounted bytes: every segment file's size, active segments at their
-	// reservation. It never exceeds Capacity by more than one segment.
-	Used      int64
+	// reservation, and the retired files kept for reuse. It never exceeds Capacity by more
+	// than one segment.
+	Used int64
+	// Recycled is the part of Used held by retired segment files kept for reuse
+	// (Options.RecycleSegments): within the headroom above the high watermark.
+	Recycled  int64
 	FileBytes int64 // sum of the segment rows' sizes
 	LiveBytes int64 // bytes of records the index points at
 	DeadBytes int64 // FileBytes − LiveBytes: reclaimable by compaction
@@ -540,7 +530,7 @@ func (e *Engine) TierStats() []TierStats {
 	}
 	start := len(out)
 	for _, t := range e.tiers {
-		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, Used: t.space.Used()})
+		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, Used: t.space.Used(), Recycled: t.space.Pooled()})
 	}
 	for _, row := range e.ix.Segments() {
 		t := e.tierOf(row.Number)

@@ -23,7 +23,7 @@ var ErrNoSpace = errors.New("tier full")
 // Retired segment files kept for reuse (the recycle pool) stay in used, since they are on
 // disk, and are also counted as pooled: reclamation does not evict for them (OverHigh and
 // Excess leave them out), a new segment that reuses one converts its bytes into its
-// reservation, and a segment that does not fit while files are pooled has Reserve's relieve
+// reservation, and a segment that does not fit while files are pooled has Reserve's Recycler
 // reuse or delete one instead of waiting for reclamation.
 //
 // Space is safe for concurrent use.
@@ -98,6 +98,13 @@ func (s *Space) PoolRoom(n int64) bool {
 	return s.capacity == 0 || s.pooled+n <= s.capacity-s.high
 }
 
+// Segments returns the bytes accounted to segments: Used less the recycle pool.
+func (s *Space) Segments() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used - s.pooled
+}
+
 // Pooled returns the bytes of the recycle pool (part of Used).
 func (s *Space) Pooled() int64 {
 	s.mu.Lock()
@@ -128,44 +135,70 @@ func (s *Space) Excess() int64 {
 	return s.used - s.pooled - target
 }
 
+// Recycler is the recycle pool a reservation may draw on (nil: none). Its methods are called
+// without the Space's lock.
+type Recycler interface {
+	// Take takes a pooled file for the new segment (Unpool) and returns its size (0: none),
+	// at most the reservation's.
+	Take() int64
+	// Return gives the taken file back to the pool (Pool), or deletes it (Add).
+	Return()
+	// Release deletes other pooled files worth at least need bytes (Unpool, Add) and returns
+	// the bytes freed.
+	Release(need int64) int64
+}
+
 // Reserve admits a new segment of up to n bytes and accounts it. relocation selects the
 // reclamation rule (see Space). A dump segment that does not fit waits for space to be freed
 // (kick is called so that reclamation runs) until timeout or stop; it then fails with an error
 // wrapping ErrNoSpace that says how full the tier is.
 //
-// relieve, if not nil, is called (without the lock) whenever the segment does not fit while
-// files are pooled, with the bytes missing: it either takes a pooled file for the new segment
-// (Unpool) and returns its size, which is in used already and comes off n, or deletes pooled
-// files (Unpool, Add) and returns 0; ok false says it could do neither. Reserve then tries again.
-func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-chan struct{}, kick func(), relieve func(need int64) (reused int64, ok bool)) error {
+// With files pooled, rc supplies them: the segment takes one (rc.Take; its bytes, already in
+// used, count towards n, and the admission rules apply to the tier without them), and if it
+// still does not fit, other pooled files are deleted (rc.Release) before it waits. A segment
+// that waits gives its file back first (rc.Return): a waiting reservation holds nothing, as it
+// would if the file had been deleted. Reserve returns the bytes reused (rc's file is the
+// segment's if > 0).
+func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-chan struct{}, kick func(), rc Recycler) (reused int64, err error) {
 	var deadline <-chan time.Time
 	for {
 		s.mu.Lock()
-		fits := s.capacity == 0 || s.used+n <= s.capacity
+		if reused == 0 && s.pooled > 0 && rc != nil {
+			s.mu.Unlock()
+			reused = rc.Take()
+			s.mu.Lock()
+		}
+		others := s.used - reused // what the tier holds besides the segment's reused bytes
+		fits := s.capacity == 0 || others+n <= s.capacity
 		if relocation {
-			fits = s.capacity == 0 || s.used <= s.capacity
+			fits = s.capacity == 0 || others <= s.capacity
 		}
 		if fits {
-			s.used += n
+			s.used += n - reused
 			s.mu.Unlock()
-			return nil
+			return reused, nil
 		}
-		if s.pooled > 0 && relieve != nil {
-			need := s.used + n - s.capacity
+		if s.pooled > 0 && rc != nil {
+			need := others + n - s.capacity
 			if relocation {
-				need = s.used - s.capacity
+				need = others - s.capacity
 			}
 			s.mu.Unlock()
-			if reused, ok := relieve(need); ok {
-				n = max(0, n-reused)
+			if rc.Release(need) > 0 {
 				continue
 			}
+			s.mu.Lock()
+		}
+		if reused > 0 {
+			s.mu.Unlock()
+			rc.Return()
+			reused = 0
 			s.mu.Lock()
 		}
 		if relocation || timeout <= 0 {
 			used := s.used
 			s.mu.Unlock()
-			return fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, s.capacity, n)
+			return 0, fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, s.capacity, n)
 		}
 		s.waiters++
 		s.want = max(s.want, n)
@@ -177,7 +210,6 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 		if deadline == nil {
 			deadline = time.After(timeout)
 		}
-		var err error
 		select {
 		case <-freed:
 		case <-deadline:
@@ -191,7 +223,7 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 		}
 		s.mu.Unlock()
 		if err != nil {
-			return err
+			return 0, err
 		}
 	}
 }

@@ -11,20 +11,20 @@ import (
 // The admission rules bound used by capacity plus one reservation, whatever the interleaving.
 func TestSpaceAdmission(t *testing.T) {
 	s := NewSpace(100, 0.9, 0.5)
-	if err := s.Reserve(60, false, 0, nil, nil, nil); err != nil {
+	if _, err := s.Reserve(60, false, 0, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Reserve(60, false, 0, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
+	if _, err := s.Reserve(60, false, 0, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("dump reservation beyond capacity: %v", err)
 	}
 	// Relocations may go one reservation past capacity, never from above it.
-	if err := s.Reserve(60, true, 0, nil, nil, nil); err != nil {
+	if _, err := s.Reserve(60, true, 0, nil, nil, nil); err != nil {
 		t.Fatalf("relocation within capacity: %v", err)
 	}
 	if s.Used() != 120 {
 		t.Fatalf("used %d", s.Used())
 	}
-	if err := s.Reserve(10, true, 0, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
+	if _, err := s.Reserve(10, true, 0, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("relocation above capacity: %v", err)
 	}
 	if !s.OverHigh() || s.Excess() != 70 {
@@ -33,7 +33,7 @@ func TestSpaceAdmission(t *testing.T) {
 	// A waiting dump is admitted when space is freed.
 	done := make(chan error)
 	var kicked atomic.Int32
-	go func() { done <- s.Reserve(50, false, time.Minute, nil, func() { kicked.Add(1) }, nil) }()
+	go func() { _, err := s.Reserve(50, false, time.Minute, nil, func() { kicked.Add(1) }, nil); done <- err }()
 	time.Sleep(10 * time.Millisecond)
 	s.Add(-100)
 	if err := <-done; err != nil {
@@ -45,20 +45,20 @@ func TestSpaceAdmission(t *testing.T) {
 	// A waiter whose reservation does not fit under the low watermark asks for more to be freed.
 	w := NewSpace(100, 0.9, 0.8)
 	w.Add(70)
-	go func() { _ = w.Reserve(40, false, time.Minute, nil, nil, nil) }()
+	go func() { _, _ = w.Reserve(40, false, time.Minute, nil, nil, nil) }()
 	waitUntil(t, func() bool { return w.Excess() == 10 }) // 70 − (100 − 40), not 70 − 80
 	w.Add(-10)
 	waitUntil(t, func() bool { return w.Used() == 100 && w.Excess() == 20 }) // admitted: back to the low watermark
 	// ... and fails with ErrNoSpace at its deadline or when stopped.
-	if err := s.Reserve(50, false, 5*time.Millisecond, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
+	if _, err := s.Reserve(50, false, 5*time.Millisecond, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("timed out reservation: %v", err)
 	}
 	stop := make(chan struct{})
 	close(stop)
-	if err := s.Reserve(50, false, time.Minute, stop, nil, nil); !errors.Is(err, ErrNoSpace) {
+	if _, err := s.Reserve(50, false, time.Minute, stop, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("stopped reservation: %v", err)
 	}
-	if u := NewSpace(0, 0.9, 0.5); u.Reserve(1<<50, false, 0, nil, nil, nil) != nil || u.OverHigh() || u.Excess() != 0 {
+	if u := NewSpace(0, 0.9, 0.5); func() error { _, err := u.Reserve(1<<50, false, 0, nil, nil, nil); return err }() != nil || u.OverHigh() || u.Excess() != 0 {
 		t.Fatalf("unlimited space refused or asked for reclamation")
 	}
 }
@@ -73,7 +73,7 @@ func TestSpaceConcurrentBound(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
-				if s.Reserve(seg, g%2 == 0, time.Millisecond, nil, nil, nil) == nil {
+				if _, err := s.Reserve(seg, g%2 == 0, time.Millisecond, nil, nil, nil); err == nil {
 					if u := s.Used(); u > peak.Load() {
 						peak.Store(u)
 					}
@@ -99,44 +99,76 @@ func waitUntil(t *testing.T, cond func() bool) {
 	}
 }
 
+// fakeRecycler is a recycle pool of equal files for TestSpacePool.
+type fakeRecycler struct {
+	s                 *Space
+	files             int   // pooled files left
+	size              int64 // each
+	taken, returned   int
+	released, deleted int64
+}
+
+func (f *fakeRecycler) Take() int64 {
+	if f.files == 0 {
+		return 0
+	}
+	f.files--
+	f.taken++
+	f.s.Unpool(f.size)
+	return f.size
+}
+
+func (f *fakeRecycler) Return() { f.files++; f.returned++; f.s.Pool(f.size) }
+
+func (f *fakeRecycler) Release(need int64) int64 {
+	var freed int64
+	for f.files > 0 && freed < need {
+		f.files--
+		f.s.Unpool(f.size)
+		f.s.Add(-f.size)
+		freed += f.size
+	}
+	f.deleted += freed
+	return freed
+}
+
 // Pooled bytes (retired files kept for reuse) are on disk, so they stay in Used, but
-// reclamation does not evict for them, and a reservation that does not fit has relieve reuse
-// or delete them instead of waiting.
+// reclamation does not evict for them; a reservation takes a pooled file (its bytes count
+// towards the reservation), deletes others when it still does not fit, and gives its file
+// back while it waits.
 func TestSpacePool(t *testing.T) {
 	s := NewSpace(100, 0.9, 0.5)
 	s.Add(95)
 	if !s.OverHigh() || s.Excess() != 45 {
 		t.Fatalf("95 of 100 used: over high %v, excess %d", s.OverHigh(), s.Excess())
 	}
+	rc := &fakeRecycler{s: s, files: 1, size: 40}
 	s.Pool(40) // a retired 40-byte file kept
-	if s.Used() != 95 || s.Pooled() != 40 || s.OverHigh() || s.Excess() != 5 {
-		t.Fatalf("after pooling 40: used %d, pooled %d, over high %v, excess %d", s.Used(), s.Pooled(), s.OverHigh(), s.Excess())
+	if s.Used() != 95 || s.Pooled() != 40 || s.Segments() != 55 || s.OverHigh() || s.Excess() != 5 {
+		t.Fatalf("after pooling 40: used %d, pooled %d, segments %d, over high %v, excess %d", s.Used(), s.Pooled(), s.Segments(), s.OverHigh(), s.Excess())
 	}
-	// A 40-byte segment does not fit (95 + 40 > 100): relieve reuses the pooled file, whose
-	// bytes count towards the reservation.
-	calls := 0
-	relieve := func(need int64) (int64, bool) {
-		calls++
-		if need != 35 {
-			t.Errorf("relieve asked for %d bytes, want 35", need)
-		}
-		s.Unpool(40)
-		return 40, true
+	// A 40-byte segment fits once it reuses the pooled file: 55 + 40 ≤ 100.
+	reused, err := s.Reserve(40, false, 0, nil, nil, rc)
+	if err != nil || reused != 40 || rc.taken != 1 || s.Used() != 95 || s.Pooled() != 0 {
+		t.Fatalf("reserve with a pooled file: %v, reused %d, taken %d, used %d, pooled %d", err, reused, rc.taken, s.Used(), s.Pooled())
 	}
-	if err := s.Reserve(40, false, 0, nil, nil, relieve); err != nil || calls != 1 {
-		t.Fatalf("reserve with a pooled file: %v after %d relieve calls", err, calls)
+	// Nothing pooled: the reservation fails at once (no timeout), and nothing is taken.
+	if _, err := s.Reserve(40, false, 0, nil, nil, rc); !errors.Is(err, ErrNoSpace) || rc.taken != 1 {
+		t.Fatalf("reserve beyond capacity: %v, taken %d", err, rc.taken)
 	}
-	if s.Used() != 95 || s.Pooled() != 0 {
-		t.Fatalf("after reuse: used %d, pooled %d, want 95 and 0", s.Used(), s.Pooled())
-	}
-	// Nothing pooled: relieve is not called, and the reservation fails at once (no timeout).
-	if err := s.Reserve(40, false, 0, nil, nil, func(int64) (int64, bool) { t.Error("relieve called with nothing pooled"); return 0, false }); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("reserve beyond capacity: %v", err)
-	}
-	// Pooled files elsewhere are deleted to make room.
+	// Another 30-byte file pooled, and a 60-byte segment: reusing it is not enough (95 - 30 +
+	// 60 > 100), there is nothing else to delete, so the file goes back before the refusal.
+	rc.files, rc.size = 1, 30
 	s.Pool(30)
-	deleting := func(need int64) (int64, bool) { s.Unpool(30); s.Add(-30); return 0, true }
-	if err := s.Reserve(30, false, 0, nil, nil, deleting); err != nil || s.Used() != 95 || s.Pooled() != 0 {
-		t.Fatalf("reserve after deleting pooled files: %v, used %d, pooled %d", err, s.Used(), s.Pooled())
+	s.Add(30)
+	if _, err := s.Reserve(60, false, 0, nil, nil, rc); !errors.Is(err, ErrNoSpace) || rc.returned != 1 || s.Pooled() != 30 || s.Used() != 125 {
+		t.Fatalf("reserve that does not fit: %v, returned %d, pooled %d, used %d", err, rc.returned, s.Pooled(), s.Used())
+	}
+	// A relocation takes the file; one that still does not fit has pooled files deleted.
+	rc.files = 2
+	s.Pool(30)
+	s.Add(30)
+	if _, err := s.Reserve(40, true, 0, nil, nil, rc); err != nil || rc.deleted == 0 {
+		t.Fatalf("relocation with pooled files: %v, deleted %d", err, rc.deleted)
 	}
 }
