@@ -103,7 +103,9 @@ func killOptions(dir string) engine.Options {
 	}
 	if killTiered() {
 		o.Tiers = []tiers.Config{
-			{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir, dir + "-ssd2"}, Capacity: 6 << 20},
+			// The headroom above the high watermark (1.2 MiB) keeps a retired segment's file
+			// for reuse: kills land between a reuse's rename and its first write too.
+			{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir, dir + "-ssd2"}, Capacity: 6 << 20, HighWatermark: 0.8, LowWatermark: 0.6},
 			{Name: "cold", Kind: tiers.KindDisk, Paths: []string{dir + "-cold"}},
 		}
 	}
@@ -143,10 +145,15 @@ type killFigures struct {
 	Tiered            bool    `json:"tiered"`
 	// Tiered runs: the most blocks found in the second tier after a kill (demoted by the
 	// child), and the segments retired by recoveries finishing an interrupted retirement.
-	DemotedBlocksMax   int64   `json:"demoted_blocks_max"`
-	RetirementsResumed int     `json:"retirements_resumed"`
-	Seconds            float64 `json:"seconds"`
-	Seed               uint64  `json:"seed"`
+	DemotedBlocksMax   int64 `json:"demoted_blocks_max"`
+	RetirementsResumed int   `json:"retirements_resumed"`
+	// RecycledFilesSeen counts reopens that found recycled segment files kept for reuse, and
+	// EmptySegmentsDeleted the active segments recovery deleted as never written (a recycled
+	// file renamed for a segment whose header never reached the disk among them).
+	RecycledFilesSeen    int     `json:"recycled_files_seen"`
+	EmptySegmentsDeleted int     `json:"empty_segments_deleted"`
+	Seconds              float64 `json:"seconds"`
+	Seed                 uint64  `json:"seed"`
 }
 
 func TestKillLoop(t *testing.T) {
@@ -233,8 +240,12 @@ func TestKillLoop(t *testing.T) {
 		}
 		rep := e.Recovery()
 		fig.RetirementsResumed += rep.RetiredSegmentsDeleted
+		fig.EmptySegmentsDeleted += rep.EmptySegmentsDeleted
 		if ts := e.TierStats(); len(ts) > 1 {
 			fig.DemotedBlocksMax = max(fig.DemotedBlocksMax, ts[1].Blocks)
+			if ts[0].Recycled > 0 {
+				fig.RecycledFilesSeen++
+			}
 		}
 		if !toolFirst {
 			fig.EngineRecoveries++
@@ -302,7 +313,8 @@ func TestKillLoop(t *testing.T) {
 	t.Logf("  segments recovered %d, truncated bytes %d, entries dropped %d, orphans removed %d; store %d bytes; %.1f s",
 		fig.SegmentsRecovered, fig.TruncatedBytes, fig.EntriesDropped, fig.OrphansRemoved, fig.StoreBytes, fig.Seconds)
 	if fig.Tiered {
-		t.Logf("  tiers: up to %d blocks found demoted after a kill; %d interrupted retirements finished by recovery", fig.DemotedBlocksMax, fig.RetirementsResumed)
+		t.Logf("  tiers: up to %d blocks found demoted after a kill; %d interrupted retirements finished by recovery; recycled files found by %d reopens; %d never-written segments deleted",
+			fig.DemotedBlocksMax, fig.RetirementsResumed, fig.RecycledFilesSeen, fig.EmptySegmentsDeleted)
 		if fig.DemotedBlocksMax == 0 {
 			t.Errorf("tiered run demoted nothing: the first tier never filled")
 		}

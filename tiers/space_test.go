@@ -101,11 +101,11 @@ func waitUntil(t *testing.T, cond func() bool) {
 
 // fakeRecycler is a recycle pool of equal files for TestSpacePool.
 type fakeRecycler struct {
-	s                 *Space
-	files             int   // pooled files left
-	size              int64 // each
-	taken, returned   int
-	released, deleted int64
+	s               *Space
+	files           int   // pooled files left
+	size            int64 // each
+	taken, returned int
+	deleted         int64
 }
 
 func (f *fakeRecycler) Take() int64 {
