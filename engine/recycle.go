@@ -38,7 +38,9 @@ type pooledFile struct {
 	size int64
 }
 
-// recyclePool holds the recycled files of every segment directory, oldest first.
+// recyclePool holds the recycled files of every segment directory, oldest first. Its lock is
+// taken before a tier's tiers.Space lock (never the other way round), so that the pool's files
+// and the tier's pooled bytes change together.
 type recyclePool struct {
 	mu    sync.Mutex
 	files map[string][]pooledFile
@@ -55,22 +57,22 @@ func (e *Engine) poolHasRoom(t *diskTier, dir string, size int64) bool {
 
 // addPooled puts a recycled file of tier t into dir's pool and accounts it as pooled (its bytes
 // are in t's used bytes already). A pool filled meanwhile by another retirement gets the file
-// deleted instead; it reports whether the file was kept.
-func (e *Engine) addPooled(t *diskTier, dir string, f pooledFile) bool {
+// deleted instead.
+func (e *Engine) addPooled(t *diskTier, dir string, f pooledFile) {
 	e.recycled.mu.Lock()
-	if len(e.recycled.files[dir]) >= e.opts.RecycleSegments || !t.space.PoolRoom(f.size) {
+	if len(e.recycled.files[dir]) < e.opts.RecycleSegments && t.space.PoolRoom(f.size) {
+		e.recycled.files[dir] = append(e.recycled.files[dir], f)
+		t.space.Pool(f.size)
 		e.recycled.mu.Unlock()
-		if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
-			e.opts.Logger.Error("ucm: could not delete a recycled segment file; the next Open will", "path", f.path, "err", err)
-			return false // its bytes stay accounted until then: the file is still there
-		}
-		t.space.Add(-f.size)
-		return false
+		return
 	}
-	e.recycled.files[dir] = append(e.recycled.files[dir], f)
 	e.recycled.mu.Unlock()
-	t.space.Pool(f.size)
-	return true
+	if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
+		// Its bytes stay accounted: the file is still there, and the next Open deletes it.
+		e.opts.Logger.Error("ucm: could not delete a recycled segment file; the next Open will", "path", f.path, "err", err)
+		return
+	}
+	t.space.Add(-f.size)
 }
 
 // takePooled removes the oldest recycled file of dir from its pool and from its tier's pooled
@@ -84,8 +86,8 @@ func (e *Engine) takePooled(t *diskTier, dir string) (pooledFile, bool) {
 	}
 	f := files[0]
 	e.recycled.files[dir] = files[1:]
-	e.recycled.mu.Unlock()
 	t.space.Unpool(f.size)
+	e.recycled.mu.Unlock()
 	return f, true
 }
 
