@@ -219,6 +219,7 @@ func (e *Engine) open() error {
 			return err
 		}
 		e.accountSegments()
+		e.accountFound()      // recycled files, left as they are
 		close(e.recencyReady) // a read-only engine never evicts
 		e.recovery.Duration = time.Since(start)
 		return nil

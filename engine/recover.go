@@ -102,9 +102,8 @@ func (e *Engine) listSegments(cleanup bool) (map[uint64]bool, uint64, error) {
 					}
 				}
 				if _, ok := wal.ParseRecycleFileName(name); ok {
-					if cleanup { // pooled once the tiers are accounted (poolFound)
-						e.foundRecycled = append(e.foundRecycled, foundFile{tier: t, dir: dir, path: path})
-					}
+					// Pooled (or deleted) once the tiers are accounted: poolFound.
+					e.foundRecycled = append(e.foundRecycled, foundFile{tier: t, dir: dir, path: path})
 					continue
 				}
 				n, ok := wal.ParseSegmentFileName(name)

@@ -169,6 +169,18 @@ func (e *Engine) poolFound() {
 	e.foundRecycled = nil
 }
 
+// accountFound accounts the recycled files a read-only Open found as pooled, changing nothing
+// on disk, so that TierStats.Used is what the tier holds.
+func (e *Engine) accountFound() {
+	for _, r := range e.foundRecycled {
+		if size := e.fileSize(r.path); size > 0 {
+			r.tier.space.Add(size)
+			r.tier.space.Pool(size)
+		}
+	}
+	e.foundRecycled = nil
+}
+
 // reusable returns the size of a recycled file found at Open and whether it may join its pool.
 func (e *Engine) reusable(r foundFile) (int64, bool) {
 	size := e.fileSize(r.path)

@@ -837,6 +837,19 @@ func TestRecycledFilesAcrossReopen(t *testing.T) {
 	if headroom := int64(2<<20) / 4; len(kept) == 0 || keptBytes > headroom {
 		t.Fatalf("%d recycled files of %d bytes kept, want at least one, within the %d bytes above the high watermark", len(kept), keptBytes, headroom)
 	}
+	// A read-only Open accounts them and leaves them alone.
+	ro := opts
+	ro.ReadOnly = true
+	e = mustOpen(t, root+"/store", ro)
+	if st := e.TierStats()[0]; st.Recycled != keptBytes || st.Used < keptBytes {
+		t.Fatalf("read-only tier stats %+v: want %d recycled bytes within used", st, keptBytes)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(recycledFiles(t, fs, ssd)); n != len(kept) {
+		t.Fatalf("read-only Open changed the recycled files: %d, was %d", n, len(kept))
+	}
 
 	// A crash right after a reuse's rename: an unregistered segment file with a retired
 	// segment's header (a copy, so that the kept files are still there to be reused).

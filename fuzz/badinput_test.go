@@ -28,6 +28,7 @@ func TestBadOptions(t *testing.T) {
 	}{
 		{"queue-depth-negative", func(o *engine.Options) { o.QueueDepth = -1 }, "queue depth"},
 		{"queue-depth-huge", func(o *engine.Options) { o.QueueDepth = 1 << 20 }, "queue depth"},
+		{"recycle-segments-huge", func(o *engine.Options) { o.RecycleSegments = 1 << 20 }, "recycle segments"},
 		{"segment-size-tiny", func(o *engine.Options) { o.SegmentSize = 4096 }, "segment size"},
 		{"segment-size-negative", func(o *engine.Options) { o.SegmentSize = -1 }, "segment size"},
 		{"segment-size-unaligned", func(o *engine.Options) { o.SegmentSize = 1<<20 + 1 }, "segment size"},

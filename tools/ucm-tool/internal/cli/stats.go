@@ -38,6 +38,7 @@ type tierJSON struct {
 	Paths     []string `json:"paths,omitempty"`
 	Capacity  int64    `json:"capacity_bytes"` // 0: unlimited
 	Used      int64    `json:"used_bytes"`
+	Recycled  int64    `json:"recycled_bytes"` // of used: retired segment files kept for reuse
 	FileBytes int64    `json:"file_bytes"`
 	LiveBytes int64    `json:"live_bytes"`
 	DeadBytes int64    `json:"dead_bytes"`
@@ -52,7 +53,7 @@ type tierJSON struct {
 func newTierJSON(ts []engine.TierStats) []tierJSON {
 	out := make([]tierJSON, 0, len(ts))
 	for _, t := range ts {
-		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, Used: t.Used, FileBytes: t.FileBytes,
+		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, Used: t.Used, Recycled: t.Recycled, FileBytes: t.FileBytes,
 			LiveBytes: t.LiveBytes, DeadBytes: t.DeadBytes, Blocks: t.Blocks, Segments: t.Segments}
 		if t.Kind == tiers.KindMemory {
 			j.Hits, j.Misses, j.Evictions = &t.Hits, &t.Misses, &t.Evictions
