@@ -188,7 +188,7 @@ func (h *Handle) NeedsRecovery() bool {
 
 // OpenWritable opens the store in dir on fs (nil: vfs.Default) read-write for an offline
 // maintenance command (ucm-tool compact, evict, gc), adopting the schema and the tiers the store
-// recorded. Opening recovers a store left by a crash (Engine.Recovery says what it did). It
+// recorded, with segment recycling off. Opening recovers a store left by a crash (Engine.Recovery says what it did). It
 // fails when dir is missing, is not a store, or is in use by an engine. logger nil: discard.
 func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, error) {
 	if fs == nil {
@@ -214,8 +214,10 @@ func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, e
 	if segSize > 0 {
 		segSize = max(engine.MinSegmentSize, (segSize+format.Alignment-1)/format.Alignment*format.Alignment)
 	}
+	// Maintenance commands free disk space: retired segments' files are deleted, not kept for
+	// reuse, and those kept by the engine are deleted at Open.
 	return engine.Open(dir, engine.Options{FS: fs, AdoptStoredSchema: true, IOEngine: devio.EnginePsync, Logger: logger,
-		SegmentSize: segSize})
+		SegmentSize: segSize, RecycleSegments: -1})
 }
 
 // recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
