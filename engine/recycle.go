@@ -153,8 +153,8 @@ func (e *Engine) fileSize(path string) int64 {
 
 // poolFound puts the recycled files Open found back into their pools (accounted to their tier),
 // up to each pool's size, and deletes the others: those beyond it, those a new segment could
-// not reuse (larger than a segment's reservation) and those on file systems that cannot trim a
-// reused file (no kernel descriptor).
+// not reuse (empty, or larger than a segment's reservation) and those on file systems that
+// cannot trim a reused file (no kernel descriptor).
 func (e *Engine) poolFound() {
 	for _, r := range e.foundRecycled {
 		if size, ok := e.reusable(r); ok {
@@ -184,7 +184,7 @@ func (e *Engine) accountFound() {
 // reusable returns the size of a recycled file found at Open and whether it may join its pool.
 func (e *Engine) reusable(r foundFile) (int64, bool) {
 	size := e.fileSize(r.path)
-	if size < 0 || size > e.reservation() || !e.poolHasRoom(r.tier, r.dir, size) {
+	if size <= 0 || size > e.reservation() || !e.poolHasRoom(r.tier, r.dir, size) {
 		return 0, false
 	}
 	f, err := e.fs.Open(r.path)

@@ -72,7 +72,7 @@ func (s *Space) Add(n int64) {
 }
 
 // Pool moves n bytes already in used to the recycle pool: a retired segment's file kept for
-// reuse instead of deleted. Waiters for space look again (the releaser can free them).
+// reuse instead of deleted. Waiters for space look again (their Recycler can take or delete it).
 func (s *Space) Pool(n int64) {
 	s.mu.Lock()
 	s.pooled += n

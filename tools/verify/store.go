@@ -188,8 +188,9 @@ func (h *Handle) NeedsRecovery() bool {
 
 // OpenWritable opens the store in dir on fs (nil: vfs.Default) read-write for an offline
 // maintenance command (ucm-tool compact, evict, gc), adopting the schema and the tiers the store
-// recorded, with segment recycling off. Opening recovers a store left by a crash (Engine.Recovery says what it did). It
-// fails when dir is missing, is not a store, or is in use by an engine. logger nil: discard.
+// recorded, with segment recycling off. Opening recovers a store left by a crash
+// (Engine.Recovery says what it did). It fails when dir is missing, is not a store, or is in use
+// by an engine. logger nil: discard.
 func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, error) {
 	if fs == nil {
 		fs = vfs.Default
