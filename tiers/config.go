@@ -79,6 +79,12 @@ type Config struct {
 	DirectIO string `yaml:"direct_io"`
 	// Compression of a disk tier: "off" (default) or "lz4".
 	Compression string `yaml:"compression"`
+	// Shared marks a disk tier whose paths are shared by several engine instances (processes on
+	// one host, or hosts mounting one distributed file system): each instance writes only its
+	// own namespace under every path (<path>/instances/<instance id>/), publishes its sealed
+	// segments in a manifest there, and reads the others' published segments
+	// (docs/sharing.md). A memory tier cannot be shared.
+	Shared bool `yaml:"shared"`
 }
 
 // WithDefaults returns a copy of c with zero-valued watermarks set to their defaults and, for
@@ -156,6 +162,9 @@ func Validate(tiers []Config) error {
 			}
 			if t.Compression != "" {
 				return fail("compression", "a memory tier takes no compression")
+			}
+			if t.Shared {
+				return fail("shared", "a memory tier cannot be shared (it is this process's memory)")
 			}
 			if t.Capacity <= 0 {
 				return fail("capacity", "%d: a memory tier needs a capacity > 0", t.Capacity)

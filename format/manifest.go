@@ -1,0 +1,183 @@
+package format
+
+import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+)
+
+// Manifest of a namespace on a shared tier: the list of sealed segments its owner (one engine
+// instance) publishes to the other instances sharing the tier (docs/sharing.md). The owner
+// rewrites it whole (temporary file, sync, rename) whenever the set changes; a reader reads it
+// whole, in one read, and trusts nothing in it before both checksums pass. A segment is listed
+// only once it is sealed and durable, and is removed from the list before its file is deleted.
+//
+//	header (ManifestHeaderSize = 96 bytes):
+//	offset size field
+//	     0    8 magic "UCMGOMAN"
+//	     8    4 manifest version (uint32 LE, = ManifestVersion)
+//	    12    4 segment count n (uint32 LE, <= MaxManifestSegments)
+//	    16   16 instance id of the owner
+//	    32   32 schema fingerprint of every listed segment
+//	    64    8 sequence (uint64 LE): increases with every manifest the owner writes
+//	    72    8 written, Unix nanoseconds (int64 LE)
+//	    80    4 CRC32C of the n entries (uint32 LE)
+//	    84    8 zero
+//	    92    4 CRC32C of header bytes [0, 92) (uint32 LE)
+//	entries (n × ManifestEntrySize = 40 bytes), in increasing segment number order:
+//	     0    8 segment number (uint64 LE, > 0)
+//	     8    8 generation (uint64 LE)
+//	    16    8 file size (uint64 LE): the sealed segment's size, footer included
+//	    24    8 sealed, Unix nanoseconds (int64 LE): when the owner published it
+//	    32    4 record count (uint32 LE)
+//	    36    4 zero
+//
+// Part of the on-disk format: do not change without bumping ManifestVersion.
+const (
+	ManifestHeaderSize = 96
+	ManifestEntrySize  = 40
+	// ManifestVersion is the version of the manifest layout above.
+	ManifestVersion = 1
+	// MaxManifestSegments bounds the entries of one manifest (a 40 MiB file): 1M segments of
+	// the default 256 MiB are 256 TiB in one namespace.
+	MaxManifestSegments = 1 << 20
+
+	manMagic        = "UCMGOMAN"
+	manOffVersion   = 8
+	manOffCount     = 12
+	manOffInstance  = 16
+	manOffSchema    = 32
+	manOffSequence  = 64
+	manOffWritten   = 72
+	manOffEntriesCR = 80
+	manOffCRC       = 92
+)
+
+// ManifestEntry is one published segment.
+type ManifestEntry struct {
+	Number     uint64
+	Generation uint64
+	Size       int64
+	Sealed     int64 // Unix nanoseconds
+	Records    uint32
+}
+
+// Manifest is the decoded list of a namespace's published segments.
+type Manifest struct {
+	Instance InstanceID
+	Schema   Fingerprint
+	Sequence uint64
+	Written  int64 // Unix nanoseconds
+	Segments []ManifestEntry
+}
+
+// ManifestSize is the encoded size of a manifest listing n segments.
+func ManifestSize(n int) int64 { return ManifestHeaderSize + int64(n)*ManifestEntrySize }
+
+// EncodeManifest returns the bytes of m. Segments must be in strictly increasing number order,
+// with numbers > 0 and sizes of at least a segment header; at most MaxManifestSegments.
+func EncodeManifest(m *Manifest) ([]byte, error) {
+	if len(m.Segments) > MaxManifestSegments {
+		return nil, errorf(ErrInvalid, "manifest: %d segments, at most %d", len(m.Segments), MaxManifestSegments)
+	}
+	buf := make([]byte, ManifestSize(len(m.Segments)))
+	le := binary.LittleEndian
+	var prev uint64
+	for i, s := range m.Segments {
+		if s.Number <= prev || s.Size < SegmentHeaderSize {
+			return nil, errorf(ErrInvalid, "manifest entry %d: segment %d size %d (numbers increasing from 1, sizes >= %d)", i, s.Number, s.Size, SegmentHeaderSize)
+		}
+		prev = s.Number
+		b := buf[ManifestHeaderSize+i*ManifestEntrySize:]
+		le.PutUint64(b, s.Number)
+		le.PutUint64(b[8:], s.Generation)
+		le.PutUint64(b[16:], uint64(s.Size))
+		le.PutUint64(b[24:], uint64(s.Sealed))
+		le.PutUint32(b[32:], s.Records)
+	}
+	copy(buf, manMagic)
+	le.PutUint32(buf[manOffVersion:], ManifestVersion)
+	le.PutUint32(buf[manOffCount:], uint32(len(m.Segments)))
+	copy(buf[manOffInstance:], m.Instance[:])
+	copy(buf[manOffSchema:], m.Schema[:])
+	le.PutUint64(buf[manOffSequence:], m.Sequence)
+	le.PutUint64(buf[manOffWritten:], uint64(m.Written))
+	le.PutUint32(buf[manOffEntriesCR:], Checksum(buf[ManifestHeaderSize:]))
+	le.PutUint32(buf[manOffCRC:], Checksum(buf[:manOffCRC]))
+	return buf, nil
+}
+
+// DecodeManifest checks and decodes a whole manifest file. Every field is checked before it is
+// used: magic, header checksum, version, a count that matches the length exactly (so a torn or
+// truncated file is rejected, never half read), the entries' checksum, and entries in strictly
+// increasing number order with plausible sizes. Errors wrap ErrCorrupt.
+func DecodeManifest(src []byte) (*Manifest, error) {
+	if len(src) < ManifestHeaderSize {
+		return nil, errorf(ErrCorrupt, "manifest: %d bytes, shorter than its %d-byte header", len(src), ManifestHeaderSize)
+	}
+	if !bytes.Equal(src[:len(manMagic)], []byte(manMagic)) {
+		return nil, errorf(ErrCorrupt, "manifest: field magic: %q is not %q", src[:len(manMagic)], manMagic)
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(src[manOffCRC:]), Checksum(src[:manOffCRC]); got != want {
+		return nil, errorf(ErrCorrupt, "manifest: field header crc: stored %#08x, computed %#08x", got, want)
+	}
+	if v := le.Uint32(src[manOffVersion:]); v != ManifestVersion {
+		return nil, errorf(ErrCorrupt, "manifest: field version: %d, this build reads %d", v, ManifestVersion)
+	}
+	n := int64(le.Uint32(src[manOffCount:]))
+	if n > MaxManifestSegments {
+		return nil, errorf(ErrCorrupt, "manifest: field count: %d above %d", n, MaxManifestSegments)
+	}
+	if want := ManifestSize(int(n)); int64(len(src)) != want {
+		return nil, errorf(ErrCorrupt, "manifest: field count: %d entries make %d bytes, file has %d", n, want, len(src))
+	}
+	if got, want := Checksum(src[ManifestHeaderSize:]), le.Uint32(src[manOffEntriesCR:]); got != want {
+		return nil, errorf(ErrCorrupt, "manifest: field entries crc: stored %#08x, computed %#08x", want, got)
+	}
+	if !IsZeroBlock(src[manOffEntriesCR+4 : manOffCRC]) {
+		return nil, errorf(ErrCorrupt, "manifest: reserved header bytes [84, 92) not zero")
+	}
+	m := &Manifest{Sequence: le.Uint64(src[manOffSequence:]), Written: int64(le.Uint64(src[manOffWritten:])),
+		Segments: make([]ManifestEntry, n)}
+	copy(m.Instance[:], src[manOffInstance:])
+	copy(m.Schema[:], src[manOffSchema:])
+	var prev uint64
+	for i := range m.Segments {
+		b := src[ManifestHeaderSize+i*ManifestEntrySize:]
+		s := ManifestEntry{Number: le.Uint64(b), Generation: le.Uint64(b[8:]), Size: int64(le.Uint64(b[16:])),
+			Sealed: int64(le.Uint64(b[24:])), Records: le.Uint32(b[32:])}
+		if !IsZeroBlock(b[36:ManifestEntrySize]) {
+			return nil, errorf(ErrCorrupt, "manifest entry %d: reserved bytes not zero", i)
+		}
+		if s.Number <= prev {
+			return nil, errorf(ErrCorrupt, "manifest entry %d: segment number %d not above %d", i, s.Number, prev)
+		}
+		if s.Size < SegmentHeaderSize || s.Size%Alignment != 0 {
+			return nil, errorf(ErrCorrupt, "manifest entry %d: segment %d: size %d not an aligned size >= %d", i, s.Number, s.Size, SegmentHeaderSize)
+		}
+		if maxRecs := (s.Size - SegmentHeaderSize) / RecordHeaderSize; int64(s.Records) > maxRecs {
+			return nil, errorf(ErrCorrupt, "manifest entry %d: segment %d: %d records cannot fit in %d bytes", i, s.Number, s.Records, s.Size)
+		}
+		prev = s.Number
+		m.Segments[i] = s
+	}
+	return m, nil
+}
+
+// Find returns the entry of segment n and whether the manifest lists it.
+func (m *Manifest) Find(n uint64) (ManifestEntry, bool) {
+	i, ok := slices.BinarySearchFunc(m.Segments, n, func(e ManifestEntry, n uint64) int {
+		switch {
+		case e.Number < n:
+			return -1
+		case e.Number > n:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return ManifestEntry{}, false
+	}
+	return m.Segments[i], true
+}

@@ -1,0 +1,121 @@
+package format
+
+import (
+	"encoding/binary"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func sampleManifest() *Manifest {
+	m := &Manifest{Sequence: 9, Written: 1_790_000_000_000_000_000, Segments: []ManifestEntry{
+		{Number: 3, Generation: 0x1122334455667788, Size: 256 << 20, Sealed: 1_790_000_000_000_000_001, Records: 127},
+		{Number: 7, Generation: 42, Size: 3 * Alignment, Sealed: 1_790_000_000_000_000_002, Records: 1},
+	}}
+	for i := range m.Instance {
+		m.Instance[i] = byte(0xa0 + i)
+	}
+	for i := range m.Schema {
+		m.Schema[i] = byte(i)
+	}
+	return m
+}
+
+func TestManifestGoldenAndRoundTrip(t *testing.T) {
+	m := sampleManifest()
+	buf, err := EncodeManifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "manifest.golden", buf)
+	got, err := DecodeManifest(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip: got %+v want %+v", got, m)
+	}
+	if e, ok := got.Find(7); !ok || e.Generation != 42 {
+		t.Fatalf("Find(7) = %+v, %v", e, ok)
+	}
+	if _, ok := got.Find(5); ok {
+		t.Fatal("Find(5) found a segment the manifest does not list")
+	}
+	empty, err := EncodeManifest(&Manifest{})
+	if err != nil || int64(len(empty)) != ManifestHeaderSize {
+		t.Fatalf("empty manifest: %d bytes, %v", len(empty), err)
+	}
+	if m2, err := DecodeManifest(empty); err != nil || len(m2.Segments) != 0 {
+		t.Fatalf("empty manifest decodes to %+v, %v", m2, err)
+	}
+}
+
+func TestManifestEncodeRefusesBadEntries(t *testing.T) {
+	for name, segs := range map[string][]ManifestEntry{
+		"zero number":    {{Number: 0, Size: Alignment}},
+		"out of order":   {{Number: 5, Size: Alignment}, {Number: 4, Size: Alignment}},
+		"duplicate":      {{Number: 5, Size: Alignment}, {Number: 5, Size: Alignment}},
+		"size too small": {{Number: 1, Size: 100}},
+	} {
+		if _, err := EncodeManifest(&Manifest{Segments: segs}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+// TestManifestDecodeRejectsDamage: every single-byte change, every truncation and an appended
+// byte fail with ErrCorrupt (a torn or half-written manifest is never half read).
+func TestManifestDecodeRejectsDamage(t *testing.T) {
+	buf, err := EncodeManifest(sampleManifest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		bad := append([]byte(nil), buf...)
+		bad[i] ^= 0x5a
+		if _, err := DecodeManifest(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("byte %d flipped: err = %v, want ErrCorrupt", i, err)
+		}
+	}
+	for n := 0; n < len(buf); n++ {
+		if _, err := DecodeManifest(buf[:n]); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("truncated to %d: err = %v, want ErrCorrupt", n, err)
+		}
+	}
+	if _, err := DecodeManifest(append(append([]byte(nil), buf...), 0)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("appended byte: err = %v, want ErrCorrupt", err)
+	}
+	// A count beyond the bound is refused before anything is sized by it.
+	huge := append([]byte(nil), buf[:ManifestHeaderSize]...)
+	binary.LittleEndian.PutUint32(huge[manOffCount:], MaxManifestSegments+1)
+	binary.LittleEndian.PutUint32(huge[manOffCRC:], Checksum(huge[:manOffCRC]))
+	if _, err := DecodeManifest(huge); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("huge count: err = %v, want ErrCorrupt", err)
+	}
+}
+
+// FuzzDecodeManifest: decoding arbitrary bytes never panics, fails only with ErrCorrupt, and
+// whatever decodes re-encodes to the same bytes.
+func FuzzDecodeManifest(f *testing.F) {
+	buf, _ := EncodeManifest(sampleManifest())
+	f.Add(buf)
+	empty, _ := EncodeManifest(&Manifest{})
+	f.Add(empty)
+	f.Add([]byte("UCMGOMAN"))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		m, err := DecodeManifest(src)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		again, err := EncodeManifest(m)
+		if err != nil {
+			t.Fatalf("decoded manifest does not re-encode: %v", err)
+		}
+		if string(again) != string(src) {
+			t.Fatal("decoded manifest re-encodes to other bytes")
+		}
+	})
+}
