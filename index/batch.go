@@ -17,6 +17,8 @@ const (
 	opSetSegment
 	opDeleteSegment
 	opDeleteIf
+	opSetMeta
+	opDeleteMeta
 )
 
 // op is one recorded mutation. For puts, loc carries no ShardCRCs (enc holds the encoded value,
@@ -31,6 +33,8 @@ type op struct {
 	result *bool
 	seg    SegmentMeta
 	number uint64
+	key    string // meta ops
+	val    []byte
 }
 
 // Batch groups mutations that Apply commits atomically, in the order they were added. It is
@@ -52,6 +56,21 @@ func (b *Batch) setErr(err error) {
 	if b.err == nil {
 		b.err = err
 	}
+}
+
+// SetMeta records that the meta name key (non-empty; "index." names are reserved) is set to
+// val in the same atomic commit as the batch's other mutations. val is copied.
+func (b *Batch) SetMeta(key string, val []byte) {
+	if key == "" {
+		b.setErr(fmt.Errorf("%w: index: empty meta name", format.ErrInvalid))
+		return
+	}
+	b.ops = append(b.ops, op{kind: opSetMeta, key: key, val: append([]byte{}, val...)})
+}
+
+// DeleteMeta records that the meta name key is removed (absent is fine).
+func (b *Batch) DeleteMeta(key string) {
+	b.ops = append(b.ops, op{kind: opDeleteMeta, key: key})
 }
 
 // Put records that id's entry becomes loc (insert or overwrite). At Apply, loc's RecordBytes is
@@ -374,6 +393,18 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			err = pb.Set(key, st.enc, nil)
 		} else {
 			err = pb.Delete(key, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("index: apply: %w", err)
+		}
+	}
+	for _, o := range b.ops {
+		var err error
+		switch o.kind {
+		case opSetMeta:
+			err = pb.Set(metaKey(o.key), o.val, nil)
+		case opDeleteMeta:
+			err = pb.Delete(metaKey(o.key), nil)
 		}
 		if err != nil {
 			return fmt.Errorf("index: apply: %w", err)

@@ -514,6 +514,30 @@ func (ix *Index) Meta(key string) ([]byte, bool, error) {
 	return out, true, nil
 }
 
+// MetaRange calls fn with every meta name starting with prefix and its value, in name order,
+// until fn returns false. The value is valid only during the call.
+func (ix *Index) MetaRange(prefix string, fn func(key string, val []byte) bool) error {
+	if err := ix.checkOpen(); err != nil {
+		return err
+	}
+	lo := metaKey(prefix)
+	hi := append(metaKey(prefix), 0xff) // meta names are text: 0xff never occurs in them
+	it, err := ix.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("index: meta range %q: %w", prefix, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if !fn(string(it.Key()[1:]), it.Value()) {
+			break
+		}
+	}
+	if err := it.Error(); err != nil {
+		_ = it.Close()
+		return fmt.Errorf("index: meta range %q: %w", prefix, err)
+	}
+	return it.Close()
+}
+
 // SetMeta stores val under the meta name key (non-empty), durably before returning if sync.
 // Names starting with "index." are reserved for the index itself.
 func (ix *Index) SetMeta(key string, val []byte, sync bool) error {

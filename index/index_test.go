@@ -819,3 +819,39 @@ func TestCheckpoint(t *testing.T) {
 	checkAcc(t, cp)
 	wantSeg(t, cp, 1, live*testLoc(1, 0, 2).RecordBytes(), live)
 }
+
+// TestBatchMetaAndRange: meta set in a batch commits atomically with the batch's entries and
+// segment rows, survives a reopen, and MetaRange lists exactly the names under a prefix.
+func TestBatchMetaAndRange(t *testing.T) {
+	fs, ix := openMem(t)
+	apply(t, ix, true, func(b *Batch) {
+		b.SetSegment(seg(1))
+		b.Put(bid(1), testLoc(1, 4096, 2))
+		b.SetMeta("share.seg.0001", []byte("one"))
+		b.SetMeta("share.seg.0002", []byte("two"))
+		b.SetMeta("sharex", []byte("not under the prefix"))
+	})
+	apply(t, ix, true, func(b *Batch) { b.DeleteMeta("share.seg.0001"); b.DeleteMeta("absent") })
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ix = openFS(t, fs)
+	var got []string
+	if err := ix.MetaRange("share.seg.", func(k string, v []byte) bool {
+		got = append(got, k+"="+string(v))
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != "share.seg.0002=two" {
+		t.Fatalf("MetaRange = %q", got)
+	}
+	if _, ok := mustGet(t, ix, bid(1)); !ok {
+		t.Fatal("entry of the batch lost")
+	}
+	b := ix.NewBatch()
+	b.SetMeta("", nil)
+	if err := ix.Apply(b, false); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("empty meta name: %v", err)
+	}
+}

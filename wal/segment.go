@@ -82,6 +82,8 @@ type Segment struct {
 	Generation uint64
 	path       string
 	file       *devio.File
+	// info is the decoded header of a segment opened for reading (OpenSegmentForRead).
+	info format.SegmentHeader
 
 	refs     atomic.Int64 // readers + 1 for the owner's reference
 	closeOne sync.Once
@@ -218,8 +220,14 @@ func OpenSegmentForRead(fs vfs.FS, dir string, n, generation uint64, direct devi
 		_ = f.Close()
 		return nil, &CorruptionError{Path: path, Err: err}
 	}
-	return newSegment(n, generation, path, f), nil
+	s := newSegment(n, generation, path, f)
+	s.info = h
+	return s, nil
 }
+
+// Info returns the header of a segment opened by OpenSegmentForRead (the zero header for one a
+// writer created): its creator instance and schema fingerprint among others.
+func (s *Segment) Info() format.SegmentHeader { return s.info }
 
 // ReadFooter reads and checks the footer of sealed segment seg, whose file is size bytes (the
 // size the index recorded at the seal): the list of every record in it, without scanning them.
