@@ -28,8 +28,8 @@ import (
 //	     0    8 segment number (uint64 LE, > 0)
 //	     8    8 generation (uint64 LE)
 //	    16    8 file size (uint64 LE): the sealed segment's size, footer included
-//	    24    8 sealed, Unix nanoseconds (int64 LE): when the owner published it
-//	    32    4 record count (uint32 LE)
+//	    24    8 sealed, Unix nanoseconds (int64 LE): when the owner first published it
+//	    32    4 live records (uint32 LE): blocks of the owner's index in it when published
 //	    36    4 zero
 //
 // Part of the on-disk format: do not change without bumping ManifestVersion.
@@ -58,8 +58,8 @@ type ManifestEntry struct {
 	Number     uint64
 	Generation uint64
 	Size       int64
-	Sealed     int64 // Unix nanoseconds
-	Records    uint32
+	Sealed     int64  // Unix nanoseconds: when the owner first published the segment
+	Records    uint32 // live records when published (informative: readers use the footer)
 }
 
 // Manifest is the decoded list of a namespace's published segments.

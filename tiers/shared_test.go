@@ -1,0 +1,68 @@
+package tiers
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/format"
+)
+
+func TestNamespacesAndManifest(t *testing.T) {
+	fs := vfs.NewMem()
+	root := "/shared"
+	a, b := format.InstanceID{1, 2, 3}, format.InstanceID{9}
+	if ids, err := ListNamespaces(fs, root); err != nil || len(ids) != 0 {
+		t.Fatalf("empty root: %v, %v", ids, err)
+	}
+	for _, id := range []format.InstanceID{a, b} {
+		if err := fs.MkdirAll(NamespaceDir(root, id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fs.MkdirAll(filepath.Join(root, InstancesDir, "not-a-namespace"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := ListNamespaces(fs, root)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("namespaces %v, %v", ids, err)
+	}
+	if _, err := ReadManifest(fs, NamespaceDir(root, a), a); !errors.Is(err, ErrNoManifest) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("no manifest yet: %v", err)
+	}
+	m := &format.Manifest{Instance: a, Sequence: 1, Segments: []format.ManifestEntry{{Number: 4, Generation: 7, Size: 3 * format.Alignment, Records: 1}}}
+	if err := WriteManifest(fs, NamespaceDir(root, a), m); err != nil {
+		t.Fatal(err)
+	}
+	m.Sequence, m.Segments = 2, append(m.Segments, format.ManifestEntry{Number: 5, Generation: 8, Size: 2 * format.Alignment})
+	if err := WriteManifest(fs, NamespaceDir(root, a), m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadManifest(fs, NamespaceDir(root, a), a)
+	if err != nil || got.Sequence != 2 || len(got.Segments) != 2 {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+	// A manifest in the wrong namespace (copied there) is refused.
+	if err := WriteManifest(fs, NamespaceDir(root, b), m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadManifest(fs, NamespaceDir(root, b), b); !errors.Is(err, format.ErrCorrupt) {
+		t.Fatalf("foreign manifest: %v", err)
+	}
+	// A torn manifest is corruption, not a shorter list.
+	f, err := fs.Create(filepath.Join(NamespaceDir(root, a), ManifestFile), vfs.WriteCategoryUnspecified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, _ := format.EncodeManifest(m)
+	_, _ = f.Write(buf[:len(buf)-1])
+	_ = f.Close()
+	if _, err := ReadManifest(fs, NamespaceDir(root, a), a); !errors.Is(err, format.ErrCorrupt) {
+		t.Fatalf("torn manifest: %v", err)
+	}
+	if _, ok := ParseNamespace("00000000000000000000000000000000"); ok {
+		t.Fatal("the zero instance is not a namespace")
+	}
+}
