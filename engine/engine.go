@@ -66,6 +66,8 @@ type Engine struct {
 	segs  map[uint64]*wal.Segment // open segment files
 	homes map[uint64]segHome      // where every known segment lives
 
+	share *sharing // shared tiers: publication and the foreign index (share.go); nil without
+
 	recycled      recyclePool // retired segment files kept for reuse (recycle.go)
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
@@ -195,10 +197,16 @@ func (e *Engine) open() error {
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
 	}
+	if err := e.loadInstance(); err != nil {
+		return err
+	}
 	if err := e.loadStoredTiers(); err != nil {
 		return err
 	}
 	if err := e.openTiers(); err != nil {
+		return err
+	}
+	if err := e.openSharing(); err != nil {
 		return err
 	}
 	if !e.opts.ReadOnly {
@@ -233,6 +241,9 @@ func (e *Engine) open() error {
 			return err
 		}
 	}
+	if err := e.writeInstanceFile(); err != nil {
+		return err
+	}
 	if err := e.recordTiers(); err != nil {
 		return err
 	}
@@ -250,6 +261,10 @@ func (e *Engine) open() error {
 	go e.janitor()
 	go e.reclaimer()
 	go e.promoter()
+	if e.share != nil {
+		e.bg.Add(1)
+		go e.sharer()
+	}
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
 		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
 	return nil
@@ -359,6 +374,9 @@ func (e *Engine) release() {
 	if e.ix != nil {
 		_ = e.ix.Close()
 	}
+	if e.share != nil && e.share.fx != nil {
+		_ = e.share.fx.Close()
+	}
 	for _, t := range e.tiers {
 		for _, l := range t.locks {
 			_ = l.Close()
@@ -382,6 +400,7 @@ func (e *Engine) Close() error {
 	e.tasks.Wait()
 	close(e.stop)
 	e.bg.Wait()
+	e.closeSharing()
 	e.mu.Lock()
 	for id, s := range e.mu.staging {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
@@ -391,6 +410,7 @@ func (e *Engine) Close() error {
 	for _, w := range e.writers() {
 		errs = append(errs, w.Close())
 	}
+	e.publishShared() // the segments the writers just sealed
 	err := errors.Join(errs...)
 	e.release()
 	if err != nil {
@@ -495,14 +515,18 @@ func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 	if s == nil {
 		e.segMu.Lock()
 		if s = e.segs[n]; s == nil {
-			meta, ok := e.ix.Segment(n)
-			h, known := e.homes[n]
-			if !ok || !known || meta.State == index.SegmentDeleting {
-				e.segMu.Unlock()
-				return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
-			}
 			var err error
-			s, err = wal.OpenSegmentForRead(e.fs, h.dir, n, meta.Generation, h.tier.direct, h.tier.io)
+			if isForeign(n) {
+				s, err = e.openForeignLocked(n)
+			} else {
+				meta, ok := e.ix.Segment(n)
+				h, known := e.homes[n]
+				if !ok || !known || meta.State == index.SegmentDeleting {
+					e.segMu.Unlock()
+					return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
+				}
+				s, err = wal.OpenSegmentForRead(e.fs, h.dir, n, meta.Generation, h.tier.direct, h.tier.io)
+			}
 			if err != nil {
 				e.segMu.Unlock()
 				return nil, err
@@ -522,6 +546,18 @@ func (e *Engine) Stats() Stats {
 	st := e.stats.snapshot()
 	st.Blocks, st.LiveBytes, st.FileBytes = e.ix.Totals()
 	st.Segments = len(e.ix.Segments())
+	if s := e.share; s != nil {
+		st.Sharing = SharingStats{ForeignHits: s.foreignHits.Load(), Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
+			SegmentsIndexed: s.segmentsIndexed.Load(), SegmentsDropped: s.dropped.Load(),
+			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load()}
+		if n := st.Sharing.VisibilitySamples; n > 0 {
+			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)
+		}
+		if s.fx != nil {
+			st.Sharing.ForeignBlocks, _, _ = s.fx.Totals()
+			st.Sharing.ForeignSegments = len(s.fx.Segments())
+		}
+	}
 	e.mu.Lock()
 	st.StagingBytes = e.mu.stagingBytes
 	st.StagingBlocks = len(e.mu.staging)

@@ -109,7 +109,13 @@ func (h *walHooks) SegmentSealed(number uint64, size int64) error {
 	meta.State, meta.Size = index.SegmentSealed, size
 	b := e.ix.NewBatch()
 	b.SetSegment(meta)
-	return e.ix.Apply(b, true)
+	if err := e.ix.Apply(b, true); err != nil {
+		return err
+	}
+	if t := e.tierOf(number); t != nil && t.cfg.Shared {
+		e.kickSharing() // publish it to the other instances
+	}
+	return nil
 }
 
 // Synced makes the index durable after the segments were synced.

@@ -21,8 +21,38 @@ func (e *Engine) Lookup(ids []BlockID) []bool {
 		e.opts.Logger.Warn("ucm: lookup failed; reporting misses", "err", err)
 		clear(hits)
 	}
+	e.lookupForeign(ids, hits)
 	e.stats.countLookup(hits)
 	return hits
+}
+
+// lookupForeign sets hits[i] for the ids among the misses that the foreign index holds
+// (blocks other instances published on a shared tier).
+func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
+	if e.share == nil || e.share.fx == nil {
+		return
+	}
+	var miss []int
+	for i, h := range hits {
+		if !h {
+			miss = append(miss, i)
+		}
+	}
+	if len(miss) == 0 {
+		return
+	}
+	sub := make([]BlockID, len(miss))
+	for k, i := range miss {
+		sub[k] = ids[i]
+	}
+	subHits := make([]bool, len(sub))
+	if err := e.share.fx.Has(sub, subHits); err != nil {
+		e.opts.Logger.Warn("ucm: foreign lookup failed; reporting misses", "err", err)
+		return
+	}
+	for k, i := range miss {
+		hits[i] = subHits[k]
+	}
 }
 
 // LookupPrefix returns the length of the leading run of stored blocks in ids: the number of
@@ -36,6 +66,21 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 	if err != nil {
 		e.opts.Logger.Warn("ucm: prefix lookup failed; reporting no hits", "err", err)
 		return 0
+	}
+	if e.share != nil && e.share.fx != nil {
+		// The leading run may alternate between own and foreign blocks.
+		for n < len(ids) {
+			f, err := e.share.fx.PrefixLen(ids[n:])
+			if err != nil || f == 0 {
+				break
+			}
+			n += f
+			own, err := e.ix.PrefixLen(ids[n:])
+			if err != nil {
+				break
+			}
+			n += own
+		}
 	}
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
 	// leaves before their parents.
@@ -77,12 +122,15 @@ func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
 
 // blockRead is the I/O plan of one block of a load.
 type blockRead struct {
-	i      int
-	loc    index.Location
-	seg    *wal.Segment
-	tier   *diskTier
-	header []byte // whole-block loads: the record header, to check the id
-	bounce []byte // payload read here when dst cannot take it directly
+	i    int
+	loc  index.Location
+	seg  *wal.Segment
+	tier *diskTier
+	// foreign: the block is another instance's (a foreign index entry): not in this
+	// instance's recency lists; a hit is promoted into its faster tiers.
+	foreign bool
+	header  []byte // whole-block loads: the record header, to check the id
+	bounce  []byte // payload read here when dst cannot take it directly
 	// Compressed records: bounce holds the stored bytes read; winOff is the offset of
 	// bounce[0] from the payload start (single-shard loads read an aligned window).
 	winOff int64
@@ -144,6 +192,9 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			}
 		}
 		loc, ok, err := e.ix.Get(id)
+		if err == nil && !ok {
+			loc, ok = e.foreignGet(id)
+		}
 		if err != nil || !ok {
 			if err == nil {
 				err = blockErr(ErrNotFound, id, "load")
@@ -167,8 +218,8 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			}
 			continue
 		}
-		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), opLo: len(ops)}
-		if r.tier != nil && r.tier.lru != nil {
+		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), foreign: isForeign(loc.Segment), opLo: len(ops)}
+		if r.tier != nil && r.tier.lru != nil && !r.foreign {
 			r.tier.lru.Pin(id) // not evicted while read
 		}
 		f := seg.File()
@@ -227,14 +278,17 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		t.errs[r.i] = e.finishRead(r, id, shard, dst[r.i], ops[r.opLo:r.opHi])
 		r.seg.Release()
 		if r.tier != nil {
-			if r.tier.lru != nil {
+			if r.tier.lru != nil && !r.foreign {
 				r.tier.lru.Unpin(id)
 				if t.errs[r.i] == nil {
 					r.tier.lru.Touch(id)
 				}
 			}
 			if t.errs[r.i] == nil {
-				if r.tier.pos > 0 {
+				if r.foreign {
+					e.share.foreignHits.Add(1)
+				}
+				if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
 					e.wantPromotion(id)
 				}
 				if e.mem != nil && shard == AllShards {
@@ -263,6 +317,9 @@ func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, in
 		seg, err := e.acquireSegment(loc.Segment)
 		if err == nil || !errors.Is(err, wal.ErrSegmentGone) || attempt == maxFollow {
 			return seg, loc, err
+		}
+		if isForeign(loc.Segment) {
+			return nil, loc, err // another instance's segment: gone is a miss
 		}
 		now, ok, gerr := e.ix.Get(id)
 		if gerr != nil || !ok || (now.Segment == loc.Segment && now.Offset == loc.Offset) {
@@ -378,7 +435,16 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 		e.stats.corruptReads.Add(1)
 	}
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
-	if !e.opts.ReadOnly {
+	if !e.opts.ReadOnly && isForeign(loc.Segment) {
+		// Another instance's block: forget this copy here; its owner's files are not ours.
+		if e.share != nil && e.share.fx != nil {
+			b := e.share.fx.NewBatch()
+			b.DeleteIf(id, loc)
+			if err := e.share.fx.Apply(b, false); err != nil {
+				e.opts.Logger.Error("ucm: could not drop broken foreign block", "block", id, "err", err)
+			}
+		}
+	} else if !e.opts.ReadOnly {
 		b := e.ix.NewBatch()
 		dropped := b.DeleteIf(id, loc)
 		if err := e.ix.Apply(b, false); err != nil {

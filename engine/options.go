@@ -75,6 +75,14 @@ const (
 	// DefaultCompressMinSaving: a compressed record is kept only if it saves 1/8 of the raw
 	// payload bytes on disk.
 	DefaultCompressMinSaving = 0.125
+	// DefaultSharedRefreshInterval is how often an instance reads the manifests of the other
+	// instances on its shared tiers (one listing per path, one read per namespace) and
+	// publishes its own: a segment another instance sealed is a hit here within about this.
+	DefaultSharedRefreshInterval = 500 * time.Millisecond
+	// DefaultSharedRetireGrace is how long a retired segment of a shared tier stays on disk
+	// after it left its manifest, so that other instances' loads of it, started before their
+	// next refresh, still find it (a TaskTimeout).
+	DefaultSharedRetireGrace = 30 * time.Second
 	// MinSegmentSize is the smallest segment size Validate accepts.
 	MinSegmentSize = 64 << 10
 )
@@ -137,6 +145,13 @@ type Options struct {
 	// tier's used bytes until reused or deleted, which happens as soon as a segment needs their
 	// room. Only file systems with kernel file descriptors recycle.
 	RecycleSegments int
+	// SharedRefreshInterval is how often the other instances' manifests on shared tiers are
+	// read and this instance's published (default 500 ms; docs/sharing.md). Only with a
+	// shared tier.
+	SharedRefreshInterval time.Duration
+	// SharedRetireGrace is how long a retired segment of a shared tier stays on disk after it
+	// left the manifest (default 30 s).
+	SharedRetireGrace time.Duration
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
@@ -179,6 +194,12 @@ func (o Options) withDefaults() Options {
 	if o.CompactLiveRatio == 0 {
 		o.CompactLiveRatio = DefaultCompactLiveRatio
 	}
+	if o.SharedRefreshInterval == 0 {
+		o.SharedRefreshInterval = DefaultSharedRefreshInterval
+	}
+	if o.SharedRetireGrace == 0 {
+		o.SharedRetireGrace = DefaultSharedRetireGrace
+	}
 	if o.RecycleSegments == 0 {
 		o.RecycleSegments = DefaultRecycleSegments
 	}
@@ -216,6 +237,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: compress min saving %v out of range (0, 1]: %w", o.CompressMinSaving, ErrInvalidArgument)
 	case o.TaskTimeout < 0:
 		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
+	case o.SharedRefreshInterval < time.Millisecond || o.SharedRetireGrace < 0:
+		return fmt.Errorf("options: shared refresh interval %v (>= 1ms) or retire grace %v (>= 0): %w", o.SharedRefreshInterval, o.SharedRetireGrace, ErrInvalidArgument)
 	case o.CompactLiveRatio <= 0 || o.CompactLiveRatio >= 1:
 		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:

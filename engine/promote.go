@@ -49,7 +49,10 @@ func (e *Engine) wantPromotion(id BlockID) {
 // promoteBlocks moves those of ids stored in a lower disk tier to the first one and returns
 // how many moved. The first tier refuses (ErrNoSpace) when it is above capacity.
 func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
-	if len(e.tiers) < 2 {
+	// Another instance's block is copied into this instance's first disk tier unless that tier
+	// is the shared one itself (a second copy there would save nothing).
+	foreignToo := e.share != nil && !e.tiers[0].cfg.Shared
+	if len(e.tiers) < 2 && !foreignToo {
 		return 0, nil
 	}
 	if e.tiers[0].space.OverHigh() {
@@ -65,6 +68,13 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 		loc, ok, err := e.ix.Get(id)
 		if err != nil {
 			return 0, err
+		}
+		if !ok && foreignToo {
+			if loc, ok = e.foreignGet(id); ok {
+				move = append(move, id)
+				locs = append(locs, loc)
+				continue
+			}
 		}
 		if t := e.tierOf(loc.Segment); ok && t != nil && t.pos > 0 {
 			move = append(move, id)
@@ -83,7 +93,7 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 func (e *Engine) Prefetch(ids []BlockID) *Task {
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
 		for i, id := range t.ids {
-			if !e.ix.Contains(id) {
+			if !e.ix.Contains(id) && !e.foreignContains(id) {
 				t.errs[i] = blockErr(ErrNotFound, id, "prefetch")
 			}
 		}

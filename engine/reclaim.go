@@ -280,6 +280,9 @@ func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (
 		}
 		for _, r := range recs {
 			e.compressRecord(r, dst.codec)
+			if isForeign(r.Origin.Segment) {
+				r.Origin = nil // another instance's block: the copy is this instance's own
+			}
 		}
 		err = wrapIO(dst.rw.Append(recs))
 		for _, r := range recs {
@@ -447,6 +450,7 @@ func (e *Engine) retire(n uint64) error {
 	if row.LiveRecords != 0 {
 		return fmt.Errorf("retire segment %d: %d live records: %w", n, row.LiveRecords, ErrCorrupt)
 	}
+	wasSealed := row.State == index.SegmentSealed
 	row.State = index.SegmentDeleting
 	b := e.ix.NewBatch()
 	b.SetSegment(row)
@@ -456,9 +460,17 @@ func (e *Engine) retire(n uint64) error {
 	e.segMu.Lock()
 	s := e.segs[n]
 	delete(e.segs, n)
+	h := e.homes[n]
 	e.segMu.Unlock()
-	recyclable := s != nil && s.Recyclable()
+	shared := h.tier != nil && h.tier.cfg.Shared
+	// A shared tier's files are read by other instances: never overwritten in place, and a
+	// published one stays a grace period after it leaves the manifest.
+	recyclable := s != nil && s.Recyclable() && !shared
 	remove := func() { e.finishRetire(n, row.Size, recyclable) }
+	if shared && wasSealed {
+		finish := remove
+		remove = func() { e.retireShared(n, finish) }
+	}
 	if s == nil {
 		remove()
 		return nil

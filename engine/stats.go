@@ -1,6 +1,9 @@
 package engine
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats is a snapshot of the engine's counters and space accounting.
 type Stats struct {
@@ -50,6 +53,26 @@ type Stats struct {
 	SegmentsRecycled int64
 	Promotions       int64 // blocks moved up to the first disk tier after a lower-tier hit or Prefetch
 	RelocationsLost  int64 // relocated copies not published because the block changed meanwhile
+	// Sharing is the state of the shared tiers (zero without one).
+	Sharing SharingStats
+}
+
+// SharingStats is what an instance knows of the other instances on its shared tiers
+// (docs/sharing.md).
+type SharingStats struct {
+	ForeignSegments int   // other instances' published segments in the foreign index
+	ForeignBlocks   int64 // their blocks
+	ForeignHits     int64 // loads served from another instance's segment
+	// Refreshes counts reads of the other instances' manifests (every interval); RefreshErrors
+	// the manifests, listings and segments that could not be read or indexed.
+	Refreshes, RefreshErrors         int64
+	SegmentsIndexed, SegmentsDropped int64 // foreign segments indexed and forgotten since Open
+	// ManifestsPublished counts manifests this instance wrote; PublishErrors the failures.
+	ManifestsPublished, PublishErrors int64
+	// VisibilityLatency is the mean time from another instance first publishing a segment to
+	// this instance indexing it, over VisibilitySamples segments (clocks of both hosts).
+	VisibilityLatency time.Duration
+	VisibilitySamples int64
 }
 
 // counters are the engine's live counters.

@@ -89,7 +89,7 @@ func (e *Engine) storedTiers() ([]tiers.Config, error) {
 			if p == storedStoreDir {
 				ts[i].Paths[k] = e.dir
 			}
-			e.storedDirs = append(e.storedDirs, filepath.Join(ts[i].Paths[k], SegmentDir))
+			e.storedDirs = append(e.storedDirs, filepath.Join(e.tierRoot(ts[i], ts[i].Paths[k]), SegmentDir))
 		}
 	}
 	if len(ts) > 0 && tiers.Validate(ts) != nil {
@@ -227,15 +227,17 @@ func (e *Engine) openTiers() error {
 			}
 		}
 		for _, p := range c.Paths {
-			segDir := filepath.Join(p, SegmentDir)
+			// A shared path holds one namespace per instance; this one writes only its own.
+			own := e.tierRoot(c, p)
+			segDir := filepath.Join(own, SegmentDir)
 			if !e.opts.ReadOnly {
 				if err := e.fs.MkdirAll(segDir, 0o755); err != nil {
 					return fmt.Errorf("open tier %q: %w", c.Name, err)
 				}
 			}
-			if filepath.Clean(p) != filepath.Clean(e.dir) {
-				// Another store using this path would reuse our segment numbers.
-				lock, err := e.fs.Lock(filepath.Join(p, LockFile))
+			if filepath.Clean(own) != filepath.Clean(e.dir) {
+				// Another store using this path (or namespace) would reuse our segment numbers.
+				lock, err := e.fs.Lock(filepath.Join(own, LockFile))
 				if err != nil {
 					if isLockHeld(err) {
 						return fmt.Errorf("open tier %q: path %s is in use by another store: %w", c.Name, p, ErrLocked)
@@ -244,8 +246,13 @@ func (e *Engine) openTiers() error {
 				}
 				t.locks = append(t.locks, lock)
 				if !e.opts.ReadOnly {
-					if err := wal.SyncDir(e.fs, p); err != nil {
-						return fmt.Errorf("open tier %q: %w", c.Name, err)
+					for d := own; ; d = filepath.Dir(d) {
+						if err := wal.SyncDir(e.fs, d); err != nil {
+							return fmt.Errorf("open tier %q: %w", c.Name, err)
+						}
+						if d == filepath.Clean(p) || d == filepath.Dir(d) {
+							break
+						}
 					}
 				}
 			}
@@ -282,6 +289,15 @@ func (e *Engine) openTiers() error {
 	return nil
 }
 
+// tierRoot is the directory of tier path p this instance owns: p itself, or for a shared tier
+// its namespace under p (tiers.NamespaceDir).
+func (e *Engine) tierRoot(c tiers.Config, p string) string {
+	if c.Shared {
+		return tiers.NamespaceDir(p, e.instance)
+	}
+	return p
+}
+
 func isLockHeld(err error) bool {
 	// Another process: EAGAIN/EWOULDBLOCK/EACCES from fcntl; this process: Pebble's vfs
 	// reports "lock held by current process".
@@ -305,8 +321,13 @@ func (e *Engine) segPath(n uint64) string {
 	return wal.SegmentPath(e.segDir, n)
 }
 
-// tierOf returns the tier holding segment n, or nil.
+// tierOf returns the tier holding segment n (for a foreign alias, the shared tier it was
+// found in), or nil.
 func (e *Engine) tierOf(n uint64) *diskTier {
+	if isForeign(n) {
+		fs, _ := e.foreignSegment(n)
+		return fs.tier
+	}
 	h, ok := e.home(n)
 	if !ok {
 		return nil

@@ -1,0 +1,650 @@
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Sharing: several engine instances on one shared tier (docs/sharing.md). Each instance writes
+// only its own namespace and publishes its sealed segments in the namespace's manifest
+// (publishShared); each indexes the other instances' published segments in a second Pebble
+// index of its own, the foreign index, refreshed by polling the manifests (refreshShared).
+// Lookups and loads consult the instance's own index first, then the foreign one; neither
+// touches the shared file system for a lookup.
+
+// ForeignDir holds the foreign index in the store directory: a cache of the other instances'
+// published segments, rebuilt from their manifests and footers when lost.
+const ForeignDir = "foreign"
+
+// InstanceFile in the store directory holds the instance id (32 hex digits), so that a store
+// whose index is rebuilt keeps its namespace on shared tiers.
+const InstanceFile = "INSTANCE"
+
+// foreignAlias marks the segment numbers of the foreign index: a foreign segment is known
+// locally by an alias with this bit set (its owner's number may equal one of ours). The
+// instance's own segment numbers never reach it.
+const foreignAlias = 1 << 63
+
+func isForeign(n uint64) bool { return n&foreignAlias != 0 }
+
+// Foreign-index meta keys: the alias of every indexed foreign segment, and the next alias.
+const (
+	metaForeignSeg   = "share.seg."
+	metaForeignNext  = "share.next_alias"
+	foreignSegPrefix = 16 + 8 + 8 // instance, number, generation; the directory follows
+)
+
+// foreignSeg is a segment of another instance that the foreign index holds entries of.
+type foreignSeg struct {
+	inst       format.InstanceID
+	number     uint64
+	generation uint64
+	dir        string // its segment directory
+	tier       *diskTier
+}
+
+type foreignKey struct {
+	inst   format.InstanceID
+	number uint64
+}
+
+// sharing is the engine's state for its shared tiers; nil when it has none.
+type sharing struct {
+	fx   *index.Index // the foreign index
+	kick chan struct{}
+
+	mu      sync.Mutex
+	segs    map[uint64]foreignSeg // alias → segment
+	aliases map[foreignKey]uint64
+	next    uint64                     // next alias (without the marker bit)
+	ignored map[format.InstanceID]bool // namespaces of another schema, logged once
+	lastPub map[string]string          // namespace dir → signature of the manifest written
+	firstAt map[uint64]int64           // own segment → when first published
+
+	// grace holds retired own segments of shared tiers waiting for their grace period before
+	// they are unlinked (finish runs the unlink).
+	grace map[uint64]*graceEntry
+
+	refreshes, refreshErrors  atomic.Int64
+	segmentsIndexed, dropped  atomic.Int64
+	foreignHits, lastRefresh  atomic.Int64
+	published, publishErrors  atomic.Int64
+	visibleAt, visibleSamples atomic.Int64
+}
+
+// hasShared reports whether any configured tier is shared.
+func hasShared(cfgs []tiers.Config) bool {
+	for _, c := range cfgs {
+		if c.Shared {
+			return true
+		}
+	}
+	return false
+}
+
+// loadInstance sets e.instance before the tiers open (a shared tier's namespace is named by
+// it): the id the index recorded, else the one in InstanceFile (the index was lost), else a new
+// one when a shared tier needs it now (otherwise recovery may still find it in the segments, as
+// it did before shared tiers existed). It keeps InstanceFile in step with the index.
+func (e *Engine) loadInstance() error {
+	path := filepath.Join(e.dir, InstanceFile)
+	v, ok, err := e.ix.Meta(metaInstance)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", e.dir, err)
+	}
+	if ok && len(v) == len(e.instance) {
+		copy(e.instance[:], v)
+	} else if id, ferr := readInstanceFile(e, path); ferr == nil {
+		e.instance = id
+	} else if !errors.Is(ferr, os.ErrNotExist) {
+		return ferr
+	} else if hasShared(e.opts.tierConfigs(e.dir)) && !e.opts.ReadOnly {
+		if e.instance, err = newInstanceID(); err != nil {
+			return err
+		}
+	}
+	return e.writeInstanceFile()
+}
+
+// writeInstanceFile records e.instance in InstanceFile (durably) unless it is there already.
+func (e *Engine) writeInstanceFile() error {
+	if e.opts.ReadOnly || e.instance == (format.InstanceID{}) {
+		return nil
+	}
+	path := filepath.Join(e.dir, InstanceFile)
+	if id, err := readInstanceFile(e, path); err == nil && id == e.instance {
+		return nil
+	}
+	tmp := path + ".tmp"
+	f, err := e.fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err == nil {
+		_, err = f.Write([]byte(hex.EncodeToString(e.instance[:]) + "\n"))
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = e.fs.Rename(tmp, path)
+	}
+	if err == nil {
+		err = wal.SyncDir(e.fs, e.dir)
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: record instance id: %w", e.dir, err)
+	}
+	return nil
+}
+
+func readInstanceFile(e *Engine, path string) (format.InstanceID, error) {
+	var id format.InstanceID
+	f, err := e.fs.Open(path)
+	if err != nil {
+		if isNotExist(err) {
+			return id, os.ErrNotExist
+		}
+		return id, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer func() { _ = f.Close() }()
+	buf := make([]byte, 2*len(id)+1)
+	n, _ := f.ReadAt(buf, 0)
+	parsed, ok := tiers.ParseNamespace(strings.TrimSpace(string(buf[:n])))
+	if !ok {
+		return id, fmt.Errorf("open %s: %w: not an instance id", path, ErrCorrupt)
+	}
+	return parsed, nil
+}
+
+func newInstanceID() (format.InstanceID, error) {
+	var id format.InstanceID
+	for id == (format.InstanceID{}) {
+		if _, err := rand.Read(id[:]); err != nil {
+			return id, err
+		}
+	}
+	return id, nil
+}
+
+// openSharing opens the foreign index (rebuilt empty when unreadable: it is a cache of what
+// the manifests and footers say) and loads its segment aliases.
+func (e *Engine) openSharing() error {
+	if !hasShared(e.opts.tierConfigs(e.dir)) {
+		return nil
+	}
+	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{},
+		ignored: map[format.InstanceID]bool{}, lastPub: map[string]string{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{}}
+	dir := filepath.Join(e.dir, ForeignDir)
+	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
+	if err != nil && e.opts.ReadOnly {
+		e.opts.Logger.Warn("ucm: no readable foreign index; other instances' blocks are not visible to this read-only open", "dir", dir, "err", err)
+		return nil
+	}
+	if err != nil {
+		e.opts.Logger.Warn("ucm: foreign index unreadable; rebuilding it from the other instances' manifests", "dir", dir, "err", err)
+		if err := e.fs.RemoveAll(dir); err != nil {
+			return fmt.Errorf("open %s: remove foreign index: %w", e.dir, err)
+		}
+		if fx, err = index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger}); err != nil {
+			return fmt.Errorf("open %s: %w", e.dir, err)
+		}
+	}
+	s.fx = fx
+	e.share = s
+	if v, ok, err := fx.Meta(metaForeignNext); err == nil && ok && len(v) == 8 {
+		s.next = binary.LittleEndian.Uint64(v)
+	}
+	var stale []string
+	err = fx.MetaRange(metaForeignSeg, func(key string, val []byte) bool {
+		alias, perr := parseAliasKey(key)
+		_, hasRow := fx.Segment(alias)
+		if perr != nil || len(val) <= foreignSegPrefix || !hasRow {
+			// The segment's entries and row went in the batch that wrote this key: without the
+			// row it is a leftover of a drop; the next refresh indexes the segment again.
+			stale = append(stale, key)
+			return true
+		}
+		var fs foreignSeg
+		copy(fs.inst[:], val)
+		fs.number = binary.LittleEndian.Uint64(val[16:])
+		fs.generation = binary.LittleEndian.Uint64(val[24:])
+		fs.dir = string(val[foreignSegPrefix:])
+		for _, t := range e.tiers {
+			for _, root := range t.cfg.Paths {
+				if strings.HasPrefix(fs.dir, tiers.NamespaceDir(root, fs.inst)) && t.cfg.Shared {
+					fs.tier = t
+				}
+			}
+		}
+		if fs.tier == nil {
+			stale = append(stale, key) // its shared path is no longer configured
+			return true
+		}
+		s.segs[alias] = fs
+		s.aliases[foreignKey{fs.inst, fs.number}] = alias
+		s.next = max(s.next, alias&^foreignAlias+1)
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+	}
+	if e.opts.ReadOnly {
+		return nil
+	}
+	for _, key := range stale {
+		alias, perr := parseAliasKey(key)
+		b := fx.NewBatch()
+		b.DeleteMeta(key)
+		if perr == nil {
+			if _, ok := fx.Segment(alias); ok {
+				if _, err := fx.DropSegmentEntries(alias, 0, false); err != nil {
+					return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+				}
+				b.DeleteSegment(alias)
+			}
+		}
+		if err := fx.Apply(b, false); err != nil {
+			return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+		}
+	}
+	return nil
+}
+
+func aliasKey(alias uint64) string { return fmt.Sprintf("%s%016x", metaForeignSeg, alias) }
+
+func parseAliasKey(key string) (uint64, error) {
+	var alias uint64
+	_, err := fmt.Sscanf(strings.TrimPrefix(key, metaForeignSeg), "%016x", &alias)
+	if err != nil || !isForeign(alias) {
+		return 0, fmt.Errorf("foreign index key %q: %w", key, ErrCorrupt)
+	}
+	return alias, nil
+}
+
+// sharer is the background goroutine of sharing: it publishes this instance's manifests when
+// kicked (a segment sealed or retired) and refreshes the foreign index every interval.
+func (e *Engine) sharer() {
+	defer e.bg.Done()
+	tick := time.NewTicker(e.opts.SharedRefreshInterval)
+	defer tick.Stop()
+	for {
+		e.publishShared()
+		e.refreshShared()
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+		case <-e.share.kick:
+		}
+	}
+}
+
+// kickSharing asks the sharer to publish now.
+func (e *Engine) kickSharing() {
+	if e.share == nil {
+		return
+	}
+	select {
+	case e.share.kick <- struct{}{}:
+	default:
+	}
+}
+
+// publishShared writes the manifest of every namespace of this instance whose list of sealed
+// segments changed since it last wrote it. A segment is listed once sealed (durable, footer
+// written) and no longer once marked deleting; its file is unlinked a grace period later.
+func (e *Engine) publishShared() {
+	if e.share == nil || e.opts.ReadOnly {
+		return
+	}
+	type ns struct {
+		dir  string
+		list []format.ManifestEntry
+	}
+	byDir := map[string]*ns{}
+	for _, t := range e.tiers {
+		if !t.cfg.Shared {
+			continue
+		}
+		for _, d := range t.dirs {
+			byDir[d] = &ns{dir: filepath.Dir(d)}
+		}
+	}
+	now := time.Now().UnixNano()
+	s := e.share
+	s.mu.Lock()
+	for _, row := range e.ix.Segments() {
+		if row.State != index.SegmentSealed {
+			continue
+		}
+		h, ok := e.home(row.Number)
+		n := byDir[h.dir]
+		if !ok || n == nil {
+			continue
+		}
+		at, ok := s.firstAt[row.Number]
+		if !ok {
+			at = now
+			s.firstAt[row.Number] = at
+		}
+		n.list = append(n.list, format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size,
+			Sealed: at, Records: uint32(min(row.LiveRecords, 1<<32-1))})
+	}
+	s.mu.Unlock()
+	for _, n := range byDir {
+		var sig strings.Builder
+		for _, m := range n.list {
+			fmt.Fprintf(&sig, "%d/%d/%d;", m.Number, m.Generation, m.Size)
+		}
+		s.mu.Lock()
+		same := s.lastPub[n.dir] == sig.String() && s.lastPub[n.dir] != ""
+		s.mu.Unlock()
+		if same {
+			continue
+		}
+		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list}
+		if err := tiers.WriteManifest(e.fs, n.dir, m); err != nil {
+			s.publishErrors.Add(1)
+			e.opts.Logger.Error("ucm: could not publish the manifest; other instances keep the previous list", "dir", n.dir, "err", err)
+			continue
+		}
+		s.published.Add(1)
+		s.mu.Lock()
+		s.lastPub[n.dir] = sig.String()
+		if sig.Len() == 0 {
+			s.lastPub[n.dir] = "empty"
+		}
+		s.mu.Unlock()
+	}
+}
+
+// refreshShared brings the foreign index up to date with the other instances' manifests: one
+// directory listing per shared path and one manifest read per namespace. A segment newly listed
+// is indexed from its footer and record headers; a segment no longer listed (or whose namespace
+// is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
+// of it (a transient failure must not turn hits into misses); one of another schema is ignored.
+func (e *Engine) refreshShared() {
+	s := e.share
+	if s == nil || s.fx == nil || e.opts.ReadOnly {
+		return
+	}
+	s.refreshes.Add(1)
+	for _, t := range e.tiers {
+		if !t.cfg.Shared {
+			continue
+		}
+		for _, root := range t.cfg.Paths {
+			if err := e.refreshRoot(t, root); err != nil {
+				s.refreshErrors.Add(1)
+				e.opts.Logger.Warn("ucm: refreshing a shared path failed; its known segments stay indexed", "path", root, "err", err)
+			}
+		}
+	}
+	s.lastRefresh.Store(time.Now().UnixNano())
+}
+
+func (e *Engine) refreshRoot(t *diskTier, root string) error {
+	s := e.share
+	insts, err := tiers.ListNamespaces(e.fs, root)
+	if err != nil {
+		return err
+	}
+	listed := map[foreignKey]bool{}
+	unreadable := map[format.InstanceID]bool{}
+	for _, inst := range insts {
+		if inst == e.instance {
+			continue
+		}
+		nsDir := tiers.NamespaceDir(root, inst)
+		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
+		if errors.Is(err, tiers.ErrNoManifest) {
+			continue // nothing published yet (or no longer anything: its segments are dropped)
+		}
+		if err != nil {
+			unreadable[inst] = true
+			s.refreshErrors.Add(1)
+			e.opts.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
+			continue
+		}
+		if m.Schema != e.fingerprint {
+			s.mu.Lock()
+			if !s.ignored[inst] {
+				s.ignored[inst] = true
+				e.opts.Logger.Warn("ucm: shared namespace written under another schema; ignored", "dir", nsDir)
+			}
+			s.mu.Unlock()
+			continue
+		}
+		segDir := filepath.Join(nsDir, SegmentDir)
+		for _, ent := range m.Segments {
+			k := foreignKey{inst, ent.Number}
+			listed[k] = true
+			s.mu.Lock()
+			alias, known := s.aliases[k]
+			gen := s.segs[alias].generation
+			s.mu.Unlock()
+			if known && gen == ent.Generation {
+				continue
+			}
+			if known {
+				e.dropForeign(alias) // the number was reused with another file: not ours to keep
+			}
+			if err := e.indexForeign(t, segDir, inst, ent); err != nil {
+				s.refreshErrors.Add(1)
+				e.opts.Logger.Warn("ucm: could not index another instance's segment; skipped", "dir", segDir, "segment", ent.Number, "err", err)
+				continue
+			}
+			if ent.Sealed > 0 {
+				s.visibleAt.Add(time.Now().UnixNano() - ent.Sealed)
+				s.visibleSamples.Add(1)
+			}
+		}
+	}
+	// Drop what is no longer listed under this root.
+	s.mu.Lock()
+	var gone []uint64
+	for alias, fs := range s.segs {
+		if fs.tier == t && strings.HasPrefix(fs.dir, filepath.Join(root, tiers.InstancesDir)+string(filepath.Separator)) &&
+			!listed[foreignKey{fs.inst, fs.number}] && !unreadable[fs.inst] {
+			gone = append(gone, alias)
+		}
+	}
+	s.mu.Unlock()
+	for _, alias := range gone {
+		e.dropForeign(alias)
+	}
+	return nil
+}
+
+// indexForeign indexes published segment ent of instance inst, in segDir of shared tier t:
+// its header must name the segment, the instance and this store's schema, its footer and every
+// record header must check. Blocks the foreign index already holds keep their entry.
+func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
+	s := e.share
+	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.direct, t.io)
+	if err != nil {
+		return err
+	}
+	defer seg.Release()
+	if info := seg.Info(); info.Instance != inst || info.Schema != e.fingerprint {
+		return fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
+	}
+	recs, err := wal.ReadSealedRecords(seg, ent.Size, t.io)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	alias := foreignAlias | s.next
+	s.next++
+	s.mu.Unlock()
+	b := s.fx.NewBatch()
+	b.SetSegment(index.SegmentMeta{Number: alias, Generation: ent.Generation, State: index.SegmentSealed, Size: ent.Size})
+	seen := map[BlockID]bool{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Header.Layout != e.opts.Layout || seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
+			continue
+		}
+		seen[r.Header.ID] = true
+		b.Put(r.Header.ID, index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
+			StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
+	}
+	val := make([]byte, foreignSegPrefix, foreignSegPrefix+len(segDir))
+	copy(val, inst[:])
+	binary.LittleEndian.PutUint64(val[16:], ent.Number)
+	binary.LittleEndian.PutUint64(val[24:], ent.Generation)
+	val = append(val, segDir...)
+	b.SetMeta(aliasKey(alias), val)
+	var next [8]byte
+	binary.LittleEndian.PutUint64(next[:], alias&^foreignAlias+1)
+	b.SetMeta(metaForeignNext, next[:])
+	if err := s.fx.Apply(b, false); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.segs[alias] = foreignSeg{inst: inst, number: ent.Number, generation: ent.Generation, dir: segDir, tier: t}
+	s.aliases[foreignKey{inst, ent.Number}] = alias
+	s.mu.Unlock()
+	s.segmentsIndexed.Add(1)
+	return nil
+}
+
+// dropForeign forgets a foreign segment: its entries, row and alias; an open file is closed
+// once its readers are done.
+func (e *Engine) dropForeign(alias uint64) {
+	s := e.share
+	s.mu.Lock()
+	fs, ok := s.segs[alias]
+	delete(s.segs, alias)
+	if ok {
+		delete(s.aliases, foreignKey{fs.inst, fs.number})
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	if _, err := s.fx.DropSegmentEntries(alias, 0, false); err != nil {
+		e.opts.Logger.Error("ucm: could not drop a foreign segment's entries", "segment", fs.number, "err", err)
+	}
+	b := s.fx.NewBatch()
+	b.DeleteSegment(alias)
+	b.DeleteMeta(aliasKey(alias))
+	if err := s.fx.Apply(b, false); err != nil {
+		e.opts.Logger.Error("ucm: could not drop a foreign segment", "segment", fs.number, "err", err)
+	}
+	e.segMu.Lock()
+	seg := e.segs[alias]
+	delete(e.segs, alias)
+	e.segMu.Unlock()
+	if seg != nil {
+		seg.Retire(func() {})
+	}
+	s.dropped.Add(1)
+}
+
+// foreignSegment returns the foreign segment an alias stands for.
+func (e *Engine) foreignSegment(alias uint64) (foreignSeg, bool) {
+	if e.share == nil {
+		return foreignSeg{}, false
+	}
+	e.share.mu.Lock()
+	defer e.share.mu.Unlock()
+	fs, ok := e.share.segs[alias]
+	return fs, ok
+}
+
+// openForeign opens a foreign segment for reading (segMu held).
+func (e *Engine) openForeignLocked(alias uint64) (*wal.Segment, error) {
+	fs, ok := e.foreignSegment(alias)
+	if !ok {
+		return nil, fmt.Errorf("foreign segment alias %#x: %w", alias, wal.ErrSegmentGone)
+	}
+	return wal.OpenSegmentForRead(e.fs, fs.dir, fs.number, fs.generation, fs.tier.direct, fs.tier.io)
+}
+
+// foreignGet returns the foreign index's entry of id.
+func (e *Engine) foreignGet(id BlockID) (index.Location, bool) {
+	if e.share == nil || e.share.fx == nil {
+		return index.Location{}, false
+	}
+	loc, ok, err := e.share.fx.Get(id)
+	if err != nil {
+		e.opts.Logger.Warn("ucm: foreign index read failed; a miss", "block", id, "err", err)
+		return loc, false
+	}
+	return loc, ok
+}
+
+// foreignContains reports whether the foreign index holds id.
+func (e *Engine) foreignContains(id BlockID) bool {
+	return e.share != nil && e.share.fx != nil && e.share.fx.Contains(id)
+}
+
+// retireShared delays the unlink of a retired segment of a shared tier that was published:
+// readers on other instances may still use it until they see the new manifest. The manifest
+// without it is published at once; finish (the unlink) runs after the grace period, or at
+// Close.
+func (e *Engine) retireShared(n uint64, finish func()) {
+	s := e.share
+	e.kickSharing()
+	g := &graceEntry{finish: finish}
+	s.mu.Lock()
+	delete(s.firstAt, n)
+	s.grace[n] = g
+	g.timer = time.AfterFunc(e.opts.SharedRetireGrace, func() {
+		s.mu.Lock()
+		pending := s.grace[n] == g
+		if pending {
+			delete(s.grace, n)
+		}
+		s.mu.Unlock()
+		if pending {
+			finish()
+		}
+	})
+	s.mu.Unlock()
+}
+
+// graceEntry is a retired segment waiting for its grace period.
+type graceEntry struct {
+	timer  *time.Timer
+	finish func()
+}
+
+// closeSharing finishes the pending retirements (their grace is cut short: the instance
+// stops); release closes the foreign index.
+func (e *Engine) closeSharing() {
+	s := e.share
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	var pending []*graceEntry
+	for n, g := range s.grace {
+		if g.timer.Stop() {
+			pending = append(pending, g)
+		}
+		delete(s.grace, n)
+	}
+	s.mu.Unlock()
+	for _, g := range pending {
+		g.finish()
+	}
+}

@@ -1,0 +1,205 @@
+package engine
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// sharedOptions: one shared disk tier at root, small segments so that dumps seal several, and a
+// short refresh interval.
+func sharedOptions(root string, grace time.Duration) Options {
+	o := testOptions(vfs.Default, mhaLayout)
+	o.SegmentSize = 256 << 10
+	o.Tiers = []tiers.Config{{Name: "shared", Kind: tiers.KindDisk, Paths: []string{root}, Shared: true}}
+	o.SharedRefreshInterval = 10 * time.Millisecond
+	o.SharedRetireGrace = grace
+	return o
+}
+
+func allHit(e *Engine, ids []BlockID) bool {
+	for _, h := range e.Lookup(ids) {
+		if !h {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSharedTierCrossInstanceHits: two instances (own store directories) share one path. What
+// one dumps and seals is, after a refresh, a hit in the other, byte-exact through Load and
+// LoadShard, with prefix lookups spanning both instances' blocks; each writes only its own
+// namespace; a namespace of another schema is ignored.
+func TestSharedTierCrossInstanceHits(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	defer b.Close()
+	aIDs, bIDs := ids(0, 40), ids(40, 50)
+	dumpBlocks(t, a, aIDs)
+	dumpBlocks(t, b, bIDs)
+	// Only sealed segments are published: close A to seal its active one.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, aIDs) })
+	checkBlocks(t, b, aIDs)
+	l := b.Layout()
+	for sh := 0; sh < l.Shards; sh++ {
+		dst := make([][]byte, len(aIDs))
+		for i := range dst {
+			dst[i] = devio.AlignedBuffer(int(l.ShardBytes))
+		}
+		if err := b.LoadShard(aIDs, sh, dst).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range aIDs {
+			want := blockBytes(l, id)[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes]
+			if string(dst[i]) != string(want) {
+				t.Fatalf("shard %d of %s differs", sh, id)
+			}
+		}
+	}
+	// A prefix alternating between the instances' blocks is one run.
+	chain := []BlockID{aIDs[0], bIDs[0], aIDs[1], bIDs[1], blockID(999), aIDs[2]}
+	if n := b.LookupPrefix(chain); n != 4 {
+		t.Fatalf("LookupPrefix over both instances = %d, want 4", n)
+	}
+	st := b.Stats().Sharing
+	if st.ForeignBlocks != int64(len(aIDs)) || st.ForeignHits < int64(len(aIDs)) || st.ForeignSegments == 0 || st.VisibilitySamples == 0 {
+		t.Fatalf("sharing stats %+v", st)
+	}
+	// Each instance wrote only its own namespace.
+	nss, err := tiers.ListNamespaces(vfs.Default, shared)
+	if err != nil || len(nss) != 2 {
+		t.Fatalf("namespaces %v, %v", nss, err)
+	}
+	for _, id := range nss {
+		segs, _ := os.ReadDir(filepath.Join(tiers.NamespaceDir(shared, id), SegmentDir))
+		if len(segs) == 0 {
+			t.Fatalf("namespace %x has no segments", id)
+		}
+	}
+	// A third instance of another schema sees nothing of theirs.
+	o := sharedOptions(shared, time.Hour)
+	o.Schema.Model = "another-model"
+	c := mustOpen(t, filepath.Join(root, "c"), o)
+	defer c.Close()
+	time.Sleep(50 * time.Millisecond) // several refreshes
+	if n := c.LookupPrefix(aIDs); n != 0 {
+		t.Fatalf("instance of another schema sees %d blocks", n)
+	}
+}
+
+// TestSharedTierNoTakeover: an instance that opens a shared path another instance wrote never
+// adopts, evicts or deletes the other's segments; when the first comes back, every block of it
+// is there. (Before namespaces, the second instance adopted the first's segments and evicted
+// them, and the first came back to misses.)
+func TestSharedTierNoTakeover(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, 0))
+	aIDs := ids(0, 30)
+	dumpBlocks(t, a, aIDs)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, 0))
+	if rec := b.Recovery(); rec.SegmentsAdopted != 0 || rec.OrphansRemoved != 0 {
+		t.Fatalf("B recovered A's files as its own: %+v", rec)
+	}
+	dumpBlocks(t, b, ids(100, 130))
+	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, aIDs) })
+	if _, err := b.Evict("shared", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Compact(0.99, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, 0))
+	defer a.Close()
+	if rec := a.Recovery(); len(rec.MissingSegments) != 0 || rec.EntriesDropped != 0 {
+		t.Fatalf("A lost segments while away: %+v", rec)
+	}
+	checkBlocks(t, a, aIDs)
+}
+
+// TestSharedTierVanishedAndRetiredSegments: a reader whose foreign segment vanishes gets a miss,
+// never wrong bytes, and the other blocks still load; a segment its owner retires leaves the
+// other instances' index after their next refresh, and its file stays for the grace period.
+func TestSharedTierVanishedAndRetiredSegments(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	defer b.Close()
+	aIDs := ids(0, 40)
+	dumpBlocks(t, a, aIDs)
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Seal A's active segment by reopening it.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, aIDs) })
+
+	// Delete one of A's segment files behind everyone's back.
+	segDir := filepath.Join(tiers.NamespaceDir(shared, a.instance), SegmentDir)
+	names, _ := os.ReadDir(segDir)
+	victim := filepath.Join(segDir, names[0].Name())
+	n, _ := wal.ParseSegmentFileName(names[0].Name())
+	if err := os.Remove(victim); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([][]byte, len(aIDs))
+	for i := range dst {
+		dst[i] = devio.AlignedBuffer(int(b.Layout().BlockBytes()))
+	}
+	task := b.Load(aIDs, dst)
+	_ = task.Wait()
+	lost := 0
+	for i, err := range task.BlockErrors() {
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				t.Fatalf("block %d: %v, want a miss", i, err)
+			}
+			lost++
+			continue
+		}
+		if string(dst[i]) != string(blockBytes(b.Layout(), aIDs[i])) {
+			t.Fatalf("block %d: wrong bytes", i)
+		}
+	}
+	if lost == 0 || lost == len(aIDs) {
+		t.Fatalf("%d of %d blocks lost with one segment (%d) of several", lost, len(aIDs), n)
+	}
+
+	// A retires everything (evicts to 0): B forgets it after a refresh; the files stay for the
+	// grace period, which A's Close cuts short.
+	if _, err := a.Evict("shared", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A's retired blocks gone from B", func() bool { return b.LookupPrefix(aIDs) == 0 })
+	if left, _ := os.ReadDir(segDir); len(left) == 0 {
+		t.Fatal("retired segment files deleted before their grace period")
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(segDir); len(left) != 0 {
+		t.Fatalf("retired segment files left after Close: %d", len(left))
+	}
+}
