@@ -83,6 +83,10 @@ const (
 	// after it left its manifest, so that other instances' loads of it, started before their
 	// next refresh, still find it (a TaskTimeout).
 	DefaultSharedRetireGrace = 30 * time.Second
+	// DefaultSharedSealAge is how long a shared tier's active segment may hold records before
+	// it is sealed and published, when it does not fill first: other instances see only
+	// sealed segments, so a slow writer's blocks reach them within about this plus a refresh.
+	DefaultSharedSealAge = time.Second
 	// MinSegmentSize is the smallest segment size Validate accepts.
 	MinSegmentSize = 64 << 10
 )
@@ -152,6 +156,9 @@ type Options struct {
 	// SharedRetireGrace is how long a retired segment of a shared tier stays on disk after it
 	// left the manifest (default 30 s).
 	SharedRetireGrace time.Duration
+	// SharedSealAge: a shared tier's active segment is sealed (and published) once its first
+	// record is this old, full or not (default 1 s; negative: only when full).
+	SharedSealAge time.Duration
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
@@ -199,6 +206,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SharedRetireGrace == 0 {
 		o.SharedRetireGrace = DefaultSharedRetireGrace
+	}
+	if o.SharedSealAge == 0 {
+		o.SharedSealAge = DefaultSharedSealAge
 	}
 	if o.RecycleSegments == 0 {
 		o.RecycleSegments = DefaultRecycleSegments

@@ -284,6 +284,7 @@ func (e *Engine) sharer() {
 	tick := time.NewTicker(e.opts.SharedRefreshInterval)
 	defer tick.Stop()
 	for {
+		e.sealAgedShared()
 		e.publishShared()
 		e.refreshShared()
 		select {
@@ -291,6 +292,27 @@ func (e *Engine) sharer() {
 			return
 		case <-tick.C:
 		case <-e.share.kick:
+		}
+	}
+}
+
+// sealAgedShared seals the shared tiers' active segments whose first record is older than
+// SharedSealAge (the seal then kicks publication).
+func (e *Engine) sealAgedShared() {
+	if e.opts.SharedSealAge < 0 || e.opts.ReadOnly {
+		return
+	}
+	for _, t := range e.tiers {
+		if !t.cfg.Shared {
+			continue
+		}
+		for _, w := range []*wal.Writer{t.w, t.rw} {
+			if w == nil {
+				continue
+			}
+			if err := w.SealOlderThan(e.opts.SharedSealAge); err != nil && !errors.Is(err, wal.ErrWriterClosed) {
+				e.opts.Logger.Warn("ucm: could not seal an aging shared segment", "tier", t.cfg.Name, "err", err)
+			}
 		}
 	}
 }

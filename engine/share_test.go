@@ -203,3 +203,26 @@ func TestSharedTierVanishedAndRetiredSegments(t *testing.T) {
 		t.Fatalf("retired segment files left after Close: %d", len(left))
 	}
 }
+
+// TestSharedTierSealsAgingSegment: blocks of a writer that does not fill a segment reach the
+// other instances anyway: the active segment is sealed and published once SharedSealAge old.
+func TestSharedTierSealsAgingSegment(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	oa := sharedOptions(shared, time.Hour)
+	oa.SegmentSize = 64 << 20 // never fills here
+	oa.SharedSealAge = 20 * time.Millisecond
+	a := mustOpen(t, filepath.Join(root, "a"), oa)
+	defer a.Close()
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	defer b.Close()
+	first := ids(0, 3)
+	dumpBlocks(t, a, first)
+	waitFor(t, "A's open segment published", func() bool { return allHit(b, first) })
+	checkBlocks(t, b, first)
+	// A goes on writing into a new segment, which ages and is published in turn.
+	second := ids(3, 6)
+	dumpBlocks(t, a, second)
+	waitFor(t, "A's next segment published", func() bool { return allHit(b, second) })
+	checkBlocks(t, b, second)
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -94,6 +95,8 @@ type Segment struct {
 	end     int64                // next append offset
 	entries []format.FooterEntry // records appended, for the footer
 	ordinal uint64               // records appended, for sequence numbers
+	// firstPlaced is when the first record was placed (SealOlderThan).
+	firstPlaced time.Time
 	// allocated: the file was extended to the segment size with fallocate when it was
 	// created; seal trims the unused tail.
 	allocated bool

@@ -1027,3 +1027,55 @@ func TestReadSealedRecords(t *testing.T) {
 		t.Fatalf("damaged header: %v", err)
 	}
 }
+
+// TestSealOlderThan: an active segment whose first record is older than the age asked is
+// rotated and sealed with what it holds (the next append starts a new segment); a younger one,
+// or one with no record, is left alone; a non-positive age is refused.
+func TestSealOlderThan(t *testing.T) {
+	fs := vfs.NewMem()
+	w, h, _ := newTestWriter(t, fs, 1<<20)
+	defer w.Close()
+	if err := w.SealOlderThan(0); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("age 0: %v", err)
+	}
+	if err := w.SealOlderThan(time.Nanosecond); err != nil { // no segment yet
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.SealOlderThan(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(); err != nil { // waits for everything queued before it
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	sealed := len(h.sealed)
+	h.mu.Unlock()
+	if sealed != 0 {
+		t.Fatalf("a young segment was sealed")
+	}
+	time.Sleep(2 * time.Millisecond)
+	if err := w.SealOlderThan(time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Append([]*Record{testRecord(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	first := h.created[0]
+	if _, ok := h.sealed[first]; !ok {
+		t.Fatalf("segment %d not sealed (sealed: %v)", first, h.sealed)
+	}
+	last := h.published[len(h.published)-1]
+	if last.Segment == first {
+		t.Fatalf("the append after the seal went to the sealed segment %d", first)
+	}
+}

@@ -175,7 +175,9 @@ var ErrWriterClosed = errors.New("wal: writer closed")
 type request struct {
 	recs []*Record
 	sync bool // an explicit Sync request (recs empty)
-	done chan error
+	// sealAge > 0: a SealOlderThan request (recs empty).
+	sealAge time.Duration
+	done    chan error
 
 	mu        sync.Mutex
 	remaining int   // records not yet published or failed
@@ -290,6 +292,19 @@ func (w *Writer) Append(recs []*Record) error {
 
 // Sync makes every record appended so far durable, then calls Hooks.Synced.
 func (w *Writer) Sync() error { return w.send(&request{sync: true, done: make(chan error, 1)}) }
+
+// SealOlderThan seals the active segment if its first record was placed at least age ago: it
+// is rotated like a full segment (the next append starts a new one) and sealed in the
+// background once its records are published. It returns once the decision is taken, not when
+// the seal is done (Hooks.SegmentSealed reports that). Readers without an index, which see
+// only sealed segments (a shared tier's other instances), see a slowly filling segment's
+// records within about age.
+func (w *Writer) SealOlderThan(age time.Duration) error {
+	if age <= 0 {
+		return fmt.Errorf("wal: seal age %v: %w", age, format.ErrInvalid)
+	}
+	return w.send(&request{sealAge: age, done: make(chan error, 1)})
+}
 
 func (w *Writer) send(r *request) error {
 	w.mu.Lock()
@@ -415,10 +430,14 @@ func (w *Writer) commit(group []*request) {
 		recs     []*Record
 		owners   []*request // owners[i] sent recs[i]
 		syncReqs []*request
+		sealReqs []*request
 	)
 	for _, r := range group {
 		if r.sync {
 			syncReqs = append(syncReqs, r)
+		}
+		if r.sealAge > 0 {
+			sealReqs = append(sealReqs, r)
 		}
 		r.remaining = len(r.recs)
 		for _, rec := range r.recs {
@@ -461,6 +480,12 @@ func (w *Writer) commit(group []*request) {
 		}
 		start = end
 	}
+	for _, r := range sealReqs {
+		if seg := w.active; seg != nil && len(seg.entries) > 0 && seg.failure() == nil && time.Since(seg.firstPlaced) >= r.sealAge {
+			w.rotate(seg)
+		}
+		r.done <- nil
+	}
 	if len(syncReqs) > 0 {
 		w.drain()
 		err := w.syncDirty()
@@ -495,6 +520,9 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	}
 	// The records are placed: account for them now, so that the next run goes after them. If
 	// their write or sync fails the segment is abandoned, never sealed with these entries.
+	if len(seg.entries) == 0 {
+		seg.firstPlaced = time.Now()
+	}
 	for _, rec := range recs {
 		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.Size(),
 			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
