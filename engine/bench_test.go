@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
@@ -211,4 +212,63 @@ func BenchmarkMemcpy2MiB(b *testing.B) {
 	for b.Loop() {
 		copy(dst, src)
 	}
+}
+
+// BenchmarkSharedLookup measures lookups of blocks another instance sealed on a shared tier
+// (issue 14's target: at least 1,000,000 ids/s with no false miss): instance A stores 100,000
+// blocks and closes, instance B indexes them from A's manifest, then looks up batches of 1,024
+// of them, exact and prefix. Every batch must be all hits (b.Fatal otherwise). Run with
+// `go test -run '^$' -bench SharedLookup ./engine`.
+func BenchmarkSharedLookup(b *testing.B) {
+	mem := vfs.NewMem()
+	l := Layout{Shards: 1, TensorsPerShard: 1, ShardBytes: 4096}
+	opts := Options{Layout: l, Schema: testSchema, FS: mem, SyncPolicy: SyncNone, SegmentSize: 64 << 20,
+		Tiers:                 []tiers.Config{{Name: "shared", Kind: tiers.KindDisk, Paths: []string{"/shared"}, Shared: true}},
+		SharedRefreshInterval: 10 * time.Millisecond}
+	a, err := Open("/a", opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const stored = 100_000
+	src := make([][]byte, 1000)
+	for i := range src {
+		src[i] = devio.AlignedBuffer(4096)
+	}
+	for lo := 0; lo < stored; lo += len(src) {
+		if err := a.Dump(ids(lo, lo+len(src)), src).Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		b.Fatal(err)
+	}
+	e, err := Open("/b", opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	for deadline := time.Now().Add(time.Minute); e.Stats().Sharing.ForeignBlocks < stored; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("B indexed %d of %d foreign blocks", e.Stats().Sharing.ForeignBlocks, stored)
+		}
+	}
+	chain := ids(stored/2, stored/2+1024)
+	b.Run("exact-1024", func(b *testing.B) {
+		for b.Loop() {
+			for i, hit := range e.Lookup(chain) {
+				if !hit {
+					b.Fatalf("false miss: block %s", chain[i])
+				}
+			}
+		}
+		b.ReportMetric(float64(b.N*len(chain))/b.Elapsed().Seconds(), "ids/s")
+	})
+	b.Run("prefix-1024", func(b *testing.B) {
+		for b.Loop() {
+			if n := e.LookupPrefix(chain); n != len(chain) {
+				b.Fatalf("prefix %d of %d", n, len(chain))
+			}
+		}
+		b.ReportMetric(float64(b.N*len(chain))/b.Elapsed().Seconds(), "ids/s")
+	})
 }
