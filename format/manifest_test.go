@@ -119,3 +119,45 @@ func FuzzDecodeManifest(f *testing.F) {
 		}
 	})
 }
+
+func TestLeaseGoldenAndRoundTrip(t *testing.T) {
+	l := Lease{Holder: InstanceID{0xde, 0xad, 0xbe, 0xef, 1, 2, 3}, Expiry: 1_790_000_000_123_456_789, Term: 12}
+	buf := EncodeLease(l)
+	golden(t, "lease.golden", buf)
+	got, err := DecodeLease(buf)
+	if err != nil || got != l {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	for i := range buf {
+		bad := append([]byte(nil), buf...)
+		bad[i] ^= 0x21
+		if _, err := DecodeLease(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("byte %d flipped: %v", i, err)
+		}
+	}
+	if _, err := DecodeLease(buf[:LeaseSize-1]); !errors.Is(err, ErrCorrupt) {
+		t.Fatal("short lease decoded")
+	}
+	if _, err := DecodeLease(EncodeLease(Lease{})); !errors.Is(err, ErrCorrupt) {
+		t.Fatal("a lease without a holder decoded")
+	}
+}
+
+// FuzzDecodeLease: arbitrary bytes never panic, fail only with ErrCorrupt, and what decodes
+// re-encodes to the same bytes.
+func FuzzDecodeLease(f *testing.F) {
+	f.Add(EncodeLease(Lease{Holder: InstanceID{1}, Expiry: 5, Term: 1}))
+	f.Add([]byte("UCMGOLSE"))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		l, err := DecodeLease(src)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		if string(EncodeLease(l)) != string(src) {
+			t.Fatal("decoded lease re-encodes to other bytes")
+		}
+	})
+}

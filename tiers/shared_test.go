@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
@@ -64,5 +65,44 @@ func TestNamespacesAndManifest(t *testing.T) {
 	}
 	if _, ok := ParseNamespace("00000000000000000000000000000000"); ok {
 		t.Fatal("the zero instance is not a namespace")
+	}
+}
+
+// TestLeaser: one holder at a time; the holder renews; another instance takes a lapsed (or
+// unreadable) lease over with the next term, and the old holder then knows it lost it.
+func TestLeaser(t *testing.T) {
+	fs := vfs.NewMem()
+	if err := fs.MkdirAll("/shared", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := &Leaser{FS: fs, Root: "/shared", Self: format.InstanceID{1}, Duration: 10 * time.Second, Skew: 2 * time.Second}
+	b := &Leaser{FS: fs, Root: "/shared", Self: format.InstanceID{2}, Duration: 10 * time.Second, Skew: 2 * time.Second}
+	t0 := time.Unix(1_000_000, 0)
+	if held, l, err := a.Hold(t0); err != nil || !held || l.Term != 1 {
+		t.Fatalf("first Hold: %v %+v %v", held, l, err)
+	}
+	if held, _, err := b.Hold(t0.Add(time.Second)); err != nil || held {
+		t.Fatalf("B took a live lease: %v %v", held, err)
+	}
+	if held, l, err := a.Hold(t0.Add(9 * time.Second)); err != nil || !held || l.Term != 1 {
+		t.Fatalf("renewal: %v %+v %v", held, l, err)
+	}
+	// A stops renewing: B waits for expiry + skew.
+	if held, _, _ := b.Hold(t0.Add(20 * time.Second)); held {
+		t.Fatal("B took the lease within the skew")
+	}
+	held, l, err := b.Hold(t0.Add(22 * time.Second))
+	if err != nil || !held || l.Term != 2 || l.Holder != b.Self {
+		t.Fatalf("takeover: %v %+v %v", held, l, err)
+	}
+	if held, _, _ := a.Hold(t0.Add(23 * time.Second)); held {
+		t.Fatal("A still holds after B's takeover")
+	}
+	// An unreadable lease is taken over.
+	f, _ := fs.Create("/shared/"+LeaseFile, vfs.WriteCategoryUnspecified)
+	_, _ = f.Write([]byte("garbage"))
+	_ = f.Close()
+	if held, _, err := a.Hold(t0.Add(24 * time.Second)); err != nil || !held {
+		t.Fatalf("corrupt lease not taken over: %v %v", held, err)
 	}
 }
