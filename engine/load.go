@@ -288,6 +288,9 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 				if r.foreign {
 					e.share.foreignHits.Add(1)
 				}
+				if e.share != nil {
+					e.noteAccess(r.loc.Segment)
+				}
 				if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
 					e.wantPromotion(id)
 				}

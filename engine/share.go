@@ -76,6 +76,14 @@ type sharing struct {
 	lastPub map[string]string          // namespace dir → signature of the manifest written
 	firstAt map[uint64]int64           // own segment → when first published
 
+	// Access hints and the reclaimer's requests (share_reclaim.go).
+	accessed   map[foreignKey]accessNote // other instances' segments this one read, and when
+	ownAccess  map[uint64]int64          // own shared segments' last read
+	retireReqs map[foreignKey]accessNote // as lease holder: segments asked to be retired
+
+	leaseHeld                                   atomic.Bool
+	sharedUsed, reclaimRounds, retiredOnRequest atomic.Int64
+
 	// grace holds retired own segments of shared tiers waiting for their grace period before
 	// they are unlinked (finish runs the unlink).
 	grace map[uint64]*graceEntry
@@ -189,7 +197,8 @@ func (e *Engine) openSharing() error {
 		return nil
 	}
 	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{},
-		ignored: map[format.InstanceID]bool{}, lastPub: map[string]string{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{}}
+		ignored: map[format.InstanceID]bool{}, lastPub: map[string]string{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
+		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{}}
 	dir := filepath.Join(e.dir, ForeignDir)
 	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil && e.opts.ReadOnly {
@@ -350,29 +359,40 @@ func (e *Engine) publishShared() {
 	}
 	now := time.Now().UnixNano()
 	s := e.share
-	s.mu.Lock()
+	type sealed struct {
+		row index.SegmentMeta
+		ns  *ns
+	}
+	var rows []sealed // found before s.mu is taken: home takes segMu, which is held around s.mu elsewhere
 	for _, row := range e.ix.Segments() {
 		if row.State != index.SegmentSealed {
 			continue
 		}
 		h, ok := e.home(row.Number)
-		n := byDir[h.dir]
-		if !ok || n == nil {
-			continue
+		if n := byDir[h.dir]; ok && n != nil {
+			rows = append(rows, sealed{row, n})
 		}
+	}
+	s.mu.Lock()
+	for _, r := range rows {
+		row, n := r.row, r.ns
 		at, ok := s.firstAt[row.Number]
 		if !ok {
 			at = now
 			s.firstAt[row.Number] = at
 		}
 		n.list = append(n.list, format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size,
-			Sealed: at, Records: uint32(min(row.LiveRecords, 1<<32-1))})
+			Sealed: at, Accessed: s.ownAccess[row.Number], Records: uint32(min(row.LiveRecords, 1<<32-1))})
 	}
+	notes := e.publishNotesLocked()
 	s.mu.Unlock()
 	for _, n := range byDir {
 		var sig strings.Builder
 		for _, m := range n.list {
-			fmt.Fprintf(&sig, "%d/%d/%d;", m.Number, m.Generation, m.Size)
+			fmt.Fprintf(&sig, "%d/%d/%d/%d;", m.Number, m.Generation, m.Size, m.Accessed)
+		}
+		for _, nt := range notes {
+			fmt.Fprintf(&sig, "%d/%x/%d/%d;", nt.Kind, nt.Owner, nt.Number, nt.Time)
 		}
 		s.mu.Lock()
 		same := s.lastPub[n.dir] == sig.String() && s.lastPub[n.dir] != ""
@@ -380,7 +400,7 @@ func (e *Engine) publishShared() {
 		if same {
 			continue
 		}
-		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list}
+		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list, Notes: notes}
 		if err := tiers.WriteManifest(e.fs, n.dir, m); err != nil {
 			s.publishErrors.Add(1)
 			e.opts.Logger.Error("ucm: could not publish the manifest; other instances keep the previous list", "dir", n.dir, "err", err)
@@ -411,22 +431,32 @@ func (e *Engine) refreshShared() {
 		if !t.cfg.Shared {
 			continue
 		}
+		manifests := []*format.Manifest{e.ownManifestFor(t)}
 		for _, root := range t.cfg.Paths {
-			if err := e.refreshRoot(t, root); err != nil {
+			ms, err := e.refreshRoot(t, root)
+			if err != nil {
 				s.refreshErrors.Add(1)
 				e.opts.Logger.Warn("ucm: refreshing a shared path failed; its known segments stay indexed", "path", root, "err", err)
 			}
+			manifests = append(manifests, ms...)
 		}
+		for _, m := range manifests[1:] {
+			e.obeyRetireNotes(t, m)
+		}
+		e.reclaimSharedTier(t, manifests)
 	}
 	s.lastRefresh.Store(time.Now().UnixNano())
 }
 
-func (e *Engine) refreshRoot(t *diskTier, root string) error {
+// refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
+// and returns the manifests it read (of this store's schema).
+func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, error) {
 	s := e.share
 	insts, err := tiers.ListNamespaces(e.fs, root)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var read []*format.Manifest
 	listed := map[foreignKey]bool{}
 	unreadable := map[format.InstanceID]bool{}
 	for _, inst := range insts {
@@ -453,6 +483,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) error {
 			s.mu.Unlock()
 			continue
 		}
+		read = append(read, m)
 		segDir := filepath.Join(nsDir, SegmentDir)
 		for _, ent := range m.Segments {
 			k := foreignKey{inst, ent.Number}
@@ -491,7 +522,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) error {
 	for _, alias := range gone {
 		e.dropForeign(alias)
 	}
-	return nil
+	return read, nil
 }
 
 // indexForeign indexes published segment ent of instance inst, in segDir of shared tier t:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -225,4 +226,99 @@ func TestSharedTierSealsAgingSegment(t *testing.T) {
 	dumpBlocks(t, a, second)
 	waitFor(t, "A's next segment published", func() bool { return allHit(b, second) })
 	checkBlocks(t, b, second)
+}
+
+// TestSharedTierGlobalCapacity: two instances fill a shared tier past its capacity together
+// (each alone is under it). The lease holder — exactly one of them — retires the least recently
+// used published segments of both, its own directly and the other's by request, until the tier
+// is under its high watermark; segments one instance keeps reading from the other survive,
+// though they were published first.
+func TestSharedTierGlobalCapacity(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	opts := func() Options {
+		o := sharedOptions(shared, 0)
+		o.Tiers[0].Capacity = 3 << 20
+		o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
+		o.SharedSealAge = 20 * time.Millisecond
+		return o
+	}
+	a := mustOpen(t, filepath.Join(root, "a"), opts())
+	defer a.Close()
+	b := mustOpen(t, filepath.Join(root, "b"), opts())
+	defer b.Close()
+	hot := ids(0, 6)
+	dumpBlocks(t, a, hot) // A's oldest segment
+	waitFor(t, "A's first blocks visible in B", func() bool { return allHit(b, hot) })
+	checkBlocks(t, b, hot)
+	waitFor(t, "B's reads of A's blocks published", func() bool {
+		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, b.instance), b.instance)
+		return err == nil && len(m.Notes) > 0 && m.Notes[0].Kind == format.NoteAccess && m.Notes[0].Owner == a.instance
+	})
+	// B keeps reading A's first blocks from now on.
+	stop, reading := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(reading)
+		dst := make([][]byte, len(hot))
+		for i := range dst {
+			dst[i] = devio.AlignedBuffer(int(b.Layout().BlockBytes()))
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+				_ = b.Load(hot, dst).Wait()
+			}
+		}
+	}()
+	defer func() { close(stop); <-reading }()
+	// Together about 2.6 MiB, above the 2.4 MiB high watermark; the low one (2.1 MiB) is
+	// reached by retiring some of A's unread blocks.
+	aIDs, bIDs := ids(6, 50), ids(100, 120)
+	dumpBlocks(t, a, aIDs)
+	dumpBlocks(t, b, bIDs)
+	published := func() int64 {
+		var sum int64
+		for _, e := range []*Engine{a, b} {
+			m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
+			if err != nil {
+				continue
+			}
+			for _, s := range m.Segments {
+				sum += s.Size
+			}
+		}
+		return sum
+	}
+	high := int64(3<<20) * 8 / 10
+	deadline := time.Now().Add(30 * time.Second)
+	reclaimed := func() bool { return a.Stats().Sharing.ReclaimRounds+b.Stats().Sharing.ReclaimRounds > 0 }
+	for !reclaimed() || published() > high {
+		checkBlocks(t, b, bIDs) // B reads its own blocks too
+		if time.Now().After(deadline) {
+			t.Fatalf("published bytes %d still above the high watermark %d (stats A %+v, B %+v)", published(), high, a.Stats().Sharing, b.Stats().Sharing)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sa, sb := a.Stats().Sharing, b.Stats().Sharing
+	if sa.LeaseHeld == sb.LeaseHeld {
+		t.Fatalf("lease held by A: %v, by B: %v (want exactly one)", sa.LeaseHeld, sb.LeaseHeld)
+	}
+	holder, other := sa, sb
+	if sb.LeaseHeld {
+		holder, other = sb, sa
+	}
+	// The victims were A's unread blocks: retired by A itself as holder, or on B's request.
+	if holder.ReclaimRounds == 0 || (sb.LeaseHeld && other.RetiredOnRequest == 0) {
+		t.Fatalf("holder %+v, other %+v: the victims' owner was never asked to retire them", holder, other)
+	}
+	if !allHit(a, hot) || !allHit(b, bIDs) {
+		t.Fatalf("blocks in constant use were retired before unread ones: hot %v, B's %v, A's unread %d of %d left; holder %+v other %+v",
+			a.Lookup(hot), b.Lookup(bIDs), a.LookupPrefix(aIDs), len(aIDs), holder, other)
+	}
+	if a.LookupPrefix(aIDs) == len(aIDs) {
+		t.Fatal("none of A's unread blocks was retired")
+	}
+	checkBlocks(t, a, hot)
 }

@@ -73,6 +73,12 @@ type SharingStats struct {
 	// this instance indexing it, over VisibilitySamples segments (clocks of both hosts).
 	VisibilityLatency time.Duration
 	VisibilitySamples int64
+	// LeaseHeld: this instance holds a shared tier's reclaimer lease (it enforces the tier's
+	// global capacity); SharedUsed is the published bytes of every instance it last counted;
+	// ReclaimRounds its passes above the high watermark. RetiredOnRequest counts this
+	// instance's segments retired because a reclaimer asked.
+	LeaseHeld                                   bool
+	SharedUsed, ReclaimRounds, RetiredOnRequest int64
 }
 
 // counters are the engine's live counters.

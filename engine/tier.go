@@ -200,7 +200,14 @@ func (e *Engine) openTiers() error {
 			e.memCfg = c
 			continue
 		}
-		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(c.Capacity, c.HighWatermark, c.LowWatermark)}
+		local := c.Capacity
+		if c.Shared {
+			// A shared tier's capacity is global (every instance's bytes together), enforced
+			// by the reclaimer lease holder (share_reclaim.go), not per instance: a local
+			// bound would evict this instance's blocks by its own recency alone.
+			local = 0
+		}
+		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(local, c.HighWatermark, c.LowWatermark)}
 		eng := e.opts.IOEngine
 		if c.IOEngine != "" && c.IOEngine != "auto" {
 			var err error

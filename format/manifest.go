@@ -7,10 +7,11 @@ import (
 )
 
 // Manifest of a namespace on a shared tier: the list of sealed segments its owner (one engine
-// instance) publishes to the other instances sharing the tier (docs/sharing.md). The owner
-// rewrites it whole (temporary file, sync, rename) whenever the set changes; a reader reads it
-// whole, in one read, and trusts nothing in it before both checksums pass. A segment is listed
-// only once it is sealed and durable, and is removed from the list before its file is deleted.
+// instance) publishes to the other instances sharing the tier, and the owner's notes to them
+// (docs/sharing.md). The owner rewrites it whole (temporary file, sync, rename) whenever it
+// changes; a reader reads it whole, in one read, and trusts nothing in it before both checksums
+// pass. A segment is listed only once it is sealed and durable, and is removed from the list
+// before its file is deleted.
 //
 //	header (ManifestHeaderSize = 96 bytes):
 //	offset size field
@@ -21,26 +22,38 @@ import (
 //	    32   32 schema fingerprint of every listed segment
 //	    64    8 sequence (uint64 LE): increases with every manifest the owner writes
 //	    72    8 written, Unix nanoseconds (int64 LE)
-//	    80    4 CRC32C of the n entries (uint32 LE)
-//	    84    8 zero
+//	    80    4 CRC32C of everything after the header: entries and notes (uint32 LE)
+//	    84    4 note count m (uint32 LE, <= MaxManifestNotes)
+//	    88    4 zero
 //	    92    4 CRC32C of header bytes [0, 92) (uint32 LE)
-//	entries (n × ManifestEntrySize = 40 bytes), in increasing segment number order:
+//	entries (n × ManifestEntrySize = 48 bytes), in increasing segment number order:
 //	     0    8 segment number (uint64 LE, > 0)
 //	     8    8 generation (uint64 LE)
 //	    16    8 file size (uint64 LE): the sealed segment's size, footer included
 //	    24    8 sealed, Unix nanoseconds (int64 LE): when the owner first published it
-//	    32    4 live records (uint32 LE): blocks of the owner's index in it when published
-//	    36    4 zero
+//	    32    8 accessed, Unix nanoseconds (int64 LE): the owner's last read of it (0: none)
+//	    40    4 live records (uint32 LE): blocks of the owner's index in it when written
+//	    44    4 zero
+//	notes (m × ManifestNoteSize = 48 bytes), in any order:
+//	     0    1 kind (NoteAccess, NoteRetire, NoteReclaimed)
+//	     1    7 zero
+//	     8   16 instance id owning the segment the note is about
+//	    24    8 segment number (uint64 LE, > 0)
+//	    32    8 segment generation (uint64 LE)
+//	    40    8 time, Unix nanoseconds (int64 LE)
 //
 // Part of the on-disk format: do not change without bumping ManifestVersion.
 const (
 	ManifestHeaderSize = 96
-	ManifestEntrySize  = 40
+	ManifestEntrySize  = 48
+	ManifestNoteSize   = 48
 	// ManifestVersion is the version of the manifest layout above.
 	ManifestVersion = 1
-	// MaxManifestSegments bounds the entries of one manifest (a 40 MiB file): 1M segments of
-	// the default 256 MiB are 256 TiB in one namespace.
+	// MaxManifestSegments bounds the entries of one manifest (48 MiB): 1M segments of the
+	// default 256 MiB are 256 TiB in one namespace.
 	MaxManifestSegments = 1 << 20
+	// MaxManifestNotes bounds the notes of one manifest.
+	MaxManifestNotes = 1 << 20
 
 	manMagic        = "UCMGOMAN"
 	manOffVersion   = 8
@@ -50,8 +63,33 @@ const (
 	manOffSequence  = 64
 	manOffWritten   = 72
 	manOffEntriesCR = 80
+	manOffNotes     = 84
 	manOffCRC       = 92
 )
+
+// NoteKind says what a manifest note tells the other instances.
+type NoteKind uint8
+
+const (
+	// NoteAccess: the manifest's instance read the segment at Time (an access hint for the
+	// reclaimer's least-recently-used order across instances).
+	NoteAccess NoteKind = 1
+	// NoteRetire: the manifest's instance, holding the reclaimer lease, asks the segment's
+	// owner to retire it (the shared tier is over its capacity).
+	NoteRetire NoteKind = 2
+	// NoteReclaimed: a reclaimer retired this namespace's segment while its owner was not
+	// running; the owner drops it from its index at its next Open.
+	NoteReclaimed NoteKind = 3
+)
+
+// ManifestNote is one note of a manifest about a segment of some namespace.
+type ManifestNote struct {
+	Kind       NoteKind
+	Owner      InstanceID
+	Number     uint64
+	Generation uint64
+	Time       int64 // Unix nanoseconds
+}
 
 // ManifestEntry is one published segment.
 type ManifestEntry struct {
@@ -59,7 +97,8 @@ type ManifestEntry struct {
 	Generation uint64
 	Size       int64
 	Sealed     int64  // Unix nanoseconds: when the owner first published the segment
-	Records    uint32 // live records when published (informative: readers use the footer)
+	Accessed   int64  // Unix nanoseconds: the owner's last read of it, 0 for none
+	Records    uint32 // live records when written (informative: readers use the footer)
 }
 
 // Manifest is the decoded list of a namespace's published segments.
@@ -69,18 +108,21 @@ type Manifest struct {
 	Sequence uint64
 	Written  int64 // Unix nanoseconds
 	Segments []ManifestEntry
+	Notes    []ManifestNote
 }
 
-// ManifestSize is the encoded size of a manifest listing n segments.
-func ManifestSize(n int) int64 { return ManifestHeaderSize + int64(n)*ManifestEntrySize }
+// ManifestSize is the encoded size of a manifest listing n segments and m notes.
+func ManifestSize(n, m int) int64 {
+	return ManifestHeaderSize + int64(n)*ManifestEntrySize + int64(m)*ManifestNoteSize
+}
 
 // EncodeManifest returns the bytes of m. Segments must be in strictly increasing number order,
 // with numbers > 0 and sizes of at least a segment header; at most MaxManifestSegments.
 func EncodeManifest(m *Manifest) ([]byte, error) {
-	if len(m.Segments) > MaxManifestSegments {
-		return nil, errorf(ErrInvalid, "manifest: %d segments, at most %d", len(m.Segments), MaxManifestSegments)
+	if len(m.Segments) > MaxManifestSegments || len(m.Notes) > MaxManifestNotes {
+		return nil, errorf(ErrInvalid, "manifest: %d segments and %d notes, at most %d and %d", len(m.Segments), len(m.Notes), MaxManifestSegments, MaxManifestNotes)
 	}
-	buf := make([]byte, ManifestSize(len(m.Segments)))
+	buf := make([]byte, ManifestSize(len(m.Segments), len(m.Notes)))
 	le := binary.LittleEndian
 	var prev uint64
 	for i, s := range m.Segments {
@@ -93,7 +135,20 @@ func EncodeManifest(m *Manifest) ([]byte, error) {
 		le.PutUint64(b[8:], s.Generation)
 		le.PutUint64(b[16:], uint64(s.Size))
 		le.PutUint64(b[24:], uint64(s.Sealed))
-		le.PutUint32(b[32:], s.Records)
+		le.PutUint64(b[32:], uint64(s.Accessed))
+		le.PutUint32(b[40:], s.Records)
+	}
+	notes := buf[ManifestHeaderSize+len(m.Segments)*ManifestEntrySize:]
+	for i, nt := range m.Notes {
+		if !nt.Kind.known() || nt.Owner == (InstanceID{}) || nt.Number == 0 {
+			return nil, errorf(ErrInvalid, "manifest note %d: kind %d owner %x segment %d", i, nt.Kind, nt.Owner, nt.Number)
+		}
+		b := notes[i*ManifestNoteSize:]
+		b[0] = byte(nt.Kind)
+		copy(b[8:], nt.Owner[:])
+		le.PutUint64(b[24:], nt.Number)
+		le.PutUint64(b[32:], nt.Generation)
+		le.PutUint64(b[40:], uint64(nt.Time))
 	}
 	copy(buf, manMagic)
 	le.PutUint32(buf[manOffVersion:], ManifestVersion)
@@ -102,6 +157,7 @@ func EncodeManifest(m *Manifest) ([]byte, error) {
 	copy(buf[manOffSchema:], m.Schema[:])
 	le.PutUint64(buf[manOffSequence:], m.Sequence)
 	le.PutUint64(buf[manOffWritten:], uint64(m.Written))
+	le.PutUint32(buf[manOffNotes:], uint32(len(m.Notes)))
 	le.PutUint32(buf[manOffEntriesCR:], Checksum(buf[ManifestHeaderSize:]))
 	le.PutUint32(buf[manOffCRC:], Checksum(buf[:manOffCRC]))
 	return buf, nil
@@ -126,28 +182,32 @@ func DecodeManifest(src []byte) (*Manifest, error) {
 		return nil, errorf(ErrCorrupt, "manifest: field version: %d, this build reads %d", v, ManifestVersion)
 	}
 	n := int64(le.Uint32(src[manOffCount:]))
-	if n > MaxManifestSegments {
-		return nil, errorf(ErrCorrupt, "manifest: field count: %d above %d", n, MaxManifestSegments)
+	nn := int64(le.Uint32(src[manOffNotes:]))
+	if n > MaxManifestSegments || nn > MaxManifestNotes {
+		return nil, errorf(ErrCorrupt, "manifest: field count: %d segments and %d notes, above %d and %d", n, nn, MaxManifestSegments, MaxManifestNotes)
 	}
-	if want := ManifestSize(int(n)); int64(len(src)) != want {
-		return nil, errorf(ErrCorrupt, "manifest: field count: %d entries make %d bytes, file has %d", n, want, len(src))
+	if want := ManifestSize(int(n), int(nn)); int64(len(src)) != want {
+		return nil, errorf(ErrCorrupt, "manifest: field count: %d entries and %d notes make %d bytes, file has %d", n, nn, want, len(src))
 	}
 	if got, want := Checksum(src[ManifestHeaderSize:]), le.Uint32(src[manOffEntriesCR:]); got != want {
 		return nil, errorf(ErrCorrupt, "manifest: field entries crc: stored %#08x, computed %#08x", want, got)
 	}
-	if !IsZeroBlock(src[manOffEntriesCR+4 : manOffCRC]) {
-		return nil, errorf(ErrCorrupt, "manifest: reserved header bytes [84, 92) not zero")
+	if !IsZeroBlock(src[manOffNotes+4 : manOffCRC]) {
+		return nil, errorf(ErrCorrupt, "manifest: reserved header bytes [88, 92) not zero")
 	}
 	m := &Manifest{Sequence: le.Uint64(src[manOffSequence:]), Written: int64(le.Uint64(src[manOffWritten:])),
 		Segments: make([]ManifestEntry, n)}
+	if nn > 0 {
+		m.Notes = make([]ManifestNote, nn)
+	}
 	copy(m.Instance[:], src[manOffInstance:])
 	copy(m.Schema[:], src[manOffSchema:])
 	var prev uint64
 	for i := range m.Segments {
 		b := src[ManifestHeaderSize+i*ManifestEntrySize:]
 		s := ManifestEntry{Number: le.Uint64(b), Generation: le.Uint64(b[8:]), Size: int64(le.Uint64(b[16:])),
-			Sealed: int64(le.Uint64(b[24:])), Records: le.Uint32(b[32:])}
-		if !IsZeroBlock(b[36:ManifestEntrySize]) {
+			Sealed: int64(le.Uint64(b[24:])), Accessed: int64(le.Uint64(b[32:])), Records: le.Uint32(b[40:])}
+		if !IsZeroBlock(b[44:ManifestEntrySize]) {
 			return nil, errorf(ErrCorrupt, "manifest entry %d: reserved bytes not zero", i)
 		}
 		if s.Number <= prev {
@@ -162,8 +222,20 @@ func DecodeManifest(src []byte) (*Manifest, error) {
 		prev = s.Number
 		m.Segments[i] = s
 	}
+	notes := src[ManifestHeaderSize+int(n)*ManifestEntrySize:]
+	for i := range m.Notes {
+		b := notes[i*ManifestNoteSize:]
+		nt := ManifestNote{Kind: NoteKind(b[0]), Number: le.Uint64(b[24:]), Generation: le.Uint64(b[32:]), Time: int64(le.Uint64(b[40:]))}
+		copy(nt.Owner[:], b[8:24])
+		if !nt.Kind.known() || !IsZeroBlock(b[1:8]) || nt.Owner == (InstanceID{}) || nt.Number == 0 {
+			return nil, errorf(ErrCorrupt, "manifest note %d: kind %d owner %x segment %d", i, nt.Kind, nt.Owner, nt.Number)
+		}
+		m.Notes[i] = nt
+	}
 	return m, nil
 }
+
+func (k NoteKind) known() bool { return k >= NoteAccess && k <= NoteReclaimed }
 
 // Find returns the entry of segment n and whether the manifest lists it.
 func (m *Manifest) Find(n uint64) (ManifestEntry, bool) {

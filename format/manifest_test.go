@@ -10,7 +10,11 @@ import (
 func sampleManifest() *Manifest {
 	m := &Manifest{Sequence: 9, Written: 1_790_000_000_000_000_000, Segments: []ManifestEntry{
 		{Number: 3, Generation: 0x1122334455667788, Size: 256 << 20, Sealed: 1_790_000_000_000_000_001, Records: 127},
-		{Number: 7, Generation: 42, Size: 3 * Alignment, Sealed: 1_790_000_000_000_000_002, Records: 1},
+		{Number: 7, Generation: 42, Size: 3 * Alignment, Sealed: 1_790_000_000_000_000_002, Accessed: 1_790_000_000_000_000_009, Records: 1},
+	}, Notes: []ManifestNote{
+		{Kind: NoteAccess, Owner: InstanceID{7}, Number: 12, Generation: 99, Time: 1_790_000_000_000_000_005},
+		{Kind: NoteRetire, Owner: InstanceID{8}, Number: 1, Generation: 3, Time: 1_790_000_000_000_000_006},
+		{Kind: NoteReclaimed, Owner: InstanceID{0xa0}, Number: 2, Generation: 4, Time: 1_790_000_000_000_000_007},
 	}}
 	for i := range m.Instance {
 		m.Instance[i] = byte(0xa0 + i)
@@ -61,6 +65,15 @@ func TestManifestEncodeRefusesBadEntries(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrInvalid", name, err)
 		}
 	}
+	for name, nt := range map[string]ManifestNote{
+		"unknown kind": {Kind: 9, Owner: InstanceID{1}, Number: 1},
+		"no owner":     {Kind: NoteAccess, Number: 1},
+		"segment 0":    {Kind: NoteRetire, Owner: InstanceID{1}},
+	} {
+		if _, err := EncodeManifest(&Manifest{Notes: []ManifestNote{nt}}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("note %s: err = %v, want ErrInvalid", name, err)
+		}
+	}
 }
 
 // TestManifestDecodeRejectsDamage: every single-byte change, every truncation and an appended
@@ -88,6 +101,7 @@ func TestManifestDecodeRejectsDamage(t *testing.T) {
 	// A count beyond the bound is refused before anything is sized by it.
 	huge := append([]byte(nil), buf[:ManifestHeaderSize]...)
 	binary.LittleEndian.PutUint32(huge[manOffCount:], MaxManifestSegments+1)
+	binary.LittleEndian.PutUint32(huge[manOffNotes:], 0)
 	binary.LittleEndian.PutUint32(huge[manOffCRC:], Checksum(huge[:manOffCRC]))
 	if _, err := DecodeManifest(huge); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("huge count: err = %v, want ErrCorrupt", err)

@@ -120,7 +120,7 @@ func ReadManifest(fs vfs.FS, nsDir string, inst format.InstanceID) (*format.Mani
 	if err != nil {
 		return nil, fmt.Errorf("read manifest %s: %w", path, err)
 	}
-	if st.Size() > format.ManifestSize(format.MaxManifestSegments) {
+	if st.Size() > format.ManifestSize(format.MaxManifestSegments, format.MaxManifestNotes) {
 		return nil, fmt.Errorf("read manifest %s: %w: %d bytes, above the largest manifest", path, format.ErrCorrupt, st.Size())
 	}
 	buf := make([]byte, st.Size())
