@@ -2,7 +2,8 @@
 #   make run    the main job: the seq benchmark on an embedded default store under ./ucm-data
 #   make test   the whole test suite: lint, go test -race with both I/O backends (including the
 #               power-loss simulation, fault injection, 20 kill -9 cycles and 10 more on a tiered
-#               store), a 10 s fuzz smoke per target
+#               store), the sharing kill test on a GlusterFS volume mounted twice, a 10 s fuzz
+#               smoke per target
 
 GO          ?= go
 # The io_uring backend (github.com/iceber/iouring-go) links into syscall internals:
@@ -15,7 +16,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest clean
+.PHONY: all build run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
 
 all: build
 
@@ -25,11 +26,19 @@ build:
 run: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit fuzz-smoke
+test: lint unit test-gluster fuzz-smoke
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) ./...
 	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
+
+# The sharing tests on a real GlusterFS volume mounted twice (two "hosts"): the harness starts
+# glusterd, creates and mounts the volume and tears it all down, also on failure (needs root,
+# FUSE and Debian's glusterfs-server and glusterfs-client, which .ci/run installs).
+SHARE_KILL_CYCLES ?= 5
+test-gluster:
+	bash fuzz/gluster/harness.sh sh -c 'UCM_SHARE_KILL_DIR=$$UCM_GLUSTER_A UCM_SHARE_KILL_DIR2=$$UCM_GLUSTER_B \
+		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$" -v ./fuzz/'
 
 lint: vet staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -33,11 +33,14 @@ import (
 // block it acknowledged, it never took the reader's namespace over, and once it has published
 // them the reader loads every one of them byte-exact.
 //
-// Environment: UCM_SHARE_KILL_CYCLES (default 5), UCM_SHARE_KILL_DIR (run on this directory,
-// e.g. a GlusterFS mount, instead of a temporary one; the store directories stay local).
+// Environment: UCM_SHARE_KILL_CYCLES (default 5), UCM_SHARE_KILL_DIR (run the shared tier in
+// this directory, e.g. a GlusterFS mount, instead of a temporary one; the store directories
+// stay local), UCM_SHARE_KILL_DIR2 (the reader's view of the same directory through a second
+// mount of the same volume: two "hosts").
 const (
 	envShareCycles = "UCM_SHARE_KILL_CYCLES"
 	envShareDir    = "UCM_SHARE_KILL_DIR"
+	envShareDir2   = "UCM_SHARE_KILL_DIR2"
 	envShareChild  = "UCM_SHARE_KILL_CHILD" // internal: "<store dir>|<shared dir>|<cycle>"
 	shareSeed      = 77
 )
@@ -66,12 +69,17 @@ func TestSharedKillWhileReading(t *testing.T) {
 	}
 	base := t.TempDir()
 	shared := filepath.Join(base, "shared")
+	readerShared := shared
 	if d := os.Getenv(envShareDir); d != "" {
-		shared = filepath.Join(d, fmt.Sprintf("sharekill-%d", time.Now().UnixNano()))
+		sub := fmt.Sprintf("sharekill-%d", time.Now().UnixNano())
+		shared, readerShared = filepath.Join(d, sub), filepath.Join(d, sub)
+		if d2 := os.Getenv(envShareDir2); d2 != "" {
+			readerShared = filepath.Join(d2, sub)
+		}
 		t.Cleanup(func() { _ = os.RemoveAll(shared) })
 	}
 	writerDir := filepath.Join(base, "writer")
-	reader, err := engine.Open(filepath.Join(base, "reader"), shareKillOptions(shared))
+	reader, err := engine.Open(filepath.Join(base, "reader"), shareKillOptions(readerShared))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +124,7 @@ func TestSharedKillWhileReading(t *testing.T) {
 			}
 			task := reader.Load(ids, dst[:len(ids)])
 			_ = task.Wait()
+			time.Sleep(time.Millisecond) // a reader, not a spinner: misses come back at once
 			for i, err := range task.BlockErrors() {
 				switch {
 				case err == nil:
