@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -138,24 +137,7 @@ func (e *Engine) writeInstanceFile() error {
 	if id, err := readInstanceFile(e, path); err == nil && id == e.instance {
 		return nil
 	}
-	tmp := path + ".tmp"
-	f, err := e.fs.Create(tmp, vfs.WriteCategoryUnspecified)
-	if err == nil {
-		_, err = f.Write([]byte(hex.EncodeToString(e.instance[:]) + "\n"))
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err == nil {
-		err = e.fs.Rename(tmp, path)
-	}
-	if err == nil {
-		err = wal.SyncDir(e.fs, e.dir)
-	}
-	if err != nil {
+	if err := wal.ReplaceFile(e.fs, path, path+".tmp", []byte(hex.EncodeToString(e.instance[:])+"\n")); err != nil {
 		return fmt.Errorf("open %s: record instance id: %w", e.dir, err)
 	}
 	return nil

@@ -48,24 +48,7 @@ func ReadLease(fs vfs.FS, root string) (format.Lease, error) {
 // temporary file, so two contenders never write into one).
 func writeLease(fs vfs.FS, root string, l format.Lease) error {
 	tmp := filepath.Join(root, LeaseFile+"."+hex.EncodeToString(l.Holder[:])+".tmp")
-	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
-	if err != nil {
-		return fmt.Errorf("write lease in %s: %w", root, err)
-	}
-	_, err = f.Write(format.EncodeLease(l))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = fs.Rename(tmp, filepath.Join(root, LeaseFile))
-	}
-	if err == nil {
-		err = wal.SyncDir(fs, root)
-	}
-	if err != nil {
+	if err := wal.ReplaceFile(fs, filepath.Join(root, LeaseFile), tmp, format.EncodeLease(l)); err != nil {
 		return fmt.Errorf("write lease in %s: %w", root, err)
 	}
 	return nil

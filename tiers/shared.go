@@ -77,26 +77,8 @@ func WriteManifest(fs vfs.FS, nsDir string, m *format.Manifest) error {
 	if err != nil {
 		return fmt.Errorf("manifest of %s: %w", nsDir, err)
 	}
-	tmp := filepath.Join(nsDir, manifestTemp)
-	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
-	if err != nil {
+	if err := wal.ReplaceFile(fs, filepath.Join(nsDir, ManifestFile), filepath.Join(nsDir, manifestTemp), buf); err != nil {
 		return fmt.Errorf("manifest of %s: %w", nsDir, err)
-	}
-	_, werr := f.Write(buf)
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = fs.Rename(tmp, filepath.Join(nsDir, ManifestFile))
-	}
-	if werr == nil {
-		werr = wal.SyncDir(fs, nsDir)
-	}
-	if werr != nil {
-		return fmt.Errorf("manifest of %s: %w", nsDir, werr)
 	}
 	return nil
 }

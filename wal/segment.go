@@ -260,3 +260,28 @@ func ReadFooter(seg *Segment, size int64, backend devio.Backend) ([]format.Foote
 	}
 	return entries, nil
 }
+
+// ReplaceFile makes data the content of path atomically and durably: it is written to tmp (in
+// the same directory), synced, renamed over path and the directory synced, so a reader sees
+// the old content or the new one, whole, and a crash leaves one of them. Small metadata files
+// (manifests, leases, the instance id) are written this way.
+func ReplaceFile(fs vfs.FS, path, tmp string, data []byte) error {
+	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fs.Rename(tmp, path)
+	}
+	if err == nil {
+		err = SyncDir(fs, filepath.Dir(path))
+	}
+	return err
+}
