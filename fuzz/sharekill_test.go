@@ -41,16 +41,23 @@ const (
 	envShareCycles = "UCM_SHARE_KILL_CYCLES"
 	envShareDir    = "UCM_SHARE_KILL_DIR"
 	envShareDir2   = "UCM_SHARE_KILL_DIR2"
-	envShareChild  = "UCM_SHARE_KILL_CHILD" // internal: "<store dir>|<shared dir>|<cycle>"
-	shareSeed      = 77
+	// UCM_SHARE_KILL_REFRESH: the instances' SharedRefreshInterval (default 20ms; the engine's
+	// default is 500ms).
+	envShareRefresh = "UCM_SHARE_KILL_REFRESH"
+	envShareChild   = "UCM_SHARE_KILL_CHILD" // internal: "<store dir>|<shared dir>|<cycle>"
+	shareSeed       = 77
 )
 
 func shareKillOptions(shared string) engine.Options {
+	refresh := 20 * time.Millisecond
+	if d, err := time.ParseDuration(os.Getenv(envShareRefresh)); err == nil && d > 0 {
+		refresh = d
+	}
 	return engine.Options{
 		Layout: killLayout, Schema: killSchema, FS: vfs.Default, SegmentSize: 1 << 20,
 		SyncPolicy: engine.SyncAlways, IOEngine: devio.EngineAuto, DirectIO: devio.DirectAuto, TaskTimeout: 10 * time.Second,
 		Tiers:                 []tiers.Config{{Name: "shared", Kind: tiers.KindDisk, Paths: []string{shared}, Shared: true}},
-		SharedRefreshInterval: 20 * time.Millisecond, SharedSealAge: 50 * time.Millisecond, SharedRetireGrace: time.Second,
+		SharedRefreshInterval: refresh, SharedSealAge: 50 * time.Millisecond, SharedRetireGrace: time.Second,
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -18,16 +21,51 @@ import (
 // namespace under it and writes nothing outside it:
 //
 //	<path>/instances/<instance id, 32 hex digits>/LOCK       held by the owner while it runs
-//	<path>/instances/<instance id>/MANIFEST                  the owner's published segments
+//	<path>/instances/<instance id>/MANIFEST-<sequence>       the owner's published segments
 //	<path>/instances/<instance id>/segments/<n>.seg          the owner's segment files
+//
+// Each manifest is a new file whose name carries its sequence (20 decimal digits, so names
+// sort in sequence order), never a file renamed over another: a network file system client
+// caches the name-to-file lookup (GlusterFS's FUSE client for about a second), and a reader of
+// a replaced name may keep getting the old file; a directory listing shows the new name. The
+// owner deletes the older manifests once the new one is in place.
 const (
 	// InstancesDir holds the namespaces of a shared path.
 	InstancesDir = "instances"
-	// ManifestFile is a namespace's manifest (format.Manifest).
-	ManifestFile = "MANIFEST"
-	// manifestTemp is the name a manifest is written under before it is renamed into place.
-	manifestTemp = ManifestFile + ".tmp"
+	// ManifestPrefix starts the name of a namespace's manifests (format.Manifest).
+	ManifestPrefix = "MANIFEST-"
+	// manifestTempSuffix marks a manifest being written, before it is renamed to its name.
+	manifestTempSuffix = ".tmp"
 )
+
+// ManifestName is the file name of a namespace's manifest with sequence seq.
+func ManifestName(seq uint64) string { return fmt.Sprintf("%s%020d", ManifestPrefix, seq) }
+
+// parseManifestName returns the sequence of a manifest file name; ok=false for other names.
+func parseManifestName(name string) (uint64, bool) {
+	digits, found := strings.CutPrefix(name, ManifestPrefix)
+	if !found || len(digits) != 20 {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(digits, 10, 64)
+	return seq, err == nil
+}
+
+// manifestNames returns the sequences of the manifests in nsDir, in increasing order.
+func manifestNames(fs vfs.FS, nsDir string) ([]uint64, error) {
+	names, err := fs.List(nsDir)
+	if err != nil {
+		return nil, err
+	}
+	var seqs []uint64
+	for _, n := range names {
+		if seq, ok := parseManifestName(n); ok {
+			seqs = append(seqs, seq)
+		}
+	}
+	slices.Sort(seqs)
+	return seqs, nil
+}
 
 // ErrNoManifest is returned by ReadManifest for a namespace that has published nothing yet.
 var ErrNoManifest = errors.New("namespace has no manifest")
@@ -70,31 +108,60 @@ func ListNamespaces(fs vfs.FS, root string) ([]format.InstanceID, error) {
 }
 
 // WriteManifest publishes m as the manifest of namespace nsDir, atomically: it is written to a
-// temporary file, synced, renamed over the previous manifest and the directory synced, so a
-// reader sees the old list or the new one, whole, and a crash leaves one of them.
+// temporary file, synced, renamed to ManifestName(m.Sequence) and the directory synced, so a
+// reader sees the old list or the new one, whole, and a crash leaves one of them; then the
+// older manifests are deleted. The sequence is raised above the newest existing manifest's
+// when m.Sequence is not (a clock that went back): m.Sequence is set to the one written.
 func WriteManifest(fs vfs.FS, nsDir string, m *format.Manifest) error {
+	old, err := manifestNames(fs, nsDir)
+	if err != nil {
+		return fmt.Errorf("manifest of %s: %w", nsDir, err)
+	}
+	if len(old) > 0 && old[len(old)-1] >= m.Sequence {
+		m.Sequence = old[len(old)-1] + 1
+	}
 	buf, err := format.EncodeManifest(m)
 	if err != nil {
 		return fmt.Errorf("manifest of %s: %w", nsDir, err)
 	}
-	if err := wal.ReplaceFile(fs, filepath.Join(nsDir, ManifestFile), filepath.Join(nsDir, manifestTemp), buf); err != nil {
+	path := filepath.Join(nsDir, ManifestName(m.Sequence))
+	if err := wal.ReplaceFile(fs, path, path+manifestTempSuffix, buf); err != nil {
 		return fmt.Errorf("manifest of %s: %w", nsDir, err)
+	}
+	for _, seq := range old {
+		// Readers that listed an old one and open it after this get ErrNotExist and list again.
+		if err := fs.Remove(filepath.Join(nsDir, ManifestName(seq))); err != nil && !oserror.IsNotExist(err) {
+			return fmt.Errorf("manifest of %s: remove the previous one: %w", nsDir, err)
+		}
 	}
 	return nil
 }
 
-// ReadManifest reads and checks the manifest of namespace nsDir, which must be inst's: one read
-// of the whole file, bounded by the largest valid manifest before anything is allocated. It
-// returns ErrNoManifest when there is none yet, an error wrapping format.ErrCorrupt for bytes
-// that fail a check (a manifest is replaced by rename, so a torn one is corruption) or that
-// belong to another instance.
+// ReadManifest reads and checks the newest manifest of namespace nsDir, which must be inst's:
+// one directory listing and one read of the whole file, bounded by the largest valid manifest
+// before anything is allocated. It returns ErrNoManifest when there is none yet, an error
+// wrapping format.ErrCorrupt for bytes that fail a check (a manifest is complete before it is
+// named, so a torn one is corruption) or that belong to another instance.
 func ReadManifest(fs vfs.FS, nsDir string, inst format.InstanceID) (*format.Manifest, error) {
-	path := filepath.Join(nsDir, ManifestFile)
+	for attempt := 0; ; attempt++ {
+		seqs, err := manifestNames(fs, nsDir)
+		if err != nil && !oserror.IsNotExist(err) {
+			return nil, fmt.Errorf("read manifest in %s: %w", nsDir, err)
+		}
+		if len(seqs) == 0 {
+			return nil, fmt.Errorf("%s: %w: %w", nsDir, ErrNoManifest, os.ErrNotExist)
+		}
+		m, err := readManifestFile(fs, filepath.Join(nsDir, ManifestName(seqs[len(seqs)-1])), inst)
+		if err != nil && oserror.IsNotExist(err) && attempt < 3 {
+			continue // replaced between the listing and the open: list again
+		}
+		return m, err
+	}
+}
+
+func readManifestFile(fs vfs.FS, path string, inst format.InstanceID) (*format.Manifest, error) {
 	f, err := fs.Open(path)
 	if err != nil {
-		if oserror.IsNotExist(err) {
-			return nil, fmt.Errorf("%s: %w: %w", path, ErrNoManifest, os.ErrNotExist)
-		}
 		return nil, fmt.Errorf("read manifest %s: %w", path, err)
 	}
 	defer func() { _ = f.Close() }()
@@ -112,6 +179,9 @@ func ReadManifest(fs vfs.FS, nsDir string, inst format.InstanceID) (*format.Mani
 	m, err := format.DecodeManifest(buf)
 	if err != nil {
 		return nil, fmt.Errorf("read manifest %s: %w", path, err)
+	}
+	if seq, _ := parseManifestName(filepath.Base(path)); m.Sequence != seq {
+		return nil, fmt.Errorf("read manifest %s: %w: it holds sequence %d", path, format.ErrCorrupt, m.Sequence)
 	}
 	if m.Instance != inst {
 		return nil, fmt.Errorf("read manifest %s: %w: it names instance %x", path, format.ErrCorrupt, m.Instance)

@@ -53,7 +53,17 @@ func TestNamespacesAndManifest(t *testing.T) {
 		t.Fatalf("foreign manifest: %v", err)
 	}
 	// A torn manifest is corruption, not a shorter list.
-	f, err := fs.Create(filepath.Join(NamespaceDir(root, a), ManifestFile), vfs.WriteCategoryUnspecified)
+	m.Sequence = 1 // a clock that went back: written as 3, the older ones removed
+	if err := WriteManifest(fs, NamespaceDir(root, a), m); err != nil || m.Sequence != 3 {
+		t.Fatalf("a manifest with an old sequence: %v, written as %d", err, m.Sequence)
+	}
+	if seqs, _ := manifestNames(fs, NamespaceDir(root, a)); len(seqs) != 1 || seqs[0] != 3 {
+		t.Fatalf("older manifests not removed: %v", seqs)
+	}
+	if got, err := ReadManifest(fs, NamespaceDir(root, a), a); err != nil || got.Sequence != 3 {
+		t.Fatalf("newest manifest: %+v, %v", got, err)
+	}
+	f, err := fs.Create(filepath.Join(NamespaceDir(root, a), ManifestName(4)), vfs.WriteCategoryUnspecified)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ out=$(timeout 60 gluster --mode=script volume start "$vol" 2>&1) || { log "volum
 for m in "$mnt_a" "$mnt_b"; do
   ok=0
   for i in $(seq 1 20); do
-    if timeout 30 mount -t glusterfs "$host:/$vol" "$m" 2>"$work/mount.err" && mountpoint -q "$m"; then ok=1; break; fi
+    if timeout 30 mount -t glusterfs ${UCM_GLUSTER_MOUNT_OPTS:+-o "$UCM_GLUSTER_MOUNT_OPTS"} "$host:/$vol" "$m" 2>"$work/mount.err" && mountpoint -q "$m"; then ok=1; break; fi
     sleep 0.5
   done
   [ $ok = 1 ] || { log "FUSE mount of $vol on $m failed: $(cat "$work/mount.err")"; exit 1; }
