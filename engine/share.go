@@ -89,7 +89,7 @@ type sharing struct {
 
 	refreshes, refreshErrors  atomic.Int64
 	segmentsIndexed, dropped  atomic.Int64
-	foreignHits, lastRefresh  atomic.Int64
+	foreignHits               atomic.Int64
 	published, publishErrors  atomic.Int64
 	visibleAt, visibleSamples atomic.Int64
 }
@@ -427,7 +427,6 @@ func (e *Engine) refreshShared() {
 		}
 		e.reclaimSharedTier(t, manifests)
 	}
-	s.lastRefresh.Store(time.Now().UnixNano())
 }
 
 // refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
@@ -570,6 +569,7 @@ func (e *Engine) dropForeign(alias uint64) {
 	delete(s.segs, alias)
 	if ok {
 		delete(s.aliases, foreignKey{fs.inst, fs.number})
+		delete(s.accessed, foreignKey{fs.inst, fs.number})
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -642,6 +642,7 @@ func (e *Engine) retireShared(n uint64, finish func()) {
 	g := &graceEntry{finish: finish}
 	s.mu.Lock()
 	delete(s.firstAt, n)
+	delete(s.ownAccess, n)
 	s.grace[n] = g
 	g.timer = time.AfterFunc(e.opts.SharedRetireGrace, func() {
 		s.mu.Lock()
