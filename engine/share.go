@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -72,7 +73,7 @@ type sharing struct {
 	aliases map[foreignKey]uint64
 	next    uint64                     // next alias (without the marker bit)
 	ignored map[format.InstanceID]bool // namespaces of another schema, logged once
-	lastPub map[string]string          // namespace dir → signature of the manifest written
+	lastPub map[string][]byte          // namespace dir → body (entries, notes) of the manifest written
 	firstAt map[uint64]int64           // own segment → when first published
 
 	// Access hints and the reclaimer's requests (share_reclaim.go).
@@ -179,7 +180,7 @@ func (e *Engine) openSharing() error {
 		return nil
 	}
 	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{},
-		ignored: map[format.InstanceID]bool{}, lastPub: map[string]string{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
+		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{}}
 	dir := filepath.Join(e.dir, ForeignDir)
 	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
@@ -369,20 +370,24 @@ func (e *Engine) publishShared() {
 	notes := e.publishNotesLocked()
 	s.mu.Unlock()
 	for _, n := range byDir {
-		var sig strings.Builder
-		for _, m := range n.list {
-			fmt.Fprintf(&sig, "%d/%d/%d/%d;", m.Number, m.Generation, m.Size, m.Accessed)
-		}
-		for _, nt := range notes {
-			fmt.Fprintf(&sig, "%d/%x/%d/%d;", nt.Kind, nt.Owner, nt.Number, nt.Time)
-		}
-		s.mu.Lock()
-		same := s.lastPub[n.dir] == sig.String() && s.lastPub[n.dir] != ""
-		s.mu.Unlock()
-		if same {
+		// The encoded lists (the header carries the time) say whether the content changed
+		// since the last manifest written.
+		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list, Notes: notes}
+		enc, err := format.EncodeManifest(m)
+		if err != nil {
+			s.publishErrors.Add(1)
+			e.opts.Logger.Error("ucm: could not encode the manifest", "dir", n.dir, "err", err)
 			continue
 		}
-		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list, Notes: notes}
+		// Entries and notes have the same size: the segment count tells where one list ends.
+		body := binary.LittleEndian.AppendUint32(nil, uint32(len(n.list)))
+		body = append(body, enc[format.ManifestHeaderSize:]...)
+		s.mu.Lock()
+		last, written := s.lastPub[n.dir]
+		s.mu.Unlock()
+		if written && bytes.Equal(last, body) {
+			continue
+		}
 		if err := tiers.WriteManifest(e.fs, n.dir, m); err != nil {
 			s.publishErrors.Add(1)
 			e.opts.Logger.Error("ucm: could not publish the manifest; other instances keep the previous list", "dir", n.dir, "err", err)
@@ -390,10 +395,7 @@ func (e *Engine) publishShared() {
 		}
 		s.published.Add(1)
 		s.mu.Lock()
-		s.lastPub[n.dir] = sig.String()
-		if sig.Len() == 0 {
-			s.lastPub[n.dir] = "empty"
-		}
+		s.lastPub[n.dir] = body
 		s.mu.Unlock()
 	}
 }
@@ -413,7 +415,7 @@ func (e *Engine) refreshShared() {
 		if !t.cfg.Shared {
 			continue
 		}
-		manifests := []*format.Manifest{e.ownManifestFor(t)}
+		var manifests []*format.Manifest // the other instances'
 		for _, root := range t.cfg.Paths {
 			ms, err := e.refreshRoot(t, root)
 			if err != nil {
@@ -422,7 +424,7 @@ func (e *Engine) refreshShared() {
 			}
 			manifests = append(manifests, ms...)
 		}
-		for _, m := range manifests[1:] {
+		for _, m := range manifests {
 			e.obeyRetireNotes(t, m)
 		}
 		e.reclaimSharedTier(t, manifests)

@@ -129,8 +129,8 @@ type sharedSegment struct {
 // reclaimSharedTier runs the lease holder's pass over shared tier t: when the published bytes
 // of every instance are above the high watermark, the least recently used segments are
 // retired until they would be at the low watermark. It holds or renews the lease first, and
-// does nothing without it.
-func (e *Engine) reclaimSharedTier(t *diskTier, manifests []*format.Manifest) {
+// does nothing without it. others are the other instances' manifests just read.
+func (e *Engine) reclaimSharedTier(t *diskTier, others []*format.Manifest) {
 	s := e.share
 	if t.cfg.Capacity <= 0 || len(t.cfg.Paths) == 0 {
 		return
@@ -151,6 +151,7 @@ func (e *Engine) reclaimSharedTier(t *diskTier, manifests []*format.Manifest) {
 	if !held {
 		return
 	}
+	manifests := append([]*format.Manifest{e.ownManifestFor(t)}, others...)
 	// Last access per segment: the owner's publication and reads, every instance's notes.
 	last := map[foreignKey]int64{}
 	var segs []sharedSegment
