@@ -81,6 +81,22 @@ func newTestWriter(t *testing.T, fs vfs.FS, segSize int64) (*Writer, *recHooks, 
 
 // newTestWriterWith is newTestWriter with options changed by tweak (if not nil) before the
 // Writer starts; the returned recHooks are the ones in the options unless tweak replaced them.
+// writeClosed appends records 0..n-1 one by one to a new writer in /segs and closes it (every
+// segment sealed), returning its hooks and backend.
+func writeClosed(t *testing.T, fs vfs.FS, segSize int64, n int) (*recHooks, devio.Backend) {
+	t.Helper()
+	w, h, b := newTestWriter(t, fs, segSize)
+	for i := 0; i < n; i++ {
+		if err := w.Append([]*Record{testRecord(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return h, b
+}
+
 func newTestWriterWith(t *testing.T, fs vfs.FS, segSize int64, tweak func(*Options)) (*Writer, *recHooks, devio.Backend) {
 	t.Helper()
 	if err := fs.MkdirAll("/segs", 0o755); err != nil {
@@ -452,15 +468,7 @@ func TestSegmentFileNames(t *testing.T) {
 // corruption: RecoverSegment reports it and leaves the file (and the records after it) alone.
 func TestRecoverRefusesToCutSealedSegment(t *testing.T) {
 	fs := vfs.NewMem()
-	w, h, b := newTestWriter(t, fs, 1<<20)
-	for i := 0; i < 4; i++ {
-		if err := w.Append([]*Record{testRecord(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	h, b := writeClosed(t, fs, 1<<20, 4)
 	path := SegmentPath("/segs", h.created[0])
 	st, _ := fs.Stat(path)
 	victim := format.SegmentHeaderSize + testLayout.RecordBytes() + format.RecordHeaderSize + 1
@@ -745,15 +753,7 @@ func TestPipelinedWriteFailure(t *testing.T) {
 // size that is not the sealed one.
 func TestReadFooter(t *testing.T) {
 	fs := vfs.NewMem()
-	w, h, b := newTestWriter(t, fs, 128<<10)
-	for i := 0; i < 7; i++ {
-		if err := w.Append([]*Record{testRecord(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	h, b := writeClosed(t, fs, 128<<10, 7)
 	for k, n := range h.created {
 		seg, err := OpenSegmentForRead(fs, "/segs", n, h.gens[k], devio.DirectOff, b)
 		if err != nil {
@@ -978,15 +978,7 @@ func TestHeaderWrittenWithFirstRecords(t *testing.T) {
 // segment whose record header no longer matches its footer entry.
 func TestReadSealedRecords(t *testing.T) {
 	fs := vfs.NewMem()
-	w, h, b := newTestWriter(t, fs, 128<<10)
-	for i := 0; i < 7; i++ {
-		if err := w.Append([]*Record{testRecord(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	h, b := writeClosed(t, fs, 128<<10, 7)
 	n, gen := h.created[0], h.gens[0]
 	seg, err := OpenSegmentForRead(fs, "/segs", n, gen, devio.DirectOff, b)
 	if err != nil {
