@@ -28,3 +28,12 @@ func (m *HostMemory) mapRegion(n int) ([]byte, error) {
 }
 
 func unmap(mapping []byte) error { return unix.Munmap(mapping) }
+
+// PhysicalMemory returns the host's RAM in bytes (0 when it cannot be read).
+func PhysicalMemory() int64 {
+	var info unix.Sysinfo_t
+	if err := unix.Sysinfo(&info); err != nil {
+		return 0
+	}
+	return int64(info.Totalram) * int64(info.Unit)
+}

@@ -7,3 +7,6 @@ package devio
 func (m *HostMemory) mapRegion(n int) ([]byte, error) { return AlignedBuffer(n), nil }
 
 func unmap([]byte) error { return nil }
+
+// PhysicalMemory returns the host's RAM in bytes; 0 here: not read on this platform.
+func PhysicalMemory() int64 { return 0 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,21 +69,37 @@ import (
 //
 // Unknown keys are errors naming the key (a typo must not silently select a default). UCM keys
 // that belong to other parts of the engine (stream_number, buffer_number, cache keys) are
-// accepted and recorded. Environment overrides (ApplyEnv): UCM_STORAGE_PATH, UCM_BLOCK_SIZE,
-// UCM_IO_DIRECT, UCM_LOG_LEVEL.
+// accepted and recorded; UCM connector keys that select nothing here (enable_event_sync,
+// use_layerwise, ...) are accepted and named by Unused, for the opener to log once.
+// Environment overrides (ApplyEnv): UCM_STORAGE_PATH, UCM_BLOCK_SIZE, UCM_IO_DIRECT,
+// UCM_LOG_LEVEL, UCM_COMPRESSION, ENABLE_SPARSE, UCM_SPARSE_TYPE.
 type Config struct {
-	Connectors        []ConnectorConfig    `yaml:"ucm_connectors"`
-	SparseConfig      map[string]yaml.Node `yaml:"ucm_sparse_config"`
-	LoadOnlyFirstRank bool                 `yaml:"load_only_first_rank"`
-	EnablePrefixCache *bool                `yaml:"enable_prefix_cache"`
+	Connectors   []ConnectorConfig    `yaml:"ucm_connectors"`
+	SparseConfig map[string]yaml.Node `yaml:"ucm_sparse_config"`
+	// MetricsConfigPath is UCM's metrics configuration file (metrics_configs.yaml): the
+	// connector exports the ucm: histograms it lists with its buckets (connector.Metrics).
+	MetricsConfigPath string `yaml:"metrics_config_path"`
+	// UCM connector keys that select nothing in the store (its connector's business): accepted
+	// so that UCM's own files load, and named by Unused.
+	LoadOnlyFirstRank bool     `yaml:"load_only_first_rank"`
+	EnablePrefixCache *bool    `yaml:"enable_prefix_cache"`
+	EnableEventSync   *bool    `yaml:"enable_event_sync"`
+	UseLayerwise      *bool    `yaml:"use_layerwise"`
+	HitRatio          *float64 `yaml:"hit_ratio"`
+	// EnableSparse and SparseType are read from ENABLE_SPARSE and UCM_SPARSE_TYPE (ApplyEnv):
+	// the sparse method UCM's connector would enable, for the sparse package.
+	EnableSparse bool   `yaml:"-"`
+	SparseType   string `yaml:"-"`
 	// LogLevel is set by UCM_LOG_LEVEL (debug, info, warn, error); default info.
 	LogLevel slog.Level `yaml:"-"`
 }
 
 // ConnectorConfig is one entry of ucm_connectors.
 type ConnectorConfig struct {
-	Name   string          `yaml:"ucm_connector_name"`
-	Config ConnectorParams `yaml:"ucm_connector_config"`
+	Name string `yaml:"ucm_connector_name"`
+	// ModulePath is UCM's ucm_connector_module_path (the Python module of the store class).
+	ModulePath string          `yaml:"ucm_connector_module_path"`
+	Config     ConnectorParams `yaml:"ucm_connector_config"`
 }
 
 // ConnectorParams are the keys of ucm_connector_config.
@@ -105,7 +122,37 @@ type ConnectorParams struct {
 	PosixGCCheckIntervalSec      int     `yaml:"posix_gc_check_interval_sec"`
 	CacheBufferCapacityGB        float64 `yaml:"cache_buffer_capacity_gb"`
 	CacheStreamNumber            int     `yaml:"cache_stream_number"`
-	// UCM-Go keys.
+	// StorePipeline is UCM's store_pipeline: "Posix" or "Ds3fs" (a disk tier on the path),
+	// "Cache|Posix" or "Cache|Ds3fs" (a memory tier in front: cache_buffer_capacity_gb, by
+	// default a quarter of the host's memory, at most UCM's 256 GiB). Empty: as Posix.
+	StorePipeline string `yaml:"store_pipeline"`
+	// Keys UCM's connector adds to the store's configuration (ucm_connector.py _create_store):
+	// the transfer shape (tensor_size or tensor_size_list: bytes behind each address of a
+	// shard; shard_size; block_size) and the worker's identity. The connector package turns
+	// them into the store's Layout; device_id < 0 or absent is the scheduler, which only looks
+	// up. local_rank_size, share_buffer_enable and cpu_affinity_cores are accepted and unused.
+	UniqueID          string  `yaml:"unique_id"`
+	DeviceID          *int    `yaml:"device_id"`
+	TensorSize        Size    `yaml:"tensor_size"`
+	TensorSizeList    []int64 `yaml:"tensor_size_list"`
+	ShardSize         Size    `yaml:"shard_size"`
+	LocalRankSize     int     `yaml:"local_rank_size"`
+	ShareBufferEnable *bool   `yaml:"share_buffer_enable"`
+	CPUAffinityCores  []int   `yaml:"cpu_affinity_cores"`
+	// UCM-Go connector keys: what the KV bytes are (the store's Schema: model, kv_dtype,
+	// tp_size, block_tokens, kv_layout; a store refuses bytes written under another one), the
+	// process's instance name on shared backends, and the metrics endpoint (metrics_port: 0 off;
+	// metrics_address: default 127.0.0.1; model_name: the model_name label, default model).
+	Model          string `yaml:"model"`
+	KVDType        string `yaml:"kv_dtype"`
+	TPSize         int    `yaml:"tp_size"`
+	BlockTokens    int    `yaml:"block_tokens"`
+	KVLayout       string `yaml:"kv_layout"`
+	Instance       string `yaml:"instance"`
+	MetricsPort    int    `yaml:"metrics_port"`
+	MetricsAddress string `yaml:"metrics_address"`
+	ModelName      string `yaml:"model_name"`
+	// UCM-Go store keys.
 	SegmentSize     Size   `yaml:"segment_size"`
 	SyncPolicy      string `yaml:"sync_policy"`
 	SyncIntervalMs  int    `yaml:"sync_interval_ms"`
@@ -124,6 +171,7 @@ const (
 	ucmGCTriggerRatio  = 0.7
 	ucmGCRecyclePart   = 0.1
 	ucmCapacityUnit    = 1 << 30 // posix_capacity_gb counts GiB
+	ucmDefaultCacheGB  = 256     // CacheStore's cache_buffer_capacity_gb default
 	defaultDiskTierKey = "disk"
 	// defaultMemoryTierKey names the memory tier UCM's cache_buffer_capacity_gb makes.
 	defaultMemoryTierKey = "cache"
@@ -202,15 +250,62 @@ func connectorTiers(p ConnectorParams) []tiers.Config {
 		return p.Tiers
 	}
 	var out []tiers.Config
-	if p.CacheBufferCapacityGB > 0 {
+	if p.CacheBufferCapacityGB > 0 || strings.HasPrefix(p.StorePipeline, "Cache|") {
 		// UCM's Cache|Posix pipeline: a memory tier in front.
-		out = append(out, tiers.Config{Name: defaultMemoryTierKey, Kind: tiers.KindMemory,
-			Capacity: int64(math.Round(p.CacheBufferCapacityGB * ucmCapacityUnit))})
+		out = append(out, tiers.Config{Name: defaultMemoryTierKey, Kind: tiers.KindMemory, Capacity: cacheCapacity(p)})
 	}
 	if t, ok := defaultDiskTier(p); ok {
 		out = append(out, t)
 	} else if len(out) > 0 {
 		out = append(out, tiers.Config{Name: defaultDiskTierKey, Kind: tiers.KindDisk, Paths: append([]string(nil), p.StorageBackends...)})
+	}
+	return out
+}
+
+// storePipelines are the values of UCM's store_pipeline the store serves ("Ds3fs" is a disk
+// tier on a 3FS mount, as Posix is on any other).
+var storePipelines = []string{"Posix", "Ds3fs", "Cache|Posix", "Cache|Ds3fs"}
+
+// cacheCapacity is the memory tier's capacity for UCM's Cache pipeline: cache_buffer_capacity_gb,
+// or, absent, UCM's 256 GiB default bounded by a quarter of the host's memory (a lazily filled
+// cache that may outgrow the host would end in the OOM killer; UCM's preallocated /dev/shm
+// buffer fails at start instead).
+func cacheCapacity(p ConnectorParams) int64 {
+	if p.CacheBufferCapacityGB > 0 {
+		return int64(math.Round(p.CacheBufferCapacityGB * ucmCapacityUnit))
+	}
+	capacity := int64(ucmDefaultCacheGB * ucmCapacityUnit)
+	if mem := devio.PhysicalMemory(); mem > 0 && mem/4 < capacity {
+		capacity = mem / 4
+	}
+	return capacity
+}
+
+// Unused names the keys given that select nothing in UCM-Go (UCM connector keys whose work is
+// the inference engine's, or UCM staging keys), so that an opener can log them once.
+func (c *Config) Unused() []string {
+	var out []string
+	add := func(given bool, key string) {
+		if given {
+			out = append(out, key)
+		}
+	}
+	add(c.LoadOnlyFirstRank, "load_only_first_rank")
+	add(c.EnablePrefixCache != nil, "enable_prefix_cache")
+	add(c.EnableEventSync != nil, "enable_event_sync")
+	add(c.UseLayerwise != nil, "use_layerwise")
+	add(c.HitRatio != nil, "hit_ratio")
+	for i, conn := range c.Connectors {
+		p := conn.Config
+		pre := fmt.Sprintf("ucm_connectors[%d].", i)
+		add(p.StreamNumber != 0, pre+"stream_number")
+		add(p.BufferNumber != 0, pre+"buffer_number")
+		add(p.CacheStreamNumber != 0, pre+"cache_stream_number")
+		add(p.PosixGCEnable, pre+"posix_gc_enable")
+		add(p.LocalRankSize != 0, pre+"local_rank_size")
+		add(p.ShareBufferEnable != nil, pre+"share_buffer_enable")
+		add(len(p.CPUAffinityCores) > 0, pre+"cpu_affinity_cores")
+		add(conn.ModulePath != "", pre+"ucm_connector_module_path")
 	}
 	return out
 }
@@ -374,6 +469,17 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 		}
 		p.Compression = v
 	}
+	if v := getenv("ENABLE_SPARSE"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("ENABLE_SPARSE=%q: want true or false: %w", v, ErrInvalidArgument)
+		}
+		c.EnableSparse = b
+	}
+	if v := getenv("UCM_SPARSE_TYPE"); v != "" {
+		c.SparseType = v
+		c.EnableSparse = true
+	}
 	if v := getenv("UCM_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			return fmt.Errorf("UCM_LOG_LEVEL=%q: want debug, info, warn or error: %w", v, ErrInvalidArgument)
@@ -406,6 +512,17 @@ func (c *Config) validate() error {
 		if _, err := connectorIOEngine(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
+		if p.StorePipeline != "" && !slices.Contains(storePipelines, p.StorePipeline) {
+			return fmt.Errorf("%s: store_pipeline %q: want one of %s: %w", where, p.StorePipeline, strings.Join(storePipelines, ", "), ErrInvalidArgument)
+		}
+		if p.TensorSize < 0 || p.ShardSize < 0 || p.TPSize < 0 || p.BlockTokens < 0 || p.MetricsPort < 0 || p.MetricsPort > 65535 {
+			return fmt.Errorf("%s: tensor_size, shard_size, tp_size, block_tokens and metrics_port must not be negative (metrics_port at most 65535): %w", where, ErrInvalidArgument)
+		}
+		for j, n := range p.TensorSizeList {
+			if n <= 0 {
+				return fmt.Errorf("%s: tensor_size_list[%d] = %d: want > 0: %w", where, j, n, ErrInvalidArgument)
+			}
+		}
 		if err := validateTiers(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
@@ -420,6 +537,8 @@ func validateTiers(p ConnectorParams) error {
 		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, ErrInvalidArgument)
 	case p.CacheBufferCapacityGB < 0 || math.IsNaN(p.CacheBufferCapacityGB) || math.IsInf(p.CacheBufferCapacityGB, 0):
 		return fmt.Errorf("cache_buffer_capacity_gb %v: want > 0 (absent or 0: no memory tier): %w", p.CacheBufferCapacityGB, ErrInvalidArgument)
+	case len(p.Tiers) > 0 && strings.HasPrefix(p.StorePipeline, "Cache|"):
+		return fmt.Errorf("store_pipeline %q and tiers both given: put the memory tier in the tier list: %w", p.StorePipeline, ErrInvalidArgument)
 	case len(p.Tiers) > 0 && p.CacheBufferCapacityGB > 0:
 		return fmt.Errorf("cache_buffer_capacity_gb and tiers both given: put the memory tier in the tier list: %w", ErrInvalidArgument)
 	case p.PosixGCCheckIntervalSec < 0:

@@ -282,3 +282,75 @@ func TestConfigTierErrors(t *testing.T) {
 		}
 	}
 }
+
+// ucmExampleYAML is UCM's examples/ucm_config_example.yaml with its commented keys enabled, plus
+// the keys UCM's connector adds to a worker's store configuration.
+const ucmExampleYAML = `
+ucm_connectors:
+  - ucm_connector_name: "UcmPipelineStore"
+    ucm_connector_config:
+      store_pipeline: "Cache|Posix"
+      storage_backends: "/mnt/test"
+      io_direct: false
+      posix_capacity_gb: 1024
+      unique_id: "engine-0"
+      device_id: 1
+      tensor_size_list: [65536, 65536]
+      shard_size: 131072
+      block_size: 4194304
+      local_rank_size: 1
+      share_buffer_enable: false
+enable_event_sync: true
+metrics_config_path: "/workspace/metrics_configs.yaml"
+ucm_sparse_config:
+  GSAOnDevice: {}
+use_layerwise: true
+hit_ratio: 0.9
+load_only_first_rank: false
+`
+
+// TestConfigUCMExample: UCM's own example file loads; store_pipeline "Cache|Posix" puts a memory
+// tier (UCM's default capacity bounded by the host's memory) before the disk tier; the keys
+// with no meaning in the store are named by Unused; a pipeline UCM-Go cannot serve is an error
+// naming it; ENABLE_SPARSE and UCM_SPARSE_TYPE are read.
+func TestConfigUCMExample(t *testing.T) {
+	c, err := ParseConfig([]byte(ucmExampleYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Connectors[0].Config
+	if p.StorePipeline != "Cache|Posix" || *p.DeviceID != 1 || p.ShardSize != 131072 || len(p.TensorSizeList) != 2 || c.MetricsConfigPath == "" {
+		t.Fatalf("parsed %+v", p)
+	}
+	_, opts, err := c.StoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Tiers) != 2 || opts.Tiers[0].Kind != tiers.KindMemory || opts.Tiers[1].Capacity != 1024<<30 {
+		t.Fatalf("tiers %+v", opts.Tiers)
+	}
+	if mem := devio.PhysicalMemory(); mem > 0 && opts.Tiers[0].Capacity != min(mem/4, 256<<30) {
+		t.Fatalf("default cache capacity %d with %d bytes of memory", opts.Tiers[0].Capacity, mem)
+	}
+	unused := strings.Join(c.Unused(), " ")
+	for _, k := range []string{"enable_event_sync", "use_layerwise", "hit_ratio", "local_rank_size", "share_buffer_enable"} {
+		if !strings.Contains(unused, k) {
+			t.Fatalf("Unused %q lacks %s", unused, k)
+		}
+	}
+	for _, bad := range []string{`store_pipeline: "Cache|Mooncake"`, `tensor_size_list: [0]`, `metrics_port: 70000`} {
+		_, err := ParseConfig([]byte("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: /x\n      " + bad + "\n"))
+		key, _, _ := strings.Cut(bad, ":")
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), key) {
+			t.Fatalf("%s: %v", bad, err)
+		}
+	}
+	env := map[string]string{"UCM_SPARSE_TYPE": "ESA"}
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); err != nil || !c.EnableSparse || c.SparseType != "ESA" {
+		t.Fatalf("sparse env: %v %v %q", err, c.EnableSparse, c.SparseType)
+	}
+	env = map[string]string{"ENABLE_SPARSE": "maybe"}
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ENABLE_SPARSE") {
+		t.Fatalf("bad ENABLE_SPARSE: %v", err)
+	}
+}

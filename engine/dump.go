@@ -80,8 +80,8 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 	if len(src) != len(ids) {
 		return failedTask(ids, fmt.Errorf("dump: %d ids but %d buffers: %w", len(ids), len(src), ErrInvalidArgument))
 	}
-	if e.opts.ReadOnly {
-		return failedTask(ids, fmt.Errorf("dump: store opened read-only: %w", ErrInvalidArgument))
+	if e.opts.ReadOnly || e.opts.LookupOnly {
+		return failedTask(ids, fmt.Errorf("dump: store opened read-only or lookup-only: %w", ErrInvalidArgument))
 	}
 	return e.startTask(ids, e.metrics.dumpLatency, func(t *Task) {
 		e.runDump(t, shard, src)
@@ -443,9 +443,13 @@ func (e *Engine) janitor() {
 // created, ErrInvalidArgument for a zero id, ErrNoSpace when staging memory is full.
 func (e *Engine) Create(ids []BlockID) []error {
 	errs := make([]error, len(ids))
-	if e.closing.Load() {
+	if e.closing.Load() || e.opts.LookupOnly || e.opts.ReadOnly {
+		cause := ErrClosed
+		if !e.closing.Load() {
+			cause = fmt.Errorf("create: store opened read-only or lookup-only: %w", ErrInvalidArgument)
+		}
 		for i := range errs {
-			errs[i] = ErrClosed
+			errs[i] = cause
 		}
 		return errs
 	}

@@ -37,6 +37,9 @@ var (
 	ErrIO = errors.New("ucm: i/o error")
 )
 
+// errLookupOnly fails what a lookup-only instance (Options.LookupOnly) does not do.
+var errLookupOnly = fmt.Errorf("lookup-only instance: it serves lookups, not data: %w", ErrInvalidArgument)
+
 // blockErr wraps kind with the block id and a detail.
 func blockErr(kind error, id BlockID, format string, args ...any) error {
 	return fmt.Errorf("block %s: %s: %w", id, fmt.Sprintf(format, args...), kind)

@@ -114,6 +114,9 @@ func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
 	if len(dst) != len(ids) {
 		return failedTask(ids, fmt.Errorf("load: %d ids but %d buffers: %w", len(ids), len(dst), ErrInvalidArgument))
 	}
+	if e.opts.LookupOnly {
+		return failedTask(ids, errLookupOnly)
+	}
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
 		e.runLoad(t, shard, dst)
 		e.stats.countLoad(t)

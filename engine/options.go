@@ -161,6 +161,12 @@ type Options struct {
 	SharedSealAge time.Duration
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
+	// LookupOnly opens an instance that answers Lookup and LookupPrefix only, as UCM's
+	// scheduler uses its store: it needs a shared tier, indexes every instance published there
+	// whatever their schema and layout (its own Layout and Schema describe only its empty
+	// store), and refuses Dump, Load, Prefetch and Create with ErrInvalidArgument. A hit says a
+	// block is stored; the worker that loads it checks it against its own schema.
+	LookupOnly bool
 	// AdoptStoredSchema opens an existing store with the schema and layout it recorded,
 	// ignoring Schema and Layout: for tools that operate on any store (verify, stats, bench on
 	// an existing directory). Opening a store that does not exist fails with ErrNotFound.
@@ -253,6 +259,9 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
+	}
+	if o.LookupOnly && !hasShared(o.Tiers) {
+		return fmt.Errorf("options: lookup-only without a shared tier would never see a block: %w", ErrInvalidArgument)
 	}
 	if len(o.Tiers) > 0 {
 		if err := tiers.Validate(o.Tiers); err != nil {

@@ -91,6 +91,9 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 // not stored are reported as ErrNotFound in the task's BlockErrors; a block the first tier
 // has no room for stays where it is (its error wraps ErrNoSpace) and loads from there.
 func (e *Engine) Prefetch(ids []BlockID) *Task {
+	if e.opts.LookupOnly {
+		return failedTask(ids, errLookupOnly)
+	}
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
 		for i, id := range t.ids {
 			if !e.ix.Contains(id) && !e.foreignContains(id) {

@@ -457,7 +457,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, erro
 			e.opts.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
 			continue
 		}
-		if m.Schema != e.fingerprint {
+		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
 			s.mu.Lock()
 			if !s.ignored[inst] {
 				s.ignored[inst] = true
@@ -518,7 +518,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 		return err
 	}
 	defer seg.Release()
-	if info := seg.Info(); info.Instance != inst || info.Schema != e.fingerprint {
+	if info := seg.Info(); info.Instance != inst || (info.Schema != e.fingerprint && !e.opts.LookupOnly) {
 		return fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
 	}
 	recs, err := wal.ReadSealedRecords(seg, ent.Size, t.io)
@@ -534,7 +534,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	seen := map[BlockID]bool{}
 	for i := range recs {
 		r := &recs[i]
-		if r.Header.Layout != e.opts.Layout || seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
+		if (r.Header.Layout != e.opts.Layout && !e.opts.LookupOnly) || seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
 			continue
 		}
 		seen[r.Header.ID] = true

@@ -322,3 +322,42 @@ func TestSharedTierGlobalCapacity(t *testing.T) {
 	}
 	checkBlocks(t, a, hot)
 }
+
+// TestSharedTierLookupOnly: a lookup-only instance (UCM's scheduler: it knows neither the shard
+// split nor the model's dtype) sees the blocks another instance published, whatever its own
+// schema and layout, and refuses every data operation with ErrInvalidArgument.
+func TestSharedTierLookupOnly(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	aIDs := ids(0, 20)
+	dumpBlocks(t, a, aIDs)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := sharedOptions(shared, time.Hour)
+	o.LookupOnly = true
+	o.Schema = Schema{Model: "scheduler", DType: "any", KVLayout: "any", TPSize: 1, BlockTokens: 1}
+	o.Layout = Layout{Shards: 1, TensorsPerShard: 1, ShardBytes: o.Layout.BlockBytes()}
+	s := mustOpen(t, filepath.Join(root, "s"), o)
+	defer s.Close()
+	waitFor(t, "A's blocks visible to the lookup-only instance", func() bool { return allHit(s, aIDs) })
+	if n := s.LookupPrefix(append(aIDs[:3:3], blockID(999))); n != 3 {
+		t.Fatalf("LookupPrefix = %d, want 3", n)
+	}
+	dst := [][]byte{make([]byte, o.Layout.BlockBytes())}
+	for name, err := range map[string]error{
+		"load":     s.Load(aIDs[:1], dst).Wait(),
+		"dump":     s.Dump([]BlockID{blockID(1000)}, dst).Wait(),
+		"prefetch": s.Prefetch(aIDs[:1]).Wait(),
+		"create":   s.Create([]BlockID{blockID(1001)})[0],
+	} {
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%s on a lookup-only instance: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	o.Tiers = nil
+	if _, err := Open(filepath.Join(root, "t"), o); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("lookup-only without a shared tier: %v", err)
+	}
+}
