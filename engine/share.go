@@ -458,6 +458,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, erro
 			continue
 		}
 		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
+			if len(m.Segments) == 0 {
+				continue // a lookup-only instance (UCM's scheduler) publishes nothing: no news
+			}
 			s.mu.Lock()
 			if !s.ignored[inst] {
 				s.ignored[inst] = true

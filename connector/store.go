@@ -1,0 +1,432 @@
+package connector
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
+)
+
+// maxInstanceRetries bounds the suffixes tried when another live process holds the instance
+// name (two workers of one host configured alike): name, name-2, ... name-64.
+const maxInstanceRetries = 64
+
+// Store is a UCM store (UcmKVStoreBaseV1) over an engine instance on the configured
+// storage_backends: lookups, layer-wise and whole-block transfers between host memory the
+// caller owns and the store, as asynchronous tasks named by integer handles. It is safe for
+// concurrent use.
+//
+// Transfers name, per block, a shard index and the memory of that shard: one span per tensor
+// of StoreConfig.Tensors (UCM's addresses), or one span of the whole shard. A shard whose
+// memory is one span is transferred straight from or into it (with O_DIRECT when it is aligned
+// to 4 KiB); tensors in separate places go through a staging buffer, gathered before the call
+// returns (dump) or scattered before the task completes (load).
+//
+// Task handles are consumed by Wait, as in UCM: a second Wait of a handle, or a Check after
+// Wait, fails with ErrUnknownTask. Check does not consume.
+type Store struct {
+	cfg     *StoreConfig
+	eng     *engine.Engine
+	pool    *devio.BufferPool
+	metrics *storeMetrics
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	tasks  map[uint64]*Task
+	next   uint64
+	closed atomic.Bool
+	wg     sync.WaitGroup // task finishers
+}
+
+// Open opens the store a configuration describes (ParseStoreConfig): the process's instance
+// under <storage_backends[0]>/stores/<instance>, the backends as a shared tier so that every
+// process configured with them sees the blocks of the others (docs/sharing.md). A worker whose
+// instance name another live process holds retries with a numbered suffix. The scheduler's
+// store (no transfer shape) is lookup-only.
+func Open(cfg *StoreConfig) (*Store, error) {
+	name := cfg.Instance
+	var (
+		eng *engine.Engine
+		err error
+	)
+	for try := 1; try <= maxInstanceRetries; try++ {
+		if try > 1 {
+			name = fmt.Sprintf("%s-%d", cfg.Instance, try)
+		}
+		dir, opts, derr := cfg.Config.InstanceStore(name)
+		if derr != nil {
+			return nil, derr
+		}
+		opts.Layout, opts.Schema, opts.LookupOnly = cfg.Layout, cfg.Schema, cfg.Scheduler
+		if !cfg.Scheduler {
+			if err := cfg.Config.CheckBlockSize(cfg.Layout); err != nil {
+				return nil, err
+			}
+		}
+		eng, err = engine.Open(dir, opts)
+		if !errors.Is(err, engine.ErrLocked) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	log := slog.Default()
+	if unused := cfg.Config.Unused(); len(unused) > 0 {
+		log.Info("ucmgo: configuration keys accepted with no effect in UCM-Go", "keys", unused)
+	}
+	s := &Store{cfg: cfg, eng: eng, pool: devio.NewBufferPool(), log: log, tasks: map[uint64]*Task{}}
+	s.cfg.Instance = name
+	m, err := openMetrics(cfg, eng)
+	if err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// Config returns the configuration the store was opened with (Instance is the name it got).
+func (s *Store) Config() *StoreConfig { return s.cfg }
+
+// Engine returns the engine instance under the store.
+func (s *Store) Engine() *engine.Engine { return s.eng }
+
+// Close waits for every task to finish, closes the engine and stops the metrics endpoint
+// when this was its last store. Later calls fail with engine.ErrClosed; Close is idempotent.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.wg.Wait()
+	err := s.eng.Close()
+	s.metrics.close()
+	s.pool.Close()
+	return err
+}
+
+func (s *Store) check() error {
+	if s.closed.Load() {
+		return engine.ErrClosed
+	}
+	return nil
+}
+
+// Lookup reports for each id whether the block is stored (exact, per block).
+func (s *Store) Lookup(ids []engine.BlockID) ([]bool, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	hits := s.eng.Lookup(ids)
+	n := 0
+	for _, h := range hits {
+		if h {
+			n++
+		}
+	}
+	s.metrics.lookup(n, len(ids))
+	return hits, nil
+}
+
+// LookupOnPrefix returns UCM's lookup_on_prefix: the index of the last block of the leading
+// run of stored blocks, -1 when the first is not stored.
+func (s *Store) LookupOnPrefix(ids []engine.BlockID) (int, error) {
+	if err := s.check(); err != nil {
+		return -1, err
+	}
+	n := s.eng.LookupPrefix(ids)
+	s.metrics.lookup(n, len(ids))
+	return n - 1, nil
+}
+
+// Prefetch starts moving the blocks towards the fastest tier and returns at once (UCM's
+// fire-and-forget prefetch; blocks not stored are skipped). On the scheduler's lookup-only
+// store it does nothing.
+func (s *Store) Prefetch(ids []engine.BlockID) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if s.cfg.Scheduler {
+		return nil
+	}
+	t := s.eng.Prefetch(ids)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		<-t.Done()
+	}()
+	return nil
+}
+
+// Create reserves blocks for a V0 dump (engine.Engine.Create): one error per id.
+func (s *Store) Create(ids []engine.BlockID) ([]error, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	return s.eng.Create(ids), nil
+}
+
+// Commit publishes (ok) or discards blocks reserved by Create (engine.Engine.Commit).
+func (s *Store) Commit(ids []engine.BlockID, ok bool) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	return s.eng.Commit(ids, ok)
+}
+
+// Stats returns the engine's counters.
+func (s *Store) Stats() (engine.Stats, error) {
+	if err := s.check(); err != nil {
+		return engine.Stats{}, err
+	}
+	return s.eng.Stats(), nil
+}
+
+// Task is one Load or Dump call: the engine tasks of its shard groups, and the staging buffers
+// to scatter from and release when they are done.
+type Task struct {
+	id     uint64
+	load   bool
+	ids    []engine.BlockID
+	start  time.Time
+	bytes  int64
+	done   chan struct{}
+	errs   []error // per block, once done
+	err    error
+	finish func() // scatter staged loads, release staging
+}
+
+// Load reads shard shards[i] of block ids[i] into dst[i] (one span of the shard, or one span per
+// tensor) and returns the task's handle. Bad arguments fail the call before any I/O, naming
+// the block and the field.
+func (s *Store) Load(ids []engine.BlockID, shards []int, dst [][][]byte) (uint64, error) {
+	return s.transfer(true, ids, shards, dst)
+}
+
+// Dump stores shard shards[i] of block ids[i] from src[i] and returns the task's handle. A
+// block becomes visible when all its shards are durable (engine.Engine.DumpShard).
+func (s *Store) Dump(ids []engine.BlockID, shards []int, src [][][]byte) (uint64, error) {
+	return s.transfer(false, ids, shards, src)
+}
+
+func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][][]byte) (uint64, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	op := "dump"
+	if load {
+		op = "load"
+	}
+	if s.cfg.Scheduler {
+		return 0, fmt.Errorf("%s: the scheduler's store (no shard_size or tensor sizes configured) only looks up: %w", op, engine.ErrInvalidArgument)
+	}
+	if len(shards) != len(ids) || len(bufs) != len(ids) {
+		return 0, fmt.Errorf("%s: %d block ids, %d shard indexes, %d address lists: %w", op, len(ids), len(shards), len(bufs), engine.ErrInvalidArgument)
+	}
+	l := s.cfg.Layout
+	type key struct {
+		id    engine.BlockID
+		shard int
+	}
+	seen := make(map[key]int, len(ids))
+	for i, id := range ids {
+		sh := shards[i]
+		if sh < 0 || sh >= l.Shards {
+			return 0, fmt.Errorf("%s: block %s (position %d): shard index %d out of range [0, %d): %w", op, id, i, sh, l.Shards, engine.ErrInvalidArgument)
+		}
+		if id.IsZero() {
+			return 0, fmt.Errorf("%s: position %d: zero block id: %w", op, i, engine.ErrInvalidArgument)
+		}
+		if j, dup := seen[key{id, sh}]; dup {
+			return 0, fmt.Errorf("%s: block %s shard %d at positions %d and %d: %w", op, id, sh, j, i, ErrDuplicate)
+		}
+		seen[key{id, sh}] = i
+		if err := s.checkSpans(bufs[i]); err != nil {
+			return 0, fmt.Errorf("%s: block %s (position %d): %w", op, id, i, err)
+		}
+	}
+	t := &Task{load: load, ids: ids, start: time.Now(), done: make(chan struct{}), bytes: int64(len(ids)) * l.ShardBytes}
+	whole := l.Shards == 1
+	// One engine task per shard index named (a layer-wise call names one).
+	groups := map[int][]int{}
+	var order []int
+	for i, sh := range shards {
+		if _, ok := groups[sh]; !ok {
+			order = append(order, sh)
+		}
+		groups[sh] = append(groups[sh], i)
+	}
+	var staged []stagedShard
+	parts := make([]*engine.Task, 0, len(order))
+	members := make([][]int, 0, len(order))
+	for _, sh := range order {
+		pos := groups[sh]
+		gids := make([]engine.BlockID, len(pos))
+		gbufs := make([][]byte, len(pos))
+		for k, i := range pos {
+			gids[k] = ids[i]
+			if len(bufs[i]) == 1 {
+				gbufs[k] = bufs[i][0]
+				continue
+			}
+			b := s.pool.Get(int(l.ShardBytes))[:l.ShardBytes]
+			if !load {
+				gather(b, bufs[i])
+			}
+			staged = append(staged, stagedShard{buf: b, tensors: bufs[i], pos: i})
+			gbufs[k] = b
+		}
+		var et *engine.Task
+		switch {
+		case load && whole:
+			et = s.eng.Load(gids, gbufs)
+		case load:
+			et = s.eng.LoadShard(gids, sh, gbufs)
+		case whole:
+			et = s.eng.Dump(gids, gbufs)
+		default:
+			et = s.eng.DumpShard(gids, sh, gbufs)
+		}
+		parts = append(parts, et)
+		members = append(members, pos)
+	}
+	t.finish = func() {
+		for _, st := range staged {
+			if load && t.errs[st.pos] == nil {
+				scatter(st.tensors, st.buf)
+			}
+			s.pool.Put(st.buf)
+		}
+	}
+	s.mu.Lock()
+	s.next++
+	t.id = s.next
+	s.tasks[t.id] = t
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.complete(t, parts, members)
+	return t.id, nil
+}
+
+// stagedShard is a shard whose tensors are not one span: staged in buf.
+type stagedShard struct {
+	buf     []byte
+	tensors [][]byte
+	pos     int
+}
+
+// checkSpans: one span of the shard, or one span per tensor of the configured sizes.
+func (s *Store) checkSpans(spans [][]byte) error {
+	l := s.cfg.Layout
+	switch {
+	case len(spans) == 1 && int64(len(spans[0])) == l.ShardBytes:
+		return nil
+	case len(spans) != len(s.cfg.Tensors):
+		return fmt.Errorf("%d addresses, want %d (one per tensor) or one for the whole shard: %w", len(spans), len(s.cfg.Tensors), engine.ErrInvalidArgument)
+	}
+	for j, b := range spans {
+		if int64(len(b)) != s.cfg.Tensors[j] {
+			return fmt.Errorf("tensor %d: %d bytes, want %d: %w", j, len(b), s.cfg.Tensors[j], engine.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+func gather(dst []byte, tensors [][]byte) {
+	off := 0
+	for _, t := range tensors {
+		off += copy(dst[off:], t)
+	}
+}
+
+func scatter(tensors [][]byte, src []byte) {
+	off := 0
+	for _, t := range tensors {
+		off += copy(t, src[off:])
+	}
+}
+
+// complete waits for the engine tasks, maps their per-block outcomes back to call order,
+// scatters staged loads and records the metrics.
+func (s *Store) complete(t *Task, parts []*engine.Task, members [][]int) {
+	defer s.wg.Done()
+	t.errs = make([]error, len(t.ids))
+	var failed []error
+	for k, et := range parts {
+		err := et.Wait()
+		be := et.BlockErrors()
+		for j, i := range members[k] {
+			switch {
+			case j < len(be) && be[j] != nil:
+				t.errs[i] = be[j]
+			case j >= len(be) && err != nil:
+				t.errs[i] = err
+			}
+		}
+	}
+	for _, e := range t.errs {
+		if e != nil {
+			failed = append(failed, e)
+		}
+	}
+	t.finish()
+	if len(failed) > 0 {
+		t.err = fmt.Errorf("%d of %d blocks failed: %w", len(failed), len(t.ids), errors.Join(failed...))
+	}
+	s.metrics.transfer(t.load, len(t.ids), t.bytes, time.Since(t.start), t.err == nil)
+	close(t.done)
+}
+
+func (s *Store) task(id uint64) (*Task, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tasks[id]
+	if !ok {
+		return nil, fmt.Errorf("task %d: never started or already waited for: %w", id, ErrUnknownTask)
+	}
+	return t, nil
+}
+
+// Wait blocks until task id is done, consumes its handle and returns its error (nil when every
+// block succeeded). failed, if not nil, must have one entry per block of the call: it is set
+// to whether each block failed (a load's failed blocks are recomputed by the engine).
+func (s *Store) Wait(id uint64, failed []bool) error {
+	t, err := s.task(id)
+	if err != nil {
+		return err
+	}
+	if failed != nil && len(failed) != len(t.ids) {
+		return fmt.Errorf("task %d: failure mask of %d entries for %d blocks: %w", id, len(failed), len(t.ids), engine.ErrInvalidArgument)
+	}
+	<-t.done
+	s.mu.Lock()
+	_, mine := s.tasks[id]
+	delete(s.tasks, id)
+	s.mu.Unlock()
+	if !mine {
+		return fmt.Errorf("task %d: waited for by another caller: %w", id, ErrUnknownTask)
+	}
+	for i := range failed {
+		failed[i] = t.errs[i] != nil
+	}
+	return t.err
+}
+
+// Check reports whether task id is done, without blocking or consuming it, and its error if so.
+func (s *Store) Check(id uint64) (bool, error) {
+	t, err := s.task(id)
+	if err != nil {
+		return false, err
+	}
+	select {
+	case <-t.done:
+		return true, t.err
+	default:
+		return false, nil
+	}
+}

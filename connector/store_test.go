@@ -1,0 +1,434 @@
+package connector
+
+import (
+	"crypto/md5"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/ucm-go/ucm/engine"
+)
+
+func noEnv(string) string { return "" }
+
+func randomIDs(n int) []engine.BlockID {
+	out := make([]engine.BlockID, n)
+	for i := range out {
+		for j := range out[i] {
+			out[i][j] = byte(rand.Uint32())
+		}
+	}
+	return out
+}
+
+// pattern is block id's shard sh, tensor-by-tensor: bytes no other block or shard has.
+func pattern(id engine.BlockID, sh int, n int64) []byte {
+	out := make([]byte, n)
+	seed := md5.Sum(append(id[:], byte(sh), byte(sh>>8)))
+	for i := range out {
+		out[i] = seed[i%16] ^ byte(i/16)
+	}
+	return out
+}
+
+// workerJSON is a worker's store configuration as UCM's connector builds it (a dict, passed as
+// JSON): two tensors of 16 KiB per shard (K and V of a layer), 4 layers.
+func workerJSON(dir string, device int, extra string) string {
+	return fmt.Sprintf(`{"storage_backends": [%q], "device_id": %d, "unique_id": "e0", "tensor_size_list": [16384, 16384],
+ "shard_size": 32768, "block_size": 131072, "local_rank_size": 1, "posix_gc_enable": false%s}`, dir, device, extra)
+}
+
+func openStore(t *testing.T, text string) *Store {
+	t.Helper()
+	cfg, err := ParseStoreConfig(text, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestParseStoreConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := ParseStoreConfig(workerJSON(dir, 2, ""), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	if cfg.Scheduler || cfg.Layout != (engine.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 32768}) || len(cfg.Tensors) != 2 ||
+		cfg.Instance != host+"-rank2" || cfg.MetricsListen != "" {
+		t.Fatalf("worker config %+v", cfg)
+	}
+	// UCM's older keys: tensor_size with shard_size.
+	cfg, err = ParseStoreConfig(fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size": 4096, "shard_size": 8192, "block_size": 8192}`, dir), noEnv)
+	if err != nil || cfg.Layout.Shards != 1 || len(cfg.Tensors) != 2 {
+		t.Fatalf("tensor_size config: %+v %v", cfg, err)
+	}
+	// The scheduler: block_size only.
+	cfg, err = ParseStoreConfig(fmt.Sprintf(`{"storage_backends": %q, "block_size": 131072}`, dir), noEnv)
+	if err != nil || !cfg.Scheduler || cfg.Instance != host+"-scheduler" {
+		t.Fatalf("scheduler config: %+v %v", cfg, err)
+	}
+	// A whole UCM file, by path and through UCM_CONFIG_FILE, with the metrics variables.
+	path := filepath.Join(dir, "ucm.yaml")
+	yml := fmt.Sprintf("ucm_connectors:\n  - ucm_connector_name: UcmGoStore\n    ucm_connector_config:\n      storage_backends: %s\n      device_id: 1\n      shard_size: 4096\n      tensor_size: 4096\nenable_event_sync: true\n", dir)
+	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"UCM_CONFIG_FILE": path, "UCM_METRICS_ENABLE": "1", "UCM_METRICS_PORT": "9000"}
+	for _, text := range []string{path, ""} {
+		cfg, err = ParseStoreConfig(text, func(k string) string { return env[k] })
+		if err != nil || cfg.Layout.ShardBytes != 4096 || cfg.MetricsListen != "127.0.0.1:9002" {
+			t.Fatalf("config from %q: %+v %v", text, cfg, err)
+		}
+	}
+	for _, bad := range []struct{ text, want string }{
+		{`{"storage_backends": "/x", "device_id": 0}`, "device_id"},
+		{`{"storage_backends": "/x", "device_id": 0, "tensor_size_list": [100, 100], "shard_size": 300}`, "shard_size"},
+		{`{"storage_backends": "/x", "device_id": 0, "shard_size": 4096, "block_size": 6000}`, "block_size"},
+		{`{"storage_backends": "/x", "shard_sise": 4096}`, "shard_sise"},
+		{`{"device_id": 0, "shard_size": 4096}`, "storage_backends"},
+		{`/no/such/file.yaml`, "/no/such/file.yaml"},
+		{`[1, 2]`, "mapping"},
+	} {
+		_, err := ParseStoreConfig(bad.text, noEnv)
+		if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), bad.want) || StatusOf(err) != StatusEParam {
+			t.Fatalf("%s: %v (want an EPARAM naming %s)", bad.text, err, bad.want)
+		}
+	}
+}
+
+// shardSpans returns per block the memory of one shard: two separate tensors (staged) or one
+// span, alternating.
+func shardSpans(cfg *StoreConfig, ids []engine.BlockID, sh int, fill bool) ([][][]byte, [][]byte) {
+	spans := make([][][]byte, len(ids))
+	whole := make([][]byte, len(ids))
+	for i, id := range ids {
+		b := make([]byte, cfg.Layout.ShardBytes)
+		if fill {
+			copy(b, pattern(id, sh, cfg.Layout.ShardBytes))
+		}
+		whole[i] = b
+		if i%2 == 0 {
+			spans[i] = [][]byte{b}
+			continue
+		}
+		// Separate allocations, so the tensors are not one span.
+		var ts [][]byte
+		off := int64(0)
+		for _, n := range cfg.Tensors {
+			tb := make([]byte, n)
+			copy(tb, b[off:off+n])
+			ts = append(ts, tb)
+			off += n
+		}
+		spans[i] = ts
+	}
+	return spans, whole
+}
+
+func joined(spans [][]byte) []byte {
+	var out []byte
+	for _, s := range spans {
+		out = append(out, s...)
+	}
+	return out
+}
+
+// TestStoreLayerwiseRoundTrip: layer-wise dumps (one call per layer, as UCM's connector issues
+// them) then layer-wise and whole-shard-group loads return the bytes, through one span or one
+// span per tensor; lookups see the blocks once every layer is in; a missing block fails its
+// load alone, reported in the failure mask.
+func TestStoreLayerwiseRoundTrip(t *testing.T) {
+	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
+	cfg := s.Config()
+	ids := randomIDs(24)
+	for sh := 0; sh < cfg.Layout.Shards; sh++ {
+		spans, _ := shardSpans(cfg, ids, sh, true)
+		task, err := s.Dump(ids, repeat(sh, len(ids)), spans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatalf("dump layer %d: %v", sh, err)
+		}
+	}
+	if hits, _ := s.Lookup(ids); !all(hits) {
+		t.Fatalf("lookup after dump: %v", hits)
+	}
+	missing := randomIDs(1)[0]
+	chain := append(append([]engine.BlockID(nil), ids[:5]...), missing, ids[6])
+	if n, _ := s.LookupOnPrefix(chain); n != 4 {
+		t.Fatalf("lookup_on_prefix = %d, want 4 (last index of the leading run)", n)
+	}
+	if n, _ := s.LookupOnPrefix([]engine.BlockID{missing}); n != -1 {
+		t.Fatalf("lookup_on_prefix of a miss = %d, want -1", n)
+	}
+	for sh := 0; sh < cfg.Layout.Shards; sh++ {
+		loadIDs := append(append([]engine.BlockID(nil), ids...), missing)
+		spans, _ := shardSpans(cfg, loadIDs, sh, false)
+		task, err := s.Load(loadIDs, repeat(sh, len(loadIDs)), spans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		failed := make([]bool, len(loadIDs))
+		err = s.Wait(task, failed)
+		if !errors.Is(err, engine.ErrNotFound) || StatusOf(err) != StatusENoObj {
+			t.Fatalf("load with a missing block: %v", err)
+		}
+		for i, id := range ids {
+			if failed[i] {
+				t.Fatalf("block %d reported failed", i)
+			}
+			if string(joined(spans[i])) != string(pattern(id, sh, cfg.Layout.ShardBytes)) {
+				t.Fatalf("layer %d of block %d differs", sh, i)
+			}
+		}
+		if !failed[len(ids)] {
+			t.Fatal("the missing block is not reported failed")
+		}
+	}
+}
+
+func repeat(v, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+func all(b []bool) bool {
+	for _, v := range b {
+		if !v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestStoreBadInput: every malformed call gets a typed error with UCM's status and names what
+// was wrong, and loses nothing stored; handles are consumed by Wait; a closed store refuses.
+func TestStoreBadInput(t *testing.T) {
+	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
+	cfg := s.Config()
+	ids := randomIDs(3)
+	for sh := 1; sh < cfg.Layout.Shards; sh++ {
+		sp, _ := shardSpans(cfg, ids, sh, true)
+		task, err := s.Dump(ids, repeat(sh, len(ids)), sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans, _ := shardSpans(cfg, ids, 0, true)
+	task, err := s.Dump(ids, []int{0, 0, 0}, spans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, err := s.Check(task); err != nil || (done && s.Wait(task, nil) != nil) {
+		t.Fatalf("check: %v", err)
+	} else if !done {
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Wait(task, nil); !errors.Is(err, ErrUnknownTask) || StatusOf(err) != StatusENoObj {
+		t.Fatalf("second wait: %v", err)
+	}
+	if _, err := s.Check(12345); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("check of an unknown task: %v", err)
+	}
+	short := [][]byte{make([]byte, 100)}
+	cases := []struct {
+		name   string
+		ids    []engine.BlockID
+		shards []int
+		bufs   [][][]byte
+		status Status
+		want   string
+	}{
+		{"duplicate", []engine.BlockID{ids[0], ids[0]}, []int{1, 1}, [][][]byte{spans[0], spans[0]}, StatusEDuplicate, "positions 0 and 1"},
+		{"shard out of range", ids[:1], []int{4}, spans[:1], StatusEParam, "shard index 4"},
+		{"negative shard", ids[:1], []int{-1}, spans[:1], StatusEParam, "shard index -1"},
+		{"wrong size", ids[:1], []int{1}, [][][]byte{{short[0], short[0]}}, StatusEParam, "tensor 0: 100 bytes"},
+		{"wrong count", ids[:1], []int{1}, [][][]byte{{short[0], short[0], short[0]}}, StatusEParam, "3 addresses"},
+		{"length mismatch", ids, []int{1}, spans, StatusEParam, "3 block ids, 1 shard indexes"},
+		{"zero id", []engine.BlockID{{}}, []int{1}, spans[:1], StatusEParam, "zero block id"},
+	}
+	for _, c := range cases {
+		for _, load := range []bool{false, true} {
+			_, err := s.transfer(load, c.ids, c.shards, c.bufs)
+			if StatusOf(err) != c.status || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("%s (load %v): %v (status %d), want %d naming %q", c.name, load, err, StatusOf(err), c.status, c.want)
+			}
+		}
+	}
+	if err := s.Wait(0, nil); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("wait of handle 0: %v", err)
+	}
+	// Nothing stored was lost: shard 0 of the three blocks still loads.
+	out, _ := shardSpans(cfg, ids, 0, false)
+	task, err = s.Load(ids, []int{0, 0, 0}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(task, make([]bool, 2)); !errors.Is(err, engine.ErrInvalidArgument) {
+		t.Fatalf("wrong failure mask: %v", err)
+	}
+	// That Wait did not consume the handle: it failed on its argument.
+	if err := s.Wait(task, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		if string(joined(out[i])) != string(pattern(id, 0, cfg.Layout.ShardBytes)) {
+			t.Fatalf("block %d changed", i)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lookup(ids); !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("lookup after close: %v", err)
+	}
+	if _, err := s.Dump(ids, []int{0, 0, 0}, spans); !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("dump after close: %v", err)
+	}
+}
+
+// TestStoreWorkersShareBackends: tensor-parallel workers and the scheduler configured with one
+// storage_backends directory each open their own instance (none gets ErrLocked); with MLA one
+// rank dumps and every rank loads the same blocks; the scheduler's lookups see them; two
+// processes given the same instance name get numbered ones.
+func TestStoreWorkersShareBackends(t *testing.T) {
+	dir := t.TempDir()
+	w0 := openStore(t, workerJSON(dir, 0, ""))
+	w1 := openStore(t, workerJSON(dir, 1, ""))
+	twin := openStore(t, workerJSON(dir, 1, ""))
+	sched := openStore(t, fmt.Sprintf(`{"storage_backends": [%q], "block_size": 131072}`, dir))
+	if twin.Config().Instance != w1.Config().Instance+"-2" {
+		t.Fatalf("instances %q and %q", w1.Config().Instance, twin.Config().Instance)
+	}
+	cfg := w0.Config()
+	ids := randomIDs(10)
+	spans, _ := shardSpans(cfg, ids, 0, true)
+	for sh := 0; sh < cfg.Layout.Shards; sh++ {
+		sp, _ := shardSpans(cfg, ids, sh, true)
+		task, err := w0.Dump(ids, repeat(sh, len(ids)), sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w0.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		h1, _ := w1.Lookup(ids)
+		n, _ := sched.LookupOnPrefix(ids)
+		if all(h1) && n == len(ids)-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 1 hits %v, scheduler prefix %d", h1, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for sh := 0; sh < cfg.Layout.Shards; sh++ {
+		out, _ := shardSpans(cfg, ids, sh, false)
+		task, err := w1.Load(ids, repeat(sh, len(ids)), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w1.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			if string(joined(out[i])) != string(pattern(id, sh, cfg.Layout.ShardBytes)) {
+				t.Fatalf("rank 1: layer %d of block %d differs", sh, i)
+			}
+		}
+	}
+	if _, err := sched.Load(ids, repeat(0, len(ids)), spans); StatusOf(err) != StatusEParam {
+		t.Fatalf("scheduler load: %v", err)
+	}
+}
+
+// TestStoreMetricsEndpoint: the endpoint serves UCM's ucm: histograms with the model_name label
+// and the engine's own families, parsed as Prometheus text; it is bound to loopback.
+func TestStoreMetricsEndpoint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port - 1 // the worker of device 0 serves metrics_port + 1
+	ln.Close()
+	s := openStore(t, workerJSON(t.TempDir(), 0, fmt.Sprintf(`, "metrics_port": %d, "model_name": "qwen-test"`, port)))
+	addr, err := s.MetricsAddr()
+	if err != nil || !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("metrics address %q, %v", addr, err)
+	}
+	cfg := s.Config()
+	ids := randomIDs(4)
+	for _, load := range []bool{false, true} {
+		for sh := 0; sh < cfg.Layout.Shards; sh++ {
+			sp, _ := shardSpans(cfg, ids, sh, !load)
+			task, err := s.transfer(load, ids, repeat(sh, len(ids)), sp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Wait(task, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := s.LookupOnPrefix(ids); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint64{"ucm:load_blocks_num": 4, "ucm:save_blocks_num": 4, "ucm:load_duration": 4,
+		"ucm:save_speed": 4, "ucm:interval_lookup_hit_rates": 1, "ucm:load_requests_num": 4} {
+		f, ok := fams[name]
+		if !ok {
+			t.Fatalf("%s not exported", name)
+		}
+		var count uint64
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model_name" && l.GetValue() == "qwen-test" {
+					count += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+		if count < want {
+			t.Fatalf("%s{model_name=qwen-test} has %d samples, want >= %d", name, count, want)
+		}
+	}
+	if _, ok := fams["ucm_load_latency_seconds"]; !ok {
+		t.Fatal("the engine's own families are not exported")
+	}
+}
