@@ -16,12 +16,19 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
+.PHONY: all build lib run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
 
 all: build
 
 build:
 	$(GO) build $(BUILDFLAGS) -o $(BIN)/ucm-tool ./tools/ucm-tool
+
+# The C ABI for inference engines (docs/connector.md): lib/libucmgo.so and its header lib/ucmgo.h.
+LIB := $(CURDIR)/lib
+lib:
+	$(GO) build $(BUILDFLAGS) -buildmode=c-shared -o $(LIB)/libucmgo.so ./connector/capi
+	rm -f $(LIB)/libucmgo.h
+	cp connector/capi/ucmgo.h $(LIB)/ucmgo.h
 
 run: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB

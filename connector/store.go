@@ -417,6 +417,15 @@ func (s *Store) Wait(id uint64, failed []bool) error {
 	return t.err
 }
 
+// Blocks returns the number of blocks of task id (the size of Wait's failure mask).
+func (s *Store) Blocks(id uint64) (int, error) {
+	t, err := s.task(id)
+	if err != nil {
+		return 0, err
+	}
+	return len(t.ids), nil
+}
+
 // Check reports whether task id is done, without blocking or consuming it, and its error if so.
 func (s *Store) Check(id uint64) (bool, error) {
 	t, err := s.task(id)

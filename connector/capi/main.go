@@ -1,0 +1,459 @@
+// Command capi is UCM-Go's C ABI: built with -buildmode=c-shared into libucmgo.so, with the
+// header ucmgo.h (`make lib`). It exports connector.Store to C and to Python (ctypes) with UCM's
+// status codes; docs/connector.md is the guide.
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+
+// Defined in lasterror.c; ucmgo.h is the library's public header.
+void ucmgo_set_error(const char *msg, size_t n);
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"github.com/ucm-go/ucm/connector"
+	"github.com/ucm-go/ucm/engine"
+)
+
+func main() {}
+
+// statusOK is UCMGO_OK.
+const statusOK = C.int32_t(connector.StatusOK)
+
+// maxBlocks bounds n in one call: no call sizes an allocation from an unchecked length.
+const maxBlocks = 1 << 24
+
+var handles struct {
+	sync.Mutex
+	stores map[int64]*connector.Store
+	next   int64
+}
+
+// fail records err as the thread's last error and returns its status.
+func fail(err error) C.int32_t {
+	msg := err.Error()
+	if msg == "" {
+		msg = "ucmgo: error"
+	}
+	b := []byte(msg)
+	C.ucmgo_set_error((*C.char)(unsafe.Pointer(&b[0])), C.size_t(len(b)))
+	st := connector.StatusOf(err)
+	if st == connector.StatusOK {
+		st = connector.StatusError
+	}
+	return C.int32_t(st)
+}
+
+func store(h C.int64_t) (*connector.Store, error) {
+	handles.Lock()
+	defer handles.Unlock()
+	s, ok := handles.stores[int64(h)]
+	if !ok {
+		return nil, fmt.Errorf("store handle %d: not open (never opened, or closed): %w", int64(h), engine.ErrInvalidArgument)
+	}
+	return s, nil
+}
+
+// blockIDs copies n ids from C memory.
+func blockIDs(ids *C.uint8_t, n C.size_t) ([]engine.BlockID, error) {
+	if n > maxBlocks {
+		return nil, fmt.Errorf("%d block ids: more than %d in one call: %w", uint64(n), maxBlocks, engine.ErrInvalidArgument)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if ids == nil {
+		return nil, fmt.Errorf("block ids: null pointer for %d ids: %w", uint64(n), engine.ErrInvalidArgument)
+	}
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(ids)), int(n)*16)
+	out := make([]engine.BlockID, int(n))
+	for i := range out {
+		copy(out[i][:], raw[i*16:])
+	}
+	return out, nil
+}
+
+//export ucmgo_open
+// ucmgo_open opens a store from config: YAML or JSON text (a whole UCM configuration, or the
+// mapping UCM's connector hands its store), or the path of a file holding one; NULL or "" reads
+// the file UCM_CONFIG_FILE names. Returns a store handle > 0, or a status < 0.
+func ucmgo_open(config *C.char) C.int64_t {
+	text := ""
+	if config != nil {
+		text = C.GoString(config)
+	}
+	cfg, err := connector.ParseStoreConfig(text, os.Getenv)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	s, err := connector.Open(cfg)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	handles.Lock()
+	defer handles.Unlock()
+	if handles.stores == nil {
+		handles.stores = map[int64]*connector.Store{}
+	}
+	handles.next++
+	handles.stores[handles.next] = s
+	return C.int64_t(handles.next)
+}
+
+//export ucmgo_close
+// ucmgo_close waits for the store's tasks, closes it and frees the handle.
+func ucmgo_close(h C.int64_t) C.int32_t {
+	handles.Lock()
+	s, ok := handles.stores[int64(h)]
+	delete(handles.stores, int64(h))
+	handles.Unlock()
+	if !ok {
+		return fail(fmt.Errorf("close: store handle %d: not open: %w", int64(h), engine.ErrInvalidArgument))
+	}
+	if err := s.Close(); err != nil {
+		return fail(err)
+	}
+	return statusOK
+}
+
+//export ucmgo_lookup
+// ucmgo_lookup sets found[i] to 1 when block i is stored, else 0.
+func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return fail(err)
+	}
+	if n > 0 && found == nil {
+		return fail(fmt.Errorf("lookup: null result array: %w", engine.ErrInvalidArgument))
+	}
+	hits, err := s.Lookup(bids)
+	if err != nil {
+		return fail(err)
+	}
+	out := unsafe.Slice((*byte)(unsafe.Pointer(found)), len(hits))
+	for i, hit := range hits {
+		out[i] = 0
+		if hit {
+			out[i] = 1
+		}
+	}
+	return statusOK
+}
+
+//export ucmgo_lookup_on_prefix
+// ucmgo_lookup_on_prefix sets *index to the index of the last block of the leading run of
+// stored blocks (-1 when the first is not stored), UCM's lookup_on_prefix.
+func ucmgo_lookup_on_prefix(h C.int64_t, ids *C.uint8_t, n C.size_t, index *C.int64_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return fail(err)
+	}
+	if index == nil {
+		return fail(fmt.Errorf("lookup_on_prefix: null result pointer: %w", engine.ErrInvalidArgument))
+	}
+	last, err := s.LookupOnPrefix(bids)
+	if err != nil {
+		return fail(err)
+	}
+	*index = C.int64_t(last)
+	return statusOK
+}
+
+//export ucmgo_prefetch
+// ucmgo_prefetch starts moving the blocks to the fastest tier and returns at once.
+func ucmgo_prefetch(h C.int64_t, ids *C.uint8_t, n C.size_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.Prefetch(bids); err != nil {
+		return fail(err)
+	}
+	return statusOK
+}
+
+// spans turns the address table into per-block memory views (checked for null and count).
+func spans(s *connector.Store, n int, addrs *unsafe.Pointer, perBlock C.size_t) ([][][]byte, error) {
+	cfg := s.Config()
+	tensors := cfg.Tensors
+	switch {
+	case n == 0:
+		return nil, nil
+	case addrs == nil:
+		return nil, fmt.Errorf("address table: null pointer: %w", engine.ErrInvalidArgument)
+	case perBlock != 1 && int(perBlock) != len(tensors):
+		return nil, fmt.Errorf("%d addresses per block: want %d (one per tensor) or 1 (the whole shard): %w", uint64(perBlock), len(tensors), engine.ErrInvalidArgument)
+	}
+	table := unsafe.Slice(addrs, n*int(perBlock))
+	out := make([][][]byte, n)
+	for i := range out {
+		row := table[i*int(perBlock) : (i+1)*int(perBlock)]
+		block := make([][]byte, len(row))
+		for j, p := range row {
+			if p == nil {
+				return nil, fmt.Errorf("block at position %d, address %d: null: %w", i, j, engine.ErrInvalidArgument)
+			}
+			size := cfg.Layout.ShardBytes
+			if len(row) > 1 {
+				size = tensors[j]
+			}
+			block[j] = unsafe.Slice((*byte)(p), size)
+		}
+		if one := joined(block, cfg.Layout.ShardBytes); one != nil {
+			block = [][]byte{one}
+		}
+		out[i] = block
+	}
+	return out, nil
+}
+
+// joined returns the shard as one span when its tensors lie back to back in memory (the K and V
+// of one layer often do), else nil. The spans point into C memory.
+func joined(tensors [][]byte, shardBytes int64) []byte {
+	if len(tensors) < 2 {
+		return nil
+	}
+	base := unsafe.Pointer(unsafe.SliceData(tensors[0]))
+	var off int64
+	for _, t := range tensors {
+		if unsafe.Pointer(unsafe.SliceData(t)) != unsafe.Add(base, off) {
+			return nil
+		}
+		off += int64(len(t))
+	}
+	if off != shardBytes {
+		return nil
+	}
+	return unsafe.Slice((*byte)(base), shardBytes)
+}
+
+func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, perBlock C.size_t) C.int64_t {
+	s, err := store(h)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	if n > 0 && shards == nil {
+		return C.int64_t(fail(fmt.Errorf("shard indexes: null pointer: %w", engine.ErrInvalidArgument)))
+	}
+	idx := make([]int, int(n))
+	if n > 0 {
+		for i, v := range unsafe.Slice((*int64)(unsafe.Pointer(shards)), int(n)) {
+			if v < 0 || v > 1<<30 {
+				return C.int64_t(fail(fmt.Errorf("block %s (position %d): shard index %d out of range: %w", bids[i], i, v, engine.ErrInvalidArgument)))
+			}
+			idx[i] = int(v)
+		}
+	}
+	mem, err := spans(s, int(n), addrs, perBlock)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	var task uint64
+	if load {
+		task, err = s.Load(bids, idx, mem)
+	} else {
+		task, err = s.Dump(bids, idx, mem)
+	}
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	return C.int64_t(task)
+}
+
+//export ucmgo_load
+// ucmgo_load starts loading shard shards[i] of block i into the memory at addrs (n ×
+// addrs_per_block pointers). Returns a task handle > 0 or a status < 0.
+func ucmgo_load(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t) C.int64_t {
+	return transfer(true, h, ids, shards, n, addrs, addrsPerBlock)
+}
+
+//export ucmgo_dump
+// ucmgo_dump starts storing shard shards[i] of block i from the memory at addrs. A block is
+// visible to lookups once all its shards are durable. prerequisite is UCM's device event to
+// wait for before copying: host memory has none to wait for, so it is accepted and unused.
+// Returns a task handle > 0 or a status < 0.
+func ucmgo_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t, prerequisite C.uint64_t) C.int64_t {
+	_ = prerequisite
+	return transfer(false, h, ids, shards, n, addrs, addrsPerBlock)
+}
+
+//export ucmgo_wait
+// ucmgo_wait blocks until the task is done and consumes its handle. Returns UCMGO_OK when every
+// block succeeded, else the status of the failure. failed, when not NULL, must hold n entries
+// (the task's block count): failed[i] is set to 1 for each block that failed (a load's failed
+// blocks are to be recomputed), else 0.
+func ucmgo_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	if task <= 0 {
+		return fail(fmt.Errorf("task %d: %w", int64(task), connector.ErrUnknownTask))
+	}
+	var mask []bool
+	if failed != nil {
+		blocks, err := s.Blocks(uint64(task))
+		if err != nil {
+			return fail(err)
+		}
+		if int(n) != blocks || n > maxBlocks {
+			return fail(fmt.Errorf("wait: failure mask of %d entries for a task of %d blocks: %w", uint64(n), blocks, engine.ErrInvalidArgument))
+		}
+		mask = make([]bool, blocks)
+	}
+	werr := s.Wait(uint64(task), mask)
+	if mask != nil {
+		out := unsafe.Slice((*byte)(unsafe.Pointer(failed)), len(mask))
+		for i, f := range mask {
+			out[i] = 0
+			if f {
+				out[i] = 1
+			}
+		}
+	}
+	if werr != nil {
+		return fail(werr)
+	}
+	return statusOK
+}
+
+//export ucmgo_check
+// ucmgo_check sets *finished to 1 when the task is done (successfully or not), else 0, without
+// consuming it. Returns UCMGO_OK, or the task's failure status once it is done.
+func ucmgo_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	if finished == nil {
+		return fail(fmt.Errorf("check: null result pointer: %w", engine.ErrInvalidArgument))
+	}
+	if task <= 0 {
+		return fail(fmt.Errorf("task %d: %w", int64(task), connector.ErrUnknownTask))
+	}
+	done, err := s.Check(uint64(task))
+	*finished = 0
+	if done {
+		*finished = 1
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return statusOK
+}
+
+//export ucmgo_create
+// ucmgo_create reserves blocks for a V0 dump; results[i] is the status of block i
+// (UCMGO_EDUPLICATE for a block already stored or being created).
+func ucmgo_create(h C.int64_t, ids *C.uint8_t, n C.size_t, results *C.int32_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return fail(err)
+	}
+	if n > 0 && results == nil {
+		return fail(fmt.Errorf("create: null result array: %w", engine.ErrInvalidArgument))
+	}
+	errs, err := s.Create(bids)
+	if err != nil {
+		return fail(err)
+	}
+	out := unsafe.Slice((*int32)(unsafe.Pointer(results)), len(errs))
+	var first error
+	for i, e := range errs {
+		out[i] = int32(connector.StatusOf(e))
+		if e != nil && first == nil {
+			first = e
+		}
+	}
+	if first != nil {
+		fail(first) // the message of the first failed block, for the caller that looks
+	}
+	return statusOK
+}
+
+//export ucmgo_commit
+// ucmgo_commit publishes (success != 0) or discards blocks reserved by ucmgo_create.
+func ucmgo_commit(h C.int64_t, ids *C.uint8_t, n C.size_t, success C.int32_t) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	bids, err := blockIDs(ids, n)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.Commit(bids, success != 0); err != nil {
+		return fail(err)
+	}
+	return statusOK
+}
+
+// statsDoc is what ucmgo_stats writes.
+type statsDoc struct {
+	Instance  string        `json:"instance"`
+	Scheduler bool          `json:"scheduler"`
+	Layout    engine.Layout `json:"layout"`
+	Tensors   []int64       `json:"tensors"`
+	IOEngine  string        `json:"io_engine"`
+	Direct    bool          `json:"direct_io"`
+	Metrics   string        `json:"metrics_address,omitempty"`
+	Stats     engine.Stats  `json:"stats"`
+}
+
+//export ucmgo_stats
+// ucmgo_stats writes the store's state as a JSON object (instance, layout, tensors, I/O engine,
+// metrics address, and the engine's counters under "stats") into buf, NUL-terminated when it
+// fits. Returns the JSON's length in bytes: when it is len or more, the text was cut; call
+// again with a larger buffer. Below zero: a status.
+func ucmgo_stats(h C.int64_t, buf *C.char, n C.size_t) C.int64_t {
+	s, err := store(h)
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	st, err := s.Stats()
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	cfg := s.Config()
+	io, direct := s.Engine().IOEngine()
+	addr, _ := s.MetricsAddr()
+	doc, err := json.Marshal(statsDoc{Instance: cfg.Instance, Scheduler: cfg.Scheduler, Layout: cfg.Layout, Tensors: cfg.Tensors,
+		IOEngine: io, Direct: direct, Metrics: addr, Stats: st})
+	if err != nil {
+		return C.int64_t(fail(err))
+	}
+	if buf != nil && n > 0 {
+		out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(min(n, maxBlocks)))
+		k := copy(out[:len(out)-1], doc)
+		out[k] = 0
+	}
+	return C.int64_t(len(doc))
+}

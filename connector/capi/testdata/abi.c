@@ -1,0 +1,205 @@
+// abi.c drives libucmgo.so through ucmgo.h as a C program would (main_test.go builds and runs
+// it): layer-wise dumps and loads from aligned and unaligned memory, lookups, V0
+// create/commit, stats, and every bad-input case, which must return a status and a message.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ucmgo.h"
+
+#define N 48
+#define SHARDS 4
+#define TENSOR 8192
+#define SHARD (2 * TENSOR)
+
+static int failures;
+
+#define CHECK(cond, ...)                                                      \
+	do {                                                                      \
+		if (!(cond)) {                                                        \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
+			fprintf(stderr, __VA_ARGS__);                                     \
+			fprintf(stderr, " (last error: %s)\n", ucmgo_last_error());       \
+			failures++;                                                       \
+		}                                                                     \
+	} while (0)
+
+// A status and a message naming want.
+#define EXPECT_STATUS(got, status, want)                                                  \
+	do {                                                                                  \
+		long long g_ = (long long)(got);                                                  \
+		CHECK(g_ == (status), "status %lld, want %d", g_, (status));                      \
+		CHECK(strstr(ucmgo_last_error(), (want)) != NULL, "message lacks \"%s\"", (want)); \
+	} while (0)
+
+static void fill(uint8_t *p, size_t n, const uint8_t *id, int shard) {
+	for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(id[i % 16] ^ (i / 16) ^ (shard * 31));
+}
+
+static int same(const uint8_t *p, size_t n, const uint8_t *id, int shard) {
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (uint8_t)(id[i % 16] ^ (i / 16) ^ (shard * 31))) return 0;
+	return 1;
+}
+
+static void *other_thread(void *arg) {
+	int64_t store = *(int64_t *)arg;
+	int64_t idx;
+	// Fails here; the main thread's message must not change.
+	ucmgo_lookup_on_prefix(store, NULL, 3, &idx);
+	return strstr(ucmgo_last_error(), "null pointer") ? (void *)1 : NULL;
+}
+
+int main(int argc, char **argv) {
+	if (argc != 2) {
+		fprintf(stderr, "usage: abi STORE_DIR\n");
+		return 2;
+	}
+	char config[1024];
+	snprintf(config, sizeof config,
+	         "{\"storage_backends\": [\"%s\"], \"device_id\": 0, \"tensor_size_list\": [%d, %d], "
+	         "\"shard_size\": %d, \"block_size\": %d}",
+	         argv[1], TENSOR, TENSOR, SHARD, SHARD * SHARDS);
+	int64_t store = ucmgo_open(config);
+	CHECK(store > 0, "open: %lld", (long long)store);
+	if (store <= 0) return 1;
+
+	uint8_t ids[N * UCMGO_ID_BYTES];
+	srand(7);
+	for (size_t i = 0; i < sizeof ids; i++) ids[i] = (uint8_t)rand();
+	int64_t shards[N];
+	// Aligned memory for even blocks (one address per shard), unaligned tensors apart for odd.
+	uint8_t *aligned;
+	if (posix_memalign((void **)&aligned, 4096, (size_t)N * SHARD) != 0) return 1;
+	uint8_t *loose = malloc((size_t)N * SHARD * 2 + 1);
+	void *addrs[N * 2];
+	uint8_t failed[N];
+
+	for (int sh = 0; sh < SHARDS; sh++) {
+		for (int i = 0; i < N; i++) {
+			shards[i] = sh;
+			uint8_t *a = aligned + (size_t)i * SHARD, *k = loose + 1 + (size_t)i * SHARD * 2, *v = k + SHARD + 3;
+			fill(a, SHARD, ids + i * 16, sh);
+			memcpy(k, a, TENSOR);
+			memcpy(v, a + TENSOR, TENSOR);
+			addrs[2 * i] = (i % 2 == 0) ? (void *)a : (void *)k;
+			addrs[2 * i + 1] = (i % 2 == 0) ? (void *)(a + TENSOR) : (void *)v;
+		}
+		int64_t task = ucmgo_dump(store, ids, shards, N, addrs, 2, 0);
+		CHECK(task > 0, "dump shard %d: %lld", sh, (long long)task);
+		CHECK(ucmgo_wait(store, task, failed, N) == UCMGO_OK, "wait dump shard %d", sh);
+		EXPECT_STATUS(ucmgo_wait(store, task, NULL, 0), UCMGO_ENOOBJ, "already waited");
+	}
+	uint8_t found[N];
+	CHECK(ucmgo_lookup(store, ids, N, found) == UCMGO_OK, "lookup");
+	for (int i = 0; i < N; i++) CHECK(found[i] == 1, "block %d not found", i);
+	int64_t last;
+	CHECK(ucmgo_lookup_on_prefix(store, ids, N, &last) == UCMGO_OK && last == N - 1, "prefix %lld", (long long)last);
+
+	// Load every shard: even blocks into aligned memory at one address, odd into unaligned tensors.
+	for (int sh = 0; sh < SHARDS; sh++) {
+		memset(aligned, 0, (size_t)N * SHARD);
+		memset(loose, 0, (size_t)N * SHARD * 2 + 1);
+		for (int i = 0; i < N; i++) shards[i] = sh;
+		int64_t task = ucmgo_load(store, ids, shards, N, addrs, 2);
+		CHECK(task > 0, "load shard %d", sh);
+		int32_t finished = 0;
+		CHECK(ucmgo_check(store, task, &finished) == UCMGO_OK, "check");
+		CHECK(ucmgo_wait(store, task, failed, N) == UCMGO_OK, "wait load shard %d", sh);
+		for (int i = 0; i < N; i++) {
+			CHECK(!failed[i], "block %d failed", i);
+			if (i % 2 == 0) {
+				CHECK(same(aligned + (size_t)i * SHARD, SHARD, ids + i * 16, sh), "block %d shard %d differs", i, sh);
+			} else {
+				uint8_t *k = loose + 1 + (size_t)i * SHARD * 2, *v = k + SHARD + 3;
+				uint8_t tmp[SHARD];
+				memcpy(tmp, k, TENSOR);
+				memcpy(tmp + TENSOR, v, TENSOR);
+				CHECK(same(tmp, SHARD, ids + i * 16, sh), "block %d shard %d differs (tensors apart)", i, sh);
+			}
+		}
+	}
+	// A missing block fails alone, named in the failure mask.
+	uint8_t mixed[2 * 16];
+	memcpy(mixed, ids, 16);
+	memset(mixed + 16, 0xab, 16);
+	int64_t two[2] = {0, 0};
+	void *one_each[2] = {aligned, aligned + SHARD};
+	int64_t task = ucmgo_load(store, mixed, two, 2, one_each, 1);
+	CHECK(task > 0, "load with a miss");
+	EXPECT_STATUS(ucmgo_wait(store, task, failed, 2), UCMGO_ENOOBJ, "not found");
+	CHECK(failed[0] == 0 && failed[1] == 1, "failure mask %d %d", failed[0], failed[1]);
+
+	// Bad input: a status and a message, never a crash, nothing stored lost.
+	EXPECT_STATUS(ucmgo_load(store, NULL, shards, 2, addrs, 2), UCMGO_EPARAM, "null");
+	EXPECT_STATUS(ucmgo_load(store, ids, NULL, 2, addrs, 2), UCMGO_EPARAM, "shard indexes");
+	EXPECT_STATUS(ucmgo_load(store, ids, shards, 2, NULL, 2), UCMGO_EPARAM, "address table");
+	void *with_null[4] = {aligned, NULL, aligned, aligned + TENSOR};
+	EXPECT_STATUS(ucmgo_dump(store, ids, shards, 2, with_null, 2, 0), UCMGO_EPARAM, "address 1: null");
+	EXPECT_STATUS(ucmgo_dump(store, ids, shards, 1, addrs, 3, 0), UCMGO_EPARAM, "addresses per block");
+	int64_t bad_shards[2] = {SHARDS, 0};
+	EXPECT_STATUS(ucmgo_load(store, ids, bad_shards, 2, addrs, 2), UCMGO_EPARAM, "shard index 4");
+	uint8_t dup[2 * 16];
+	memcpy(dup, ids, 16);
+	memcpy(dup + 16, ids, 16);
+	EXPECT_STATUS(ucmgo_dump(store, dup, two, 2, addrs, 2, 0), UCMGO_EDUPLICATE, "positions 0 and 1");
+	EXPECT_STATUS(ucmgo_wait(store, 999999, NULL, 0), UCMGO_ENOOBJ, "task 999999");
+	int32_t finished;
+	EXPECT_STATUS(ucmgo_check(store, -3, &finished), UCMGO_ENOOBJ, "task -3");
+	EXPECT_STATUS(ucmgo_lookup(store, ids, N, NULL), UCMGO_EPARAM, "null result");
+	EXPECT_STATUS(ucmgo_lookup(12345, ids, N, found), UCMGO_EPARAM, "store handle 12345");
+	EXPECT_STATUS(ucmgo_open("{\"storage_backends\": \"/tmp/x\", \"shard_sise\": 1}"), UCMGO_EPARAM, "shard_sise");
+	task = ucmgo_load(store, ids, two, 1, addrs, 2);
+	EXPECT_STATUS(ucmgo_wait(store, task, failed, 5), UCMGO_EPARAM, "mask of 5 entries");
+	CHECK(ucmgo_wait(store, task, failed, 1) == UCMGO_OK, "wait after a bad mask");
+
+	// The last error is per thread.
+	EXPECT_STATUS(ucmgo_wait(store, 424242, NULL, 0), UCMGO_ENOOBJ, "task 424242");
+	pthread_t th;
+	void *res;
+	pthread_create(&th, NULL, other_thread, &store);
+	pthread_join(th, &res);
+	CHECK(res != NULL, "the other thread's message");
+	CHECK(strstr(ucmgo_last_error(), "task 424242") != NULL, "this thread's message changed");
+
+	// V0: create, dump every shard, commit.
+	uint8_t v0[2 * 16];
+	memset(v0, 0x5a, sizeof v0);
+	v0[31] = 1;
+	int32_t results[2];
+	CHECK(ucmgo_create(store, v0, 2, results) == UCMGO_OK && results[0] == 0 && results[1] == 0, "create");
+	CHECK(ucmgo_lookup(store, v0, 2, found) == UCMGO_OK && !found[0], "created block visible before commit");
+	for (int sh = 0; sh < SHARDS; sh++) {
+		int64_t sv[2] = {sh, sh};
+		for (int i = 0; i < 2; i++) fill(aligned + (size_t)i * SHARD, SHARD, v0 + i * 16, sh);
+		task = ucmgo_dump(store, v0, sv, 2, one_each, 1, 0);
+		CHECK(task > 0 && ucmgo_wait(store, task, NULL, 0) == UCMGO_OK, "v0 dump shard %d", sh);
+	}
+	CHECK(ucmgo_commit(store, v0, 2, 1) == UCMGO_OK, "commit");
+	CHECK(ucmgo_lookup(store, v0, 2, found) == UCMGO_OK && found[0] && found[1], "committed blocks not visible");
+	CHECK(ucmgo_create(store, v0, 1, results) == UCMGO_OK && results[0] == UCMGO_EDUPLICATE, "create of a stored block: %d", results[0]);
+
+	char small[8];
+	int64_t need = ucmgo_stats(store, small, sizeof small);
+	CHECK(need > (int64_t)sizeof small, "stats length %lld", (long long)need);
+	char *stats = malloc((size_t)need + 1);
+	CHECK(ucmgo_stats(store, stats, (size_t)need + 1) == need && strstr(stats, "\"instance\"") && strstr(stats, "\"LoadedShards\""), "stats: %s", stats);
+	free(stats);
+
+	CHECK(ucmgo_close(store) == UCMGO_OK, "close");
+	EXPECT_STATUS(ucmgo_close(store), UCMGO_EPARAM, "not open");
+	EXPECT_STATUS(ucmgo_lookup(store, ids, N, found), UCMGO_EPARAM, "not open");
+	// Reopened, everything is still there.
+	store = ucmgo_open(config);
+	CHECK(store > 0 && ucmgo_lookup_on_prefix(store, ids, N, &last) == UCMGO_OK && last == N - 1, "after reopen: %lld", (long long)last);
+	ucmgo_close(store);
+	free(aligned);
+	free(loose);
+	if (failures) {
+		fprintf(stderr, "%d failures\n", failures);
+		return 1;
+	}
+	printf("ok\n");
+	return 0;
+}

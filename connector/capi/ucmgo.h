@@ -1,0 +1,150 @@
+/*
+ * ucmgo.h: UCM-Go's C ABI (libucmgo.so, built by `make lib`): UCM's store interface
+ * (UcmKVStoreBaseV1) over UCM-Go. docs/connector.md is the guide.
+ *
+ * Handles. A store is an int64_t > 0 from ucmgo_open. A task is an int64_t > 0 from ucmgo_load
+ * or ucmgo_dump; ucmgo_wait consumes it, as in UCM (a second wait fails with UCMGO_ENOOBJ);
+ * ucmgo_check does not.
+ *
+ * Errors. Every call returns a status (or a handle, or a length) below zero on failure, one of
+ * UCM's codes below, and ucmgo_last_error() then says why, naming the block, position or field
+ * at fault. The message is per thread. No call crashes on a bad argument it can see: null
+ * pointers, wrong counts or sizes, shard indexes out of range, unknown or closed handles,
+ * duplicate ids. It cannot see an address that points to unmapped memory or to less memory
+ * than the configuration says: such an address is the caller's bug.
+ *
+ * Memory. Block ids are 16 raw bytes each, n of them back to back. A transfer names per block a
+ * shard index and the addresses of the shard's memory: a table of n × addrs_per_block pointers,
+ * block-major (UCM's dst_addr[i][j], e.g. a numpy uint64 array of shape (n, k)).
+ * addrs_per_block is the number of tensors the configuration gives (tensor_size_list, or
+ * shard_size / tensor_size), each address holding that tensor's bytes, or 1: the whole shard at
+ * one address. The memory is the caller's (the library never holds a pointer into memory it
+ * did not allocate once the task is waited for, and never hands the caller memory of its own):
+ * it must stay valid, and unchanged for a dump, until the task is waited for. A shard at one
+ * address (or tensors back to back) aligned to 4 KiB is read and written in place with
+ * O_DIRECT; any other memory (unaligned, or tensors apart) goes through staging buffers.
+ *
+ * Threads. Every call may be made from any thread, concurrently.
+ */
+#ifndef UCMGO_H
+#define UCMGO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* UCM's status codes. */
+enum {
+	UCMGO_OK = 0,
+	UCMGO_ERROR = -1,
+	UCMGO_EPARAM = -50000,       /* bad argument: pointer, count, size, shard index, handle */
+	UCMGO_EOOM = -50001,         /* out of memory */
+	UCMGO_EOSERROR = -50002,     /* the file system failed an operation */
+	UCMGO_EDUPLICATE = -50003,   /* a block twice in one call, or created twice */
+	UCMGO_ERETRY = -50004,       /* try again */
+	UCMGO_ENOOBJ = -50005,       /* no such block, or no such task */
+	UCMGO_ESERIALIZE = -50006,
+	UCMGO_EDESERIALIZE = -50007, /* stored bytes failed a check: the block is a miss now */
+	UCMGO_EUNSUPPORTED = -50008, /* schema mismatch */
+	UCMGO_ENOSPACE = -50009,     /* no space in the store or in staging memory */
+	UCMGO_ETIMEOUT = -50010,     /* the task outlived timeout_ms and was cancelled */
+};
+
+/* UCMGO_ID_BYTES is the size of a block id. */
+#define UCMGO_ID_BYTES 16
+
+/*
+ * ucmgo_open opens a store. config is YAML or JSON text (a whole UCM configuration with
+ * ucm_connectors, or the mapping UCM's connector hands its store: storage_backends, block_size,
+ * shard_size, tensor_size or tensor_size_list, device_id, ...), or the path of a file holding
+ * one; NULL or "" reads the file the environment variable UCM_CONFIG_FILE names. Every process
+ * configured with the same storage_backends opens its own instance there and sees the blocks of
+ * the others. A configuration without shard and tensor sizes is UCM's scheduler: its store only
+ * looks up. Returns a store handle > 0, or a status < 0.
+ */
+int64_t ucmgo_open(const char *config);
+
+/* ucmgo_close waits for the store's tasks, closes it and frees the handle. */
+int32_t ucmgo_close(int64_t store);
+
+/* ucmgo_lookup sets found[i] to 1 when block i is stored, else 0 (exact, per block). */
+int32_t ucmgo_lookup(int64_t store, const uint8_t *ids, size_t n, uint8_t *found);
+
+/*
+ * ucmgo_lookup_on_prefix sets *index to the index of the last block of the leading run of stored
+ * blocks: -1 when block 0 is not stored, n - 1 when all are (UCM's lookup_on_prefix).
+ */
+int32_t ucmgo_lookup_on_prefix(int64_t store, const uint8_t *ids, size_t n, int64_t *index);
+
+/* ucmgo_prefetch starts moving the blocks to the fastest tier and returns at once. */
+int32_t ucmgo_prefetch(int64_t store, const uint8_t *ids, size_t n);
+
+/*
+ * ucmgo_load starts loading shard shards[i] of block i into the memory addrs gives for it.
+ * Every shard's checksum is checked before its block counts as loaded; a block not stored, or
+ * whose bytes fail a check, fails alone (see ucmgo_wait's failed). Returns a task handle > 0, or
+ * a status < 0 (then nothing was started).
+ */
+int64_t ucmgo_load(int64_t store, const uint8_t *ids, const int64_t *shards, size_t n,
+                   void *const *addrs, size_t addrs_per_block);
+
+/*
+ * ucmgo_dump starts storing shard shards[i] of block i from the memory addrs gives for it. A
+ * block becomes visible to lookups once every shard of it is durable; one whose shard fails is
+ * never published with holes. prerequisite is UCM's device event to wait for before copying:
+ * host memory has none, so it is accepted and unused. Returns a task handle > 0, or a status < 0.
+ */
+int64_t ucmgo_dump(int64_t store, const uint8_t *ids, const int64_t *shards, size_t n,
+                   void *const *addrs, size_t addrs_per_block, uint64_t prerequisite);
+
+/*
+ * ucmgo_wait blocks until the task is done (at most the configured timeout_ms: then it is
+ * cancelled and drained, UCMGO_ETIMEOUT) and consumes its handle. Returns UCMGO_OK when every
+ * block succeeded, else the status of the failure. failed, when not NULL, must hold one entry
+ * per block of the task (n): failed[i] is set to 1 for each block that failed (a load's failed
+ * blocks are recomputed by the engine), else 0. A wrong n is UCMGO_EPARAM and does not consume
+ * the handle.
+ */
+int32_t ucmgo_wait(int64_t store, int64_t task, uint8_t *failed, size_t n);
+
+/*
+ * ucmgo_check sets *finished to 1 when the task is done, successfully or not, else 0, without
+ * consuming it. Returns UCMGO_OK, or the task's failure status once it is done.
+ */
+int32_t ucmgo_check(int64_t store, int64_t task, int32_t *finished);
+
+/*
+ * ucmgo_create reserves blocks for a V0 dump (data then comes with ucmgo_dump; ucmgo_commit
+ * publishes or discards them); results[i] is block i's status (UCMGO_EDUPLICATE for a block
+ * stored or being created). Returns UCMGO_OK when the call itself was valid.
+ */
+int32_t ucmgo_create(int64_t store, const uint8_t *ids, size_t n, int32_t *results);
+
+/*
+ * ucmgo_commit publishes (success != 0) or discards blocks reserved by ucmgo_create and returns
+ * once they are durable and visible, or discarded. A block with shards missing is discarded.
+ */
+int32_t ucmgo_commit(int64_t store, const uint8_t *ids, size_t n, int32_t success);
+
+/*
+ * ucmgo_stats writes the store's state as a JSON object into buf (instance, scheduler, layout,
+ * tensors, io_engine, direct_io, metrics_address, and the engine's counters under "stats"),
+ * NUL-terminated. Returns the JSON's length: when it is len or more the text was cut, call again
+ * with a larger buffer (buf may be NULL to ask). Below zero: a status.
+ */
+int64_t ucmgo_stats(int64_t store, char *buf, size_t len);
+
+/*
+ * ucmgo_last_error returns the calling thread's last error message: the reason of the last call
+ * on this thread that failed ("" before any). It stays valid until the next failing call on the
+ * same thread.
+ */
+const char *ucmgo_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UCMGO_H */
