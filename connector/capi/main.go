@@ -81,10 +81,11 @@ func blockIDs(ids *C.uint8_t, n C.size_t) ([]engine.BlockID, error) {
 	return out, nil
 }
 
-//export ucmgo_open
 // ucmgo_open opens a store from config: YAML or JSON text (a whole UCM configuration, or the
 // mapping UCM's connector hands its store), or the path of a file holding one; NULL or "" reads
 // the file UCM_CONFIG_FILE names. Returns a store handle > 0, or a status < 0.
+//
+//export ucmgo_open
 func ucmgo_open(config *C.char) C.int64_t {
 	text := ""
 	if config != nil {
@@ -108,8 +109,9 @@ func ucmgo_open(config *C.char) C.int64_t {
 	return C.int64_t(handles.next)
 }
 
-//export ucmgo_close
 // ucmgo_close waits for the store's tasks, closes it and frees the handle.
+//
+//export ucmgo_close
 func ucmgo_close(h C.int64_t) C.int32_t {
 	handles.Lock()
 	s, ok := handles.stores[int64(h)]
@@ -124,8 +126,9 @@ func ucmgo_close(h C.int64_t) C.int32_t {
 	return statusOK
 }
 
-//export ucmgo_lookup
 // ucmgo_lookup sets found[i] to 1 when block i is stored, else 0.
+//
+//export ucmgo_lookup
 func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -152,9 +155,10 @@ func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.i
 	return statusOK
 }
 
-//export ucmgo_lookup_on_prefix
 // ucmgo_lookup_on_prefix sets *index to the index of the last block of the leading run of
 // stored blocks (-1 when the first is not stored), UCM's lookup_on_prefix.
+//
+//export ucmgo_lookup_on_prefix
 func ucmgo_lookup_on_prefix(h C.int64_t, ids *C.uint8_t, n C.size_t, index *C.int64_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -175,8 +179,9 @@ func ucmgo_lookup_on_prefix(h C.int64_t, ids *C.uint8_t, n C.size_t, index *C.in
 	return statusOK
 }
 
-//export ucmgo_prefetch
 // ucmgo_prefetch starts moving the blocks to the fastest tier and returns at once.
+//
+//export ucmgo_prefetch
 func ucmgo_prefetch(h C.int64_t, ids *C.uint8_t, n C.size_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -284,28 +289,31 @@ func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.siz
 	return C.int64_t(task)
 }
 
-//export ucmgo_load
 // ucmgo_load starts loading shard shards[i] of block i into the memory at addrs (n ×
 // addrs_per_block pointers). Returns a task handle > 0 or a status < 0.
+//
+//export ucmgo_load
 func ucmgo_load(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t) C.int64_t {
 	return transfer(true, h, ids, shards, n, addrs, addrsPerBlock)
 }
 
-//export ucmgo_dump
 // ucmgo_dump starts storing shard shards[i] of block i from the memory at addrs. A block is
 // visible to lookups once all its shards are durable. prerequisite is UCM's device event to
 // wait for before copying: host memory has none to wait for, so it is accepted and unused.
 // Returns a task handle > 0 or a status < 0.
+//
+//export ucmgo_dump
 func ucmgo_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t, prerequisite C.uint64_t) C.int64_t {
 	_ = prerequisite
 	return transfer(false, h, ids, shards, n, addrs, addrsPerBlock)
 }
 
-//export ucmgo_wait
 // ucmgo_wait blocks until the task is done and consumes its handle. Returns UCMGO_OK when every
 // block succeeded, else the status of the failure. failed, when not NULL, must hold n entries
 // (the task's block count): failed[i] is set to 1 for each block that failed (a load's failed
 // blocks are to be recomputed), else 0.
+//
+//export ucmgo_wait
 func ucmgo_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -341,9 +349,10 @@ func ucmgo_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.in
 	return statusOK
 }
 
-//export ucmgo_check
 // ucmgo_check sets *finished to 1 when the task is done (successfully or not), else 0, without
 // consuming it. Returns UCMGO_OK, or the task's failure status once it is done.
+//
+//export ucmgo_check
 func ucmgo_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -366,9 +375,10 @@ func ucmgo_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
 	return statusOK
 }
 
-//export ucmgo_create
 // ucmgo_create reserves blocks for a V0 dump; results[i] is the status of block i
 // (UCMGO_EDUPLICATE for a block already stored or being created).
+//
+//export ucmgo_create
 func ucmgo_create(h C.int64_t, ids *C.uint8_t, n C.size_t, results *C.int32_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -399,8 +409,9 @@ func ucmgo_create(h C.int64_t, ids *C.uint8_t, n C.size_t, results *C.int32_t) C
 	return statusOK
 }
 
-//export ucmgo_commit
 // ucmgo_commit publishes (success != 0) or discards blocks reserved by ucmgo_create.
+//
+//export ucmgo_commit
 func ucmgo_commit(h C.int64_t, ids *C.uint8_t, n C.size_t, success C.int32_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
@@ -428,11 +439,12 @@ type statsDoc struct {
 	Stats     engine.Stats  `json:"stats"`
 }
 
-//export ucmgo_stats
 // ucmgo_stats writes the store's state as a JSON object (instance, layout, tensors, I/O engine,
 // metrics address, and the engine's counters under "stats") into buf, NUL-terminated when it
 // fits. Returns the JSON's length in bytes: when it is len or more, the text was cut; call
 // again with a larger buffer. Below zero: a status.
+//
+//export ucmgo_stats
 func ucmgo_stats(h C.int64_t, buf *C.char, n C.size_t) C.int64_t {
 	s, err := store(h)
 	if err != nil {
