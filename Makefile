@@ -16,7 +16,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run test lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
+.PHONY: all build lib run test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
 
 all: build
 
@@ -33,7 +33,13 @@ lib:
 run: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit test-gluster fuzz-smoke
+test: lint unit test-python test-gluster fuzz-smoke
+
+# The Python package (connector/python/ucmgo) against the library `make lib` builds, with
+# Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
+PYTHON ?= /usr/bin/python3
+test-python: lib
+	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) ./...

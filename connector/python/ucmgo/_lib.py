@@ -1,0 +1,92 @@
+"""Loading libucmgo.so and declaring its C ABI (ucmgo.h) for ctypes."""
+
+import ctypes
+import os
+from pathlib import Path
+
+# UCM's status codes (ucmgo.h).
+OK = 0
+ERROR = -1
+EPARAM = -50000
+EOOM = -50001
+EOSERROR = -50002
+EDUPLICATE = -50003
+ERETRY = -50004
+ENOOBJ = -50005
+ESERIALIZE = -50006
+EDESERIALIZE = -50007
+EUNSUPPORTED = -50008
+ENOSPACE = -50009
+ETIMEOUT = -50010
+
+STATUS_NAMES = {
+    OK: "OK", ERROR: "ERROR", EPARAM: "EPARAM", EOOM: "EOOM", EOSERROR: "EOSERROR",
+    EDUPLICATE: "EDUPLICATE", ERETRY: "ERETRY", ENOOBJ: "ENOOBJ", ESERIALIZE: "ESERIALIZE",
+    EDESERIALIZE: "EDESERIALIZE", EUNSUPPORTED: "EUNSUPPORTED", ENOSPACE: "ENOSPACE",
+    ETIMEOUT: "ETIMEOUT",
+}
+
+ID_BYTES = 16
+
+
+def _candidates():
+    env = os.environ.get("UCMGO_LIB")
+    if env:
+        yield Path(env)
+    here = Path(__file__).resolve().parent
+    yield here / "libucmgo.so"
+    # A checkout: connector/python/ucmgo -> <repo>/lib (make lib).
+    yield here.parents[2] / "lib" / "libucmgo.so"
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            return ctypes.CDLL(str(path))
+    raise ImportError(
+        "libucmgo.so not found (tried %s): run `make lib` or set UCMGO_LIB" % ", ".join(tried)
+    )
+
+
+_lib = None
+
+
+def get():
+    """Returns the loaded library, loading it on first use.
+
+    Loading starts the Go runtime in this process: a process that forks afterwards must not use
+    the library in the child (use the "spawn" start method for workers, as vLLM does with CUDA).
+    Loading lazily lets a parent import ucmgo and fork before any store is opened.
+    """
+    global _lib
+    if _lib is None:
+        lib = _load()
+        _i64, _i32, _u64, _sz = ctypes.c_int64, ctypes.c_int32, ctypes.c_uint64, ctypes.c_size_t
+        _p = ctypes.c_void_p
+        for name, res, args in [
+            ("ucmgo_open", _i64, [ctypes.c_char_p]),
+            ("ucmgo_close", _i32, [_i64]),
+            ("ucmgo_lookup", _i32, [_i64, _p, _sz, _p]),
+            ("ucmgo_lookup_on_prefix", _i32, [_i64, _p, _sz, ctypes.POINTER(_i64)]),
+            ("ucmgo_prefetch", _i32, [_i64, _p, _sz]),
+            ("ucmgo_load", _i64, [_i64, _p, _p, _sz, _p, _sz]),
+            ("ucmgo_dump", _i64, [_i64, _p, _p, _sz, _p, _sz, _u64]),
+            ("ucmgo_wait", _i32, [_i64, _i64, _p, _sz]),
+            ("ucmgo_check", _i32, [_i64, _i64, ctypes.POINTER(_i32)]),
+            ("ucmgo_create", _i32, [_i64, _p, _sz, _p]),
+            ("ucmgo_commit", _i32, [_i64, _p, _sz, _i32]),
+            ("ucmgo_stats", _i64, [_i64, _p, _sz]),
+            ("ucmgo_last_error", ctypes.c_char_p, []),
+        ]:
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        _lib = lib
+    return _lib
+
+
+def last_error() -> str:
+    msg = get().ucmgo_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
