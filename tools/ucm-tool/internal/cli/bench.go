@@ -175,7 +175,7 @@ type crashReport struct {
 	BlocksAfter       int64   `json:"blocks_after"`
 }
 
-func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
+func newBenchCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfg                                     benchConfig
 		blockSize, total, segSize, ioEng, dirIO string
@@ -232,8 +232,12 @@ per --sync); load time includes the in-line byte comparison.`,
 			if !ok {
 				return usageErr("--workload %q: unknown workload (available: %s)", cfg.workload, workloadNames())
 			}
-			// Per-workload defaults for flags the user did not set.
+			// Flags the user did not set: the workload's own defaults, then the configuration's
+			// values for the others.
 			fl := cmd.Flags()
+			if err := tc.benchDefaults(fl, w().defaults()); err != nil {
+				return err
+			}
 			for name, val := range w().defaults() {
 				if !fl.Changed(name) {
 					if err := fl.Set(name, val); err != nil {

@@ -15,13 +15,13 @@ import (
 	"github.com/ucm-go/ucm/wal"
 )
 
-func newInspectCmd(stdout, stderr io.Writer) *cobra.Command {
+func newInspectCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		segment uint64
 		block   string
 	)
 	cmd := &cobra.Command{
-		Use:   "inspect DIR",
+		Use:   "inspect [DIR]",
 		Short: "Show a store's schema, segment table, one segment's records or one block",
 		Long: `inspect prints the stored schema and the segment table (number, state, generation,
 size, live bytes, live records, live ratio). It never writes to the store, not even to
@@ -31,8 +31,12 @@ recover it.
                 header crc, and whether the index points at the record
   --block HEX   print one block's location and metadata from the index and whether
                 the record header at that location matches`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
 			var id *format.BlockID
 			if cmd.Flags().Changed("block") {
 				b, err := format.ParseBlockID(strings.TrimSpace(block))
@@ -45,7 +49,7 @@ recover it.
 			if cmd.Flags().Changed("segment") {
 				seg = int(segment)
 			}
-			return runInspect(args[0], seg, id, stdout)
+			return runInspect(dir, seg, id, stdout)
 		},
 	}
 	cmd.Flags().Uint64Var(&segment, "segment", 0, "list the records of segment number `N`")

@@ -66,13 +66,13 @@ first (printed). Exit status: 0 done, 1 the command failed part way (what it did
 then is printed) or evict could not bring the tier down to --to, 2 usage error or the
 store could not be opened.`
 
-func newCompactCmd(stdout, stderr io.Writer) *cobra.Command {
+func newCompactCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		f     reclaimFlags
 		ratio float64
 	)
 	cmd := &cobra.Command{
-		Use:   "compact DIR",
+		Use:   "compact [DIR]",
 		Short: "Compact sparse segments and delete empty ones, in every disk tier (offline)",
 		Long: `compact opens the store (with the tiers it recorded), deletes every sealed segment no
 block lives in any more, and compacts every sealed segment whose live ratio (live
@@ -81,12 +81,16 @@ a new segment of the same tier, verified, and the old segment is deleted. No blo
 evicted. It prints segments compacted and deleted, records moved, bytes reclaimed and
 every disk tier's used bytes before and after.
 ` + reclaimExit,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
 			if !(ratio > 0 && ratio < 1) {
 				return usageErr("--live-ratio %v: want a ratio between 0 and 1 (exclusive)", ratio)
 			}
-			return runReclaim(args[0], reclaimReport{Command: "compact", LiveRatio: ratio}, f, stdout, stderr)
+			return runReclaim(dir, reclaimReport{Command: "compact", LiveRatio: ratio}, f, stdout, stderr)
 		},
 	}
 	cmd.Flags().Float64Var(&ratio, "live-ratio", engine.DefaultCompactLiveRatio, "compact sealed segments whose live ratio is at most this (0 < r < 1)")
@@ -94,32 +98,36 @@ every disk tier's used bytes before and after.
 	return cmd
 }
 
-func newGCCmd(stdout, stderr io.Writer) *cobra.Command {
+func newGCCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var f reclaimFlags
 	cmd := &cobra.Command{
-		Use:   "gc DIR",
+		Use:   "gc [DIR]",
 		Short: "Reclaim dead space without evicting live blocks: compact --live-ratio 0.5",
 		Long: fmt.Sprintf(`gc reclaims the space of superseded and evicted records without evicting any live
 block. It is an alias of 'ucm-tool compact --live-ratio %v' (the engine's default
 compaction ratio): empty sealed segments are deleted and sealed segments at most
 half live are compacted, in every disk tier.
 `, engine.DefaultCompactLiveRatio) + reclaimExit,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runReclaim(args[0], reclaimReport{Command: "gc", LiveRatio: engine.DefaultCompactLiveRatio}, f, stdout, stderr)
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
+			return runReclaim(dir, reclaimReport{Command: "gc", LiveRatio: engine.DefaultCompactLiveRatio}, f, stdout, stderr)
 		},
 	}
 	f.register(cmd)
 	return cmd
 }
 
-func newEvictCmd(stdout, stderr io.Writer) *cobra.Command {
+func newEvictCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		f          reclaimFlags
 		to, tierFl string
 	)
 	cmd := &cobra.Command{
-		Use:   "evict DIR --to BYTES [--tier NAME]",
+		Use:   "evict [DIR] --to BYTES [--tier NAME]",
 		Short: "Evict least recently used blocks until a disk tier holds at most --to bytes (offline)",
 		Long: `evict brings the disk tier --tier (default: the first disk tier) down to at most --to
 bytes of segment files, by the engine's reclamation policy: empty segments are deleted
@@ -131,8 +139,12 @@ hold (an active segment counts its written bytes, not the room reserved for it).
 
 Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units).
 ` + reclaimExit,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
 			if !cmd.Flags().Changed("to") {
 				return usageErr("--to: required (the bytes the tier may hold after eviction)")
 			}
@@ -140,7 +152,7 @@ Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units).
 			if err != nil {
 				return usageErr("--to: %v", err)
 			}
-			return runReclaim(args[0], reclaimReport{Command: "evict", Tier: tierFl, ToBytes: &n}, f, stdout, stderr)
+			return runReclaim(dir, reclaimReport{Command: "evict", Tier: tierFl, ToBytes: &n}, f, stdout, stderr)
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "bytes the tier may hold afterwards (required; 0 empties it)")

@@ -83,8 +83,10 @@ opened (missing, not a store, or in use by a running engine).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.AddCommand(newVerifyCmd(stdout, stderr), newInspectCmd(stdout, stderr), newStatsCmd(stdout, stderr), newBenchCmd(stdout, stderr),
-		newCompactCmd(stdout, stderr), newGCCmd(stdout, stderr), newEvictCmd(stdout, stderr))
+	tc := &toolConfig{}
+	tc.register(root)
+	root.AddCommand(newVerifyCmd(tc, stdout, stderr), newInspectCmd(tc, stdout, stderr), newStatsCmd(tc, stdout, stderr), newBenchCmd(tc, stdout, stderr),
+		newCompactCmd(tc, stdout, stderr), newGCCmd(tc, stdout, stderr), newEvictCmd(tc, stdout, stderr))
 	return root
 }
 

@@ -107,10 +107,10 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 		MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
 }
 
-func newStatsCmd(stdout, stderr io.Writer) *cobra.Command {
+func newStatsCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var noRecover, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "stats DIR",
+		Use:   "stats [DIR]",
 		Short: "Print a store's space accounting",
 		Long: `stats prints the number of blocks, live bytes (on-disk bytes of the records the index
 points at), file bytes (all segment files), dead bytes (file bytes minus live bytes:
@@ -121,9 +121,13 @@ the index's exact accounting, then a table of the tiers: name, kind, capacity, u
 
 Like verify, a store left by a crash is recovered first (--no-recover: report what
 recovery will do instead, without changing anything).`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runStats(args[0], noRecover, asJSON, stdout)
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
+			return runStats(dir, noRecover, asJSON, stdout)
 		},
 	}
 	cmd.Flags().BoolVar(&noRecover, "no-recover", false, "do not recover a crash-left store; report what recovery will do")

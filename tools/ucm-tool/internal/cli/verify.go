@@ -14,10 +14,10 @@ type verifyFlags struct {
 	progress  bool
 }
 
-func newVerifyCmd(stdout, stderr io.Writer) *cobra.Command {
+func newVerifyCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 	var f verifyFlags
 	cmd := &cobra.Command{
-		Use:   "verify DIR",
+		Use:   "verify [DIR]",
 		Short: "Check every record, checksum and index entry of a store",
 		Long: `verify reads every record of every segment and checks every checksum (segment
 header, record headers, every shard, footers of sealed segments), then cross-checks
@@ -38,9 +38,13 @@ opening the engine does) and prints what recovery did. With --no-recover it chan
 what recovery will do instead.
 
 Exit status: 0 clean, 1 problems found, 2 usage or open error.`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runVerify(args[0], f, stdout, stderr)
+			dir, err := tc.storeDir(args)
+			if err != nil {
+				return err
+			}
+			return runVerify(dir, f, stdout, stderr)
 		},
 	}
 	cmd.Flags().BoolVar(&f.noRecover, "no-recover", false, "do not recover a crash-left store; report what recovery will do and verify the rest read-only")

@@ -1,0 +1,58 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestConfigFlag: every command takes --config FILE (UCM's own YAML) for the store when DIR is
+// omitted, and --instance picks a sharing process's instance store; bench takes its defaults
+// from the file; a bad file or no store at all is a usage error naming it.
+func TestConfigFlag(t *testing.T) {
+	dir := buildStore(t, 6)
+	cfgPath := filepath.Join(t.TempDir(), "ucm.yaml")
+	yml := fmt.Sprintf("ucm_connectors:\n  - ucm_connector_name: UcmPipelineStore\n    ucm_connector_config:\n      store_pipeline: Posix\n      storage_backends: %s\n      io_direct: false\nenable_event_sync: true\nuse_layerwise: true\n", dir)
+	if err := os.WriteFile(cfgPath, []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"stats"}, {"verify"}, {"inspect"}, {"gc"}, {"compact"}, {"evict", "--to", "0"}} {
+		args := append(append([]string(nil), cmd...), "--config", cfgPath)
+		out, errOut, code := run(t, args...)
+		if code != ExitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	t.Setenv("UCM_CONFIG_FILE", cfgPath)
+	if out, _, code := run(t, "stats", "--json"); code != ExitOK || !strings.Contains(out, "blocks") {
+		t.Fatalf("stats from UCM_CONFIG_FILE: %d %s", code, out)
+	}
+	t.Setenv("UCM_CONFIG_FILE", "")
+	_, errOut, code := run(t, "stats", "--config", cfgPath, "--instance", "w0")
+	if code != ExitUsage || !strings.Contains(errOut, filepath.Join(dir, "stores", "w0")) {
+		t.Fatalf("--instance of a store that does not exist: %d %s", code, errOut)
+	}
+	_, errOut, code = run(t, "stats")
+	if code != ExitUsage || !strings.Contains(errOut, "--config") {
+		t.Fatalf("no store: %d %s", code, errOut)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: /x\n      sync_polcy: none\n"), 0o644)
+	_, errOut, code = run(t, "verify", "--config", bad)
+	if code != ExitUsage || !strings.Contains(errOut, "sync_polcy") {
+		t.Fatalf("bad config: %d %s", code, errOut)
+	}
+	// bench: the store directory and block shape come from the file.
+	benchDir := t.TempDir()
+	benchCfg := filepath.Join(t.TempDir(), "bench.yaml")
+	os.WriteFile(benchCfg, []byte(fmt.Sprintf("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: %s\n      block_size: 262144\n      shard_size: 65536\n      sync_policy: none\n", benchDir)), 0o644)
+	out, errOut, code := run(t, "bench", "--config", benchCfg, "--total", "4MiB", "--workload", "layerwise", "--json")
+	if code != ExitOK || !strings.Contains(out, `"shards":4`) || !strings.Contains(out, `"block_bytes":262144`) {
+		t.Fatalf("bench with --config: %d\n%s%s", code, out, errOut)
+	}
+	if m, _ := filepath.Glob(filepath.Join(benchDir, "bench-*")); len(m) == 0 {
+		t.Fatalf("bench did not use the configured directory %s", benchDir)
+	}
+}
