@@ -1,4 +1,4 @@
-//go:build !linux
+//go:build !linux && !darwin
 
 package devio
 
@@ -6,5 +6,5 @@ import "errors"
 
 // setDirect reports that O_DIRECT is not supported on this platform.
 func setDirect(fd uintptr) error {
-	return errors.New("O_DIRECT is only supported on Linux")
+	return errors.New("direct I/O is only supported on Linux (O_DIRECT) and macOS (F_NOCACHE)")
 }
