@@ -56,7 +56,11 @@ type HashMeta struct {
 	Model string
 	// TPSize is the tensor-parallel world size.
 	TPSize int
-	// DType is the KV dtype name, e.g. "bfloat16".
+	// DType is the dtype text of the meta string. To get UCM's ids (HashSchemeUCMPickle) it
+	// must be what UCM's connector renders: str() of vLLM's model_config.dtype, a torch.dtype,
+	// e.g. "torch.bfloat16" or "torch.float16". A plain "bfloat16" is another meta and gives
+	// other ids, so blocks UCM dumped would all miss. (The Python package's RequestHasher,
+	// connector/python/ucmgo, takes the torch.dtype itself.)
 	DType string
 	// Rank is the tensor-parallel rank whose meta seeds the chain. UCM's scheduler hashes with
 	// rank 0 and workers of non-MLA models derive their ids with Hasher.ForRank.
