@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -430,5 +431,19 @@ func TestStoreMetricsEndpoint(t *testing.T) {
 	}
 	if _, ok := fams["ucm_load_latency_seconds"]; !ok {
 		t.Fatal("the engine's own families are not exported")
+	}
+	// Every series the Grafana dashboard in docs/ charts is exported.
+	dash, err := os.ReadFile("../docs/grafana-ucmgo.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`(ucm[:_][a-z_:]+?)(_bucket|_sum|_count)?\{`).FindAllStringSubmatch(string(dash), -1)
+	if len(names) < 20 {
+		t.Fatalf("only %d series found in the dashboard", len(names))
+	}
+	for _, m := range names {
+		if _, ok := fams[m[1]]; !ok {
+			t.Errorf("the dashboard charts %s, which the endpoint does not export", m[1])
+		}
 	}
 }
