@@ -40,7 +40,7 @@ type Store struct {
 	tasks  map[uint64]*Task
 	next   uint64
 	closed atomic.Bool
-	wg     sync.WaitGroup // task finishers
+	wg     sync.WaitGroup // prefetches in flight
 }
 
 // Open opens the store a configuration describes (ParseStoreConfig): the process's instance
@@ -102,6 +102,15 @@ func (s *Store) Engine() *engine.Engine { return s.eng }
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
+	}
+	s.mu.Lock()
+	pending := make([]*Task, 0, len(s.tasks))
+	for _, t := range s.tasks {
+		pending = append(pending, t)
+	}
+	s.mu.Unlock()
+	for _, t := range pending {
+		s.settle(t) // no I/O may use the caller's memory or staging once Close returns
 	}
 	s.wg.Wait()
 	err := s.eng.Close()
@@ -188,17 +197,24 @@ func (s *Store) Stats() (engine.Stats, error) {
 }
 
 // Task is one Load or Dump call: the engine tasks of its shard groups, and the staging buffers
-// to scatter from and release when they are done.
+// to scatter from and release when they are done. It is settled (outcomes mapped, staged loads
+// scattered, staging released, metrics recorded) by the first Wait, or by a Check that finds
+// every engine task done: in the caller's thread, so that a C caller blocked in Wait is woken
+// by the engine's completion directly, not through another goroutine (each hop between threads
+// costs a wake-up).
 type Task struct {
-	id     uint64
-	load   bool
-	ids    []engine.BlockID
-	start  time.Time
-	bytes  int64
-	done   chan struct{}
-	errs   []error // per block, once done
-	err    error
-	finish func() // scatter staged loads, release staging
+	id      uint64
+	load    bool
+	ids     []engine.BlockID
+	start   time.Time
+	bytes   int64
+	parts   []*engine.Task
+	members [][]int // call positions of each part's blocks
+	settled sync.Once
+	done    chan struct{}
+	errs    []error // per block, once done
+	err     error
+	finish  func() // scatter staged loads, release staging
 }
 
 // Load reads shard shards[i] of block ids[i] into dst[i] (one span of the shard, or one span per
@@ -303,13 +319,12 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 			s.pool.Put(st.buf)
 		}
 	}
+	t.parts, t.members = parts, members
 	s.mu.Lock()
 	s.next++
 	t.id = s.next
 	s.tasks[t.id] = t
-	s.wg.Add(1)
 	s.mu.Unlock()
-	go s.complete(t, parts, members)
 	return t.id, nil
 }
 
@@ -351,35 +366,36 @@ func scatter(tensors [][]byte, src []byte) {
 	}
 }
 
-// complete waits for the engine tasks, maps their per-block outcomes back to call order,
-// scatters staged loads and records the metrics.
-func (s *Store) complete(t *Task, parts []*engine.Task, members [][]int) {
-	defer s.wg.Done()
-	t.errs = make([]error, len(t.ids))
-	var failed []error
-	for k, et := range parts {
-		err := et.Wait()
-		be := et.BlockErrors()
-		for j, i := range members[k] {
-			switch {
-			case j < len(be) && be[j] != nil:
-				t.errs[i] = be[j]
-			case j >= len(be) && err != nil:
-				t.errs[i] = err
+// settle waits for the engine tasks (each Wait enforces the timeout), maps their per-block
+// outcomes back to call order, scatters staged loads and records the metrics; once per task.
+func (s *Store) settle(t *Task) {
+	t.settled.Do(func() {
+		t.errs = make([]error, len(t.ids))
+		for k, et := range t.parts {
+			err := et.Wait()
+			be := et.BlockErrors()
+			for j, i := range t.members[k] {
+				switch {
+				case j < len(be) && be[j] != nil:
+					t.errs[i] = be[j]
+				case j >= len(be) && err != nil:
+					t.errs[i] = err
+				}
 			}
 		}
-	}
-	for _, e := range t.errs {
-		if e != nil {
-			failed = append(failed, e)
+		var failed []error
+		for _, e := range t.errs {
+			if e != nil {
+				failed = append(failed, e)
+			}
 		}
-	}
-	t.finish()
-	if len(failed) > 0 {
-		t.err = fmt.Errorf("%d of %d blocks failed: %w", len(failed), len(t.ids), errors.Join(failed...))
-	}
-	s.metrics.transfer(t.load, len(t.ids), t.bytes, time.Since(t.start), t.err == nil)
-	close(t.done)
+		t.finish()
+		if len(failed) > 0 {
+			t.err = fmt.Errorf("%d of %d blocks failed: %w", len(failed), len(t.ids), errors.Join(failed...))
+		}
+		s.metrics.transfer(t.load, len(t.ids), t.bytes, time.Since(t.start), t.err == nil)
+		close(t.done)
+	})
 }
 
 func (s *Store) task(id uint64) (*Task, error) {
@@ -403,7 +419,7 @@ func (s *Store) Wait(id uint64, failed []bool) error {
 	if failed != nil && len(failed) != len(t.ids) {
 		return fmt.Errorf("task %d: failure mask of %d entries for %d blocks: %w", id, len(failed), len(t.ids), engine.ErrInvalidArgument)
 	}
-	<-t.done
+	s.settle(t)
 	s.mu.Lock()
 	_, mine := s.tasks[id]
 	delete(s.tasks, id)
@@ -415,6 +431,23 @@ func (s *Store) Wait(id uint64, failed []bool) error {
 		failed[i] = t.errs[i] != nil
 	}
 	return t.err
+}
+
+// Notify calls fn, in a goroutine of its own, once the I/O of task id is done (at once if it
+// is): a waiter outside Go (the C ABI's ucmgo_wait) sleeps on its own primitive and is woken by
+// fn, then calls Wait, which no longer blocks.
+func (s *Store) Notify(id uint64, fn func()) error {
+	t, err := s.task(id)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for _, et := range t.parts {
+			<-et.Done()
+		}
+		fn()
+	}()
+	return nil
 }
 
 // Blocks returns the number of blocks of task id (the size of Wait's failure mask).
@@ -432,10 +465,13 @@ func (s *Store) Check(id uint64) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	select {
-	case <-t.done:
-		return true, t.err
-	default:
-		return false, nil
+	for _, et := range t.parts {
+		select {
+		case <-et.Done():
+		default:
+			return false, nil
+		}
 	}
+	s.settle(t)
+	return true, t.err
 }

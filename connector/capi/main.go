@@ -7,8 +7,11 @@ package main
 #include <stddef.h>
 #include <stdint.h>
 
-// Defined in lasterror.c; ucmgo.h is the library's public header.
+// Defined in lasterror.c and waiter.c; ucmgo.h is the library's public header.
 void ucmgo_set_error(const char *msg, size_t n);
+typedef struct ucmgo_waiter ucmgo_waiter;
+ucmgo_waiter *ucmgo_waiter_new(void);
+void ucmgo_waiter_signal(ucmgo_waiter *w);
 */
 import "C"
 
@@ -308,13 +311,41 @@ func ucmgo_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addr
 	return transfer(false, h, ids, shards, n, addrs, addrsPerBlock)
 }
 
-// ucmgo_wait blocks until the task is done and consumes its handle. Returns UCMGO_OK when every
-// block succeeded, else the status of the failure. failed, when not NULL, must hold n entries
-// (the task's block count): failed[i] is set to 1 for each block that failed (a load's failed
-// blocks are to be recomputed), else 0.
+// ucmgoi_wait_begin is the first half of ucmgo_wait (waiter.c): it checks the handle and, when
+// the task's I/O is still running, sets *w to a waiter that a goroutine signals once it is done
+// (the C side sleeps on it, outside the Go scheduler). *w stays NULL when there is nothing to
+// wait for.
 //
-//export ucmgo_wait
-func ucmgo_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
+//export ucmgoi_wait_begin
+func ucmgoi_wait_begin(h C.int64_t, task C.int64_t, w **C.ucmgo_waiter) C.int32_t {
+	s, err := store(h)
+	if err != nil {
+		return fail(err)
+	}
+	if task <= 0 {
+		return fail(fmt.Errorf("task %d: %w", int64(task), connector.ErrUnknownTask))
+	}
+	if done, err := s.Check(uint64(task)); done || err != nil {
+		return statusOK // done, or unknown: the second half reports it
+	}
+	waiter := C.ucmgo_waiter_new()
+	if waiter == nil {
+		return fail(fmt.Errorf("wait: no memory for a waiter: %w", engine.ErrNoSpace))
+	}
+	if err := s.Notify(uint64(task), func() { C.ucmgo_waiter_signal(waiter) }); err != nil {
+		C.ucmgo_waiter_signal(waiter) // drops the signaller's reference
+		*w = waiter
+		return statusOK // the second half reports the unknown task
+	}
+	*w = waiter
+	return statusOK
+}
+
+// ucmgoi_wait_end is the second half of ucmgo_wait: the task's I/O is done; settle it, consume
+// the handle and fill the failure mask (see ucmgo.h).
+//
+//export ucmgoi_wait_end
+func ucmgoi_wait_end(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
 		return fail(err)

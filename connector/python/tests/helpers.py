@@ -43,13 +43,23 @@ def expected(block_id, shard, n):
     return bytes(out[:n])
 
 
-class Slab:
-    """Page-aligned anonymous memory (mmap), as pinned host buffers are."""
+HUGE = 2 << 20
 
-    def __init__(self, size):
-        self.mm = mmap.mmap(-1, size)
+
+class Slab:
+    """Anonymous memory (mmap) aligned to 2 MiB and advised into transparent huge pages, as a
+    connector's pinned host buffers are; huge=False: plain 4 KiB pages."""
+
+    def __init__(self, size, huge=True):
+        slack = HUGE if huge else 0
+        self._map = mmap.mmap(-1, size + slack)
+        raw = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self.off = (-raw) % HUGE if huge else 0
+        if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        self.mm = memoryview(self._map)[self.off:self.off + size]
         self.size = size
-        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        self.base = raw + self.off
 
     def write(self, off, data):
         self.mm[off:off + len(data)] = data

@@ -100,8 +100,7 @@ def _ids(block_ids: Sequence[bytes]):
                 _lib.EPARAM,
                 "block id at position %d: want %d raw bytes, got %r" % (i, _lib.ID_BYTES, type(b).__name__ if not isinstance(b, (bytes, bytearray)) else len(b)),
             )
-    raw = b"".join(bytes(b) for b in block_ids)
-    return ctypes.create_string_buffer(raw, len(raw)) if raw else None
+    return b"".join(block_ids) if block_ids else None  # ctypes passes a bytes object's buffer
 
 
 def _jsonable(v):

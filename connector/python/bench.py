@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""Python-driven dump/load throughput through ucmgo (libucmgo.so) against `ucm-tool bench` on the
+same shapes, in the same run: what the C ABI and the Python package cost a connector.
+
+    make lib build && /usr/bin/python3 connector/python/bench.py --dir ./ucm-data
+
+Workloads mirror ucm-tool bench's: seq dumps --total bytes of whole blocks, --batch blocks per
+task and --concurrency tasks in flight, closes and reopens the store, then loads them all;
+layerwise dumps every block shard by shard (a task per shard of a batch) and loads shards in a
+random order across batches. Buffers are page-aligned mmap memory (a connector's pinned host
+buffers), addresses are passed as numpy tables built per call, as UCM's connector does. Every
+loaded byte is compared after the timed phase. MB/s is 10^6 bytes per second.
+"""
+
+import argparse
+import json
+import mmap
+import ctypes
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("UCMGO_LIB", str(REPO / "lib" / "libucmgo.so"))
+
+from ucmgo import UcmGoStore  # noqa: E402
+
+
+def size(s):
+    units = {"k": 10, "kib": 10, "m": 20, "mib": 20, "g": 30, "gib": 30}
+    s = s.strip().lower()
+    for u, sh in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if s.endswith(u):
+            return int(s[: -len(u)]) << sh
+    return int(s)
+
+
+class Slots:
+    """window × batch aligned block buffers with a fixed random body; each shard's first 16
+    bytes are stamped with (block, shard) before a dump, so every block's bytes are its own."""
+
+    def __init__(self, count, block):
+        self.block = block
+        self.mm = mmap.mmap(-1, count * block)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        self.mm[:] = os.urandom(count * block)
+        self.count = count
+
+    def addr(self, slot, off=0):
+        return self.base + slot * self.block + off
+
+
+def stamp(b, s):
+    return b.to_bytes(8, "little") + s.to_bytes(8, "little")
+
+
+def block_id(b):
+    return (b + 1).to_bytes(16, "little")
+
+
+def expected_block(slots, slot, b, subs):
+    """The bytes block b was dumped with from slot: the slot's body, each sub-shard stamped."""
+    want = bytearray(slots.mm[slot * slots.block:(slot + 1) * slots.block])
+    sub = slots.block // subs
+    for k in range(subs):
+        want[k * sub:k * sub + 16] = stamp(b, k)
+    return want
+
+
+def run_python(args, workload, store_dir):
+    shutil.rmtree(store_dir, ignore_errors=True)
+    os.makedirs(store_dir)
+    shards = args.shards if workload == "layerwise" else 1
+    shard = args.block_size // shards
+    half = shard // 2
+    sub = args.block_size // args.shards
+    cfg = {"storage_backends": store_dir, "device_id": 0, "tensor_size_list": [half, half],
+           "shard_size": shard, "block_size": args.block_size, "instance": "bench",
+           "io_engine": args.io_engine, "sync_policy": "always"}
+    blocks = args.total // args.block_size
+    groups = [list(range(g, min(blocks, g + args.batch))) for g in range(0, blocks, args.batch)]
+    ring = args.concurrency  # batches in flight, as ucm-tool's workers
+    slots = Slots(ring * args.batch, args.block_size)
+    store = UcmGoStore(cfg)
+    pending = [[] for _ in range(ring)]  # tasks still using each ring slot
+
+    def free(r):
+        for t in pending[r]:
+            store.wait(t)
+        pending[r] = []
+
+    def addrs_of(mem, r, n, s):
+        return np.array([[mem.addr(r * args.batch + j, s * shard), mem.addr(r * args.batch + j, s * shard + half)]
+                         for j in range(n)], dtype=np.uint64)
+
+    # Dump: each batch's every shard (one task each) from its ring slot.
+    t0 = time.perf_counter()
+    for gi, g in enumerate(groups):
+        r = gi % ring
+        free(r)
+        for j, b in enumerate(g):
+            off = (r * args.batch + j) * args.block_size
+            for k in range(args.shards):
+                slots.mm[off + k * sub:off + k * sub + 16] = stamp(b, k)
+        ids = [block_id(b) for b in g]
+        for s in range(shards):
+            pending[r].append(store.dump_data(ids, [s] * len(g), addrs_of(slots, r, len(g), s)))
+    for r in range(ring):
+        free(r)
+    dump_s = time.perf_counter() - t0
+    store.close()
+    store = UcmGoStore(cfg)
+    # Load every (batch, shard) unit, in random order for layerwise, `ring` units in flight.
+    out = Slots(ring * args.batch, args.block_size)
+    units = [(gi, s) for gi in range(len(groups)) for s in range(shards)]
+    if workload == "layerwise":
+        random.Random(1).shuffle(units)
+    t0 = time.perf_counter()
+    for ui, (gi, s) in enumerate(units):
+        r = ui % ring
+        free(r)
+        g = groups[gi]
+        pending[r].append(store.load_data([block_id(b) for b in g], [s] * len(g), addrs_of(out, r, len(g), s)))
+    for r in range(ring):
+        free(r)
+    load_s = time.perf_counter() - t0
+    # Verify every byte, outside the timing: load each batch again and compare.
+    for gi, g in enumerate(groups):
+        for s in range(shards):
+            store.wait(store.load_data([block_id(b) for b in g], [s] * len(g), addrs_of(out, 0, len(g), s)))
+        for j, b in enumerate(g):
+            want = expected_block(slots, (gi % ring) * args.batch + j, b, args.shards)
+            if out.mm[j * args.block_size:(j + 1) * args.block_size] != want:
+                raise SystemExit("python %s: block %d differs" % (workload, b))
+    st = store.stats()
+    store.close()
+    total = blocks * args.block_size
+    return {"dump_mbps": total / dump_s / 1e6, "load_mbps": total / load_s / 1e6, "io_engine": st["io_engine"],
+            "direct": st["direct_io"], "blocks": blocks}
+
+
+def run_tool(args, workload):
+    cmd = [str(REPO / "bin" / "ucm-tool"), "bench", "--dir", args.dir, "--workload", workload,
+           "--block-size", str(args.block_size), "--shards", str(args.shards), "--total", str(args.total),
+           "--batch", str(args.batch), "--concurrency", str(args.concurrency), "--io-engine", args.io_engine,
+           "--buffers", "huge", "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)
+    return {"dump_mbps": r["dump_MBps"], "load_mbps": r["load_MBps"], "io_engine": r.get("io_engine"), "direct": r.get("direct")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="./ucm-data")
+    ap.add_argument("--workload", default="seq,layerwise")
+    ap.add_argument("--block-size", type=size, default=size("2MiB"))
+    ap.add_argument("--shards", type=int, default=32)
+    ap.add_argument("--total", type=size, default=size("2GiB"))
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--io-engine", default="auto")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating runs of each; medians reported")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for workload in args.workload.split(","):
+        py, tool = [], []
+        for _ in range(args.rounds):
+            tool.append(run_tool(args, workload))
+            py.append(run_python(args, workload, os.path.join(args.dir, "bench-python-" + workload)))
+        med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]  # noqa: E731
+        rows.append({"workload": workload, "python_dump_mbps": med(py, "dump_mbps"), "tool_dump_mbps": med(tool, "dump_mbps"),
+                     "python_load_mbps": med(py, "load_mbps"), "tool_load_mbps": med(tool, "load_mbps"),
+                     "io_engine": py[0]["io_engine"], "direct": py[0]["direct"], "rounds": args.rounds})
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("%-10s %14s %14s %7s %14s %14s %7s" % ("workload", "python dump", "tool dump", "ratio", "python load", "tool load", "ratio"))
+    for r in rows:
+        print("%-10s %9.0f MB/s %9.0f MB/s %7.3f %9.0f MB/s %9.0f MB/s %7.3f" % (
+            r["workload"], r["python_dump_mbps"], r["tool_dump_mbps"], r["python_dump_mbps"] / r["tool_dump_mbps"],
+            r["python_load_mbps"], r["tool_load_mbps"], r["python_load_mbps"] / r["tool_load_mbps"]))
+    print("(%s, O_DIRECT %s, %d rounds, medians; block %d B, %d shards, batch %d, concurrency %d)" % (
+        rows[0]["io_engine"], rows[0]["direct"], args.rounds, args.block_size, args.shards, args.batch, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
