@@ -1,8 +1,13 @@
 package connector
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
@@ -49,4 +54,134 @@ func BenchmarkStoreLoadShard(b *testing.B) {
 	}
 }
 
-var _ = engine.AllShards
+// BenchmarkWindowDriver runs connector/python/bench.py's pattern from Go, through
+// connector.Store without the C ABI, for bench.py to compare with the same pattern through
+// libucmgo.so: one submitter keeping UCMGO_BENCH_WINDOW tasks of UCMGO_BENCH_BATCH blocks in
+// flight, dumping UCMGO_BENCH_TOTAL bytes (seq: whole blocks; layerwise: a task per shard),
+// reopening, loading every (batch, shard) unit (layerwise: in random order). It reports
+// dump-MB/s and load-MB/s; without UCMGO_BENCH_DIR it is skipped.
+func BenchmarkWindowDriver(b *testing.B) {
+	dir := os.Getenv("UCMGO_BENCH_DIR")
+	if dir == "" {
+		b.Skip("UCMGO_BENCH_DIR not set (connector/python/bench.py sets it)")
+	}
+	env := func(k string, def int64) int64 {
+		if v, err := strconv.ParseInt(os.Getenv(k), 10, 64); err == nil {
+			return v
+		}
+		return def
+	}
+	layerwise := os.Getenv("UCMGO_BENCH_WORKLOAD") == "layerwise"
+	blockBytes, nShards := env("UCMGO_BENCH_BLOCK", 2<<20), int(env("UCMGO_BENCH_SHARDS", 32))
+	total, batch, window := env("UCMGO_BENCH_TOTAL", 2<<30), int(env("UCMGO_BENCH_BATCH", 4)), int(env("UCMGO_BENCH_WINDOW", 16))
+	shards := 1
+	if layerwise {
+		shards = nShards
+	}
+	shard := blockBytes / int64(shards)
+	text := fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size_list": [%d, %d], "shard_size": %d, "block_size": %d, "instance": "bench", "io_engine": %q}`,
+		dir, shard/2, shard/2, shard, blockBytes, os.Getenv("UCMGO_BENCH_IO_ENGINE"))
+	cfg, err := ParseStoreConfig(text, noEnv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	blocks := int(total / blockBytes)
+	var groups [][]engine.BlockID
+	for g := 0; g < blocks; g += batch {
+		var ids []engine.BlockID
+		for i := g; i < min(blocks, g+batch); i++ {
+			var id engine.BlockID
+			binary.LittleEndian.PutUint64(id[:], uint64(i+1))
+			ids = append(ids, id)
+		}
+		groups = append(groups, ids)
+	}
+	mem, bufs, err := devio.NewHostBuffers(window*batch, int(blockBytes))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mem.Close()
+	for _, buf := range bufs {
+		for k := range buf {
+			buf[k] = byte(k * 7)
+		}
+	}
+	spans := func(r, n, s int) [][][]byte {
+		out := make([][][]byte, n)
+		for j := range out {
+			out[j] = [][]byte{bufs[r*batch+j][int64(s)*shard : int64(s+1)*shard]}
+		}
+		return out
+	}
+	for i := 0; i < b.N; i++ {
+		s, err := Open(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pending := make([][]uint64, window)
+		free := func(r int) {
+			for _, t := range pending[r] {
+				if err := s.Wait(t, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pending[r] = pending[r][:0]
+		}
+		start := time.Now()
+		for gi, g := range groups {
+			r := gi % window
+			free(r)
+			for sh := 0; sh < shards; sh++ {
+				t, err := s.Dump(g, repeat(sh, len(g)), spans(r, len(g), sh))
+				if err != nil {
+					b.Fatal(err)
+				}
+				pending[r] = append(pending[r], t)
+			}
+		}
+		for r := range pending {
+			free(r)
+		}
+		dump := time.Since(start)
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		if s, err = Open(cfg); err != nil {
+			b.Fatal(err)
+		}
+		type unit struct{ g, s int }
+		var units []unit
+		for gi := range groups {
+			for sh := 0; sh < shards; sh++ {
+				units = append(units, unit{gi, sh})
+			}
+		}
+		if layerwise {
+			rand.New(rand.NewPCG(1, 2)).Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
+		}
+		start = time.Now()
+		for ui, u := range units {
+			r := ui % window
+			free(r)
+			g := groups[u.g]
+			t, err := s.Load(g, repeat(u.s, len(g)), spans(r, len(g), u.s))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pending[r] = append(pending[r], t)
+		}
+		for r := range pending {
+			free(r)
+		}
+		load := time.Since(start)
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		bytes := float64(int64(blocks) * blockBytes)
+		b.ReportMetric(bytes/dump.Seconds()/1e6, "dump-MB/s")
+		b.ReportMetric(bytes/load.Seconds()/1e6, "load-MB/s")
+		if err := os.RemoveAll(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

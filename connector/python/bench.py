@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Python-driven dump/load throughput through ucmgo (libucmgo.so) against `ucm-tool bench` on the
-same shapes, in the same run: what the C ABI and the Python package cost a connector.
+"""Python-driven dump/load throughput through ucmgo (libucmgo.so) against the same pattern driven
+from Go through connector.Store (no C ABI) and against `ucm-tool bench` on the same shapes, in the
+same run: what the C ABI and the Python package cost a connector.
 
     make lib build && /usr/bin/python3 connector/python/bench.py --dir ./ucm-data
 
@@ -148,6 +149,29 @@ def run_python(args, workload, store_dir):
             "direct": st["direct_io"], "blocks": blocks}
 
 
+def build_go_driver(tmp):
+    """Builds connector's test binary, whose BenchmarkWindowDriver runs run_python's pattern from
+    Go through connector.Store, without the C ABI."""
+    path = os.path.join(tmp, "connector.test")
+    subprocess.run(["go", "test", "-c", "-tags", "uring", "-ldflags=-checklinkname=0", "-o", path, "./connector"],
+                   cwd=REPO, check=True)
+    return path
+
+
+def run_go(args, workload, driver, store_dir):
+    env = dict(os.environ, UCMGO_BENCH_DIR=store_dir, UCMGO_BENCH_WORKLOAD=workload,
+               UCMGO_BENCH_BLOCK=str(args.block_size), UCMGO_BENCH_SHARDS=str(args.shards),
+               UCMGO_BENCH_TOTAL=str(args.total), UCMGO_BENCH_BATCH=str(args.batch),
+               UCMGO_BENCH_WINDOW=str(args.concurrency), UCMGO_BENCH_IO_ENGINE=args.io_engine)
+    out = subprocess.run([driver, "-test.run=XXX", "-test.bench=^BenchmarkWindowDriver$", "-test.benchtime=1x"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("BenchmarkWindowDriver"):
+            f = line.split()
+            return {"dump_mbps": float(f[f.index("dump-MB/s") - 1]), "load_mbps": float(f[f.index("load-MB/s") - 1])}
+    raise SystemExit("go driver printed no result:\n" + out)
+
+
 def run_tool(args, workload):
     cmd = [str(REPO / "bin" / "ucm-tool"), "bench", "--dir", args.dir, "--workload", workload,
            "--block-size", str(args.block_size), "--shards", str(args.shards), "--total", str(args.total),
@@ -172,25 +196,34 @@ def main():
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
+    driver = build_go_driver(args.dir)
     for workload in args.workload.split(","):
-        py, tool = [], []
-        for _ in range(args.rounds):
+        py, gd, tool = [], [], []
+        for _ in range(args.rounds):  # interleaved, so that the machine's drift hits all three
             tool.append(run_tool(args, workload))
+            gd.append(run_go(args, workload, driver, os.path.join(args.dir, "bench-go-" + workload)))
             py.append(run_python(args, workload, os.path.join(args.dir, "bench-python-" + workload)))
         med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]  # noqa: E731
-        rows.append({"workload": workload, "python_dump_mbps": med(py, "dump_mbps"), "tool_dump_mbps": med(tool, "dump_mbps"),
-                     "python_load_mbps": med(py, "load_mbps"), "tool_load_mbps": med(tool, "load_mbps"),
-                     "io_engine": py[0]["io_engine"], "direct": py[0]["direct"], "rounds": args.rounds})
+        row = {"workload": workload, "io_engine": py[0]["io_engine"], "direct": py[0]["direct"], "rounds": args.rounds}
+        for k in ("dump_mbps", "load_mbps"):
+            row["python_" + k], row["go_" + k], row["tool_" + k] = med(py, k), med(gd, k), med(tool, k)
+            # Per-round ratios (each pair ran back to back), median.
+            row["python_vs_go_" + k[:4]] = sorted(p[k] / g[k] for p, g in zip(py, gd))[len(py) // 2]
+            row["python_vs_tool_" + k[:4]] = sorted(p[k] / t[k] for p, t in zip(py, tool))[len(py) // 2]
+        rows.append(row)
     if args.json:
         print(json.dumps(rows))
         return
-    print("%-10s %14s %14s %7s %14s %14s %7s" % ("workload", "python dump", "tool dump", "ratio", "python load", "tool load", "ratio"))
+    print("%-10s %-5s %12s %12s %12s %10s %10s" % ("workload", "", "python MB/s", "go MB/s", "tool MB/s", "python/go", "python/tool"))
     for r in rows:
-        print("%-10s %9.0f MB/s %9.0f MB/s %7.3f %9.0f MB/s %9.0f MB/s %7.3f" % (
-            r["workload"], r["python_dump_mbps"], r["tool_dump_mbps"], r["python_dump_mbps"] / r["tool_dump_mbps"],
-            r["python_load_mbps"], r["tool_load_mbps"], r["python_load_mbps"] / r["tool_load_mbps"]))
-    print("(%s, O_DIRECT %s, %d rounds, medians; block %d B, %d shards, batch %d, concurrency %d)" % (
+        for k in ("dump", "load"):
+            print("%-10s %-5s %12.0f %12.0f %12.0f %10.3f %10.3f" % (
+                r["workload"], k, r["python_%s_mbps" % k], r["go_%s_mbps" % k], r["tool_%s_mbps" % k],
+                r["python_vs_go_" + k], r["python_vs_tool_" + k]))
+    print("(%s, O_DIRECT %s, %d rounds interleaved, medians; block %d B, %d shards, batch %d, window/concurrency %d)" % (
         rows[0]["io_engine"], rows[0]["direct"], args.rounds, args.block_size, args.shards, args.batch, args.concurrency))
+    print("python: ucmgo through libucmgo.so, one thread keeping `window` tasks in flight (UCM's connector);")
+    print("go: the same pattern through connector.Store without the C ABI; tool: ucm-tool bench, `concurrency` goroutines.")
 
 
 if __name__ == "__main__":
