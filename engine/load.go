@@ -339,6 +339,10 @@ func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, in
 func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops []devio.Op) error {
 	l := e.opts.Layout
 	for _, op := range ops {
+		if op.Err != nil && wal.IsGone(op.Err) {
+			// Deleted under an open descriptor (ESTALE on a distributed file system): a miss.
+			return e.dropBroken(id, r.loc, fmt.Errorf("load from segment %d offset %d: %w: %w", r.loc.Segment, r.loc.Offset, wal.ErrSegmentGone, op.Err))
+		}
 		if op.Err != nil {
 			e.stats.readErrors.Add(1)
 			return blockErr(wrapIO(op.Err), id, "load from segment %d offset %d", r.loc.Segment, r.loc.Offset)

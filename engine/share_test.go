@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,6 +26,31 @@ func sharedOptions(root string, grace time.Duration) Options {
 	return o
 }
 
+// Environment for running the sharing tests on a real distributed file system (make
+// test-gluster): two mounts of one GlusterFS volume, as two hosts see it. Instance A uses the
+// shared directory through the first, instance B (and the others) through the second.
+const (
+	envSharedMountA = "UCM_SHARED_TEST_A"
+	envSharedMountB = "UCM_SHARED_TEST_B"
+)
+
+// sharedDirs returns the shared directory as instance A and as instance B see it: one temporary
+// directory, or a fresh directory of the volume through each mount (removed afterwards).
+func sharedDirs(t *testing.T) (a, b string) {
+	t.Helper()
+	ma, mb := os.Getenv(envSharedMountA), os.Getenv(envSharedMountB)
+	if ma == "" {
+		d := filepath.Join(t.TempDir(), "shared")
+		return d, d
+	}
+	if mb == "" {
+		mb = ma
+	}
+	sub := fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(ma, sub)) })
+	return filepath.Join(ma, sub), filepath.Join(mb, sub)
+}
+
 func allHit(e *Engine, ids []BlockID) bool {
 	for _, h := range e.Lookup(ids) {
 		if !h {
@@ -34,19 +60,43 @@ func allHit(e *Engine, ids []BlockID) bool {
 	return true
 }
 
-// TestSharedTierCrossInstanceHits: two instances (own store directories) share one path. What
-// one dumps and seals is, after a refresh, a hit in the other, byte-exact through Load and
+// TestSharedTierCrossInstanceHits: two instances (own store directories) share one path and
+// write at once. What one dumps and seals is, after a refresh, a hit in the other, byte-exact through Load and
 // LoadShard, with prefix lookups spanning both instances' blocks; each writes only its own
 // namespace; a namespace of another schema is ignored.
 func TestSharedTierCrossInstanceHits(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
+	shared, sharedB := sharedDirs(t)
 	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
-	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(sharedB, time.Hour))
 	defer b.Close()
 	aIDs, bIDs := ids(0, 40), ids(40, 50)
-	dumpBlocks(t, a, aIDs)
-	dumpBlocks(t, b, bIDs)
+	// Both write at once, a few blocks per task.
+	errs := make(chan error, 2)
+	for _, w := range []struct {
+		e   *Engine
+		ids []BlockID
+	}{{a, aIDs}, {b, bIDs}} {
+		go func() {
+			for lo := 0; lo < len(w.ids); lo += 4 {
+				batch := w.ids[lo:min(lo+4, len(w.ids))]
+				src := make([][]byte, len(batch))
+				for i, id := range batch {
+					src[i] = blockBytes(w.e.Layout(), id)
+				}
+				if err := w.e.Dump(batch, src).Wait(); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Only sealed segments are published: close A to seal its active one.
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
@@ -106,14 +156,14 @@ func TestSharedTierCrossInstanceHits(t *testing.T) {
 // them, and the first came back to misses.)
 func TestSharedTierNoTakeover(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
+	shared, sharedB := sharedDirs(t)
 	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, 0))
 	aIDs := ids(0, 30)
 	dumpBlocks(t, a, aIDs)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, 0))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(sharedB, 0))
 	if rec := b.Recovery(); rec.SegmentsAdopted != 0 || rec.OrphansRemoved != 0 {
 		t.Fatalf("B recovered A's files as its own: %+v", rec)
 	}
@@ -141,9 +191,9 @@ func TestSharedTierNoTakeover(t *testing.T) {
 // other instances' index after their next refresh, and its file stays for the grace period.
 func TestSharedTierVanishedAndRetiredSegments(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
+	shared, sharedB := sharedDirs(t)
 	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
-	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(sharedB, time.Hour))
 	defer b.Close()
 	aIDs := ids(0, 40)
 	dumpBlocks(t, a, aIDs)
@@ -209,13 +259,13 @@ func TestSharedTierVanishedAndRetiredSegments(t *testing.T) {
 // other instances anyway: the active segment is sealed and published once SharedSealAge old.
 func TestSharedTierSealsAgingSegment(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
+	shared, sharedB := sharedDirs(t)
 	oa := sharedOptions(shared, time.Hour)
 	oa.SegmentSize = 64 << 20 // never fills here
 	oa.SharedSealAge = 20 * time.Millisecond
 	a := mustOpen(t, filepath.Join(root, "a"), oa)
 	defer a.Close()
-	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(sharedB, time.Hour))
 	defer b.Close()
 	first := ids(0, 3)
 	dumpBlocks(t, a, first)
@@ -235,17 +285,17 @@ func TestSharedTierSealsAgingSegment(t *testing.T) {
 // though they were published first.
 func TestSharedTierGlobalCapacity(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
-	opts := func() Options {
-		o := sharedOptions(shared, 0)
+	shared, sharedB := sharedDirs(t)
+	opts := func(dir string) Options {
+		o := sharedOptions(dir, 0)
 		o.Tiers[0].Capacity = 3 << 20
 		o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
 		o.SharedSealAge = 20 * time.Millisecond
 		return o
 	}
-	a := mustOpen(t, filepath.Join(root, "a"), opts())
+	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
 	defer a.Close()
-	b := mustOpen(t, filepath.Join(root, "b"), opts())
+	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB))
 	defer b.Close()
 	hot := ids(0, 6)
 	dumpBlocks(t, a, hot) // A's oldest segment
@@ -328,14 +378,14 @@ func TestSharedTierGlobalCapacity(t *testing.T) {
 // schema and layout, and refuses every data operation with ErrInvalidArgument.
 func TestSharedTierLookupOnly(t *testing.T) {
 	root := t.TempDir()
-	shared := filepath.Join(root, "shared")
+	shared, sharedB := sharedDirs(t)
 	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
 	aIDs := ids(0, 20)
 	dumpBlocks(t, a, aIDs)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	o := sharedOptions(shared, time.Hour)
+	o := sharedOptions(sharedB, time.Hour)
 	o.LookupOnly = true
 	o.Schema = Schema{Model: "scheduler", DType: "any", KVLayout: "any", TPSize: 1, BlockTokens: 1}
 	o.Layout = Layout{Shards: 1, TensorsPerShard: 1, ShardBytes: o.Layout.BlockBytes()}
@@ -360,4 +410,55 @@ func TestSharedTierLookupOnly(t *testing.T) {
 	if _, err := Open(filepath.Join(root, "t"), o); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("lookup-only without a shared tier: %v", err)
 	}
+}
+
+// TestSharedTierLeaseFailover: the reclaimer lease passes to another instance when its holder
+// stops without giving it up (a crash: the lease is never released, it lapses), not before it
+// has been expired for the skew; the new holder then enforces the capacity.
+func TestSharedTierLeaseFailover(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	opts := func(dir string) Options {
+		o := sharedOptions(dir, 0)
+		o.Tiers[0].Capacity = 3 << 20
+		o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
+		o.SharedSealAge = 20 * time.Millisecond
+		return o
+	}
+	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
+	waitFor(t, "A holds the lease", func() bool { return a.Stats().Sharing.LeaseHeld })
+	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB))
+	defer b.Close()
+	dumpBlocks(t, a, ids(0, 2))
+	if err := a.Close(); err != nil { // A stops; its lease is not released
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	lease, err := tiers.ReadLease(vfs.Default, sharedB)
+	if err != nil || lease.Holder != a.instance {
+		t.Fatalf("lease after A stopped: %+v, %v", lease, err)
+	}
+	waitFor(t, "B takes the lapsed lease over", func() bool { return b.Stats().Sharing.LeaseHeld })
+	// B may take it only once it has been expired for the skew (2 s at least).
+	if waited := time.Since(stopped); waited < 2*time.Second-100*time.Millisecond {
+		t.Fatalf("B took the lease %v after A stopped, before the skew", waited)
+	}
+	// B, now the reclaimer, fills the tier past its high watermark and brings it back under.
+	for lo := 100; lo < 220; lo += 20 {
+		dumpBlocks(t, b, ids(lo, lo+20))
+	}
+	high := int64(3<<20) * 8 / 10
+	waitFor(t, "B reclaims the tier under its high watermark", func() bool {
+		var sum int64
+		for _, e := range []*Engine{a, b} {
+			m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(sharedB, e.instance), e.instance)
+			if err != nil {
+				continue
+			}
+			for _, s := range m.Segments {
+				sum += s.Size
+			}
+		}
+		return b.Stats().Sharing.ReclaimRounds > 0 && sum <= high
+	})
 }

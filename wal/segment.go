@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors/oserror"
@@ -195,6 +196,11 @@ func SyncDir(fs vfs.FS, dir string) error {
 	return cerr
 }
 
+// IsGone reports whether err says a file no longer exists: ENOENT, or ESTALE, which a
+// distributed file system (NFS, GlusterFS) returns for a file another host deleted while this
+// one still had it open or cached.
+func IsGone(err error) bool { return oserror.IsNotExist(err) || errors.Is(err, syscall.ESTALE) }
+
 // SegmentPath joins a segment directory and a segment number.
 func SegmentPath(dir string, n uint64) string { return filepath.Join(dir, SegmentFileName(n)) }
 
@@ -204,14 +210,17 @@ func OpenSegmentForRead(fs vfs.FS, dir string, n, generation uint64, direct devi
 	path := SegmentPath(dir, n)
 	f, err := devio.OpenReadOnly(fs, path, direct)
 	if err != nil {
-		if oserror.IsNotExist(err) {
-			return nil, fmt.Errorf("segment %d (%s): %w", n, path, ErrSegmentGone)
+		if IsGone(err) {
+			return nil, fmt.Errorf("segment %d (%s): %w: %w", n, path, ErrSegmentGone, err)
 		}
 		return nil, err
 	}
 	buf := devio.AlignedBuffer(format.SegmentHeaderSize)
 	if err := backend.Submit([]devio.Op{{File: f, Buf: buf}}); err != nil {
 		_ = f.Close()
+		if IsGone(err) {
+			return nil, fmt.Errorf("segment %d (%s): %w: %w", n, path, ErrSegmentGone, err)
+		}
 		return nil, err
 	}
 	h, err := format.DecodeSegmentHeader(buf)
