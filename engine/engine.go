@@ -550,7 +550,8 @@ func (e *Engine) Stats() Stats {
 		st.Sharing = SharingStats{ForeignHits: s.foreignHits.Load(), Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
 			SegmentsIndexed: s.segmentsIndexed.Load(), SegmentsDropped: s.dropped.Load(),
 			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load(),
-			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load()}
+			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
+			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load()}
 		if n := st.Sharing.VisibilitySamples; n > 0 {
 			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)
 		}

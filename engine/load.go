@@ -299,6 +299,9 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 				}
 				if e.mem != nil && shard == AllShards {
 					e.mem.Put(id, dst[r.i]) // backfill: the next load of it needs no disk
+					if r.foreign {
+						e.share.copiedToMemory.Add(1)
+					}
 				}
 			}
 		}

@@ -61,8 +61,8 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 		return 0, fmt.Errorf("tier %q is above its high watermark: %w", e.tiers[0].cfg.Name, ErrNoSpace)
 	}
 	var (
-		move []BlockID
-		locs []index.Location
+		move, foreign     []BlockID
+		locs, foreignLocs []index.Location
 	)
 	for _, id := range ids {
 		loc, ok, err := e.ix.Get(id)
@@ -71,8 +71,8 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 		}
 		if !ok && foreignToo {
 			if loc, ok = e.foreignGet(id); ok {
-				move = append(move, id)
-				locs = append(locs, loc)
+				foreign = append(foreign, id)
+				foreignLocs = append(foreignLocs, loc)
 				continue
 			}
 		}
@@ -83,7 +83,14 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 	}
 	n, err := e.relocate(move, locs, e.tiers[0])
 	e.stats.promotions.Add(int64(n))
-	return n, err
+	if err != nil || len(foreign) == 0 {
+		return n, err
+	}
+	// Other instances' blocks, apart: counted as local copies.
+	nf, err := e.relocate(foreign, foreignLocs, e.tiers[0])
+	e.stats.promotions.Add(int64(nf))
+	e.share.copiedToDisk.Add(int64(nf))
+	return n + nf, err
 }
 
 // Prefetch promotes blocks ahead of their use: those stored in a lower disk tier move to the

@@ -88,11 +88,12 @@ type sharing struct {
 	// they are unlinked (finish runs the unlink).
 	grace map[uint64]*graceEntry
 
-	refreshes, refreshErrors  atomic.Int64
-	segmentsIndexed, dropped  atomic.Int64
-	foreignHits               atomic.Int64
-	published, publishErrors  atomic.Int64
-	visibleAt, visibleSamples atomic.Int64
+	refreshes, refreshErrors     atomic.Int64
+	segmentsIndexed, dropped     atomic.Int64
+	foreignHits                  atomic.Int64
+	copiedToMemory, copiedToDisk atomic.Int64
+	published, publishErrors     atomic.Int64
+	visibleAt, visibleSamples    atomic.Int64
 }
 
 // hasShared reports whether any configured tier is shared.

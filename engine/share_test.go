@@ -462,3 +462,39 @@ func TestSharedTierLeaseFailover(t *testing.T) {
 		return b.Stats().Sharing.ReclaimRounds > 0 && sum <= high
 	})
 }
+
+// TestSharedTierLocalCopies: a hit on another instance's segment is copied into the reader's
+// faster tiers — its memory tier at once, its own SSD tier by promotion — and counted; the
+// copies then serve the reader's loads.
+func TestSharedTierLocalCopies(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	aIDs := ids(0, 12)
+	dumpBlocks(t, a, aIDs)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := sharedOptions(sharedB, time.Hour)
+	o.Tiers = []tiers.Config{
+		{Name: "dram", Kind: tiers.KindMemory, Capacity: 8 << 20},
+		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{filepath.Join(root, "b-ssd")}},
+		o.Tiers[0],
+	}
+	b := mustOpen(t, filepath.Join(root, "b"), o)
+	defer b.Close()
+	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, aIDs) })
+	checkBlocks(t, b, aIDs)
+	if st := b.Stats().Sharing; st.CopiedToMemory != int64(len(aIDs)) || st.ForeignHits < int64(len(aIDs)) {
+		t.Fatalf("after loading A's blocks: %+v", st)
+	}
+	waitFor(t, "A's blocks copied into B's SSD tier", func() bool {
+		for _, id := range aIDs {
+			if !b.ix.Contains(id) {
+				return false
+			}
+		}
+		return b.Stats().Sharing.CopiedToDisk == int64(len(aIDs))
+	})
+	checkBlocks(t, b, aIDs)
+}

@@ -79,6 +79,10 @@ type SharingStats struct {
 	// instance's segments retired because a reclaimer asked.
 	LeaseHeld                                   bool
 	SharedUsed, ReclaimRounds, RetiredOnRequest int64
+	// Local copies of other instances' blocks (loads of them are then served here): cached in
+	// the memory tier after a load (CopiedToMemory), copied into this instance's own first disk
+	// tier by promotion after a hit or Prefetch (CopiedToDisk).
+	CopiedToMemory, CopiedToDisk int64
 }
 
 // counters are the engine's live counters.
