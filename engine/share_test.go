@@ -278,6 +278,31 @@ func TestSharedTierSealsAgingSegment(t *testing.T) {
 	checkBlocks(t, b, second)
 }
 
+// capacityOptions: a shared tier at dir with a 3 MiB global capacity (high watermark 0.8, low
+// 0.7) and segments sealed within 20 ms.
+func capacityOptions(dir string) Options {
+	o := sharedOptions(dir, 0)
+	o.Tiers[0].Capacity = 3 << 20
+	o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
+	o.SharedSealAge = 20 * time.Millisecond
+	return o
+}
+
+// publishedBytes sums the segments the instances' manifests under shared list.
+func publishedBytes(shared string, es ...*Engine) int64 {
+	var sum int64
+	for _, e := range es {
+		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
+		if err != nil {
+			continue
+		}
+		for _, s := range m.Segments {
+			sum += s.Size
+		}
+	}
+	return sum
+}
+
 // TestSharedTierGlobalCapacity: two instances fill a shared tier past its capacity together
 // (each alone is under it). The lease holder — exactly one of them — retires the least recently
 // used published segments of both, its own directly and the other's by request, until the tier
@@ -286,16 +311,9 @@ func TestSharedTierSealsAgingSegment(t *testing.T) {
 func TestSharedTierGlobalCapacity(t *testing.T) {
 	root := t.TempDir()
 	shared, sharedB := sharedDirs(t)
-	opts := func(dir string) Options {
-		o := sharedOptions(dir, 0)
-		o.Tiers[0].Capacity = 3 << 20
-		o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
-		o.SharedSealAge = 20 * time.Millisecond
-		return o
-	}
-	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
+	a := mustOpen(t, filepath.Join(root, "a"), capacityOptions(shared))
 	defer a.Close()
-	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB))
+	b := mustOpen(t, filepath.Join(root, "b"), capacityOptions(sharedB))
 	defer b.Close()
 	hot := ids(0, 6)
 	dumpBlocks(t, a, hot) // A's oldest segment
@@ -328,19 +346,7 @@ func TestSharedTierGlobalCapacity(t *testing.T) {
 	aIDs, bIDs := ids(6, 50), ids(100, 120)
 	dumpBlocks(t, a, aIDs)
 	dumpBlocks(t, b, bIDs)
-	published := func() int64 {
-		var sum int64
-		for _, e := range []*Engine{a, b} {
-			m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
-			if err != nil {
-				continue
-			}
-			for _, s := range m.Segments {
-				sum += s.Size
-			}
-		}
-		return sum
-	}
+	published := func() int64 { return publishedBytes(shared, a, b) }
 	high := int64(3<<20) * 8 / 10
 	deadline := time.Now().Add(30 * time.Second)
 	reclaimed := func() bool { return a.Stats().Sharing.ReclaimRounds+b.Stats().Sharing.ReclaimRounds > 0 }
@@ -418,16 +424,9 @@ func TestSharedTierLookupOnly(t *testing.T) {
 func TestSharedTierLeaseFailover(t *testing.T) {
 	root := t.TempDir()
 	shared, sharedB := sharedDirs(t)
-	opts := func(dir string) Options {
-		o := sharedOptions(dir, 0)
-		o.Tiers[0].Capacity = 3 << 20
-		o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
-		o.SharedSealAge = 20 * time.Millisecond
-		return o
-	}
-	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
+	a := mustOpen(t, filepath.Join(root, "a"), capacityOptions(shared))
 	waitFor(t, "A holds the lease", func() bool { return a.Stats().Sharing.LeaseHeld })
-	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB))
+	b := mustOpen(t, filepath.Join(root, "b"), capacityOptions(sharedB))
 	defer b.Close()
 	dumpBlocks(t, a, ids(0, 2))
 	if err := a.Close(); err != nil { // A stops; its lease is not released
@@ -449,17 +448,7 @@ func TestSharedTierLeaseFailover(t *testing.T) {
 	}
 	high := int64(3<<20) * 8 / 10
 	waitFor(t, "B reclaims the tier under its high watermark", func() bool {
-		var sum int64
-		for _, e := range []*Engine{a, b} {
-			m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(sharedB, e.instance), e.instance)
-			if err != nil {
-				continue
-			}
-			for _, s := range m.Segments {
-				sum += s.Size
-			}
-		}
-		return b.Stats().Sharing.ReclaimRounds > 0 && sum <= high
+		return b.Stats().Sharing.ReclaimRounds > 0 && publishedBytes(sharedB, a, b) <= high
 	})
 }
 

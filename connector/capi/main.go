@@ -84,6 +84,16 @@ func blockIDs(ids *C.uint8_t, n C.size_t) ([]engine.BlockID, error) {
 	return out, nil
 }
 
+// storeAndIDs resolves a store handle and copies its call's block ids.
+func storeAndIDs(h C.int64_t, ids *C.uint8_t, n C.size_t) (*connector.Store, []engine.BlockID, error) {
+	s, err := store(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	bids, err := blockIDs(ids, n)
+	return s, bids, err
+}
+
 // ucmgo_open opens a store from config: YAML or JSON text (a whole UCM configuration, or the
 // mapping UCM's connector hands its store), or the path of a file holding one; NULL or "" reads
 // the file UCM_CONFIG_FILE names. Returns a store handle > 0, or a status < 0.
@@ -133,11 +143,7 @@ func ucmgo_close(h C.int64_t) C.int32_t {
 //
 //export ucmgo_lookup
 func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -163,11 +169,7 @@ func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.i
 //
 //export ucmgo_lookup_on_prefix
 func ucmgo_lookup_on_prefix(h C.int64_t, ids *C.uint8_t, n C.size_t, index *C.int64_t) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -186,11 +188,7 @@ func ucmgo_lookup_on_prefix(h C.int64_t, ids *C.uint8_t, n C.size_t, index *C.in
 //
 //export ucmgo_prefetch
 func ucmgo_prefetch(h C.int64_t, ids *C.uint8_t, n C.size_t) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -256,11 +254,7 @@ func joined(tensors [][]byte, shardBytes int64) []byte {
 }
 
 func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, perBlock C.size_t) C.int64_t {
-	s, err := store(h)
-	if err != nil {
-		return C.int64_t(fail(err))
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return C.int64_t(fail(err))
 	}
@@ -411,11 +405,7 @@ func ucmgo_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
 //
 //export ucmgo_create
 func ucmgo_create(h C.int64_t, ids *C.uint8_t, n C.size_t, results *C.int32_t) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -444,11 +434,7 @@ func ucmgo_create(h C.int64_t, ids *C.uint8_t, n C.size_t, results *C.int32_t) C
 //
 //export ucmgo_commit
 func ucmgo_commit(h C.int64_t, ids *C.uint8_t, n C.size_t, success C.int32_t) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	bids, err := blockIDs(ids, n)
+	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
 		return fail(err)
 	}
