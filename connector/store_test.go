@@ -141,6 +141,21 @@ func shardSpans(cfg *StoreConfig, ids []engine.BlockID, sh int, fill bool) ([][]
 	return spans, whole
 }
 
+// dumpLayers dumps shards from..Shards-1 of ids, a task per layer, and waits for each.
+func dumpLayers(t *testing.T, s *Store, ids []engine.BlockID, from int) {
+	t.Helper()
+	for sh := from; sh < s.Config().Layout.Shards; sh++ {
+		spans, _ := shardSpans(s.Config(), ids, sh, true)
+		task, err := s.Dump(ids, repeat(sh, len(ids)), spans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatalf("dump layer %d: %v", sh, err)
+		}
+	}
+}
+
 func joined(spans [][]byte) []byte {
 	var out []byte
 	for _, s := range spans {
@@ -157,16 +172,7 @@ func TestStoreLayerwiseRoundTrip(t *testing.T) {
 	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
 	cfg := s.Config()
 	ids := randomIDs(24)
-	for sh := 0; sh < cfg.Layout.Shards; sh++ {
-		spans, _ := shardSpans(cfg, ids, sh, true)
-		task, err := s.Dump(ids, repeat(sh, len(ids)), spans)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Wait(task, nil); err != nil {
-			t.Fatalf("dump layer %d: %v", sh, err)
-		}
-	}
+	dumpLayers(t, s, ids, 0)
 	if hits, _ := s.Lookup(ids); !all(hits) {
 		t.Fatalf("lookup after dump: %v", hits)
 	}
@@ -227,16 +233,7 @@ func TestStoreBadInput(t *testing.T) {
 	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
 	cfg := s.Config()
 	ids := randomIDs(3)
-	for sh := 1; sh < cfg.Layout.Shards; sh++ {
-		sp, _ := shardSpans(cfg, ids, sh, true)
-		task, err := s.Dump(ids, repeat(sh, len(ids)), sp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Wait(task, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dumpLayers(t, s, ids, 1)
 	spans, _ := shardSpans(cfg, ids, 0, true)
 	task, err := s.Dump(ids, []int{0, 0, 0}, spans)
 	if err != nil {
@@ -328,16 +325,7 @@ func TestStoreWorkersShareBackends(t *testing.T) {
 	cfg := w0.Config()
 	ids := randomIDs(10)
 	spans, _ := shardSpans(cfg, ids, 0, true)
-	for sh := 0; sh < cfg.Layout.Shards; sh++ {
-		sp, _ := shardSpans(cfg, ids, sh, true)
-		task, err := w0.Dump(ids, repeat(sh, len(ids)), sp)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w0.Wait(task, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dumpLayers(t, w0, ids, 0)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		h1, _ := w1.Lookup(ids)
