@@ -551,6 +551,7 @@ func (e *Engine) Stats() Stats {
 			SegmentsIndexed: s.segmentsIndexed.Load(), SegmentsDropped: s.dropped.Load(),
 			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load(),
 			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
+			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
 			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load()}
 		if n := st.Sharing.VisibilitySamples; n > 0 {
 			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)

@@ -87,6 +87,9 @@ const (
 	// it is sealed and published, when it does not fill first: other instances see only
 	// sealed segments, so a slow writer's blocks reach them within about this plus a refresh.
 	DefaultSharedSealAge = time.Second
+	// DefaultSharedOwnerTimeout is how long an instance's manifest may stay unchanged before
+	// the shared tier's reclaimer presumes its owner gone and reclaims its segments itself.
+	DefaultSharedOwnerTimeout = 2 * time.Minute
 	// MinSegmentSize is the smallest segment size Validate accepts.
 	MinSegmentSize = 64 << 10
 )
@@ -159,6 +162,13 @@ type Options struct {
 	// SharedSealAge: a shared tier's active segment is sealed (and published) once its first
 	// record is this old, full or not (default 1 s; negative: only when full).
 	SharedSealAge time.Duration
+	// SharedOwnerTimeout: an instance whose manifest the reclaimer has seen unchanged for this
+	// long (by the reclaimer's own clock) is presumed gone, and the reclaimer retires its
+	// least recently used segments itself when the tier is over capacity (docs/sharing.md).
+	// Every running instance rewrites its manifest at least every quarter of it, so a live
+	// one is never presumed gone. Default 2 min; at least 4 refresh intervals. Give every
+	// instance on a shared path the same value.
+	SharedOwnerTimeout time.Duration
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// LookupOnly opens an instance that answers Lookup and LookupPrefix only, as UCM's
@@ -216,6 +226,9 @@ func (o Options) withDefaults() Options {
 	if o.SharedSealAge == 0 {
 		o.SharedSealAge = DefaultSharedSealAge
 	}
+	if o.SharedOwnerTimeout == 0 {
+		o.SharedOwnerTimeout = DefaultSharedOwnerTimeout
+	}
 	if o.RecycleSegments == 0 {
 		o.RecycleSegments = DefaultRecycleSegments
 	}
@@ -255,6 +268,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
 	case o.SharedRefreshInterval < time.Millisecond || o.SharedRetireGrace < 0:
 		return fmt.Errorf("options: shared refresh interval %v (>= 1ms) or retire grace %v (>= 0): %w", o.SharedRefreshInterval, o.SharedRetireGrace, ErrInvalidArgument)
+	case o.SharedOwnerTimeout < 4*o.SharedRefreshInterval:
+		return fmt.Errorf("options: shared owner timeout %v below 4 refresh intervals (%v): %w", o.SharedOwnerTimeout, 4*o.SharedRefreshInterval, ErrInvalidArgument)
 	case o.CompactLiveRatio <= 0 || o.CompactLiveRatio >= 1:
 		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:

@@ -84,6 +84,13 @@ type sharing struct {
 	leaseHeld                                   atomic.Bool
 	sharedUsed, reclaimRounds, retiredOnRequest atomic.Int64
 
+	// Liveness and the reclamation of gone instances' segments (share_reclaim.go).
+	seen                                                map[string]manifestSeen // other namespaces' newest manifests, as observed
+	lastSeq                                             map[string]uint64       // own namespace dir → sequence of the manifest written
+	lastWrite                                           map[string]time.Time    // own namespace dir → when it was written
+	unlinked                                            map[foreignKey]bool     // gone owners' reclaimed segments unlinked here
+	reclaimedOfGone, unlinkedOfGone, reclaimedWhileGone atomic.Int64
+
 	// grace holds retired own segments of shared tiers waiting for their grace period before
 	// they are unlinked (finish runs the unlink).
 	grace map[uint64]*graceEntry
@@ -182,7 +189,8 @@ func (e *Engine) openSharing() error {
 	}
 	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
-		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{}}
+		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
+		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{}}
 	dir := filepath.Join(e.dir, ForeignDir)
 	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil && e.opts.ReadOnly {
@@ -278,6 +286,7 @@ func (e *Engine) sharer() {
 	defer tick.Stop()
 	for {
 		e.sealAgedShared()
+		e.obeyReclaims()
 		e.publishShared()
 		e.refreshShared()
 		select {
@@ -385,8 +394,9 @@ func (e *Engine) publishShared() {
 		body = append(body, enc[format.ManifestHeaderSize:]...)
 		s.mu.Lock()
 		last, written := s.lastPub[n.dir]
+		fresh := time.Since(s.lastWrite[n.dir]) < e.opts.SharedOwnerTimeout/4 // else a heartbeat
 		s.mu.Unlock()
-		if written && bytes.Equal(last, body) {
+		if written && bytes.Equal(last, body) && fresh {
 			continue
 		}
 		if err := tiers.WriteManifest(e.fs, n.dir, m); err != nil {
@@ -396,7 +406,7 @@ func (e *Engine) publishShared() {
 		}
 		s.published.Add(1)
 		s.mu.Lock()
-		s.lastPub[n.dir] = body
+		s.lastPub[n.dir], s.lastSeq[n.dir], s.lastWrite[n.dir] = body, m.Sequence, time.Now()
 		s.mu.Unlock()
 	}
 }
@@ -416,7 +426,7 @@ func (e *Engine) refreshShared() {
 		if !t.cfg.Shared {
 			continue
 		}
-		var manifests []*format.Manifest // the other instances'
+		var manifests []nsManifest // the other instances'
 		for _, root := range t.cfg.Paths {
 			ms, err := e.refreshRoot(t, root)
 			if err != nil {
@@ -426,21 +436,28 @@ func (e *Engine) refreshShared() {
 			manifests = append(manifests, ms...)
 		}
 		for _, m := range manifests {
-			e.obeyRetireNotes(t, m)
+			e.obeyRetireNotes(t, m.Manifest)
 		}
 		e.reclaimSharedTier(t, manifests)
 	}
 }
 
+// nsManifest is another instance's newest manifest and the namespace it was read from.
+type nsManifest struct {
+	*format.Manifest
+	dir string
+}
+
 // refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
-// and returns the manifests it read (of this store's schema).
-func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, error) {
+// and returns the manifests it read, of every schema (only this store's are indexed; the
+// reclaimer counts them all), after noting each one's sequence for the liveness of its owner.
+func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 	s := e.share
 	insts, err := tiers.ListNamespaces(e.fs, root)
 	if err != nil {
 		return nil, err
 	}
-	var read []*format.Manifest
+	var read []nsManifest
 	listed := map[foreignKey]bool{}
 	unreadable := map[format.InstanceID]bool{}
 	for _, inst := range insts {
@@ -458,6 +475,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, erro
 			e.opts.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
 			continue
 		}
+		ns := nsManifest{m, nsDir}
+		e.observe(ns)
+		read = append(read, ns)
 		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
 			if len(m.Segments) == 0 {
 				continue // a lookup-only instance (UCM's scheduler) publishes nothing: no news
@@ -470,7 +490,6 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]*format.Manifest, erro
 			s.mu.Unlock()
 			continue
 		}
-		read = append(read, m)
 		segDir := filepath.Join(nsDir, SegmentDir)
 		for _, ent := range m.Segments {
 			k := foreignKey{inst, ent.Number}

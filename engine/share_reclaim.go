@@ -3,12 +3,14 @@ package engine
 import (
 	"cmp"
 	"errors"
+	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // The global capacity of a shared tier (docs/sharing.md). A shared tier's capacity bounds the
@@ -20,6 +22,17 @@ import (
 // them until the tier would be at its low watermark: a NoteRetire in the holder's manifest,
 // which each owner reads at its next refresh and obeys (only the owner evicts its blocks and
 // deletes its files). Its own victims it evicts at once.
+//
+// An owner that is gone cannot obey. Liveness is observed, not claimed: every running instance
+// rewrites its manifest at least every quarter of SharedOwnerTimeout (a heartbeat), and an
+// instance whose newest manifest the holder has seen unchanged for SharedOwnerTimeout, by the
+// holder's own clock (no clocks of two hosts are compared), is presumed gone. Its victims the
+// holder takes out of the owner's manifest itself, with a NoteReclaimed note each, and unlinks
+// their files a grace period (plus the clock skew margin) after the note, if the owner is still
+// gone and the file still carries the generation reclaimed. An owner that returns, or that was
+// only presumed gone, finds its manifest rewritten at its next refresh, retires the noted
+// segments and republishes. Every step leaves readers with hits or misses, never wrong bytes:
+// a vanished segment is a miss.
 
 // maxAccessNotes bounds the access notes one manifest carries (the most recent ones).
 const maxAccessNotes = 1 << 16
@@ -123,20 +136,54 @@ type sharedSegment struct {
 	number     uint64
 	generation uint64
 	size       int64
-	last       int64 // last access (or publication)
+	last       int64       // last access (or publication)
+	ns         *nsManifest // the manifest listing it
+}
+
+// manifestSeen is the newest manifest sequence of a namespace this instance has seen, and since
+// when (its own clock).
+type manifestSeen struct {
+	seq   uint64
+	since time.Time
+}
+
+// observe notes the sequence of a namespace's newest manifest, for the liveness of its owner.
+func (e *Engine) observe(m nsManifest) {
+	s := e.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seen, ok := s.seen[m.dir]; !ok || seen.seq != m.Sequence {
+		s.seen[m.dir] = manifestSeen{seq: m.Sequence, since: time.Now()}
+	}
+}
+
+// ownerGone reports whether the owner of namespace dir is presumed gone: its manifest has not
+// changed for SharedOwnerTimeout.
+func (e *Engine) ownerGone(dir string) bool {
+	s := e.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen, ok := s.seen[dir]
+	return ok && time.Since(seen.since) >= e.opts.SharedOwnerTimeout
+}
+
+// sharedSkew is the difference between hosts' clocks the shared tier tolerates (the lease's
+// takeover margin; the reclaimed segments' unlink waits for it too).
+func (e *Engine) sharedSkew() time.Duration {
+	return max(5*e.opts.SharedRefreshInterval, 2*time.Second)
 }
 
 // reclaimSharedTier runs the lease holder's pass over shared tier t: when the published bytes
 // of every instance are above the high watermark, the least recently used segments are
 // retired until they would be at the low watermark. It holds or renews the lease first, and
 // does nothing without it. others are the other instances' manifests just read.
-func (e *Engine) reclaimSharedTier(t *diskTier, others []*format.Manifest) {
+func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	s := e.share
 	if t.cfg.Capacity <= 0 || len(t.cfg.Paths) == 0 {
 		return
 	}
 	l := &tiers.Leaser{FS: e.fs, Root: t.cfg.Paths[0], Self: e.instance,
-		Duration: 10 * e.opts.SharedRefreshInterval, Skew: max(5*e.opts.SharedRefreshInterval, 2*time.Second)}
+		Duration: 10 * e.opts.SharedRefreshInterval, Skew: e.sharedSkew()}
 	held, _, err := l.Hold(time.Now())
 	if err != nil {
 		e.opts.Logger.Warn("ucm: reclaimer lease", "path", t.cfg.Paths[0], "err", err)
@@ -151,16 +198,18 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []*format.Manifest) {
 	if !held {
 		return
 	}
-	manifests := append([]*format.Manifest{e.ownManifestFor(t)}, others...)
+	e.unlinkReclaimed(t, others)
+	manifests := append([]nsManifest{{Manifest: e.ownManifestFor(t)}}, others...)
 	// Last access per segment: the owner's publication and reads, every instance's notes.
 	last := map[foreignKey]int64{}
 	var segs []sharedSegment
 	var used int64
-	for _, m := range manifests {
+	for i := range manifests {
+		m := &manifests[i]
 		for _, ent := range m.Segments {
 			k := foreignKey{m.Instance, ent.Number}
 			last[k] = max(last[k], ent.Sealed, ent.Accessed)
-			segs = append(segs, sharedSegment{owner: m.Instance, number: ent.Number, generation: ent.Generation, size: ent.Size})
+			segs = append(segs, sharedSegment{owner: m.Instance, number: ent.Number, generation: ent.Generation, size: ent.Size, ns: m})
 			used += ent.Size
 		}
 	}
@@ -190,6 +239,7 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []*format.Manifest) {
 	})
 	now := time.Now().UnixNano()
 	reqs := map[foreignKey]accessNote{}
+	ofGone := map[*nsManifest][]format.ManifestEntry{}
 	for _, sg := range segs {
 		if used <= low {
 			break
@@ -201,7 +251,14 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []*format.Manifest) {
 			}
 			continue
 		}
+		if e.ownerGone(sg.ns.dir) {
+			ofGone[sg.ns] = append(ofGone[sg.ns], format.ManifestEntry{Number: sg.number, Generation: sg.generation})
+			continue
+		}
 		reqs[foreignKey{sg.owner, sg.number}] = accessNote{sg.generation, now}
+	}
+	for ns, victims := range ofGone {
+		e.reclaimFromGone(ns, victims)
 	}
 	s.mu.Lock()
 	s.retireReqs = reqs
@@ -228,4 +285,149 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 		m.Segments[i].Sealed, m.Segments[i].Accessed = e.share.firstAt[m.Segments[i].Number], e.share.ownAccess[m.Segments[i].Number]
 	}
 	return m
+}
+
+// reclaimFromGone takes victims out of the manifest of ns, whose owner is presumed gone: the
+// manifest is rewritten without them and with a NoteReclaimed note each (the owner's notes of
+// other kinds are stale and dropped), so other instances stop using them at their next refresh
+// and the owner retires them when it returns. Their files are unlinked later
+// (unlinkReclaimed).
+func (e *Engine) reclaimFromGone(ns *nsManifest, victims []format.ManifestEntry) {
+	s := e.share
+	drop := map[uint64]uint64{}
+	for _, v := range victims {
+		drop[v.Number] = v.Generation
+	}
+	now := time.Now().UnixNano()
+	m := &format.Manifest{Instance: ns.Instance, Schema: ns.Schema, Sequence: max(ns.Sequence+1, uint64(now)), Written: now}
+	for _, ent := range ns.Segments {
+		if gen, ok := drop[ent.Number]; !ok || gen != ent.Generation {
+			m.Segments = append(m.Segments, ent)
+		}
+	}
+	for _, nt := range ns.Notes {
+		if nt.Kind == format.NoteReclaimed && nt.Owner == ns.Instance {
+			m.Notes = append(m.Notes, nt)
+		}
+	}
+	for _, v := range victims {
+		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteReclaimed, Owner: ns.Instance, Number: v.Number, Generation: v.Generation, Time: now})
+	}
+	if len(m.Notes) > format.MaxManifestNotes {
+		slices.SortFunc(m.Notes, func(a, b format.ManifestNote) int { return cmp.Compare(b.Time, a.Time) })
+		m.Notes = m.Notes[:format.MaxManifestNotes] // the oldest were unlinked long ago
+	}
+	slices.SortFunc(m.Notes, func(a, b format.ManifestNote) int { return cmp.Compare(a.Number, b.Number) })
+	if err := tiers.WriteManifest(e.fs, ns.dir, m); err != nil {
+		e.opts.Logger.Warn("ucm: shared reclaimer could not rewrite a gone instance's manifest", "dir", ns.dir, "err", err)
+		return
+	}
+	s.mu.Lock()
+	if seen, ok := s.seen[ns.dir]; ok {
+		s.seen[ns.dir] = manifestSeen{seq: m.Sequence, since: seen.since} // our write is no sign of life
+	}
+	s.mu.Unlock()
+	s.reclaimedOfGone.Add(int64(len(victims)))
+	e.opts.Logger.Info("ucm: shared reclaimer retired segments of an instance presumed gone",
+		"dir", ns.dir, "segments", len(victims), "owner_timeout", e.opts.SharedOwnerTimeout)
+}
+
+// unlinkReclaimed deletes the files of segments reclaimed from gone owners (NoteReclaimed in
+// their manifests) once the grace period and the clock skew margin have passed since the note,
+// if the owner is still presumed gone and the file still carries the generation reclaimed.
+// Any lease holder finishes what an earlier one started.
+func (e *Engine) unlinkReclaimed(t *diskTier, others []nsManifest) {
+	s := e.share
+	due := time.Now().Add(-e.opts.SharedRetireGrace - e.sharedSkew()).UnixNano()
+	for _, ns := range others {
+		if !e.ownerGone(ns.dir) {
+			continue
+		}
+		segDir := filepath.Join(ns.dir, SegmentDir)
+		for _, nt := range ns.Notes {
+			k := foreignKey{ns.Instance, nt.Number}
+			s.mu.Lock()
+			done := s.unlinked[k]
+			s.mu.Unlock()
+			if nt.Kind != format.NoteReclaimed || nt.Owner != ns.Instance || nt.Time > due || done {
+				continue
+			}
+			if _, listed := ns.Find(nt.Number); listed {
+				continue // listed again: not ours to delete
+			}
+			seg, err := wal.OpenSegmentForRead(e.fs, segDir, nt.Number, nt.Generation, t.direct, t.io)
+			var ce *wal.CorruptionError
+			switch {
+			case errors.Is(err, wal.ErrSegmentGone), errors.As(err, &ce):
+				// Gone already, or another file (or damaged) under that name: leave it.
+			case err != nil:
+				e.opts.Logger.Warn("ucm: shared reclaimer could not check a reclaimed segment", "dir", segDir, "segment", nt.Number, "err", err)
+				continue
+			default:
+				path := seg.Path()
+				seg.Release()
+				if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
+					e.opts.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment", "path", path, "err", err)
+					continue
+				}
+				s.unlinkedOfGone.Add(1)
+			}
+			s.mu.Lock()
+			s.unlinked[k] = true
+			s.mu.Unlock()
+		}
+	}
+}
+
+// obeyReclaims reads this instance's newest manifest in each of its shared namespaces when it
+// is not the one it last wrote (at Open, or after a reclaimer rewrote it, believing this
+// instance gone), retires the segments its NoteReclaimed notes name, and has the manifest
+// written again. One directory listing per namespace and interval.
+func (e *Engine) obeyReclaims() {
+	s := e.share
+	if s == nil || e.opts.ReadOnly {
+		return
+	}
+	for _, t := range e.tiers {
+		if !t.cfg.Shared {
+			continue
+		}
+		for _, d := range t.dirs {
+			nsDir := filepath.Dir(d)
+			seq, ok, err := tiers.LatestManifest(e.fs, nsDir)
+			if err != nil {
+				e.opts.Logger.Warn("ucm: could not list this instance's manifests", "dir", nsDir, "err", err)
+				continue
+			}
+			s.mu.Lock()
+			last, written := s.lastSeq[nsDir]
+			s.mu.Unlock()
+			if !ok || (written && seq == last) {
+				continue
+			}
+			m, err := tiers.ReadManifest(e.fs, nsDir, e.instance)
+			if err != nil {
+				e.opts.Logger.Warn("ucm: could not read this instance's manifest", "dir", nsDir, "err", err)
+				continue
+			}
+			for _, nt := range m.Notes {
+				if nt.Kind != format.NoteReclaimed || nt.Owner != e.instance {
+					continue
+				}
+				row, ok := e.ix.Segment(nt.Number)
+				if !ok || row.State != index.SegmentSealed || row.Generation != nt.Generation || e.tierOf(nt.Number) != t {
+					continue
+				}
+				if err := e.evictSegment(t, nt.Number); err != nil {
+					e.opts.Logger.Warn("ucm: could not retire a segment a reclaimer took while this instance was presumed gone", "segment", nt.Number, "err", err)
+					continue
+				}
+				s.reclaimedWhileGone.Add(1)
+			}
+			s.mu.Lock()
+			s.lastSeq[nsDir] = m.Sequence
+			delete(s.lastPub, nsDir) // publish again, whatever changed
+			s.mu.Unlock()
+		}
+	}
 }

@@ -487,3 +487,191 @@ func TestSharedTierLocalCopies(t *testing.T) {
 	})
 	checkBlocks(t, b, aIDs)
 }
+
+// TestSharedTierGoneOwnerReclaimed: instances A and C dump and stop, leaving the shared tier over
+// its capacity. B, the reclaimer, presumes them gone only once it has seen their manifests
+// unchanged for SharedOwnerTimeout, takes their least recently used segments out of their
+// manifests itself (NoteReclaimed) and unlinks the files after the grace. A returns during the
+// grace: it retires the noted segments itself and republishes, and B leaves A's files to A. C
+// returns after the unlink: its reclaimed blocks are misses, the others hits, byte-exact.
+func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	const timeout = 300 * time.Millisecond
+	// Only B has a capacity, so only B takes the reclaimer lease: at once, as nobody held it.
+	opts := func(dir string, capacity int64) Options {
+		o := capacityOptions(dir)
+		o.Tiers[0].Capacity = capacity
+		o.SharedOwnerTimeout = timeout
+		o.SharedRetireGrace = 500 * time.Millisecond
+		return o
+	}
+	// segmentsOf maps each block to the segment holding it.
+	segmentsOf := func(e *Engine, blocks []BlockID) map[BlockID]uint64 {
+		out := map[BlockID]uint64{}
+		for _, id := range blocks {
+			loc, ok, err := e.ix.Get(id)
+			if err != nil || !ok {
+				t.Fatalf("block %s not indexed: %v", id, err)
+			}
+			out[id] = loc.Segment
+		}
+		return out
+	}
+	a := mustOpen(t, filepath.Join(root, "a"), opts(shared, 0))
+	aIDs := ids(0, 40)
+	dumpBlocks(t, a, aIDs)
+	aSegs := segmentsOf(a, aIDs)
+	aInst := a.instance
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := mustOpen(t, filepath.Join(root, "c"), opts(shared, 0))
+	cIDs := ids(100, 140)
+	dumpBlocks(t, c, cIDs)
+	cSegs := segmentsOf(c, cIDs)
+	cInst := c.instance
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	bOpened := time.Now()
+	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB, 3<<19)) // high watermark 1.2 MiB, low 1.05 MiB: below what A had alone
+	defer b.Close()
+	// reclaimed returns the segments the reclaimer noted in inst's manifest.
+	reclaimed := func(inst format.InstanceID) map[uint64]bool {
+		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, inst), inst)
+		if err != nil {
+			return nil
+		}
+		out := map[uint64]bool{}
+		for _, nt := range m.Notes {
+			if nt.Kind == format.NoteReclaimed && nt.Owner == inst {
+				out[nt.Number] = true
+				if at := time.Unix(0, nt.Time); at.Sub(bOpened) < timeout {
+					t.Fatalf("segment %d of %x reclaimed %v after B opened, before the owner timeout %v", nt.Number, inst, at.Sub(bOpened), timeout)
+				}
+			}
+		}
+		return out
+	}
+	high := int64(3<<19) * 8 / 10
+	waitFor(t, "B reclaims the gone instances' segments under the high watermark", func() bool {
+		return b.Stats().Sharing.ReclaimedOfGone > 0 && publishedBytes(sharedB, &Engine{instance: aInst}, &Engine{instance: cInst}) <= high
+	})
+	aGone, cGone := reclaimed(aInst), reclaimed(cInst)
+	if len(aGone) == 0 || len(cGone) == 0 || int64(len(aGone)+len(cGone)) != b.Stats().Sharing.ReclaimedOfGone {
+		t.Fatalf("reclaimed %d of A's and %d of C's segments, B counts %d (stats %+v)", len(aGone), len(cGone), b.Stats().Sharing.ReclaimedOfGone, b.Stats().Sharing)
+	}
+	// Blocks of reclaimed segments are misses in B at its next refresh; the rest stay hits.
+	expectHits := func(e *Engine, segs map[BlockID]uint64, gone map[uint64]bool) {
+		t.Helper()
+		var kept []BlockID
+		waitFor(t, "hits exactly for the blocks of segments not reclaimed", func() bool {
+			kept = kept[:0]
+			for id, n := range segs {
+				hit := e.Lookup([]BlockID{id})[0]
+				if hit == gone[n] {
+					return false
+				}
+				if hit {
+					kept = append(kept, id)
+				}
+			}
+			return true
+		})
+		checkBlocks(t, e, kept)
+	}
+	expectHits(b, cSegs, cGone)
+
+	// A returns during the grace: it retires what was taken and publishes again.
+	a = mustOpen(t, filepath.Join(root, "a"), opts(shared, 0))
+	defer a.Close()
+	waitFor(t, "A retires its reclaimed segments", func() bool { return a.Stats().Sharing.ReclaimedWhileGone == int64(len(aGone)) })
+	expectHits(a, aSegs, aGone)
+	waitFor(t, "A's manifest rewritten by A", func() bool { return len(reclaimed(aInst)) == 0 })
+	// C stays away: B deletes its reclaimed files after the grace and the skew margin.
+	waitFor(t, "B unlinks C's reclaimed segments", func() bool { return b.Stats().Sharing.UnlinkedOfGone == int64(len(cGone)) })
+	segPath := func(inst format.InstanceID, n uint64) string {
+		return wal.SegmentPath(filepath.Join(tiers.NamespaceDir(shared, inst), SegmentDir), n)
+	}
+	for n := range cGone {
+		if _, err := os.Stat(segPath(cInst, n)); !os.IsNotExist(err) {
+			t.Fatalf("C's reclaimed segment %d still there: %v", n, err)
+		}
+	}
+	// A's reclaimed files A deletes itself after its own grace.
+	waitFor(t, "A deletes its retired segments", func() bool {
+		for n := range aGone {
+			if _, err := os.Stat(segPath(aInst, n)); !os.IsNotExist(err) {
+				return false
+			}
+		}
+		return true
+	})
+	// C returns: its reclaimed blocks are misses, the rest hits.
+	c = mustOpen(t, filepath.Join(root, "c"), opts(shared, 0))
+	defer c.Close()
+	expectHits(c, cSegs, cGone)
+	expectHits(a, cSegs, cGone)
+}
+
+// TestSharedTierIdleOwnerNotGone: a running instance that has nothing new to publish still
+// rewrites its manifest (a heartbeat every quarter of SharedOwnerTimeout), so the others never
+// presume it gone, however long it stays idle.
+func TestSharedTierIdleOwnerNotGone(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	opts := func(dir string) Options {
+		o := sharedOptions(dir, 0)
+		o.SharedOwnerTimeout = 200 * time.Millisecond
+		return o
+	}
+	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
+	defer a.Close()
+	dumpBlocks(t, a, ids(0, 4))
+	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB))
+	defer b.Close()
+	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, ids(0, 4)) })
+	nsA := tiers.NamespaceDir(sharedB, a.instance)
+	for end := time.Now().Add(5 * opts("").SharedOwnerTimeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if b.ownerGone(nsA) {
+			t.Fatalf("B presumes the idle but running A gone (A published %d manifests)", a.Stats().Sharing.ManifestsPublished)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "B presumes A gone once it stopped", func() bool { return b.ownerGone(nsA) })
+}
+
+// TestSharedTierCapacityEverySchema: the shared tier's capacity bounds the bytes of every
+// instance on it, whatever model or schema they store: an instance of another schema is counted
+// and asked to retire its least recently used segments like any other (its blocks are never
+// loaded here).
+func TestSharedTierCapacityEverySchema(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	oa := capacityOptions(shared)
+	oa.Tiers[0].Capacity = 0 // only B holds the lease
+	oa.Schema.Model = "another-model"
+	a := mustOpen(t, filepath.Join(root, "a"), oa)
+	defer a.Close()
+	dumpBlocks(t, a, ids(0, 40))
+	ob := capacityOptions(sharedB)
+	ob.Tiers[0].Capacity = 3 << 19 // high watermark 1.2 MiB: below A's bytes alone
+	b := mustOpen(t, filepath.Join(root, "b"), ob)
+	defer b.Close()
+	bIDs := ids(100, 110)
+	dumpBlocks(t, b, bIDs)
+	high := int64(3<<19) * 8 / 10
+	waitFor(t, "A retires segments on B's request", func() bool {
+		return a.Stats().Sharing.RetiredOnRequest > 0 && publishedBytes(sharedB, a, b) <= high
+	})
+	if n := b.LookupPrefix(ids(0, 40)); n != 0 {
+		t.Fatalf("B sees %d blocks of another schema", n)
+	}
+	if !allHit(b, bIDs) {
+		t.Fatalf("B's own recent blocks retired: %v", b.Lookup(bIDs))
+	}
+}

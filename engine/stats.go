@@ -79,6 +79,12 @@ type SharingStats struct {
 	// instance's segments retired because a reclaimer asked.
 	LeaseHeld                                   bool
 	SharedUsed, ReclaimRounds, RetiredOnRequest int64
+	// Instances presumed gone (their manifest unchanged for SharedOwnerTimeout): ReclaimedOfGone
+	// counts their segments this instance, as reclaimer, took out of their manifests, and
+	// UnlinkedOfGone the files of those it deleted after the grace period; ReclaimedWhileGone
+	// counts this instance's own segments a reclaimer took while it was presumed gone, which it
+	// retired when it saw its rewritten manifest.
+	ReclaimedOfGone, UnlinkedOfGone, ReclaimedWhileGone int64
 	// Local copies of other instances' blocks (loads of them are then served here): cached in
 	// the memory tier after a load (CopiedToMemory), copied into this instance's own first disk
 	// tier by promotion after a hit or Prefetch (CopiedToDisk).

@@ -67,6 +67,22 @@ func manifestNames(fs vfs.FS, nsDir string) ([]uint64, error) {
 	return seqs, nil
 }
 
+// LatestManifest returns the sequence of the newest manifest of namespace nsDir (one directory
+// listing); ok=false when it has none or does not exist.
+func LatestManifest(fs vfs.FS, nsDir string) (seq uint64, ok bool, err error) {
+	seqs, err := manifestNames(fs, nsDir)
+	if err != nil {
+		if oserror.IsNotExist(err) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("manifests of %s: %w", nsDir, err)
+	}
+	if len(seqs) == 0 {
+		return 0, false, nil
+	}
+	return seqs[len(seqs)-1], true, nil
+}
+
 // ErrNoManifest is returned by ReadManifest for a namespace that has published nothing yet.
 var ErrNoManifest = errors.New("namespace has no manifest")
 
