@@ -281,8 +281,13 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 	}
 	e.share.mu.Lock() // after home: segMu is never taken under share.mu
 	defer e.share.mu.Unlock()
+	now := time.Now().UnixNano()
 	for i := range m.Segments {
-		m.Segments[i].Sealed, m.Segments[i].Accessed = e.share.firstAt[m.Segments[i].Number], e.share.ownAccess[m.Segments[i].Number]
+		sealed, published := e.share.firstAt[m.Segments[i].Number]
+		if !published {
+			sealed = now // sealed since the last publication: the newest there is
+		}
+		m.Segments[i].Sealed, m.Segments[i].Accessed = sealed, e.share.ownAccess[m.Segments[i].Number]
 	}
 	return m
 }
