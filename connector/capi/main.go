@@ -7,11 +7,12 @@ package main
 #include <stddef.h>
 #include <stdint.h>
 
-// Defined in lasterror.c and waiter.c; ucmgo.h is the library's public header.
+// Defined in lasterror.c and tasks.c; ucmgo.h is the library's public header.
 void ucmgo_set_error(const char *msg, size_t n);
-typedef struct ucmgo_waiter ucmgo_waiter;
-ucmgo_waiter *ucmgo_waiter_new(void);
-void ucmgo_waiter_signal(ucmgo_waiter *w);
+typedef struct ucmgo_task ucmgo_task;
+ucmgo_task *ucmgoi_task_new(int64_t store, int64_t id, size_t n);
+void ucmgoi_task_done(ucmgo_task *t, int32_t status, const char *msg, size_t msglen, const uint8_t *failed);
+void ucmgoi_tasks_drop(int64_t store);
 */
 import "C"
 
@@ -133,7 +134,9 @@ func ucmgo_close(h C.int64_t) C.int32_t {
 	if !ok {
 		return fail(fmt.Errorf("close: store handle %d: not open: %w", int64(h), engine.ErrInvalidArgument))
 	}
-	if err := s.Close(); err != nil {
+	err := s.Close()
+	C.ucmgoi_tasks_drop(h) // later waits on its tasks report the store closed
+	if err != nil {
 		return fail(err)
 	}
 	return statusOK
@@ -283,6 +286,7 @@ func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.siz
 	if err != nil {
 		return C.int64_t(fail(err))
 	}
+	register(h, s, task, int(n))
 	return C.int64_t(task)
 }
 
@@ -305,41 +309,12 @@ func ucmgo_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addr
 	return transfer(false, h, ids, shards, n, addrs, addrsPerBlock)
 }
 
-// ucmgoi_wait_begin is the first half of ucmgo_wait (waiter.c): it checks the handle and, when
-// the task's I/O is still running, sets *w to a waiter that a goroutine signals once it is done
-// (the C side sleeps on it, outside the Go scheduler). *w stays NULL when there is nothing to
-// wait for.
+// ucmgoi_wait is ucmgo_wait (tasks.c) for a task the C side does not hold: one whose
+// registration failed (no memory), or a handle it does not know (never issued, consumed, or of a
+// closed store), which this reports.
 //
-//export ucmgoi_wait_begin
-func ucmgoi_wait_begin(h C.int64_t, task C.int64_t, w **C.ucmgo_waiter) C.int32_t {
-	s, err := store(h)
-	if err != nil {
-		return fail(err)
-	}
-	if task <= 0 {
-		return fail(fmt.Errorf("task %d: %w", int64(task), connector.ErrUnknownTask))
-	}
-	if done, err := s.Check(uint64(task)); done || err != nil {
-		return statusOK // done, or unknown: the second half reports it
-	}
-	waiter := C.ucmgo_waiter_new()
-	if waiter == nil {
-		return fail(fmt.Errorf("wait: no memory for a waiter: %w", engine.ErrNoSpace))
-	}
-	if err := s.Notify(uint64(task), func() { C.ucmgo_waiter_signal(waiter) }); err != nil {
-		C.ucmgo_waiter_signal(waiter) // drops the signaller's reference
-		*w = waiter
-		return statusOK // the second half reports the unknown task
-	}
-	*w = waiter
-	return statusOK
-}
-
-// ucmgoi_wait_end is the second half of ucmgo_wait: the task's I/O is done; settle it, consume
-// the handle and fill the failure mask (see ucmgo.h).
-//
-//export ucmgoi_wait_end
-func ucmgoi_wait_end(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
+//export ucmgoi_wait
+func ucmgoi_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
 		return fail(err)
@@ -360,13 +335,7 @@ func ucmgoi_wait_end(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t)
 	}
 	werr := s.Wait(uint64(task), mask)
 	if mask != nil {
-		out := unsafe.Slice((*byte)(unsafe.Pointer(failed)), len(mask))
-		for i, f := range mask {
-			out[i] = 0
-			if f {
-				out[i] = 1
-			}
-		}
+		copyMask(unsafe.Slice((*byte)(unsafe.Pointer(failed)), len(mask)), mask)
 	}
 	if werr != nil {
 		return fail(werr)
@@ -374,11 +343,50 @@ func ucmgoi_wait_end(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t)
 	return statusOK
 }
 
-// ucmgo_check sets *finished to 1 when the task is done (successfully or not), else 0, without
-// consuming it. Returns UCMGO_OK, or the task's failure status once it is done.
+func copyMask(dst []byte, mask []bool) {
+	for i, f := range mask {
+		dst[i] = 0
+		if f {
+			dst[i] = 1
+		}
+	}
+}
+
+// register hands task of s to the C side (tasks.c), which answers ucmgo_wait and ucmgo_check
+// for it without entering Go: a goroutine settles the task when its I/O is done (consuming it
+// here) and fills in its result there. Without memory for the record the task stays with Go.
+func register(h C.int64_t, s *connector.Store, task uint64, n int) {
+	rec := C.ucmgoi_task_new(h, C.int64_t(task), C.size_t(n))
+	if rec == nil {
+		return
+	}
+	err := s.Notify(task, func() {
+		mask := make([]bool, n)
+		status, msg := statusOK, ""
+		if werr := s.Wait(task, mask); werr != nil {
+			status, msg = C.int32_t(connector.StatusOf(werr)), werr.Error()
+			if status == statusOK {
+				status = C.int32_t(connector.StatusError)
+			}
+		}
+		failed := make([]byte, max(n, 1))
+		copyMask(failed, mask)
+		var msgPtr *C.char
+		if msg != "" {
+			b := []byte(msg)
+			msgPtr = (*C.char)(unsafe.Pointer(&b[0]))
+		}
+		C.ucmgoi_task_done(rec, status, msgPtr, C.size_t(len(msg)), (*C.uint8_t)(unsafe.Pointer(&failed[0])))
+	})
+	if err != nil { // cannot happen for a task just issued; never leave a waiter hanging
+		C.ucmgoi_task_done(rec, fail(err), nil, 0, nil)
+	}
+}
+
+// ucmgoi_check is ucmgo_check (tasks.c) for a task the C side does not hold.
 //
-//export ucmgo_check
-func ucmgo_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
+//export ucmgoi_check
+func ucmgoi_check(h C.int64_t, task C.int64_t, finished *C.int32_t) C.int32_t {
 	s, err := store(h)
 	if err != nil {
 		return fail(err)

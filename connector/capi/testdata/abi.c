@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ucmgo.h"
 
@@ -41,6 +42,17 @@ static int same(const uint8_t *p, size_t n, const uint8_t *id, int shard) {
 	for (size_t i = 0; i < n; i++)
 		if (p[i] != (uint8_t)(id[i % 16] ^ (i / 16) ^ (shard * 31))) return 0;
 	return 1;
+}
+
+struct waiter {
+	int64_t store, task;
+	int32_t status;
+};
+
+static void *wait_thread(void *arg) {
+	struct waiter *w = arg;
+	w->status = ucmgo_wait(w->store, w->task, NULL, 0);
+	return NULL;
 }
 
 static void *other_thread(void *arg) {
@@ -128,8 +140,24 @@ int main(int argc, char **argv) {
 	void *one_each[2] = {aligned, aligned + SHARD};
 	int64_t task = ucmgo_load(store, mixed, two, 2, one_each, 1);
 	CHECK(task > 0, "load with a miss");
-	EXPECT_STATUS(ucmgo_wait(store, task, failed, 2), UCMGO_ENOOBJ, "not found");
+	int32_t done = 0;
+	while (ucmgo_check(store, task, &done) == UCMGO_OK && !done) usleep(1000);
+	EXPECT_STATUS(ucmgo_check(store, task, &done), UCMGO_ENOOBJ, "not found");
+	CHECK(done == 1, "check of a finished task: %d", done);
+	EXPECT_STATUS(ucmgo_wait(store, task, failed, 2), UCMGO_ENOOBJ, "not found"); // check did not consume it
 	CHECK(failed[0] == 0 && failed[1] == 1, "failure mask %d %d", failed[0], failed[1]);
+	EXPECT_STATUS(ucmgo_check(store, task, &done), UCMGO_ENOOBJ, "task");
+
+	// Two threads wait for one task: one gets its result, the other finds it consumed.
+	task = ucmgo_load(store, ids, two, 1, addrs, 2);
+	struct waiter w1 = {store, task, 99}, w2 = {store, task, 99};
+	pthread_t t1, t2;
+	pthread_create(&t1, NULL, wait_thread, &w1);
+	pthread_create(&t2, NULL, wait_thread, &w2);
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	CHECK((w1.status == UCMGO_OK && w2.status == UCMGO_ENOOBJ) || (w2.status == UCMGO_OK && w1.status == UCMGO_ENOOBJ),
+	      "concurrent waits: %d and %d", w1.status, w2.status);
 
 	// Bad input: a status and a message, never a crash, nothing stored lost.
 	EXPECT_STATUS(ucmgo_load(store, NULL, shards, 2, addrs, 2), UCMGO_EPARAM, "null");
@@ -187,7 +215,11 @@ int main(int argc, char **argv) {
 	CHECK(ucmgo_stats(store, stats, (size_t)need + 1) == need && strstr(stats, "\"instance\"") && strstr(stats, "\"LoadedShards\""), "stats: %s", stats);
 	free(stats);
 
+	task = ucmgo_load(store, ids, two, 1, addrs, 2); // never waited for before the close
+	CHECK(task > 0, "load before close");
 	CHECK(ucmgo_close(store) == UCMGO_OK, "close");
+	EXPECT_STATUS(ucmgo_wait(store, task, NULL, 0), UCMGO_EPARAM, "not open");
+	EXPECT_STATUS(ucmgo_check(store, task, &finished), UCMGO_EPARAM, "not open");
 	EXPECT_STATUS(ucmgo_close(store), UCMGO_EPARAM, "not open");
 	EXPECT_STATUS(ucmgo_lookup(store, ids, N, found), UCMGO_EPARAM, "not open");
 	// Reopened, everything is still there.
