@@ -436,7 +436,7 @@ func (e *Engine) refreshShared() {
 			manifests = append(manifests, ms...)
 		}
 		for _, m := range manifests {
-			e.obeyRetireNotes(t, m.Manifest)
+			e.obeyNotes(t, m.Manifest, format.NoteRetire, &s.retiredOnRequest)
 		}
 		e.reclaimSharedTier(t, manifests)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/ucm-go/ucm/format"
@@ -88,11 +89,13 @@ func (e *Engine) publishNotesLocked() []format.ManifestNote {
 	return notes
 }
 
-// obeyRetireNotes retires this instance's segments that the lease holder's manifest m asks it to
-// (generation must match: a reused number is another segment).
-func (e *Engine) obeyRetireNotes(t *diskTier, m *format.Manifest) {
+// obeyNotes retires this instance's segments of tier t that notes of kind in manifest m name:
+// NoteRetire in the lease holder's (asked to), NoteReclaimed in its own (taken by a reclaimer
+// while it was presumed gone). The generation must match: a reused number is another segment.
+// done counts the segments retired.
+func (e *Engine) obeyNotes(t *diskTier, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
 	for _, nt := range m.Notes {
-		if nt.Kind != format.NoteRetire || nt.Owner != e.instance {
+		if nt.Kind != kind || nt.Owner != e.instance {
 			continue
 		}
 		row, ok := e.ix.Segment(nt.Number)
@@ -100,10 +103,10 @@ func (e *Engine) obeyRetireNotes(t *diskTier, m *format.Manifest) {
 			continue
 		}
 		if err := e.evictSegment(t, nt.Number); err != nil {
-			e.opts.Logger.Warn("ucm: could not retire a segment the shared tier's reclaimer asked for", "segment", nt.Number, "err", err)
+			e.opts.Logger.Warn("ucm: could not retire a segment of the shared tier another instance's notes name", "segment", nt.Number, "note", kind, "err", err)
 			continue
 		}
-		e.share.retiredOnRequest.Add(1)
+		done.Add(1)
 	}
 }
 
@@ -415,20 +418,7 @@ func (e *Engine) obeyReclaims() {
 				e.opts.Logger.Warn("ucm: could not read this instance's manifest", "dir", nsDir, "err", err)
 				continue
 			}
-			for _, nt := range m.Notes {
-				if nt.Kind != format.NoteReclaimed || nt.Owner != e.instance {
-					continue
-				}
-				row, ok := e.ix.Segment(nt.Number)
-				if !ok || row.State != index.SegmentSealed || row.Generation != nt.Generation || e.tierOf(nt.Number) != t {
-					continue
-				}
-				if err := e.evictSegment(t, nt.Number); err != nil {
-					e.opts.Logger.Warn("ucm: could not retire a segment a reclaimer took while this instance was presumed gone", "segment", nt.Number, "err", err)
-					continue
-				}
-				s.reclaimedWhileGone.Add(1)
-			}
+			e.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
 			s.mu.Lock()
 			s.lastSeq[nsDir] = m.Sequence
 			delete(s.lastPub, nsDir) // publish again, whatever changed
