@@ -157,13 +157,7 @@ func ucmgo_lookup(h C.int64_t, ids *C.uint8_t, n C.size_t, found *C.uint8_t) C.i
 	if err != nil {
 		return fail(err)
 	}
-	out := unsafe.Slice((*byte)(unsafe.Pointer(found)), len(hits))
-	for i, hit := range hits {
-		out[i] = 0
-		if hit {
-			out[i] = 1
-		}
-	}
+	copyMask(unsafe.Slice((*byte)(unsafe.Pointer(found)), len(hits)), hits)
 	return statusOK
 }
 
@@ -343,6 +337,7 @@ func ucmgoi_wait(h C.int64_t, task C.int64_t, failed *C.uint8_t, n C.size_t) C.i
 	return statusOK
 }
 
+// copyMask writes mask as bytes, 1 for true, into C memory.
 func copyMask(dst []byte, mask []bool) {
 	for i, f := range mask {
 		dst[i] = 0
