@@ -162,8 +162,26 @@ type ConnectorParams struct {
 	// Compression: "off" (default) or "lz4"; CompressMinSaving: Options.CompressMinSaving.
 	Compression       string  `yaml:"compression"`
 	CompressMinSaving float64 `yaml:"compress_min_saving"`
+	// FileMode and DirMode: Options.FileMode and DirMode as octal strings ("0640", "0750").
+	FileMode string `yaml:"file_mode"`
+	DirMode  string `yaml:"dir_mode"`
 	// Tiers is Options.Tiers (see Config).
 	Tiers TierList `yaml:"tiers"`
+}
+
+// parseMode parses an octal permission string ("0640"); "" is 0 (the default).
+func parseMode(key, s string, dir bool) (os.FileMode, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(s), "0o"), 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: want octal permissions such as 0640: %w", key, s, ErrInvalidArgument)
+	}
+	if err := validMode(os.FileMode(v), dir); err != nil {
+		return 0, fmt.Errorf("%s %q: %w: %w", key, s, err, ErrInvalidArgument)
+	}
+	return os.FileMode(v), nil
 }
 
 // UCM's defaults for its GC keys when posix_capacity_gb is set.
@@ -526,6 +544,12 @@ func (c *Config) validate() error {
 		if err := validateTiers(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
+		if _, err := parseMode("file_mode", p.FileMode, false); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		if _, err := parseMode("dir_mode", p.DirMode, true); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
 	}
 	return nil
 }
@@ -637,6 +661,8 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	opts.MaxStagingBytes = int64(p.MaxStagingBytes)
 	opts.Compression, _ = ParseCompression(p.Compression) // validated at parse
 	opts.CompressMinSaving = p.CompressMinSaving
+	opts.FileMode, _ = parseMode("file_mode", p.FileMode, false) // validated at parse
+	opts.DirMode, _ = parseMode("dir_mode", p.DirMode, true)
 	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel}))
 	return dir, opts, nil
 }

@@ -146,7 +146,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, dir: dir, fs: opts.FS, pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
+	e := &Engine{opts: opts, dir: dir, fs: withModes(opts.FS, opts.FileMode, opts.DirMode), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
@@ -190,7 +190,7 @@ func (e *Engine) open() error {
 		if isLockHeld(err) {
 			return fmt.Errorf("open %s: the store is in use by another process or engine: %w", e.dir, ErrLocked)
 		}
-		return fmt.Errorf("open %s: lock: %w", e.dir, err)
+		return fmt.Errorf("open %s: lock file: %w", e.dir, err)
 	}
 	e.lock = lock
 	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})

@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Default permissions of what a store creates (Options.FileMode, Options.DirMode): the owner
+// reads and writes, its group reads, others nothing.
+const (
+	DefaultFileMode os.FileMode = 0o640
+	DefaultDirMode  os.FileMode = 0o750
+)
+
+// permFS is the file system every store file goes through: files and directories it creates
+// get exactly the configured modes, whatever the process's umask (a umask of 000 would
+// otherwise leave segments, the index and LOCK world-writable). Existing files keep theirs.
+// File systems without file descriptors (in-memory ones in tests) have no modes to set.
+type permFS struct {
+	vfs.FS
+	file, dir os.FileMode
+}
+
+// withModes wraps fs so that what it creates gets the modes file and dir.
+func withModes(fs vfs.FS, file, dir os.FileMode) vfs.FS {
+	return permFS{FS: fs, file: file, dir: dir}
+}
+
+// Create creates name with the file mode.
+func (p permFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := p.FS.Create(name, category)
+	if err != nil {
+		return nil, err
+	}
+	if err := fchmod(f, p.file); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("chmod %s: %w", name, err)
+	}
+	return f, nil
+}
+
+// OpenReadWrite opens name, creating it with the file mode if it does not exist.
+func (p permFS) OpenReadWrite(name string, category vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	_, statErr := p.FS.Stat(name)
+	f, err := p.FS.OpenReadWrite(name, category, opts...)
+	if err != nil || statErr == nil {
+		return f, err
+	}
+	if err := fchmod(f, p.file); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("chmod %s: %w", name, err)
+	}
+	return f, nil
+}
+
+// MkdirAll creates dir and its missing parents with the directory mode (perm is ignored).
+func (p permFS) MkdirAll(dir string, _ os.FileMode) error {
+	var missing []string
+	for d := dir; ; d = p.PathDir(d) {
+		if _, err := p.FS.Stat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+		if p.PathDir(d) == d {
+			break
+		}
+	}
+	if err := p.FS.MkdirAll(dir, p.dir); err != nil {
+		return err
+	}
+	for _, d := range missing {
+		if err := p.chmodDir(d, p.dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Lock locks name, creating it with the file mode first if it does not exist. (Not after
+// locking: closing any descriptor of the file would drop the process's fcntl lock.)
+func (p permFS) Lock(name string) (io.Closer, error) {
+	if _, err := p.FS.Stat(name); errors.Is(err, os.ErrNotExist) {
+		f, err := p.Create(name, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return nil, err
+		}
+		if err := f.Close(); err != nil {
+			return nil, err
+		}
+	}
+	return p.FS.Lock(name)
+}
+
+func (p permFS) chmodDir(name string, mode os.FileMode) error {
+	f, err := p.FS.OpenDir(name)
+	if err != nil {
+		return fmt.Errorf("chmod %s: %w", name, err)
+	}
+	defer func() { _ = f.Close() }()
+	if err := fchmod(f, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", name, err)
+	}
+	return nil
+}
+
+// validMode reports why mode cannot be a store's file (or directory) mode, or nil: only
+// permission bits, and the owner must be able to read and write (and enter directories).
+func validMode(mode os.FileMode, dir bool) error {
+	need := os.FileMode(0o600)
+	if dir {
+		need = 0o700
+	}
+	switch {
+	case mode&^os.ModePerm != 0:
+		return fmt.Errorf("%#o has bits beyond the permissions", uint32(mode))
+	case mode&need != need:
+		return fmt.Errorf("%#o: the owner needs %#o", uint32(mode), uint32(need))
+	}
+	return nil
+}

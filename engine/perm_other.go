@@ -1,0 +1,12 @@
+//go:build !unix
+
+package engine
+
+import (
+	"os"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// fchmod: file modes are Unix permissions; elsewhere files keep the system's defaults.
+func fchmod(vfs.File, os.FileMode) error { return nil }
