@@ -84,7 +84,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./format:FuzzDecodeManifest:300000x ./format:FuzzDecodeLease:300000x \
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x \
-                ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x \
+                ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
                 ./fuzz:FuzzEngineOps:800x
 FUZZSMOKE   ?= per-target
 

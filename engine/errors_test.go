@@ -2,6 +2,8 @@ package engine
 
 import (
 	"errors"
+	"io"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -174,6 +176,35 @@ func TestMetricsCollector(t *testing.T) {
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// lockFailFS fails every Lock with what fail returns for the path.
+type lockFailFS struct {
+	vfs.FS
+	fail func(name string) error
+}
+
+func (f lockFailFS) Lock(name string) (io.Closer, error) { return nil, f.fail(name) }
+
+// TestLockErrorsSayWhat: no permission on LOCK is reported as that (os.ErrPermission, naming
+// the file), not as a store in use; a lock held elsewhere (fcntl's EAGAIN or EACCES) is
+// ErrLocked.
+func TestLockErrorsSayWhat(t *testing.T) {
+	_, mfs := memFS()
+	denied := lockFailFS{FS: mfs, fail: func(name string) error {
+		return &os.PathError{Op: "open", Path: name, Err: syscall.EACCES}
+	}}
+	_, err := Open("/store", testOptions(denied, mhaLayout))
+	if err == nil || errors.Is(err, ErrLocked) || !errors.Is(err, os.ErrPermission) ||
+		!strings.Contains(err.Error(), "/store/"+LockFile) || strings.Contains(err.Error(), "in use") {
+		t.Errorf("LOCK without permission: %v", err)
+	}
+	for _, held := range []error{syscall.EAGAIN, syscall.EACCES} {
+		f := lockFailFS{FS: mfs, fail: func(string) error { return held }}
+		if _, err := Open("/store", testOptions(f, mhaLayout)); !errors.Is(err, ErrLocked) {
+			t.Errorf("fcntl %v: %v, want ErrLocked", held, err)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -90,9 +91,35 @@ const (
 	// DefaultSharedOwnerTimeout is how long an instance's manifest may stay unchanged before
 	// the shared tier's reclaimer presumes its owner gone and reclaims its segments itself.
 	DefaultSharedOwnerTimeout = 2 * time.Minute
-	// MinSegmentSize is the smallest segment size Validate accepts.
+	// MinSegmentSize and MaxSegmentSize bound the segment size Validate accepts.
 	MinSegmentSize = 64 << 10
+	MaxSegmentSize = 64 << 30
+	// MinAutoSegmentSize is the smallest segment size chosen from a tier's capacity
+	// (SegmentSizeFor).
+	MinAutoSegmentSize = 1 << 20
+	// AutoSegmentsPerTier is how many segments a capacity-limited tier is cut into by
+	// default: eviction and compaction work a segment at a time, so a tier evicts about
+	// 1/AutoSegmentsPerTier of itself at once (docs/tiers.md, segment size).
+	AutoSegmentsPerTier = 64
 )
+
+// SegmentSizeFor is the segment size of a disk tier of the given capacity (0: unlimited) when
+// Options.SegmentSize is set (> 0) to configured, or left to the default (0): capacity /
+// AutoSegmentsPerTier rounded down to a power of two, within [MinAutoSegmentSize,
+// DefaultSegmentSize]; DefaultSegmentSize for an unlimited tier.
+func SegmentSizeFor(configured, capacity int64) int64 {
+	if configured > 0 {
+		return configured
+	}
+	if capacity <= 0 {
+		return DefaultSegmentSize
+	}
+	size := int64(MinAutoSegmentSize)
+	for size < DefaultSegmentSize && size*2 <= capacity/AutoSegmentsPerTier {
+		size *= 2
+	}
+	return size
+}
 
 // Options configure an Engine. The zero value of every field but Layout and Schema means its
 // documented default; Open validates the result and names the field at fault.
@@ -104,8 +131,10 @@ type Options struct {
 	// FS is the file system the store lives on (default vfs.Default). Tests pass a
 	// crash-simulating or fault-injecting one.
 	FS vfs.FS
-	// SegmentSize is the size at which a segment is sealed and a new one started
-	// (default 256 MiB, at least 1 MiB).
+	// SegmentSize is the size at which a segment is sealed and a new one started, in every disk
+	// tier. Default (0): chosen per tier from its capacity (SegmentSizeFor: 1/64 of it, from
+	// 1 MiB to 256 MiB; 256 MiB when unlimited), so that small tiers evict in small steps.
+	// Otherwise in [MinSegmentSize, MaxSegmentSize] (64 KiB to 64 GiB), a multiple of 4 KiB.
 	SegmentSize int64
 	// SyncPolicy (default SyncAlways) and SyncInterval (default 100 ms, SyncInterval only).
 	SyncPolicy   SyncPolicy
@@ -169,6 +198,11 @@ type Options struct {
 	// one is never presumed gone. Default 2 min; at least 4 refresh intervals. Give every
 	// instance on a shared path the same value.
 	SharedOwnerTimeout time.Duration
+	// FileMode and DirMode are the permissions of the files (segments, index, LOCK,
+	// manifests) and directories the store creates, set exactly whatever the process's umask
+	// (default 0640 and 0750: DefaultFileMode, DefaultDirMode). Only permission bits; the
+	// owner must keep read and write (and, for directories, search) permission.
+	FileMode, DirMode os.FileMode
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// LookupOnly opens an instance that answers Lookup and LookupPrefix only, as UCM's
@@ -189,9 +223,6 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.FS == nil {
 		o.FS = vfs.Default
-	}
-	if o.SegmentSize == 0 {
-		o.SegmentSize = DefaultSegmentSize
 	}
 	if o.SyncInterval == 0 {
 		o.SyncInterval = DefaultSyncInterval
@@ -229,6 +260,12 @@ func (o Options) withDefaults() Options {
 	if o.SharedOwnerTimeout == 0 {
 		o.SharedOwnerTimeout = DefaultSharedOwnerTimeout
 	}
+	if o.FileMode == 0 {
+		o.FileMode = DefaultFileMode
+	}
+	if o.DirMode == 0 {
+		o.DirMode = DefaultDirMode
+	}
 	if o.RecycleSegments == 0 {
 		o.RecycleSegments = DefaultRecycleSegments
 	}
@@ -244,14 +281,14 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: %w", err)
 	}
 	switch {
-	case o.SegmentSize < MinSegmentSize:
-		return fmt.Errorf("options: segment size %d below %d: %w", o.SegmentSize, MinSegmentSize, ErrInvalidArgument)
+	case o.SegmentSize != 0 && (o.SegmentSize < MinSegmentSize || o.SegmentSize > MaxSegmentSize):
+		return fmt.Errorf("options: segment size %d out of range [%d, %d]: %w", o.SegmentSize, MinSegmentSize, MaxSegmentSize, ErrInvalidArgument)
 	case o.SegmentSize%format.Alignment != 0:
 		return fmt.Errorf("options: segment size %d not a multiple of %d: %w", o.SegmentSize, format.Alignment, ErrInvalidArgument)
 	case o.SyncPolicy < SyncAlways || o.SyncPolicy > SyncNone:
 		return fmt.Errorf("options: sync policy %d: %w", int(o.SyncPolicy), ErrInvalidArgument)
-	case o.SyncInterval < 0:
-		return fmt.Errorf("options: sync interval %v: %w", o.SyncInterval, ErrInvalidArgument)
+	case o.SyncInterval < 0 || o.SyncInterval > 24*time.Hour:
+		return fmt.Errorf("options: sync interval %v out of range [0, 24h]: %w", o.SyncInterval, ErrInvalidArgument)
 	case o.IOEngine < devio.EngineAuto || o.IOEngine > devio.EnginePsync:
 		return fmt.Errorf("options: io engine %d: %w", int(o.IOEngine), ErrInvalidArgument)
 	case o.DirectIO < devio.DirectAuto || o.DirectIO > devio.DirectOff:
@@ -262,18 +299,24 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: recycle segments %d above 1024: %w", o.RecycleSegments, ErrInvalidArgument)
 	case o.Compression < CompressionOff || o.Compression > CompressionLZ4:
 		return fmt.Errorf("options: compression %d: %w", int(o.Compression), ErrInvalidArgument)
-	case !(o.CompressMinSaving > 0 && o.CompressMinSaving <= 1):
+	case !(o.CompressMinSaving > 0 && o.CompressMinSaving <= 1): // NaN fails too
 		return fmt.Errorf("options: compress min saving %v out of range (0, 1]: %w", o.CompressMinSaving, ErrInvalidArgument)
 	case o.TaskTimeout < 0:
 		return fmt.Errorf("options: task timeout %v: %w", o.TaskTimeout, ErrInvalidArgument)
 	case o.SharedRefreshInterval < time.Millisecond || o.SharedRetireGrace < 0:
 		return fmt.Errorf("options: shared refresh interval %v (>= 1ms) or retire grace %v (>= 0): %w", o.SharedRefreshInterval, o.SharedRetireGrace, ErrInvalidArgument)
-	case o.SharedOwnerTimeout < 4*o.SharedRefreshInterval:
+	case o.SharedOwnerTimeout/4 < o.SharedRefreshInterval: // not 4*interval: it could overflow
 		return fmt.Errorf("options: shared owner timeout %v below 4 refresh intervals (%v): %w", o.SharedOwnerTimeout, 4*o.SharedRefreshInterval, ErrInvalidArgument)
-	case o.CompactLiveRatio <= 0 || o.CompactLiveRatio >= 1:
+	case !(o.CompactLiveRatio > 0 && o.CompactLiveRatio < 1): // NaN fails too
 		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
+	}
+	if err := validMode(o.FileMode, false); err != nil {
+		return fmt.Errorf("options: file mode %w: %w", err, ErrInvalidArgument)
+	}
+	if err := validMode(o.DirMode, true); err != nil {
+		return fmt.Errorf("options: dir mode %w: %w", err, ErrInvalidArgument)
 	}
 	if o.LookupOnly && !hasShared(o.Tiers) {
 		return fmt.Errorf("options: lookup-only without a shared tier would never see a block: %w", ErrInvalidArgument)
@@ -286,10 +329,15 @@ func (o Options) Validate() error {
 			return fmt.Errorf("options: compression %s with tiers: set it per disk tier (tiers[].compression): %w", o.Compression, ErrInvalidArgument)
 		}
 		// A disk tier holds at least the active segment of dumps and the one of relocations.
-		least := 2 * max(o.SegmentSize, format.SegmentHeaderSize+o.Layout.RecordBytes()+format.FooterSize(1))
+		// (Both terms are bounded: by MaxSegmentSize and format.MaxPayloadBytes; capacity/2
+		// rather than 2*segment keeps the comparison free of overflow whatever the capacity.)
 		for i, t := range o.Tiers {
-			if t.Kind == tiers.KindDisk && t.Capacity > 0 && t.Capacity < least && !o.AdoptStoredSchema {
-				return fmt.Errorf("options: tier %d (%q): capacity %d below two segments (%d): %w", i, t.Name, t.Capacity, least, ErrInvalidArgument)
+			if t.Kind != tiers.KindDisk || t.Capacity <= 0 || o.AdoptStoredSchema {
+				continue
+			}
+			seg := max(SegmentSizeFor(o.SegmentSize, t.Capacity), format.SegmentHeaderSize+o.Layout.RecordBytes()+format.FooterSize(1))
+			if t.Capacity/2 < seg {
+				return fmt.Errorf("options: tier %d (%q): capacity %d below two segments of %d bytes: %w", i, t.Name, t.Capacity, seg, ErrInvalidArgument)
 			}
 		}
 	}

@@ -184,7 +184,7 @@ func (e *Engine) accountFound() {
 // reusable returns the size of a recycled file found at Open and whether it may join its pool.
 func (e *Engine) reusable(r foundFile) (int64, bool) {
 	size := e.fileSize(r.path)
-	if size <= 0 || size > e.reservation() || !e.poolHasRoom(r.tier, r.dir, size) {
+	if size <= 0 || size > e.reservation(r.tier) || !e.poolHasRoom(r.tier, r.dir, size) {
 		return 0, false
 	}
 	f, err := e.fs.Open(r.path)

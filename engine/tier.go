@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,6 +38,8 @@ type diskTier struct {
 	// codec is how raw records are stored on their way into this tier (dumps into the first
 	// tier, relocations into any); records already compressed are moved as they are.
 	codec format.Compression
+	// segSize is the size at which this tier's segments are sealed (SegmentSizeFor).
+	segSize int64
 }
 
 // segHome says where a segment lives.
@@ -207,7 +210,8 @@ func (e *Engine) openTiers() error {
 			// bound would evict this instance's blocks by its own recency alone.
 			local = 0
 		}
-		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(local, c.HighWatermark, c.LowWatermark)}
+		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(local, c.HighWatermark, c.LowWatermark),
+			segSize: SegmentSizeFor(e.opts.SegmentSize, c.Capacity)}
 		eng := e.opts.IOEngine
 		if c.IOEngine != "" && c.IOEngine != "auto" {
 			var err error
@@ -305,9 +309,15 @@ func (e *Engine) tierRoot(c tiers.Config, p string) string {
 	return p
 }
 
+// isLockHeld reports whether a failed Lock means another holder: EAGAIN, EWOULDBLOCK or (on
+// some systems) EACCES from fcntl, or Pebble's "lock held by current process". Opening the
+// LOCK file itself can fail with EACCES too (no permission): that comes wrapped in a
+// *fs.PathError and is not a held lock.
 func isLockHeld(err error) bool {
-	// Another process: EAGAIN/EWOULDBLOCK/EACCES from fcntl; this process: Pebble's vfs
-	// reports "lock held by current process".
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return false
+	}
 	return errorsIsAny(err, syscall.EAGAIN, syscall.EACCES, syscall.EWOULDBLOCK) ||
 		strings.Contains(err.Error(), "lock held by current process")
 }
@@ -345,10 +355,10 @@ func (e *Engine) tierOf(n uint64) *diskTier {
 // allocSegment hands out a new segment number, shared by every writer of the store.
 func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
 
-// reservation is the most a new segment can grow to: the segment size, or one record with its
-// header and footer when a record is larger.
-func (e *Engine) reservation() int64 {
-	return max(e.opts.SegmentSize, format.SegmentHeaderSize+e.opts.Layout.RecordBytes()+format.FooterSize(1))
+// reservation is the most a new segment of t can grow to: its segment size, or one record with
+// its header and footer when a record is larger.
+func (e *Engine) reservation(t *diskTier) int64 {
+	return max(t.segSize, format.SegmentHeaderSize+e.opts.Layout.RecordBytes()+format.FooterSize(1))
 }
 
 // startWriters starts each tier's relocation writer and the first tier's dump writer.
@@ -359,7 +369,7 @@ func (e *Engine) startWriters() error {
 				continue
 			}
 			w, err := wal.NewWriter(wal.Options{
-				FS: e.fs, SegmentSize: e.opts.SegmentSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
+				FS: e.fs, SegmentSize: t.segSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
 				Direct: t.direct, Backend: t.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
 				Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
 				DirFor: e.placer(t), Admit: e.admitter(t, relocation),
@@ -387,7 +397,7 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 	return func(n uint64) string {
 		dir := tiers.PathFor(t.dirs, n)
 		e.segMu.Lock()
-		e.homes[n] = segHome{tier: t, dir: dir, reserved: e.reservation()}
+		e.homes[n] = segHome{tier: t, dir: dir, reserved: e.reservation(t)}
 		e.segMu.Unlock()
 		return dir
 	}
@@ -400,7 +410,7 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (string, error) {
 	return func(n uint64, dir string) (string, error) {
 		rc := &reservationRecycler{e: e, t: t, dir: dir}
-		if _, err := t.space.Reserve(e.reservation(), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, rc); err != nil {
+		if _, err := t.space.Reserve(e.reservation(t), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, rc); err != nil {
 			e.kickReclaimer()
 			return "", fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
 		}
@@ -532,6 +542,9 @@ type TierStats struct {
 	Kind     tiers.Kind
 	Paths    []string
 	Capacity int64 // bytes; 0: unlimited
+	// SegmentSize is the size at which the tier's segments are sealed (disk tiers; chosen
+	// from Capacity unless Options.SegmentSize sets it: SegmentSizeFor).
+	SegmentSize int64
 	// Used is the accounted bytes: every segment file's size, active segments at their
 	// reservation, and the retired files kept for reuse. It never exceeds Capacity by more
 	// than one segment.
@@ -558,7 +571,7 @@ func (e *Engine) TierStats() []TierStats {
 	}
 	start := len(out)
 	for _, t := range e.tiers {
-		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, Used: t.space.Used(), Recycled: t.space.Pooled()})
+		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, SegmentSize: t.segSize, Used: t.space.Used(), Recycled: t.space.Pooled()})
 	}
 	for _, row := range e.ix.Segments() {
 		t := e.tierOf(row.Number)

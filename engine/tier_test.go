@@ -107,7 +107,7 @@ func testTierCapacityNeverExceeded(t *testing.T, fs vfs.FS, root string) {
 	cfg.HighWatermark, cfg.LowWatermark = 0.75, 0.6
 	e := mustOpen(t, root+"/store", tierOptions(fs, cfg))
 	defer e.Close()
-	bound := int64(capacity) + e.reservation()
+	bound := int64(capacity) + e.reservation(e.tiers[0])
 
 	var (
 		wg   sync.WaitGroup
@@ -232,7 +232,7 @@ func TestTierLRUAcrossPaths(t *testing.T) {
 	}
 	// Keep room for about 25 blocks and the two active segments (dumps, relocations): the 10
 	// touched ones and the 10 dumped last survive, the 30 least recently used go.
-	rep, err := e.Evict("ssd", 25*mhaLayout.RecordBytes()+2*e.reservation())
+	rep, err := e.Evict("ssd", 25*mhaLayout.RecordBytes()+2*e.reservation(e.tiers[0]))
 	if err != nil {
 		t.Fatal(err)
 	}

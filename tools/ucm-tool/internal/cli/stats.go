@@ -33,17 +33,19 @@ type statsReport struct {
 
 // tierJSON is engine.TierStats in the --json form.
 type tierJSON struct {
-	Name      string   `json:"name"`
-	Kind      string   `json:"kind"`
-	Paths     []string `json:"paths,omitempty"`
-	Capacity  int64    `json:"capacity_bytes"` // 0: unlimited
-	Used      int64    `json:"used_bytes"`
-	Recycled  int64    `json:"recycled_bytes"` // of used: retired segment files kept for reuse
-	FileBytes int64    `json:"file_bytes"`
-	LiveBytes int64    `json:"live_bytes"`
-	DeadBytes int64    `json:"dead_bytes"`
-	Blocks    int64    `json:"blocks"`
-	Segments  int      `json:"segments"`
+	Name     string   `json:"name"`
+	Kind     string   `json:"kind"`
+	Paths    []string `json:"paths,omitempty"`
+	Capacity int64    `json:"capacity_bytes"` // 0: unlimited
+	// SegmentSize: disk tiers' segment size (chosen from the capacity unless configured).
+	SegmentSize int64 `json:"segment_size_bytes,omitempty"`
+	Used        int64 `json:"used_bytes"`
+	Recycled    int64 `json:"recycled_bytes"` // of used: retired segment files kept for reuse
+	FileBytes   int64 `json:"file_bytes"`
+	LiveBytes   int64 `json:"live_bytes"`
+	DeadBytes   int64 `json:"dead_bytes"`
+	Blocks      int64 `json:"blocks"`
+	Segments    int   `json:"segments"`
 	// Memory tier only.
 	Hits      *int64 `json:"hits,omitempty"`
 	Misses    *int64 `json:"misses,omitempty"`
@@ -53,7 +55,7 @@ type tierJSON struct {
 func newTierJSON(ts []engine.TierStats) []tierJSON {
 	out := make([]tierJSON, 0, len(ts))
 	for _, t := range ts {
-		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, Used: t.Used, Recycled: t.Recycled, FileBytes: t.FileBytes,
+		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, SegmentSize: t.SegmentSize, Used: t.Used, Recycled: t.Recycled, FileBytes: t.FileBytes,
 			LiveBytes: t.LiveBytes, DeadBytes: t.DeadBytes, Blocks: t.Blocks, Segments: t.Segments}
 		if t.Kind == tiers.KindMemory {
 			j.Hits, j.Misses, j.Evictions = &t.Hits, &t.Misses, &t.Evictions
@@ -66,11 +68,15 @@ func newTierJSON(ts []engine.TierStats) []tierJSON {
 // printTiers prints the per-tier table of stats.
 func printTiers(w io.Writer, ts []tierJSON) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "tier\tkind\tcapacity\tused\tfile\tlive\tdead\tblocks\tsegments\thits\tmisses\tpaths")
+	fmt.Fprintln(tw, "tier\tkind\tcapacity\tsegment\tused\tfile\tlive\tdead\tblocks\tsegments\thits\tmisses\tpaths")
 	for _, t := range ts {
 		capacity := "unlimited"
 		if t.Capacity > 0 {
 			capacity = humanBytes(t.Capacity)
+		}
+		segment := "-"
+		if t.SegmentSize > 0 {
+			segment = humanBytes(t.SegmentSize)
 		}
 		hits, misses := "-", "-"
 		if t.Hits != nil {
@@ -80,7 +86,7 @@ func printTiers(w io.Writer, ts []tierJSON) {
 		if paths == "" {
 			paths = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Kind, capacity, humanBytes(t.Used), humanBytes(t.FileBytes),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Kind, capacity, segment, humanBytes(t.Used), humanBytes(t.FileBytes),
 			humanBytes(t.LiveBytes), humanBytes(t.DeadBytes), t.Blocks, t.Segments, hits, misses, paths)
 	}
 	_ = tw.Flush()
