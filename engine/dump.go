@@ -547,7 +547,7 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 		// Write-through: the memory tier gets the block once it is stored below.
 		for _, rec := range recs {
 			if b := e.blockBytes(rec); b != nil {
-				e.mem.Put(rec.ID, b)
+				e.mem.Put(rec.ID, b, rec.ShardCRCs)
 			}
 		}
 	}

@@ -183,7 +183,13 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			if shard != AllShards {
 				off = int64(shard) * l.ShardBytes
 			}
-			if e.mem.Get(id, off, dst[i]) {
+			hit, err := e.mem.Get(id, off, dst[i])
+			if err != nil {
+				// Bytes in memory changed under us: the block was dropped from the memory
+				// tier; read it from disk below.
+				e.opts.Logger.Error("ucm: memory tier: checksum mismatch; loading from disk", "block", id, "err", err)
+			}
+			if hit {
 				e.stats.memoryHits.Add(1)
 				e.countLoaded(shard)
 				for _, t := range e.tiers {
@@ -298,7 +304,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 					e.wantPromotion(id)
 				}
 				if e.mem != nil && shard == AllShards {
-					e.mem.Put(id, dst[r.i]) // backfill: the next load of it needs no disk
+					e.mem.Put(id, dst[r.i], r.loc.ShardCRCs) // backfill: the next load of it needs no disk
 					if r.foreign {
 						e.share.copiedToMemory.Add(1)
 					}

@@ -557,8 +557,9 @@ type TierStats struct {
 	DeadBytes int64 // FileBytes − LiveBytes: reclaimable by compaction
 	Blocks    int64
 	Segments  int
-	// Memory tier only.
-	Hits, Misses, Evictions int64
+	// Memory tier only. Corrupt counts blocks whose cached bytes failed their checksums on a
+	// hit (dropped, and loaded from disk instead).
+	Hits, Misses, Evictions, Corrupt int64
 }
 
 // TierStats returns the memory tier (if any) and every disk tier, fastest first.
@@ -567,7 +568,7 @@ func (e *Engine) TierStats() []TierStats {
 	if e.mem != nil {
 		ms := e.mem.Stats()
 		out = append(out, TierStats{Name: e.memCfg.Name, Kind: tiers.KindMemory, Capacity: ms.Capacity, Used: ms.Bytes,
-			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: int64(ms.Hits), Misses: int64(ms.Misses), Evictions: int64(ms.Evictions)})
+			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: int64(ms.Hits), Misses: int64(ms.Misses), Evictions: int64(ms.Evictions), Corrupt: int64(ms.Corrupt)})
 	}
 	start := len(out)
 	for _, t := range e.tiers {

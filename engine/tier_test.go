@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -892,5 +894,47 @@ func TestRecycledFilesAcrossReopen(t *testing.T) {
 	checkAllIndexed(t, e)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// memoryTierBytes returns the bytes the memory tier caches for id, reached through reflection:
+// what a stray write into the process's memory would change.
+func memoryTierBytes(t *testing.T, e *Engine, id BlockID) []byte {
+	t.Helper()
+	entry := reflect.ValueOf(e.mem).Elem().FieldByName("entries").MapIndex(reflect.ValueOf(id))
+	if !entry.IsValid() {
+		t.Fatalf("block %s is not in the memory tier", id)
+	}
+	data := entry.Elem().FieldByName("data")
+	return *(*[]byte)(unsafe.Pointer(data.UnsafeAddr()))
+}
+
+// TestMemoryTierHitsAreVerified: bytes changed in the memory tier are never served: the load
+// notices the checksum mismatch, reads the block from disk, and the memory tier counts it.
+func TestMemoryTierHitsAreVerified(t *testing.T) {
+	_, fs := memFS()
+	mem := tiers.Config{Name: "dram", Kind: tiers.KindMemory, Capacity: 8 * mhaLayout.BlockBytes()}
+	e := mustOpen(t, "/store", tierOptions(fs, mem, diskTierCfg("ssd", 0, "/ssd")))
+	defer e.Close()
+	ids := []BlockID{blockID(1), blockID(2)}
+	dumpBlocks(t, e, ids)
+	memoryTierBytes(t, e, ids[0])[mhaLayout.ShardBytes+17] ^= 0x01 // shard 1
+	memoryTierBytes(t, e, ids[1])[3*mhaLayout.ShardBytes] ^= 0x80  // shard 3
+	checkBlock(t, e, ids[0])
+	shard := make([]byte, mhaLayout.ShardBytes)
+	if err := e.LoadShard([]BlockID{ids[1]}, 3, [][]byte{shard}).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(shard, blockBytes(mhaLayout, ids[1])[3*mhaLayout.ShardBytes:4*mhaLayout.ShardBytes]) {
+		t.Fatal("shard 3 of a block corrupt in memory was served wrong")
+	}
+	st := e.TierStats()[0]
+	if st.Corrupt != 2 || st.Hits != 0 {
+		t.Fatalf("memory tier: %d corrupt, %d hits; want 2 and 0", st.Corrupt, st.Hits)
+	}
+	// The whole-block load backfilled the first block from disk: now a good hit.
+	checkBlock(t, e, ids[0])
+	if st := e.TierStats()[0]; st.Hits != 1 {
+		t.Fatalf("memory tier hits after the backfill: %d, want 1", st.Hits)
 	}
 }

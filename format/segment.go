@@ -23,6 +23,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Checksum returns the CRC32C (Castagnoli) of b, the checksum used throughout the format.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
+// ChecksumUpdate returns the CRC32C of the bytes checksummed into crc followed by b:
+// ChecksumUpdate(Checksum(a), b) == Checksum(a+b), and ChecksumUpdate(0, b) == Checksum(b).
+func ChecksumUpdate(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
 // AlignUp rounds n up to a multiple of Alignment.
 func AlignUp(n int64) int64 { return (n + Alignment - 1) &^ (Alignment - 1) }
 

@@ -2,10 +2,14 @@ package tiers
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ucm-go/ucm/format"
 )
 
 func bid(n int) ID {
@@ -16,20 +20,45 @@ func bid(n int) ID {
 
 func fill(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
 
+// putParts caches data in parts equal parts with their checksums.
+func putParts(c *MemCache, id ID, data []byte, parts int) {
+	crcs := make([]uint32, parts)
+	unit := len(data) / parts
+	for p := range crcs {
+		crcs[p] = format.Checksum(data[p*unit : (p+1)*unit])
+	}
+	c.Put(id, data, crcs)
+}
+
+// put caches data in one-byte parts: any range of it can be read.
+func put(c *MemCache, id ID, data []byte) { putParts(c, id, data, max(len(data), 1)) }
+
+// putShards caches data as 32 shards, as the engine caches a block.
+func putShards(c *MemCache, id ID, data []byte) { putParts(c, id, data, 32) }
+
+// get is Get for data that cannot be corrupt: a checksum failure is a bug.
+func get(c *MemCache, id ID, off int64, dst []byte) bool {
+	ok, err := c.Get(id, off, dst)
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
 func TestMemCacheLRUOrder(t *testing.T) {
 	c := NewMemCache(300)
-	c.Put(bid(1), fill(100, 1))
-	c.Put(bid(2), fill(100, 2))
-	c.Put(bid(3), fill(100, 3))
+	put(c, bid(1), fill(100, 1))
+	put(c, bid(2), fill(100, 2))
+	put(c, bid(3), fill(100, 3))
 	// Touch 1: now 2 is least recent.
-	if !c.Get(bid(1), 0, make([]byte, 1)) {
+	if !get(c, bid(1), 0, make([]byte, 1)) {
 		t.Fatal("miss on 1")
 	}
 	// Contains must not refresh 2.
 	if !c.Contains(bid(2)) {
 		t.Fatal("2 not contained")
 	}
-	c.Put(bid(4), fill(100, 4))
+	put(c, bid(4), fill(100, 4))
 	if c.Contains(bid(2)) {
 		t.Error("2 (least recent) survived the eviction")
 	}
@@ -39,8 +68,8 @@ func TestMemCacheLRUOrder(t *testing.T) {
 		}
 	}
 	// A block needing two slots evicts the two least recent, 3 then 4, once 1 is read again.
-	c.Get(bid(1), 0, nil)
-	c.Put(bid(5), fill(200, 5))
+	get(c, bid(1), 0, nil)
+	put(c, bid(5), fill(200, 5))
 	if c.Contains(bid(3)) || c.Contains(bid(4)) || !c.Contains(bid(1)) || !c.Contains(bid(5)) {
 		t.Errorf("after a 200-byte put: 1=%v 3=%v 4=%v 5=%v, want 1 and 5 only",
 			c.Contains(bid(1)), c.Contains(bid(3)), c.Contains(bid(4)), c.Contains(bid(5)))
@@ -57,24 +86,24 @@ func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i * 7)
 	}
-	c.Put(bid(1), src)
+	put(c, bid(1), src)
 	orig := append([]byte(nil), src...)
 	for i := range src { // the caller reuses its buffer right after Put
 		src[i] = 0xFF
 	}
 	dst := make([]byte, 4096)
-	if !c.Get(bid(1), 0, dst) || !bytes.Equal(dst, orig) {
+	if !get(c, bid(1), 0, dst) || !bytes.Equal(dst, orig) {
 		t.Fatal("whole-block Get did not return the bytes as they were at Put")
 	}
 	part := make([]byte, 100)
-	if !c.Get(bid(1), 1000, part) || !bytes.Equal(part, orig[1000:1100]) {
+	if !get(c, bid(1), 1000, part) || !bytes.Equal(part, orig[1000:1100]) {
 		t.Error("partial Get returned wrong bytes")
 	}
 	tail := make([]byte, 96)
-	if !c.Get(bid(1), 4000, tail) || !bytes.Equal(tail, orig[4000:]) {
+	if !get(c, bid(1), 4000, tail) || !bytes.Equal(tail, orig[4000:]) {
 		t.Error("Get of the last bytes returned wrong bytes")
 	}
-	if !c.Get(bid(1), 4096, nil) {
+	if !get(c, bid(1), 4096, nil) {
 		t.Error("empty Get at the end of the block missed")
 	}
 	// Out of range: dst must stay untouched.
@@ -83,14 +112,14 @@ func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
 		n   int
 	}{{4000, 97}, {4097, 0}, {-1, 10}, {0, 4097}, {1 << 62, 1}} {
 		dst := fill(tc.n, 0x5A)
-		if c.Get(bid(1), tc.off, dst) {
+		if get(c, bid(1), tc.off, dst) {
 			t.Errorf("Get(off=%d, len=%d) of a 4096-byte block hit", tc.off, tc.n)
 		}
 		if !bytes.Equal(dst, fill(tc.n, 0x5A)) {
 			t.Errorf("Get(off=%d, len=%d) wrote into dst on a miss", tc.off, tc.n)
 		}
 	}
-	if c.Get(bid(2), 0, make([]byte, 1)) {
+	if get(c, bid(2), 0, make([]byte, 1)) {
 		t.Error("Get of an absent block hit")
 	}
 	s := c.Stats()
@@ -101,10 +130,10 @@ func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
 
 func TestMemCacheOutOfRangeGetKeepsRecency(t *testing.T) {
 	c := NewMemCache(200)
-	c.Put(bid(1), fill(100, 1))
-	c.Put(bid(2), fill(100, 2))
-	c.Get(bid(1), 50, make([]byte, 51)) // out of range: 1 stays least recent
-	c.Put(bid(3), fill(100, 3))
+	put(c, bid(1), fill(100, 1))
+	put(c, bid(2), fill(100, 2))
+	get(c, bid(1), 50, make([]byte, 51)) // out of range: 1 stays least recent
+	put(c, bid(3), fill(100, 3))
 	if c.Contains(bid(1)) || !c.Contains(bid(2)) {
 		t.Error("an out-of-range Get refreshed the block")
 	}
@@ -112,8 +141,8 @@ func TestMemCacheOutOfRangeGetKeepsRecency(t *testing.T) {
 
 func TestMemCacheOversizeBlock(t *testing.T) {
 	c := NewMemCache(1000)
-	c.Put(bid(1), fill(600, 1))
-	c.Put(bid(2), fill(1001, 2))
+	put(c, bid(1), fill(600, 1))
+	put(c, bid(2), fill(1001, 2))
 	if c.Contains(bid(2)) {
 		t.Error("a block larger than the capacity was cached")
 	}
@@ -121,11 +150,11 @@ func TestMemCacheOversizeBlock(t *testing.T) {
 		t.Error("an oversize Put evicted another block")
 	}
 	// An oversize re-Put must not leave the old version readable.
-	c.Put(bid(1), fill(2000, 9))
+	put(c, bid(1), fill(2000, 9))
 	if c.Contains(bid(1)) {
 		t.Error("an oversize re-Put left the old version cached")
 	}
-	c.Put(bid(3), fill(1000, 3)) // exactly the capacity fits
+	put(c, bid(3), fill(1000, 3)) // exactly the capacity fits
 	if !c.Contains(bid(3)) {
 		t.Error("a block of exactly the capacity was not cached")
 	}
@@ -136,10 +165,10 @@ func TestMemCacheOversizeBlock(t *testing.T) {
 
 func TestMemCacheReplaceAndRemove(t *testing.T) {
 	c := NewMemCache(1000)
-	c.Put(bid(1), fill(100, 1))
-	c.Put(bid(1), fill(300, 7))
+	put(c, bid(1), fill(100, 1))
+	put(c, bid(1), fill(300, 7))
 	dst := make([]byte, 300)
-	if !c.Get(bid(1), 0, dst) || !bytes.Equal(dst, fill(300, 7)) {
+	if !get(c, bid(1), 0, dst) || !bytes.Equal(dst, fill(300, 7)) {
 		t.Error("re-Put did not replace the block")
 	}
 	if s := c.Stats(); s.Bytes != 300 || s.Blocks != 1 {
@@ -147,7 +176,7 @@ func TestMemCacheReplaceAndRemove(t *testing.T) {
 	}
 	c.Remove(bid(1))
 	c.Remove(bid(1)) // idempotent
-	if c.Get(bid(1), 0, dst[:1]) || c.Contains(bid(1)) {
+	if get(c, bid(1), 0, dst[:1]) || c.Contains(bid(1)) {
 		t.Error("Get after Remove hit")
 	}
 	if s := c.Stats(); s.Bytes != 0 || s.Blocks != 0 || s.Evictions != 0 {
@@ -193,13 +222,13 @@ func TestMemCacheConcurrentInvariants(t *testing.T) {
 						size = capacity + 1
 					}
 					data := fill(size, byte(n))
-					c.Put(id, data)
+					put(c, id, data)
 					clear(data) // reuse the caller's buffer at once
 				case op < 9:
 					size := r.IntN(len(buf))
 					dst := buf[:size]
 					clear(dst)
-					if c.Get(id, 0, dst) {
+					if get(c, id, 0, dst) {
 						for i, b := range dst {
 							if b != byte(n) {
 								t.Errorf("Get of block %d: byte %d is %d", n, i, b)
@@ -229,7 +258,7 @@ func TestMemCacheConcurrentInvariants(t *testing.T) {
 			lo, hi := int64(0), int64(capacity)
 			for lo < hi { // largest readable length = the block's size
 				mid := (lo + hi + 1) / 2
-				if c.Get(bid(n), mid-1, make([]byte, 1)) {
+				if get(c, bid(n), mid-1, make([]byte, 1)) {
 					lo = mid
 				} else {
 					hi = mid - 1
@@ -253,13 +282,13 @@ const block2MiB = 2 << 20
 func BenchmarkMemCacheGet2MiB(b *testing.B) {
 	c := NewMemCache(64 * block2MiB)
 	for i := range 64 {
-		c.Put(bid(i), fill(block2MiB, byte(i)))
+		putShards(c, bid(i), fill(block2MiB, byte(i)))
 	}
 	dst := make([]byte, block2MiB)
 	b.SetBytes(block2MiB)
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		if !c.Get(bid(i%64), 0, dst) {
+		if !get(c, bid(i%64), 0, dst) {
 			b.Fatal("miss")
 		}
 	}
@@ -282,7 +311,7 @@ func BenchmarkMemcpy2MiB(b *testing.B) {
 func BenchmarkMemCacheGet2MiBParallel(b *testing.B) {
 	c := NewMemCache(64 * block2MiB)
 	for i := range 64 {
-		c.Put(bid(i), fill(block2MiB, byte(i)))
+		putShards(c, bid(i), fill(block2MiB, byte(i)))
 	}
 	b.SetBytes(block2MiB)
 	b.ResetTimer()
@@ -290,7 +319,7 @@ func BenchmarkMemCacheGet2MiBParallel(b *testing.B) {
 		dst := make([]byte, block2MiB)
 		i := 0
 		for pb.Next() {
-			c.Get(bid(i%64), 0, dst)
+			get(c, bid(i%64), 0, dst)
 			i++
 		}
 	})
@@ -311,4 +340,47 @@ func BenchmarkMemcpy2MiBParallel(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// TestMemCacheVerifiesChecksums: a cached block whose bytes changed in memory is never
+// returned as a hit: Get reports ErrCorrupt naming the block and the part, drops the block and
+// counts it; parts not copied are not judged; ranges that are not whole parts miss.
+func TestMemCacheVerifiesChecksums(t *testing.T) {
+	c := NewMemCache(1 << 20)
+	data := make([]byte, 32*1024)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	putParts(c, bid(1), data, 32)
+	dst := make([]byte, len(data))
+	if ok, err := c.Get(bid(1), 0, dst); !ok || err != nil || !bytes.Equal(dst, data) {
+		t.Fatalf("intact block: %v, %v", ok, err)
+	}
+	if ok, err := c.Get(bid(1), 512, make([]byte, 1024)); ok || err != nil {
+		t.Errorf("a range not of whole parts: %v, %v; want a plain miss", ok, err)
+	}
+	c.entries[bid(1)].data[5*1024+3] ^= 0x10 // a bit flips in part 5
+	if ok, err := c.Get(bid(1), 6*1024, make([]byte, 2*1024)); !ok || err != nil {
+		t.Errorf("parts 6-7, intact: %v, %v", ok, err)
+	}
+	ok, err := c.Get(bid(1), 4*1024, make([]byte, 2*1024))
+	if ok || !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), bid(1).String()) || !strings.Contains(err.Error(), "part 5") {
+		t.Fatalf("corrupt part 5: %v, %v; want a miss with ErrCorrupt naming the block and part 5", ok, err)
+	}
+	if c.Contains(bid(1)) {
+		t.Error("the corrupt block is still cached")
+	}
+	if ok, err := c.Get(bid(1), 0, dst); ok || err != nil {
+		t.Errorf("after the drop: %v, %v; want a plain miss", ok, err)
+	}
+	st := c.Stats()
+	if st.Corrupt != 1 || st.Hits != 2 || st.Blocks != 0 || st.Bytes != 0 {
+		t.Errorf("stats %+v: want 1 corrupt, 2 hits, nothing cached", st)
+	}
+	// Data that does not split into the parts given is not cached.
+	c.Put(bid(2), make([]byte, 100), make([]uint32, 3))
+	c.Put(bid(3), make([]byte, 100), nil)
+	if c.Contains(bid(2)) || c.Contains(bid(3)) {
+		t.Error("cached a block whose checksums do not match its parts")
+	}
 }

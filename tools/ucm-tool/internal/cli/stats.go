@@ -50,6 +50,7 @@ type tierJSON struct {
 	Hits      *int64 `json:"hits,omitempty"`
 	Misses    *int64 `json:"misses,omitempty"`
 	Evictions *int64 `json:"evictions,omitempty"`
+	Corrupt   *int64 `json:"corrupt,omitempty"` // cached blocks that failed their checksums on a hit
 }
 
 func newTierJSON(ts []engine.TierStats) []tierJSON {
@@ -58,7 +59,7 @@ func newTierJSON(ts []engine.TierStats) []tierJSON {
 		j := tierJSON{Name: t.Name, Kind: string(t.Kind), Paths: t.Paths, Capacity: t.Capacity, SegmentSize: t.SegmentSize, Used: t.Used, Recycled: t.Recycled, FileBytes: t.FileBytes,
 			LiveBytes: t.LiveBytes, DeadBytes: t.DeadBytes, Blocks: t.Blocks, Segments: t.Segments}
 		if t.Kind == tiers.KindMemory {
-			j.Hits, j.Misses, j.Evictions = &t.Hits, &t.Misses, &t.Evictions
+			j.Hits, j.Misses, j.Evictions, j.Corrupt = &t.Hits, &t.Misses, &t.Evictions, &t.Corrupt
 		}
 		out = append(out, j)
 	}
