@@ -146,7 +146,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, dir: dir, fs: withModes(opts.FS, opts.FileMode, opts.DirMode), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
+	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}

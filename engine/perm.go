@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -20,14 +22,21 @@ const (
 // get exactly the configured modes, whatever the process's umask (a umask of 000 would
 // otherwise leave segments, the index and LOCK world-writable). Existing files keep theirs.
 // File systems without file descriptors (in-memory ones in tests) have no modes to set.
+//
+// A read-only engine's permFS also locks stores it cannot write: where the LOCK file cannot be
+// opened for writing (a read-only file system, or a file the user may only read), it takes a
+// shared read lock through a read-only descriptor instead, which a writer's lock excludes; a
+// read-only store without a LOCK file (nobody ever wrote it from here) is opened unlocked.
 type permFS struct {
 	vfs.FS
 	file, dir os.FileMode
+	readOnly  bool
 }
 
-// withModes wraps fs so that what it creates gets the modes file and dir.
-func withModes(fs vfs.FS, file, dir os.FileMode) vfs.FS {
-	return permFS{FS: fs, file: file, dir: dir}
+// storeFS wraps fs for an engine: what it creates gets the modes file and dir; readOnly is
+// Options.ReadOnly.
+func storeFS(fs vfs.FS, file, dir os.FileMode, readOnly bool) vfs.FS {
+	return permFS{FS: fs, file: file, dir: dir, readOnly: readOnly}
 }
 
 // Create creates name with the file mode.
@@ -83,6 +92,13 @@ func (p permFS) MkdirAll(dir string, _ os.FileMode) error {
 // Lock locks name, creating it with the file mode first if it does not exist. (Not after
 // locking: closing any descriptor of the file would drop the process's fcntl lock.)
 func (p permFS) Lock(name string) (io.Closer, error) {
+	if p.readOnly {
+		l, err := p.FS.Lock(name)
+		if err == nil || !cannotWrite(err) {
+			return l, err
+		}
+		return p.readLock(name)
+	}
 	if _, err := p.FS.Stat(name); errors.Is(err, os.ErrNotExist) {
 		f, err := p.Create(name, vfs.WriteCategoryUnspecified)
 		if err != nil {
@@ -93,6 +109,29 @@ func (p permFS) Lock(name string) (io.Closer, error) {
 		}
 	}
 	return p.FS.Lock(name)
+}
+
+// cannotWrite reports whether err says a file cannot be opened for writing here.
+func cannotWrite(err error) bool {
+	var pathErr *fs.PathError
+	return errors.Is(err, syscall.EROFS) || (errors.As(err, &pathErr) && errors.Is(err, os.ErrPermission))
+}
+
+// readLock takes a shared lock on name through a read-only descriptor (none when name does not
+// exist: nothing to exclude).
+func (p permFS) readLock(name string) (io.Closer, error) {
+	f, err := p.FS.Open(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return io.NopCloser(nil), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := readLockFile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func (p permFS) chmodDir(name string, mode os.FileMode) error {

@@ -10,3 +10,6 @@ import (
 
 // fchmod: file modes are Unix permissions; elsewhere files keep the system's defaults.
 func fchmod(vfs.File, os.FileMode) error { return nil }
+
+// readLockFile: without fcntl a read-only open takes no lock.
+func readLockFile(vfs.File) error { return nil }
