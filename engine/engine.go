@@ -130,6 +130,10 @@ type RecoveryReport struct {
 	EmptySegmentsDeleted int
 	// MissingSegments lists sealed segments registered in the index whose file is gone.
 	MissingSegments []uint64
+	// TruncatedSegments lists sealed segments whose file was shorter than recorded: each was
+	// sealed again after its last intact record, and the entries of the records cut off are
+	// counted in EntriesDropped (and TruncatedBytes what the valid end cut).
+	TruncatedSegments []uint64
 	// QuarantinedSegments lists segments found unreadable or corrupt by recovery: their
 	// blocks are misses, their files kept for inspection (ucm-tool verify reports them).
 	QuarantinedSegments []uint64

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
@@ -352,6 +353,9 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 			// Deleted under an open descriptor (ESTALE on a distributed file system): a miss.
 			return e.dropBroken(id, r.loc, fmt.Errorf("load from segment %d offset %d: %w: %w", r.loc.Segment, r.loc.Offset, wal.ErrSegmentGone, op.Err))
 		}
+		if op.Err != nil && shortRead(op.Err) {
+			return e.dropBroken(id, r.loc, truncatedRecord(r.loc, op.Err))
+		}
 		if op.Err != nil {
 			e.stats.readErrors.Add(1)
 			return blockErr(wrapIO(op.Err), id, "load from segment %d offset %d", r.loc.Segment, r.loc.Offset)
@@ -387,6 +391,18 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 	}
 	e.countLoaded(shard)
 	return nil
+}
+
+// shortRead reports whether a read of an indexed record ended at the end of its file. An
+// indexed record was written whole before it was published, so the file was cut short since:
+// corruption, not a transient failure worth keeping the entry for.
+func shortRead(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// truncatedRecord is the error of a record its segment file no longer holds whole.
+func truncatedRecord(loc index.Location, cause error) error {
+	return fmt.Errorf("%w: segment %d ends before its record at offset %d (%d bytes): %w", ErrCorrupt, loc.Segment, loc.Offset, loc.RecordBytes(), cause)
 }
 
 // countLoaded counts one successful block or shard load.

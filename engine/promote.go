@@ -81,13 +81,13 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 			locs = append(locs, loc)
 		}
 	}
-	n, err := e.relocate(move, locs, e.tiers[0])
+	n, _, err := e.relocate(move, locs, e.tiers[0])
 	e.stats.promotions.Add(int64(n))
 	if err != nil || len(foreign) == 0 {
 		return n, err
 	}
 	// Other instances' blocks, apart: counted as local copies.
-	nf, err := e.relocate(foreign, foreignLocs, e.tiers[0])
+	nf, _, err := e.relocate(foreign, foreignLocs, e.tiers[0])
 	e.stats.promotions.Add(int64(nf))
 	e.share.copiedToDisk.Add(int64(nf))
 	return n + nf, err

@@ -98,12 +98,17 @@ func (e *Engine) compactTier(t *diskTier) error {
 
 // ReclaimReport says what one reclamation did.
 type ReclaimReport struct {
-	SegmentsRetired   int   // segment files deleted
-	SegmentsCompacted int   // of which compacted first
-	BytesReclaimed    int64 // accounted bytes freed
-	RecordsMoved      int   // live records copied forward by compaction
-	BlocksEvicted     int   // blocks dropped from the tier (demoted or deleted)
-	BlocksDemoted     int   // of which moved to the next tier
+	SegmentsRetired   int // segment files deleted
+	SegmentsCompacted int // of which compacted first
+	// BytesReclaimed is the bytes freed: by Compact, the sizes of the segments it retired less
+	// the bytes of the records it copied out of them (never negative); by eviction, the fall
+	// of the tier's accounted bytes.
+	BytesReclaimed int64
+	// compactedBytes accumulates Compact's BytesReclaimed segment by segment.
+	compactedBytes int64
+	RecordsMoved   int // live records copied forward by compaction
+	BlocksEvicted  int // blocks dropped from the tier (demoted or deleted)
+	BlocksDemoted  int // of which moved to the next tier
 }
 
 // reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
@@ -189,9 +194,11 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 		if excess != nil && excess() <= 0 {
 			return nil
 		}
+		var written int64
 		if c.row.LiveRecords > 0 {
-			moved, err := e.compactSegment(t, c.row.Number)
+			moved, w, err := e.compactSegment(t, c.row.Number)
 			rep.RecordsMoved += moved
+			written = w
 			if err != nil {
 				if errors.Is(err, ErrNoSpace) {
 					return nil // no room to copy into: eviction must free whole segments first
@@ -204,6 +211,7 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 			return err
 		}
 		rep.SegmentsRetired++
+		rep.compactedBytes += c.row.Size - written
 		if progress != nil {
 			progress()
 		}
@@ -215,10 +223,10 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 // The segment's footer lists its records, so only those are looked up (a damaged footer falls
 // back to a scan of the index). Entries that moved or went away meanwhile are left alone by the
 // conditional index batch.
-func (e *Engine) compactSegment(t *diskTier, n uint64) (int, error) {
+func (e *Engine) compactSegment(t *diskTier, n uint64) (int, int64, error) {
 	ids, locs, err := e.liveRecords(n)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	return e.relocate(ids, locs, t)
 }
@@ -266,14 +274,13 @@ const relocateBatch = 16
 // is read whole and verified (header and every shard checksum) before it is written again; a
 // record that fails is handled like a failed load (dropped from the index, counted). The moves
 // are published by the writer's Publish hook with a compare-and-set per entry. It returns how
-// many records were copied.
-func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (int, error) {
-	moved := 0
+// many records were copied and the bytes they take in dst.
+func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (moved int, written int64, err error) {
 	for lo := 0; lo < len(ids); lo += relocateBatch {
 		hi := min(len(ids), lo+relocateBatch)
 		recs, err := e.readRecords(ids[lo:hi], locs[lo:hi])
 		if err != nil {
-			return moved, err
+			return moved, written, err
 		}
 		if len(recs) == 0 {
 			continue
@@ -284,16 +291,19 @@ func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (
 				r.Origin = nil // another instance's block: the copy is this instance's own
 			}
 		}
+		for _, r := range recs {
+			written += r.Size()
+		}
 		err = wrapIO(dst.rw.Append(recs))
 		for _, r := range recs {
 			e.pool.Put(r.Buf)
 		}
 		if err != nil {
-			return moved, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
+			return moved, written, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
 		}
 		moved += len(recs)
 	}
-	return moved, nil
+	return moved, written, nil
 }
 
 // readRecords reads and verifies whole records for relocation; unusable ones are dropped from
@@ -338,12 +348,15 @@ func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Recor
 	var out []*wal.Record
 	for k, r := range reads {
 		err := ops[k].Err
-		if err == nil {
+		switch {
+		case err == nil:
 			err = e.checkRecord(r.rec.ID, r.loc, r.rec.Buf)
 			if err != nil {
 				_ = e.dropBroken(r.rec.ID, r.loc, err)
 			}
-		} else {
+		case shortRead(err):
+			_ = e.dropBroken(r.rec.ID, r.loc, truncatedRecord(r.loc, err))
+		default:
 			e.stats.readErrors.Add(1)
 		}
 		r.seg.Release()
@@ -402,7 +415,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 	}
 	if t.pos+1 < len(e.tiers) {
 		next := e.tiers[t.pos+1]
-		moved, err := e.relocate(ids, locs, next)
+		moved, _, err := e.relocate(ids, locs, next)
 		if err == nil {
 			rep.BlocksDemoted += moved
 			rep.BlocksEvicted += len(ids)
@@ -593,18 +606,19 @@ func (e *Engine) Compact(liveRatio float64, progress func(ReclaimReport)) (Recla
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	var total ReclaimReport
+	// The bytes are counted segment by segment, not as the fall of the tier's account: that
+	// holds the segment the moved records went to at its whole reservation while it is active.
 	for _, t := range e.tiers {
-		before := t.space.Segments()
 		var rep ReclaimReport
 		err := e.reclaimSegments(t, liveRatio, &rep, nil, func() {
 			if progress != nil {
 				p := total
+				rep.BytesReclaimed = rep.compactedBytes
 				p.add(rep)
-				p.BytesReclaimed = total.BytesReclaimed + before - t.space.Segments()
 				progress(p)
 			}
 		})
-		rep.BytesReclaimed = before - t.space.Segments()
+		rep.BytesReclaimed = rep.compactedBytes
 		total.add(rep)
 		if err != nil {
 			return total, err

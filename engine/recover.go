@@ -48,8 +48,16 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 		}
 		if files[row.Number] {
 			delete(files, row.Number)
-			if row.State == index.SegmentActive {
-				if err := e.recoverActive(row); err != nil {
+			switch {
+			case row.State == index.SegmentActive:
+				if err := e.recoverActive(row, false); err != nil {
+					return 0, err
+				}
+			case row.State == index.SegmentSealed && e.truncated(row):
+				// Cut short since it was sealed (a copy, a full disk, an operator): its records
+				// past the cut are lost, the ones before are intact. Seal it again after them.
+				e.recovery.TruncatedSegments = append(e.recovery.TruncatedSegments, row.Number)
+				if err := e.recoverActive(row, true); err != nil {
 					return 0, err
 				}
 			}
@@ -189,8 +197,21 @@ func (e *Engine) forgetMissing(row index.SegmentMeta) error {
 	return nil
 }
 
-// recoverActive seals a segment that was active at a crash at its last valid record.
-func (e *Engine) recoverActive(row index.SegmentMeta) error {
+// truncated reports whether sealed segment row's file is shorter than the size recorded when
+// it was sealed.
+func (e *Engine) truncated(row index.SegmentMeta) bool {
+	size := e.fileSize(e.segPath(row.Number))
+	if size < 0 || size >= row.Size {
+		return false
+	}
+	e.opts.Logger.Warn("ucm: sealed segment shorter than recorded; records past its end are lost", "segment", row.Number,
+		"path", e.segPath(row.Number), "size", size, "recorded", row.Size)
+	return true
+}
+
+// recoverActive seals a segment at its last valid record: one that was active at a crash, or
+// (wasSealed) a sealed one found truncated, whose footer went with its tail.
+func (e *Engine) recoverActive(row index.SegmentMeta, wasSealed bool) error {
 	path := e.segPath(row.Number)
 	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
 	res, err := wal.RecoverSegment(e.fs, path, row.Number, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
@@ -231,7 +252,9 @@ func (e *Engine) recoverActive(row index.SegmentMeta) error {
 		return err
 	}
 	e.recovery.EntriesAdopted += readopted
-	e.recovery.SegmentsRecovered++
+	if !wasSealed {
+		e.recovery.SegmentsRecovered++
+	}
 	e.recovery.EntriesDropped += dropped
 	e.recovery.TruncatedBytes += res.Truncated
 	if res.Stop != nil {

@@ -161,12 +161,27 @@ func (h *Handle) segmentsIn(st index.SegmentState) []index.SegmentMeta {
 	return out
 }
 
-// NeedsRecovery reports whether the store was left by a crash: a segment still active, a
-// segment marked deleting (an interrupted retirement), or a segment or temporary file in any
+// DamagedSegments returns the sealed segments whose file is missing or shorter than the size
+// recorded when they were sealed: recovery drops the entries of a missing one, and seals a
+// short one again after its last intact record (engine.RecoveryReport MissingSegments,
+// TruncatedSegments).
+func (h *Handle) DamagedSegments() []index.SegmentMeta {
+	var out []index.SegmentMeta
+	for _, m := range h.segmentsIn(index.SegmentSealed) {
+		if st, err := h.FS.Stat(h.SegmentPath(m.Number)); err != nil || st.Size() < m.Size {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// NeedsRecovery reports whether opening the store read-write would change it: a segment still
+// active (left by a crash), a segment marked deleting (an interrupted retirement), a sealed
+// segment missing or cut short (DamagedSegments), or a segment or temporary file in any
 // segment directory that the index does not register (what engine recovery seals, deletes,
 // adopts or removes).
 func (h *Handle) NeedsRecovery() bool {
-	if len(h.ActiveSegments()) > 0 || len(h.RetiringSegments()) > 0 {
+	if len(h.ActiveSegments()) > 0 || len(h.RetiringSegments()) > 0 || len(h.DamagedSegments()) > 0 {
 		return true
 	}
 	files, err := h.ListSegmentFiles()
@@ -262,7 +277,8 @@ func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.
 	return h, &r, nil
 }
 
-// PendingSegment is what recovery will do to one active segment, found without writing.
+// PendingSegment is what recovery will do to one active, retiring or damaged segment, found
+// without writing.
 type PendingSegment struct {
 	// Number is the segment's number and File its file name.
 	Number uint64 `json:"segment"`
@@ -286,6 +302,9 @@ type PendingSegment struct {
 	// Retiring reports a segment marked deleting, whose retirement a crash interrupted:
 	// recovery deletes its file (FileSize bytes; Missing when already gone) and its row.
 	Retiring bool `json:"retiring,omitempty"`
+	// Truncated reports a sealed segment whose file is shorter than recorded (or Missing):
+	// recovery seals it again after its last intact record (or drops its entries).
+	Truncated bool `json:"truncated,omitempty"`
 	// Empty reports an active segment without a valid record (the dump writer's prepared next
 	// segment, or one whose first records never became durable): recovery deletes it.
 	Empty bool `json:"empty,omitempty"`
@@ -298,7 +317,8 @@ type PendingSegment struct {
 func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 	active := h.ActiveSegments()
 	retiring := h.RetiringSegments()
-	if len(active) == 0 && len(retiring) == 0 {
+	damaged := h.DamagedSegments()
+	if len(active) == 0 && len(retiring) == 0 && len(damaged) == 0 {
 		return nil, nil
 	}
 	backend, err := devio.NewBackend(devio.EnginePsync, 0, slog.New(slog.DiscardHandler))
@@ -318,8 +338,8 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 			p.Missing = true
 		}
 	}
-	for _, m := range active {
-		p := &PendingSegment{Number: m.Number, File: wal.SegmentFileName(m.Number)}
+	for _, m := range append(active, damaged...) {
+		p := &PendingSegment{Number: m.Number, File: wal.SegmentFileName(m.Number), Truncated: m.State == index.SegmentSealed}
 		out = append(out, p)
 		byNum[m.Number] = p
 		path := h.SegmentPath(m.Number)
@@ -348,7 +368,7 @@ func (h *Handle) ScanPending() ([]*PendingSegment, error) {
 		p.FileSize, p.ValidEnd, p.Records = res.FileSize, res.ValidEnd, len(res.Records)
 		if !res.Sealed {
 			p.CutBytes = res.FileSize - res.ValidEnd
-			p.Empty = len(res.Records) == 0
+			p.Empty = len(res.Records) == 0 && !p.Truncated
 		}
 		if res.Stop != nil {
 			p.Stop = res.Stop.Error()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/md5"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -188,6 +189,20 @@ func TestVerifyFlippedPayloadByte(t *testing.T) {
 	}
 	mustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(loc.Segment), loc.Offset, id),
 		"shard 2 checksum", "problems: 1", "blocks verified: 59")
+	// A load finds it broken and drops it: from then on it is dead space, noted, not a problem.
+	e := openTestEngine(t, dir)
+	buf := make([]byte, testLayout.BlockBytes())
+	if err := e.Load([]format.BlockID{id}, [][]byte{buf}).Wait(); !errors.Is(err, engine.ErrCorrupt) {
+		t.Fatalf("load of the flipped block: %v", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code = run(t, "verify", dir)
+	if code != ExitOK {
+		t.Fatalf("verify after the drop: exit %d, want 0", code)
+	}
+	mustContain(t, out, "no longer indexed", "problems: 0", "blocks verified: 59")
 }
 
 func TestVerifyFlippedHeaderByte(t *testing.T) {
@@ -216,11 +231,70 @@ func TestVerifyMissingSegmentFile(t *testing.T) {
 	if err := os.Remove(segPath(dir, 2)); err != nil {
 		t.Fatal(err)
 	}
-	out, _, code := run(t, "verify", dir)
+	// Without recovery: reported as missing, its entries still there.
+	out, _, code := run(t, "verify", "--no-recover", dir)
 	if code != ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(2)+": segment file missing", "files missing 1")
+	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(2)+": segment file missing", "files missing 1",
+		wal.SegmentFileName(2)+": sealed, file missing; drop its")
+	// verify recovers first: the loss is reported once, the entries dropped; then it is clean.
+	out, _, code = run(t, "verify", dir)
+	if code != ExitProblems {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	mustContain(t, out, "sealed segments whose file is missing (their blocks dropped): [2]",
+		"PROBLEM "+wal.SegmentFileName(2)+": sealed segment file was missing; recovery dropped")
+	if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+		t.Fatalf("second verify: exit %d", code)
+	}
+	// stats agrees with itself: the store's blocks are the tier's blocks.
+	out, _, code = run(t, "stats", "--json", dir)
+	var st statsReport
+	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("stats: exit %d", code)
+	}
+	if st.Blocks != st.Tiers[0].Blocks || st.Segments != st.Tiers[0].Segments || st.Blocks >= 100 {
+		t.Fatalf("stats: %d blocks in %d segments, tier row %d in %d", st.Blocks, st.Segments, st.Tiers[0].Blocks, st.Tiers[0].Segments)
+	}
+	// A clean read-write open has nothing to say about the store.
+	e := openTestEngine(t, dir)
+	if r := e.Recovery(); len(r.MissingSegments) != 0 || r.EntriesDropped != 0 {
+		t.Errorf("reopen after verify recovered again: %+v", r)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVerifyTruncatedSegment: a sealed segment cut short is recovered by verify (reported
+// once as a problem: blocks were lost), its intact records kept; the next verify is clean.
+func TestVerifyTruncatedSegment(t *testing.T) {
+	dir := buildStore(t, 100)
+	loc, _ := locate(t, dir, testID(5))
+	if err := os.Truncate(segPath(dir, loc.Segment), loc.Offset+100); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code := run(t, "stats", "--no-recover", dir)
+	if code != ExitOK {
+		t.Fatalf("stats --no-recover: exit %d", code)
+	}
+	mustContain(t, out, "recovery pending", wal.SegmentFileName(loc.Segment)+": sealed but cut short")
+	out, _, code = run(t, "verify", dir)
+	if code != ExitProblems {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	mustContain(t, out, fmt.Sprintf("sealed segments cut short, sealed again after their last intact record: [%d]", loc.Segment),
+		"PROBLEM "+wal.SegmentFileName(loc.Segment)+": sealed segment file was cut short")
+	if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+		t.Fatalf("second verify: exit %d\n%s", code, out)
+	}
+	e := openTestEngine(t, dir)
+	defer e.Close()
+	hits := e.Lookup([]format.BlockID{testID(4), testID(5)})
+	if !hits[0] || hits[1] {
+		t.Fatalf("after recovery: block 4 (before the cut) %v, block 5 (cut) %v", hits[0], hits[1])
+	}
 }
 
 func TestVerifyUnregisteredSegmentFile(t *testing.T) {
@@ -341,7 +415,7 @@ func TestVerifyCrashLeftStore(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("verify: exit %d, want 0", code)
 	}
-	mustContain(t, out, "recovery:", "segments recovered (truncated to their valid end and sealed): 1",
+	mustContain(t, out, "recovery:", "segments left active by a crash, truncated to their valid end and sealed: 1",
 		fmt.Sprintf("tail bytes cut: %d", len(garbage)), "problems: 0", "blocks verified: 70", "active 0")
 	// Recovered: now it is a clean store.
 	if out, _, code = run(t, "verify", cp); code != ExitOK || strings.Contains(out, "recovery") {
@@ -584,4 +658,35 @@ func TestVerifyCorruptFooterStillChecksRecords(t *testing.T) {
 	flipByte(t, segPath(dir, 1), loc.Offset+format.RecordHeaderSize+1)
 	out, _, _ = run(t, "verify", dir)
 	mustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(1), loc.Offset, testID(2)), "blocks verified: 59")
+}
+
+// TestVerifyCorruptSegmentHeader: a segment whose header fails its checks cannot serve any of
+// its blocks (the engine refuses to open it); verify says so and does not count them verified.
+func TestVerifyCorruptSegmentHeader(t *testing.T) {
+	dir := buildStore(t, 100)
+	loc, _ := locate(t, dir, testID(40))
+	s, err := openStoreReadOnly(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inSeg := 0
+	_ = s.ix.Iterate(func(_ format.BlockID, l index.Location) bool {
+		if l.Segment == loc.Segment {
+			inSeg++
+		}
+		return true
+	})
+	_ = s.close()
+	flipByte(t, segPath(dir, loc.Segment), 9)
+	out, _, code := run(t, "verify", "--no-recover", dir)
+	if code != ExitProblems {
+		t.Fatalf("exit %d, want 1", code)
+	}
+	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(loc.Segment), fmt.Sprintf("blocks verified: %d", 100-inSeg))
+	e := openTestEngine(t, dir)
+	defer e.Close()
+	buf := make([]byte, testLayout.BlockBytes())
+	if err := e.Load([]format.BlockID{testID(40)}, [][]byte{buf}).Wait(); err == nil {
+		t.Fatal("a block of a segment with a corrupt header loaded")
+	}
 }

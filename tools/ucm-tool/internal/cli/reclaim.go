@@ -30,8 +30,11 @@ type reclaimReport struct {
 	SegmentsRetired   int   `json:"segments_retired"`
 	RecordsMoved      int   `json:"records_moved"`
 	BytesReclaimed    int64 `json:"bytes_reclaimed"`
-	BlocksEvicted     int   `json:"blocks_evicted"`
-	BlocksDemoted     int   `json:"blocks_demoted"`
+	// BytesAdded: a run that stopped after copying records but before deleting the segments
+	// they came from leaves the store larger; the next compact reclaims them.
+	BytesAdded    int64 `json:"bytes_added,omitempty"`
+	BlocksEvicted int   `json:"blocks_evicted"`
+	BlocksDemoted int   `json:"blocks_demoted"`
 	// Tiers is every disk tier's space before and after (after: once the store is closed,
 	// every segment sealed at its final size).
 	Tiers    []tierChange  `json:"tiers"`
@@ -263,10 +266,11 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 	}
 	// Bytes reclaimed are measured on the closed store (the engine's own count, taken while
 	// a new segment is still active, includes that segment's whole reservation).
-	r.BytesReclaimed = 0
+	var change int64
 	for _, c := range r.Tiers {
-		r.BytesReclaimed += c.UsedBefore - c.UsedAfter
+		change += c.UsedBefore - c.UsedAfter
 	}
+	r.BytesReclaimed, r.BytesAdded = max(change, 0), max(-change, 0)
 	if runErr == nil && r.Command == "evict" {
 		for _, c := range r.Tiers {
 			if c.Name == r.Tier && c.UsedAfter > *r.ToBytes {
@@ -309,6 +313,9 @@ func printReclaim(w io.Writer, r *reclaimReport) {
 		fmt.Fprintf(w, "blocks evicted:     %d (%d demoted to the next tier, %d deleted)\n", r.BlocksEvicted, r.BlocksDemoted, r.BlocksEvicted-r.BlocksDemoted)
 	}
 	fmt.Fprintf(w, "bytes reclaimed:    %d (%s)\n", r.BytesReclaimed, humanBytes(r.BytesReclaimed))
+	if r.BytesAdded > 0 {
+		fmt.Fprintf(w, "bytes added:        %d (%s): records copied before the run stopped; the next compact reclaims them\n", r.BytesAdded, humanBytes(r.BytesAdded))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tier\tcapacity\tused before\tused after\tblocks before\tblocks after\t")
 	for _, c := range r.Tiers {

@@ -102,6 +102,7 @@ type recoveryJSON struct {
 	RetiredSegmentsDeleted int      `json:"retired_segments_deleted"`
 	EmptySegmentsDeleted   int      `json:"empty_segments_deleted"`
 	MissingSegments        []uint64 `json:"missing_segments"`
+	TruncatedSegments      []uint64 `json:"truncated_segments"`
 	Seconds                float64  `json:"seconds"`
 }
 
@@ -111,7 +112,7 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 	}
 	return &recoveryJSON{SegmentsRecovered: r.SegmentsRecovered, TruncatedBytes: r.TruncatedBytes, EntriesDropped: r.EntriesDropped,
 		OrphansRemoved: r.OrphansRemoved, RetiredSegmentsDeleted: r.RetiredSegmentsDeleted, EmptySegmentsDeleted: r.EmptySegmentsDeleted,
-		MissingSegments: append([]uint64{}, r.MissingSegments...), Seconds: r.Duration.Seconds()}
+		MissingSegments: append([]uint64{}, r.MissingSegments...), TruncatedSegments: append([]uint64{}, r.TruncatedSegments...), Seconds: r.Duration.Seconds()}
 }
 
 func newStatsCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {

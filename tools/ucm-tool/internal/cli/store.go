@@ -42,8 +42,8 @@ func (s *store) activeSegments() []index.SegmentMeta { return s.ActiveSegments()
 
 // printRecovery prints what a recovery did.
 func printRecovery(w io.Writer, r *engine.RecoveryReport) {
-	fmt.Fprintf(w, "recovery: the store was not closed cleanly; recovered it in %v:\n", r.Duration.Round(1e5))
-	fmt.Fprintf(w, "  segments recovered (truncated to their valid end and sealed): %d\n", r.SegmentsRecovered)
+	fmt.Fprintf(w, "recovery: recovered the store in %v:\n", r.Duration.Round(1e5))
+	fmt.Fprintf(w, "  segments left active by a crash, truncated to their valid end and sealed: %d\n", r.SegmentsRecovered)
 	fmt.Fprintf(w, "  torn tail bytes cut: %d\n", r.TruncatedBytes)
 	fmt.Fprintf(w, "  index entries dropped (past a valid end or in a missing segment): %d\n", r.EntriesDropped)
 	fmt.Fprintf(w, "  unregistered segments adopted: %d (%d block entries indexed)\n", r.SegmentsAdopted, r.EntriesAdopted)
@@ -55,7 +55,10 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 		fmt.Fprintf(w, "  active segments without a valid record deleted: %d\n", r.EmptySegmentsDeleted)
 	}
 	if len(r.MissingSegments) > 0 {
-		fmt.Fprintf(w, "  sealed segments missing: %v\n", r.MissingSegments)
+		fmt.Fprintf(w, "  sealed segments whose file is missing (their blocks dropped): %v\n", r.MissingSegments)
+	}
+	if len(r.TruncatedSegments) > 0 {
+		fmt.Fprintf(w, "  sealed segments cut short, sealed again after their last intact record: %v\n", r.TruncatedSegments)
 	}
 	if len(r.QuarantinedSegments) > 0 {
 		fmt.Fprintf(w, "  segments quarantined (unreadable or corrupt): %v\n", r.QuarantinedSegments)
@@ -64,9 +67,14 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 
 // printPending prints what recovery will do, for --no-recover.
 func printPending(w io.Writer, ps []*verify.PendingSegment) {
-	fmt.Fprintf(w, "recovery pending: %d segment(s) still active or being retired (the store was not closed cleanly); not recovering (--no-recover). Recovery will:\n", len(ps))
+	fmt.Fprintf(w, "recovery pending: %d segment(s) still active, being retired, missing or cut short; not recovering (--no-recover). Recovery will:\n", len(ps))
 	for _, p := range ps {
 		switch {
+		case p.Truncated && p.Missing:
+			fmt.Fprintf(w, "  %s: sealed, file missing; drop its %d index entries\n", p.File, p.EntriesToDrop)
+		case p.Truncated && p.Unreadable == "":
+			fmt.Fprintf(w, "  %s: sealed but cut short (file is %d bytes); keep %d intact records up to offset %d, drop %d index entries, seal it again\n",
+				p.File, p.FileSize, p.Records, p.ValidEnd, p.EntriesToDrop)
 		case p.Retiring && p.Missing:
 			fmt.Fprintf(w, "  %s: being retired, file already deleted; forget its row\n", p.File)
 		case p.Retiring:
