@@ -251,8 +251,10 @@ per --sync); load time includes the in-line byte comparison.`,
 			if cfg.total, err = engine.ParseSize(total); err != nil {
 				return usageErr("--total: %v", err)
 			}
-			if cfg.segmentSize, err = engine.ParseSize(segSize); err != nil {
-				return usageErr("--segment-size: %v", err)
+			if segSize != "auto" {
+				if cfg.segmentSize, err = engine.ParseSize(segSize); err != nil {
+					return usageErr("--segment-size: %v", err)
+				}
 			}
 			if cfg.capacity, err = engine.ParseSize(capacity); err != nil {
 				return usageErr("--capacity: %v", err)
@@ -288,7 +290,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&ioEng, "io-engine", "auto", "I/O backend: auto, uring or psync")
 	fl.StringVar(&dirIO, "direct", "auto", "O_DIRECT: auto, on or off")
 	fl.StringVar(&syncPol, "sync", "always", "sync policy: always, interval or none (lookup, open: default none)")
-	fl.StringVar(&segSize, "segment-size", "256MiB", "segment file size")
+	fl.StringVar(&segSize, "segment-size", "auto", "segment file size (auto: the engine's choice from the capacity, engine.SegmentSizeFor)")
 	fl.IntVar(&cfg.recycle, "recycle-segments", 0, fmt.Sprintf("retired segment files kept per directory for reuse by new segments (0: the engine's default, %d; -1: none)", engine.DefaultRecycleSegments))
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
@@ -351,7 +353,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--concurrency %d: want at least 1", cfg.concurrency)
 	case cfg.batch < 1:
 		return usageErr("--batch %d: want at least 1", cfg.batch)
-	case cfg.segmentSize < engine.MinSegmentSize || cfg.segmentSize%format.Alignment != 0:
+	case cfg.segmentSize != 0 && (cfg.segmentSize < engine.MinSegmentSize || cfg.segmentSize%format.Alignment != 0):
 		return usageErr("--segment-size %d: want a multiple of %d of at least %s", cfg.segmentSize, format.Alignment, formatSize(engine.MinSegmentSize))
 	case cfg.queueDepth < 1 || cfg.queueDepth > 4096:
 		return usageErr("--queue-depth %d: want 1 to 4096", cfg.queueDepth)

@@ -97,8 +97,8 @@ func (w *traceWorkload) blocks(cfg benchConfig, _ format.Layout) (int, error) {
 	if cfg.tracePath == "" {
 		return 0, fmt.Errorf("--trace: required by the trace workload")
 	}
-	if cfg.capacity > 0 && cfg.capacity < 2*cfg.segmentSize {
-		return 0, fmt.Errorf("--capacity %d: want at least two segments (--segment-size %d): one segment may be written beyond the capacity", cfg.capacity, cfg.segmentSize)
+	if seg := engine.SegmentSizeFor(cfg.segmentSize, cfg.capacity); cfg.capacity > 0 && cfg.capacity/2 < seg {
+		return 0, fmt.Errorf("--capacity %d: want at least two segments (--segment-size %d): one segment may be written beyond the capacity", cfg.capacity, seg)
 	}
 	reqs, distinct, err := readTrace(cfg.tracePath)
 	if err != nil {
