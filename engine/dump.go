@@ -83,6 +83,12 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 	if e.opts.ReadOnly || e.opts.LookupOnly {
 		return failedTask(ids, fmt.Errorf("dump: store opened read-only or lookup-only: %w", ErrInvalidArgument))
 	}
+	if err := e.ix.Failed(); err != nil {
+		// The index can no longer record blocks (Pebble failed a write: a full disk, an I/O
+		// error): refuse at once rather than write segments nothing will point at. Loads are
+		// still served; reopening the store recovers it.
+		return failedTask(ids, fmt.Errorf("dump: the index failed; reopen the store: %w", wrapIO(err)))
+	}
 	return e.startTask(ids, e.metrics.dumpLatency, func(t *Task) {
 		e.runDump(t, shard, src)
 		e.stats.dumpTasks.Add(1)

@@ -443,6 +443,12 @@ func (e *Engine) Layout() Layout { return e.opts.Layout }
 // Recovery returns what Open found and repaired.
 func (e *Engine) Recovery() RecoveryReport { return e.recovery }
 
+// Failed returns why the engine refuses dumps, or nil while it takes them: once Pebble has
+// failed a write of the index (its WAL on a full disk, an I/O error), the index cannot record
+// blocks until the store is reopened; loads and lookups are still served. The error wraps
+// ErrNoSpace (full file system) or ErrIO.
+func (e *Engine) Failed() error { return wrapIO(e.ix.Failed()) }
+
 // IOEngine returns the name of the I/O backend in use ("uring" or "psync") and whether
 // segments use O_DIRECT.
 func (e *Engine) IOEngine() (name string, direct bool) {

@@ -175,10 +175,11 @@ type segState struct {
 // nothing is committed and every PutIf result is false; if only the sync fails, the batch is
 // committed and visible but its durability unknown, and the error says so. A stored entry that
 // fails to decode fails Apply with an error wrapping format.ErrCorrupt.
-func (ix *Index) Apply(b *Batch, sync bool) error {
+func (ix *Index) Apply(b *Batch, sync bool) (err error) {
 	if err := ix.checkWritable(); err != nil {
 		return err
 	}
+	defer ix.survive(&err)
 	if b.ix != ix {
 		return fmt.Errorf("%w: index: batch belongs to another index", format.ErrInvalid)
 	}
@@ -186,8 +187,10 @@ func (ix *Index) Apply(b *Batch, sync bool) error {
 		return fmt.Errorf("%w: index: batch already applied", format.ErrInvalid)
 	}
 	ix.applyMu.Lock()
-	err := ix.applyLocked(b)
-	ix.applyMu.Unlock()
+	err = func() error {
+		defer ix.applyMu.Unlock() // also when Pebble's Fatalf unwinds through the commit
+		return ix.applyLocked(b)
+	}()
 	if err != nil || !sync {
 		return err
 	}

@@ -24,6 +24,12 @@ import (
 // ErrClosed is returned by every method called after Close.
 var ErrClosed = errors.New("index: closed")
 
+// ErrFailed is wrapped by every write to an index that Pebble declared unusable (a fatal error
+// on a write path: its WAL or MANIFEST could not be written, for instance on a full disk).
+// Reads keep working; writes fail until the index is closed and opened again. When the cause
+// was a full file system the error also wraps syscall.ENOSPC.
+var ErrFailed = errors.New("index: failed")
+
 // Key prefixes: one byte per kind of key. Part of the index's on-disk format.
 const (
 	prefixBlock   = 'b'
@@ -70,6 +76,8 @@ type Index struct {
 	readOnly bool
 	log      *slog.Logger
 	closed   atomic.Bool
+	// failed is set (once) by the first fatal error Pebble raised on a write path.
+	failed atomic.Pointer[error]
 
 	// applyMu serializes every mutation of block entries and segment rows (Apply,
 	// DropSegmentEntries) so read-modify-write of previous locations is atomic.
@@ -133,7 +141,7 @@ func Open(dir string, opts Options) (*Index, error) {
 		EventListener:      eventListener(log),
 	}
 	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10) // inherited by the other levels
-	db, err := pebble.Open(dir, po)
+	db, err := openPebble(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("index: open %s: %w", dir, err)
 	}
@@ -143,6 +151,25 @@ func Open(dir string, opts Options) (*Index, error) {
 		return nil, fmt.Errorf("index: open %s: %w", dir, err)
 	}
 	return ix, nil
+}
+
+// openPebble is pebble.Open with a Fatalf during the open (creating the MANIFEST on a full
+// disk, say) returned as an error wrapping ErrFailed (and syscall.ENOSPC when that was the
+// cause) instead of ending the process. Pebble's directory lock may then stay held until the
+// process exits: a retry in the same process reports the store locked.
+func openPebble(dir string, po *pebble.Options) (db *pebble.DB, err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		f, ok := r.(*pebbleFatal)
+		if !ok {
+			panic(r)
+		}
+		db, err = nil, f.err()
+	}()
+	return pebble.Open(dir, po)
 }
 
 // init records or checks the format versions and loads the segment table.
@@ -255,7 +282,34 @@ func (ix *Index) checkWritable() error {
 	if ix.readOnly {
 		return fmt.Errorf("%w: index opened read-only", format.ErrInvalid)
 	}
+	return ix.Failed()
+}
+
+// Failed returns the error that put the index in its failed state (wrapping ErrFailed), or
+// nil while it is usable.
+func (ix *Index) Failed() error {
+	if p := ix.failed.Load(); p != nil {
+		return *p
+	}
 	return nil
+}
+
+// survive turns a Fatalf of Pebble's on this goroutine (see pebbleLogger.Fatalf) into the
+// index's failed state and *err; any other panic continues. Deferred by every method that
+// reaches Pebble's write paths.
+func (ix *Index) survive(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	f, ok := r.(*pebbleFatal)
+	if !ok {
+		panic(r)
+	}
+	fail := f.err()
+	ix.failed.CompareAndSwap(nil, &fail)
+	ix.log.Error("index: failed; writes are refused until the store is reopened", "err", fail)
+	*err = ix.Failed()
 }
 
 // blockKey writes the key of id into dst (which must have blockKeySize bytes) and returns it.
@@ -470,10 +524,11 @@ func (ix *Index) Totals() (blocks, liveBytes, fileBytes int64) {
 }
 
 // Sync makes every batch applied so far durable (it syncs Pebble's WAL).
-func (ix *Index) Sync() error {
+func (ix *Index) Sync() (err error) {
 	if err := ix.checkWritable(); err != nil {
 		return err
 	}
+	defer ix.survive(&err)
 	return ix.syncWAL()
 }
 
@@ -540,10 +595,11 @@ func (ix *Index) MetaRange(prefix string, fn func(key string, val []byte) bool) 
 
 // SetMeta stores val under the meta name key (non-empty), durably before returning if sync.
 // Names starting with "index." are reserved for the index itself.
-func (ix *Index) SetMeta(key string, val []byte, sync bool) error {
+func (ix *Index) SetMeta(key string, val []byte, sync bool) (err error) {
 	if err := ix.checkWritable(); err != nil {
 		return err
 	}
+	defer ix.survive(&err)
 	if key == "" {
 		return fmt.Errorf("%w: index: empty meta name", format.ErrInvalid)
 	}
@@ -659,10 +715,11 @@ func (ix *Index) CheckAccounting() error {
 // accounting, and returns how many were dropped. It scans every block entry while holding off
 // Apply, so it is meant for recovery and tools. An entry that fails to decode aborts it with an
 // error wrapping format.ErrCorrupt and nothing is dropped.
-func (ix *Index) DropSegmentEntries(number uint64, from int64, sync bool) (int, error) {
+func (ix *Index) DropSegmentEntries(number uint64, from int64, sync bool) (_ int, err error) {
 	if err := ix.checkWritable(); err != nil {
 		return 0, err
 	}
+	defer ix.survive(&err)
 	n, err := ix.dropSegmentEntries(number, from)
 	if err != nil || n == 0 || !sync {
 		return n, err
