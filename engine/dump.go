@@ -80,6 +80,10 @@ func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
 	if len(src) != len(ids) {
 		return failedTask(ids, fmt.Errorf("dump: %d ids but %d buffers: %w", len(ids), len(src), ErrInvalidArgument))
 	}
+	if err := e.spaceError(); err != nil {
+		// The store's file system is full (reserve.go): refused before anything is written.
+		return failedTask(ids, fmt.Errorf("dump: %w", err))
+	}
 	if e.opts.ReadOnly || e.opts.LookupOnly {
 		return failedTask(ids, fmt.Errorf("dump: store opened read-only or lookup-only: %w", ErrInvalidArgument))
 	}

@@ -92,6 +92,8 @@ type Engine struct {
 		stagingBytes int64
 	}
 
+	space spaceGuard // the store file system's free space (reserve.go)
+
 	closing atomic.Bool
 	closeMu sync.RWMutex   // orders enter's tasks.Add before Close's tasks.Wait
 	tasks   sync.WaitGroup // running task goroutines
@@ -197,6 +199,9 @@ func (e *Engine) open() error {
 		return fmt.Errorf("open %s: lock file: %w", e.dir, err)
 	}
 	e.lock = lock
+	if !e.opts.ReadOnly && e.prepareIndexRoom() {
+		e.opts.ReadOnly = true // a full file system: loads only, rather than an Open that hangs
+	}
 	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
@@ -260,6 +265,9 @@ func (e *Engine) open() error {
 	e.setCodecs()
 	if err := e.startWriters(); err != nil {
 		return err
+	}
+	if e.space.full.Load() == nil {
+		e.keepReserve() // the index's ballast (reserve.go); without room for it, segments wait
 	}
 	e.bg.Add(3)
 	go e.janitor()
@@ -418,7 +426,7 @@ func (e *Engine) Close() error {
 	err := errors.Join(errs...)
 	e.release()
 	if err != nil {
-		return fmt.Errorf("close %s: %w", e.dir, err)
+		return fmt.Errorf("close %s: %w", e.dir, wrapIO(err))
 	}
 	return nil
 }
@@ -445,9 +453,16 @@ func (e *Engine) Recovery() RecoveryReport { return e.recovery }
 
 // Failed returns why the engine refuses dumps, or nil while it takes them: once Pebble has
 // failed a write of the index (its WAL on a full disk, an I/O error), the index cannot record
-// blocks until the store is reopened; loads and lookups are still served. The error wraps
-// ErrNoSpace (full file system) or ErrIO.
-func (e *Engine) Failed() error { return wrapIO(e.ix.Failed()) }
+// blocks until the store is reopened; while the store's file system is full (its index reserve
+// released, or the store opened read-only on it: reserve.go) dumps are refused until space is
+// freed. Loads and lookups are still served. The error wraps ErrNoSpace (full file system) or
+// ErrIO.
+func (e *Engine) Failed() error {
+	if err := e.ix.Failed(); err != nil {
+		return wrapIO(err)
+	}
+	return e.spaceError()
+}
 
 // IOEngine returns the name of the I/O backend in use ("uring" or "psync") and whether
 // segments use O_DIRECT.

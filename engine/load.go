@@ -353,7 +353,7 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 			// Deleted under an open descriptor (ESTALE on a distributed file system): a miss.
 			return e.dropBroken(id, r.loc, fmt.Errorf("load from segment %d offset %d: %w: %w", r.loc.Segment, r.loc.Offset, wal.ErrSegmentGone, op.Err))
 		}
-		if op.Err != nil && shortRead(op.Err) {
+		if op.Err != nil && shortRead(op.Err) && cutShort(r.seg, r.loc) {
 			return e.dropBroken(id, r.loc, truncatedRecord(r.loc, op.Err))
 		}
 		if op.Err != nil {
@@ -393,11 +393,19 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 	return nil
 }
 
-// shortRead reports whether a read of an indexed record ended at the end of its file. An
-// indexed record was written whole before it was published, so the file was cut short since:
-// corruption, not a transient failure worth keeping the entry for.
+// shortRead reports whether a read of an indexed record ended early (at what the file system
+// said was the end of the file).
 func shortRead(err error) bool {
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// cutShort reports whether seg's file now ends before loc's record does. An indexed record
+// was written whole before it was published, so such a file was cut short since: corruption,
+// not a transient failure worth keeping the entry for. A short read of a file that is long
+// enough (a transient hiccup) is not.
+func cutShort(seg *wal.Segment, loc index.Location) bool {
+	st, err := seg.File().VFS().Stat()
+	return err == nil && st.Size() < loc.Offset+loc.RecordBytes()
 }
 
 // truncatedRecord is the error of a record its segment file no longer holds whole.

@@ -203,6 +203,11 @@ type Options struct {
 	// (default 0640 and 0750: DefaultFileMode, DefaultDirMode). Only permission bits; the
 	// owner must keep read and write (and, for directories, search) permission.
 	FileMode, DirMode os.FileMode
+	// IndexReserve is the size of the ballast file (ReserveFile) the store keeps beside its
+	// index, at most 1/16 of the file system (default 32 MiB; negative: none): released when
+	// the file system fills so that the index can always open, and what new segments must
+	// leave free (reserve.go, docs/durability.md).
+	IndexReserve int64
 	// ReadOnly opens the store for inspection: no recovery writes, no dumps.
 	ReadOnly bool
 	// LookupOnly opens an instance that answers Lookup and LookupPrefix only, as UCM's
@@ -266,6 +271,9 @@ func (o Options) withDefaults() Options {
 	if o.DirMode == 0 {
 		o.DirMode = DefaultDirMode
 	}
+	if o.IndexReserve == 0 {
+		o.IndexReserve = DefaultIndexReserve
+	}
 	if o.RecycleSegments == 0 {
 		o.RecycleSegments = DefaultRecycleSegments
 	}
@@ -295,6 +303,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: direct io %d: %w", int(o.DirectIO), ErrInvalidArgument)
 	case o.QueueDepth < 1 || o.QueueDepth > 4096:
 		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
+	case o.IndexReserve > 1<<30:
+		return fmt.Errorf("options: index reserve %d above 1 GiB: %w", o.IndexReserve, ErrInvalidArgument)
 	case o.RecycleSegments > 1024:
 		return fmt.Errorf("options: recycle segments %d above 1024: %w", o.RecycleSegments, ErrInvalidArgument)
 	case o.Compression < CompressionOff || o.Compression > CompressionLZ4:

@@ -29,3 +29,10 @@ func readLockFile(f vfs.File) error {
 	spec := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: 0, Len: 0}
 	return unix.FcntlFlock(fd, unix.F_SETLK, &spec)
 }
+
+// sameDevice reports whether a and b are on the same file system (device).
+func sameDevice(a, b os.FileInfo) bool {
+	sa, ok1 := a.Sys().(*syscall.Stat_t)
+	sb, ok2 := b.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && sa.Dev == sb.Dev
+}

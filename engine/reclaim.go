@@ -354,7 +354,7 @@ func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Recor
 			if err != nil {
 				_ = e.dropBroken(r.rec.ID, r.loc, err)
 			}
-		case shortRead(err):
+		case shortRead(err) && cutShort(r.seg, r.loc):
 			_ = e.dropBroken(r.rec.ID, r.loc, truncatedRecord(r.loc, err))
 		default:
 			e.stats.readErrors.Add(1)

@@ -409,6 +409,12 @@ func (e *Engine) placer(t *diskTier) func(uint64) string {
 // the reservation.
 func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (string, error) {
 	return func(n uint64, dir string) (string, error) {
+		if !relocation {
+			// Relocations are how reclamation frees space: never refused for it.
+			if err := e.admitSpace(t, dir); err != nil {
+				return "", fmt.Errorf("tier %q: %w", t.cfg.Name, err)
+			}
+		}
 		rc := &reservationRecycler{e: e, t: t, dir: dir}
 		if _, err := t.space.Reserve(e.reservation(t), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, rc); err != nil {
 			e.kickReclaimer()
