@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -139,6 +140,10 @@ type RecoveryReport struct {
 	// QuarantinedSegments lists segments found unreadable or corrupt by recovery: their
 	// blocks are misses, their files kept for inspection (ucm-tool verify reports them).
 	QuarantinedSegments []uint64
+	// IndexSetAside is where an index Open found unreadable (a damaged or missing MANIFEST,
+	// table or marker) was moved (the store directory's index.broken; one copy is kept): the
+	// index was rebuilt from the segments, as for a lost index ("" when it was not).
+	IndexSetAside string
 	// Duration is the time recovery took.
 	Duration time.Duration
 }
@@ -203,6 +208,13 @@ func (e *Engine) open() error {
 		e.opts.ReadOnly = true // a full file system: loads only, rather than an Open that hangs
 	}
 	e.ix, err = index.Open(filepath.Join(e.dir, IndexDir), index.Options{FS: fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
+	if err != nil && indexDamaged(err) {
+		if e.opts.ReadOnly || e.opts.AdoptStoredSchema {
+			return fmt.Errorf("open %s: the index is unreadable (%w); it is rebuilt from the segments when the store is opened read-write with its configuration (the connector, or engine.Open with its Schema and Layout); or move %s aside and run the same: %w",
+				e.dir, err, filepath.Join(e.dir, IndexDir), ErrCorrupt)
+		}
+		e.ix, err = e.rebuildIndex(err)
+	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", e.dir, err)
 	}
@@ -296,7 +308,7 @@ func (e *Engine) checkSchema() (known bool, err error) {
 	}
 	if !ok {
 		if e.opts.ReadOnly || e.opts.AdoptStoredSchema {
-			return false, fmt.Errorf("open %s: not a store (no schema recorded): %w", e.dir, ErrNotFound)
+			return false, fmt.Errorf("open %s: not a store, or one whose index lost its schema record (killed while it was created, or its index's newest writes lost): opening it read-write with its configuration (the connector, or engine.Open with its Schema and Layout) records the schema again and indexes its segments: %w", e.dir, ErrNotFound)
 		}
 		return false, nil
 	}
@@ -493,6 +505,42 @@ func (e *Engine) writers() []*wal.Writer {
 		}
 	}
 	return ws
+}
+
+// indexDamaged reports whether index.Open failed because the index's files are damaged
+// (Pebble's "malformed manifest", a missing MANIFEST or table, a marker gone), rather than
+// for a reason that says nothing about them: a lock held, no permission, a full or read-only
+// file system, an I/O error (worth retrying, not rebuilding over).
+func indexDamaged(err error) bool {
+	switch {
+	case isLockHeld(err), errors.Is(err, os.ErrPermission), errors.Is(err, index.ErrFailed),
+		errorsIsAny(err, syscall.ENOSPC, syscall.EDQUOT, syscall.EROFS, syscall.EIO, syscall.EINTR, syscall.ENOMEM):
+		return false
+	}
+	return true
+}
+
+// IndexBrokenDir is where a damaged index is moved before it is rebuilt (in the store
+// directory).
+const IndexBrokenDir = IndexDir + ".broken"
+
+// rebuildIndex moves the damaged index aside (replacing an older copy: one is kept) and opens
+// a new one, which recovery fills from the segments as it does for a lost index.
+func (e *Engine) rebuildIndex(cause error) (*index.Index, error) {
+	fs := e.fs
+	src, dst := fs.PathJoin(e.dir, IndexDir), fs.PathJoin(e.dir, IndexBrokenDir)
+	if err := fs.RemoveAll(dst); err != nil {
+		return nil, fmt.Errorf("index unreadable (%w); removing the older copy %s: %w", cause, dst, err)
+	}
+	if err := fs.Rename(src, dst); err != nil {
+		return nil, fmt.Errorf("index unreadable (%w); setting it aside: %w", cause, err)
+	}
+	if err := wal.SyncDir(fs, e.dir); err != nil {
+		return nil, err
+	}
+	e.opts.Logger.Error("ucm: index unreadable: set aside and rebuilt from the segments", "index", src, "kept_at", dst, "err", cause)
+	e.recovery.IndexSetAside = dst
+	return index.Open(src, index.Options{FS: fs, Logger: e.opts.Logger})
 }
 
 // wrapIO classifies an error from the file system for the caller.

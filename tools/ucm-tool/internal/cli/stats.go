@@ -103,6 +103,7 @@ type recoveryJSON struct {
 	EmptySegmentsDeleted   int      `json:"empty_segments_deleted"`
 	MissingSegments        []uint64 `json:"missing_segments"`
 	TruncatedSegments      []uint64 `json:"truncated_segments"`
+	IndexSetAside          string   `json:"index_set_aside,omitempty"`
 	Seconds                float64  `json:"seconds"`
 }
 
@@ -112,7 +113,7 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 	}
 	return &recoveryJSON{SegmentsRecovered: r.SegmentsRecovered, TruncatedBytes: r.TruncatedBytes, EntriesDropped: r.EntriesDropped,
 		OrphansRemoved: r.OrphansRemoved, RetiredSegmentsDeleted: r.RetiredSegmentsDeleted, EmptySegmentsDeleted: r.EmptySegmentsDeleted,
-		MissingSegments: append([]uint64{}, r.MissingSegments...), TruncatedSegments: append([]uint64{}, r.TruncatedSegments...), Seconds: r.Duration.Seconds()}
+		MissingSegments: append([]uint64{}, r.MissingSegments...), TruncatedSegments: append([]uint64{}, r.TruncatedSegments...), IndexSetAside: r.IndexSetAside, Seconds: r.Duration.Seconds()}
 }
 
 func newStatsCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {

@@ -60,6 +60,9 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 	if len(r.TruncatedSegments) > 0 {
 		fmt.Fprintf(w, "  sealed segments cut short, sealed again after their last intact record: %v\n", r.TruncatedSegments)
 	}
+	if r.IndexSetAside != "" {
+		fmt.Fprintf(w, "  index unreadable: set aside at %s and rebuilt from the segments\n", r.IndexSetAside)
+	}
 	if len(r.QuarantinedSegments) > 0 {
 		fmt.Fprintf(w, "  segments quarantined (unreadable or corrupt): %v\n", r.QuarantinedSegments)
 	}

@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// damageIndex applies damage to the index files of the store in /store.
+func damageIndex(t *testing.T, fs vfs.FS, how string) {
+	t.Helper()
+	dir := "/store/" + IndexDir
+	names, err := fs.List(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	for _, n := range names {
+		p := fs.PathJoin(dir, n)
+		switch {
+		case how == "remove MANIFEST" && strings.HasPrefix(n, "MANIFEST"),
+			how == "remove markers" && strings.HasPrefix(n, "marker."):
+			if err := fs.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		case how == "corrupt MANIFEST" && strings.HasPrefix(n, "MANIFEST"):
+			patchFile(t, fs, p, 0, func(b []byte) {
+				for i := 8; i < len(b); i += 5 {
+					b[i] ^= 0xa5
+				}
+			})
+			done = true
+		}
+	}
+	if !done {
+		t.Fatalf("%s: no such file in %v", how, names)
+	}
+}
+
+// TestUnreadableIndexRebuilt: an index Open cannot read (a MANIFEST removed or corrupted, its
+// markers removed) is set aside (one copy kept, reported) and rebuilt from the segments: every
+// block is served. A read-only or schema-adopting open (the tools) says what to run instead.
+func TestUnreadableIndexRebuilt(t *testing.T) {
+	for _, how := range []string{"remove MANIFEST", "corrupt MANIFEST", "remove markers"} {
+		t.Run(how, func(t *testing.T) {
+			_, fs := memFS()
+			o := testOptions(fs, mhaLayout)
+			e := mustOpen(t, "/store", o)
+			stored := ids(0, 70)
+			dumpBlocks(t, e, stored)
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for round := 0; round < 2; round++ {
+				damageIndex(t, fs, how)
+				ro := o
+				ro.ReadOnly, ro.AdoptStoredSchema = true, true
+				if _, err := Open("/store", ro); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "read-write with its configuration") {
+					t.Fatalf("read-only open of a damaged index: %v", err)
+				}
+				e = mustOpen(t, "/store", o)
+				r := e.Recovery()
+				if r.IndexSetAside != "/store/"+IndexBrokenDir || r.SegmentsAdopted == 0 {
+					t.Fatalf("recovery %+v: want the index set aside and the segments adopted", r)
+				}
+				checkBlocks(t, e, stored)
+				if err := e.ix.CheckAccounting(); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+				names, _ := fs.List("/store")
+				kept := 0
+				for _, n := range names {
+					if strings.HasPrefix(n, IndexDir+".") {
+						kept++
+					}
+				}
+				if kept != 1 {
+					t.Fatalf("round %d: %d copies of broken indexes kept in %v, want 1", round, kept, names)
+				}
+			}
+		})
+	}
+}
