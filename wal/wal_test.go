@@ -847,8 +847,10 @@ func TestSealRunsBesidePublication(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := <-h.started; n != 1 {
-		t.Fatalf("first seal of segment %d, want 1", n)
+	// Seals run on goroutines of their own: segment 2's (full after the 6th record) may start
+	// before segment 1's.
+	if n := <-h.started; n != 1 && n != 2 {
+		t.Fatalf("first seal of segment %d, want 1 or 2", n)
 	}
 	h.mu.Lock()
 	published := len(h.published)
