@@ -94,6 +94,8 @@ type Engine struct {
 	}
 
 	space spaceGuard // the store file system's free space (reserve.go)
+	// schemaFromFile: the index had no schema record; the schema came from SchemaFile.
+	schemaFromFile bool
 
 	closing atomic.Bool
 	closeMu sync.RWMutex   // orders enter's tasks.Add before Close's tasks.Wait
@@ -265,6 +267,9 @@ func (e *Engine) open() error {
 	if err := e.writeInstanceFile(); err != nil {
 		return err
 	}
+	if err := e.writeSchemaFile(); err != nil {
+		return err
+	}
 	if err := e.recordTiers(); err != nil {
 		return err
 	}
@@ -304,6 +309,16 @@ func (e *Engine) checkSchema() (known bool, err error) {
 	if ok && e.opts.AdoptStoredSchema {
 		if err := e.adoptStoredSchema(fp); err != nil {
 			return true, err
+		}
+	}
+	if !ok && e.opts.AdoptStoredSchema {
+		// The index lost its schema record (or never got it): the schema file has it.
+		if st, l, found := e.readSchemaFile(); found {
+			e.opts.Schema, e.opts.Layout, e.fingerprint = st, l, st.Fingerprint(l)
+			e.opts.MaxStagingBytes = max(e.opts.MaxStagingBytes, l.RecordBytes())
+			e.schemaFromFile = true
+			e.opts.Logger.Warn("ucm: the index has no schema record; using the schema file", "path", filepath.Join(e.dir, SchemaFile))
+			return false, nil
 		}
 	}
 	if !ok {
@@ -346,7 +361,10 @@ func (e *Engine) adoptStoredSchema(fp []byte) error {
 
 // StoredSchema returns the canonical schema text the store recorded at creation.
 func (e *Engine) StoredSchema() string {
-	s, _, _ := e.ix.Meta(metaSchema)
+	s, ok, _ := e.ix.Meta(metaSchema)
+	if !ok && e.schemaFromFile {
+		return e.opts.Schema.Canonical(e.opts.Layout)
+	}
 	return string(s)
 }
 

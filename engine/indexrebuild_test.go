@@ -87,3 +87,58 @@ func TestUnreadableIndexRebuilt(t *testing.T) {
 		})
 	}
 }
+
+// TestSchemaFileLetsToolsRebuild: when the index has lost its schema record (here its whole
+// WAL: the store never flushed), an open that adopts the stored schema (the tools) takes it
+// from SCHEMA: read-only it opens, read-write it indexes the segments again and records the
+// schema in the index. A SCHEMA that is not canonical is ignored (the old error then).
+func TestSchemaFileLetsToolsRebuild(t *testing.T) {
+	_, fs := memFS()
+	o := testOptions(fs, mhaLayout)
+	e := mustOpen(t, "/store", o)
+	stored := ids(0, 40)
+	dumpBlocks(t, e, stored)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ := fs.List("/store/" + IndexDir)
+	for _, n := range names {
+		if strings.HasSuffix(n, ".log") {
+			if err := fs.Remove("/store/" + IndexDir + "/" + n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	adopt := Options{FS: fs, AdoptStoredSchema: true}
+	ro := adopt
+	ro.ReadOnly = true
+	r, err := Open("/store", ro)
+	if err != nil {
+		t.Fatalf("read-only open of a store whose index lost its schema record: %v", err)
+	}
+	if got, want := r.StoredSchema(), testSchema.Canonical(mhaLayout); got != want {
+		t.Fatalf("stored schema %q, want %q", got, want)
+	}
+	_ = r.Close()
+	e = mustOpen(t, "/store", adopt)
+	if e.Recovery().SegmentsAdopted == 0 {
+		t.Fatalf("recovery %+v: segments not adopted", e.Recovery())
+	}
+	checkBlocks(t, e, stored)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", o) // the connector's configuration matches what was adopted
+	checkBlocks(t, e, stored)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"ucm-schema/1\nmodel=\"x\"\n", testSchema.Canonical(mhaLayout) + "extra line\n"} {
+		if _, _, err := parseCanonical(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("parseCanonical(%q): %v, want ErrCorrupt", bad, err)
+		}
+	}
+	if s, l, err := parseCanonical(testSchema.Canonical(mhaLayout)); err != nil || s != testSchema || l != mhaLayout {
+		t.Errorf("round trip: %+v %+v %v", s, l, err)
+	}
+}

@@ -41,9 +41,13 @@ type Handle struct {
 }
 
 // checkStoreDir refuses a directory that is not a store before anything opens it (opening
-// would otherwise create files in it). Only the index is required: a store with tiers may
-// keep all its segments on other paths.
+// would otherwise create files in it). The index or the schema file is required: a store with
+// tiers may keep all its segments on other paths, and a store whose index was lost still has
+// its schema file (engine.SchemaFile).
 func checkStoreDir(fs vfs.FS, dir string) error {
+	if _, err := fs.Stat(fs.PathJoin(dir, engine.SchemaFile)); err == nil {
+		return nil
+	}
 	st, err := fs.Stat(fs.PathJoin(dir, engine.IndexDir))
 	if err != nil || !st.IsDir() {
 		if _, derr := fs.Stat(dir); derr != nil {
@@ -257,6 +261,18 @@ func recoverStore(fs vfs.FS, dir string) (engine.RecoveryReport, error) {
 // recovery ran.
 func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.RecoveryReport, err error) {
 	h, err = Open(dir, fs)
+	if err != nil && recover && indexMissing(fs, dir) {
+		// The index is gone but the schema file is there: recovery rebuilds the index from
+		// the segments; a read-only open cannot.
+		r, rerr := recoverStore(fsOrDefault(fs), dir)
+		if rerr != nil {
+			return nil, nil, fmt.Errorf("%w (rebuilding the index: %w)", err, rerr)
+		}
+		if h, err = Open(dir, fs); err != nil {
+			return nil, nil, err
+		}
+		return h, &r, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -275,6 +291,21 @@ func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.
 		return nil, nil, err
 	}
 	return h, &r, nil
+}
+
+// indexMissing reports whether dir has a schema file but no index directory.
+func indexMissing(fs vfs.FS, dir string) bool {
+	fs = fsOrDefault(fs)
+	_, serr := fs.Stat(fs.PathJoin(dir, engine.SchemaFile))
+	_, ierr := fs.Stat(fs.PathJoin(dir, engine.IndexDir))
+	return serr == nil && errors.Is(ierr, os.ErrNotExist)
+}
+
+func fsOrDefault(fs vfs.FS) vfs.FS {
+	if fs == nil {
+		return vfs.Default
+	}
+	return fs
 }
 
 // PendingSegment is what recovery will do to one active, retiring or damaged segment, found

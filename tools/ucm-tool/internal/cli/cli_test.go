@@ -690,3 +690,32 @@ func TestVerifyCorruptSegmentHeader(t *testing.T) {
 		t.Fatal("a block of a segment with a corrupt header loaded")
 	}
 }
+
+// TestVerifyLostIndex: a store whose index directory was deleted, or whose index lost its WAL
+// with the schema record, is recovered by verify from its segments and its schema file.
+func TestVerifyLostIndex(t *testing.T) {
+	for _, how := range []string{"index deleted", "index WAL deleted"} {
+		dir := buildStore(t, 40)
+		switch how {
+		case "index deleted":
+			if err := os.RemoveAll(filepath.Join(dir, engine.IndexDir)); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			logs, _ := filepath.Glob(filepath.Join(dir, engine.IndexDir, "*.log"))
+			for _, l := range logs {
+				if err := os.Remove(l); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		out, _, code := run(t, "verify", dir)
+		if code != ExitOK {
+			t.Fatalf("%s: verify exit %d, want 0", how, code)
+		}
+		mustContain(t, out, "recovery:", "blocks verified: 40", "problems: 0")
+		if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+			t.Fatalf("%s: second verify: exit %d", how, code)
+		}
+	}
+}
