@@ -2,6 +2,8 @@ package engine
 
 import (
 	"errors"
+	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -140,5 +142,38 @@ func TestSchemaFileLetsToolsRebuild(t *testing.T) {
 	}
 	if s, l, err := parseCanonical(testSchema.Canonical(mhaLayout)); err != nil || s != testSchema || l != mhaLayout {
 		t.Errorf("round trip: %+v %+v %v", s, l, err)
+	}
+}
+
+// TestSchemaFileGolden pins SCHEMA's bytes (format.md §1): a store writes exactly the golden
+// text for the test schema, and it parses back.
+func TestSchemaFileGolden(t *testing.T) {
+	want, err := os.ReadFile("testdata/schema/SCHEMA.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fs := memFS()
+	s := testSchema
+	s.HashScheme, s.Extra = HashSchemeUCMPickle, "tp=\"2\""
+	o := testOptions(fs, mhaLayout)
+	o.Schema = s
+	e := mustOpen(t, "/store", o)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fs.Open("/store/" + SchemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(f)
+	_ = f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("SCHEMA:\n%s\nwant (testdata/schema/SCHEMA.golden):\n%s", got, want)
+	}
+	if ps, pl, err := parseCanonical(string(got)); err != nil || ps != s || pl != mhaLayout {
+		t.Fatalf("parse back: %+v %+v %v", ps, pl, err)
 	}
 }
