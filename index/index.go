@@ -159,15 +159,9 @@ func Open(dir string, opts Options) (*Index, error) {
 // process exits: a retry in the same process reports the store locked.
 func openPebble(dir string, po *pebble.Options) (db *pebble.DB, err error) {
 	defer func() {
-		r := recover()
-		if r == nil {
-			return
+		if r := recover(); r != nil {
+			db, err = nil, fatalError(r)
 		}
-		f, ok := r.(*pebbleFatal)
-		if !ok {
-			panic(r)
-		}
-		db, err = nil, f.err()
 	}()
 	return pebble.Open(dir, po)
 }
@@ -302,11 +296,7 @@ func (ix *Index) survive(err *error) {
 	if r == nil {
 		return
 	}
-	f, ok := r.(*pebbleFatal)
-	if !ok {
-		panic(r)
-	}
-	fail := f.err()
+	fail := fatalError(r)
 	ix.failed.CompareAndSwap(nil, &fail)
 	ix.log.Error("index: failed; writes are refused until the store is reopened", "err", fail)
 	*err = ix.Failed()

@@ -41,6 +41,16 @@ type pebbleFatal struct{ msg string }
 
 func (f *pebbleFatal) String() string { return "index: pebble fatal: " + f.msg }
 
+// fatalError returns the error of a recovered pebbleFatal panic; any other panic value is
+// raised again.
+func fatalError(r any) error {
+	f, ok := r.(*pebbleFatal)
+	if !ok {
+		panic(r)
+	}
+	return f.err()
+}
+
 // err is the error the index reports for f: wrapping ErrFailed, and syscall.ENOSPC when a full
 // file system was the cause (Pebble's messages carry the errno's text).
 func (f *pebbleFatal) err() error {
