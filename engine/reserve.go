@@ -51,8 +51,8 @@ type spaceGuard struct {
 	full atomic.Pointer[error]
 	// readOnly: opened read-only because the index had no room to open for writing.
 	readOnly bool
-	mu       sync.Mutex
-	checked  time.Time
+	mu       sync.Mutex   // one look at the file system at a time
+	checked  atomic.Int64 // when it last looked (Unix ns): dumps in between take no lock
 }
 
 // reserveSize is the ballast's size on a file system of total bytes (0: none).
@@ -126,20 +126,23 @@ func (e *Engine) setFull(err error) { e.space.full.Store(&err) }
 // in flight) and refuses dumps; once there is room again, it makes the ballast again and lets
 // dumps through.
 func (e *Engine) spaceError() error {
-	p := e.space.full.Load()
-	if p != nil && e.space.readOnly {
-		return *p
-	}
-	e.space.mu.Lock()
-	defer e.space.mu.Unlock()
-	if time.Since(e.space.checked) < spaceCheckEvery {
-		if p = e.space.full.Load(); p != nil {
+	current := func() error {
+		if p := e.space.full.Load(); p != nil {
 			return *p
 		}
 		return nil
 	}
-	e.space.checked = time.Now()
-	if p = e.space.full.Load(); p != nil {
+	due := func() bool { return time.Now().UnixNano()-e.space.checked.Load() >= int64(spaceCheckEvery) }
+	if e.opts.ReadOnly || !due() {
+		return current() // a read-only engine (also the full-disk fallback) never writes
+	}
+	e.space.mu.Lock()
+	defer e.space.mu.Unlock()
+	if !due() {
+		return current()
+	}
+	e.space.checked.Store(time.Now().UnixNano())
+	if p := e.space.full.Load(); p != nil {
 		if e.keepReserve() {
 			e.space.full.Store(nil)
 			e.opts.Logger.Warn("ucm: space is back: the index's reserve was made again; dumps resume", "path", e.dir)
