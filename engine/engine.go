@@ -491,7 +491,7 @@ func (e *Engine) Failed() error {
 	if err := e.ix.Failed(); err != nil {
 		return wrapIO(err)
 	}
-	return e.spaceError()
+	return e.spaceFull() // as the dump path last saw it: asking never touches the file system
 }
 
 // IOEngine returns the name of the I/O backend in use ("uring" or "psync") and whether

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,7 +81,7 @@ func (e *Engine) indexNeeds() int64 {
 	}
 	need := int64(indexRoomSlack)
 	for _, n := range names {
-		if len(n) > 4 && n[len(n)-4:] == ".log" {
+		if strings.HasSuffix(n, ".log") {
 			if st, err := e.fs.Stat(e.fs.PathJoin(dir, n)); err == nil {
 				need += st.Size()
 			}
@@ -120,18 +121,22 @@ func (e *Engine) prepareIndexRoom() (readOnly bool) {
 
 func (e *Engine) setFull(err error) { e.space.full.Store(&err) }
 
+// spaceFull returns why dumps are refused for lack of space as last seen, or nil, without
+// looking at the file system.
+func (e *Engine) spaceFull() error {
+	if p := e.space.full.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // spaceError returns why dumps are refused for lack of space, or nil. At most once per
 // spaceCheckEvery it looks at the file system: when someone else has filled it to below
 // lowWater, it releases the ballast (the index gets that room for the entries of the dumps
 // in flight) and refuses dumps; once there is room again, it makes the ballast again and lets
 // dumps through.
 func (e *Engine) spaceError() error {
-	current := func() error {
-		if p := e.space.full.Load(); p != nil {
-			return *p
-		}
-		return nil
-	}
+	current := e.spaceFull
 	due := func() bool { return time.Now().UnixNano()-e.space.checked.Load() >= int64(spaceCheckEvery) }
 	if e.opts.ReadOnly || !due() {
 		return current() // a read-only engine (also the full-disk fallback) never writes
