@@ -72,5 +72,5 @@ func ParseDType(s string) (DType, error) {
 	case "float32", "fp32", "float":
 		return Float32, nil
 	}
-	return 0, fmt.Errorf("kernels: unknown dtype %q", s)
+	return 0, errorf(ErrInvalid, "unknown dtype %q", s)
 }
