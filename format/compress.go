@@ -106,6 +106,9 @@ func storedProblem(l Layout, c Compression, lens, crcs []uint32) string {
 		if n < 1 || int64(n) > l.ShardBytes {
 			return fmt.Sprintf("shard %d: field stored length: %d out of range [1, %d]", i, n, l.ShardBytes)
 		}
+		if c == CompressionPacked && int64(n) != l.ShardBytes {
+			return fmt.Sprintf("shard %d: field stored length: %d in a packed record of %d-byte shards", i, n, l.ShardBytes)
+		}
 		sum += int64(n)
 	}
 	if AlignUp(sum) > MaxPayloadBytes {

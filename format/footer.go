@@ -21,8 +21,9 @@ import (
 //	    24    8 record bytes on disk, header included (uint64 LE)
 //	    32    8 sequence number (uint64 LE)
 //	    40    4 record header CRC32C (uint32 LE; the header holds the shard CRCs)
-//	    44    1 record type
-//	    45    3 zero
+//	    44    1 record type (1 = block, 2 = sidecar)
+//	    45    1 zero
+//	    46    2 sidecar kind (uint16 LE; 0 for a block; FeatureSidecars segments only)
 //
 // Trailer (64 bytes):
 //
@@ -59,6 +60,8 @@ type FooterEntry struct {
 	Seq       uint64
 	HeaderCRC uint32
 	Type      RecordType
+	// Kind is the sidecar kind of a RecordSidecar entry (0 for a block).
+	Kind SidecarKind
 }
 
 // Trailer is the decoded fixed-size end of a footer.
@@ -92,6 +95,7 @@ func EncodeFooter(segment, generation uint64, dataEnd int64, entries []FooterEnt
 		le.PutUint64(b[32:], e.Seq)
 		le.PutUint32(b[40:], e.HeaderCRC)
 		b[44] = byte(e.Type)
+		le.PutUint16(b[46:], uint16(e.Kind))
 	}
 	tr := buf[len(buf)-TrailerSize:]
 	copy(tr, footMagic)
@@ -169,8 +173,9 @@ func DecodeFooterEntries(src []byte, t Trailer) ([]FooterEntry, error) {
 		e.Seq = le.Uint64(b[32:])
 		e.HeaderCRC = le.Uint32(b[40:])
 		e.Type = RecordType(b[44])
-		if e.Type != RecordBlock {
-			return nil, errorf(ErrCorrupt, "footer entry %d (%s): field type: unknown %d", i, e.ID, e.Type)
+		e.Kind = SidecarKind(le.Uint16(b[46:]))
+		if (e.Type != RecordBlock || e.Kind != 0) && (e.Type != RecordSidecar || !ValidSidecarKind(e.Kind)) {
+			return nil, errorf(ErrCorrupt, "footer entry %d (%s): fields type %d, kind %d: neither a block nor a sidecar", i, e.ID, e.Type, e.Kind)
 		}
 		next = e.Offset + e.Length
 	}

@@ -67,7 +67,25 @@ type RecordType uint8
 const (
 	// RecordBlock holds the KV bytes of one block.
 	RecordBlock RecordType = 1
+	// RecordSidecar holds one representation of a block (a SidecarKind): Layout.Shards equal
+	// parts (one per layer for the kernels' representations), stored packed
+	// (CompressionPacked). Only segments with FeatureSidecars hold sidecar records.
+	RecordSidecar RecordType = 2
 )
+
+// SidecarKind names a kind of representation stored beside blocks (ESA mean-pooled keys, hash
+// codes, ...). The numbering is chosen by the producer (package kernels documents its kinds);
+// the log only requires it in [1, MaxSidecarKind]. A block record has kind 0.
+type SidecarKind uint16
+
+// MaxSidecarKind bounds sidecar kinds so that the set of a block's kinds fits a 64-bit mask.
+const MaxSidecarKind = 63
+
+// MaxSidecarParts is the most parts a sidecar may have: its packed table must fit the header.
+const MaxSidecarParts = MaxCompressedShards
+
+// ValidSidecarKind reports whether k may name a sidecar.
+func ValidSidecarKind(k SidecarKind) bool { return k >= 1 && k <= MaxSidecarKind }
 
 // Compression says how a record's payload is stored (record header byte 7); see compress.go.
 type Compression uint8
@@ -81,6 +99,10 @@ const (
 	// CompressionLZ4Planes is CompressionLZ4 applied after a 16-bit byte-plane split of the
 	// shard (all high bytes, then all low bytes): for fp16/bf16 KV.
 	CompressionLZ4Planes Compression = 2
+	// CompressionPacked stores every shard raw, packed back to back with the compressed
+	// records' table (stored length = shard bytes, stored CRC = raw CRC): for sidecars, whose
+	// parts are often far smaller than Alignment.
+	CompressionPacked Compression = 3
 )
 
 // String returns "none", "lz4", "lz4-planes" or "compression(N)".
@@ -92,11 +114,13 @@ func (c Compression) String() string {
 		return "lz4"
 	case CompressionLZ4Planes:
 		return "lz4-planes"
+	case CompressionPacked:
+		return "packed"
 	}
 	return fmt.Sprintf("compression(%d)", uint8(c))
 }
 
-func (c Compression) known() bool { return c <= CompressionLZ4Planes }
+func (c Compression) known() bool { return c <= CompressionPacked }
 
 // Record header: the first Alignment bytes of every record; the payload follows at the next
 // byte. Uncompressed (compression 0): shard i at RecordHeaderSize + i × ShardStride, each shard
@@ -106,8 +130,9 @@ func (c Compression) known() bool { return c <= CompressionLZ4Planes }
 //	offset size field
 //	     0    4 magic "UCMR"
 //	     4    2 format version (uint16 LE, = Version)
-//	     6    1 record type (1 = block)
-//	     7    1 compression (0 = none, 1 = lz4, 2 = lz4 after a 16-bit byte-plane split)
+//	     6    1 record type (1 = block, 2 = sidecar)
+//	     7    1 compression (0 = none, 1 = lz4, 2 = lz4 after a 16-bit byte-plane split,
+//	            3 = packed raw: sidecars)
 //	     8   16 block id
 //	    24    8 segment number (uint64 LE; must equal the segment's)
 //	    32    8 segment generation (uint64 LE; must equal the segment's: rejects stale bytes)
@@ -117,7 +142,8 @@ func (c Compression) known() bool { return c <= CompressionLZ4Planes }
 //	    56    8 shard bytes (uint64 LE, raw bytes of one shard)
 //	    64    8 payload bytes on disk (uint64 LE, = shards × align4k(shard bytes);
 //	            compressed: align4k(sum of stored lengths))
-//	    72   56 zero (reserved)
+//	    72    2 sidecar kind (uint16 LE; 0 for a block, [1, 63] for a sidecar)
+//	    74   54 zero (reserved)
 //	   128  4×n CRC32C of each shard's raw bytes (uint32 LE each, n = shards)
 //	            compressed: 12×n, per shard raw CRC32C, stored length, stored CRC32C (compress.go)
 //	     …      zero
@@ -138,6 +164,7 @@ const (
 	recOffTensors    = 52
 	recOffShardBytes = 56
 	recOffPayload    = 64
+	recOffKind       = 72
 	recOffShardCRCs  = 128
 )
 
@@ -145,7 +172,10 @@ const (
 type RecordHeader struct {
 	Type        RecordType
 	Compression Compression
-	ID          BlockID
+	// Kind is the sidecar kind of a RecordSidecar (0 for a block).
+	Kind SidecarKind
+	// ID is the block's id; for a sidecar, the id of the block it describes.
+	ID BlockID
 	Segment     uint64
 	Generation  uint64
 	Seq         uint64
@@ -176,8 +206,11 @@ func EncodeRecordHeader(dst []byte, h *RecordHeader) (uint32, error) {
 	if err := h.Layout.Validate(); err != nil {
 		return 0, err
 	}
-	if h.Type != RecordBlock {
-		return 0, errorf(ErrInvalid, "record header: type %d", h.Type)
+	if p := kindProblem(h.Type, h.Kind, h.Compression, h.Layout); p != "" {
+		return 0, errorf(ErrInvalid, "record header %s: %s", h.ID, p)
+	}
+	if p := packedProblem(h.Compression, h.ShardCRCs, h.StoredCRCs); p != "" {
+		return 0, errorf(ErrInvalid, "record header %s: %s", h.ID, p)
 	}
 	if err := CheckStored(ErrInvalid, h.Layout, h.Compression, h.StoredLens, h.StoredCRCs); err != nil {
 		return 0, err
@@ -194,6 +227,7 @@ func EncodeRecordHeader(dst []byte, h *RecordHeader) (uint32, error) {
 	le.PutUint16(dst[recOffVersion:], Version)
 	dst[recOffType] = byte(h.Type)
 	dst[recOffCompress] = byte(h.Compression)
+	le.PutUint16(dst[recOffKind:], uint16(h.Kind))
 	copy(dst[recOffID:], h.ID[:])
 	le.PutUint64(dst[recOffSegment:], h.Segment)
 	le.PutUint64(dst[recOffGeneration:], h.Generation)
@@ -254,9 +288,10 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 		return h, 0, errorf(ErrCorrupt, "record header: field version: %d, this build reads %d", v, Version)
 	}
 	h.Type = RecordType(src[recOffType])
-	if h.Type != RecordBlock {
+	if h.Type != RecordBlock && h.Type != RecordSidecar {
 		return h, 0, errorf(ErrCorrupt, "record header: field type: unknown %d", h.Type)
 	}
+	h.Kind = SidecarKind(le.Uint16(src[recOffKind:]))
 	h.Compression = Compression(src[recOffCompress])
 	if !h.Compression.known() {
 		return h, 0, errorf(ErrCorrupt, "record header: field compression: unknown %d", h.Compression)
@@ -281,6 +316,9 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 	h.Layout = Layout{Shards: int(shards), TensorsPerShard: int(tensors), ShardBytes: int64(shardBytes)}
 	if err := h.Layout.Validate(); err != nil {
 		return h, 0, errorf(ErrCorrupt, "record header %s: %v", h.ID, err)
+	}
+	if p := kindProblem(h.Type, h.Kind, h.Compression, h.Layout); p != "" {
+		return h, 0, errorf(ErrCorrupt, "record header %s: %s", h.ID, p)
 	}
 	if h.Compression == CompressionNone {
 		if int64(payload) != h.Layout.PayloadBytes() || payload > MaxPayloadBytes {
@@ -308,8 +346,52 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 	if p := storedProblem(h.Layout, h.Compression, h.StoredLens, h.StoredCRCs); p != "" {
 		return h, 0, errorf(ErrCorrupt, "record header %s: %s", h.ID, p)
 	}
+	if p := packedProblem(h.Compression, h.ShardCRCs, h.StoredCRCs); p != "" {
+		return h, 0, errorf(ErrCorrupt, "record header %s: %s", h.ID, p)
+	}
 	if want := h.PayloadBytes(); int64(payload) != want {
 		return h, 0, errorf(ErrCorrupt, "record header %s: field payload bytes: %d, stored lengths imply %d", h.ID, payload, want)
 	}
 	return h, crc, nil
+}
+
+// kindProblem describes what is inconsistent between a record's type, sidecar kind and
+// compression ("" if nothing): a block has kind 0; a sidecar has a valid kind, is packed and
+// has at most MaxSidecarParts parts.
+func kindProblem(t RecordType, k SidecarKind, c Compression, l Layout) string {
+	switch t {
+	case RecordBlock:
+		if k != 0 {
+			return fmt.Sprintf("field kind: %d on a block record", k)
+		}
+		if c == CompressionPacked {
+			return "field compression: packed is for sidecar records"
+		}
+	case RecordSidecar:
+		if !ValidSidecarKind(k) {
+			return fmt.Sprintf("field kind: %d out of range [1, %d]", k, MaxSidecarKind)
+		}
+		if c != CompressionPacked {
+			return fmt.Sprintf("field compression: sidecar records are packed, not %v", c)
+		}
+		if l.Shards > MaxSidecarParts {
+			return fmt.Sprintf("field shards: %d sidecar parts, at most %d", l.Shards, MaxSidecarParts)
+		}
+	default:
+		return fmt.Sprintf("field type: unknown %d", t)
+	}
+	return ""
+}
+
+// packedProblem describes a packed record whose stored checksums are not its raw ones.
+func packedProblem(c Compression, raw, stored []uint32) string {
+	if c != CompressionPacked {
+		return ""
+	}
+	for i := range raw {
+		if i >= len(stored) || raw[i] != stored[i] {
+			return fmt.Sprintf("shard %d: packed record with stored checksum unlike its raw checksum", i)
+		}
+	}
+	return ""
 }

@@ -63,8 +63,14 @@ const (
 
 // Feature flags of a segment header. A reader refuses a segment carrying a flag it does not know.
 const (
-	// KnownFeatures is the set of feature bits this version understands (none yet).
-	KnownFeatures uint32 = 0
+	// FeatureSidecars marks a segment that may hold sidecar records (RecordSidecar, kind at
+	// record header offset 72, footer entry kind at offset 46). Every segment this version
+	// writes carries it, so a build that predates sidecars refuses the segment by its flag
+	// instead of misreading a sidecar record as a corrupt block; segments without it (written
+	// before sidecars) are read as they always were.
+	FeatureSidecars uint32 = 1 << 0
+	// KnownFeatures is the set of feature bits this version understands.
+	KnownFeatures = FeatureSidecars
 )
 
 // Fingerprint identifies the configuration that produced the bytes of a store (model, dtype,
