@@ -175,11 +175,11 @@ type RecordHeader struct {
 	// Kind is the sidecar kind of a RecordSidecar (0 for a block).
 	Kind SidecarKind
 	// ID is the block's id; for a sidecar, the id of the block it describes.
-	ID BlockID
-	Segment     uint64
-	Generation  uint64
-	Seq         uint64
-	Layout      Layout
+	ID         BlockID
+	Segment    uint64
+	Generation uint64
+	Seq        uint64
+	Layout     Layout
 	// ShardCRCs holds the CRC32C of each shard's raw bytes; len == Layout.Shards.
 	ShardCRCs []uint32
 	// StoredLens and StoredCRCs describe a compressed record's packed shards (nil when

@@ -133,7 +133,9 @@ func forge(buf []byte, h *RecordHeader) {
 	putLE32(buf[headerCRCOffset:], Checksum(buf[:headerCRCOffset]))
 }
 
-func putLE32(b []byte, v uint32) { b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24) }
+func putLE32(b []byte, v uint32) {
+	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+}
 
 func TestFooterEntryKindMustMatchType(t *testing.T) {
 	seg, gen, end, entries := sampleFooter()
