@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -19,6 +20,9 @@ const (
 	opDeleteIf
 	opSetMeta
 	opDeleteMeta
+	opPutSidecar
+	opPutSidecarIf
+	opDeleteSidecarIf
 )
 
 // op is one recorded mutation. For puts, loc carries no ShardCRCs (enc holds the encoded value,
@@ -26,6 +30,7 @@ const (
 type op struct {
 	kind   opKind
 	id     format.BlockID
+	side   format.SidecarKind // sidecar ops
 	loc    Location
 	enc    []byte
 	oldSeg uint64
@@ -87,8 +92,9 @@ func (b *Batch) Put(id format.BlockID, loc Location) {
 	b.ops = append(b.ops, op{kind: opPut, id: id, loc: loc, enc: enc})
 }
 
-// Delete records that id's entry is removed; at Apply it is a no-op if id has no entry at that
-// point of the batch, else the entry's bytes leave its segment's live counters.
+// Delete records that id's entry is removed, with its sidecar entries; at Apply it is a no-op
+// if id has no entry at that point of the batch, else the entries' bytes leave their segments'
+// live counters.
 func (b *Batch) Delete(id format.BlockID) {
 	b.ops = append(b.ops, op{kind: opDelete, id: id})
 }
@@ -109,8 +115,8 @@ func (b *Batch) PutIf(id format.BlockID, old Location, loc Location) *bool {
 	return res
 }
 
-// DeleteIf records a conditional delete: at its point in the batch, id's entry is removed only if
-// it exists and points at exactly (old.Segment, old.Offset) — eviction uses it so that a block
+// DeleteIf records a conditional delete: at its point in the batch, id's entry (with its
+// sidecar entries) is removed only if it exists and points at exactly (old.Segment, old.Offset) — eviction uses it so that a block
 // moved or re-dumped meanwhile is left alone. The returned *bool is set by Apply as for PutIf.
 func (b *Batch) DeleteIf(id format.BlockID, old Location) *bool {
 	res := new(bool)
@@ -144,7 +150,13 @@ func (b *Batch) DeleteSegment(number uint64) {
 	b.ops = append(b.ops, op{kind: opDeleteSegment, number: number})
 }
 
-// blockState is the in-batch view of one block entry.
+// entryKey names one entry: a block (side 0) or one of its sidecars.
+type entryKey struct {
+	id   format.BlockID
+	side format.SidecarKind
+}
+
+// blockState is the in-batch view of one block or sidecar entry.
 type blockState struct {
 	present bool
 	seg     uint64
@@ -231,26 +243,34 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		return nil
 	}
 
-	blocks := make(map[format.BlockID]*blockState)
+	blocks := make(map[entryKey]*blockState)
 	deltas := make(map[uint64]*liveDelta)
 	segs := make(map[uint64]*segState)
-	var kb [blockKeySize]byte
+	batchKinds := make(map[format.BlockID]uint64) // sidecar kinds put by this batch, per block
+	var kb [sidecarKeySize]byte
 
-	current := func(id format.BlockID) (*blockState, error) {
-		if st, ok := blocks[id]; ok {
+	current := func(k entryKey) (*blockState, error) {
+		if st, ok := blocks[k]; ok {
 			return st, nil
 		}
-		// The membership set is exactly the committed state (updated under applyMu): a block
-		// that is not a member needs no Pebble read.
+		// The membership set and kind sets are exactly the committed state (updated under
+		// applyMu): an entry they do not list needs no Pebble read.
 		ix.members.RLock()
-		_, member := ix.members.set[id]
+		_, member := ix.members.set[k.id]
+		if k.side != 0 {
+			member = ix.members.sidecars[k.id]&(1<<k.side) != 0
+		}
 		ix.members.RUnlock()
 		if !member {
 			st := &blockState{}
-			blocks[id] = st
+			blocks[k] = st
 			return st, nil
 		}
-		loc, ok, err := ix.getLocation(blockKey(kb[:], id), id)
+		key := blockKey(kb[:], k.id)
+		if k.side != 0 {
+			key = sidecarKey(kb[:], k.id, k.side)
+		}
+		loc, ok, err := ix.getLocation(key, k.id)
 		if err != nil {
 			return nil, err
 		}
@@ -258,7 +278,7 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		if ok {
 			*st = blockState{present: true, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
 		}
-		blocks[id] = st
+		blocks[k] = st
 		return st, nil
 	}
 	adjust := func(seg uint64, bytes, records int64) {
@@ -276,6 +296,34 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		}
 		*st = blockState{present: true, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
 		adjust(st.seg, st.bytes, 1)
+	}
+	remove := func(st *blockState) {
+		adjust(st.seg, -st.bytes, -1)
+		*st = blockState{dirty: true}
+	}
+	// dropSidecars deletes every sidecar of a block whose entry goes: none outlives it.
+	dropSidecars := func(id format.BlockID) error {
+		ix.members.RLock()
+		kinds := ix.members.sidecars[id]
+		ix.members.RUnlock()
+		for kinds |= batchKinds[id]; kinds != 0; kinds &= kinds - 1 {
+			st, err := current(entryKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))})
+			if err != nil {
+				return err
+			}
+			if st.present {
+				remove(st)
+			}
+		}
+		return nil
+	}
+	record := func(p *bool, ok bool) {
+		if p != nil {
+			results = append(results, struct {
+				p  *bool
+				ok bool
+			}{p, ok})
+		}
 	}
 	// Only applyMu holders write ix.mu.segments, so it can be read here without ix.mu.
 	committed := ix.mu.segments
@@ -304,13 +352,13 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		o := &b.ops[i]
 		switch o.kind {
 		case opPut:
-			st, err := current(o.id)
+			st, err := current(entryKey{o.id, 0})
 			if err != nil {
 				return err
 			}
 			put(st, o)
-		case opPutIf:
-			st, err := current(o.id)
+		case opPutIf, opPutSidecarIf:
+			st, err := current(entryKey{o.id, o.side})
 			if err != nil {
 				return err
 			}
@@ -318,26 +366,45 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			if ok {
 				put(st, o)
 			}
-			results = append(results, struct {
-				p  *bool
-				ok bool
-			}{o.result, ok})
+			record(o.result, ok)
+		case opPutSidecar:
+			// Only beside a block that has an entry at this point of the batch.
+			blk, err := current(entryKey{o.id, 0})
+			if err != nil {
+				return err
+			}
+			if blk.present {
+				st, err := current(entryKey{o.id, o.side})
+				if err != nil {
+					return err
+				}
+				put(st, o)
+				batchKinds[o.id] |= 1 << o.side
+			}
+			record(o.result, blk.present)
 		case opDelete, opDeleteIf:
-			st, err := current(o.id)
+			st, err := current(entryKey{o.id, 0})
 			if err != nil {
 				return err
 			}
 			ok := st.present && (o.kind == opDelete || (st.seg == o.oldSeg && st.off == o.oldOff))
 			if ok {
-				adjust(st.seg, -st.bytes, -1)
-				*st = blockState{dirty: true}
+				remove(st)
+				if err := dropSidecars(o.id); err != nil {
+					return err
+				}
 			}
-			if o.result != nil {
-				results = append(results, struct {
-					p  *bool
-					ok bool
-				}{o.result, ok})
+			record(o.result, ok)
+		case opDeleteSidecarIf:
+			st, err := current(entryKey{o.id, o.side})
+			if err != nil {
+				return err
 			}
+			ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
+			if ok {
+				remove(st)
+			}
+			record(o.result, ok)
 		}
 	}
 
@@ -386,11 +453,14 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			return fmt.Errorf("index: apply: %w", err)
 		}
 	}
-	for id, st := range blocks {
+	for k, st := range blocks {
 		if !st.dirty {
 			continue
 		}
-		key := blockKey(make([]byte, blockKeySize), id)
+		key := blockKey(make([]byte, blockKeySize), k.id)
+		if k.side != 0 {
+			key = sidecarKey(make([]byte, sidecarKeySize), k.id, k.side)
+		}
 		var err error
 		if st.present {
 			err = pb.Set(key, st.enc, nil)
@@ -421,14 +491,21 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 	}
 
 	ix.members.Lock()
-	for id, st := range blocks {
-		if !st.dirty {
-			continue
-		}
-		if st.present {
-			ix.members.set[id] = struct{}{}
-		} else {
-			delete(ix.members.set, id)
+	for k, st := range blocks {
+		switch {
+		case !st.dirty:
+		case k.side != 0 && st.present:
+			ix.members.sidecars[k.id] |= 1 << k.side
+		case k.side != 0:
+			if kinds := ix.members.sidecars[k.id] &^ (1 << k.side); kinds != 0 {
+				ix.members.sidecars[k.id] = kinds
+			} else {
+				delete(ix.members.sidecars, k.id)
+			}
+		case st.present:
+			ix.members.set[k.id] = struct{}{}
+		default:
+			delete(ix.members.set, k.id)
 		}
 	}
 	ix.members.Unlock()

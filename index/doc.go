@@ -30,11 +30,18 @@
 // One byte of prefix per kind of key; part of the on-disk format.
 //
 //	'b' (0x62) + block id (16 bytes)                 → location value
+//	'c' (0x63) + block id (16 bytes) + kind (2, BE)  → location value of the block's sidecar
 //	's' (0x73) + segment number (8 bytes, uint64 BE) → segment meta value
 //	'm' (0x6d) + name (bytes, no length prefix)      → meta value (the caller's raw bytes)
 //
 // Meta names beginning with "index." are reserved: "index.version" (decimal text, the version of
-// this key/value format, 1) and "index.pebble_format".
+// this key/value format: 2 since sidecar keys exist; a version 1 index has no 'c' keys, is read
+// as is and recorded as 2 at its first writable open) and "index.pebble_format".
+//
+// A sidecar entry ('c') exists only while its block's entry ('b') does: Apply deletes a block's
+// sidecar entries in the commit that deletes the block, and ignores a sidecar put for a block
+// without an entry (sidecar.go). Sidecar entries count in their segment's live bytes and
+// records like block entries; sidecar locations are packed (compression 3, version 2 values).
 //
 // # Location value, version 1 (45 + 4×shards bytes, little-endian)
 //

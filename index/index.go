@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/bits"
 	"os"
 	"slices"
 	"strconv"
@@ -33,10 +34,12 @@ var ErrFailed = errors.New("index: failed")
 // Key prefixes: one byte per kind of key. Part of the index's on-disk format.
 const (
 	prefixBlock   = 'b'
+	prefixSidecar = 'c' // block id, then the sidecar kind (uint16 BE): a block's sidecars sort together
 	prefixSegment = 's'
 	prefixMeta    = 'm'
 
 	blockKeySize   = 1 + format.BlockIDSize
+	sidecarKeySize = blockKeySize + 2
 	segmentKeySize = 1 + 8
 )
 
@@ -47,7 +50,10 @@ const (
 	// MetaIndexVersion holds the version of the index's key/value format, decimal text.
 	MetaIndexVersion = "index.version"
 
-	indexVersion = 1
+	indexVersion = 2
+	// indexVersionNoSidecars is the version written before sidecar entries existed: read as
+	// is, and recorded as indexVersion at the first writable open.
+	indexVersionNoSidecars = 1
 )
 
 // Pebble sizing: the index is small (one short value per block).
@@ -90,6 +96,10 @@ type Index struct {
 	members struct {
 		sync.RWMutex
 		set map[format.BlockID]struct{}
+		// sidecars holds, per block with sidecar entries, the set of their kinds (bit k for
+		// kind k): what Apply needs to delete a block's sidecars with it, without a Pebble
+		// scan. Every id in it is in set.
+		sidecars map[format.BlockID]uint64
 	}
 
 	mu struct {
@@ -173,8 +183,15 @@ func (ix *Index) init(existing bool) error {
 		return err
 	}
 	switch {
-	case ok && string(v) != strconv.Itoa(indexVersion):
-		return fmt.Errorf("%w: meta %s: %q, this build reads %d", format.ErrCorrupt, MetaIndexVersion, v, indexVersion)
+	case ok && string(v) == strconv.Itoa(indexVersionNoSidecars) && !ix.readOnly:
+		// An index from before sidecars: the same keys, plus sidecar keys from now on. Record
+		// the new version so a build that predates sidecars refuses the index instead of
+		// deleting blocks without their sidecars.
+		if err := ix.db.Set(metaKey(MetaIndexVersion), []byte(strconv.Itoa(indexVersion)), pebble.Sync); err != nil {
+			return err
+		}
+	case ok && string(v) != strconv.Itoa(indexVersion) && string(v) != strconv.Itoa(indexVersionNoSidecars):
+		return fmt.Errorf("%w: meta %s: %q, this build reads %d and %d", format.ErrCorrupt, MetaIndexVersion, v, indexVersionNoSidecars, indexVersion)
 	case !ok && !ix.readOnly:
 		// A new DB, or one that crashed before its first meta write: record what it is.
 		b := ix.db.NewBatch()
@@ -219,8 +236,16 @@ func (ix *Index) loadMembers() error {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return err
 	}
+	kinds := make(map[format.BlockID]uint64)
+	if err := iterateSidecars(ix.db, func(id format.BlockID, kind format.SidecarKind, _ Location) bool {
+		kinds[id] |= 1 << kind
+		return true
+	}); err != nil {
+		return err
+	}
 	ix.members.Lock()
 	ix.members.set = set
+	ix.members.sidecars = kinds
 	ix.members.Unlock()
 	return nil
 }
@@ -606,9 +631,10 @@ func writeOpts(sync bool) *pebble.WriteOptions {
 	return pebble.NoSync
 }
 
-// CheckAccounting recomputes, from a consistent scan of every block entry, each segment's live
+// CheckAccounting recomputes, from a consistent scan of every block and sidecar entry, each segment's live
 // bytes and records, and compares them with both the in-memory segment table and the persisted
-// segment rows; it also checks the in-memory membership set holds exactly the entries. It returns nil if all three agree and every entry points at a segment with a
+// segment rows; it also checks the in-memory membership set holds exactly the entries and that
+// no sidecar outlives its block. It returns nil if all agree and every entry points at a segment with a
 // row; otherwise an error listing the first mismatches. It blocks Apply for its duration.
 func (ix *Index) CheckAccounting() error {
 	if err := ix.checkOpen(); err != nil {
@@ -637,6 +663,28 @@ func (ix *Index) CheckAccounting() error {
 	}); err != nil {
 		ix.members.RUnlock()
 		return err
+	}
+	sidecars, orphans, unlisted := 0, 0, 0
+	if err := iterateSidecars(snap, func(id format.BlockID, kind format.SidecarKind, loc Location) bool {
+		sidecars++
+		if _, ok := ix.members.set[id]; !ok {
+			orphans++
+		}
+		if ix.members.sidecars[id]&(1<<kind) == 0 {
+			unlisted++
+		}
+		a := got[loc.Segment]
+		a.bytes += loc.RecordBytes()
+		a.records++
+		got[loc.Segment] = a
+		return true
+	}); err != nil {
+		ix.members.RUnlock()
+		return err
+	}
+	listed := 0
+	for _, kinds := range ix.members.sidecars {
+		listed += bits.OnesCount64(kinds)
 	}
 	ix.members.RUnlock()
 	persisted := make(map[uint64]SegmentMeta)
@@ -672,6 +720,12 @@ func (ix *Index) CheckAccounting() error {
 	if notMembers > 0 || members != entries {
 		add("membership set holds %d ids for %d entries (%d entries missing from it)", members, entries, notMembers)
 	}
+	if orphans > 0 {
+		add("%d sidecar entries outlive their block", orphans)
+	}
+	if unlisted > 0 || listed != sidecars {
+		add("sidecar kind sets list %d sidecars for %d entries (%d entries missing from them)", listed, sidecars, unlisted)
+	}
 	for n, a := range got {
 		if _, ok := mem[n]; !ok {
 			add("segment %d: %d entries (%d bytes) but no segment row", n, a.records, a.bytes)
@@ -700,7 +754,7 @@ func (ix *Index) CheckAccounting() error {
 	return nil
 }
 
-// DropSegmentEntries deletes every block entry pointing into segment number at an offset >=
+// DropSegmentEntries deletes every block and sidecar entry pointing into segment number at an offset >=
 // from (recovery: entries past a truncated tail), in one batch that also adjusts the segment's
 // accounting, and returns how many were dropped. It scans every block entry while holding off
 // Apply, so it is meant for recovery and tools. An entry that fails to decode aborts it with an
@@ -726,6 +780,15 @@ func (ix *Index) dropSegmentEntries(number uint64, from int64) (int, error) {
 	if err := iterateBlocks(ix.db, func(id format.BlockID, loc Location) bool {
 		if loc.Segment == number && loc.Offset >= from {
 			b.Delete(id)
+			n++
+		}
+		return true
+	}); err != nil {
+		return 0, err
+	}
+	if err := iterateSidecars(ix.db, func(id format.BlockID, kind format.SidecarKind, loc Location) bool {
+		if loc.Segment == number && loc.Offset >= from {
+			b.DeleteSidecarIf(id, kind, loc)
 			n++
 		}
 		return true

@@ -416,7 +416,7 @@ func TestReopenAndMeta(t *testing.T) {
 	if err != nil || !ok || string(v) != fmt.Sprint(uint64(pebble.FormatNewest)) {
 		t.Fatalf("pebble format meta = %q %v %v, want %d", v, ok, err, uint64(pebble.FormatNewest))
 	}
-	if v, ok, _ := ix.Meta(MetaIndexVersion); !ok || string(v) != "1" {
+	if v, ok, _ := ix.Meta(MetaIndexVersion); !ok || string(v) != "2" {
 		t.Fatalf("index version meta = %q", v)
 	}
 	if err := ix.Close(); err != nil {
