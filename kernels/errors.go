@@ -21,3 +21,7 @@ var (
 func errorf(kind error, format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{kind}, args...)...)
 }
+
+// ErrCorrupt is a serialized payload (a sidecar) whose bytes are not a valid encoding: bad
+// magic, version, checksum, lengths or contents.
+var ErrCorrupt = errors.New("kernels: corrupt payload")
