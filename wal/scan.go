@@ -230,7 +230,8 @@ func checkFooterEntries(r *reader, tr *format.Trailer, recs []ScannedRecord) err
 	}
 	for i, e := range entries {
 		rec := &recs[i]
-		if e.ID != rec.Header.ID || e.Offset != rec.Offset || e.Length != rec.Length() || e.Seq != rec.Header.Seq || e.HeaderCRC != rec.HeaderCRC {
+		if e.ID != rec.Header.ID || e.Offset != rec.Offset || e.Length != rec.Length() || e.Seq != rec.Header.Seq || e.HeaderCRC != rec.HeaderCRC ||
+			e.Type != rec.Header.Type || e.Kind != rec.Header.Kind {
 			return fmt.Errorf("%w: footer entry %d (%s at %d) does not match the record at %d (%s)", format.ErrCorrupt, i, e.ID, e.Offset, rec.Offset, rec.Header.ID)
 		}
 	}
@@ -292,7 +293,7 @@ func RecoverSegment(fs vfs.FS, path string, number uint64, direct devio.DirectMo
 	entries := make([]format.FooterEntry, len(res.Records))
 	for i := range res.Records {
 		r := &res.Records[i]
-		entries[i] = format.FooterEntry{ID: r.Header.ID, Offset: r.Offset, Length: r.Length(), Seq: r.Header.Seq, HeaderCRC: r.HeaderCRC, Type: r.Header.Type}
+		entries[i] = format.FooterEntry{ID: r.Header.ID, Offset: r.Offset, Length: r.Length(), Seq: r.Header.Seq, HeaderCRC: r.HeaderCRC, Type: r.Header.Type, Kind: r.Header.Kind}
 	}
 	seg := &Segment{Number: res.Header.Number, Generation: res.Header.Generation, path: path, file: f}
 	if err := sealAt(seg, res.ValidEnd, entries, backend); err != nil {

@@ -67,7 +67,11 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 //
 // The Writer fills the header part. Buffers must stay untouched until Append returns.
 type Record struct {
-	ID          format.BlockID
+	// ID is the block's id; for a sidecar (Kind != 0), the id of the block it describes.
+	ID format.BlockID
+	// Kind is 0 for a block record, else the sidecar kind of a sidecar record (which must be
+	// stored CompressionPacked).
+	Kind        format.SidecarKind
 	Layout      format.Layout
 	ShardCRCs   []uint32
 	Compression format.Compression
@@ -85,6 +89,14 @@ type Record struct {
 	Offset    int64
 	Seq       uint64
 	HeaderCRC uint32
+}
+
+// Type is the record type rec is written as: RecordSidecar when Kind is set, else RecordBlock.
+func (r *Record) Type() format.RecordType {
+	if r.Kind != 0 {
+		return format.RecordSidecar
+	}
+	return format.RecordBlock
 }
 
 // Origin is the place a relocated record was copied from.
@@ -506,7 +518,7 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	for _, rec := range recs {
 		ordinal++
 		rec.Segment, rec.Offset, rec.Seq = seg.Number, off, SequenceFor(seg.Number, ordinal)
-		h := format.RecordHeader{Type: format.RecordBlock, ID: rec.ID, Segment: seg.Number, Generation: seg.Generation,
+		h := format.RecordHeader{Type: rec.Type(), Kind: rec.Kind, ID: rec.ID, Segment: seg.Number, Generation: seg.Generation,
 			Seq: rec.Seq, Layout: rec.Layout, ShardCRCs: rec.ShardCRCs, Compression: rec.Compression, StoredLens: rec.StoredLens, StoredCRCs: rec.StoredCRCs}
 		crc, err := format.EncodeRecordHeader(rec.Buf[:format.RecordHeaderSize], &h)
 		if err != nil {
@@ -525,7 +537,7 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	}
 	for _, rec := range recs {
 		seg.entries = append(seg.entries, format.FooterEntry{ID: rec.ID, Offset: rec.Offset, Length: rec.Size(),
-			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: format.RecordBlock})
+			Seq: rec.Seq, HeaderCRC: rec.HeaderCRC, Type: rec.Type(), Kind: rec.Kind})
 	}
 	seg.end, seg.ordinal = off, ordinal
 	if w.opts.Sync != SyncAlways {
@@ -806,7 +818,7 @@ func (w *Writer) createSegment() (*Segment, error) {
 	}
 	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, &format.SegmentHeader{
 		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
-		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema,
+		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema, Features: format.FeatureSidecars,
 	}, reuse)
 	if err != nil {
 		if reuse != "" {
