@@ -2,6 +2,7 @@ package tiers
 
 import (
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/ucm-go/ucm/format"
@@ -14,7 +15,14 @@ const checkChunk = 64 << 10
 // ID is a block's identity: 16 opaque bytes (the MD5 chain hash of its tokens).
 type ID = format.BlockID
 
-// MemCache is the memory tier: a host-DRAM LRU cache of whole blocks with a byte capacity.
+// memKey names a cached item: a block (kind 0) or one of its sidecars.
+type memKey struct {
+	id   ID
+	kind format.SidecarKind
+}
+
+// MemCache is the memory tier: a host-DRAM LRU cache of whole blocks, and of blocks' sidecars,
+// with a byte capacity shared by both.
 // It is safe for concurrent use. Every block is cached with the checksums of its parts (its
 // shards), and Get verifies the bytes it copies against them: memory is not trusted more
 // than a disk. Cached blocks are immutable: Put stores a private copy and a
@@ -27,14 +35,18 @@ type MemCache struct {
 	mu       sync.Mutex
 	capacity int64
 	bytes    int64
-	entries  map[ID]*memEntry
+	entries  map[memKey]*memEntry
+	// sidecars holds the kinds cached per block (bit k for kind k), so that Remove drops a
+	// block's sidecars with it.
+	sidecars map[ID]uint64
+	nside    int // sidecar entries
 	root     memEntry // sentinel of the recency list: root.next most recent, root.prev least
 
 	hits, misses, evictions, inserts, corrupt uint64
 }
 
 type memEntry struct {
-	id         ID
+	key        memKey
 	data       []byte
 	crcs       []uint32 // format.Checksum of each of len(crcs) equal parts of data
 	prev, next *memEntry
@@ -45,6 +57,7 @@ type MemCacheStats struct {
 	Capacity  int64  // bytes the cache may hold
 	Bytes     int64  // data bytes of the cached blocks; never above Capacity
 	Blocks    int    // cached blocks
+	Sidecars  int    // cached sidecars (their bytes count in Bytes)
 	Hits      uint64 // Gets that copied data
 	Misses    uint64 // Gets that returned false (absent block or out-of-range read)
 	Evictions uint64 // blocks dropped to make room for a Put (not Remove, not replacement)
@@ -58,7 +71,7 @@ func NewMemCache(capacity int64) *MemCache {
 	if capacity < 0 {
 		capacity = 0
 	}
-	c := &MemCache{capacity: capacity, entries: make(map[ID]*memEntry)}
+	c := &MemCache{capacity: capacity, entries: make(map[memKey]*memEntry), sidecars: make(map[ID]uint64)}
 	c.root.next, c.root.prev = &c.root, &c.root
 	return c
 }
@@ -69,23 +82,42 @@ func NewMemCache(capacity int64) *MemCache {
 // that does not split into len(crcs) equal parts is not cached. A re-Put replaces the cached
 // block. A block larger than the capacity is not cached (and any older version of it is
 // removed, so a Get never returns stale bytes for id).
-func (c *MemCache) Put(id ID, data []byte, crcs []uint32) {
+func (c *MemCache) Put(id ID, data []byte, crcs []uint32) { c.put(memKey{id, 0}, data, crcs) }
+
+// PutSidecar caches a copy of block id's sidecar of kind (a valid sidecar kind), as Put does
+// for blocks: crcs are the checksums of its len(crcs) equal parts. The sidecar shares the
+// capacity and the recency list with blocks, and Remove(id) drops it.
+func (c *MemCache) PutSidecar(id ID, kind format.SidecarKind, data []byte, crcs []uint32) {
+	if format.ValidSidecarKind(kind) {
+		c.put(memKey{id, kind}, data, crcs)
+	}
+}
+
+func (c *MemCache) put(k memKey, data []byte, crcs []uint32) {
 	size := int64(len(data))
 	if size > c.capacity || len(crcs) == 0 || len(data)%len(crcs) != 0 { // capacity never changes: no lock needed
-		c.Remove(id)
+		c.mu.Lock()
+		if old := c.entries[k]; old != nil {
+			c.unlinkLocked(old)
+		}
+		c.mu.Unlock()
 		return
 	}
-	e := &memEntry{id: id, data: append(make([]byte, 0, len(data)), data...), crcs: append([]uint32(nil), crcs...)}
+	e := &memEntry{key: k, data: append(make([]byte, 0, len(data)), data...), crcs: append([]uint32(nil), crcs...)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old := c.entries[id]; old != nil {
+	if old := c.entries[k]; old != nil {
 		c.unlinkLocked(old)
 	}
 	for c.bytes+size > c.capacity {
 		c.unlinkLocked(c.root.prev)
 		c.evictions++
 	}
-	c.entries[id] = e
+	c.entries[k] = e
+	if k.kind != 0 {
+		c.sidecars[k.id] |= 1 << k.kind
+		c.nside++
+	}
 	c.bytes += size
 	c.pushFrontLocked(e)
 	c.inserts++
@@ -99,8 +131,18 @@ func (c *MemCache) Put(id ID, data []byte, crcs []uint32) {
 // wrapping format.ErrCorrupt that names the block and part; dst then holds unverified bytes
 // (the caller reads the block from a lower tier).
 func (c *MemCache) Get(id ID, off int64, dst []byte) (bool, error) {
+	return c.get(memKey{id, 0}, off, dst)
+}
+
+// GetSidecar is Get for block id's sidecar of kind: it copies whole parts from offset off.
+func (c *MemCache) GetSidecar(id ID, kind format.SidecarKind, off int64, dst []byte) (bool, error) {
+	return c.get(memKey{id, kind}, off, dst)
+}
+
+func (c *MemCache) get(k memKey, off int64, dst []byte) (bool, error) {
+	id := k.id
 	c.mu.Lock()
-	e := c.entries[id]
+	e := c.entries[k]
 	var unit int64
 	if e != nil {
 		unit = int64(len(e.data) / len(e.crcs))
@@ -129,14 +171,18 @@ func (c *MemCache) Get(id ID, off int64, dst []byte) (bool, error) {
 		}
 		if crc != e.crcs[part] {
 			c.mu.Lock()
-			if c.entries[id] == e {
+			if c.entries[k] == e {
 				c.unlinkLocked(e)
 			}
 			c.hits--
 			c.corrupt++
 			c.misses++
 			c.mu.Unlock()
-			return false, fmt.Errorf("memory tier: block %s part %d: checksum %08x, want %08x: %w", id, part, crc, e.crcs[part], format.ErrCorrupt)
+			what := "block"
+			if k.kind != 0 {
+				what = fmt.Sprintf("sidecar %d of block", k.kind)
+			}
+			return false, fmt.Errorf("memory tier: %s %s part %d: checksum %08x, want %08x: %w", what, id, part, crc, e.crcs[part], format.ErrCorrupt)
 		}
 	}
 	return true, nil
@@ -146,15 +192,29 @@ func (c *MemCache) Get(id ID, off int64, dst []byte) (bool, error) {
 func (c *MemCache) Contains(id ID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.entries[id] != nil
+	return c.entries[memKey{id, 0}] != nil
 }
 
-// Remove drops block id from the cache if it is there. Gets already copying it finish with
-// the complete old bytes; later Gets miss.
+// Remove drops block id, and every sidecar of it, from the cache if they are there. Gets
+// already copying them finish with the complete old bytes; later Gets miss.
 func (c *MemCache) Remove(id ID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e := c.entries[id]; e != nil {
+	if e := c.entries[memKey{id, 0}]; e != nil {
+		c.unlinkLocked(e)
+	}
+	for kinds := c.sidecars[id]; kinds != 0; kinds &= kinds - 1 {
+		if e := c.entries[memKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))}]; e != nil {
+			c.unlinkLocked(e)
+		}
+	}
+}
+
+// RemoveSidecar drops block id's sidecar of kind from the cache if it is there.
+func (c *MemCache) RemoveSidecar(id ID, kind format.SidecarKind) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[memKey{id, kind}]; e != nil {
 		c.unlinkLocked(e)
 	}
 }
@@ -164,14 +224,22 @@ func (c *MemCache) Stats() MemCacheStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return MemCacheStats{
-		Capacity: c.capacity, Bytes: c.bytes, Blocks: len(c.entries),
+		Capacity: c.capacity, Bytes: c.bytes, Blocks: len(c.entries) - c.nside, Sidecars: c.nside,
 		Hits: c.hits, Misses: c.misses, Evictions: c.evictions, Inserts: c.inserts, Corrupt: c.corrupt,
 	}
 }
 
 // unlinkLocked removes e from the map, the list and the byte count.
 func (c *MemCache) unlinkLocked(e *memEntry) {
-	delete(c.entries, e.id)
+	delete(c.entries, e.key)
+	if e.key.kind != 0 {
+		c.nside--
+		if kinds := c.sidecars[e.key.id] &^ (1 << e.key.kind); kinds != 0 {
+			c.sidecars[e.key.id] = kinds
+		} else {
+			delete(c.sidecars, e.key.id)
+		}
+	}
 	c.removeFromListLocked(e)
 	c.bytes -= int64(len(e.data))
 }

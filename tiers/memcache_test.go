@@ -359,7 +359,7 @@ func TestMemCacheVerifiesChecksums(t *testing.T) {
 	if ok, err := c.Get(bid(1), 512, make([]byte, 1024)); ok || err != nil {
 		t.Errorf("a range not of whole parts: %v, %v; want a plain miss", ok, err)
 	}
-	c.entries[bid(1)].data[5*1024+3] ^= 0x10 // a bit flips in part 5
+	c.entries[memKey{bid(1), 0}].data[5*1024+3] ^= 0x10 // a bit flips in part 5
 	if ok, err := c.Get(bid(1), 6*1024, make([]byte, 2*1024)); !ok || err != nil {
 		t.Errorf("parts 6-7, intact: %v, %v", ok, err)
 	}
@@ -382,5 +382,49 @@ func TestMemCacheVerifiesChecksums(t *testing.T) {
 	c.Put(bid(3), make([]byte, 100), nil)
 	if c.Contains(bid(2)) || c.Contains(bid(3)) {
 		t.Error("cached a block whose checksums do not match its parts")
+	}
+}
+
+// TestMemCacheSidecars: sidecars are cached beside blocks under their own key, share the
+// capacity, are checked part by part, and go with their block on Remove.
+func TestMemCacheSidecars(t *testing.T) {
+	c := NewMemCache(1 << 20)
+	block := bytes.Repeat([]byte{7}, 4096)
+	side := make([]byte, 4*256)
+	for i := range side {
+		side[i] = byte(i)
+	}
+	crcs := make([]uint32, 4)
+	for p := range crcs {
+		crcs[p] = format.Checksum(side[p*256 : (p+1)*256])
+	}
+	c.Put(bid(1), block, []uint32{format.Checksum(block)})
+	c.PutSidecar(bid(1), 3, side, crcs)
+	c.PutSidecar(bid(2), 3, side, crcs) // a sidecar may be cached without its block
+	c.PutSidecar(bid(1), 0, side, crcs) // kind 0 is no sidecar: ignored
+	st := c.Stats()
+	if st.Blocks != 1 || st.Sidecars != 2 || st.Bytes != int64(len(block)+2*len(side)) {
+		t.Fatalf("stats %+v", st)
+	}
+	dst := make([]byte, 256)
+	if ok, err := c.GetSidecar(bid(1), 3, 2*256, dst); !ok || err != nil || !bytes.Equal(dst, side[512:768]) {
+		t.Fatalf("part 2: %v %v", ok, err)
+	}
+	if ok, _ := c.GetSidecar(bid(1), 4, 0, dst); ok {
+		t.Fatal("hit on a kind never cached")
+	}
+	if ok, _ := c.Get(bid(2), 0, make([]byte, 256)); ok {
+		t.Fatal("a sidecar answered a block Get")
+	}
+	c.entries[memKey{bid(2), 3}].data[300] ^= 1
+	if ok, err := c.GetSidecar(bid(2), 3, 256, dst); ok || !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), "sidecar 3 of block") {
+		t.Fatalf("corrupt part: %v %v", ok, err)
+	}
+	c.Remove(bid(1))
+	if ok, _ := c.GetSidecar(bid(1), 3, 0, dst); ok || c.Contains(bid(1)) {
+		t.Fatal("Remove left the block's sidecar")
+	}
+	if st := c.Stats(); st.Blocks != 0 || st.Sidecars != 0 || st.Bytes != 0 {
+		t.Fatalf("after Remove: %+v", st)
 	}
 }
