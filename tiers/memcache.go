@@ -39,7 +39,7 @@ type MemCache struct {
 	// sidecars holds the kinds cached per block (bit k for kind k), so that Remove drops a
 	// block's sidecars with it.
 	sidecars map[ID]uint64
-	nside    int // sidecar entries
+	nside    int      // sidecar entries
 	root     memEntry // sentinel of the recency list: root.next most recent, root.prev least
 
 	hits, misses, evictions, inserts, corrupt uint64
