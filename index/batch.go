@@ -138,7 +138,7 @@ func (b *Batch) SetSegment(m SegmentMeta) {
 		b.setErr(fmt.Errorf("index: set segment: %w", err))
 		return
 	}
-	m.LiveBytes, m.LiveRecords = 0, 0
+	m.LiveBytes, m.LiveRecords, m.LiveSidecars = 0, 0, 0
 	b.ops = append(b.ops, op{kind: opSetSegment, seg: m})
 }
 
@@ -159,6 +159,7 @@ type entryKey struct {
 // blockState is the in-batch view of one block or sidecar entry.
 type blockState struct {
 	present bool
+	side    bool // a sidecar entry
 	seg     uint64
 	off     int64
 	bytes   int64
@@ -166,7 +167,7 @@ type blockState struct {
 	dirty   bool
 }
 
-type liveDelta struct{ bytes, records int64 }
+type liveDelta struct{ bytes, records, sidecars int64 }
 
 // segState is the in-batch view of one segment row.
 type segState struct {
@@ -276,29 +277,32 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		}
 		st := &blockState{}
 		if ok {
-			*st = blockState{present: true, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
+			*st = blockState{present: true, side: k.side != 0, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
 		}
 		blocks[k] = st
 		return st, nil
 	}
-	adjust := func(seg uint64, bytes, records int64) {
-		d := deltas[seg]
+	adjust := func(st *blockState, sign int64) {
+		d := deltas[st.seg]
 		if d == nil {
 			d = &liveDelta{}
-			deltas[seg] = d
+			deltas[st.seg] = d
 		}
-		d.bytes += bytes
-		d.records += records
+		d.bytes += sign * st.bytes
+		d.records += sign
+		if st.side {
+			d.sidecars += sign
+		}
 	}
 	put := func(st *blockState, o *op) {
 		if st.present {
-			adjust(st.seg, -st.bytes, -1)
+			adjust(st, -1)
 		}
-		*st = blockState{present: true, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
-		adjust(st.seg, st.bytes, 1)
+		*st = blockState{present: true, side: o.side != 0, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
+		adjust(st, 1)
 	}
 	remove := func(st *blockState) {
-		adjust(st.seg, -st.bytes, -1)
+		adjust(st, -1)
 		*st = blockState{dirty: true}
 	}
 	// dropSidecars deletes every sidecar of a block whose entry goes: none outlives it.
@@ -418,11 +422,12 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 	for n, s := range segs {
 		var live liveDelta
 		if m, ok := committed[n]; ok {
-			live = liveDelta{m.LiveBytes, m.LiveRecords}
+			live = liveDelta{m.LiveBytes, m.LiveRecords, m.LiveSidecars}
 		}
 		if d := deltas[n]; d != nil {
 			live.bytes += d.bytes
 			live.records += d.records
+			live.sidecars += d.sidecars
 		}
 		_, hadRow := committed[n]
 		if !s.exists {
@@ -440,11 +445,11 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			}
 			continue
 		}
-		if live.records < 0 || live.bytes < 0 || (live.records == 0) != (live.bytes == 0) {
-			return fmt.Errorf("%w: index: apply: segment %d accounting would become %d bytes in %d records", format.ErrCorrupt, n, live.bytes, live.records)
+		if live.records < 0 || live.bytes < 0 || (live.records == 0) != (live.bytes == 0) || live.sidecars < 0 || live.sidecars > live.records {
+			return fmt.Errorf("%w: index: apply: segment %d accounting would become %d bytes in %d records (%d sidecars)", format.ErrCorrupt, n, live.bytes, live.records, live.sidecars)
 		}
 		m := s.meta
-		m.LiveBytes, m.LiveRecords = live.bytes, live.records
+		m.LiveBytes, m.LiveRecords, m.LiveSidecars = live.bytes, live.records, live.sidecars
 		if old, ok := committed[n]; ok && old == m {
 			continue
 		}

@@ -118,7 +118,9 @@ type SegmentMeta struct {
 	// LiveBytes is the sum of RecordBytes of the records the index points at. Maintained by
 	// Apply, never taken from the caller.
 	LiveBytes int64
-	// LiveRecords is the number of block entries pointing into the segment. Maintained by
+	// LiveSidecars is how many of LiveRecords are sidecar entries. Maintained by Apply.
+	LiveSidecars int64
+	// LiveRecords is the number of block and sidecar entries pointing into the segment. Maintained by
 	// Apply, never taken from the caller.
 	LiveRecords int64
 }
@@ -143,6 +145,8 @@ const (
 	// version 1, so stores written with compression off stay readable by older builds.
 	locationVersionCompressed = 2
 	segmentMetaVersion        = 1
+	// segmentMetaVersionSidecars is a segment meta value with a live sidecar count.
+	segmentMetaVersionSidecars = 2
 )
 
 // Location value layout (version 1); see doc.go.
@@ -176,6 +180,9 @@ const (
 	segOffLiveRecords = 34
 	// segmentMetaSize is the exact size of a version 1 segment meta value.
 	segmentMetaSize = 42
+	// Version 2: the live sidecar count follows.
+	segOffLiveSidecars      = 42
+	segmentMetaSizeSidecars = 50
 )
 
 // EncodeLocation appends the encoding of l to dst and returns the extended slice: version 1
@@ -288,20 +295,28 @@ func DecodeLocation(src []byte) (Location, error) {
 	return l, nil
 }
 
-// EncodeSegmentMeta appends the version-1 encoding of m to dst and returns the extended slice.
-// It does not validate m; DecodeSegmentMeta accepts exactly what it produces for a valid m.
+// EncodeSegmentMeta appends the encoding of m to dst and returns the extended slice: version 1
+// without live sidecars, version 2 with. It does not validate m; DecodeSegmentMeta accepts
+// exactly what it produces for a valid m.
 func EncodeSegmentMeta(dst []byte, m SegmentMeta) []byte {
 	n := len(dst)
-	dst = append(dst, make([]byte, segmentMetaSize)...)
+	size, version := segmentMetaSize, byte(segmentMetaVersion)
+	if m.LiveSidecars != 0 {
+		size, version = segmentMetaSizeSidecars, segmentMetaVersionSidecars
+	}
+	dst = append(dst, make([]byte, size)...)
 	b := dst[n:]
 	le := binary.LittleEndian
-	b[segOffVersion] = segmentMetaVersion
+	b[segOffVersion] = version
 	le.PutUint64(b[segOffNumber:], m.Number)
 	le.PutUint64(b[segOffGeneration:], m.Generation)
 	b[segOffState] = byte(m.State)
 	le.PutUint64(b[segOffSize:], uint64(m.Size))
 	le.PutUint64(b[segOffLiveBytes:], uint64(m.LiveBytes))
 	le.PutUint64(b[segOffLiveRecords:], uint64(m.LiveRecords))
+	if m.LiveSidecars != 0 {
+		le.PutUint64(b[segOffLiveSidecars:], uint64(m.LiveSidecars))
+	}
 	return dst
 }
 
@@ -310,13 +325,19 @@ func EncodeSegmentMeta(dst []byte, m SegmentMeta) []byte {
 // format.ErrCorrupt naming the field. It never panics and does not allocate.
 func DecodeSegmentMeta(src []byte) (SegmentMeta, error) {
 	var m SegmentMeta
-	if len(src) != segmentMetaSize {
-		return m, fmt.Errorf("%w: segment meta value: %d bytes, want %d", format.ErrCorrupt, len(src), segmentMetaSize)
-	}
-	if v := src[segOffVersion]; v != segmentMetaVersion {
-		return m, fmt.Errorf("%w: segment meta value: field version: %d, this build reads %d", format.ErrCorrupt, v, segmentMetaVersion)
+	if len(src) < 1 {
+		return m, fmt.Errorf("%w: segment meta value: empty", format.ErrCorrupt)
 	}
 	le := binary.LittleEndian
+	switch v := src[segOffVersion]; {
+	case v == segmentMetaVersion && len(src) == segmentMetaSize:
+	case v == segmentMetaVersionSidecars && len(src) == segmentMetaSizeSidecars:
+		m.LiveSidecars = int64(le.Uint64(src[segOffLiveSidecars:]))
+	case v == segmentMetaVersion || v == segmentMetaVersionSidecars:
+		return m, fmt.Errorf("%w: segment meta value: version %d in %d bytes", format.ErrCorrupt, v, len(src))
+	default:
+		return m, fmt.Errorf("%w: segment meta value: field version: %d, this build reads %d and %d", format.ErrCorrupt, v, segmentMetaVersion, segmentMetaVersionSidecars)
+	}
 	m.Number = le.Uint64(src[segOffNumber:])
 	m.Generation = le.Uint64(src[segOffGeneration:])
 	m.State = SegmentState(src[segOffState])
@@ -336,6 +357,8 @@ func DecodeSegmentMeta(src []byte) (SegmentMeta, error) {
 		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field live records: negative %d", format.ErrCorrupt, m.Number, m.LiveRecords)
 	case (m.LiveBytes == 0) != (m.LiveRecords == 0):
 		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: live bytes %d with live records %d", format.ErrCorrupt, m.Number, m.LiveBytes, m.LiveRecords)
+	case src[segOffVersion] == segmentMetaVersionSidecars && (m.LiveSidecars < 1 || m.LiveSidecars > m.LiveRecords):
+		return SegmentMeta{}, fmt.Errorf("%w: segment meta value %d: field live sidecars: %d out of range [1, %d]", format.ErrCorrupt, m.Number, m.LiveSidecars, m.LiveRecords)
 	}
 	return m, nil
 }

@@ -68,7 +68,18 @@
 //	    17    1 state (1 active, 2 sealed, 3 quarantined)
 //	    18    8 size (int64, >= 0)
 //	    26    8 live bytes (int64, >= 0)
-//	    34    8 live records (int64, >= 0; zero exactly when live bytes is zero)
+//	    34    8 live records (int64, >= 0; zero exactly when live bytes is zero; blocks and
+//	            sidecars)
+//
+// # Segment meta value, version 2 (50 bytes): a segment holding live sidecars
+//
+// Version 1's 42 bytes (with value version = 2), then
+//
+//	42    8 live sidecars (int64, in [1, live records]: how many of the live records are
+//	        sidecars)
+//
+// A row with no live sidecar is written as version 1, so the two versions describe the same
+// rows as before sidecars existed.
 //
 // Changing any of these layouts requires a new value version; decoders accept exactly the
 // versions they know.

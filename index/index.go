@@ -525,13 +525,14 @@ func (ix *Index) Segment(number uint64) (SegmentMeta, bool) {
 	return m, ok
 }
 
-// Totals returns the number of block entries, the sum of their RecordBytes, and the sum of
-// the segments' Size, all from the in-memory segment table (exact; no directory walk).
+// Totals returns the number of block entries, the live bytes of every entry (blocks and
+// sidecars), and the sum of the segments' Size, all from the in-memory segment table (exact;
+// no directory walk).
 func (ix *Index) Totals() (blocks, liveBytes, fileBytes int64) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for _, m := range ix.mu.segments {
-		blocks += m.LiveRecords
+		blocks += m.LiveRecords - m.LiveSidecars
 		liveBytes += m.LiveBytes
 		fileBytes += m.Size
 	}
@@ -645,7 +646,7 @@ func (ix *Index) CheckAccounting() error {
 	snap := ix.db.NewSnapshot()
 	defer func() { _ = snap.Close() }()
 
-	type acc struct{ bytes, records int64 }
+	type acc struct{ bytes, records, sidecars int64 }
 	got := make(map[uint64]acc)
 	entries, notMembers := 0, 0
 	ix.members.RLock()
@@ -676,6 +677,7 @@ func (ix *Index) CheckAccounting() error {
 		a := got[loc.Segment]
 		a.bytes += loc.RecordBytes()
 		a.records++
+		a.sidecars++
 		got[loc.Segment] = a
 		return true
 	}); err != nil {
@@ -733,9 +735,9 @@ func (ix *Index) CheckAccounting() error {
 	}
 	for n, m := range mem {
 		a := got[n]
-		if m.LiveBytes != a.bytes || m.LiveRecords != a.records {
-			add("segment %d: table says %d bytes in %d records, entries sum to %d bytes in %d records",
-				n, m.LiveBytes, m.LiveRecords, a.bytes, a.records)
+		if m.LiveBytes != a.bytes || m.LiveRecords != a.records || m.LiveSidecars != a.sidecars {
+			add("segment %d: table says %d bytes in %d records (%d sidecars), entries sum to %d bytes in %d records (%d sidecars)",
+				n, m.LiveBytes, m.LiveRecords, m.LiveSidecars, a.bytes, a.records, a.sidecars)
 		}
 		if p, ok := persisted[n]; !ok {
 			add("segment %d: in memory but not persisted", n)

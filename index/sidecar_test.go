@@ -278,3 +278,29 @@ func TestIndexVersionUpgrade(t *testing.T) {
 		t.Fatalf("version 3: %v, want ErrCorrupt", err)
 	}
 }
+
+func TestSegmentMetaWithSidecars(t *testing.T) {
+	m := SegmentMeta{Number: 9, Generation: 3, State: SegmentSealed, Size: 1 << 20, LiveBytes: 8192, LiveRecords: 2}
+	if enc := EncodeSegmentMeta(nil, m); len(enc) != segmentMetaSize || enc[0] != segmentMetaVersion {
+		t.Fatalf("a row without sidecars is not a version 1 value: %d bytes, version %d", len(enc), enc[0])
+	}
+	m.LiveSidecars = 1
+	enc := EncodeSegmentMeta(nil, m)
+	if len(enc) != segmentMetaSizeSidecars || enc[0] != segmentMetaVersionSidecars {
+		t.Fatalf("version %d, %d bytes", enc[0], len(enc))
+	}
+	got, err := DecodeSegmentMeta(enc)
+	if err != nil || got != m {
+		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	for _, bad := range []func([]byte) []byte{
+		func(b []byte) []byte { b[segOffLiveSidecars] = 3; return b }, // more sidecars than records
+		func(b []byte) []byte { clear(b[segOffLiveSidecars:]); return b },
+		func(b []byte) []byte { return b[:segmentMetaSize] }, // version 2 cut to version 1's size
+		func(b []byte) []byte { b[0] = 3; return b },
+	} {
+		if _, err := DecodeSegmentMeta(bad(append([]byte(nil), enc...))); !errors.Is(err, format.ErrCorrupt) {
+			t.Fatalf("bad value decoded: %v", err)
+		}
+	}
+}
