@@ -13,7 +13,7 @@ const MaxAllocBytes = 1 << 40
 
 // Device is an accelerator in the spirit of a CUDA device: memory allocations addressed by
 // bounds-checked spans, streams that run copies and host functions in order, and events that
-// mark points in a stream. The only backend today is the simulated device (NewSimDevice): its
+// streamMark points in a stream. The only backend today is the simulated device (NewSimDevice): its
 // memory is host memory and its copies are real memcpys run by one goroutine per stream. A CUDA
 // backend would keep these types and put device pointers behind Memory.
 //
@@ -28,7 +28,7 @@ type Device struct {
 	used    int64 // bytes of live Alloc allocations
 	streams map[*Stream]struct{}
 
-	h2d, d2h link // the modelled host link, one per direction (PCIe is full duplex)
+	h2d, d2h simLink // the modelled host link, one per direction (PCIe is full duplex)
 }
 
 // DeviceInfo describes a device.

@@ -56,15 +56,15 @@ func NewSimDevice(opts SimOptions) (*Device, error) {
 	return &Device{opts: opts, closed: make(chan struct{}), streams: map[*Stream]struct{}{}}, nil
 }
 
-// link is one direction of the modelled host link: a FIFO of time slots.
-type link struct {
+// simLink is one direction of the modelled host link: a FIFO of time slots.
+type simLink struct {
 	mu        sync.Mutex
 	busyUntil time.Time
 }
 
 // reserve books n bytes on the link and returns when the transfer ends; the zero time when the
 // link is not modelled.
-func (d *Device) reserve(l *link, n int64) time.Time {
+func (d *Device) reserve(l *simLink, n int64) time.Time {
 	if d.opts.LinkBytesPerSec == 0 && d.opts.LinkLatency == 0 {
 		return time.Time{}
 	}
@@ -146,33 +146,33 @@ func addrOf(b []byte) uintptr {
 type direction uint8
 
 const (
-	noLink direction = iota
-	toDevice
-	toHost
+	linkNone direction = iota
+	linkH2D
+	linkD2H
 )
 
-// op is one unit of work in a stream.
-type op struct {
+// streamOp is one unit of work in a stream.
+type streamOp struct {
 	name   string
 	dir    direction
 	bytes  int64
 	run    func() error // the work; nil for markers
-	record *mark        // completed when the stream reaches the op
-	wait   *mark        // the stream blocks until it completes
+	record *streamMark  // completed when the stream reaches the op
+	wait   *streamMark  // the stream blocks until it completes
 	sync   bool         // record clears the stream's error (Synchronize)
 	notify func(error)  // always called once, with the stream's error state at this point
 	pins   []*Staging   // host staging buffers kept mapped until the op is done
 }
 
-// mark is one recorded point of a stream: done is closed when the stream passes it.
-type mark struct {
+// streamMark is one recorded point of a stream: done is closed when the stream passes it.
+type streamMark struct {
 	done chan struct{}
 	err  error // the stream's error when it passed, set before done is closed
 }
 
-func newMark() *mark { return &mark{done: make(chan struct{})} }
+func newStreamMark() *streamMark { return &streamMark{done: make(chan struct{})} }
 
-func (m *mark) complete(err error) {
+func (m *streamMark) complete(err error) {
 	m.err = err
 	close(m.done)
 }
@@ -191,7 +191,7 @@ type Stream struct {
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	q        []op
+	q        []streamOp
 	busy     bool // an op is running
 	err      error
 	closing  bool // Close called: no new ops
@@ -212,7 +212,7 @@ func (d *Device) NewStream() (*Stream, error) {
 	return s, nil
 }
 
-func (s *Stream) enqueue(o op) error {
+func (s *Stream) enqueue(o streamOp) error {
 	s.mu.Lock()
 	if s.closing || s.released {
 		s.mu.Unlock()
@@ -251,7 +251,7 @@ func (s *Stream) loop() {
 			return
 		}
 		o := s.q[0]
-		s.q[0] = op{}
+		s.q[0] = streamOp{}
 		s.q = s.q[1:]
 		if len(s.q) == 0 {
 			s.q = s.q[:0:0] // drop the consumed backing array
@@ -291,7 +291,7 @@ func (s *Stream) down() bool {
 }
 
 // exec runs one op given the stream's error state and returns the new error state.
-func (s *Stream) exec(o op, err error) error {
+func (s *Stream) exec(o streamOp, err error) error {
 	defer unpin(o.pins)
 	if o.wait != nil {
 		select {
@@ -306,9 +306,9 @@ func (s *Stream) exec(o op, err error) error {
 	if o.run != nil && err == nil {
 		var end time.Time
 		switch o.dir {
-		case toDevice:
+		case linkH2D:
 			end = s.dev.reserve(&s.dev.h2d, o.bytes)
-		case toHost:
+		case linkD2H:
 			end = s.dev.reserve(&s.dev.d2h, o.bytes)
 		}
 		err = runOp(o)
@@ -324,7 +324,7 @@ func (s *Stream) exec(o op, err error) error {
 }
 
 // runOp runs an op's work, turning a panic of a launched function into its error.
-func runOp(o op) (err error) {
+func runOp(o streamOp) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%s panicked: %v", o.name, r)
@@ -337,7 +337,7 @@ func runOp(o op) (err error) {
 }
 
 // abandon fails the ops left when the device or stream goes away.
-func (s *Stream) abandon(q []op) {
+func (s *Stream) abandon(q []streamOp) {
 	err := errorf(ErrNoDevice, "stream closed")
 	if s.down() {
 		err = s.dev.errClosed()
@@ -363,7 +363,7 @@ func (s *Stream) CopyH2D(dst Span, src []byte) error {
 	if int64(len(src)) != dst.n {
 		return errorf(ErrInvalid, "copy h2d: %d host bytes into %v", len(src), dst)
 	}
-	return s.enqueue(op{name: "copy h2d", dir: toDevice, bytes: dst.n, pins: pinHost(src),
+	return s.enqueue(streamOp{name: "copy h2d", dir: linkH2D, bytes: dst.n, pins: pinHost(src),
 		run: func() error { s.dev.copyBytes(d, src); return nil }})
 }
 
@@ -377,7 +377,7 @@ func (s *Stream) CopyD2H(dst []byte, src Span) error {
 	if int64(len(dst)) != src.n {
 		return errorf(ErrInvalid, "copy d2h: %v into %d host bytes", src, len(dst))
 	}
-	return s.enqueue(op{name: "copy d2h", dir: toHost, bytes: src.n, pins: pinHost(dst),
+	return s.enqueue(streamOp{name: "copy d2h", dir: linkD2H, bytes: src.n, pins: pinHost(dst),
 		run: func() error { s.dev.copyBytes(dst, sb); return nil }})
 }
 
@@ -395,7 +395,7 @@ func (s *Stream) CopyD2D(dst, src Span) error {
 	if dst.n != src.n {
 		return errorf(ErrInvalid, "copy d2d: %v into %v", src, dst)
 	}
-	return s.enqueue(op{name: "copy d2d", bytes: src.n, run: func() error { copy(db, sb); return nil }})
+	return s.enqueue(streamOp{name: "copy d2d", bytes: src.n, run: func() error { copy(db, sb); return nil }})
 }
 
 // Launch enqueues fn to run on the stream in order, like a kernel launch or
@@ -406,7 +406,7 @@ func (s *Stream) Launch(name string, fn func() error) error {
 	if fn == nil {
 		return errorf(ErrInvalid, "launch %q: nil function", name)
 	}
-	return s.enqueue(op{name: name, run: fn})
+	return s.enqueue(streamOp{name: name, run: fn})
 }
 
 // Record captures the current end of the stream in e: e completes when the stream has run
@@ -415,10 +415,10 @@ func (s *Stream) Record(e *Event) error {
 	if e == nil || e.dev != s.dev {
 		return errorf(ErrInvalid, "record: event of another device")
 	}
-	m := newMark()
+	m := newStreamMark()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := s.enqueue(op{name: "record", record: m}); err != nil {
+	if err := s.enqueue(streamOp{name: "record", record: m}); err != nil {
 		return err
 	}
 	e.cur = m
@@ -438,21 +438,21 @@ func (s *Stream) WaitEvent(e *Event) error {
 	if m == nil {
 		return nil
 	}
-	return s.enqueue(op{name: "wait event", wait: m})
+	return s.enqueue(streamOp{name: "wait event", wait: m})
 }
 
 // notify enqueues fn, called exactly once, on the stream's goroutine when the stream reaches
 // this point, with the stream's error state (or ErrNoDevice when the stream or device closes
 // first). Internal: the transfer kernels and pipelines use it to learn when a copy is done.
 func (s *Stream) notify(fn func(error)) error {
-	return s.enqueue(op{name: "notify", notify: fn})
+	return s.enqueue(streamOp{name: "notify", notify: fn})
 }
 
 // Synchronize waits until every operation enqueued before the call has run, and returns the
 // stream's first error since the previous Synchronize (clearing it).
 func (s *Stream) Synchronize() error {
-	m := newMark()
-	if err := s.enqueue(op{name: "synchronize", record: m, sync: true}); err != nil {
+	m := newStreamMark()
+	if err := s.enqueue(streamOp{name: "synchronize", record: m, sync: true}); err != nil {
 		return err
 	}
 	<-m.done
@@ -497,7 +497,7 @@ func (s *Stream) Close() error {
 type Event struct {
 	dev *Device
 	mu  sync.Mutex
-	cur *mark
+	cur *streamMark
 }
 
 // NewEvent returns an unrecorded event of the device.

@@ -70,7 +70,7 @@ func TestSimCopiesRoundTrip(t *testing.T) {
 		const n = parallelMinBytes + 123 // split across threads, not a multiple of the chunk
 		m := mustAlloc(t, d, "buf", 2*n)
 		s := mustStream(t, d)
-		src := randomBytes(n, 1)
+		src := testRandomBytes(n, 1)
 		if err := s.CopyH2D(mustSpan(t, m, 0, n), src); err != nil {
 			t.Fatal(err)
 		}
@@ -90,13 +90,13 @@ func TestSimCopiesRoundTrip(t *testing.T) {
 		if hb, ok := m.HostBytes(); !ok || !bytes.Equal(hb[:n], src) {
 			t.Fatal("HostBytes does not show the copied bytes")
 		}
-		if addrOf(hb(m))%4096 != 0 {
+		if addrOf(memBytes(m))%4096 != 0 {
 			t.Fatal("allocation not aligned to 4096")
 		}
 	}
 }
 
-func hb(m *Memory) []byte { b, _ := m.HostBytes(); return b }
+func memBytes(m *Memory) []byte { b, _ := m.HostBytes(); return b }
 
 func TestSimBoundsChecked(t *testing.T) {
 	d := newTestDevice(t, SimOptions{})
@@ -177,7 +177,7 @@ func TestSimStreamOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := s.Launch("observe", func() error {
-			b := hb(m)
+			b := memBytes(m)
 			if b[0] != byte(i) || b[len(b)-1] != byte(i) {
 				t.Errorf("launch %d saw %d", i, b[0])
 			}
@@ -443,7 +443,7 @@ func TestStagingPinnedAcrossClose(t *testing.T) {
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(hb(m), want) {
+	if !bytes.Equal(memBytes(m), want) {
 		t.Fatal("copy from a closed-while-queued staging buffer differs")
 	}
 	stagingMu.Lock()
@@ -487,10 +487,10 @@ func TestParseCPUList(t *testing.T) {
 
 func TestHostNUMANodesFromSysfs(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, dir+"/online", "0-1\n")
-	writeFile(t, dir+"/node0/cpulist", "0-3\n")
-	writeFile(t, dir+"/node0/meminfo", "Node 0 MemTotal: 1024 kB\nNode 0 MemFree: 512 kB\n")
-	writeFile(t, dir+"/node1/cpulist", "4-7\n")
+	writeTestFile(t, dir+"/online", "0-1\n")
+	writeTestFile(t, dir+"/node0/cpulist", "0-3\n")
+	writeTestFile(t, dir+"/node0/meminfo", "Node 0 MemTotal: 1024 kB\nNode 0 MemFree: 512 kB\n")
+	writeTestFile(t, dir+"/node1/cpulist", "4-7\n")
 	nodes, err := hostNUMANodesAt(dir)
 	if err != nil || len(nodes) != 2 || nodes[0].MemTotal != 1<<20 || nodes[0].MemFree != 512<<10 || len(nodes[1].CPUs) != 4 || nodes[1].MemTotal != 0 {
 		t.Fatalf("%+v %v", nodes, err)
@@ -500,7 +500,7 @@ func TestHostNUMANodesFromSysfs(t *testing.T) {
 	}
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeTestFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -511,7 +511,7 @@ func writeFile(t *testing.T, path, content string) {
 }
 
 // randomBytes returns n deterministic pseudo-random bytes.
-func randomBytes(n int, seed uint64) []byte {
+func testRandomBytes(n int, seed uint64) []byte {
 	b := make([]byte, n)
 	var key [32]byte
 	key[0] = byte(seed)

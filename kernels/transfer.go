@@ -1,0 +1,177 @@
+package kernels
+
+import (
+	"fmt"
+	"sync"
+)
+
+// GatherBlocks enqueues on s the copy of whole blocks from the caches into dst (device to
+// host), block-major: block blocks[j]'s record (Record().BlockBytes() bytes) at
+// dst[j·BlockBytes], its layer l shard at +l·ShardBytes, each in the RecordLayout. That is the
+// buffer engine.Dump takes per block. len(dst) must be exactly len(blocks)·BlockBytes. Ids may
+// repeat (each occurrence gets its copy). Bad ids (ErrOutOfRange) and sizes (ErrInvalid) are
+// reported here and enqueue nothing; dst must not be read or released until the stream has
+// run the copy.
+func (p *PagedKV) GatherBlocks(s *Stream, blocks []int, dst []byte) error {
+	return p.transfer(s, true, -1, blocks, dst)
+}
+
+// ScatterBlocks enqueues on s the reverse of GatherBlocks: src holds len(blocks) whole
+// records, block-major, copied into the caches (host to device). An id may appear only once
+// (ErrInvalid otherwise).
+func (p *PagedKV) ScatterBlocks(s *Stream, blocks []int, src []byte) error {
+	return p.transfer(s, false, -1, blocks, src)
+}
+
+// GatherLayer enqueues on s the copy of one layer's shard of many blocks into dst,
+// layer-major: block blocks[j]'s shard (Record().ShardBytes bytes) at dst[j·ShardBytes], what
+// a layer-wise dump (engine.DumpShard) takes. len(dst) must be exactly len(blocks)·ShardBytes;
+// ids may repeat.
+func (p *PagedKV) GatherLayer(s *Stream, layer int, blocks []int, dst []byte) error {
+	if layer < 0 || layer >= len(p.layers) {
+		return errorf(ErrOutOfRange, "gather: layer %d outside [0, %d)", layer, len(p.layers))
+	}
+	return p.transfer(s, true, layer, blocks, dst)
+}
+
+// ScatterLayer enqueues on s the reverse of GatherLayer: src holds one layer's shard of
+// len(blocks) blocks, layer-major, as engine.LoadShard fills it. An id may appear only once.
+func (p *PagedKV) ScatterLayer(s *Stream, layer int, blocks []int, src []byte) error {
+	if layer < 0 || layer >= len(p.layers) {
+		return errorf(ErrOutOfRange, "scatter: layer %d outside [0, %d)", layer, len(p.layers))
+	}
+	return p.transfer(s, false, layer, blocks, src)
+}
+
+// xitem is one block shard's copy (or, for single-run templates, one coalesced run): src is
+// the byte offset in the layer's memory, dst the offset in the host buffer, n its bytes.
+type xitem struct {
+	layer int32
+	src   int64
+	dst   int64
+	n     int64
+}
+
+// maxRun caps coalesced runs so a large copy still splits across CopyThreads.
+const maxRun = 1 << 20
+
+var itemPool = sync.Pool{New: func() any { s := make([]xitem, 0, 256); return &s }}
+
+// transfer plans and enqueues a gather (d2h) or scatter of one layer (layer ≥ 0) or all
+// layers (layer < 0, block-major).
+func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []byte) error {
+	verb := "scatter"
+	if d2h {
+		verb = "gather"
+	}
+	if s == nil || s.dev != p.dev {
+		return errorf(ErrInvalid, "%s: stream of another device", verb)
+	}
+	if err := p.checkBlocks(blocks, !d2h); err != nil {
+		return fmt.Errorf("%s: %w", verb, err)
+	}
+	lo, hi := 0, len(p.layers)
+	per := p.rec.BlockBytes()
+	if layer >= 0 {
+		lo, hi = layer, layer+1
+		per = p.rec.ShardBytes
+	}
+	if int64(len(host)) != int64(len(blocks))*per {
+		return errorf(ErrInvalid, "%s: host buffer of %d bytes for %d blocks of %d bytes", verb, len(host), len(blocks), per)
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	mems := make([][]byte, len(p.layers))
+	for l := lo; l < hi; l++ {
+		b, err := p.layers[l].mem.bytesFor(p.dev)
+		if err != nil {
+			return fmt.Errorf("%s: layer %d (%q): %w", verb, l, p.layers[l].name, err)
+		}
+		mems[l] = b
+	}
+
+	ip := itemPool.Get().(*[]xitem)
+	items := (*ip)[:0]
+	flat := len(p.tmpl.loops) == 0
+	for j, b := range blocks {
+		for l := lo; l < hi; l++ {
+			src := p.layers[l].off + int64(b)*p.blockStride + p.headOff
+			dst := int64(j)*per + int64(l-lo)*p.rec.ShardBytes
+			if !flat {
+				items = append(items, xitem{layer: int32(l), src: src, dst: dst, n: p.rec.ShardBytes})
+				continue
+			}
+			// A single run per shard: coalesce with the previous run when both sides continue
+			// it (FlashInfer and MLA with consecutive ids, whole blocks), and split long runs.
+			for n := p.rec.ShardBytes; n > 0; {
+				k := len(items) - 1
+				if k >= 0 && items[k].layer == int32(l) && items[k].src+items[k].n == src && items[k].dst+items[k].n == dst && items[k].n < maxRun {
+					add := min(n, maxRun-items[k].n)
+					items[k].n += add
+					src, dst, n = src+add, dst+add, n-add
+					continue
+				}
+				c := min(n, maxRun)
+				items = append(items, xitem{layer: int32(l), src: src, dst: dst, n: c})
+				src, dst, n = src+c, dst+c, n-c
+			}
+		}
+	}
+	*ip = items
+	total := int64(len(host))
+	tmpl := p.tmpl
+	dev := p.dev
+	run := func() error {
+		defer func() {
+			*ip = (*ip)[:0]
+			itemPool.Put(ip)
+		}()
+		dev.parallel(total, len(items), func(a, b int) {
+			for _, it := range items[a:b] {
+				mem := mems[it.layer]
+				if flat {
+					if d2h {
+						copy(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
+					} else {
+						copy(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
+					}
+					continue
+				}
+				tmpl.copy(mem, host, it.src, it.dst, 0, d2h)
+			}
+		})
+		return nil
+	}
+	name := fmt.Sprintf("%s of %d blocks", verb, len(blocks))
+	if layer >= 0 {
+		name = fmt.Sprintf("%s of layer %d, %d blocks", verb, layer, len(blocks))
+	}
+	dir := linkH2D
+	if d2h {
+		dir = linkD2H
+	}
+	if err := s.enqueue(streamOp{name: name, dir: dir, bytes: total, pins: pinHost(host), run: run}); err != nil {
+		*ip = items[:0]
+		itemPool.Put(ip)
+		return fmt.Errorf("%s: %w", verb, err)
+	}
+	return nil
+}
+
+// copy runs the copyTemplate's loops from loop k for one block shard at src (device) and dst
+// (host).
+func (t *copyTemplate) copy(mem, host []byte, src, dst int64, k int, d2h bool) {
+	if k == len(t.loops) {
+		if d2h {
+			copy(host[dst:dst+t.run], mem[src:src+t.run])
+		} else {
+			copy(mem[src:src+t.run], host[dst:dst+t.run])
+		}
+		return
+	}
+	l := t.loops[k]
+	for i := int64(0); i < l.n; i++ {
+		t.copy(mem, host, src+i*l.src, dst+i*l.dst, k+1, d2h)
+	}
+}
