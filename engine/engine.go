@@ -636,6 +636,7 @@ func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 func (e *Engine) Stats() Stats {
 	st := e.stats.snapshot()
 	st.Blocks, st.LiveBytes, st.FileBytes = e.ix.Totals()
+	st.Sidecars = int64(e.ix.SidecarCount())
 	st.Segments = len(e.ix.Segments())
 	if s := e.share; s != nil {
 		st.Sharing = SharingStats{ForeignHits: s.foreignHits.Load(), Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),

@@ -54,10 +54,17 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	for k, r := range recs {
 		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs,
 			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs}
-		if r.Origin != nil {
+		switch {
+		case r.Kind != 0 && r.Origin != nil:
+			moved[k] = b.PutSidecarIf(r.ID, r.Kind, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)
+			sync = durable
+		case r.Kind != 0:
+			// Indexed only beside its block (the index drops a sidecar whose block is gone).
+			b.PutSidecar(r.ID, r.Kind, loc)
+		case r.Origin != nil:
 			moved[k] = b.PutIf(r.ID, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)
 			sync = durable
-		} else {
+		default:
 			b.Put(r.ID, loc)
 		}
 		last = r
@@ -73,6 +80,13 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	// the old tier's list; compaction within a tier keeps the block's recency.
 	to := e.tierOf(last.Segment)
 	for k, r := range recs {
+		if r.Kind != 0 {
+			// Sidecars are not in the recency lists: they go with their block.
+			if r.Origin != nil && !*moved[k] {
+				e.stats.relocationsLost.Add(1)
+			}
+			continue
+		}
 		if r.Origin == nil {
 			if to != nil && to.lru != nil {
 				to.lru.Add(r.ID, r.Size())

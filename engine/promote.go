@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/ucm-go/ucm/devio"
-	"github.com/ucm-go/ucm/index"
 )
 
 // promoteQueue bounds the lower-tier hits waiting to be promoted; beyond it hits are not
@@ -60,10 +59,7 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 		// take the space back and evict another block to make room for it.
 		return 0, fmt.Errorf("tier %q is above its high watermark: %w", e.tiers[0].cfg.Name, ErrNoSpace)
 	}
-	var (
-		move, foreign     []BlockID
-		locs, foreignLocs []index.Location
-	)
+	var move, foreign []recordRef
 	for _, id := range ids {
 		loc, ok, err := e.ix.Get(id)
 		if err != nil {
@@ -71,23 +67,28 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 		}
 		if !ok && foreignToo {
 			if loc, ok = e.foreignGet(id); ok {
-				foreign = append(foreign, id)
-				foreignLocs = append(foreignLocs, loc)
+				foreign = append(foreign, recordRef{id: id, loc: loc})
 				continue
 			}
 		}
 		if t := e.tierOf(loc.Segment); ok && t != nil && t.pos > 0 {
-			move = append(move, id)
-			locs = append(locs, loc)
+			move = append(move, recordRef{id: id, loc: loc})
 		}
 	}
-	n, _, err := e.relocate(move, locs, e.tiers[0])
+	// A block's sidecars move with it, wherever they are below the first tier.
+	var up []recordRef
+	for _, r := range e.sidecarsOf(move, nil) {
+		if t := e.tierOf(r.loc.Segment); t != nil && t.pos > 0 {
+			up = append(up, r)
+		}
+	}
+	_, n, _, err := e.relocate(append(move, up...), e.tiers[0])
 	e.stats.promotions.Add(int64(n))
 	if err != nil || len(foreign) == 0 {
 		return n, err
 	}
-	// Other instances' blocks, apart: counted as local copies.
-	nf, _, err := e.relocate(foreign, foreignLocs, e.tiers[0])
+	// Other instances' blocks, apart: counted as local copies (their sidecars too).
+	_, nf, _, err := e.relocate(append(foreign, e.foreignSidecarsOf(foreign)...), e.tiers[0])
 	e.stats.promotions.Add(int64(nf))
 	e.share.copiedToDisk.Add(int64(nf))
 	return n + nf, err

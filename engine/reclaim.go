@@ -219,74 +219,121 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 	return nil
 }
 
-// compactSegment copies every live record of segment n forward into t's relocation writer.
-// The segment's footer lists its records, so only those are looked up (a damaged footer falls
-// back to a scan of the index). Entries that moved or went away meanwhile are left alone by the
-// conditional index batch.
+// compactSegment copies every live record of segment n (blocks and sidecars) forward into t's
+// relocation writer. The segment's footer lists its records, so only those are looked up (a
+// damaged footer falls back to a scan of the index). Entries that moved or went away meanwhile
+// are left alone by the conditional index batch.
 func (e *Engine) compactSegment(t *diskTier, n uint64) (int, int64, error) {
-	ids, locs, err := e.liveRecords(n)
+	refs, err := e.liveRecords(n)
 	if err != nil {
 		return 0, 0, err
 	}
-	return e.relocate(ids, locs, t)
+	moved, _, written, err := e.relocate(refs, t)
+	return moved, written, err
 }
 
-// liveRecords returns the blocks whose index entry points into sealed segment n.
-func (e *Engine) liveRecords(n uint64) ([]BlockID, []index.Location, error) {
-	var (
-		ids  []BlockID
-		locs []index.Location
-	)
+// recordRef is one live record: a block (kind 0) or a block's sidecar, and where it is.
+type recordRef struct {
+	id   BlockID
+	kind format.SidecarKind
+	loc  index.Location
+}
+
+// liveRecords returns the records (blocks, then sidecars, in footer order) whose index entry
+// points into sealed segment n.
+func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
+	var refs []recordRef
 	if row, ok := e.ix.Segment(n); ok {
 		if seg, err := e.acquireSegment(n); err == nil {
 			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
 			seg.Release()
 			if ferr == nil {
 				for _, fe := range entries {
-					loc, ok, err := e.ix.Get(fe.ID)
+					var (
+						loc index.Location
+						ok  bool
+						err error
+					)
+					if fe.Kind == 0 {
+						loc, ok, err = e.ix.Get(fe.ID)
+					} else {
+						loc, ok, err = e.ix.GetSidecar(fe.ID, fe.Kind)
+					}
 					if err != nil {
-						return nil, nil, err
+						return nil, err
 					}
 					if ok && loc.Segment == n && loc.Offset == fe.Offset {
-						ids = append(ids, fe.ID)
-						locs = append(locs, loc)
+						refs = append(refs, recordRef{fe.ID, fe.Kind, loc})
 					}
 				}
-				return ids, locs, nil
+				return refs, nil
 			}
 			e.opts.Logger.Warn("ucm: segment footer unreadable; finding its records in the index", "segment", n, "err", ferr)
 		}
 	}
 	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
 		if loc.Segment == n {
-			ids = append(ids, id)
-			locs = append(locs, loc)
+			refs = append(refs, recordRef{id, 0, loc})
 		}
 		return true
 	})
-	return ids, locs, err
+	if err == nil {
+		err = e.ix.IterateSidecars(func(id BlockID, kind format.SidecarKind, loc index.Location) bool {
+			if loc.Segment == n {
+				refs = append(refs, recordRef{id, kind, loc})
+			}
+			return true
+		})
+	}
+	return refs, err
+}
+
+// sidecarsOf returns the sidecars of the blocks in refs that are stored in tier t (all tiers
+// when t is nil) and not in refs already: what must move with the blocks so that a tier is
+// not left holding representations of blocks it no longer has.
+func (e *Engine) sidecarsOf(refs []recordRef, t *diskTier) []recordRef {
+	var out []recordRef
+	for _, r := range refs {
+		if r.kind != 0 {
+			continue
+		}
+		for _, kind := range e.ix.SidecarKinds(r.id) {
+			if slices.ContainsFunc(refs, func(o recordRef) bool { return o.id == r.id && o.kind == kind }) {
+				continue
+			}
+			loc, ok, err := e.ix.GetSidecar(r.id, kind)
+			if err != nil || !ok || (t != nil && e.tierOf(loc.Segment) != t) {
+				continue
+			}
+			out = append(out, recordRef{r.id, kind, loc})
+		}
+	}
+	return out
 }
 
 // relocateBatch bounds the records read and appended together by relocate.
 const relocateBatch = 16
 
-// relocate copies blocks from where locs say they are into dst's relocation writer. Each record
-// is read whole and verified (header and every shard checksum) before it is written again; a
-// record that fails is handled like a failed load (dropped from the index, counted). The moves
-// are published by the writer's Publish hook with a compare-and-set per entry. It returns how
-// many records were copied and the bytes they take in dst.
-func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (moved int, written int64, err error) {
-	for lo := 0; lo < len(ids); lo += relocateBatch {
-		hi := min(len(ids), lo+relocateBatch)
-		recs, err := e.readRecords(ids[lo:hi], locs[lo:hi])
+// relocate copies records from where their refs say they are into dst's relocation writer.
+// Each record is read whole and verified (header and every shard checksum) before it is written
+// again; a record that fails is handled like a failed load (dropped from the index, counted).
+// The moves are published by the writer's Publish hook with a compare-and-set per entry. It
+// returns how many records were copied (and how many of them are blocks) and the bytes they
+// take in dst.
+func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, written int64, err error) {
+	for lo := 0; lo < len(refs); lo += relocateBatch {
+		hi := min(len(refs), lo+relocateBatch)
+		recs, err := e.readRecords(refs[lo:hi])
 		if err != nil {
-			return moved, written, err
+			return moved, blocks, written, err
 		}
 		if len(recs) == 0 {
 			continue
 		}
 		for _, r := range recs {
-			e.compressRecord(r, dst.codec)
+			if r.Kind == 0 {
+				e.compressRecord(r, dst.codec)
+			}
 			if isForeign(r.Origin.Segment) {
 				r.Origin = nil // another instance's block: the copy is this instance's own
 			}
@@ -299,34 +346,39 @@ func (e *Engine) relocate(ids []BlockID, locs []index.Location, dst *diskTier) (
 			e.pool.Put(r.Buf)
 		}
 		if err != nil {
-			return moved, written, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
+			return moved, blocks, written, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
 		}
 		moved += len(recs)
+		for _, r := range recs {
+			if r.Kind == 0 {
+				blocks++
+			}
+		}
 	}
-	return moved, written, nil
+	return moved, blocks, written, nil
 }
 
 // readRecords reads and verifies whole records for relocation; unusable ones are dropped from
 // the index and skipped. The returned records own pooled buffers.
-func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Record, error) {
+func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	l := e.opts.Layout
 	type read struct {
 		rec  *wal.Record
 		seg  *wal.Segment
-		loc  index.Location
+		ref  recordRef
 		tier *diskTier
 	}
 	var (
 		reads []read
 		ops   []devio.Op
 	)
-	for k, id := range ids {
-		loc := locs[k]
+	for _, ref := range refs {
+		loc := ref.loc
 		seg, err := e.acquireSegment(loc.Segment)
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
-				_ = e.dropBroken(id, loc, err)
+				_ = e.dropBrokenRef(ref, err)
 				continue
 			}
 			for _, r := range reads {
@@ -336,10 +388,10 @@ func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Recor
 			return nil, wrapIO(err)
 		}
 		buf := e.pool.Get(int(loc.RecordBytes()))
-		rec := &wal.Record{ID: id, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs, Buf: buf,
+		rec := &wal.Record{ID: ref.id, Kind: ref.kind, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs, Buf: buf,
 			Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs,
 			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
-		reads = append(reads, read{rec: rec, seg: seg, loc: loc, tier: e.tierOf(loc.Segment)})
+		reads = append(reads, read{rec: rec, seg: seg, ref: ref, tier: e.tierOf(loc.Segment)})
 		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.Offset})
 	}
 	if len(ops) > 0 {
@@ -350,23 +402,31 @@ func (e *Engine) readRecords(ids []BlockID, locs []index.Location) ([]*wal.Recor
 		err := ops[k].Err
 		switch {
 		case err == nil:
-			err = e.checkRecord(r.rec.ID, r.loc, r.rec.Buf)
+			err = e.checkRecord(r.ref.id, r.ref.loc, r.rec.Buf)
 			if err != nil {
-				_ = e.dropBroken(r.rec.ID, r.loc, err)
+				_ = e.dropBrokenRef(r.ref, err)
 			}
-		case shortRead(err) && cutShort(r.seg, r.loc):
-			_ = e.dropBroken(r.rec.ID, r.loc, truncatedRecord(r.loc, err))
+		case shortRead(err) && cutShort(r.seg, r.ref.loc):
+			_ = e.dropBrokenRef(r.ref, truncatedRecord(r.ref.loc, err))
 		default:
 			e.stats.readErrors.Add(1)
 		}
 		r.seg.Release()
-		if err != nil || r.loc.Layout != l {
+		if err != nil || (r.ref.kind == 0 && r.ref.loc.Layout != l) {
 			e.pool.Put(r.rec.Buf)
 			continue
 		}
 		out = append(out, r.rec)
 	}
 	return out, nil
+}
+
+// dropBrokenRef is dropBroken for a block or a sidecar.
+func (e *Engine) dropBrokenRef(r recordRef, cause error) error {
+	if r.kind == 0 {
+		return e.dropBroken(r.id, r.loc, cause)
+	}
+	return e.dropBrokenSidecar(r.id, r.kind, r.loc, cause)
 }
 
 // checkRecord verifies a whole record read into buf against its index entry.
@@ -394,10 +454,7 @@ func (e *Engine) checkRecord(id BlockID, loc index.Location, buf []byte) error {
 // to dropping them when it has no room), else deleted from the index, only where their entry
 // still points into t.
 func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *ReclaimReport) error {
-	var (
-		ids  []BlockID
-		locs []index.Location
-	)
+	var refs []recordRef
 	for _, id := range victims {
 		loc, ok, err := e.ix.Get(id)
 		if err != nil {
@@ -407,21 +464,21 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 			lru.Remove(id) // already gone from this tier
 			continue
 		}
-		ids = append(ids, id)
-		locs = append(locs, loc)
+		refs = append(refs, recordRef{id: id, loc: loc})
 	}
-	if len(ids) == 0 {
+	if len(refs) == 0 {
 		return nil
 	}
 	if t.pos+1 < len(e.tiers) {
 		next := e.tiers[t.pos+1]
-		moved, _, err := e.relocate(ids, locs, next)
+		// The blocks' sidecars in this tier go down with them.
+		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
 		if err == nil {
 			rep.BlocksDemoted += moved
-			rep.BlocksEvicted += len(ids)
-			e.stats.evictedBlocks.Add(int64(len(ids)))
-			for _, id := range ids {
-				lru.Remove(id) // moved ones left via Publish; broken ones were dropped
+			rep.BlocksEvicted += len(refs)
+			e.stats.evictedBlocks.Add(int64(len(refs)))
+			for _, r := range refs {
+				lru.Remove(r.id) // moved ones left via Publish; broken ones were dropped
 			}
 			return nil
 		}
@@ -433,14 +490,15 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		// Some may have moved before the refusal; drop only those still here.
 	}
 	b := e.ix.NewBatch()
-	results := make([]*bool, len(ids))
-	for k, id := range ids {
-		results[k] = b.DeleteIf(id, locs[k])
+	results := make([]*bool, len(refs))
+	for k, r := range refs {
+		results[k] = b.DeleteIf(r.id, r.loc) // with its sidecars
 	}
 	if err := e.ix.Apply(b, false); err != nil {
 		return err
 	}
-	for k, id := range ids {
+	for k, r := range refs {
+		id := r.id
 		lru.Remove(id)
 		if *results[k] {
 			rep.BlocksEvicted++

@@ -376,16 +376,32 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 	added := 0
 	for i := range res.Records {
 		r := &res.Records[i]
-		cur, ok, err := e.ix.Get(r.Header.ID)
+		var (
+			cur index.Location
+			ok  bool
+			err error
+		)
+		if r.Header.Kind == 0 {
+			cur, ok, err = e.ix.Get(r.Header.ID)
+		} else {
+			cur, ok, err = e.ix.GetSidecar(r.Header.ID, r.Header.Kind)
+		}
 		if err != nil {
 			return added, err
 		}
 		if ok && cur.Seq >= r.Header.Seq {
 			continue
 		}
-		b.Put(r.Header.ID, index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+		loc := index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
 			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
-			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
+			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
+		if r.Header.Kind != 0 {
+			// After its block in the log, so after its block's put in the batch; indexed only
+			// if the block is (the index refuses an orphan).
+			b.PutSidecar(r.Header.ID, r.Header.Kind, loc)
+		} else {
+			b.Put(r.Header.ID, loc)
+		}
 		added++
 	}
 	return added, nil

@@ -557,6 +557,16 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	seen := map[BlockID]bool{}
 	for i := range recs {
 		r := &recs[i]
+		if r.Header.Kind != 0 {
+			// A sidecar: indexed beside the block this segment (or an earlier one) gave the
+			// foreign index; the index ignores one whose block it lacks.
+			if !s.fx.HasSidecar(r.Header.ID, r.Header.Kind) {
+				b.PutSidecar(r.Header.ID, r.Header.Kind, index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+					HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
+					StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
+			}
+			continue
+		}
 		if (r.Header.Layout != e.opts.Layout && !e.opts.LookupOnly) || seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
 			continue
 		}

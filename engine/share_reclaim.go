@@ -115,9 +115,15 @@ func (e *Engine) obeyNotes(t *diskTier, m *format.Manifest, kind format.NoteKind
 func (e *Engine) evictSegment(t *diskTier, n uint64) error {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
-	ids, _, err := e.liveRecords(n)
+	refs, err := e.liveRecords(n)
 	if err != nil {
 		return err
+	}
+	var ids []BlockID
+	for _, r := range refs {
+		if r.kind == 0 {
+			ids = append(ids, r.id)
+		}
 	}
 	lru := t.recency()
 	if lru == nil {
@@ -125,6 +131,9 @@ func (e *Engine) evictSegment(t *diskTier, n uint64) error {
 	}
 	var rep ReclaimReport
 	if err := e.evict(t, lru, ids, &rep); err != nil {
+		return err
+	}
+	if err := e.evictSidecars(t, n); err != nil {
 		return err
 	}
 	if row, ok := e.ix.Segment(n); ok && row.LiveRecords == 0 && row.State == index.SegmentSealed {

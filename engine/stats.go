@@ -52,7 +52,13 @@ type Stats struct {
 	// one (Options.RecycleSegments).
 	SegmentsRecycled int64
 	Promotions       int64 // blocks moved up to the first disk tier after a lower-tier hit or Prefetch
-	RelocationsLost  int64 // relocated copies not published because the block changed meanwhile
+	// Sidecars (engine/sidecar.go): Sidecars stored now (from the index); DumpedSidecars written
+	// since Open; loaded parts served from the memory tier (SidecarMemoryHits) or read from
+	// disk (SidecarDiskReads), and asked-for parts not found (SidecarMisses).
+	Sidecars                                            int64
+	DumpedSidecars, SidecarMemoryHits, SidecarDiskReads int64
+	SidecarMisses                                       int64
+	RelocationsLost                                     int64 // relocated copies not published because the block changed meanwhile
 	// Sharing is the state of the shared tiers (zero without one).
 	Sharing SharingStats
 }
@@ -100,6 +106,7 @@ type counters struct {
 	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
 	relocationsLost                                                          atomic.Int64
 	compressedBlocks, compressSkipped, storedPayloadBytes                    atomic.Int64
+	dumpedSidecars, sidecarMemoryHits, sidecarDiskReads, sidecarMisses       atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -115,6 +122,8 @@ func (c *counters) snapshot() Stats {
 		Promotions: c.promotions.Load(), RelocationsLost: c.relocationsLost.Load(),
 		CompressedBlocks: c.compressedBlocks.Load(), CompressSkipped: c.compressSkipped.Load(),
 		StoredPayloadBytes: c.storedPayloadBytes.Load(),
+		DumpedSidecars:     c.dumpedSidecars.Load(), SidecarMemoryHits: c.sidecarMemoryHits.Load(),
+		SidecarDiskReads: c.sidecarDiskReads.Load(), SidecarMisses: c.sidecarMisses.Load(),
 	}
 }
 

@@ -562,7 +562,9 @@ type TierStats struct {
 	LiveBytes int64 // bytes of records the index points at
 	DeadBytes int64 // FileBytes − LiveBytes: reclaimable by compaction
 	Blocks    int64
-	Segments  int
+	// Sidecars is the number of sidecar records live in the tier (their bytes are in LiveBytes).
+	Sidecars int64
+	Segments int
 	// Memory tier only. Corrupt counts blocks whose cached bytes failed their checksums on a
 	// hit (dropped, and loaded from disk instead).
 	Hits, Misses, Evictions, Corrupt int64
@@ -588,7 +590,8 @@ func (e *Engine) TierStats() []TierStats {
 		s := &out[start+t.pos]
 		s.FileBytes += row.Size
 		s.LiveBytes += row.LiveBytes
-		s.Blocks += row.LiveRecords
+		s.Blocks += row.LiveRecords - row.LiveSidecars
+		s.Sidecars += row.LiveSidecars
 		s.Segments++
 	}
 	for i := start; i < len(out); i++ {

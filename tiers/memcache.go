@@ -131,15 +131,21 @@ func (c *MemCache) put(k memKey, data []byte, crcs []uint32) {
 // wrapping format.ErrCorrupt that names the block and part; dst then holds unverified bytes
 // (the caller reads the block from a lower tier).
 func (c *MemCache) Get(id ID, off int64, dst []byte) (bool, error) {
-	return c.get(memKey{id, 0}, off, dst)
+	return c.get(memKey{id, 0}, off, dst, false)
 }
 
-// GetSidecar is Get for block id's sidecar of kind: it copies whole parts from offset off.
-func (c *MemCache) GetSidecar(id ID, kind format.SidecarKind, off int64, dst []byte) (bool, error) {
-	return c.get(memKey{id, kind}, off, dst)
+// GetSidecar copies part `part` of block id's sidecar of kind into dst, verified as Get
+// verifies, and returns true; it misses (false, nil) when the sidecar is not cached, has no
+// such part, or its parts are not exactly len(dst) bytes.
+func (c *MemCache) GetSidecar(id ID, kind format.SidecarKind, part int, dst []byte) (bool, error) {
+	if part < 0 || len(dst) == 0 {
+		return false, nil
+	}
+	return c.get(memKey{id, kind}, int64(part)*int64(len(dst)), dst, true)
 }
 
-func (c *MemCache) get(k memKey, off int64, dst []byte) (bool, error) {
+// get copies [off, off+len(dst)) of item k; with onePart the range must be exactly one part.
+func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, error) {
 	id := k.id
 	c.mu.Lock()
 	e := c.entries[k]
@@ -148,7 +154,7 @@ func (c *MemCache) get(k memKey, off int64, dst []byte) (bool, error) {
 		unit = int64(len(e.data) / len(e.crcs))
 	}
 	if e == nil || off < 0 || off > int64(len(e.data)) || int64(len(dst)) > int64(len(e.data))-off ||
-		(unit > 0 && (off%unit != 0 || int64(len(dst))%unit != 0)) {
+		(unit > 0 && (off%unit != 0 || int64(len(dst))%unit != 0)) || (onePart && int64(len(dst)) != unit) {
 		c.misses++
 		c.mu.Unlock()
 		return false, nil

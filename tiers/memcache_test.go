@@ -407,8 +407,14 @@ func TestMemCacheSidecars(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	dst := make([]byte, 256)
-	if ok, err := c.GetSidecar(bid(1), 3, 2*256, dst); !ok || err != nil || !bytes.Equal(dst, side[512:768]) {
+	if ok, err := c.GetSidecar(bid(1), 3, 2, dst); !ok || err != nil || !bytes.Equal(dst, side[512:768]) {
 		t.Fatalf("part 2: %v %v", ok, err)
+	}
+	if ok, _ := c.GetSidecar(bid(1), 3, 1, make([]byte, 512)); ok {
+		t.Fatal("a two-part read answered as one part")
+	}
+	if ok, _ := c.GetSidecar(bid(1), 3, 4, dst); ok {
+		t.Fatal("a part past the end answered")
 	}
 	if ok, _ := c.GetSidecar(bid(1), 4, 0, dst); ok {
 		t.Fatal("hit on a kind never cached")
@@ -417,7 +423,7 @@ func TestMemCacheSidecars(t *testing.T) {
 		t.Fatal("a sidecar answered a block Get")
 	}
 	c.entries[memKey{bid(2), 3}].data[300] ^= 1
-	if ok, err := c.GetSidecar(bid(2), 3, 256, dst); ok || !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), "sidecar 3 of block") {
+	if ok, err := c.GetSidecar(bid(2), 3, 1, dst); ok || !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), "sidecar 3 of block") {
 		t.Fatalf("corrupt part: %v %v", ok, err)
 	}
 	c.Remove(bid(1))

@@ -1,0 +1,383 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/ucm-go/ucm/tiers"
+)
+
+// Sidecars of the tests: 4 parts (one per layer of mhaLayout) of 96 bytes, a function of
+// (block, kind) so any reader can check them.
+const (
+	sideParts = 4
+	sidePart  = 96
+)
+
+func sidecarBytes(id BlockID, kind SidecarKind) []byte {
+	b := make([]byte, sideParts*sidePart)
+	payload(id, 1000+uint64(kind), b)
+	return b
+}
+
+func dumpSidecars(t testing.TB, e *Engine, kind SidecarKind, ids []BlockID) {
+	t.Helper()
+	src := make([][]byte, len(ids))
+	for i, id := range ids {
+		src[i] = sidecarBytes(id, kind)
+	}
+	if err := e.DumpSidecars(kind, sideParts, ids, src).Wait(); err != nil {
+		t.Fatalf("dump sidecars: %v", err)
+	}
+}
+
+// checkSidecars loads every part of kind for ids and compares; want[i] false means ids[i]
+// must not be found.
+func checkSidecars(t testing.TB, e *Engine, kind SidecarKind, ids []BlockID, want []bool) {
+	t.Helper()
+	for p := range sideParts {
+		dst := make([]byte, len(ids)*sidePart)
+		found, err := e.LoadSidecars(kind, p, ids, dst)
+		if err != nil {
+			t.Fatalf("load sidecars part %d: %v", p, err)
+		}
+		for i, id := range ids {
+			w := want == nil || want[i]
+			if found[i] != w {
+				t.Fatalf("sidecar %d of %s part %d: found %v, want %v", kind, id, p, found[i], w)
+			}
+			if w && !bytes.Equal(dst[i*sidePart:(i+1)*sidePart], sidecarBytes(id, kind)[p*sidePart:(p+1)*sidePart]) {
+				t.Fatalf("sidecar %d of %s part %d: bytes differ", kind, id, p)
+			}
+		}
+	}
+}
+
+func TestSidecarDumpLoad(t *testing.T) {
+	for _, withMemory := range []bool{false, true} {
+		name := "disk"
+		if withMemory {
+			name = "memory"
+		}
+		t.Run(name, func(t *testing.T) {
+			_, fs := memFS()
+			opts := testOptions(fs, mhaLayout)
+			if withMemory {
+				opts.Tiers = []tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: 1 << 20}, diskTierCfg("ssd", 0, "/store")}
+			}
+			e := mustOpen(t, "/store", opts)
+			blocks := ids(0, 40)
+			dumpBlocks(t, e, blocks)
+			dumpSidecars(t, e, 3, blocks[:30])
+			dumpSidecars(t, e, 7, blocks[10:20])
+			// Once more: kept, not written again.
+			dumpSidecars(t, e, 3, blocks[:5])
+			want := make([]bool, len(blocks))
+			for i := range 30 {
+				want[i] = true
+			}
+			checkSidecars(t, e, 3, blocks, want)
+			checkSidecars(t, e, 7, blocks[10:20], nil)
+			if has := e.HasSidecars(7, blocks[:12]); countTrue(has) != 2 || !has[10] || !has[11] {
+				t.Fatalf("HasSidecars = %v", has)
+			}
+			st := e.Stats()
+			if st.Sidecars != 40 || st.DumpedSidecars != 40 || st.Blocks != 40 {
+				t.Fatalf("stats: %d sidecars, %d dumped, %d blocks", st.Sidecars, st.DumpedSidecars, st.Blocks)
+			}
+			if withMemory && (st.SidecarDiskReads != 0 || st.SidecarMemoryHits == 0) {
+				t.Fatalf("memory tier: %d disk reads, %d memory hits", st.SidecarDiskReads, st.SidecarMemoryHits)
+			}
+			if err := e.ix.CheckAccounting(); err != nil {
+				t.Fatal(err)
+			}
+			// Across a reopen, from disk (and into memory on the first read).
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			e = mustOpen(t, "/store", opts)
+			defer e.Close()
+			checkSidecars(t, e, 3, blocks, want)
+			checkSidecars(t, e, 3, blocks, want)
+			st = e.Stats()
+			// With a memory tier the first read of a sidecar caches all of it; without, each
+			// part asked is read.
+			if wantReads := map[bool]int64{true: 30, false: 30 * 2 * sideParts}[withMemory]; st.SidecarDiskReads != wantReads {
+				t.Fatalf("after reopen: %d disk reads, want %d", st.SidecarDiskReads, wantReads)
+			}
+			if withMemory && st.SidecarMemoryHits != 30*(2*sideParts-1) {
+				t.Fatalf("after reopen: %d memory hits, want %d", st.SidecarMemoryHits, 30*(2*sideParts-1))
+			}
+			checkBlocks(t, e, blocks)
+		})
+	}
+}
+
+func TestSidecarBadInput(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+	defer e.Close()
+	blocks := ids(0, 2)
+	dumpBlocks(t, e, blocks[:1])
+	good := [][]byte{sidecarBytes(blocks[0], 1)}
+	for name, task := range map[string]*Task{
+		"kind 0":         e.DumpSidecars(0, sideParts, blocks[:1], good),
+		"kind too large": e.DumpSidecars(MaxSidecarKind+1, sideParts, blocks[:1], good),
+		"no parts":       e.DumpSidecars(1, 0, blocks[:1], good),
+		"parts unequal":  e.DumpSidecars(1, 5, blocks[:1], good),
+		"empty":          e.DumpSidecars(1, 1, blocks[:1], [][]byte{{}}),
+		"buffers":        e.DumpSidecars(1, sideParts, blocks[:1], nil),
+		"zero id":        e.DumpSidecars(1, sideParts, []BlockID{{}}, good),
+	} {
+		if err := task.Wait(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	// A block not stored: ErrNotFound naming it; the stored one beside it is fine.
+	err := e.DumpSidecars(1, sideParts, blocks, [][]byte{good[0], sidecarBytes(blocks[1], 1)}).Wait()
+	if !errors.Is(err, ErrNotFound) || !bytes.Contains([]byte(err.Error()), []byte(blocks[1].String())) {
+		t.Fatalf("sidecar of a missing block: %v", err)
+	}
+	checkSidecars(t, e, 1, blocks, []bool{true, false})
+	for name, f := range map[string]func() error{
+		"kind":  func() error { _, err := e.LoadSidecars(0, 0, blocks, make([]byte, 2*sidePart)); return err },
+		"size":  func() error { _, err := e.LoadSidecars(1, 0, blocks, make([]byte, 2*sidePart+1)); return err },
+		"part":  func() error { _, err := e.LoadSidecars(1, -1, blocks, make([]byte, 2*sidePart)); return err },
+		"empty": func() error { _, err := e.LoadSidecars(1, 0, blocks, nil); return err },
+	} {
+		if err := f(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("load %s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	// Parts of another size, a part past the end: misses, not errors, and dst zeroed.
+	dst := bytes.Repeat([]byte{0xff}, 2*2*sidePart)
+	if found, err := e.LoadSidecars(1, 0, blocks, dst); err != nil || found[0] || found[1] || !bytes.Equal(dst, make([]byte, len(dst))) {
+		t.Fatalf("wrong part size: %v %v", found, err)
+	}
+	if found, err := e.LoadSidecars(1, sideParts, blocks[:1], make([]byte, sidePart)); err != nil || found[0] {
+		t.Fatalf("part past the end: %v %v", found, err)
+	}
+}
+
+// TestSidecarWaitsForItsBlock: a sidecar dumped while its block is being assembled layer by
+// layer is stored once the block is complete, never before it.
+func TestSidecarWaitsForItsBlock(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+	defer e.Close()
+	id := blockID(1)
+	full := blockBytes(mhaLayout, id)
+	shard := func(s int) [][]byte {
+		return [][]byte{full[int64(s)*mhaLayout.ShardBytes : int64(s+1)*mhaLayout.ShardBytes]}
+	}
+	for s := 0; s < mhaLayout.Shards-1; s++ {
+		if err := e.DumpShard([]BlockID{id}, s, shard(s)).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	side := e.DumpSidecars(2, sideParts, []BlockID{id}, [][]byte{sidecarBytes(id, 2)})
+	if done, _ := side.Check(); done {
+		t.Fatal("the sidecar task finished before its block was complete")
+	}
+	if e.HasSidecars(2, []BlockID{id})[0] {
+		t.Fatal("a sidecar is visible before its block")
+	}
+	if err := e.DumpShard([]BlockID{id}, mhaLayout.Shards-1, shard(mhaLayout.Shards-1)).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := side.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	checkSidecars(t, e, 2, []BlockID{id}, nil)
+}
+
+// TestSidecarCorruptOnDisk: a sidecar whose bytes changed on disk is a miss, dropped from the
+// index and counted; its block still loads.
+func TestSidecarCorruptOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Layout: mhaLayout, Schema: testSchema, SegmentSize: 1 << 20}
+	e := mustOpen(t, dir, opts)
+	blocks := ids(0, 3)
+	dumpBlocks(t, e, blocks)
+	dumpSidecars(t, e, 4, blocks)
+	loc, ok, err := e.ix.GetSidecar(blocks[1], 4)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	path, _ := e.SegmentPath(loc.Segment)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0x5a}, loc.Offset+4096+2*sidePart+7); err != nil { // part 2
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	e = mustOpen(t, dir, opts)
+	defer e.Close()
+	dst := make([]byte, 3*sidePart)
+	found, err := e.LoadSidecars(4, 0, blocks, dst) // part 0 asked: the whole sidecar is checked
+	if err != nil || !found[0] || found[1] || !found[2] {
+		t.Fatalf("found %v err %v: want the corrupt one missed", found, err)
+	}
+	if e.HasSidecars(4, blocks[1:2])[0] || e.Stats().CorruptReads != 1 {
+		t.Fatalf("corrupt sidecar still indexed (%v) or not counted (%d)", e.HasSidecars(4, blocks[1:2])[0], e.Stats().CorruptReads)
+	}
+	checkBlocks(t, e, blocks)
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSidecarsFollowTheirBlocks: eviction drops a block's sidecars with it, compaction copies
+// them forward, demotion moves them to the next tier with their block, promotion back up; the
+// accounting stays exact and no sidecar is ever found without its block.
+func TestSidecarsFollowTheirBlocks(t *testing.T) {
+	t.Run("evict", func(t *testing.T) {
+		_, fs := memFS()
+		e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+		defer e.Close()
+		blocks := ids(0, 60)
+		dumpBlocks(t, e, blocks)
+		dumpSidecars(t, e, 5, blocks)
+		if _, err := e.Evict("", 0); err != nil {
+			t.Fatal(err)
+		}
+		if n := countTrue(e.Lookup(blocks)); n != 0 {
+			t.Fatalf("%d blocks left", n)
+		}
+		if st := e.Stats(); st.Sidecars != 0 || st.LiveBytes != 0 {
+			t.Fatalf("after evicting everything: %d sidecars, %d live bytes", st.Sidecars, st.LiveBytes)
+		}
+		checkSidecars(t, e, 5, blocks, make([]bool, len(blocks)))
+		if err := e.ix.CheckAccounting(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("compact", func(t *testing.T) {
+		_, fs := memFS()
+		e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+		defer e.Close()
+		blocks := ids(0, 60)
+		for i := range blocks {
+			dumpBlocks(t, e, blocks[i:i+1])
+			dumpSidecars(t, e, 5, blocks[i:i+1])
+		}
+		// Drop every other block (and so its sidecar): the segments become sparse.
+		b := e.ix.NewBatch()
+		for i := 0; i < len(blocks); i += 2 {
+			b.Delete(blocks[i])
+		}
+		if err := e.ix.Apply(b, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := e.Compact(0.99, nil)
+		if err != nil || rep.SegmentsCompacted == 0 {
+			t.Fatalf("compact: %+v %v", rep, err)
+		}
+		want := make([]bool, len(blocks))
+		for i := 1; i < len(blocks); i += 2 {
+			want[i] = true
+		}
+		checkSidecars(t, e, 5, blocks, want)
+		for i := 1; i < len(blocks); i += 2 {
+			checkBlocks(t, e, blocks[i:i+1])
+		}
+		if err := e.ix.CheckAccounting(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("demote and promote", func(t *testing.T) {
+		_, fs := memFS()
+		e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("nfs", 0, "/nfs")))
+		defer e.Close()
+		blocks := ids(0, 80)
+		for i := range blocks {
+			dumpBlocks(t, e, blocks[i:i+1])
+			dumpSidecars(t, e, 6, blocks[i:i+1])
+		}
+		waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].space.OverHigh() })
+		st := e.TierStats()
+		if st[1].Blocks == 0 || st[1].Sidecars == 0 {
+			t.Fatalf("nothing demoted: %+v", st)
+		}
+		sameTier := func() {
+			t.Helper()
+			for _, id := range blocks {
+				bl, okb, _ := e.ix.Get(id)
+				sl, oks, _ := e.ix.GetSidecar(id, 6)
+				if oks && !okb {
+					t.Fatalf("sidecar of %s outlives its block", id)
+				}
+				if okb && oks && e.tierOf(bl.Segment) != e.tierOf(sl.Segment) {
+					t.Fatalf("block %s in tier %s, its sidecar in %s", id, e.tierOf(bl.Segment).cfg.Name, e.tierOf(sl.Segment).cfg.Name)
+				}
+			}
+		}
+		sameTier()
+		checkSidecars(t, e, 6, blocks, nil)
+		var low BlockID
+		for _, id := range blocks {
+			if loc, _, _ := e.ix.Get(id); e.tierOf(loc.Segment).pos == 1 {
+				low = id
+				break
+			}
+		}
+		if _, err := e.promoteBlocks([]BlockID{low}); err != nil {
+			t.Fatal(err)
+		}
+		if loc, _, _ := e.ix.GetSidecar(low, 6); e.tierOf(loc.Segment).pos != 0 {
+			t.Fatal("the sidecar stayed below its promoted block")
+		}
+		sameTier()
+		checkAllIndexed(t, e)
+	})
+}
+
+// TestSidecarCrashRecovery: after a power loss, sidecars in the segment that was active are
+// indexed again by recovery beside their blocks; a torn sidecar record costs only that sidecar
+// (its block stays), and a torn block takes its sidecar with it.
+func TestSidecarCrashRecovery(t *testing.T) {
+	mem, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	e := mustOpen(t, "/store", opts)
+	blocks := ids(0, 6)
+	dumpBlocks(t, e, blocks[:5])
+	dumpSidecars(t, e, 9, blocks[:5])
+	dumpBlocks(t, e, blocks[5:])
+	dumpSidecars(t, e, 9, blocks[5:])
+	side, _, _ := e.ix.GetSidecar(blocks[2], 9)
+	last := location(t, e, blocks[5])
+	seg := e.segDir + "/" + segName(side.Segment)
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+	_ = e.Close()
+	// Blocks 0-4 were appended together, then their sidecars, then block 5 and its sidecar.
+	// Tear sidecar 2's payload: recovery's scan stops at the first bad record, so the log is
+	// cut there: sidecars 2-4, block 5 and its sidecar are lost, blocks 0-4 and sidecars 0-1
+	// stay.
+	patchFile(t, crashed, seg, side.Offset+4096, func(b []byte) { b[10] ^= 1 })
+	opts.FS = crashed
+	e2 := mustOpen(t, "/store", opts)
+	defer e2.Close()
+	if hits := e2.Lookup(blocks); countTrue(hits[:5]) != 5 || (hits[5] && last.Segment == side.Segment) {
+		t.Fatalf("blocks after the crash: %v", hits)
+	}
+	checkBlocks(t, e2, blocks[:5])
+	checkSidecars(t, e2, 9, blocks[:5], []bool{true, true, false, false, false})
+	if err := e2.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+	// The store goes on: the lost sidecars can be dumped again.
+	dumpSidecars(t, e2, 9, blocks[:5])
+	checkSidecars(t, e2, 9, blocks[:5], nil)
+}
