@@ -901,7 +901,10 @@ func TestRecycledFilesAcrossReopen(t *testing.T) {
 // what a stray write into the process's memory would change.
 func memoryTierBytes(t *testing.T, e *Engine, id BlockID) []byte {
 	t.Helper()
-	entry := reflect.ValueOf(e.mem).Elem().FieldByName("entries").MapIndex(reflect.ValueOf(id))
+	entries := reflect.ValueOf(e.mem).Elem().FieldByName("entries")
+	key := reflect.New(entries.Type().Key()).Elem() // the block's key: its id, kind 0
+	*(*BlockID)(unsafe.Pointer(key.FieldByName("id").UnsafeAddr())) = id
+	entry := entries.MapIndex(key)
 	if !entry.IsValid() {
 		t.Fatalf("block %s is not in the memory tier", id)
 	}
