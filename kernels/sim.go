@@ -269,8 +269,15 @@ func (s *Stream) loop() {
 		} else if s.err == nil {
 			s.err = err
 		}
-		s.cond.Broadcast()
 		s.mu.Unlock()
+		// Completed after the state update, so that a Synchronize returning sees the stream
+		// idle in Query.
+		if o.record != nil {
+			o.record.complete(err)
+		}
+		if o.notify != nil {
+			o.notify(err)
+		}
 	}
 }
 
@@ -290,7 +297,8 @@ func (s *Stream) down() bool {
 	}
 }
 
-// exec runs one op given the stream's error state and returns the new error state.
+// exec runs one op's wait and work given the stream's error state and returns the new error
+// state; the loop then completes its record and notify.
 func (s *Stream) exec(o streamOp, err error) error {
 	defer unpin(o.pins)
 	if o.wait != nil {
@@ -313,12 +321,6 @@ func (s *Stream) exec(o streamOp, err error) error {
 		}
 		err = runOp(o)
 		s.dev.sleepUntil(end)
-	}
-	if o.record != nil {
-		o.record.complete(err)
-	}
-	if o.notify != nil {
-		o.notify(err)
 	}
 	return err
 }

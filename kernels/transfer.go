@@ -13,14 +13,14 @@ import (
 // reported here and enqueue nothing; dst must not be read or released until the stream has
 // run the copy.
 func (p *PagedKV) GatherBlocks(s *Stream, blocks []int, dst []byte) error {
-	return p.transfer(s, true, -1, blocks, dst)
+	return p.transfer(s, true, -1, blocks, dst, xferHooks{})
 }
 
 // ScatterBlocks enqueues on s the reverse of GatherBlocks: src holds len(blocks) whole
 // records, block-major, copied into the caches (host to device). An id may appear only once
 // (ErrInvalid otherwise).
 func (p *PagedKV) ScatterBlocks(s *Stream, blocks []int, src []byte) error {
-	return p.transfer(s, false, -1, blocks, src)
+	return p.transfer(s, false, -1, blocks, src, xferHooks{})
 }
 
 // GatherLayer enqueues on s the copy of one layer's shard of many blocks into dst,
@@ -31,7 +31,7 @@ func (p *PagedKV) GatherLayer(s *Stream, layer int, blocks []int, dst []byte) er
 	if layer < 0 || layer >= len(p.layers) {
 		return errorf(ErrOutOfRange, "gather: layer %d outside [0, %d)", layer, len(p.layers))
 	}
-	return p.transfer(s, true, layer, blocks, dst)
+	return p.transfer(s, true, layer, blocks, dst, xferHooks{})
 }
 
 // ScatterLayer enqueues on s the reverse of GatherLayer: src holds one layer's shard of
@@ -40,7 +40,7 @@ func (p *PagedKV) ScatterLayer(s *Stream, layer int, blocks []int, src []byte) e
 	if layer < 0 || layer >= len(p.layers) {
 		return errorf(ErrOutOfRange, "scatter: layer %d outside [0, %d)", layer, len(p.layers))
 	}
-	return p.transfer(s, false, layer, blocks, src)
+	return p.transfer(s, false, layer, blocks, src, xferHooks{})
 }
 
 // xitem is one block shard's copy (or, for single-run templates, one coalesced run): src is
@@ -57,9 +57,17 @@ const maxRun = 1 << 20
 
 var itemPool = sync.Pool{New: func() any { s := make([]xitem, 0, 256); return &s }}
 
+// xferHooks attach stream semantics to a transfer's operation: wait for a recorded point
+// first, and notify when done (called exactly once when the enqueue succeeds, never when it
+// fails).
+type xferHooks struct {
+	wait   *streamMark
+	notify func(error)
+}
+
 // transfer plans and enqueues a gather (d2h) or scatter of one layer (layer ≥ 0) or all
 // layers (layer < 0, block-major).
-func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []byte) error {
+func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []byte, hooks xferHooks) error {
 	verb := "scatter"
 	if d2h {
 		verb = "gather"
@@ -80,6 +88,9 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 		return errorf(ErrInvalid, "%s: host buffer of %d bytes for %d blocks of %d bytes", verb, len(host), len(blocks), per)
 	}
 	if len(blocks) == 0 {
+		if hooks.wait != nil || hooks.notify != nil {
+			return s.enqueue(streamOp{name: verb + " of no blocks", wait: hooks.wait, notify: hooks.notify})
+		}
 		return nil
 	}
 	mems := make([][]byte, len(p.layers))
@@ -151,7 +162,7 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 	if d2h {
 		dir = linkD2H
 	}
-	if err := s.enqueue(streamOp{name: name, dir: dir, bytes: total, pins: pinHost(host), run: run}); err != nil {
+	if err := s.enqueue(streamOp{name: name, dir: dir, bytes: total, pins: pinHost(host), run: run, wait: hooks.wait, notify: hooks.notify}); err != nil {
 		*ip = items[:0]
 		itemPool.Put(ip)
 		return fmt.Errorf("%s: %w", verb, err)
