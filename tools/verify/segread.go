@@ -228,6 +228,8 @@ func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) er
 				ri.Err = fmt.Errorf("%w: record seq %d header crc %#08x, the footer lists seq %d crc %#08x", format.ErrCorrupt, ri.Seq, ri.HeaderCRC, e.Seq, e.HeaderCRC)
 			case ri.Length != e.Length:
 				ri.Err = fmt.Errorf("%w: record is %d bytes, the footer lists %d", format.ErrCorrupt, ri.Length, e.Length)
+			case ri.Header != nil && (ri.Header.Type != e.Type || ri.Header.Kind != e.Kind):
+				ri.Err = fmt.Errorf("%w: record is of type %d kind %d, the footer lists type %d kind %d", format.ErrCorrupt, ri.Header.Type, ri.Header.Kind, e.Type, e.Kind)
 			}
 		}
 		r.res.Records = append(r.res.Records, ri)

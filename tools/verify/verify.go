@@ -100,6 +100,9 @@ type Report struct {
 	// DeadRecords the valid ones no index entry points at, DeadBytes bytes on disk.
 	Records, ValidRecords, DeadRecords int
 	DeadBytes                          int64
+	// SidecarEntries counts the index's sidecar entries and SidecarsVerified those whose record
+	// and every part checksum were verified.
+	SidecarEntries, SidecarsVerified int
 	// IndexEntries counts the index's entries and BlocksVerified those whose record and
 	// every shard checksum were verified.
 	IndexEntries, BlocksVerified int
@@ -299,59 +302,75 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		}
 	}
 
-	// Index → log.
-	unloadable := map[uint64]int{} // indexed blocks in segments with a bad header
-	err = h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
-		r.IndexEntries++
+	// Index → log: block entries, then sidecar entries, each checked against its record.
+	unloadable := map[uint64]int{} // indexed records in segments with a bad header
+	check := func(id format.BlockID, kind format.SidecarKind, loc index.Location) (verified bool) {
 		if _, bad := badHeader[loc.Segment]; bad {
-			// The engine refuses to open such a segment: none of its blocks can load, however
-			// intact their records look.
+			// The engine refuses to open such a segment: none of its records can load, however
+			// intact they look.
 			unloadable[loc.Segment]++
-			return true
+			return false
+		}
+		what := "index entry"
+		if kind != 0 {
+			what = fmt.Sprintf("sidecar %d entry", kind)
 		}
 		m, ok := registered[loc.Segment]
 		if !ok {
-			add(loc.Segment, loc.Offset, id, "index entry points into segment %d, which is not registered", loc.Segment)
-			return true
+			add(loc.Segment, loc.Offset, id, "%s points into segment %d, which is not registered", what, loc.Segment)
+			return false
 		}
 		if _, present := onDisk[loc.Segment]; !present {
-			return true // reported once for the segment
+			return false // reported once for the segment
 		}
 		if m.State == index.SegmentQuarantined {
-			add(loc.Segment, loc.Offset, id, "index entry points into a quarantined segment")
-			return true
+			add(loc.Segment, loc.Offset, id, "%s points into a quarantined segment", what)
+			return false
 		}
 		if m.State == index.SegmentDeleting {
 			r.PendingDrops++ // recovery drops the entries of a segment it finishes deleting
-			return true
+			return false
 		}
 		if end, ok := validEnd[loc.Segment]; ok && loc.Offset >= end {
 			r.PendingDrops++ // past the valid end of an active segment: recovery drops it
-			return true
+			return false
 		}
 		rs := recs[recKey{loc.Segment, loc.Offset}]
 		if rs == nil {
-			add(loc.Segment, loc.Offset, id, "index entry points at offset %d, which is not the start of a record", loc.Offset)
-			return true
+			add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
+			return false
 		}
 		rs.indexed = true
 		if rs.info.Err != nil {
-			return true // reported with the record
+			return false // reported with the record
 		}
-		if why := mismatch(rs.info, id, loc, h.Layout); len(why) > 0 {
-			add(loc.Segment, loc.Offset, id, "index entry does not match the record: %s", strings.Join(why, "; "))
-			return true
+		if why := mismatch(rs.info, id, kind, loc, h.Layout); len(why) > 0 {
+			add(loc.Segment, loc.Offset, id, "%s does not match the record: %s", what, strings.Join(why, "; "))
+			return false
 		}
-		if rs.info.PayloadChecked {
+		return rs.info.PayloadChecked
+	}
+	err = h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
+		r.IndexEntries++
+		if check(id, 0, loc) {
 			r.BlocksVerified++
 		}
 		return true
 	})
+	if err == nil {
+		err = h.Index.IterateSidecars(func(id format.BlockID, kind format.SidecarKind, loc index.Location) bool {
+			r.SidecarEntries++
+			if check(id, kind, loc) {
+				r.SidecarsVerified++
+			}
+			return true
+		})
+	}
 	if err != nil {
 		r.Problems = append(r.Problems, Problem{Offset: -1, Msg: fmt.Sprintf("reading the index: %v", err)})
 	}
 	for n, count := range unloadable {
-		add(n, -1, format.BlockID{}, "%d indexed blocks cannot load: %s (the engine drops them as it meets them)", count, badHeader[n])
+		add(n, -1, format.BlockID{}, "%d indexed records cannot load: %s (the engine drops them as it meets them)", count, badHeader[n])
 	}
 
 	// Log → index: invalid records are problems; valid ones nobody points at are dead space.
@@ -368,7 +387,11 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 					h.SegmentPath(k.seg), k.off, rs.info.Err))
 				continue
 			}
-			add(k.seg, k.off, rs.info.ID, "invalid record (indexed: loads of it will miss): %v", rs.info.Err)
+			what := "record"
+			if hd := rs.info.Header; hd != nil && hd.Kind != 0 {
+				what = fmt.Sprintf("sidecar %d record", hd.Kind)
+			}
+			add(k.seg, k.off, rs.info.ID, "invalid %s (indexed: loads of it will miss): %v", what, rs.info.Err)
 			continue
 		}
 		r.ValidRecords++
@@ -391,12 +414,15 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	return r, nil
 }
 
-// mismatch lists how the record ri differs from the index entry (id, loc) of a store of
+// mismatch lists how the record ri differs from the index entry (id, kind, loc) of a store of
 // layout l; nothing when they agree.
-func mismatch(ri RecordInfo, id format.BlockID, loc index.Location, l format.Layout) []string {
+func mismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKind, loc index.Location, l format.Layout) []string {
 	var why []string
 	if ri.ID != id {
 		why = append(why, fmt.Sprintf("the record holds block %s", ri.ID))
+	}
+	if hd := ri.Header; hd != nil && hd.Kind != kind {
+		why = append(why, fmt.Sprintf("the record is of kind %d (%v), the entry of kind %d", hd.Kind, hd.Type, kind))
 	}
 	if ri.HeaderCRC != loc.HeaderCRC {
 		why = append(why, fmt.Sprintf("header crc %#08x, index has %#08x", ri.HeaderCRC, loc.HeaderCRC))
@@ -413,7 +439,7 @@ func mismatch(ri RecordInfo, id format.BlockID, loc index.Location, l format.Lay
 			why = append(why, fmt.Sprintf("compression %v with stored lengths %v, index has %v with %v", hd.Compression, hd.StoredLens, loc.Compression, loc.StoredLens))
 		}
 	}
-	if loc.Layout != l {
+	if kind == 0 && loc.Layout != l {
 		why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, l))
 	}
 	return why

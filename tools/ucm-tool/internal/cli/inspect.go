@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tools/verify"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -73,7 +74,7 @@ func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) e
 	rows := s.ix.Segments()
 	fmt.Fprintln(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "segment\ttier\tstate\tgeneration\tsize\tlive bytes\tlive records\tlive ratio\t")
+	fmt.Fprintln(tw, "segment\ttier\tstate\tgeneration\tsize\tlive bytes\tlive records\tsidecars\tlive ratio\t")
 	for _, m := range rows {
 		ratio := 0.0
 		if m.Size > 0 {
@@ -83,11 +84,11 @@ func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) e
 		if tier == "" {
 			tier = "(no file)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%016x\t%d\t%d\t%d\t%.3f\t\n", m.Number, tier, m.State, m.Generation, m.Size, m.LiveBytes, m.LiveRecords, ratio)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%016x\t%d\t%d\t%d\t%d\t%.3f\t\n", m.Number, tier, m.State, m.Generation, m.Size, m.LiveBytes, m.LiveRecords, m.LiveSidecars, ratio)
 	}
 	_ = tw.Flush()
 	blocks, live, files := s.ix.Totals()
-	fmt.Fprintf(stdout, "%d segments, %d blocks, %d live bytes of %d file bytes\n", len(rows), blocks, live, files)
+	fmt.Fprintf(stdout, "%d segments, %d blocks, %d sidecars, %d live bytes of %d file bytes\n", len(rows), blocks, s.ix.SidecarCount(), live, files)
 	if segment >= 0 {
 		if err := inspectSegment(s, uint64(segment), stdout); err != nil {
 			return err
@@ -124,17 +125,33 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  problem at %d: %s\n", p.Offset, p.Msg)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "offset\tblock id\tseq\tshards\tshard bytes\tcompression\trecord bytes\theader crc\tindexed\t")
+	fmt.Fprintln(tw, "offset\tblock id\trecord\tseq\tshards\tshard bytes\tcompression\trecord bytes\theader crc\tindexed\t")
 	for _, r := range res.Records {
-		indexed := "no"
-		if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
-			indexed = "yes"
-		}
 		if r.Header == nil {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t-\t-\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
+			indexed := "no"
+			if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
+				indexed = "yes"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t-\t%d\t-\t-\t-\t-\t-\t%s\tINVALID: %v\n", r.Offset, r.ID, r.Seq, indexed, r.Err)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, r.ID, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes,
+		var (
+			loc  index.Location
+			ok   bool
+			err  error
+			what = "block"
+		)
+		if k := r.Header.Kind; k != 0 {
+			loc, ok, err = s.ix.GetSidecar(r.ID, k)
+			what = fmt.Sprintf("sidecar %d", k)
+		} else {
+			loc, ok, err = s.ix.Get(r.ID)
+		}
+		indexed := "no"
+		if err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
+			indexed = "yes"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, r.ID, what, r.Seq, r.Header.Layout.Shards, r.Header.Layout.ShardBytes,
 			r.Header.Compression, r.Header.RecordBytes(), r.HeaderCRC, indexed)
 		if r.Err != nil {
 			fmt.Fprintf(tw, "INVALID: %v", r.Err)
@@ -157,6 +174,11 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	if !ok {
 		fmt.Fprintln(stdout, "  not in the index")
 		return nil
+	}
+	for _, k := range s.ix.SidecarKinds(id) {
+		if sl, ok, err := s.ix.GetSidecar(id, k); err == nil && ok {
+			fmt.Fprintf(stdout, "  sidecar %d:  segment %d offset %d, %d parts of %d bytes, %d bytes on disk\n", k, sl.Segment, sl.Offset, sl.Layout.Shards, sl.Layout.ShardBytes, sl.RecordBytes())
+		}
 	}
 	name := wal.SegmentFileName(loc.Segment)
 	fmt.Fprintf(stdout, "  segment:    %d (%s)\n", loc.Segment, name)

@@ -82,7 +82,7 @@ func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
 		r.Segments, r.Sealed, r.Active, r.Quarantined, r.Retiring, r.MissingFiles, r.UnregisteredFiles, r.RecycledFiles)
 	fmt.Fprintf(stdout, "segment directories: %s\n", strings.Join(r.SegDirs, ", "))
 	fmt.Fprintf(stdout, "records: %d (valid %d, dead %d = %d bytes)\n", r.Records, r.ValidRecords, r.DeadRecords, r.DeadBytes)
-	fmt.Fprintf(stdout, "index entries: %d; blocks verified: %d", r.IndexEntries, r.BlocksVerified)
+	fmt.Fprintf(stdout, "index entries: %d; blocks verified: %d; sidecars: %d, verified: %d", r.IndexEntries, r.BlocksVerified, r.SidecarEntries, r.SidecarsVerified)
 	if r.PendingDrops > 0 {
 		fmt.Fprintf(stdout, "; past a torn tail (recovery drops them): %d", r.PendingDrops)
 	}
