@@ -200,15 +200,34 @@ func DecodeFloat32(dst []float32, src []byte, dt DType) error {
 func decodeRow(dst []float32, src []byte, dt DType) {
 	switch dt {
 	case Float16:
+		// Four elements per 8-byte load; table lookups for each.
 		t := f16Table()
 		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = t[uint16(src[2*i])|uint16(src[2*i+1])<<8]
+		i := 0
+		for ; i+4 <= len(dst); i += 4 {
+			w := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = t[uint16(w)]
+			d[1] = t[uint16(w>>16)]
+			d[2] = t[uint16(w>>32)]
+			d[3] = t[uint16(w>>48)]
+		}
+		for ; i < len(dst); i++ {
+			dst[i] = t[binary.LittleEndian.Uint16(src[2*i:])]
 		}
 	case BFloat16:
 		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(src[2*i])<<16 | uint32(src[2*i+1])<<24)
+		i := 0
+		for ; i+4 <= len(dst); i += 4 {
+			w := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = math.Float32frombits(uint32(w) << 16)
+			d[1] = math.Float32frombits(uint32(w>>16) << 16)
+			d[2] = math.Float32frombits(uint32(w>>32) << 16)
+			d[3] = math.Float32frombits(uint32(w>>48) << 16)
+		}
+		for ; i < len(dst); i++ {
+			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
 		}
 	case Float8E4M3, Float8E5M2:
 		t := e4m3Table()

@@ -208,7 +208,9 @@ func (e *HashEncoder) Project(dst, x []float32) error {
 	return nil
 }
 
-// dot4 is the projections j … j+3 of x (len(x) == inputDim, j+3 < hashBits).
+// dot4 is the projections j … j+3 of x (len(x) == inputDim, j+3 < hashBits), each accumulated
+// in float32 in index order. (Eight projections per pass, or two partial sums per projection,
+// measured slower: register spills and bounds checks.)
 func (e *HashEncoder) dot4(x []float32, j int) (s0, s1, s2, s3 float32) {
 	n := e.inputDim
 	w0 := e.wt[j*n : (j+1)*n]
@@ -237,6 +239,7 @@ func (e *HashEncoder) Hash(dst []byte, x []float32) error {
 }
 
 func (e *HashEncoder) hash(dst []byte, x []float32) {
+	// Four projections per pass over x: more accumulators spill registers and run slower.
 	for b := range dst {
 		var code byte
 		for k := 0; k < 8; k += 4 {

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"sync"
@@ -79,11 +78,11 @@ func checkDst(what, name string, n, want int) error {
 // scratch holds a kernel's temporaries; kernels take one from scratchPool and return it, so
 // they do not allocate in steady state.
 type scratch struct {
-	row  []float32
-	f32  []float32
-	acc  []float64
-	acc2 []float64
-	idx  []int32
+	row    []float32
+	f32    []float32
+	acc    []float64
+	acc2   []float64
+	sorted []float64
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -106,12 +105,16 @@ func grow[T any](s []T, n int) []T {
 // be nil (not computed); a non-nil one must have Heads·Dim elements. A partial block is pooled
 // over the tokens it has. Mean of identical keys is exactly the key; max ≥ mean elementwise.
 func ESAPool(mean, max []float32, k []byte, dt DType, s KShape) error {
+	return esaPool(mean, max, k, dt, s)
+}
+
+func esaPool(mean, mx []float32, k []byte, dt DType, s KShape) error {
 	const what = "ESA pool"
 	if err := checkK(what, k, dt, s); err != nil {
 		return err
 	}
 	n := s.Heads * s.Dim
-	if mean == nil && max == nil {
+	if mean == nil && mx == nil {
 		return errorf(ErrInvalid, "%s: no output", what)
 	}
 	if mean != nil {
@@ -119,8 +122,8 @@ func ESAPool(mean, max []float32, k []byte, dt DType, s KShape) error {
 			return err
 		}
 	}
-	if max != nil {
-		if err := checkDst(what, "max", len(max), n); err != nil {
+	if mx != nil {
+		if err := checkDst(what, "max", len(mx), n); err != nil {
 			return err
 		}
 	}
@@ -142,16 +145,14 @@ func ESAPool(mean, max []float32, k []byte, dt DType, s KShape) error {
 				acc[i] += float64(v)
 			}
 		}
-		if max != nil {
+		if mx != nil {
 			if t == 0 {
-				copy(max, row)
+				copy(mx, row)
 				continue
 			}
-			mx := max[:len(row)]
+			mx := mx[:len(row)]
 			for i, v := range row {
-				if v > mx[i] || v != v {
-					mx[i] = v
-				}
+				mx[i] = max(mx[i], v) // NaN propagates
 			}
 		}
 	}
@@ -188,12 +189,8 @@ func QuestMinMax(dst []float32, k []byte, dt DType, s KShape) error {
 		decodeRow(row, k[t*stride:(t+1)*stride], dt)
 		lo, hi := lo[:len(row)], hi[:len(row)]
 		for i, v := range row {
-			if v < lo[i] || v != v {
-				lo[i] = v
-			}
-			if v > hi[i] || v != v {
-				hi[i] = v
-			}
+			lo[i] = min(lo[i], v) // NaN propagates
+			hi[i] = max(hi[i], v)
 		}
 	}
 	return nil
@@ -354,25 +351,10 @@ func KVStar(dst []float32, channels []uint16, k []byte, dt DType, s KShape, p KV
 		}
 		return nil
 	}
-	sc.idx = grow(sc.idx, s.Dim)
-	idx := sc.idx
+	sc.sorted = grow(sc.sorted, s.Dim)
+	sorted := sc.sorted
 	for h := range s.Heads {
-		sums := abs[h*s.Dim : (h+1)*s.Dim]
-		for d := range idx {
-			idx[d] = int32(d)
-		}
-		slices.SortFunc(idx, func(a, b int32) int {
-			if c := cmp.Compare(sums[b], sums[a]); c != 0 {
-				return c
-			}
-			return cmp.Compare(a, b)
-		})
-		top := idx[:kept]
-		slices.Sort(top)
-		ch := channels[h*kept : (h+1)*kept]
-		for j, d := range top {
-			ch[j] = uint16(d)
-		}
+		keepTop(channels[h*kept:(h+1)*kept], abs[h*s.Dim:(h+1)*s.Dim], sorted)
 	}
 	for r := range rows {
 		for h := range s.Heads {
@@ -384,6 +366,37 @@ func KVStar(dst []float32, channels []uint16, k []byte, dt DType, s KShape, p KV
 		}
 	}
 	return nil
+}
+
+// keepTop writes to ch, in ascending order, the len(ch) channels with the largest sums, ties
+// to the lower channel, NaN ranking below every number. sorted is scratch of len(sums).
+//
+// Instead of sorting channels by (sum, channel), it sorts the sums alone to find the
+// threshold τ, the len(ch)-th largest, then takes in channel order every channel above τ and
+// the lowest channels equal to τ.
+func keepTop(ch []uint16, sums, sorted []float64) {
+	copy(sorted, sums)
+	slices.Sort(sorted) // ascending, NaNs first
+	tau := sorted[len(sums)-len(ch)]
+	nan := tau != tau
+	above := func(x float64) bool { return x > tau || nan && x == x }
+	equal := func(x float64) bool { return x == tau || nan && x != x }
+	ties := len(ch)
+	for _, x := range sums {
+		if above(x) {
+			ties--
+		}
+	}
+	j := 0
+	for d, x := range sums {
+		if above(x) || ties > 0 && equal(x) {
+			if !above(x) {
+				ties--
+			}
+			ch[j] = uint16(d)
+			j++
+		}
+	}
 }
 
 // ReduceGQA prepares grouped-query-attention queries for per-KV-head scoring: q is

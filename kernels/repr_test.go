@@ -470,3 +470,32 @@ func TestKernelsRejectBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepTopMatchesSort checks the threshold selection against a stable sort by decreasing
+// sum (cmp.Compare: NaN lowest), on sums with many ties, NaNs and infinities.
+func TestKeepTopMatchesSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(29, 30))
+	pool := []float64{0, 1, 1, 2, 3, math.NaN(), math.Inf(1), 0.5}
+	for range 2000 {
+		n := 1 + rng.IntN(20)
+		sums := make([]float64, n)
+		for i := range sums {
+			sums[i] = pool[rng.IntN(len(pool))]
+		}
+		kept := 1 + rng.IntN(n)
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(sums[b], sums[a]) })
+		want := slices.Clone(idx[:kept])
+		slices.Sort(want)
+		got := make([]uint16, kept)
+		keepTop(got, sums, make([]float64, n))
+		for i := range want {
+			if int(got[i]) != want[i] {
+				t.Fatalf("sums %v keep %d: %v want %v", sums, kept, got, want)
+			}
+		}
+	}
+}
