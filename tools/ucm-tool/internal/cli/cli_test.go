@@ -752,4 +752,6 @@ func TestInspectAndVerifySidecars(t *testing.T) {
 		t.Fatalf("verify exit %d:\n%s", code, out)
 	}
 	mustContain(t, out, "blocks verified: 10", "sidecars: 10, verified: 10", "store is clean")
+	out, _, _ = run(t, "stats", dir)
+	mustContain(t, out, "blocks:      10", "sidecars:    10")
 }

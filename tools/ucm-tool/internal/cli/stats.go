@@ -18,6 +18,7 @@ import (
 type statsReport struct {
 	Dir       string  `json:"dir"`
 	Blocks    int64   `json:"blocks"`
+	Sidecars  int64   `json:"sidecars"`
 	LiveBytes int64   `json:"live_bytes"`
 	FileBytes int64   `json:"file_bytes"`
 	DeadBytes int64   `json:"dead_bytes"`
@@ -151,7 +152,7 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	}
 	defer func() { _ = s.close() }()
 	st := s.Engine.Stats()
-	r := statsReport{Dir: dir, Blocks: st.Blocks, LiveBytes: st.LiveBytes, FileBytes: st.FileBytes,
+	r := statsReport{Dir: dir, Blocks: st.Blocks, Sidecars: st.Sidecars, LiveBytes: st.LiveBytes, FileBytes: st.FileBytes,
 		DeadBytes: st.FileBytes - st.LiveBytes, Segments: st.Segments, Recovery: newRecoveryJSON(rep),
 		SegmentsByState: map[string]int{}, Tiers: newTierJSON(s.Engine.TierStats())}
 	for _, state := range []index.SegmentState{index.SegmentActive, index.SegmentSealed, index.SegmentQuarantined, index.SegmentDeleting} {
@@ -181,6 +182,7 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "store:       %s\n", dir)
 	fmt.Fprintf(stdout, "blocks:      %d\n", r.Blocks)
+	fmt.Fprintf(stdout, "sidecars:    %d\n", r.Sidecars)
 	fmt.Fprintf(stdout, "live bytes:  %d (%s)\n", r.LiveBytes, humanBytes(r.LiveBytes))
 	fmt.Fprintf(stdout, "file bytes:  %d (%s)\n", r.FileBytes, humanBytes(r.FileBytes))
 	fmt.Fprintf(stdout, "dead bytes:  %d (%s)\n", r.DeadBytes, humanBytes(r.DeadBytes))
