@@ -558,7 +558,7 @@ func plain(err error) string {
 }
 
 // rowValues is the values of one row of a part (all heads).
-func (h *SidecarHeader) rowValues() int { return h.Heads * h.Cols() }
+func (h *SidecarSpec) rowValues() int { return h.Heads * h.Cols() }
 
 // putValues encodes one layer's values (Rows·Heads·Cols) into part after its channel table.
 func (h *SidecarHeader) putValues(part []byte, v []float32) error {
@@ -600,7 +600,7 @@ func (h *SidecarHeader) putChannels(part []byte, ch []uint16) error {
 }
 
 // checkChannels verifies that each head's channels are ascending and below Dim.
-func (h *SidecarHeader) checkChannels(ch []uint16) error {
+func (h *SidecarSpec) checkChannels(ch []uint16) error {
 	cols := h.Cols()
 	for hd := range h.Heads {
 		row := ch[hd*cols : (hd+1)*cols]
@@ -662,47 +662,50 @@ func DecodeSidecar(b []byte) (*Sidecar, error) {
 		default:
 			v = s.Values[l*per : (l+1)*per]
 		}
-		if err := h.decodeLayer(v, ch, codes, part); err != nil {
+		if err := h.decodeLayer(v, ch, codes, part, h.validRows()); err != nil {
 			return nil, errorf(ErrCorrupt, "sidecar %v: layer %d: %v", h.Kind, l, err)
 		}
 	}
 	return s, nil
 }
 
-// DecodeLayer decodes one layer's part (the LayerRange bytes of a payload with this header)
-// for the top-K scan: values ([Rows][Heads][Cols], float kinds) and channels ([Heads][Cols],
-// KVStar) must have exactly those lengths, nil otherwise; hash codes are used as stored
-// (part[:Rows·Heads·Cols]) and only verified here. Malformed parts are ErrCorrupt, wrong
-// slice lengths ErrInvalid.
-func (h SidecarHeader) DecodeLayer(values []float32, channels []uint16, part []byte) error {
-	if err := h.validate(); err != nil {
+// DecodeLayer decodes one layer's part (the LayerRange bytes of a payload of this spec), as
+// the top-K scan does with the parts of many blocks, without the header: values
+// ([Rows][Heads][Cols], float kinds) and channels ([Heads][Cols], KVStar) must have exactly
+// those lengths, nil otherwise; hash codes are used as stored (part[:Rows·Heads·Cols]) and
+// only verified here. Stored blocks are full (DESIGN §3); for a partial block the rows past its
+// tokens (see SidecarHeader) are zero. Malformed parts are ErrCorrupt (the channel table, its
+// padding, the part's padding), wrong slice lengths ErrInvalid.
+func (s SidecarSpec) DecodeLayer(values []float32, channels []uint16, part []byte) error {
+	if err := s.Validate(); err != nil {
 		return err
 	}
-	wantV, wantC := int(h.valueCount()), 0
-	switch h.Kind {
+	wantV, wantC := int(s.valueCount()), 0
+	switch s.Kind {
 	case SidecarHash:
 		wantV = 0
 	case SidecarKVStar:
-		wantC = h.Heads * h.Cols()
+		wantC = s.Heads * s.Cols()
 	}
 	if len(values) != wantV || len(channels) != wantC {
-		return errorf(ErrInvalid, "sidecar %v layer: %d values and %d channels, want %d and %d", h.Kind, len(values), len(channels), wantV, wantC)
+		return errorf(ErrInvalid, "sidecar %v layer: %d values and %d channels, want %d and %d", s.Kind, len(values), len(channels), wantV, wantC)
 	}
-	if int64(len(part)) != h.layerBytes() {
-		return errorf(ErrCorrupt, "sidecar %v layer: %d bytes, want %d", h.Kind, len(part), h.layerBytes())
+	if int64(len(part)) != s.layerBytes() {
+		return errorf(ErrCorrupt, "sidecar %v layer: %d bytes, want %d", s.Kind, len(part), s.layerBytes())
 	}
 	var codes []byte
-	if h.Kind == SidecarHash {
-		codes = part[:h.valueCount()]
+	if s.Kind == SidecarHash {
+		codes = part[:s.valueCount()]
 	}
-	if err := h.decodeLayer(values, channels, codes, part); err != nil {
-		return errorf(ErrCorrupt, "sidecar %v layer: %v", h.Kind, err)
+	if err := s.decodeLayer(values, channels, codes, part, s.Rows()); err != nil {
+		return errorf(ErrCorrupt, "sidecar %v layer: %v", s.Kind, err)
 	}
 	return nil
 }
 
-// decodeLayer decodes and verifies one part (len(part) == layerBytes). codes may alias part.
-func (h *SidecarHeader) decodeLayer(v []float32, ch []uint16, codes []byte, part []byte) error {
+// decodeLayer decodes and verifies one part (len(part) == layerBytes) whose rows from
+// validRows on must be zero. codes may alias part.
+func (h *SidecarSpec) decodeLayer(v []float32, ch []uint16, codes []byte, part []byte, validRows int) error {
 	used := h.channelBytes() + h.valueCount()*h.elemSize()
 	if h.Kind == SidecarKVStar {
 		for i := range ch {
@@ -715,7 +718,7 @@ func (h *SidecarHeader) decodeLayer(v []float32, ch []uint16, codes []byte, part
 			return fmt.Errorf("channel table padding not zero")
 		}
 	}
-	validBytes := int64(h.validRows()*h.rowValues()) * h.elemSize()
+	validBytes := int64(validRows*h.rowValues()) * h.elemSize()
 	data := part[h.channelBytes():used]
 	if !allZero(data[validBytes:]) || !allZero(part[used:]) {
 		return fmt.Errorf("padding rows or bytes not zero")
