@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
@@ -208,19 +210,14 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		reads []read
 		ops   []devio.Op
 	)
+	if e.mem != nil {
+		e.sidecarsFromMemory(kind, part, ids, dst, found)
+	}
 	for i, id := range ids {
-		out := dst[i*n : (i+1)*n]
-		if e.mem != nil {
-			hit, err := e.mem.GetSidecar(id, kind, part, out)
-			if err != nil {
-				e.opts.Logger.Error("ucm: memory tier: sidecar checksum mismatch; loading from disk", "block", id, "kind", kind, "err", err)
-			}
-			if hit {
-				found[i] = true
-				e.stats.sidecarMemoryHits.Add(1)
-				continue
-			}
+		if found[i] {
+			continue
 		}
+		out := dst[i*n : (i+1)*n]
 		clear(out)
 		loc, ok, err := e.ix.GetSidecar(id, kind)
 		if err == nil && !ok && e.share != nil && e.share.fx != nil {
@@ -278,6 +275,45 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		e.pool.Put(r.buf)
 	}
 	return found, nil
+}
+
+// parallelSidecarBytes is the size of a LoadSidecars call from which its memory-tier copies
+// (copy and checksum, memory-bound) are split across cores.
+const parallelSidecarBytes = 1 << 20
+
+// sidecarsFromMemory copies the parts the memory tier holds into dst and marks them found,
+// split across GOMAXPROCS goroutines for large calls.
+func (e *Engine) sidecarsFromMemory(kind SidecarKind, part int, ids []BlockID, dst []byte, found []bool) {
+	n := len(dst) / len(ids)
+	run := func(lo, hi int) {
+		hits := 0
+		for i := lo; i < hi; i++ {
+			hit, err := e.mem.GetSidecar(ids[i], kind, part, dst[i*n:(i+1)*n])
+			if err != nil {
+				e.opts.Logger.Error("ucm: memory tier: sidecar checksum mismatch; loading from disk", "block", ids[i], "kind", kind, "err", err)
+			}
+			if hit {
+				found[i] = true
+				hits++
+			}
+		}
+		e.stats.sidecarMemoryHits.Add(int64(hits))
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(dst)/parallelSidecarBytes*2)
+	if workers < 2 {
+		run(0, len(ids))
+		return
+	}
+	var wg sync.WaitGroup
+	per := (len(ids) + workers - 1) / workers
+	for lo := 0; lo < len(ids); lo += per {
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			run(lo, hi)
+		}(lo, min(len(ids), lo+per))
+	}
+	wg.Wait()
 }
 
 // verifySidecar checks every part of a packed sidecar payload against its checksums.
