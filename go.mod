@@ -3,6 +3,7 @@ module github.com/ucm-go/ucm
 go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/cockroachdb/pebble/v2 v2.1.7
 	github.com/iceber/iouring-go v0.0.0-20230403020409-002cfd2e2a90
 	github.com/pierrec/lz4/v4 v4.1.33
