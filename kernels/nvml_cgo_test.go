@@ -53,10 +53,10 @@ func pciInfo(bus string) nvml.PciInfo {
 // fakeGPU is a mock device with every entry point Discover uses.
 func fakeGPU(name, bus string, numa int, links map[int]string) *mock.Device {
 	return &mock.Device{
-		GetNameFunc:       func() (string, nvml.Return) { return name, nvml.SUCCESS },
-		GetUUIDFunc:       func() (string, nvml.Return) { return "GPU-" + name + "-" + bus, nvml.SUCCESS },
-		GetPciInfoFunc:    func() (nvml.PciInfo, nvml.Return) { return pciInfo(bus), nvml.SUCCESS },
-		GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 80 << 30, Free: 79 << 30}, nvml.SUCCESS },
+		GetNameFunc:                   func() (string, nvml.Return) { return name, nvml.SUCCESS },
+		GetUUIDFunc:                   func() (string, nvml.Return) { return "GPU-" + name + "-" + bus, nvml.SUCCESS },
+		GetPciInfoFunc:                func() (nvml.PciInfo, nvml.Return) { return pciInfo(bus), nvml.SUCCESS },
+		GetMemoryInfoFunc:             func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 80 << 30, Free: 79 << 30}, nvml.SUCCESS },
 		GetCurrPcieLinkGenerationFunc: func() (int, nvml.Return) { return 4, nvml.SUCCESS },
 		GetMaxPcieLinkGenerationFunc:  func() (int, nvml.Return) { return 5, nvml.SUCCESS },
 		GetCurrPcieLinkWidthFunc:      func() (int, nvml.Return) { return 16, nvml.SUCCESS },
