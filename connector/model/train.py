@@ -364,10 +364,19 @@ def unigram_baselines(tr, he):
     return {"heldout_unigram_entropy_nats": own, "train_unigram_cross_entropy_nats": cross}
 
 
-def lr_at(step, args):
+def progress(step, elapsed, args):
+    """Fraction of the schedule done: by steps, or by wall time when --max-minutes is set
+    (whichever is further), so that a run on a busy machine still completes its cosine decay."""
+    p = step / max(1, args.steps)
+    if args.max_minutes:
+        p = max(p, elapsed / (60.0 * args.max_minutes))
+    return min(1.0, p)
+
+
+def lr_at(step, elapsed, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    p = (step - args.warmup) / max(1, args.steps - args.warmup)
+    p = progress(step, elapsed, args)
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
@@ -431,7 +440,8 @@ def main():
     ap.add_argument("--golden-last", type=int, default=8)
     ap.add_argument("--golden-gen", type=int, default=48)
     ap.add_argument("--max-minutes", type=float, default=0,
-                    help="safety net: stop training early after this many minutes (recorded in the manifest)")
+                    help="wall-time budget: the cosine schedule runs on max(step/steps, elapsed/budget) and "
+                         "training stops when either is done (steps done are recorded in the manifest)")
     ap.add_argument("--bench", type=int, default=0, help="only time this many training steps")
     args = ap.parse_args()
 
@@ -457,8 +467,9 @@ def main():
     ema = None
     steps_done = 0
     for step in range(steps):
+        lr = lr_at(step, time.time() - t_train, args)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args)
+            g["lr"] = lr
         starts = rng.integers(0, tr.size - L, size=args.batch)
         xb = torch.from_numpy(np.stack([tr[s:s + L] for s in starts]).astype(np.int64))
         logits = model(xb[:, :-1])
@@ -471,13 +482,12 @@ def main():
         steps_done = step + 1
         ema = li if ema is None else 0.95 * ema + 0.05 * li
         el = time.time() - t_train
-        tok = (step + 1) * args.batch * args.ctx
-        if step % args.log_every == 0 or step == steps - 1 or (
-                args.max_minutes and time.time() - t_train > 60 * args.max_minutes):
+        done = not args.bench and progress(steps_done, el, args) >= 1.0
+        if step % args.log_every == 0 or step == steps - 1 or done:
+            tok = steps_done * args.batch * args.ctx
             print("step %d/%d loss %.4f (ema %.4f, %.3f bits/byte) lr %.2e  %.0fs  %.0f tok/s" % (
-                step, steps, li, ema, ema / math.log(2), lr_at(step, args), el, tok / el), flush=True)
-        if args.max_minutes and time.time() - t_train > 60 * args.max_minutes:
-            print("stopping early: --max-minutes reached", flush=True)
+                step, steps, li, ema, ema / math.log(2), lr, el, tok / el), flush=True)
+        if done:
             break
     train_wall = time.time() - t_train
     if args.bench:
