@@ -2,6 +2,7 @@ package fuzz
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -27,18 +28,50 @@ var plSchema = engine.Schema{Model: "powerloss", DType: "bfloat16", KVLayout: "m
 
 // crashState tracks, for every block of the workload, what a crash at any moment may and may
 // not lose: required ⊆ recovered ⊆ started, discarded never visible.
+//
+// Sidecars (kind plSidecar, of the blocks in sideStarted) follow the same contract beside
+// their block: an acknowledged one (sideRequired) is there whenever its block is, none is ever
+// there without its block, and every one found has its bytes.
 type crashState struct {
-	mu        sync.Mutex
-	started   map[engine.BlockID]bool
-	required  map[engine.BlockID]bool
-	discarded map[engine.BlockID]bool
+	mu                        sync.Mutex
+	started                   map[engine.BlockID]bool
+	required                  map[engine.BlockID]bool
+	discarded                 map[engine.BlockID]bool
+	sideStarted, sideRequired map[engine.BlockID]bool
 }
 
 func newCrashState() *crashState {
-	return &crashState{started: map[engine.BlockID]bool{}, required: map[engine.BlockID]bool{}, discarded: map[engine.BlockID]bool{}}
+	return &crashState{started: map[engine.BlockID]bool{}, required: map[engine.BlockID]bool{}, discarded: map[engine.BlockID]bool{},
+		sideStarted: map[engine.BlockID]bool{}, sideRequired: map[engine.BlockID]bool{}}
 }
 
-type crashSnapshot struct{ started, required, discarded map[engine.BlockID]bool }
+type crashSnapshot struct {
+	started, required, discarded map[engine.BlockID]bool
+	sideStarted, sideRequired    map[engine.BlockID]bool
+}
+
+// The power-loss workloads' sidecars: 4 parts (one per shard) of 96 bytes, a function of the
+// block id.
+const (
+	plSidecar     engine.SidecarKind = 3
+	plSideParts                      = 4
+	plSidePart                       = 96
+	plSidecarSeed                    = plSeed + 100
+)
+
+func plSidecarBytes(id engine.BlockID) []byte {
+	return workload.Block(id, plSidecarSeed, plSideParts*plSidePart)
+}
+
+// dumpPLSidecars stores the sidecars of ids (each marked started first) and returns the error.
+func dumpPLSidecars(e *engine.Engine, state *crashState, ids ...engine.BlockID) error {
+	src := make([][]byte, len(ids))
+	for i, id := range ids {
+		src[i] = plSidecarBytes(id)
+	}
+	state.mark(state.sideStarted, ids...)
+	return e.DumpSidecars(plSidecar, plSideParts, ids, src).Wait()
+}
 
 func (s *crashState) snapshot() crashSnapshot {
 	s.mu.Lock()
@@ -50,7 +83,7 @@ func (s *crashState) snapshot() crashSnapshot {
 		}
 		return out
 	}
-	return crashSnapshot{cp(s.started), cp(s.required), cp(s.discarded)}
+	return crashSnapshot{cp(s.started), cp(s.required), cp(s.discarded), cp(s.sideStarted), cp(s.sideRequired)}
 }
 
 func (s *crashState) mark(m map[engine.BlockID]bool, ids ...engine.BlockID) {
@@ -203,6 +236,32 @@ func checkRecovered(fs vfs.FS, opts engine.Options, snap crashSnapshot) (int, er
 		}
 		loaded++
 	}
+	// Sidecars: every part of every one found has its bytes; none without its block; the
+	// acknowledged ones of present blocks are there.
+	for p := 0; p < plSideParts; p++ {
+		dst := make([]byte, len(all)*plSidePart)
+		found, err := e.LoadSidecars(plSidecar, p, all, dst)
+		if err != nil {
+			e.Close()
+			return loaded, fmt.Errorf("load sidecars: %w", err)
+		}
+		for i, id := range all {
+			switch {
+			case found[i] && !hits[i]:
+				e.Close()
+				return loaded, fmt.Errorf("sidecar of block %s outlives its block", id)
+			case found[i] && !snap.sideStarted[id]:
+				e.Close()
+				return loaded, fmt.Errorf("sidecar of block %s found, never dumped", id)
+			case found[i] && !bytes.Equal(dst[i*plSidePart:(i+1)*plSidePart], plSidecarBytes(id)[p*plSidePart:(p+1)*plSidePart]):
+				e.Close()
+				return loaded, fmt.Errorf("sidecar of block %s part %d recovered with wrong bytes", id, p)
+			case !found[i] && hits[i] && snap.sideRequired[id]:
+				e.Close()
+				return loaded, fmt.Errorf("acknowledged sidecar of block %s lost", id)
+			}
+		}
+	}
 	if err := e.Close(); err != nil {
 		return loaded, fmt.Errorf("close after recovery: %w", err)
 	}
@@ -225,8 +284,9 @@ func checkRecovered(fs vfs.FS, opts engine.Options, snap crashSnapshot) (int, er
 // mutating file-system operation (segment writes and syncs, directory syncs, Pebble's WAL and
 // manifest), keeping none or a random half of the unsynced data, and at every fifth point also
 // crashes the recovery itself. After recovery every acknowledged block is present and
-// byte-identical, no torn, discarded or never-dumped block is visible, and ucm-tool's verifier
-// finds the store clean (accounting equal to the files).
+// byte-identical, no torn, discarded or never-dumped block is visible, acknowledged sidecars are
+// there beside their blocks and none outlives its block, and ucm-tool's verifier finds the
+// store clean (accounting equal to the files).
 func TestPowerLossAtEveryWrite(t *testing.T) {
 	for _, policy := range []engine.SyncPolicy{engine.SyncAlways, engine.SyncInterval} {
 		t.Run(policy.String(), func(t *testing.T) {
@@ -254,7 +314,7 @@ func TestPowerLossAtEveryWrite(t *testing.T) {
 					state.mark(state.required, ids...)
 				}
 			}
-			var acked []engine.BlockID
+			var acked, sided []engine.BlockID
 			n := 0
 			next := func(k workload.Kind) engine.BlockID { n++; return workload.ID(plSeed, 0, k, n) }
 			for round := 0; round < 6; round++ {
@@ -265,6 +325,13 @@ func TestPowerLossAtEveryWrite(t *testing.T) {
 				}
 				ack(a, b)
 				acked = append(acked, a, b)
+				if err := dumpPLSidecars(e, state, a, b); err != nil {
+					t.Fatal(err)
+				}
+				if policy == engine.SyncAlways {
+					state.mark(state.sideRequired, a, b)
+				}
+				sided = append(sided, a, b)
 				c := next(workload.LayerWise)
 				full := block(c)
 				state.mark(state.started, c)
@@ -300,12 +367,14 @@ func TestPowerLossAtEveryWrite(t *testing.T) {
 						t.Fatal(err)
 					}
 					state.mark(state.required, acked...)
+					state.mark(state.sideRequired, sided...)
 				}
 			}
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
 			}
 			state.mark(state.required, acked...) // a clean Close makes everything durable
+			state.mark(state.sideRequired, sided...)
 			cp.mu.Lock()
 			cp.armed = false
 			fig := cp.fig
@@ -381,6 +450,14 @@ func powerLossReclaiming(t *testing.T, ts []tiers.Config, keeps bool) {
 			state.mark(state.required, ids...)
 		}
 		acked = append(acked, ids...)
+		// Sidecars of the first three: they must follow their blocks through demotion,
+		// promotion, compaction and eviction.
+		if err := dumpPLSidecars(e, state, ids[:3]...); err != nil && (keeps || !errors.Is(err, engine.ErrNotFound)) {
+			t.Fatal(err) // without a second tier a block may be evicted before its sidecar comes
+		}
+		if keeps {
+			state.mark(state.sideRequired, ids[:3]...)
+		}
 		// A hit on an old block promotes it back when it was demoted.
 		old := acked[(round*3)%len(acked)]
 		dst := devio.AlignedBuffer(int(l.BlockBytes()))
