@@ -158,6 +158,11 @@ func TestEncodeAgainstReference(t *testing.T) {
 		var inputs []float32
 		top := tc.r.maxCode()
 		for c := uint32(0); c <= top; c++ {
+			// bfloat16 has 32K positive codes and a uniform rounding path: every 5th in the
+			// middle (the race detector makes the full sweep slow), all near the ends.
+			if tc.r.name == "bfloat16" && c > 512 && c < top-512 && c%5 != 0 {
+				continue
+			}
 			v := tc.r.value(c)
 			next := tc.r.value(c + 1)
 			if c == top {
@@ -167,11 +172,11 @@ func TestEncodeAgainstReference(t *testing.T) {
 			inputs = append(inputs, float32(v), mid, math.Nextafter32(mid, 0), math.Nextafter32(mid, float32(math.Inf(1))))
 		}
 		inputs = append(inputs, float32(math.Inf(1)), math.MaxFloat32, math.SmallestNonzeroFloat32, 0)
-		for range 20000 {
+		for range 10000 {
 			inputs = append(inputs, math.Float32frombits(rng.Uint32()&0x7fffffff))
 		}
 		if tc.r.bits == 8 || tc.r.name == "float16" {
-			for range 20000 { // concentrate on the format's range
+			for range 10000 { // concentrate on the format's range
 				inputs = append(inputs, float32(math.Ldexp(rng.Float64()+0.5, rng.IntN(40)-28)))
 			}
 		}

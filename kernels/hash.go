@@ -257,41 +257,41 @@ func b2u(b bool) byte {
 	return 0
 }
 
-// HashCodeBytes is the bytes of one vector's code under parts: the sum of their CodeBytes.
-func HashCodeBytes(parts ...*HashEncoder) int {
+// HashCodeBytes is the bytes of one vector's code under encs: the sum of their CodeBytes.
+func HashCodeBytes(encs ...*HashEncoder) int {
 	n := 0
-	for _, p := range parts {
-		if p != nil {
-			n += p.CodeBytes()
+	for _, e := range encs {
+		if e != nil {
+			n += e.CodeBytes()
 		}
 	}
 	return n
 }
 
 // HashBlock computes the key hash codes of one layer of one block: dst is [tokens][heads][c],
-// c = HashCodeBytes(parts...). Each token's head vector (dim elements) is split into
-// consecutive pieces of parts[0].InputDim(), parts[1].InputDim(), …, which must sum to dim;
-// each piece is hashed by its part and the codes are concatenated in part order. GQA models
-// use one part; MLA uses two (kv_lora_rank, then qk_rope_head_dim) on its single head.
-func HashBlock(dst []byte, k []byte, dt DType, s KShape, parts ...*HashEncoder) error {
+// c = HashCodeBytes(encs...). Each token's head vector (dim elements) is split into
+// consecutive pieces of encs[0].InputDim(), encs[1].InputDim(), …, which must sum to dim; each
+// piece is hashed by its encoder and the codes are concatenated in encoder order. GQA models
+// use one encoder; MLA uses two (kv_lora_rank, then qk_rope_head_dim) on its single head.
+func HashBlock(dst []byte, k []byte, dt DType, s KShape, encs ...*HashEncoder) error {
 	const what = "hash block"
 	if err := checkK(what, k, dt, s); err != nil {
 		return err
 	}
-	if len(parts) == 0 {
+	if len(encs) == 0 {
 		return errorf(ErrInvalid, "%s: no hash encoder", what)
 	}
 	dim := 0
-	for i, p := range parts {
-		if p == nil {
+	for i, e := range encs {
+		if e == nil {
 			return errorf(ErrInvalid, "%s: hash encoder %d is nil", what, i)
 		}
-		dim += p.inputDim
+		dim += e.inputDim
 	}
 	if dim != s.Dim {
 		return errorf(ErrInvalid, "%s: hash encoders take %d elements, head dim is %d", what, dim, s.Dim)
 	}
-	c := HashCodeBytes(parts...)
+	c := HashCodeBytes(encs...)
 	if len(dst) != s.Tokens*s.Heads*c {
 		return errorf(ErrInvalid, "%s: dst is %d bytes, want [%d][%d][%d] = %d", what, len(dst), s.Tokens, s.Heads, c, s.Tokens*s.Heads*c)
 	}
@@ -306,10 +306,10 @@ func HashBlock(dst []byte, k []byte, dt DType, s KShape, parts ...*HashEncoder) 
 		decodeRow(row, k[t*stride:(t+1)*stride], dt)
 		for h := range s.Heads {
 			x := row[h*s.Dim : (h+1)*s.Dim]
-			for _, p := range parts {
-				p.hash(dst[out:out+p.CodeBytes()], x[:p.inputDim])
-				x = x[p.inputDim:]
-				out += p.CodeBytes()
+			for _, e := range encs {
+				e.hash(dst[out:out+e.CodeBytes()], x[:e.inputDim])
+				x = x[e.inputDim:]
+				out += e.CodeBytes()
 			}
 		}
 	}

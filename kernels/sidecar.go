@@ -9,17 +9,17 @@ import (
 )
 
 // Sidecar payloads: the bytes of one block's representation of one kind, for every layer of
-// the block. The storage engine keeps one sidecar record per (block, kind) and treats the
-// payload as opaque bytes; this file defines them.
+// the block. The storage engine keeps one sidecar record per (block, kind) made of equal parts
+// (engine.DumpSidecars, parts = layers) and loads one part of many blocks into one contiguous
+// array (engine.LoadSidecars): this file defines those bytes.
 //
-// A payload is a fixed 64-byte header, then one part per layer, layer-major, each part
-// LayerBytes long (a multiple of 8): layer L's part is at SidecarHeaderSize + L·LayerBytes,
-// computable from the SidecarSpec alone (LayerRange), so the top-K scan can read layer L of many
-// blocks without decoding (or reading) the rest. Parts have a fixed size for a spec whatever
-// the block's token count. Stored as a format.RecordSidecar, the natural parts are the header
-// followed by one part per layer.
+// A payload is Layers parts of PartBytes each, layer-major: layer L's part is at L·PartBytes
+// (LayerRange), computable from the SidecarSpec alone, and its size does not depend on the
+// block's token count. Every part is self-describing and verifiable alone: a 64-byte header
+// (with its layer index and its own CRC), then the layer's data, zero-padded to a multiple of
+// 8 bytes.
 //
-// Header (little-endian):
+// Part header (little-endian):
 //
 //	offset size field
 //	     0    4 magic "UCRP"
@@ -32,21 +32,23 @@ import (
 //	    14    2 head dim of the input K
 //	    16    2 block size (tokens of a full block)
 //	    18    2 tokens of this block (≤ block size; less only for a partial last block)
-//	    20    2 rows per layer part (derived; see the kinds)
+//	    20    2 rows of the layer's data (derived; see the kinds)
 //	    22    2 cols per row and head (derived)
-//	    24    4 layer bytes: the size of one layer's part (derived, a multiple of 8)
+//	    24    4 part bytes, header included (derived, a multiple of 8)
 //	    28    2 merge (KVStar; else 0)
-//	    30    2 hash bits of the first (or only) hash part (hash; else 0)
+//	    30    2 hash bits of encoder 0 (hash; else 0)
 //	    32    8 prune ratio, float64 bits (KVStar; else 0)
-//	    40    8 seed (hash; else 0): part 0's encoder has this seed, part 1's seed+1
-//	    48    2 rope dim: input dims of a second hash part, the last ones of each head (MLA; else 0)
-//	    50    2 rope bits: hash bits of the second part (MLA; else 0)
+//	    40    8 seed (hash; else 0): encoder 0 has this seed, encoder 1 seed+1
+//	    48    2 rope dim: input dims of encoder 1, the last ones of each head (MLA; else 0)
+//	    50    2 rope bits: hash bits of encoder 1 (MLA; else 0)
 //	    52    4 projection fingerprint (hash; else 0): see SidecarHeader.Fingerprint
-//	    56    4 reserved, zero
+//	    56    2 layer: this part's layer index
+//	    58    2 reserved, zero
 //	    60    4 CRC-32C (Castagnoli) of bytes 0..59
 //
-// Layer parts by kind (values are elements of the element dtype, little-endian; "zero" padding
-// rows are all-zero bytes):
+// All parts of a payload have the same header but for the layer (and so the CRC). Layer data
+// by kind (values are elements of the element dtype, little-endian; padding rows are all-zero
+// bytes):
 //
 //	1 ESA mean   [heads][dim] mean of K over the block's tokens            rows 1, cols dim
 //	2 ESA max    [heads][dim] max of K over the block's tokens             rows 1, cols dim
@@ -54,16 +56,16 @@ import (
 //	4 KVStar     channels [heads][d'] uint16 ascending, zero-padded to 8 bytes, then
 //	             values [bs/merge][heads][d'] merged rows; rows ⌈tokens/merge⌉ and later are
 //	             zero                                                      rows bs/merge, cols d'
-//	5 hash       codes [bs][heads][c] bytes (c = Σ hash bits/8 of the parts, LSB-first bits);
+//	5 hash       codes [bs][heads][c] bytes (c = Σ hash bits/8 of the encoders, LSB first);
 //	             rows tokens and later are zero                            rows bs, cols c
 //
-// Every part is then zero-padded to LayerBytes. The engine's record checksums cover the
-// payload; the header carries its own CRC so that a header read alone is verified. Only full
-// blocks have block ids (DESIGN §3), so stored sidecars normally have tokens = block size.
+// The engine's per-part checksums cover the bytes; the header's CRC makes a part's header
+// verifiable without them. Only full blocks have block ids (DESIGN §3), so stored sidecars
+// normally have tokens = block size.
 //
 // Decoding never panics, bounds every length before allocating (a payload is at most
 // MaxSidecarBytes) and rejects non-canonical bytes (nonzero reserved fields and padding,
-// channel tables out of order) with ErrCorrupt.
+// channel tables out of order, parts whose headers disagree) with ErrCorrupt.
 
 // SidecarKind says which representation a sidecar payload holds. The numbering is part of the
 // on-disk format (it is the format.SidecarKind of the record): do not renumber.
@@ -105,7 +107,7 @@ func (k SidecarKind) Valid() bool { return k >= SidecarESAMean && k <= SidecarHa
 
 // Payload constants.
 const (
-	// SidecarHeaderSize is the bytes of a sidecar payload's header.
+	// SidecarHeaderSize is the bytes of the header at the start of every part of a payload.
 	SidecarHeaderSize = 64
 	// SidecarVersion is the payload format version this package writes and reads.
 	SidecarVersion = 1
@@ -137,7 +139,8 @@ const (
 	scOffRopeDim  = 48
 	scOffRopeBits = 50
 	scOffFinger   = 52
-	scOffReserved = 56
+	scOffLayer    = 56
+	scOffReserved = 58
 	scOffCRC      = 60
 )
 
@@ -156,10 +159,11 @@ type SidecarSpec struct {
 	// PruneRatio and Merge are KVStar's parameters (see KVStarParams); 0 for other kinds.
 	PruneRatio float64
 	Merge      int
-	// HashBits, Seed, RopeDim and RopeBits are SidecarHash's encoders: part 0 hashes the first
-	// Dim−RopeDim elements of each head into HashBits bits with seed Seed; when RopeDim > 0
-	// (MLA: kv_lora_rank then qk_rope_head_dim), part 1 hashes the last RopeDim into RopeBits
-	// bits with seed Seed+1. 0 for other kinds.
+	// HashBits, Seed, RopeDim and RopeBits are SidecarHash's encoders: encoder 0 hashes the
+	// first Dim−RopeDim elements of each head into HashBits bits with seed Seed; when RopeDim >
+	// 0 (MLA: kv_lora_rank then qk_rope_head_dim), encoder 1 hashes the last RopeDim into
+	// RopeBits bits with seed Seed+1; a token's code is encoder 0's then encoder 1's. 0 for
+	// other kinds.
 	HashBits int
 	Seed     uint64
 	RopeDim  int
@@ -206,14 +210,14 @@ func (s SidecarSpec) Validate() error {
 			return errorf(ErrInvalid, "sidecar %v: rope dim %d of head dim %d", s.Kind, s.RopeDim, s.Dim)
 		}
 		if err := checkHashPart(d0, s.HashBits); err != nil {
-			return errorf(ErrInvalid, "sidecar %v: part 0: %v", s.Kind, err)
+			return errorf(ErrInvalid, "sidecar %v: encoder 0: %v", s.Kind, err)
 		}
 		if s.RopeDim == 0 && s.RopeBits != 0 {
 			return errorf(ErrInvalid, "sidecar %v: rope bits %d without a rope dim", s.Kind, s.RopeBits)
 		}
 		if s.RopeDim > 0 {
 			if err := checkHashPart(s.RopeDim, s.RopeBits); err != nil {
-				return errorf(ErrInvalid, "sidecar %v: part 1 (rope): %v", s.Kind, err)
+				return errorf(ErrInvalid, "sidecar %v: encoder 1 (rope): %v", s.Kind, err)
 			}
 		}
 	} else {
@@ -231,8 +235,8 @@ func (s SidecarSpec) Validate() error {
 			return errorf(ErrInvalid, "sidecar %v: prune ratio %v and merge %d must be 0", s.Kind, s.PruneRatio, s.Merge)
 		}
 	}
-	if n := int64(SidecarHeaderSize) + int64(s.Layers)*s.layerBytes(); n > MaxSidecarBytes {
-		return errorf(ErrInvalid, "sidecar %v: %d layers of %d bytes exceed %d bytes", s.Kind, s.Layers, s.layerBytes(), MaxSidecarBytes)
+	if n := int64(s.Layers) * s.partBytes(); n > MaxSidecarBytes {
+		return errorf(ErrInvalid, "sidecar %v: %d layers of %d bytes exceed %d bytes", s.Kind, s.Layers, s.partBytes(), MaxSidecarBytes)
 	}
 	return nil
 }
@@ -247,7 +251,7 @@ func checkHashPart(dim, hbits int) error {
 	return nil
 }
 
-// Rows is the rows of one layer's part: 1 (ESA), 2 (Quest: min, max), BlockSize/Merge
+// Rows is the rows of one layer's data: 1 (ESA), 2 (Quest: min, max), BlockSize/Merge
 // (KVStar), BlockSize (hash).
 func (s SidecarSpec) Rows() int {
 	switch s.Kind {
@@ -296,29 +300,32 @@ func (s SidecarSpec) elemSize() int64 {
 // valueCount is the values (or code bytes) of one layer: Rows·Heads·Cols.
 func (s SidecarSpec) valueCount() int64 { return int64(s.Rows()) * int64(s.Heads) * int64(s.Cols()) }
 
-func (s SidecarSpec) layerBytes() int64 {
-	return pad8(s.channelBytes() + s.valueCount()*s.elemSize())
-}
+// dataBytes is the bytes of one layer's data, unpadded.
+func (s SidecarSpec) dataBytes() int64 { return s.channelBytes() + s.valueCount()*s.elemSize() }
 
-// LayerBytes is the size of one layer's part, a multiple of 8 (0 for an invalid spec).
-func (s SidecarSpec) LayerBytes() int {
+// partBytes is the bytes of one part: header, data, padding to 8.
+func (s SidecarSpec) partBytes() int64 { return SidecarHeaderSize + pad8(s.dataBytes()) }
+
+// PartBytes is the size of one layer's part, header included, a multiple of 8 (0 for an
+// invalid spec). It is the same for every layer and every block of the spec.
+func (s SidecarSpec) PartBytes() int {
 	if s.Validate() != nil {
 		return 0
 	}
-	return int(s.layerBytes())
+	return int(s.partBytes())
 }
 
-// PayloadBytes is the size of a whole payload, SidecarHeaderSize + Layers·LayerBytes (0 for an
-// invalid spec).
+// PayloadBytes is the size of a whole payload, Layers·PartBytes (0 for an invalid spec).
 func (s SidecarSpec) PayloadBytes() int {
 	if s.Validate() != nil {
 		return 0
 	}
-	return SidecarHeaderSize + s.Layers*int(s.layerBytes())
+	return s.Layers * int(s.partBytes())
 }
 
-// LayerRange is the byte range [off, off+n) of layer's part within a payload of this spec.
-// It returns ErrInvalid for an invalid spec and ErrOutOfRange for a layer outside [0, Layers).
+// LayerRange is the byte range [off, off+n) of layer's part within a payload of this spec:
+// off = layer·PartBytes, n = PartBytes. It returns ErrInvalid for an invalid spec and
+// ErrOutOfRange for a layer outside [0, Layers).
 func (s SidecarSpec) LayerRange(layer int) (off, n int, err error) {
 	if err := s.Validate(); err != nil {
 		return 0, 0, err
@@ -326,12 +333,12 @@ func (s SidecarSpec) LayerRange(layer int) (off, n int, err error) {
 	if layer < 0 || layer >= s.Layers {
 		return 0, 0, errorf(ErrOutOfRange, "sidecar %v: layer %d of %d", s.Kind, layer, s.Layers)
 	}
-	lb := int(s.layerBytes())
-	return SidecarHeaderSize + layer*lb, lb, nil
+	pb := int(s.partBytes())
+	return layer * pb, pb, nil
 }
 
-// HashEncoders builds the hash encoders of a SidecarHash spec: part 0, and part 1 when RopeDim
-// > 0. It returns ErrInvalid for other kinds or an invalid spec.
+// HashEncoders builds the hash encoders of a SidecarHash spec: encoder 0, and encoder 1 when
+// RopeDim > 0. It returns ErrInvalid for other kinds or an invalid spec.
 func (s SidecarSpec) HashEncoders() ([]*HashEncoder, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -353,17 +360,17 @@ func (s SidecarSpec) HashEncoders() ([]*HashEncoder, error) {
 	return []*HashEncoder{e0, e1}, nil
 }
 
-// HashFingerprint combines the fingerprints of a hash sidecar's encoders: part 0's
-// Fingerprint for one part, else the CRC-32C of every part's fingerprint (little-endian, in
-// order).
-func HashFingerprint(parts ...*HashEncoder) uint32 {
-	if len(parts) == 1 && parts[0] != nil {
-		return parts[0].fp
+// HashFingerprint combines the fingerprints of a hash sidecar's encoders: encoder 0's
+// Fingerprint when there is one, else the CRC-32C of every encoder's fingerprint
+// (little-endian, in order).
+func HashFingerprint(encs ...*HashEncoder) uint32 {
+	if len(encs) == 1 && encs[0] != nil {
+		return encs[0].fp
 	}
 	var b []byte
-	for _, p := range parts {
-		if p != nil {
-			b = binary.LittleEndian.AppendUint32(b, p.fp)
+	for _, e := range encs {
+		if e != nil {
+			b = binary.LittleEndian.AppendUint32(b, e.fp)
 		}
 	}
 	return crc32.Checksum(b, castagnoli)
@@ -397,8 +404,9 @@ func (h *SidecarHeader) validate() error {
 	return nil
 }
 
-// validRows is the rows of a layer part that hold data for this block (the rest are zero).
-func (h *SidecarHeader) validRows() int {
+// ValidRows is the rows of each layer's data that hold this block's values; the rest are
+// zero: ⌈Tokens/Merge⌉ (KVStar), Tokens (hash), Rows otherwise.
+func (h *SidecarHeader) ValidRows() int {
 	switch h.Kind {
 	case SidecarKVStar:
 		return h.kvstar().Rows(h.Tokens)
@@ -408,8 +416,8 @@ func (h *SidecarHeader) validRows() int {
 	return h.Rows()
 }
 
-// putHeader writes the 64-byte header of a validated h to b.
-func putHeader(b []byte, h *SidecarHeader) {
+// putHeader writes the 64-byte header of layer's part of a validated h to b.
+func putHeader(b []byte, h *SidecarHeader, layer int) {
 	le := binary.LittleEndian
 	b = b[:SidecarHeaderSize]
 	clear(b)
@@ -425,7 +433,7 @@ func putHeader(b []byte, h *SidecarHeader) {
 	le.PutUint16(b[scOffTokens:], uint16(h.Tokens))
 	le.PutUint16(b[scOffRows:], uint16(h.Rows()))
 	le.PutUint16(b[scOffCols:], uint16(h.Cols()))
-	le.PutUint32(b[scOffStride:], uint32(h.layerBytes()))
+	le.PutUint32(b[scOffStride:], uint32(h.partBytes()))
 	le.PutUint16(b[scOffMerge:], uint16(h.Merge))
 	le.PutUint16(b[scOffHashBits:], uint16(h.HashBits))
 	le.PutUint64(b[scOffRatio:], math.Float64bits(h.PruneRatio))
@@ -433,30 +441,31 @@ func putHeader(b []byte, h *SidecarHeader) {
 	le.PutUint16(b[scOffRopeDim:], uint16(h.RopeDim))
 	le.PutUint16(b[scOffRopeBits:], uint16(h.RopeBits))
 	le.PutUint32(b[scOffFinger:], h.Fingerprint)
+	le.PutUint16(b[scOffLayer:], uint16(layer))
 	le.PutUint32(b[scOffCRC:], crc32.Checksum(b[:scOffCRC], castagnoli))
 }
 
-// DecodeSidecarHeader decodes and verifies the header at the start of b (at least
-// SidecarHeaderSize bytes; the layers need not follow). Bad magic, version, checksum or
-// fields return ErrCorrupt naming the field.
-func DecodeSidecarHeader(b []byte) (SidecarHeader, error) {
+// DecodeSidecarHeader decodes and verifies the header at the start of b, a part (at least
+// SidecarHeaderSize bytes; the data need not follow), and returns it with the part's layer.
+// Bad magic, version, checksum or fields return ErrCorrupt naming the field.
+func DecodeSidecarHeader(b []byte) (h SidecarHeader, layer int, err error) {
 	if len(b) < SidecarHeaderSize {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: %d bytes, want %d", len(b), SidecarHeaderSize)
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: %d bytes, want %d", len(b), SidecarHeaderSize)
 	}
 	le := binary.LittleEndian
 	if [4]byte(b[:4]) != sidecarMagic {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: magic %q", b[:4])
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: magic %q", b[:4])
 	}
 	if got, want := le.Uint32(b[scOffCRC:]), crc32.Checksum(b[:scOffCRC], castagnoli); got != want {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: checksum %#x, computed %#x", got, want)
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: checksum %#x, computed %#x", got, want)
 	}
 	if v := le.Uint16(b[scOffVersion:]); v != SidecarVersion {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: version %d (this build reads %d)", v, SidecarVersion)
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: version %d (this build reads %d)", v, SidecarVersion)
 	}
-	if r := le.Uint32(b[scOffReserved:]); r != 0 {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: reserved bytes %#x", r)
+	if r := le.Uint16(b[scOffReserved:]); r != 0 {
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: reserved bytes %#x", r)
 	}
-	h := SidecarHeader{
+	h = SidecarHeader{
 		SidecarSpec: SidecarSpec{
 			Kind:       SidecarKind(le.Uint16(b[scOffKind:])),
 			Layers:     int(le.Uint16(b[scOffLayers:])),
@@ -476,12 +485,16 @@ func DecodeSidecarHeader(b []byte) (SidecarHeader, error) {
 		Fingerprint: le.Uint32(b[scOffFinger:]),
 	}
 	if err := h.validate(); err != nil {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: %s", plain(err))
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: %s", plain(err))
 	}
-	if rows, cols, lb := int(le.Uint16(b[scOffRows:])), int(le.Uint16(b[scOffCols:])), int64(le.Uint32(b[scOffStride:])); rows != h.Rows() || cols != h.Cols() || lb != h.layerBytes() {
-		return SidecarHeader{}, errorf(ErrCorrupt, "sidecar header: rows/cols/layer bytes %d/%d/%d, the fields give %d/%d/%d", rows, cols, lb, h.Rows(), h.Cols(), h.layerBytes())
+	if rows, cols, pb := int(le.Uint16(b[scOffRows:])), int(le.Uint16(b[scOffCols:])), int64(le.Uint32(b[scOffStride:])); rows != h.Rows() || cols != h.Cols() || pb != h.partBytes() {
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: rows/cols/part bytes %d/%d/%d, the fields give %d/%d/%d", rows, cols, pb, h.Rows(), h.Cols(), h.partBytes())
 	}
-	return h, nil
+	layer = int(le.Uint16(b[scOffLayer:]))
+	if layer >= h.Layers {
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: layer %d of %d", layer, h.Layers)
+	}
+	return h, layer, nil
 }
 
 // Sidecar is one block's representation of one kind across every layer, decoded.
@@ -489,7 +502,7 @@ type Sidecar struct {
 	SidecarHeader
 	// Values holds the float kinds' values, [Layers][Rows][Heads][Cols]: ESA [layers][1][heads]
 	// [dim]; Quest [layers][2][heads][dim] (min, then max); KVStar [layers][BlockSize/Merge]
-	// [heads][d'], rows from ⌈Tokens/Merge⌉ on zero. Nil for SidecarHash.
+	// [heads][d'], rows from ValidRows on zero. Nil for SidecarHash.
 	Values []float32
 	// Channels holds KVStar's kept channels, [Layers][Heads][d'], ascending per head. Nil for
 	// other kinds.
@@ -507,39 +520,39 @@ func EncodeSidecar(dst []byte, s *Sidecar) ([]byte, error) {
 	if err := h.validate(); err != nil {
 		return dst, err
 	}
-	var nv, nc, nb int
+	per := int(h.valueCount())
+	perC := 0
+	var nv, nb int
 	switch h.Kind {
 	case SidecarHash:
-		nb = h.Layers * int(h.valueCount())
+		nb = h.Layers * per
 	case SidecarKVStar:
-		nc = h.Layers * h.Heads * h.Cols()
+		perC = h.Heads * h.Cols()
 		fallthrough
 	default:
-		nv = h.Layers * int(h.valueCount())
+		nv = h.Layers * per
 	}
-	if len(s.Values) != nv || len(s.Channels) != nc || len(s.Codes) != nb {
-		return dst, errorf(ErrInvalid, "sidecar %v: %d values, %d channels, %d code bytes; want %d, %d, %d", h.Kind, len(s.Values), len(s.Channels), len(s.Codes), nv, nc, nb)
+	if len(s.Values) != nv || len(s.Channels) != h.Layers*perC || len(s.Codes) != nb {
+		return dst, errorf(ErrInvalid, "sidecar %v: %d values, %d channels, %d code bytes; want %d, %d, %d", h.Kind, len(s.Values), len(s.Channels), len(s.Codes), nv, h.Layers*perC, nb)
 	}
 	start := len(dst)
-	total := SidecarHeaderSize + h.Layers*int(h.layerBytes())
-	dst = append(dst, make([]byte, total)...)
+	dst = append(dst, make([]byte, h.Layers*int(h.partBytes()))...)
 	out := dst[start:]
-	putHeader(out, h)
-	perLayerV, perLayerC, perLayerB := nv/h.Layers, nc/h.Layers, nb/h.Layers
 	for l := range h.Layers {
 		off, n, _ := h.LayerRange(l)
 		part := out[off : off+n]
+		putHeader(part, h, l)
 		var err error
 		switch h.Kind {
 		case SidecarHash:
-			err = h.putCodes(part, s.Codes[l*perLayerB:(l+1)*perLayerB])
+			err = h.putCodes(part, s.Codes[l*per:(l+1)*per])
 		case SidecarKVStar:
-			err = h.putChannels(part, s.Channels[l*perLayerC:(l+1)*perLayerC])
+			err = h.putChannels(part, s.Channels[l*perC:(l+1)*perC])
 			if err == nil {
-				err = h.putValues(part, s.Values[l*perLayerV:(l+1)*perLayerV])
+				err = h.putValues(part, s.Values[l*per:(l+1)*per])
 			}
 		default:
-			err = h.putValues(part, s.Values[l*perLayerV:(l+1)*perLayerV])
+			err = h.putValues(part, s.Values[l*per:(l+1)*per])
 		}
 		if err != nil {
 			return dst[:start], fmt.Errorf("sidecar %v: layer %d: %w", h.Kind, l, err)
@@ -557,99 +570,118 @@ func plain(err error) string {
 	return m
 }
 
-// rowValues is the values of one row of a part (all heads).
-func (h *SidecarSpec) rowValues() int { return h.Heads * h.Cols() }
+// rowValues is the values of one row of a layer's data (all heads).
+func (s *SidecarSpec) rowValues() int { return s.Heads * s.Cols() }
 
-// putValues encodes one layer's values (Rows·Heads·Cols) into part after its channel table.
+// putValues encodes one layer's values (Rows·Heads·Cols) into part after its header and
+// channel table.
 func (h *SidecarHeader) putValues(part []byte, v []float32) error {
-	valid := h.validRows() * h.rowValues()
+	valid := h.ValidRows() * h.rowValues()
 	for i, x := range v[valid:] {
 		if x != 0 || math.Signbit(float64(x)) {
 			return errorf(ErrInvalid, "value %d of padding row %d is %v, not zero", i%h.rowValues(), (valid+i)/h.rowValues(), x)
 		}
 	}
-	vals := part[h.channelBytes():]
+	vals := part[SidecarHeaderSize+h.channelBytes():]
 	es := int(h.elemSize())
 	encodeRow(vals[:valid*es], v[:valid], h.Elem)
 	if h.Elem == Float32 {
 		return nil
 	}
+	inf := uint16(0x7c00) // float16
+	if h.Elem == BFloat16 {
+		inf = 0x7f80
+	}
 	for i, x := range v[:valid] {
-		var inf bool
-		if h.Elem == Float16 {
-			inf = binary.LittleEndian.Uint16(vals[i*es:])&0x7fff == 0x7c00
-		} else {
-			inf = binary.LittleEndian.Uint16(vals[i*es:])&0x7fff == 0x7f80
-		}
-		if inf && !math.IsInf(float64(x), 0) {
+		if binary.LittleEndian.Uint16(vals[i*es:])&0x7fff == inf && !math.IsInf(float64(x), 0) {
 			return errorf(ErrOutOfRange, "value %d (%v) overflows %v", i, x, h.Elem)
 		}
 	}
 	return nil
 }
 
-// putChannels writes one layer's KVStar channel table.
+// putChannels writes one layer's KVStar channel table after the part's header.
 func (h *SidecarHeader) putChannels(part []byte, ch []uint16) error {
-	if err := h.checkChannels(ch); err != nil {
+	tab := part[SidecarHeaderSize:]
+	for i, c := range ch {
+		binary.LittleEndian.PutUint16(tab[2*i:], c)
+	}
+	if err := h.checkChannels(tab); err != nil {
 		return errorf(ErrInvalid, "%v", err)
 	}
-	for i, c := range ch {
-		binary.LittleEndian.PutUint16(part[2*i:], c)
-	}
 	return nil
 }
 
-// checkChannels verifies that each head's channels are ascending and below Dim.
-func (h *SidecarSpec) checkChannels(ch []uint16) error {
-	cols := h.Cols()
-	for hd := range h.Heads {
-		row := ch[hd*cols : (hd+1)*cols]
-		for j, c := range row {
-			if int(c) >= h.Dim || j > 0 && c <= row[j-1] {
-				return fmt.Errorf("head %d: channels not ascending below %d at %d (%d)", hd, h.Dim, j, c)
+// checkChannels verifies the channel table at the start of tab: each head's channels
+// ascending and below Dim, the table's padding zero.
+func (s *SidecarSpec) checkChannels(tab []byte) error {
+	cols := s.Cols()
+	for hd := range s.Heads {
+		prev := -1
+		for j := range cols {
+			c := int(binary.LittleEndian.Uint16(tab[2*(hd*cols+j):]))
+			if c >= s.Dim || c <= prev {
+				return fmt.Errorf("head %d: channels not ascending below %d at %d (%d)", hd, s.Dim, j, c)
 			}
+			prev = c
 		}
 	}
+	if !allZero(tab[2*s.Heads*cols : s.channelBytes()]) {
+		return fmt.Errorf("channel table padding not zero")
+	}
 	return nil
 }
 
-// putCodes copies one layer's hash codes into part.
+// putCodes copies one layer's hash codes into part after its header.
 func (h *SidecarHeader) putCodes(part []byte, codes []byte) error {
-	valid := h.validRows() * h.rowValues()
+	valid := h.ValidRows() * h.rowValues()
 	for i, b := range codes[valid:] {
 		if b != 0 {
 			return errorf(ErrInvalid, "code byte %d of padding row %d is %#x, not zero", i%h.rowValues(), (valid+i)/h.rowValues(), b)
 		}
 	}
-	copy(part, codes)
+	copy(part[SidecarHeaderSize:], codes)
 	return nil
 }
 
-// DecodeSidecar decodes a whole payload. b must be exactly the payload (header and
-// Layers·LayerBytes); anything malformed is ErrCorrupt.
+// DecodeSidecar decodes a whole payload. b must be exactly the payload (Layers parts whose
+// headers agree, each with its layer index in order); anything malformed is ErrCorrupt.
 func DecodeSidecar(b []byte) (*Sidecar, error) {
-	h, err := DecodeSidecarHeader(b)
+	h, layer, err := DecodeSidecarHeader(b)
 	if err != nil {
 		return nil, err
 	}
-	if want := SidecarHeaderSize + int64(h.Layers)*h.layerBytes(); int64(len(b)) != want {
+	if want := int64(h.Layers) * h.partBytes(); int64(len(b)) != want {
 		return nil, errorf(ErrCorrupt, "sidecar %v: %d bytes, the header gives %d", h.Kind, len(b), want)
+	}
+	if layer != 0 {
+		return nil, errorf(ErrCorrupt, "sidecar %v: first part is layer %d", h.Kind, layer)
 	}
 	s := &Sidecar{SidecarHeader: h}
 	per := int(h.valueCount())
+	perC := 0
 	switch h.Kind {
 	case SidecarHash:
 		s.Codes = make([]byte, h.Layers*per)
 	case SidecarKVStar:
-		s.Channels = make([]uint16, h.Layers*h.Heads*h.Cols())
+		perC = h.Heads * h.Cols()
+		s.Channels = make([]uint16, h.Layers*perC)
 		fallthrough
 	default:
 		s.Values = make([]float32, h.Layers*per)
 	}
-	perC := h.Heads * h.Cols()
 	for l := range h.Layers {
 		off, n, _ := h.LayerRange(l)
 		part := b[off : off+n]
+		if l > 0 {
+			hl, ll, err := DecodeSidecarHeader(part)
+			if err != nil {
+				return nil, fmt.Errorf("sidecar %v: layer %d: %w", h.Kind, l, err)
+			}
+			if hl != h || ll != l {
+				return nil, errorf(ErrCorrupt, "sidecar %v: part %d's header (layer %d) differs from part 0's", h.Kind, l, ll)
+			}
+		}
 		var v []float32
 		var ch []uint16
 		var codes []byte
@@ -662,72 +694,67 @@ func DecodeSidecar(b []byte) (*Sidecar, error) {
 		default:
 			v = s.Values[l*per : (l+1)*per]
 		}
-		if err := h.decodeLayer(v, ch, codes, part, h.validRows()); err != nil {
+		if err := h.decodeData(v, ch, codes, part); err != nil {
 			return nil, errorf(ErrCorrupt, "sidecar %v: layer %d: %v", h.Kind, l, err)
 		}
 	}
 	return s, nil
 }
 
-// DecodeLayer decodes one layer's part (the LayerRange bytes of a payload of this spec), as
-// the top-K scan does with the parts of many blocks, without the header: values
-// ([Rows][Heads][Cols], float kinds) and channels ([Heads][Cols], KVStar) must have exactly
-// those lengths, nil otherwise; hash codes are used as stored (part[:Rows·Heads·Cols]) and
-// only verified here. Stored blocks are full (DESIGN §3); for a partial block the rows past its
-// tokens (see SidecarHeader) are zero. Malformed parts are ErrCorrupt (the channel table, its
-// padding, the part's padding), wrong slice lengths ErrInvalid.
-func (s SidecarSpec) DecodeLayer(values []float32, channels []uint16, part []byte) error {
-	if err := s.Validate(); err != nil {
-		return err
+// DecodeSidecarPart decodes one part (one layer of one block: the LayerRange bytes of a
+// payload, or one block's slot of engine.LoadSidecars) on its own, as the top-K scan does with
+// the parts of many blocks, and returns its header and layer. values ([Rows][Heads][Cols],
+// float kinds) and channels ([Heads][Cols], KVStar) receive the data when not nil and must then
+// have exactly those lengths (ErrInvalid otherwise); hash codes are read in place,
+// part[SidecarHeaderSize:][:Rows·Heads·Cols]. Everything, data included, is verified:
+// malformed parts are ErrCorrupt.
+func DecodeSidecarPart(part []byte, values []float32, channels []uint16) (h SidecarHeader, layer int, err error) {
+	h, layer, err = DecodeSidecarHeader(part)
+	if err != nil {
+		return SidecarHeader{}, 0, err
 	}
-	wantV, wantC := int(s.valueCount()), 0
-	switch s.Kind {
+	if int64(len(part)) != h.partBytes() {
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar %v part: %d bytes, the header gives %d", h.Kind, len(part), h.partBytes())
+	}
+	wantV, wantC := int(h.valueCount()), 0
+	switch h.Kind {
 	case SidecarHash:
 		wantV = 0
 	case SidecarKVStar:
-		wantC = s.Heads * s.Cols()
+		wantC = h.Heads * h.Cols()
 	}
-	if len(values) != wantV || len(channels) != wantC {
-		return errorf(ErrInvalid, "sidecar %v layer: %d values and %d channels, want %d and %d", s.Kind, len(values), len(channels), wantV, wantC)
+	if values != nil && len(values) != wantV || channels != nil && len(channels) != wantC {
+		return SidecarHeader{}, 0, errorf(ErrInvalid, "sidecar %v part: %d values and %d channels, want %d and %d", h.Kind, len(values), len(channels), wantV, wantC)
 	}
-	if int64(len(part)) != s.layerBytes() {
-		return errorf(ErrCorrupt, "sidecar %v layer: %d bytes, want %d", s.Kind, len(part), s.layerBytes())
+	if err := h.decodeData(values, channels, nil, part); err != nil {
+		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar %v part of layer %d: %v", h.Kind, layer, err)
 	}
-	var codes []byte
-	if s.Kind == SidecarHash {
-		codes = part[:s.valueCount()]
-	}
-	if err := s.decodeLayer(values, channels, codes, part, s.Rows()); err != nil {
-		return errorf(ErrCorrupt, "sidecar %v layer: %v", s.Kind, err)
-	}
-	return nil
+	return h, layer, nil
 }
 
-// decodeLayer decodes and verifies one part (len(part) == layerBytes) whose rows from
-// validRows on must be zero. codes may alias part.
-func (h *SidecarSpec) decodeLayer(v []float32, ch []uint16, codes []byte, part []byte, validRows int) error {
-	used := h.channelBytes() + h.valueCount()*h.elemSize()
+// decodeData verifies one part's data (len(part) == partBytes) and decodes it into the
+// non-nil destinations.
+func (h *SidecarHeader) decodeData(v []float32, ch []uint16, codes []byte, part []byte) error {
+	data := part[SidecarHeaderSize:]
 	if h.Kind == SidecarKVStar {
-		for i := range ch {
-			ch[i] = binary.LittleEndian.Uint16(part[2*i:])
-		}
-		if err := h.checkChannels(ch); err != nil {
+		if err := h.checkChannels(data); err != nil {
 			return err
 		}
-		if !allZero(part[2*len(ch) : h.channelBytes()]) {
-			return fmt.Errorf("channel table padding not zero")
+		for i := range ch {
+			ch[i] = binary.LittleEndian.Uint16(data[2*i:])
 		}
 	}
-	validBytes := int64(validRows*h.rowValues()) * h.elemSize()
-	data := part[h.channelBytes():used]
-	if !allZero(data[validBytes:]) || !allZero(part[used:]) {
+	vals := data[h.channelBytes():h.dataBytes()]
+	valid := int64(h.ValidRows()*h.rowValues()) * h.elemSize()
+	if !allZero(vals[valid:]) || !allZero(data[h.dataBytes():]) {
 		return fmt.Errorf("padding rows or bytes not zero")
 	}
-	if h.Kind == SidecarHash {
-		copy(codes, data)
-		return nil
+	switch {
+	case h.Kind == SidecarHash:
+		copy(codes, vals)
+	case v != nil:
+		decodeRow(v, vals, h.Elem)
 	}
-	decodeRow(v, data, h.Elem)
 	return nil
 }
 

@@ -202,7 +202,7 @@ func TestSidecarMatchesKernels(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if off != SidecarHeaderSize+l*spec.LayerBytes() || ln != spec.LayerBytes() || ln%8 != 0 {
+					if off != l*spec.PartBytes() || ln != spec.PartBytes() || ln%8 != 0 {
 						t.Fatalf("LayerRange(%d) = %d, %d", l, off, ln)
 					}
 					var v []float32
@@ -213,13 +213,17 @@ func TestSidecarMatchesKernels(t *testing.T) {
 					if spec.Kind == SidecarKVStar {
 						ch = make([]uint16, spec.Heads*spec.Cols())
 					}
-					if err := spec.DecodeLayer(v, ch, p[off:off+ln]); err != nil {
+					ph, pl, err := DecodeSidecarPart(p[off:off+ln], v, ch)
+					if err != nil {
 						t.Fatal(err)
 					}
-					if v != nil && !slices.Equal(v, sc.Values[l*per:(l+1)*per]) || ch != nil && !slices.Equal(ch, sc.Channels[l*len(ch):(l+1)*len(ch)]) {
-						t.Fatalf("%v %v layer %d: DecodeLayer differs from DecodeSidecar", input, spec.Kind, l)
+					if ph != sc.SidecarHeader || pl != l {
+						t.Fatalf("part %d: header %+v layer %d", l, ph, pl)
 					}
-					if spec.Kind == SidecarHash && !bytes.Equal(p[off:off+per], sc.Codes[l*per:(l+1)*per]) {
+					if v != nil && !slices.Equal(v, sc.Values[l*per:(l+1)*per]) || ch != nil && !slices.Equal(ch, sc.Channels[l*len(ch):(l+1)*len(ch)]) {
+						t.Fatalf("%v %v layer %d: DecodeSidecarPart differs from DecodeSidecar", input, spec.Kind, l)
+					}
+					if spec.Kind == SidecarHash && !bytes.Equal(p[off+SidecarHeaderSize:off+SidecarHeaderSize+per], sc.Codes[l*per:(l+1)*per]) {
 						t.Fatalf("layer %d: codes are not stored as is", l)
 					}
 				}
@@ -290,7 +294,7 @@ func TestSidecarSpecSizes(t *testing.T) {
 	for _, c := range []struct {
 		spec       SidecarSpec
 		rows, cols int
-		layerBytes int
+		dataBytes  int // one layer's data, padded to 8
 	}{
 		// Llama-3-8B-like: 32 layers, 8 KV heads, dim 128, block 128.
 		{SidecarSpec{Kind: SidecarESAMean, Layers: 32, Heads: 8, Dim: 128, BlockSize: 128, Elem: Float16}, 1, 128, 2048},
@@ -299,15 +303,16 @@ func TestSidecarSpecSizes(t *testing.T) {
 		{SidecarSpec{Kind: SidecarHash, Layers: 32, Heads: 8, Dim: 128, BlockSize: 128, HashBits: 128}, 128, 16, 128 * 8 * 16},
 		// DeepSeek-V2 MLA: one head of 512 + 64, hash bits = input dims.
 		{SidecarSpec{Kind: SidecarHash, Layers: 60, Heads: 1, Dim: 576, BlockSize: 64, HashBits: 512, RopeDim: 64, RopeBits: 64}, 64, 72, 64 * 72},
-		// Odd sizes are padded to 8 bytes: channel table 2·1·3 = 6 → 8, values 2 rows·3·2 = 12.
+		// Odd sizes are padded to 8 bytes: channel table 2·1·3 = 6 → 8, values 2 rows·3·2 = 12 → 16.
 		{SidecarSpec{Kind: SidecarKVStar, Layers: 3, Heads: 1, Dim: 5, BlockSize: 4, Elem: Float16, PruneRatio: 0.6, Merge: 2}, 2, 3, 8 + 16},
 	} {
 		s := c.spec
 		if err := s.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		if s.Rows() != c.rows || s.Cols() != c.cols || s.LayerBytes() != c.layerBytes || s.PayloadBytes() != SidecarHeaderSize+s.Layers*c.layerBytes {
-			t.Errorf("%v: rows %d cols %d layer bytes %d payload %d; want %d %d %d", s.Kind, s.Rows(), s.Cols(), s.LayerBytes(), s.PayloadBytes(), c.rows, c.cols, c.layerBytes)
+		part := SidecarHeaderSize + c.dataBytes
+		if s.Rows() != c.rows || s.Cols() != c.cols || s.PartBytes() != part || s.PayloadBytes() != s.Layers*part {
+			t.Errorf("%v: rows %d cols %d part bytes %d payload %d; want %d %d %d", s.Kind, s.Rows(), s.Cols(), s.PartBytes(), s.PayloadBytes(), c.rows, c.cols, part)
 		}
 	}
 }
@@ -345,7 +350,7 @@ func TestSidecarSpecRejects(t *testing.T) {
 		if err := s.Validate(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v", name, err)
 		}
-		if s.LayerBytes() != 0 || s.PayloadBytes() != 0 {
+		if s.PartBytes() != 0 || s.PayloadBytes() != 0 {
 			t.Errorf("%s: sizes of an invalid spec", name)
 		}
 		if _, _, err := s.LayerRange(0); !errors.Is(err, ErrInvalid) {
@@ -462,38 +467,52 @@ func TestEncodeSidecarRejects(t *testing.T) {
 	}
 }
 
-// TestDecodeSidecarCorrupt: every flipped bit of the header, any nonzero padding, a wrong
-// length and bad channel tables are ErrCorrupt.
+// TestDecodeSidecarCorrupt: every flipped bit of a part's header, any nonzero padding, a wrong
+// length, parts out of order and bad channel tables are ErrCorrupt.
 func TestDecodeSidecarCorrupt(t *testing.T) {
 	for name, spec := range goldenSpecs() {
 		p := writePayload(t, spec, Float16, 3, func(l int) []byte { return goldenK(KShape{3, spec.Heads, spec.Dim}, l) })
 		if _, err := DecodeSidecar(p); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		for i := range SidecarHeaderSize * 8 {
-			q := slices.Clone(p)
-			q[i/8] ^= 1 << (i % 8)
-			if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s: header bit %d flipped: %v", name, i, err)
-			}
-			if _, err := DecodeSidecarHeader(q); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s: header bit %d flipped: %v", name, i, err)
+		last, n, _ := spec.LayerRange(spec.Layers - 1)
+		for _, base := range []int{0, last} {
+			for i := range SidecarHeaderSize * 8 {
+				q := slices.Clone(p)
+				q[base+i/8] ^= 1 << (i % 8)
+				if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("%s: part at %d: header bit %d flipped: %v", name, base, i, err)
+				}
+				if _, _, err := DecodeSidecarPart(q[base:base+n], nil, nil); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("%s: part at %d: header bit %d flipped: %v", name, base, i, err)
+				}
 			}
 		}
-		for _, n := range []int{0, 10, SidecarHeaderSize, len(p) - 1} {
-			if _, err := DecodeSidecar(p[:n]); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s: cut to %d: %v", name, n, err)
+		for _, cut := range []int{0, 10, SidecarHeaderSize, len(p) - 1} {
+			if _, err := DecodeSidecar(p[:cut]); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("%s: cut to %d: %v", name, cut, err)
 			}
 		}
 		if _, err := DecodeSidecar(append(slices.Clone(p), 0)); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("%s: one byte more: %v", name, err)
 		}
-		// The last byte of every layer part is padding (or a padding row: tokens 3 < 4) for
+		if _, _, err := DecodeSidecarPart(p[:n-1], nil, nil); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s: short part: %v", name, err)
+		}
+		if spec.Layers > 1 {
+			q := slices.Clone(p)
+			copy(q[:n], p[n:2*n])
+			copy(q[n:2*n], p[:n])
+			if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("%s: parts swapped: %v", name, err)
+			}
+		}
+		// The last byte of every part is padding (or in a padding row: tokens 3 < 4) for
 		// these specs, except where the part is all data.
-		h, _ := DecodeSidecarHeader(p)
+		h, _, _ := DecodeSidecarHeader(p)
+		used := SidecarHeaderSize + h.channelBytes() + int64(h.ValidRows()*h.rowValues())*h.elemSize()
 		for l := range spec.Layers {
 			off, n, _ := spec.LayerRange(l)
-			used := h.channelBytes() + int64(h.validRows()*h.rowValues())*h.elemSize()
 			if int64(n) == used {
 				continue
 			}
@@ -502,32 +521,20 @@ func TestDecodeSidecarCorrupt(t *testing.T) {
 			if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("%s layer %d: nonzero padding: %v", name, l, err)
 			}
-			v, ch := make([]float32, h.valueCount()), []uint16(nil)
-			if h.Kind == SidecarHash {
-				v = nil
+			if _, _, err := DecodeSidecarPart(q[off:off+n], nil, nil); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("%s layer %d: DecodeSidecarPart of nonzero padding: %v", name, l, err)
 			}
-			if h.Kind == SidecarKVStar {
-				ch = make([]uint16, h.Heads*h.Cols())
-			}
-			// DecodeLayer sees only the spec: nonzero bytes in padding rows pass (it cannot
-			// know the tokens), past the data they do not.
-			err := h.DecodeLayer(v, ch, q[off:off+n])
-			if beyondRows := int64(n-1) < h.channelBytes()+h.valueCount()*h.elemSize(); beyondRows && err != nil || !beyondRows && !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s layer %d: DecodeLayer of nonzero padding: %v", name, l, err)
-			}
-			if err := h.DecodeLayer(v, ch, q[off:off+n-1]); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s layer %d: DecodeLayer of a short part: %v", name, l, err)
-			}
-			if err := h.DecodeLayer(append(v, 0), ch, p[off:off+n]); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("%s layer %d: DecodeLayer into a wrong slice: %v", name, l, err)
+			if _, _, err := DecodeSidecarPart(p[off:off+n], make([]float32, 1), nil); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%s layer %d: DecodeSidecarPart into a wrong slice: %v", name, l, err)
 			}
 		}
 		if spec.Kind == SidecarKVStar {
-			off, _, _ := spec.LayerRange(0)
-			q := slices.Clone(p)
-			binary.LittleEndian.PutUint16(q[off:], uint16(spec.Dim)) // channel ≥ dim
-			if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("%s: channel out of range: %v", name, err)
+			for _, c := range []uint16{uint16(spec.Dim), 0} { // out of range; not ascending
+				q := slices.Clone(p)
+				binary.LittleEndian.PutUint16(q[SidecarHeaderSize+2:], c)
+				if _, err := DecodeSidecar(q); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("%s: channel %d: %v", name, c, err)
+				}
 			}
 		}
 	}
@@ -568,13 +575,27 @@ func FuzzDecodeSidecar(f *testing.F) {
 				if err != nil || off+n > len(b) {
 					t.Fatalf("layer %d range %d+%d of %d: %v", l, off, n, len(b), err)
 				}
+				if _, pl, err := DecodeSidecarPart(b[off:off+n], nil, nil); err != nil || pl != l {
+					t.Fatalf("part %d of a valid payload: layer %d, %v", l, pl, err)
+				}
 			}
 		}
 		check(b)
 		if len(b) >= SidecarHeaderSize {
 			q := slices.Clone(b)
 			binary.LittleEndian.PutUint32(q[scOffCRC:], crc32.Checksum(q[:scOffCRC], castagnoli))
+			// With a valid first header, fix every part's header CRC too, to reach the checks
+			// that parts agree.
+			if h, _, err := DecodeSidecarHeader(q); err == nil {
+				pb := int(h.partBytes())
+				for off := pb; off+SidecarHeaderSize <= len(q); off += pb {
+					binary.LittleEndian.PutUint32(q[off+scOffCRC:], crc32.Checksum(q[off:off+scOffCRC], castagnoli))
+				}
+			}
 			check(q)
+			if _, _, err := DecodeSidecarPart(q, nil, nil); err != nil && !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("part error is not ErrCorrupt: %v", err)
+			}
 		}
 	})
 }

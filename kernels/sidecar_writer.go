@@ -12,7 +12,7 @@ import (
 // each dump worker its own (they share the hash encoders).
 type SidecarWriter struct {
 	h       SidecarHeader
-	parts   []*HashEncoder
+	encs    []*HashEncoder
 	payload []byte
 	have    []bool
 	left    int
@@ -33,17 +33,17 @@ func NewSidecarWriter(spec SidecarSpec, input DType) (*SidecarWriter, error) {
 	w := &SidecarWriter{h: SidecarHeader{SidecarSpec: spec, Input: input}}
 	if spec.Kind == SidecarHash {
 		var err error
-		if w.parts, err = cachedEncoders(spec); err != nil {
+		if w.encs, err = cachedEncoders(spec); err != nil {
 			return nil, err
 		}
-		w.h.Fingerprint = HashFingerprint(w.parts...)
+		w.h.Fingerprint = HashFingerprint(w.encs...)
 	} else {
 		w.vals = make([]float32, spec.valueCount())
 		if spec.Kind == SidecarKVStar {
 			w.ch = make([]uint16, spec.Heads*spec.Cols())
 		}
 	}
-	w.payload = make([]byte, SidecarHeaderSize+spec.Layers*int(spec.layerBytes()))
+	w.payload = make([]byte, spec.Layers*int(spec.partBytes()))
 	w.have = make([]bool, spec.Layers)
 	return w, nil
 }
@@ -96,7 +96,10 @@ func (w *SidecarWriter) Begin(tokens int) error {
 	}
 	w.h.Tokens = tokens
 	clear(w.payload)
-	putHeader(w.payload, &w.h)
+	for l := range w.h.Layers {
+		off, _, _ := w.h.LayerRange(l)
+		putHeader(w.payload[off:], &w.h, l)
+	}
 	clear(w.have)
 	w.left = w.h.Layers
 	w.begun = true
@@ -130,20 +133,21 @@ func (w *SidecarWriter) AddLayer(layer int, k []byte) error {
 	case SidecarQuest:
 		err = QuestMinMax(w.vals, k, h.Input, s)
 	case SidecarKVStar:
-		valid := h.validRows() * h.rowValues()
+		valid := h.ValidRows() * h.rowValues()
 		clear(w.vals[valid:])
 		err = KVStar(w.vals[:valid], w.ch, k, h.Input, s, h.kvstar())
 		if err == nil {
 			err = h.putChannels(part, w.ch)
 		}
 	case SidecarHash:
-		err = HashBlock(part[:h.validRows()*h.rowValues()], k, h.Input, s, w.parts...)
+		data := part[SidecarHeaderSize:]
+		err = HashBlock(data[:h.ValidRows()*h.rowValues()], k, h.Input, s, w.encs...)
 	}
 	if err == nil && h.Kind != SidecarHash {
 		err = h.putValues(part, w.vals)
 	}
 	if err != nil {
-		clear(part)
+		clear(part[SidecarHeaderSize:])
 		return fmt.Errorf("sidecar %v: layer %d: %w", h.Kind, layer, err)
 	}
 	w.have[layer] = true
