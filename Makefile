@@ -85,7 +85,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
-                ./fuzz:FuzzEngineOps:800x
+                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x
 FUZZSMOKE   ?= per-target
 
 fuzz:
