@@ -126,6 +126,7 @@ type killFigures struct {
 	RaceDetector      bool    `json:"race_detector"`
 	AckEvents         int64   `json:"ack_events"`
 	BlocksAcked       int     `json:"blocks_acked"`
+	SidecarsVerified  int64   `json:"sidecars_verified"`
 	BlocksStarted     int     `json:"blocks_started"`
 	BlocksDiscarded   int     `json:"blocks_discarded"`
 	BlocksPresent     int     `json:"blocks_present_at_end"`
@@ -275,6 +276,7 @@ func TestKillLoop(t *testing.T) {
 		}
 		res, verr := state.Verify(e, seed, vopts)
 		fig.BlocksVerified += int64(res.Verified)
+		fig.SidecarsVerified += int64(res.Sidecars)
 		fig.BlocksPresent, present = res.Present, res.Present
 		st := e.Stats()
 		if err := e.Close(); err != nil {
@@ -306,8 +308,8 @@ func TestKillLoop(t *testing.T) {
 	fig.Seconds = time.Since(begin).Seconds()
 	t.Logf("kill loop done: %d cycles (%d kills, %d before the store was open, %d clean exits), io %s direct %v, race %v",
 		fig.Cycles, fig.Kills, fig.KillsBeforeReady, fig.CleanExits, fig.IOEngine, fig.DirectIO, fig.RaceDetector)
-	t.Logf("  acks: %d events, %d distinct blocks acked, %d started, %d discarded; %d present at the end; %d block loads verified byte for byte (%d cycles checked every block)",
-		fig.AckEvents, fig.BlocksAcked, fig.BlocksStarted, fig.BlocksDiscarded, fig.BlocksPresent, fig.BlocksVerified, fig.FullChecks)
+	t.Logf("  acks: %d events, %d distinct blocks acked, %d started, %d discarded; %d present at the end; %d block loads verified byte for byte (%d cycles checked every block); %d sidecars found beside their blocks and verified",
+		fig.AckEvents, fig.BlocksAcked, fig.BlocksStarted, fig.BlocksDiscarded, fig.BlocksPresent, fig.BlocksVerified, fig.FullChecks, fig.SidecarsVerified)
 	t.Logf("  recovery (%d engine recoveries, %d by ucm-tool verify): recovery max %.1f ms mean %.1f ms, Open max %.1f ms mean %.1f ms",
 		fig.EngineRecoveries, fig.ToolRecoveries, fig.RecoveryMaxMs, fig.RecoveryMeanMs, fig.OpenMaxMs, fig.OpenMeanMs)
 	t.Logf("  segments recovered %d, truncated bytes %d, entries dropped %d, orphans removed %d; store %d bytes; %.1f s",
@@ -696,6 +698,32 @@ func (c *killChild) wholeDumps(r *rand.Rand) error {
 		return fmt.Errorf("dump of %d whole blocks: %w", len(ids), err)
 	}
 	c.ack(ids...)
+	if r.IntN(2) == 0 {
+		return c.sidecars(ids)
+	}
+	return nil
+}
+
+// sidecars dumps the sidecars of blocks just acknowledged. A block evicted meanwhile (tiered
+// runs) refuses its sidecar with ErrNotFound: not acknowledged, not a failure.
+func (c *killChild) sidecars(ids []format.BlockID) error {
+	src := make([][]byte, len(ids))
+	for i, id := range ids {
+		src[i] = workload.Sidecar(id, c.seed, c.l.Shards)
+	}
+	c.emit("SIDE_START", ids...)
+	t := c.e.DumpSidecars(workload.SidecarKind, c.l.Shards, ids, src)
+	_ = t.Wait()
+	var acked []format.BlockID
+	for i, err := range t.BlockErrors() {
+		switch {
+		case err == nil:
+			acked = append(acked, ids[i])
+		case !errors.Is(err, engine.ErrNotFound):
+			return fmt.Errorf("dump of %d sidecars: %w", len(ids), err)
+		}
+	}
+	c.emit("SIDE_ACK", acked...)
 	return nil
 }
 

@@ -101,22 +101,38 @@ func Check(id format.BlockID, seed uint64, off int64, got []byte) error {
 	return fmt.Errorf("block %s: bytes differ", id)
 }
 
+// Sidecars of the workloads: kind SidecarKind, one part of SidecarPart bytes per shard of the
+// block, a function of the block id (Sidecar).
+const (
+	SidecarKind format.SidecarKind = 1
+	SidecarPart                    = 128
+	sidecarSeed                    = 0x5eedca7
+)
+
+// Sidecar returns the sidecar bytes of block id for parts parts.
+func Sidecar(id format.BlockID, seed uint64, parts int) []byte {
+	return Block(id, seed^sidecarSeed, int64(parts)*SidecarPart)
+}
+
 // State is what a crash may and may not lose, built from the event log. Safe for concurrent
-// use.
+// use. Sidecar events (SIDE_START, SIDE_ACK) say the same of the blocks' sidecars.
 type State struct {
 	mu        sync.Mutex
 	started   map[format.BlockID]bool
 	acked     map[format.BlockID]bool
 	discarded map[format.BlockID]bool
-	touched   map[format.BlockID]int // epoch of the id's last event
-	epoch     int
-	acks      int64 // ACK lines, duplicates included
+	// sideStarted and sideAcked: sidecars whose dump started, and was acknowledged.
+	sideStarted, sideAcked map[format.BlockID]bool
+	touched                map[format.BlockID]int // epoch of the id's last event
+	epoch                  int
+	acks                   int64 // ACK lines, duplicates included
 }
 
 // NewState returns an empty state.
 func NewState() *State {
 	return &State{started: map[format.BlockID]bool{}, acked: map[format.BlockID]bool{},
-		discarded: map[format.BlockID]bool{}, touched: map[format.BlockID]int{}}
+		discarded: map[format.BlockID]bool{}, touched: map[format.BlockID]int{},
+		sideStarted: map[format.BlockID]bool{}, sideAcked: map[format.BlockID]bool{}}
 }
 
 // NextEpoch starts a new epoch (a crash cycle, say) and returns its number; every event
@@ -143,6 +159,10 @@ func (s *State) Apply(line string) (bool, error) {
 		s.acks++
 	case "DISCARD":
 		m = s.discarded
+	case "SIDE_START":
+		m = s.sideStarted
+	case "SIDE_ACK":
+		m = s.sideAcked
 	default:
 		return false, nil
 	}
@@ -172,6 +192,8 @@ type Result struct {
 	Acked    int // distinct acknowledged blocks, all present and byte-identical
 	Verified int // blocks loaded and compared byte for byte
 	Lost     int // acknowledged blocks missing (a failure)
+	// Sidecars counts the sidecars found (beside a present block) and compared byte for byte.
+	Sidecars int
 }
 
 // VerifyOptions bound what Verify reads.
@@ -294,6 +316,37 @@ func (s *State) Verify(e *engine.Engine, seed uint64, opts VerifyOptions) (Resul
 				continue
 			}
 			res.Verified++
+		}
+	}
+	// Sidecars of every known id, first and last part: none without its block, none never
+	// dumped, every one byte-identical, the acknowledged ones of present blocks there.
+	parts := l.Shards
+	want := map[format.BlockID][]byte{}
+	for _, p := range []int{0, parts - 1} {
+		dst := make([]byte, len(known)*SidecarPart)
+		found, err := e.LoadSidecars(SidecarKind, p, known, dst)
+		if err != nil {
+			fail("load sidecars: %v", err)
+			break
+		}
+		for i, id := range known {
+			switch {
+			case found[i] && !hits[i]:
+				fail("sidecar of block %s outlives its block", id)
+			case found[i] && !s.sideStarted[id]:
+				fail("sidecar of block %s found, never dumped (phantom)", id)
+			case found[i]:
+				if want[id] == nil {
+					want[id] = Sidecar(id, seed, parts)
+				}
+				if !bytes.Equal(dst[i*SidecarPart:(i+1)*SidecarPart], want[id][p*SidecarPart:(p+1)*SidecarPart]) {
+					fail("sidecar of block %s part %d: wrong bytes", id, p)
+				} else if p == 0 {
+					res.Sidecars++
+				}
+			case hits[i] && s.sideAcked[id]:
+				fail("acknowledged sidecar of block %s lost (its block is present)", id)
+			}
 		}
 	}
 	if err := e.Index().CheckAccounting(); err != nil {
