@@ -1,0 +1,501 @@
+package model
+
+import (
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ucm-go/ucm/kernels"
+)
+
+// Hooks are optional callbacks into a forward step, for sparse attention and analysis. A nil
+// *Hooks or nil field does nothing.
+type Hooks struct {
+	// Queries, when set, is called once per layer with the step's queries after RoPE:
+	// q[t·QDim + h·HeadDim + d] for token t (at positions[t]) and query head h. q is only valid
+	// during the call.
+	Queries func(layer int, positions []int, q []float32)
+	// SelectBlocks, when set, is called for a one-token step (decode) once per layer and
+	// chooses the logical blocks (indexes into seq.Blocks) the step attends to; q is that
+	// token's queries after RoPE ([Heads·HeadDim], valid during the call). The block holding
+	// the current position is always attended (added when missing); indexes out of range or
+	// beyond the current position's block are ErrInvalid. Returning nil attends to all.
+	// Multi-token steps (prefill) always attend densely.
+	SelectBlocks func(layer int, position int, q []float32, seq *Sequence) []int
+}
+
+// Forward runs tokens (byte values for the byte-level model) at positions through the model
+// with seq's K/V in c, writes the tokens' K/V into c through seq's slot mapping, and returns
+// the logits, [len(tokens)][Vocab] row-major.
+//
+// positions must be contiguous (positions[i] = positions[0] + i) and start at or before
+// seq.Len (a step may recompute a tail), and seq's block table must cover them (Reserve grows
+// it): the tokens attend to positions [0, positions[i]] of the sequence. A prefill is one call
+// with many tokens, a decode step one call with one; both compute bit-identical logits, and so
+// does any split of a prompt into chunks or any assignment of physical blocks.
+func (m *Model) Forward(c *KVCache, seq *Sequence, tokens []int, positions []int) ([]float32, error) {
+	return m.ForwardHooks(c, seq, tokens, positions, nil)
+}
+
+// ForwardHooks is Forward with hooks (see Hooks).
+func (m *Model) ForwardHooks(c *KVCache, seq *Sequence, tokens []int, positions []int, h *Hooks) ([]float32, error) {
+	cfg := m.cfg
+	T := len(tokens)
+	if T == 0 || len(positions) != T {
+		return nil, invalid("%d tokens at %d positions", T, len(positions))
+	}
+	if c == nil || seq == nil {
+		return nil, invalid("nil cache or sequence")
+	}
+	if c.Layers() != cfg.Layers || c.kvHeads != cfg.KVHeads || c.headDim != cfg.HeadDim {
+		return nil, invalid("cache of %d layers × %d KV heads × %d does not fit the model's %d × %d × %d",
+			c.Layers(), c.kvHeads, c.headDim, cfg.Layers, cfg.KVHeads, cfg.HeadDim)
+	}
+	if seq.Len < 0 || positions[0] < 0 || positions[0] > seq.Len {
+		return nil, invalid("first position %d with %d positions cached", positions[0], seq.Len)
+	}
+	for i, p := range positions {
+		if p != positions[0]+i {
+			return nil, invalid("positions not contiguous at %d: %d after %d", i, p, positions[0])
+		}
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= cfg.Vocab {
+			return nil, invalid("token %d at %d not in [0, %d)", t, i, cfg.Vocab)
+		}
+	}
+	slots, err := seq.SlotMapping(c, positions)
+	if err != nil {
+		return nil, err
+	}
+	// Every position attended ([0, last]) must map to a valid block.
+	last := positions[T-1]
+	for lb := 0; lb <= last/c.blockSize; lb++ {
+		if b := seq.Blocks[lb]; b < 0 || b >= c.numBlocks {
+			return nil, invalid("block table entry %d is block %d, not in [0, %d)", lb, b, c.numBlocks)
+		}
+	}
+
+	d := cfg.DModel
+	x := make([]float32, T*d)
+	for t, tok := range tokens {
+		copy(x[t*d:(t+1)*d], m.embed[tok*d:(tok+1)*d])
+	}
+	cos, sin := ropeTables(cfg, positions)
+	hbuf := make([]float32, T*d)
+	q := make([]float32, T*cfg.QDim())
+	k := make([]float32, T*cfg.KVDim())
+	v := make([]float32, T*cfg.KVDim())
+	att := make([]float32, T*cfg.QDim())
+	gate := make([]float32, T*cfg.FFNDim)
+	up := make([]float32, T*cfg.FFNDim)
+	proj := make([]float32, T*d)
+	for li := range m.layers {
+		l := &m.layers[li]
+		rmsNorm(hbuf, x, l.attnNorm, d, cfg.NormEps)
+		matmul(q, hbuf, l.wq, T, d, cfg.QDim())
+		matmul(k, hbuf, l.wk, T, d, cfg.KVDim())
+		matmul(v, hbuf, l.wv, T, d, cfg.KVDim())
+		rope(q, cos, sin, T, cfg.Heads, cfg.HeadDim)
+		rope(k, cos, sin, T, cfg.KVHeads, cfg.HeadDim)
+		writeKV(c, li, slots, k, v)
+		if h != nil && h.Queries != nil {
+			h.Queries(li, positions, q)
+		}
+		var sel []int
+		if T == 1 && h != nil && h.SelectBlocks != nil {
+			sel, err = selectedBlocks(h.SelectBlocks(li, positions[0], q, seq), positions[0]/c.blockSize)
+			if err != nil {
+				return nil, err
+			}
+		}
+		m.attention(att, q, c, li, seq, positions, sel)
+		matmul(proj, att, l.wo, T, cfg.QDim(), d)
+		addTo(x, proj)
+		rmsNorm(hbuf, x, l.ffnNorm, d, cfg.NormEps)
+		matmul(gate, hbuf, l.gate, T, d, cfg.FFNDim)
+		matmul(up, hbuf, l.up, T, d, cfg.FFNDim)
+		for i, g := range gate {
+			gate[i] = silu(g) * up[i]
+		}
+		matmul(proj, gate, l.down, T, cfg.FFNDim, d)
+		addTo(x, proj)
+	}
+	rmsNorm(hbuf, x, m.norm, d, cfg.NormEps)
+	logits := make([]float32, T*cfg.Vocab)
+	matmul(logits, hbuf, m.output, T, d, cfg.Vocab)
+	seq.Len = max(seq.Len, last+1)
+	return logits, nil
+}
+
+// selectedBlocks sorts and deduplicates a block selection and adds the current block.
+func selectedBlocks(sel []int, cur int) ([]int, error) {
+	if sel == nil {
+		return nil, nil
+	}
+	out := append(make([]int, 0, len(sel)+1), sel...)
+	out = append(out, cur)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if out[0] < 0 || out[len(out)-1] > cur {
+		return nil, invalid("selected blocks %v not in [0, %d]", sel, cur)
+	}
+	return out, nil
+}
+
+// Generate appends prompt to seq (reserving blocks from c as needed) and then n greedily
+// decoded tokens, one at a time, and returns the n generated bytes (byte-level models only).
+func (m *Model) Generate(c *KVCache, seq *Sequence, prompt []byte, n int) ([]byte, error) {
+	if m.cfg.Vocab != 256 {
+		return nil, invalid("Generate needs a byte-level model (vocab 256), not %d", m.cfg.Vocab)
+	}
+	if len(prompt) == 0 || n < 0 {
+		return nil, invalid("prompt of %d bytes, %d to generate", len(prompt), n)
+	}
+	if err := seq.Reserve(c, seq.Len+len(prompt)+n); err != nil {
+		return nil, err
+	}
+	toks := make([]int, len(prompt))
+	pos := make([]int, len(prompt))
+	for i, b := range prompt {
+		toks[i], pos[i] = int(b), seq.Len+i
+	}
+	logits, err := m.Forward(c, seq, toks, pos)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, n)
+	row := logits[len(logits)-m.cfg.Vocab:]
+	for len(out) < n {
+		next := Argmax(row)
+		out = append(out, byte(next))
+		if len(out) == n {
+			break
+		}
+		row, err = m.Forward(c, seq, []int{next}, []int{seq.Len})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Argmax is the index of the largest value (the first of equals), or -1 for an empty slice.
+func Argmax(row []float32) int {
+	best := -1
+	for i, v := range row {
+		if best < 0 || v > row[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels. Every output element is computed by the same sequence of float32 operations
+// whatever the number of tokens in the step and however the work is split among goroutines,
+// which is what makes chunked and token-by-token prefill bit-identical.
+
+// workers is how many goroutines a kernel may use.
+func workers() int { return runtime.GOMAXPROCS(0) }
+
+// parallel runs fn over [0, n) in chunks of grain on up to workers() goroutines; fn gets a
+// worker index in [0, workers()) for per-worker scratch. Small jobs run inline.
+func parallel(n, grain int, fn func(w, lo, hi int)) {
+	nw := min(workers(), (n+grain-1)/grain)
+	if nw <= 1 {
+		fn(0, 0, n)
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range nw {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				lo := int(next.Add(int64(grain))) - grain
+				if lo >= n {
+					return
+				}
+				fn(w, lo, min(lo+grain, n))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// matmul computes out[t][o] = Σ_i x[t][i]·w[o][i] for x [T][in] and w [out][in] (torch's Linear
+// weight). Rows of w are taken four at a time against each row of x, the block of rows staying
+// in cache while every token passes through it.
+func matmul(out, x, w []float32, T, in, outDim int) {
+	const rowsPerTask = 16
+	grain := 1
+	if T*in < 1<<14 { // small steps (decode): bigger tasks, fewer goroutine hand-offs
+		grain = 4
+	}
+	tasks := (outDim + rowsPerTask - 1) / rowsPerTask
+	if T*in*outDim < 1<<16 {
+		grain = tasks
+	}
+	parallel(tasks, grain, func(_, lo, hi int) {
+		for o0 := lo * rowsPerTask; o0 < min(hi*rowsPerTask, outDim); o0 += rowsPerTask {
+			o1 := min(o0+rowsPerTask, outDim)
+			for t := range T {
+				xr := x[t*in : (t+1)*in]
+				or := out[t*outDim : (t+1)*outDim]
+				o := o0
+				for ; o+4 <= o1; o += 4 {
+					or[o], or[o+1], or[o+2], or[o+3] = dot4(xr, w[o*in:(o+1)*in], w[(o+1)*in:(o+2)*in], w[(o+2)*in:(o+3)*in], w[(o+3)*in:(o+4)*in])
+				}
+				for ; o < o1; o++ {
+					or[o] = dot(xr, w[o*in:(o+1)*in])
+				}
+			}
+		}
+	})
+}
+
+// dot is Σ x[i]·y[i] with two partial sums (even and odd i), as dot4 computes each of its four.
+func dot(x, y []float32) float32 {
+	y = y[:len(x)]
+	var a0, a1 float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		a0 += x[i] * y[i]
+		a1 += x[i+1] * y[i+1]
+	}
+	if i < len(x) {
+		a0 += x[i] * y[i]
+	}
+	return a0 + a1
+}
+
+// dot4 is dot of x with four rows at once (x loaded once for the four).
+func dot4(x, y0, y1, y2, y3 []float32) (float32, float32, float32, float32) {
+	n := len(x)
+	y0, y1, y2, y3 = y0[:n], y1[:n], y2[:n], y3[:n]
+	var a0, a1, b0, b1, c0, c1, d0, d1 float32
+	i := 0
+	for ; i+2 <= n; i += 2 {
+		x0, x1 := x[i], x[i+1]
+		a0 += x0 * y0[i]
+		a1 += x1 * y0[i+1]
+		b0 += x0 * y1[i]
+		b1 += x1 * y1[i+1]
+		c0 += x0 * y2[i]
+		c1 += x1 * y2[i+1]
+		d0 += x0 * y3[i]
+		d1 += x1 * y3[i+1]
+	}
+	if i < n {
+		a0 += x[i] * y0[i]
+		b0 += x[i] * y1[i]
+		c0 += x[i] * y2[i]
+		d0 += x[i] * y3[i]
+	}
+	return a0 + a1, b0 + b1, c0 + c1, d0 + d1
+}
+
+// rmsNorm is out = x / sqrt(mean(x²) + eps) · w, row by row ([T][d]).
+func rmsNorm(out, x, w []float32, d int, eps float32) {
+	for r := 0; r < len(x); r += d {
+		xr, or := x[r:r+d], out[r:r+d]
+		var ss float64
+		for _, v := range xr {
+			ss += float64(v) * float64(v)
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
+		for i, v := range xr {
+			or[i] = v * inv * w[i]
+		}
+	}
+}
+
+func addTo(x, y []float32) {
+	y = y[:len(x)]
+	for i := range x {
+		x[i] += y[i]
+	}
+}
+
+func silu(x float32) float32 { return float32(float64(x) / (1 + math.Exp(-float64(x)))) }
+
+// ropeTables returns cos and sin [T][head_dim/2] of position·θ^(-2i/head_dim), computed in
+// float64 and rounded to float32, as train.py does.
+func ropeTables(cfg Config, positions []int) (cos, sin []float32) {
+	half := cfg.HeadDim / 2
+	inv := make([]float64, half)
+	for i := range inv {
+		inv[i] = 1 / math.Pow(float64(cfg.RopeTheta), float64(2*i)/float64(cfg.HeadDim))
+	}
+	cos = make([]float32, len(positions)*half)
+	sin = make([]float32, len(positions)*half)
+	for t, p := range positions {
+		for i, f := range inv {
+			s, c := math.Sincos(float64(p) * f)
+			cos[t*half+i], sin[t*half+i] = float32(c), float32(s)
+		}
+	}
+	return cos, sin
+}
+
+// rope rotates every head of x [T][heads][headDim] in place, NeoX style: the first half of a
+// head pairs with the second (x1' = x1·cos − x2·sin, x2' = x2·cos + x1·sin).
+func rope(x, cos, sin []float32, T, heads, headDim int) {
+	half := headDim / 2
+	for t := range T {
+		c, s := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
+		for h := range heads {
+			base := (t*heads + h) * headDim
+			x1, x2 := x[base:base+half], x[base+half:base+headDim]
+			for i := range half {
+				a, b := x1[i], x2[i]
+				x1[i] = a*c[i] - b*s[i]
+				x2[i] = b*c[i] + a*s[i]
+			}
+		}
+	}
+}
+
+// writeKV stores the step's K and V ([T][kv_heads·head_dim]) as fp16 at their slots in layer li.
+func writeKV(c *KVCache, li int, slots []int, k, v []float32) {
+	buf := c.layers[li]
+	n := c.kvHeads * c.headDim
+	tb := c.tokenBytes()
+	for t, slot := range slots {
+		ko, vo := c.Offset(0, slot), c.Offset(1, slot)
+		// Lengths match by construction: n elements, tb bytes.
+		_ = kernels.EncodeFloat32(buf[ko:ko+tb], k[t*n:(t+1)*n], kernels.Float16)
+		_ = kernels.EncodeFloat32(buf[vo:vo+tb], v[t*n:(t+1)*n], kernels.Float16)
+	}
+}
+
+// attention computes att [T][heads][headDim] for the step's queries against K/V read from the
+// cache through seq's block table: token t attends to positions [0, positions[t]] (or, with
+// sel, to the positions up to positions[t] of the selected logical blocks), in increasing
+// position order. The work is split by (token, KV head): the query heads sharing a KV head
+// read each K and V row once.
+func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, positions []int, sel []int) {
+	cfg := m.cfg
+	T, hd, G := len(positions), cfg.HeadDim, cfg.Heads/cfg.KVHeads
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	buf := c.layers[li]
+	tb := c.tokenBytes()
+	type scratch struct {
+		scores []float32
+		krow   []float32
+		acc    []float32
+	}
+	nw := workers()
+	scr := make([]scratch, nw)
+	grain := max(1, 64/max(1, positions[T-1]/64))
+	parallel(T*cfg.KVHeads, grain, func(w, lo, hi int) {
+		s := &scr[w]
+		if s.krow == nil {
+			s.krow = make([]float32, hd)
+			s.acc = make([]float32, G*hd)
+		}
+		for task := lo; task < hi; task++ {
+			t, kh := task/cfg.KVHeads, task%cfg.KVHeads
+			p := positions[t]
+			attended := attendedPositions(sel, p, c.blockSize)
+			n := p + 1
+			if attended != nil {
+				n = len(attended)
+			}
+			if cap(s.scores) < G*n {
+				s.scores = make([]float32, G*n)
+			}
+			scores := s.scores[:G*n]
+			qh := q[(t*cfg.Heads+kh*G)*hd : (t*cfg.Heads+kh*G+G)*hd]
+			headOff := kh * hd * 2
+			for j := range n {
+				pos := j
+				if attended != nil {
+					pos = attended[j]
+				}
+				slot := seq.Blocks[pos/c.blockSize]*c.blockSize + pos%c.blockSize
+				off := slot*tb + headOff
+				decodeF16(s.krow, buf[off:off+hd*2])
+				for g := range G {
+					scores[g*n+j] = dot(qh[g*hd:(g+1)*hd], s.krow) * scale
+				}
+			}
+			for g := range G {
+				softmax(scores[g*n : (g+1)*n])
+			}
+			acc := s.acc
+			clear(acc)
+			vBase := c.numBlocks * c.blockSize * tb
+			for j := range n {
+				pos := j
+				if attended != nil {
+					pos = attended[j]
+				}
+				slot := seq.Blocks[pos/c.blockSize]*c.blockSize + pos%c.blockSize
+				off := vBase + slot*tb + headOff
+				decodeF16(s.krow, buf[off:off+hd*2])
+				for g := range G {
+					wgt := scores[g*n+j]
+					a := acc[g*hd : (g+1)*hd]
+					for i, vv := range s.krow {
+						a[i] += wgt * vv
+					}
+				}
+			}
+			copy(att[(t*cfg.Heads+kh*G)*hd:(t*cfg.Heads+kh*G+G)*hd], acc)
+		}
+	})
+}
+
+// attendedPositions lists the positions up to p in the selected logical blocks, or nil for all.
+func attendedPositions(sel []int, p, bs int) []int {
+	if sel == nil {
+		return nil
+	}
+	out := make([]int, 0, len(sel)*bs)
+	for _, lb := range sel {
+		for pos := lb * bs; pos < (lb+1)*bs && pos <= p; pos++ {
+			out = append(out, pos)
+		}
+	}
+	return out
+}
+
+// softmax normalizes s in place (max subtracted, exp in float64, sum in order).
+func softmax(s []float32) {
+	mx := s[0]
+	for _, v := range s[1:] {
+		mx = max(mx, v)
+	}
+	var sum float32
+	for i, v := range s {
+		e := float32(math.Exp(float64(v - mx)))
+		s[i] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for i := range s {
+		s[i] *= inv
+	}
+}
+
+var f16Table = sync.OnceValue(func() *[1 << 16]float32 {
+	t := new([1 << 16]float32)
+	for i := range t {
+		t[i] = kernels.Float16ToFloat32(uint16(i))
+	}
+	return t
+})
+
+// decodeF16 converts len(dst) little-endian fp16 values of src to float32.
+func decodeF16(dst []float32, src []byte) {
+	tab := f16Table()
+	src = src[:2*len(dst)]
+	for i := range dst {
+		dst[i] = tab[uint16(src[2*i])|uint16(src[2*i+1])<<8]
+	}
+}
