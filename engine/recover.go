@@ -374,7 +374,17 @@ func (e *Engine) removeOrphan(n uint64, path string) error {
 // does not hold at all or holds an older record of, and returns how many it added.
 func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (int, error) {
 	added := 0
-	for i := range res.Records {
+	// Blocks first, then sidecars: a sidecar is indexed only beside its block, and compaction
+	// may have copied a sidecar ahead of its block.
+	order := make([]int, 0, len(res.Records))
+	for pass := range 2 {
+		for i := range res.Records {
+			if (res.Records[i].Header.Kind != 0) == (pass == 1) {
+				order = append(order, i)
+			}
+		}
+	}
+	for _, i := range order {
 		r := &res.Records[i]
 		var (
 			cur index.Location
@@ -396,8 +406,8 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
 			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
 		if r.Header.Kind != 0 {
-			// After its block in the log, so after its block's put in the batch; indexed only
-			// if the block is (the index refuses an orphan).
+			// After the blocks' puts in the batch; indexed only if its block is (the index
+			// refuses an orphan).
 			b.PutSidecar(r.Header.ID, r.Header.Kind, loc)
 		} else {
 			b.Put(r.Header.ID, loc)

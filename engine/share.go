@@ -75,6 +75,10 @@ type sharing struct {
 	ignored map[format.InstanceID]bool // namespaces of another schema, logged once
 	lastPub map[string][]byte          // namespace dir → body (entries, notes) of the manifest written
 	firstAt map[uint64]int64           // own segment → when first published
+	// pendingSidecars are other instances' sidecars met before their block was indexed (the
+	// block moved by compaction to a segment published later), per alias: indexed once the
+	// block is, forgotten with their segment.
+	pendingSidecars map[uint64][]pendingSidecar
 
 	// Access hints and the reclaimer's requests (share_reclaim.go).
 	accessed   map[foreignKey]accessNote // other instances' segments this one read, and when
@@ -187,7 +191,7 @@ func (e *Engine) openSharing() error {
 	if !hasShared(e.opts.tierConfigs(e.dir)) {
 		return nil
 	}
-	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{},
+	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
 		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{}}
@@ -555,15 +559,22 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	b := s.fx.NewBatch()
 	b.SetSegment(index.SegmentMeta{Number: alias, Generation: ent.Generation, State: index.SegmentSealed, Size: ent.Size})
 	seen := map[BlockID]bool{}
+	var pending []pendingSidecar
 	for i := range recs {
 		r := &recs[i]
 		if r.Header.Kind != 0 {
-			// A sidecar: indexed beside the block this segment (or an earlier one) gave the
-			// foreign index; the index ignores one whose block it lacks.
-			if !s.fx.HasSidecar(r.Header.ID, r.Header.Kind) {
-				b.PutSidecar(r.Header.ID, r.Header.Kind, index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-					HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
-					StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
+			// A sidecar: indexed beside its block, which this segment or an earlier one gave
+			// the foreign index; one whose block is not indexed yet waits for it.
+			loc := index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+				HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
+				StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
+			if s.fx.HasSidecar(r.Header.ID, r.Header.Kind) {
+				continue
+			}
+			if seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
+				b.PutSidecar(r.Header.ID, r.Header.Kind, loc)
+			} else {
+				pending = append(pending, pendingSidecar{r.Header.ID, r.Header.Kind, loc})
 			}
 			continue
 		}
@@ -590,9 +601,51 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	s.mu.Lock()
 	s.segs[alias] = foreignSeg{inst: inst, number: ent.Number, generation: ent.Generation, dir: segDir, tier: t}
 	s.aliases[foreignKey{inst, ent.Number}] = alias
+	if len(pending) > 0 {
+		s.pendingSidecars[alias] = pending
+	}
 	s.mu.Unlock()
 	s.segmentsIndexed.Add(1)
+	e.indexPendingSidecars()
 	return nil
+}
+
+// pendingSidecar is another instance's sidecar whose block the foreign index does not hold yet.
+type pendingSidecar struct {
+	id   BlockID
+	kind SidecarKind
+	loc  index.Location
+}
+
+// indexPendingSidecars indexes the pending foreign sidecars whose block is now indexed.
+func (e *Engine) indexPendingSidecars() {
+	s := e.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pendingSidecars) == 0 {
+		return
+	}
+	b := s.fx.NewBatch()
+	for alias, list := range s.pendingSidecars {
+		keep := list[:0]
+		for _, p := range list {
+			if s.fx.Contains(p.id) {
+				b.PutSidecar(p.id, p.kind, p.loc)
+			} else {
+				keep = append(keep, p)
+			}
+		}
+		if len(keep) == 0 {
+			delete(s.pendingSidecars, alias)
+		} else {
+			s.pendingSidecars[alias] = keep
+		}
+	}
+	if b.Len() > 0 {
+		if err := s.fx.Apply(b, false); err != nil {
+			e.opts.Logger.Warn("ucm: could not index other instances' sidecars", "err", err)
+		}
+	}
 }
 
 // dropForeign forgets a foreign segment: its entries, row and alias; an open file is closed
@@ -602,6 +655,7 @@ func (e *Engine) dropForeign(alias uint64) {
 	s.mu.Lock()
 	fs, ok := s.segs[alias]
 	delete(s.segs, alias)
+	delete(s.pendingSidecars, alias)
 	if ok {
 		delete(s.aliases, foreignKey{fs.inst, fs.number})
 		delete(s.accessed, foreignKey{fs.inst, fs.number})

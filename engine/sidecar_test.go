@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -380,4 +382,98 @@ func TestSidecarCrashRecovery(t *testing.T) {
 	// The store goes on: the lost sidecars can be dumped again.
 	dumpSidecars(t, e2, 9, blocks[:5])
 	checkSidecars(t, e2, 9, blocks[:5], nil)
+}
+
+// TestSidecarsShared: another instance's sidecars on a shared tier are found beside its
+// blocks (from its segments' footers), byte-exact; copying its blocks into this instance's
+// own tier (promotion after a hit) brings their sidecars.
+func TestSidecarsShared(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	aIDs := ids(0, 12)
+	dumpBlocks(t, a, aIDs)
+	dumpSidecars(t, a, 8, aIDs[:8])
+	if err := a.Close(); err != nil { // seals and publishes A's segments
+		t.Fatal(err)
+	}
+	o := sharedOptions(sharedB, time.Hour)
+	o.Tiers = []tiers.Config{{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{filepath.Join(root, "b-ssd")}}, o.Tiers[0]}
+	b := mustOpen(t, filepath.Join(root, "b"), o)
+	defer b.Close()
+	// The sidecars may be in a segment of their own, indexed by a later refresh.
+	waitFor(t, "A's blocks and sidecars visible in B", func() bool { return allHit(b, aIDs) && countTrue(b.HasSidecars(8, aIDs)) == 8 })
+	want := make([]bool, len(aIDs))
+	for i := range 8 {
+		want[i] = true
+	}
+	checkSidecars(t, b, 8, aIDs, want)
+	if has := b.HasSidecars(8, aIDs); countTrue(has) != 8 {
+		t.Fatalf("HasSidecars of foreign blocks: %v", has)
+	}
+	// A hit copies A's blocks into B's own first tier, with their sidecars.
+	checkBlocks(t, b, aIDs)
+	// (A block's sidecar may be appended after it: the foreign copy serves meanwhile.)
+	waitFor(t, "A's blocks copied into B's SSD tier with their sidecars", func() bool {
+		for i, id := range aIDs {
+			if !b.ix.Contains(id) || (i < 8 && !b.ix.HasSidecar(id, 8)) {
+				return false
+			}
+		}
+		return true
+	})
+	checkSidecars(t, b, 8, aIDs, want)
+	if err := b.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSidecarsSharedAheadOfTheirBlock: compaction can copy a sidecar ahead of its block (the
+// sidecar's segment is emptier, so compacted first); another instance indexing the result
+// still finds the sidecar beside its block.
+func TestSidecarsSharedAheadOfTheirBlock(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	oa := sharedOptions(shared, time.Hour)
+	a := mustOpen(t, filepath.Join(root, "a"), oa)
+	fill := ids(0, 6) // 6 × 36 KiB: segment 1 holds them and X
+	x := blockID(100)
+	dumpBlocks(t, a, append(fill, x))
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	xloc, _, _ := a.ix.Get(x)
+	// Seal segment 1 so the sidecar goes into a new one.
+	if err := a.w.SealOlderThan(time.Nanosecond); err != nil {
+		t.Fatal(err)
+	}
+	dumpSidecars(t, a, 8, []BlockID{x})
+	if sl, _, _ := a.ix.GetSidecar(x, 8); sl.Segment == xloc.Segment {
+		t.Fatalf("sidecar in the block's segment %d: the test needs them apart", sl.Segment)
+	}
+	// Empty segment 1 but for X, then compact: the sidecar's segment (emptier) goes first.
+	b := a.ix.NewBatch()
+	for _, id := range fill {
+		b.Delete(id)
+	}
+	if err := a.ix.Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.w.SealOlderThan(time.Nanosecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Compact(0.99, nil); err != nil {
+		t.Fatal(err)
+	}
+	bl, _, _ := a.ix.Get(x)
+	sl, _, _ := a.ix.GetSidecar(x, 8)
+	t.Logf("after compaction: block at %d/%d, sidecar at %d/%d", bl.Segment, bl.Offset, sl.Segment, sl.Offset)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bo := sharedOptions(sharedB, time.Hour)
+	bi := mustOpen(t, filepath.Join(root, "b"), bo)
+	defer bi.Close()
+	waitFor(t, "X and its sidecar visible in B", func() bool { return allHit(bi, []BlockID{x}) && bi.HasSidecars(8, []BlockID{x})[0] })
+	checkSidecars(t, bi, 8, []BlockID{x}, nil)
 }
