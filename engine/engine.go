@@ -60,8 +60,10 @@ type Engine struct {
 	instance    format.InstanceID
 	fingerprint format.Fingerprint
 	recovery    RecoveryReport
-	stats       counters
-	metrics     *metrics
+	// pendingRecovered holds, during recovery, sidecars met before their block (recover.go).
+	pendingRecovered []recordRef
+	stats            counters
+	metrics          *metrics
 
 	segMu sync.RWMutex
 	segs  map[uint64]*wal.Segment // open segment files

@@ -83,7 +83,29 @@ func (e *Engine) recover(indexLost bool) (uint64, error) {
 			return 0, err
 		}
 	}
+	if err := e.indexPendingRecovered(); err != nil {
+		return 0, err
+	}
 	return maxNum + 1, nil
+}
+
+// indexPendingRecovered indexes the sidecars recovery met before their block, now that every
+// segment was scanned; the index refuses those whose block is not there.
+func (e *Engine) indexPendingRecovered() error {
+	if len(e.pendingRecovered) == 0 {
+		return nil
+	}
+	b := e.ix.NewBatch()
+	for _, r := range e.pendingRecovered {
+		if cur, ok, err := e.ix.GetSidecar(r.id, r.kind); err != nil {
+			return err
+		} else if ok && cur.Seq >= r.loc.Seq {
+			continue
+		}
+		b.PutSidecar(r.id, r.kind, r.loc)
+	}
+	e.pendingRecovered = nil
+	return e.ix.Apply(b, true)
 }
 
 // listSegments finds the segment files of every disk tier, records where each lives and
@@ -384,8 +406,12 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 			}
 		}
 	}
+	inSegment := map[BlockID]bool{}
 	for _, i := range order {
 		r := &res.Records[i]
+		if r.Header.Kind == 0 {
+			inSegment[r.Header.ID] = true
+		}
 		var (
 			cur index.Location
 			ok  bool
@@ -405,11 +431,17 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 		loc := index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
 			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
 			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
-		if r.Header.Kind != 0 {
+		switch {
+		case r.Header.Kind != 0 && !inSegment[r.Header.ID] && !e.ix.Contains(r.Header.ID):
+			// Its block is in a segment not indexed yet (compaction copied the sidecar ahead of
+			// it): indexed at the end of recovery, beside the block if it is there by then.
+			e.pendingRecovered = append(e.pendingRecovered, recordRef{r.Header.ID, r.Header.Kind, loc})
+			continue
+		case r.Header.Kind != 0:
 			// After the blocks' puts in the batch; indexed only if its block is (the index
 			// refuses an orphan).
 			b.PutSidecar(r.Header.ID, r.Header.Kind, loc)
-		} else {
+		default:
 			b.Put(r.Header.ID, loc)
 		}
 		added++
