@@ -19,7 +19,7 @@ import (
 const (
 	// MaxBlockTokens is the largest block (tokens per block) a kernel or sidecar accepts.
 	MaxBlockTokens = 1 << 15
-	// MaxHeads is the largest number of KV heads.
+	// MaxHeads is the most heads: KV heads of K, query heads of ReduceGQA and ReduceStrided.
 	MaxHeads = 1024
 	// MaxDim is the largest head dimension.
 	MaxDim = 4096
@@ -404,7 +404,7 @@ func keepTop(ch []uint16, sums, sorted []float64) {
 // contiguous query heads jG … jG+G−1 (the heads sharing KV head j). qHeads must be a multiple
 // of kvHeads.
 func ReduceGQA(dst, q []float32, qHeads, kvHeads, dim int) error {
-	if kvHeads < 1 || qHeads < kvHeads || qHeads%kvHeads != 0 || dim < 1 || qHeads > MaxHeads*64 || dim > MaxDim {
+	if kvHeads < 1 || qHeads < kvHeads || qHeads%kvHeads != 0 || dim < 1 || qHeads > MaxHeads || dim > MaxDim {
 		return errorf(ErrInvalid, "GQA reduction: %d query heads onto %d KV heads of dim %d", qHeads, kvHeads, dim)
 	}
 	if len(q) != qHeads*dim || len(dst) != kvHeads*dim {
@@ -428,7 +428,7 @@ func ReduceGQA(dst, q []float32, qHeads, kvHeads, dim int) error {
 // [heads][dim], dst [heads/r][dim], and dst head j is the mean of the r heads j + i·heads/r,
 // i = 0 … r−1 (torch: q.view(r, heads/r, dim).mean(0)). heads must be a multiple of r.
 func ReduceStrided(dst, q []float32, heads, r, dim int) error {
-	if r < 1 || heads < r || heads%r != 0 || dim < 1 || heads > MaxHeads*64 || dim > MaxDim {
+	if r < 1 || heads < r || heads%r != 0 || dim < 1 || heads > MaxHeads || dim > MaxDim {
 		return errorf(ErrInvalid, "strided reduction: %d heads by %d of dim %d", heads, r, dim)
 	}
 	out := heads / r

@@ -115,6 +115,14 @@ func TestSidecarGolden(t *testing.T) {
 	spec := goldenSpecs()["hash"]
 	p := writePayload(t, spec, Float16, 3, func(l int) []byte { return goldenK(KShape{3, spec.Heads, spec.Dim}, l) })
 	golden(t, "sidecar_hash_partial.golden", p)
+	// A whole block's K tensor whose last row is garbage gives the same partial payload.
+	whole := writePayload(t, spec, Float16, 3, func(l int) []byte {
+		k := goldenK(KShape{3, spec.Heads, spec.Dim}, l)
+		return append(k, bytes.Repeat([]byte{0x7c}, spec.Heads*spec.Dim*2)...)
+	})
+	if !bytes.Equal(whole, p) {
+		t.Fatal("a whole block's K tensor for a partial block read past its tokens")
+	}
 }
 
 // TestSidecarMatchesKernels checks that what a writer stores, decoded, is the kernels' output

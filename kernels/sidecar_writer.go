@@ -107,8 +107,10 @@ func (w *SidecarWriter) Begin(tokens int) error {
 }
 
 // AddLayer runs the kind's kernel on layer's staged K ([tokens][heads][dim] of the input dtype,
-// tokens as given to Begin) and stores the result in the payload. A layer outside [0, Layers)
-// is ErrOutOfRange; adding a layer twice, K of the wrong size, or a call before Begin is
+// tokens as given to Begin) and stores the result in the payload. k may also be a whole
+// block's K tensor ([BlockSize][heads][dim], as in a staged record shard, whose first
+// TensorBytes bytes are K): only its first tokens rows are read. A layer outside [0, Layers)
+// is ErrOutOfRange; adding a layer twice, K of another size, or a call before Begin is
 // ErrInvalid; a value overflowing the element dtype is ErrOutOfRange.
 func (w *SidecarWriter) AddLayer(layer int, k []byte) error {
 	h := &w.h
@@ -122,6 +124,9 @@ func (w *SidecarWriter) AddLayer(layer int, k []byte) error {
 		return errorf(ErrInvalid, "sidecar %v: layer %d added twice", h.Kind, layer)
 	}
 	s := KShape{Tokens: h.Tokens, Heads: h.Heads, Dim: h.Dim}
+	if row := h.Heads * h.Dim * h.Input.Size(); len(k) == h.BlockSize*row {
+		k = k[:h.Tokens*row]
+	}
 	off, n, _ := h.LayerRange(layer)
 	part := w.payload[off : off+n]
 	var err error
