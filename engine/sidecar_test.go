@@ -5,10 +5,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/ucm-go/ucm/tiers"
 )
@@ -521,6 +523,47 @@ func TestSidecarsRebuiltIndex(t *testing.T) {
 	defer e.Close()
 	checkBlocks(t, e, append(fill[:2], x))
 	checkSidecars(t, e, 8, []BlockID{fill[0], fill[1], x}, nil)
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSidecarIOErrors: a read that fails with EIO is a miss that keeps the sidecar indexed (a
+// transient failure is not corruption); a write that fails fails the sidecar's dump with ErrIO
+// and stores nothing; afterwards both work.
+func TestSidecarIOErrors(t *testing.T) {
+	mem, _ := memFS()
+	inj := &segInjector{kind: errorfs.OpFileReadAt, err: syscall.EIO}
+	e := mustOpen(t, "/store", testOptions(errorfs.Wrap(mem, inj), mhaLayout))
+	defer e.Close()
+	blocks := ids(0, 4)
+	dumpBlocks(t, e, blocks)
+	dumpSidecars(t, e, 2, blocks[:2])
+	inj.armed.Store(true)
+	found, err := e.LoadSidecars(2, 0, blocks[:2], make([]byte, 2*sidePart))
+	inj.armed.Store(false)
+	if err != nil || found[0] || found[1] || inj.hits.Load() == 0 {
+		t.Fatalf("under EIO: found %v err %v (%d reads failed)", found, err, inj.hits.Load())
+	}
+	if !e.HasSidecars(2, blocks[:1])[0] || e.Stats().ReadErrors == 0 || e.Stats().CorruptReads != 0 {
+		t.Fatalf("a transient read error dropped the sidecar or was miscounted: %+v", e.Stats())
+	}
+	checkSidecars(t, e, 2, blocks[:2], nil)
+
+	inj.kind, inj.err = errorfs.OpFileWriteAt, syscall.EIO
+	inj.hits.Store(0)
+	inj.armed.Store(true)
+	err = e.DumpSidecars(2, sideParts, blocks[2:], [][]byte{sidecarBytes(blocks[2], 2), sidecarBytes(blocks[3], 2)}).Wait()
+	inj.armed.Store(false)
+	if !errors.Is(err, ErrIO) || inj.hits.Load() == 0 {
+		t.Fatalf("dump under EIO: %v (%d writes failed)", err, inj.hits.Load())
+	}
+	if has := e.HasSidecars(2, blocks[2:]); has[0] || has[1] {
+		t.Fatal("a sidecar whose write failed is indexed")
+	}
+	dumpSidecars(t, e, 2, blocks[2:])
+	checkSidecars(t, e, 2, blocks, nil)
+	checkBlocks(t, e, blocks)
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
 	}
