@@ -57,7 +57,7 @@ func (s KShape) Validate() error {
 // checkK validates the shape, the dtype and the byte length of k.
 func checkK(what string, k []byte, dt DType, s KShape) error {
 	if err := s.Validate(); err != nil {
-		return errorf(ErrInvalid, "%s: %v", what, err)
+		return errorf(ErrInvalid, "%s: %s", what, plain(err))
 	}
 	if !dt.Valid() {
 		return errorf(ErrInvalid, "%s: K dtype %v", what, dt)

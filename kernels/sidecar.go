@@ -111,7 +111,7 @@ const (
 	SidecarHeaderSize = 64
 	// SidecarVersion is the payload format version this package writes and reads.
 	SidecarVersion = 1
-	// MaxSidecarBytes bounds a payload (header and every layer).
+	// MaxSidecarBytes bounds a payload (every part).
 	MaxSidecarBytes = 1 << 30
 	// MaxLayers is the most layers a sidecar covers.
 	MaxLayers = 4096
@@ -199,7 +199,7 @@ func (s SidecarSpec) Validate() error {
 		return errorf(ErrInvalid, "sidecar %v: block size %d not in [1, %d]", s.Kind, s.BlockSize, MaxBlockTokens)
 	}
 	if err := (KShape{Tokens: s.BlockSize, Heads: s.Heads, Dim: s.Dim}).Validate(); err != nil {
-		return errorf(ErrInvalid, "sidecar %v: %v", s.Kind, err)
+		return errorf(ErrInvalid, "sidecar %v: %s", s.Kind, plain(err))
 	}
 	if s.Kind == SidecarHash {
 		if s.Elem != 0 || s.PruneRatio != 0 || s.Merge != 0 {
@@ -229,7 +229,7 @@ func (s SidecarSpec) Validate() error {
 		}
 		if s.Kind == SidecarKVStar {
 			if err := s.kvstar().Validate(s.Dim); err != nil {
-				return errorf(ErrInvalid, "sidecar %v: %v", s.Kind, err)
+				return errorf(ErrInvalid, "sidecar %v: %s", s.Kind, plain(err))
 			}
 		} else if s.PruneRatio != 0 || s.Merge != 0 {
 			return errorf(ErrInvalid, "sidecar %v: prune ratio %v and merge %d must be 0", s.Kind, s.PruneRatio, s.Merge)
