@@ -1,0 +1,239 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
+)
+
+var (
+	modelOnce sync.Once
+	testModel *model.Model
+	modelErr  error
+)
+
+func loadModel(t testing.TB) *model.Model {
+	t.Helper()
+	modelOnce.Do(func() { testModel, _, modelErr = model.LoadDir(filepath.Join("..", "model", "weights")) })
+	if modelErr != nil {
+		t.Fatal(modelErr)
+	}
+	return testModel
+}
+
+// text returns n bytes of Go source from the standard library (on every machine): what the
+// model was trained on, so its predictions are meaningful.
+func text(t testing.TB, n int) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "strings", "strings.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b[1000 : 1000+n]
+}
+
+const testBlock = 16
+
+func openStore(t testing.TB, m *model.Model, dir string) *engine.Engine {
+	t.Helper()
+	l, err := StoreLayout(m.Config(), testBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.Open(dir, engine.Options{Layout: l, Schema: StoreSchema("test-model", testBlock)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+var testSidecars = []kernels.SidecarSpec{
+	{Kind: kernels.SidecarESAMean},
+	{Kind: kernels.SidecarQuest},
+	{Kind: kernels.SidecarHash, HashBits: 32, Seed: 7},
+}
+
+func newServer(t testing.TB, m *model.Model, store *engine.Engine) *Server {
+	t.Helper()
+	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 512, Sidecars: testSidecars})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestHitsChangeNothing: a second turn whose prompt extends the first's (prompt and answer) is
+// served mostly from the store, and its logits and greedy continuation are bit-identical to a
+// server without a store computing every token; the dumped blocks carry their sidecars.
+func TestHitsChangeNothing(t *testing.T) {
+	m := loadModel(t)
+	ctx := context.Background()
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	with, without := newServer(t, m, store), newServer(t, m, nil)
+
+	turn1 := text(t, 150)
+	r, st, err := with.Prefill(ctx, turn1)
+	if err != nil || st.HitTokens != 0 || st.ComputedTokens != len(turn1) {
+		t.Fatalf("first turn: %+v %v", st, err)
+	}
+	answer, err := with.Decode(r, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := with.Finish(ctx, r)
+	if err != nil || dst.Blocks != (len(turn1)+len(answer))/testBlock || dst.Sidecars != dst.Blocks*len(testSidecars) {
+		t.Fatalf("finish: %+v %v", dst, err)
+	}
+
+	turn2 := append(append(append([]byte{}, turn1...), answer...), text(t, 260)[170:]...)
+	r2, st2, err := with.Prefill(ctx, turn2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (len(turn1) + len(answer)) / testBlock * testBlock; st2.HitTokens != want || st2.LoadFailed != nil {
+		t.Fatalf("second turn: %d tokens from the store, want %d (%+v)", st2.HitTokens, want, st2)
+	}
+	ref, _, err := without.Prefill(ctx, turn2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameBits(r2.Logits(), ref.Logits()) {
+		t.Fatal("logits after a prefix hit differ from a full compute")
+	}
+	a2, err := with.Decode(r2, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := without.Decode(ref, 16)
+	if err != nil || string(a2) != string(b2) {
+		t.Fatalf("continuations differ: %q vs %q (%v)", a2, b2, err)
+	}
+	if !sameBits(r2.Logits(), ref.Logits()) {
+		t.Fatal("decode logits differ")
+	}
+
+	// Every dumped block has its sidecars, and their parts decode.
+	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:dst.Blocks*testBlock]), nil)
+	for k, spec := range with.sidecars {
+		part := int(spec.PartBytes())
+		buf := make([]byte, len(ids)*part)
+		found, err := store.LoadSidecars(engine.SidecarKind(spec.Kind), m.Config().Layers-1, ids, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range ids {
+			if !found[i] {
+				t.Fatalf("sidecar %d (%v) of block %d missing", k, spec.Kind, i)
+			}
+			if _, layer, err := kernels.DecodeSidecarPart(buf[i*part:(i+1)*part], nil, nil); err != nil || layer != m.Config().Layers-1 {
+				t.Fatalf("sidecar %v of block %d: layer %d, %v", spec.Kind, i, layer, err)
+			}
+		}
+	}
+}
+
+// TestLoadFailureRecomputes: a hit block that cannot be loaded (its bytes corrupt on disk, or
+// evicted between the lookup and the load) is recomputed, with the same logits.
+func TestLoadFailureRecomputes(t *testing.T) {
+	m := loadModel(t)
+	ctx := context.Background()
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	with, without := newServer(t, m, store), newServer(t, m, nil)
+	prompt := text(t, 200)
+	r, _, err := with.Prefill(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := with.Finish(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:len(prompt)/testBlock*testBlock]), nil)
+	// Flip a byte of block 2's layer-1 shard on disk: the lookup hits, the load fails its
+	// checksum, and the prompt is computed instead.
+	loc, ok, err := store.Index().Get(ids[2])
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	path, _ := store.SegmentPath(loc.Segment)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := loc.Offset + loc.Layout.ShardOffset(1) + 5
+	b := []byte{0}
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x20
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	r2, st, err := with.Prefill(ctx, prompt)
+	if err != nil || st.HitTokens != 0 || !errors.Is(st.LoadFailed, engine.ErrCorrupt) {
+		t.Fatalf("corrupt hit: %+v %v", st, err)
+	}
+	ref, _, err := without.Prefill(ctx, prompt)
+	if err != nil || !sameBits(r2.Logits(), ref.Logits()) {
+		t.Fatalf("logits after a failed load differ from a full compute (%v)", err)
+	}
+	if _, err := with.Finish(ctx, r2); err != nil { // stores the block again
+		t.Fatal(err)
+	}
+	// Evicted between a lookup and the load: the load reports the miss.
+	if _, err := store.Evict("", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := with.loadBlocks(ctx, ids[:3], []int{0, 1, 2}); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("loading evicted blocks: %v, want ErrNotFound", err)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	m := loadModel(t)
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	for name, o := range map[string]Options{
+		"no model":      {},
+		"block size":    {Model: m, BlockSize: -1},
+		"context":       {Model: m, MaxContext: 1 << 30},
+		"store no name": {Model: m, Store: store, BlockSize: testBlock},
+		"layout":        {Model: m, Store: store, ModelName: "test-model", BlockSize: 32},
+		"sidecar":       {Model: m, Sidecars: []kernels.SidecarSpec{{Kind: 99}}},
+	} {
+		if s, err := NewServer(o); err == nil {
+			s.Close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	s := newServer(t, m, nil)
+	if _, _, err := s.Prefill(context.Background(), nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("empty prompt: %v", err)
+	}
+}
