@@ -237,3 +237,47 @@ func TestBadOptions(t *testing.T) {
 		t.Errorf("empty prompt: %v", err)
 	}
 }
+
+// TestReplay: in a chat replay with a store, later turns are served mostly from the store
+// (each turn's prompt starts with the previous turn's prompt and answer, and every
+// conversation with the same system prompt), and every answer is identical to the replay
+// without a store.
+func TestReplay(t *testing.T) {
+	m := loadModel(t)
+	ctx := context.Background()
+	corpus, err := GoSourceCorpus(filepath.Join(runtime.GOROOT(), "src", "strings"), 2000, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := ReplayOptions{Conversations: 2, Turns: 3, SystemBytes: 64, UserBytes: 40, AnswerTokens: 8}
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	with, err := Replay(ctx, newServer(t, m, store), corpus, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	without, err := Replay(ctx, newServer(t, m, nil), corpus, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(with.Turns) != 6 || without.HitTokens != 0 || without.ComputedTokens != without.PromptTokens {
+		t.Fatalf("replays: %d turns, without a store %d hits", len(with.Turns), without.HitTokens)
+	}
+	for i, tr := range with.Turns {
+		if string(tr.Answer) != string(without.Turns[i].Answer) {
+			t.Fatalf("turn %d: answers differ with and without the store", i)
+		}
+		switch {
+		case i == 1 && tr.Prefill.HitTokens != 64: // the second conversation's system prompt
+			t.Fatalf("conversation 1 turn 0: %d hit tokens, want the 64-token system prompt", tr.Prefill.HitTokens)
+		case tr.Turn > 0 && tr.Prefill.HitTokens < tr.Prefill.PromptTokens-40-testBlock:
+			t.Fatalf("conversation %d turn %d: %d of %d tokens hit", tr.Conversation, tr.Turn, tr.Prefill.HitTokens, tr.Prefill.PromptTokens)
+		}
+	}
+	if with.SavedFraction() < 0.5 {
+		t.Fatalf("saved %.2f of prefill tokens", with.SavedFraction())
+	}
+	if _, err := Replay(ctx, newServer(t, m, nil), corpus, ReplayOptions{Conversations: 1, Turns: 100, UserBytes: 100}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a replay beyond the context: %v", err)
+	}
+}
