@@ -422,6 +422,10 @@ def main():
     ap.add_argument("--ffn", type=int, default=704)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--short-ctx", type=int, default=0,
+                    help="train at this shorter context (batch scaled to the same bytes per step) "
+                         "until the last --long-frac of the schedule, then at --ctx")
+    ap.add_argument("--long-frac", type=float, default=0.2)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -466,11 +470,19 @@ def main():
     t_train = time.time()
     ema = None
     steps_done = 0
+    long_from = None
     for step in range(steps):
         lr = lr_at(step, time.time() - t_train, args)
         for g in opt.param_groups:
             g["lr"] = lr
-        starts = rng.integers(0, tr.size - L, size=args.batch)
+        ctx, batch = args.ctx, args.batch
+        if args.short_ctx and progress(step, time.time() - t_train, args) < 1 - args.long_frac:
+            ctx, batch = args.short_ctx, args.batch * args.ctx // args.short_ctx
+        elif args.short_ctx and long_from is None:
+            long_from = step
+            print("step %d: context %d from here on" % (step, ctx), flush=True)
+        L = ctx + 1
+        starts = rng.integers(0, tr.size - L, size=batch)
         xb = torch.from_numpy(np.stack([tr[s:s + L] for s in starts]).astype(np.int64))
         logits = model(xb[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), xb[:, 1:].reshape(-1))
@@ -515,7 +527,8 @@ def main():
         "weights_sha256": sha,
         "weights_bytes": size,
         "format": "UCMMODEL v1 (docs/model.md)",
-        "training_command": "nice -n 10 /usr/bin/python3 connector/model/train.py " + " ".join(sys.argv[1:]),
+        "training_command": ("nice -n %d " % os.nice(0) if os.nice(0) > 0 else "") +
+                            "/usr/bin/python3 connector/model/train.py " + " ".join(sys.argv[1:]),
         "args": vars(args),
         "config": cfg.as_dict(),
         "parameters": nparams,
@@ -524,6 +537,7 @@ def main():
         "blas": os.environ.get("UCM_TRAIN_BLAS", "reference"),
         "train_steps_done": steps_done,
         "train_tokens_seen": steps_done * args.batch * args.ctx,
+        "train_steps_at_full_context": steps_done - (long_from if long_from is not None else 0),
         "train_wall_seconds": round(train_wall, 1),
         "heldout_eval": {
             "windows": args.eval_windows,
