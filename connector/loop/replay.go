@@ -115,9 +115,14 @@ func (c *Corpus) text(i, off, n int) []byte {
 	return f[off : off+n]
 }
 
+// userOffset skips the head of a Go file in user turns: every file starts with the same
+// license comment, which would make the conversations' first turns share more than the
+// system prompt.
+const userOffset = 512
+
 // Replay runs the chat replay on s and reports every turn. Prompts are bytes of the corpus:
-// the system prompt is the head of file 0; conversation k's user turns are consecutive pieces
-// of file k+1.
+// the system prompt is the head of file 0 (the license comment every Go file starts with);
+// conversation k's user turns are consecutive pieces of file k+1 from its userOffset-th byte.
 func Replay(ctx context.Context, s *Server, c *Corpus, o ReplayOptions) (ReplayReport, error) {
 	var rep ReplayReport
 	switch {
@@ -135,7 +140,7 @@ func Replay(ctx context.Context, s *Server, c *Corpus, o ReplayOptions) (ReplayR
 	}
 	for turn := range o.Turns {
 		for k := range o.Conversations {
-			prompt := append(history[k], c.text(k+1, turn*o.UserBytes, o.UserBytes)...)
+			prompt := append(history[k], c.text(k+1, userOffset+turn*o.UserBytes, o.UserBytes)...)
 			r, pst, err := s.Prefill(ctx, prompt)
 			if err != nil {
 				return rep, fmt.Errorf("conversation %d turn %d: %w", k, turn, err)

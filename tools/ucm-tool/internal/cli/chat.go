@@ -1,0 +1,211 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ucm-go/ucm/connector/loop"
+	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
+)
+
+// chatOptions are the flags of ucm-tool chat.
+type chatOptions struct {
+	dir, weights, corpus string
+	keep                 bool
+	blockSize            int
+	replay               loop.ReplayOptions
+	sidecars             string
+	linkGBps             float64
+	asJSON               bool
+}
+
+func newChatCmd(stdout, stderr io.Writer) *cobra.Command {
+	o := chatOptions{replay: loop.DefaultReplay}
+	cmd := &cobra.Command{
+		Use:   "chat",
+		Short: "Replay multi-turn chats on the small model, with and without the store",
+		Long: `chat runs the reference connector loop (connector/loop) on the small byte-level model
+(connector/model) over a multi-turn chat replay: several conversations, interleaved, sharing
+a system prompt, each turn appending user text (Go source from the standard library) to the
+conversation so far and generating an answer. It replays once without a store (every prompt
+token computed) and once with a store under --dir (prefix hits loaded layer by layer through
+the staging layer; new blocks dumped layer by layer with their sidecars), then prints per
+turn the prompt tokens, the tokens served from the store and the time to first token of both
+runs, and checks that every answer is identical.
+
+The store directory is emptied first unless --keep (a kept store serves even first turns).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runChat(cmd.Context(), o, stdout, stderr) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dir, "dir", "./ucm-data/chat", "store directory")
+	f.BoolVar(&o.keep, "keep", false, "keep what the store holds from earlier runs")
+	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	f.StringVar(&o.corpus, "corpus", filepath.Join(runtime.GOROOT(), "src"), "directory of Go source the prompts are taken from")
+	f.IntVar(&o.blockSize, "block-tokens", loop.DefaultBlockSize, "tokens per KV block")
+	f.IntVar(&o.replay.Conversations, "conversations", o.replay.Conversations, "conversations, interleaved")
+	f.IntVar(&o.replay.Turns, "turns", o.replay.Turns, "turns per conversation")
+	f.IntVar(&o.replay.SystemBytes, "system", o.replay.SystemBytes, "tokens of the system prompt every conversation starts with")
+	f.IntVar(&o.replay.UserBytes, "user", o.replay.UserBytes, "tokens of user text per turn")
+	f.IntVar(&o.replay.AnswerTokens, "answer", o.replay.AnswerTokens, "tokens generated per turn")
+	f.StringVar(&o.sidecars, "sidecars", "esa-mean,quest,hash", "representations stored beside each block (esa-mean, esa-max, quest, kvstar, hash; empty: none)")
+	f.Float64Var(&o.linkGBps, "link-gbps", 0, "modelled host-device link bandwidth in GB/s of the simulated device (0: unlimited)")
+	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+// chatJSON is what chat --json prints.
+type chatJSON struct {
+	Model          string             `json:"model"`
+	Turns          []chatTurnJSON     `json:"turns"`
+	PromptTokens   int                `json:"prompt_tokens"`
+	HitTokens      int                `json:"hit_tokens"`
+	SavedFraction  float64            `json:"saved_fraction"`
+	MeanTTFTMs     map[string]float64 `json:"mean_ttft_ms"`
+	AnswersSame    bool               `json:"answers_identical"`
+	DumpedBlocks   int                `json:"dumped_blocks"`
+	DumpedSidecars int                `json:"dumped_sidecars"`
+}
+
+type chatTurnJSON struct {
+	Conversation int     `json:"conversation"`
+	Turn         int     `json:"turn"`
+	Prompt       int     `json:"prompt_tokens"`
+	Hit          int     `json:"hit_tokens"`
+	TTFTNoStore  float64 `json:"ttft_ms_no_store"`
+	TTFTStore    float64 `json:"ttft_ms_store"`
+	LoadMs       float64 `json:"load_ms"`
+}
+
+func parseSidecars(s string) ([]kernels.SidecarSpec, error) {
+	var out []kernels.SidecarSpec
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "":
+		case "esa-mean":
+			out = append(out, kernels.SidecarSpec{Kind: kernels.SidecarESAMean})
+		case "esa-max":
+			out = append(out, kernels.SidecarSpec{Kind: kernels.SidecarESAMax})
+		case "quest":
+			out = append(out, kernels.SidecarSpec{Kind: kernels.SidecarQuest})
+		case "kvstar":
+			out = append(out, kernels.SidecarSpec{Kind: kernels.SidecarKVStar, PruneRatio: 0.5, Merge: 4})
+		case "hash":
+			out = append(out, kernels.SidecarSpec{Kind: kernels.SidecarHash, HashBits: 32, Seed: 1})
+		default:
+			return nil, usageErr("--sidecars: unknown kind %q (esa-mean, esa-max, quest, kvstar, hash)", name)
+		}
+	}
+	return out, nil
+}
+
+func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	sidecars, err := parseSidecars(o.sidecars)
+	if err != nil {
+		return err
+	}
+	m, man, err := model.LoadDir(o.weights)
+	if err != nil {
+		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+	}
+	corpus, err := loop.GoSourceCorpus(o.corpus, 4<<10, 1+o.replay.Conversations*8)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	name := "ucm-go-small@" + man.WeightsSHA256[:12]
+	dev := kernels.SimOptions{LinkBytesPerSec: o.linkGBps * 1e9}
+	newServer := func(store *engine.Engine) (*loop.Server, error) {
+		return loop.NewServer(loop.Options{Model: m, ModelName: name, Store: store, BlockSize: o.blockSize, Sidecars: sidecars, Device: dev})
+	}
+	// Without the store.
+	plain, err := newServer(nil)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	base, err := loop.Replay(ctx, plain, corpus, o.replay)
+	plain.Close()
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	// With the store.
+	if !o.keep {
+		if err := os.RemoveAll(o.dir); err != nil {
+			return err
+		}
+	}
+	layout, err := loop.StoreLayout(m.Config(), o.blockSize)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	e, err := engine.Open(o.dir, engine.Options{Layout: layout, Schema: loop.StoreSchema(name, o.blockSize)})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	srv, err := newServer(e)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	defer srv.Close()
+	with, err := loop.Replay(ctx, srv, corpus, o.replay)
+	if err != nil {
+		return err
+	}
+	same := true
+	out := chatJSON{Model: name, PromptTokens: with.PromptTokens, HitTokens: with.HitTokens, SavedFraction: with.SavedFraction(),
+		MeanTTFTMs: map[string]float64{"no_store": ms(base.MeanTTFT()), "store": ms(with.MeanTTFT())}}
+	for i, t := range with.Turns {
+		b := base.Turns[i]
+		same = same && string(t.Answer) == string(b.Answer)
+		out.DumpedBlocks += t.Dump.Blocks
+		out.DumpedSidecars += t.Dump.Sidecars
+		out.Turns = append(out.Turns, chatTurnJSON{Conversation: t.Conversation, Turn: t.Turn, Prompt: t.Prefill.PromptTokens, Hit: t.Prefill.HitTokens,
+			TTFTNoStore: ms(b.Prefill.TTFT), TTFTStore: ms(t.Prefill.TTFT), LoadMs: ms(t.Prefill.Load)})
+	}
+	out.AnswersSame = same
+	if o.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else {
+		cfg := m.Config()
+		fmt.Fprintf(stdout, "model %s: %d layers, d_model %d, %d query / %d KV heads; %d-token blocks; store %s\n",
+			name, cfg.Layers, cfg.DModel, cfg.Heads, cfg.KVHeads, o.blockSize, o.dir)
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "conv\tturn\tprompt\tfrom store\tTTFT no store\tTTFT store\tof which load\tspeedup\t")
+		for _, t := range out.Turns {
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.2fx\t\n", t.Conversation, t.Turn, t.Prompt, t.Hit,
+				t.TTFTNoStore, t.TTFTStore, t.LoadMs, t.TTFTNoStore/max(t.TTFTStore, 1e-9))
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(stdout, "prefill tokens: %d, from the store %d (%.1f%%), computed %d\n", with.PromptTokens, with.HitTokens,
+			100*with.SavedFraction(), with.ComputedTokens)
+		fmt.Fprintf(stdout, "mean TTFT: %.1f ms without the store, %.1f ms with it (%.2fx)\n", ms(base.MeanTTFT()), ms(with.MeanTTFT()),
+			float64(base.MeanTTFT())/float64(max(with.MeanTTFT(), 1)))
+		fmt.Fprintf(stdout, "stored: %d blocks, %d sidecars; answers identical with and without the store: %v\n", out.DumpedBlocks, out.DumpedSidecars, same)
+	}
+	if !same {
+		fmt.Fprintln(stderr, "ucm-tool chat: answers differ with and without the store")
+		return problemsFound
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,44 @@
+package cli
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+const testWeights = "../../../../connector/model/weights"
+
+// TestChat: the chat replay on the small model serves later turns from the store and answers
+// as without it; --json carries the same; bad flags are usage errors.
+func TestChat(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "chat")
+	corpus := filepath.Join(runtime.GOROOT(), "src", "strings")
+	args := []string{"chat", "--dir", dir, "--weights", testWeights, "--corpus", corpus,
+		"--conversations", "2", "--turns", "2", "--system", "64", "--user", "48", "--answer", "8"}
+	out, _, code := run(t, args...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "TTFT no store", "from the store", "answers identical with and without the store: true")
+	out, _, code = run(t, append(args, "--json")...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	var r chatJSON
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.AnswersSame || len(r.Turns) != 4 || r.HitTokens == 0 || r.DumpedSidecars != 3*r.DumpedBlocks {
+		t.Fatalf("chat --json: %+v", r)
+	}
+	for _, bad := range [][]string{
+		{"chat", "--weights", "/nonexistent"},
+		{"chat", "--weights", testWeights, "--sidecars", "nope"},
+		{"chat", "--weights", testWeights, "--corpus", corpus, "--turns", "1000"},
+	} {
+		if _, _, code := run(t, bad...); code != ExitUsage {
+			t.Errorf("%v: exit %d, want %d", bad, code, ExitUsage)
+		}
+	}
+}
