@@ -66,15 +66,31 @@ const (
 	opCrash               // CrashClone with no unsynced data, Open on the clone
 	opEvict               // Evict the first tier down to (x%4)×64 KiB: its blocks demote
 	opCompact             // Compact at live ratio (x%9+1)/10
+	opDumpSidecars        // DumpSidecars(kind x&1+1, mask minus the blocks in assembly)
+	opLoadSidecars        // LoadSidecars(kind x&1+1, part x>>1&1, mask)
 	opCount
 )
 
+// Sidecars of the model: two kinds, two parts (one per shard) of 200 bytes, a function of
+// (block, kind).
+const modelSidePart = 200
+
+func modelSidecar(i int, kind engine.SidecarKind) []byte {
+	p := modelPayload(i)
+	out := make([]byte, 2*modelSidePart)
+	for j := range out {
+		out[j] = p[j] ^ byte(kind)*0x5b
+	}
+	return out
+}
+
 var opNames = [opCount]string{"dump", "dump-pair", "dump-shard", "create", "commit-true", "commit-false", "load",
-	"load-shard", "lookup", "lookup-prefix", "reopen", "crash", "evict", "compact"}
+	"load-shard", "lookup", "lookup-prefix", "reopen", "crash", "evict", "compact", "dump-sidecars", "load-sidecars"}
 
 // model is what the engine must hold.
 type model struct {
 	stored  [modelIDs]bool
+	side    [modelIDs][3]bool // sidecar of kind 1, 2 stored
 	staging [modelIDs][]bool // layer-wise dump in progress: shards arrived (nil: none)
 	created [modelIDs][]bool // created, not committed: shards arrived (nil: not created)
 }
@@ -352,6 +368,48 @@ func (r *engineRun) step(op, x, arg byte) {
 		if _, err := r.e.Compact(float64(x%9+1)/10, nil); err != nil {
 			r.fatalf("compact: %v", err)
 		}
+	case opDumpSidecars:
+		kind := engine.SidecarKind(x&1 + 1)
+		var idx []int
+		var ids []engine.BlockID
+		var src [][]byte
+		for i := range modelIDs {
+			// A block in assembly would make the dump wait for it (this model never times
+			// out): its sidecars are dumped once it is stored.
+			if arg&(1<<i) != 0 && m.staging[i] == nil && m.created[i] == nil {
+				idx, ids, src = append(idx, i), append(ids, modelID(i)), append(src, modelSidecar(i, kind))
+			}
+		}
+		task := r.e.DumpSidecars(kind, 2, ids, src)
+		_ = task.Wait()
+		for k, err := range task.BlockErrors() {
+			i := idx[k]
+			switch {
+			case m.stored[i] && err != nil:
+				r.fatalf("sidecar %d of stored block %d: %v", kind, i, err)
+			case !m.stored[i] && !errors.Is(err, engine.ErrNotFound):
+				r.fatalf("sidecar %d of absent block %d: %v, want ErrNotFound", kind, i, err)
+			case m.stored[i]:
+				m.side[i][kind] = true
+			}
+		}
+	case opLoadSidecars:
+		kind, part := engine.SidecarKind(x&1+1), int(x>>1&1)
+		idx, ids := maskIDs(arg)
+		dst := make([]byte, len(ids)*modelSidePart)
+		found, err := r.e.LoadSidecars(kind, part, ids, dst)
+		if err != nil {
+			r.fatalf("load sidecars: %v", err)
+		}
+		for k, i := range idx {
+			want := m.stored[i] && m.side[i][kind]
+			if found[k] != want {
+				r.fatalf("sidecar %d of block %d: found %v, model %v", kind, i, found[k], want)
+			}
+			if want && !bytes.Equal(dst[k*modelSidePart:(k+1)*modelSidePart], modelSidecar(i, kind)[part*modelSidePart:(part+1)*modelSidePart]) {
+				r.fatalf("sidecar %d of block %d part %d: bytes differ", kind, i, part)
+			}
+		}
 	case opCrash:
 		clone := r.mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
 		_ = r.e.Close() // the old engine's writes go to the discarded file system
@@ -414,6 +472,8 @@ var modelSeeds = [][]byte{
 	{opCreate, 0x04, opDump, 0x04, opCommitFalse, 0x04, opLookup, 0x04, opCreate, 0x04, opCrash, 0, opCommitTrue, 0x04},
 	{opDumpPair, 0x09, opDumpPair, 0x12, opDump, 0xff, opDump, 0xff, opCrash, 0, opLookupPrefix + 5*opCount, 0x1b},
 	{opDump, 0xff, opEvict, 0, opLoad, 0x0f, opCompact + 8*opCount, 0, opCrash, 0, opLoad, 0xff, opEvict + opCount, 0, opReopen, 0},
+	{opDump, 0x3f, opDumpSidecars, 0x0f, opDumpShard, 0x40, opDumpSidecars + opCount, 0xf0, opLoadSidecars, 0xff, opEvict, 0,
+		opLoadSidecars + 2*opCount, 0xff, opCompact + 8*opCount, 0, opCrash, 0, opLoadSidecars + 3*opCount, 0xff, opLoadSidecars, 0x0f},
 }
 
 // TestBadShardOfStoredBlockFailsLaterDumps: a layer-wise dump with a wrong-sized buffer for a
