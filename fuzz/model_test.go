@@ -91,8 +91,8 @@ var opNames = [opCount]string{"dump", "dump-pair", "dump-shard", "create", "comm
 type model struct {
 	stored  [modelIDs]bool
 	side    [modelIDs][3]bool // sidecar of kind 1, 2 stored
-	staging [modelIDs][]bool // layer-wise dump in progress: shards arrived (nil: none)
-	created [modelIDs][]bool // created, not committed: shards arrived (nil: not created)
+	staging [modelIDs][]bool  // layer-wise dump in progress: shards arrived (nil: none)
+	created [modelIDs][]bool  // created, not committed: shards arrived (nil: not created)
 }
 
 func (m *model) stagingCount() int {
