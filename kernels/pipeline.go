@@ -15,13 +15,17 @@ import (
 //		return eng.LoadShard(ids, layer, shards).WaitContext(ctx)
 //	}
 //
-// It must honour ctx (return soon after it is cancelled) and must not keep shards after it
-// returns.
+// Calls for different layers run concurrently (up to PipelineOptions.Buffers at once, each
+// with its own shards), so it must be safe for that. It must honour ctx (return soon after it
+// is cancelled) and must not keep shards after it returns.
 type LoadFunc func(ctx context.Context, layer int, shards [][]byte) error
 
 // DumpFunc hands one layer's gathered shards to the store: shards[j] is block j's shard of
 // layer `layer`, in the order of the blocks given to Dump; for example
-// eng.DumpShard(ids, layer, shards).WaitContext(ctx). The shards are reused once it returns.
+// eng.DumpShard(ids, layer, shards).WaitContext(ctx). Calls for different layers run
+// concurrently (up to PipelineOptions.Buffers at once), so it must be safe for that: state it
+// shares across layers (a SidecarWriter, say) needs a lock. The shards are reused once it
+// returns.
 type DumpFunc func(ctx context.Context, layer int, shards [][]byte) error
 
 // PipelineOptions sizes a Pipeline's staging memory: Buffers × MaxBlocks × ShardBytes bytes.
