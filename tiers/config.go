@@ -62,7 +62,7 @@ func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 type Config struct {
 	// Name identifies the tier in logs, metrics and errors; unique and non-empty.
 	Name string `yaml:"name"`
-	// Kind is KindMemory or KindDisk.
+	// Kind is KindMemory, KindMooncake or KindDisk.
 	Kind Kind `yaml:"kind"`
 	// Paths are the directories of a disk tier (at least one; blocks are spread across them by
 	// PathFor). A memory tier has none. No directory may appear twice or inside another.
@@ -85,17 +85,29 @@ type Config struct {
 	// segments in a manifest there, and reads the others' published segments
 	// (docs/sharing.md). A memory tier cannot be shared.
 	Shared bool `yaml:"shared"`
+	// Mooncake configures a KindMooncake tier (YAML: a mapping under `mooncake:` with the keys
+	// of MooncakeConfig); other kinds take none.
+	Mooncake *MooncakeConfig `yaml:"mooncake" json:",omitempty"`
 }
 
 // WithDefaults returns a copy of c with zero-valued watermarks set to their defaults and, for
-// disk tiers only, empty IOEngine, DirectIO and Compression set to theirs. It never changes a
-// field that is already set, and leaves the Paths slice shared with c.
+// disk tiers only, empty IOEngine, DirectIO and Compression set to theirs; a mooncake tier gets
+// a Mooncake configuration (a new one) with its defaults (MooncakeConfig.WithDefaults). It never
+// changes a field that is already set, and leaves the Paths slice shared with c.
 func (c Config) WithDefaults() Config {
 	if c.HighWatermark == 0 {
 		c.HighWatermark = DefaultHighWatermark
 	}
 	if c.LowWatermark == 0 {
 		c.LowWatermark = DefaultLowWatermark
+	}
+	if c.Kind == KindMooncake {
+		m := MooncakeConfig{GlobalSegmentSize: DefaultMooncakeGlobalSegmentSize}
+		if c.Mooncake != nil {
+			m = *c.Mooncake
+		}
+		m = m.WithDefaults()
+		c.Mooncake = &m
 	}
 	if c.Kind == KindDisk {
 		if c.IOEngine == "" {
@@ -119,7 +131,10 @@ var (
 
 // Validate checks a tier list after applying WithDefaults to each tier, and returns the first
 // fault as a *ConfigError wrapping ErrInvalidConfig, or nil. It requires: non-empty, unique
-// names; a known kind; at most one memory tier, and only as the first tier; at least one disk
+// names; a known kind; at most one memory tier, and only as the first tier; at most one
+// mooncake tier, before every disk tier, with no paths, capacity or disk settings and a valid
+// mooncake configuration (metadata_server and master_server_address set; field names
+// "mooncake.<key>"), and a mooncake configuration on no other tier; at least one disk
 // tier; for disk tiers at least one non-empty path, for memory tiers no paths, io_engine,
 // direct_io or compression; no directory listed twice or nested inside another listed
 // directory (compared after filepath.Abs, which cleans; symbolic links are not resolved);
@@ -133,7 +148,7 @@ func Validate(tiers []Config) error {
 	}
 	var paths []seenPath
 	names := make(map[string]int, len(tiers))
-	disks := 0
+	disks, mooncakes := 0, 0
 	for i, t := range tiers {
 		t = t.WithDefaults()
 		fail := func(field, format string, args ...any) error {
@@ -141,6 +156,9 @@ func Validate(tiers []Config) error {
 		}
 		if t.Name == "" {
 			return fail("name", "empty")
+		}
+		if t.Mooncake != nil && t.Kind != KindMooncake {
+			return fail("mooncake", "only a mooncake tier takes a mooncake configuration")
 		}
 		if j, dup := names[t.Name]; dup {
 			return fail("name", "also the name of tier %d", j)
@@ -168,6 +186,22 @@ func Validate(tiers []Config) error {
 			}
 			if t.Capacity <= 0 {
 				return fail("capacity", "%d: a memory tier needs a capacity > 0", t.Capacity)
+			}
+		case KindMooncake:
+			if mooncakes++; mooncakes > 1 {
+				return fail("kind", "at most one mooncake tier")
+			}
+			if disks > 0 {
+				return fail("kind", "a mooncake tier comes before the disk tiers (after the memory tier, if any)")
+			}
+			if len(t.Paths) != 0 || t.IOEngine != "" || t.DirectIO != "" || t.Compression != "" || t.Shared {
+				return fail("kind", "a mooncake tier takes no paths, io_engine, direct_io, compression or shared")
+			}
+			if t.Capacity != 0 {
+				return fail("capacity", "%d: a mooncake tier takes no capacity (the pool is sized by each client's mooncake.global_segment_size)", t.Capacity)
+			}
+			if field, reason := t.Mooncake.validate(); field != "" {
+				return fail(field, "%s", reason)
 			}
 		case KindDisk:
 			disks++
@@ -209,7 +243,7 @@ func Validate(tiers []Config) error {
 				return fail("compression", "%q: want one of %s", t.Compression, strings.Join(compressions, ", "))
 			}
 		default:
-			return fail("kind", "%q: want %q or %q", t.Kind, KindMemory, KindDisk)
+			return fail("kind", "%q: want %q, %q or %q", t.Kind, KindMemory, KindMooncake, KindDisk)
 		}
 		// Written so that NaN fails every check.
 		if !(t.HighWatermark > 0 && t.HighWatermark <= 1) {

@@ -1,0 +1,498 @@
+package tiers
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand"
+	"sync"
+	"testing"
+
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/mooncakefake"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func mcCfg(object string) MooncakeConfig {
+	return MooncakeConfig{MetadataServer: "http://127.0.0.1:1/metadata", MasterServerAddress: "127.0.0.1:2", Object: object,
+		StagingBytes: 1 << 20, HealthIntervalMs: 3600_000, ResetAfter: 3}.WithDefaults()
+}
+
+var mcLayout = format.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 4096}
+
+func mcBlock(seed int) (format.BlockID, []byte, []uint32) {
+	r := rand.New(rand.NewSource(int64(seed)))
+	var id format.BlockID
+	r.Read(id[:])
+	data := make([]byte, mcLayout.BlockBytes())
+	r.Read(data)
+	crcs := make([]uint32, mcLayout.Shards)
+	for s := range crcs {
+		crcs[s] = format.Checksum(data[int64(s)*mcLayout.ShardBytes : int64(s+1)*mcLayout.ShardBytes])
+	}
+	return id, data, crcs
+}
+
+func newMC(t *testing.T, object string, pool MooncakePool) *MooncakeTier {
+	t.Helper()
+	mc, err := NewMooncakeTier("pool", mcCfg(object), pool, mcLayout, format.Fingerprint{1, 2, 3}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mc.Close() })
+	return mc
+}
+
+func getOne(mc *MooncakeTier, id format.BlockID, shard int) ([]byte, bool) {
+	n := mcLayout.BlockBytes()
+	if shard >= 0 {
+		n = mcLayout.ShardBytes
+	}
+	dst := make([]byte, n)
+	return dst, mc.Get([]format.BlockID{id}, shard, [][]byte{dst}, nil)[0]
+}
+
+func TestMooncakeConfigValidate(t *testing.T) {
+	good := Config{Name: "pool", Kind: KindMooncake, Mooncake: &MooncakeConfig{MetadataServer: "http://h:1/metadata", MasterServerAddress: "h:2"}}
+	disk := Config{Name: "ssd", Kind: KindDisk, Paths: []string{"/tmp/x"}}
+	mem := Config{Name: "dram", Kind: KindMemory, Capacity: 1 << 20}
+	if err := Validate([]Config{mem, good, disk}); err != nil {
+		t.Fatalf("memory | mooncake | disk: %v", err)
+	}
+	if c := good.WithDefaults().Mooncake; c.Object != "block" || c.Protocol != "tcp" || c.GlobalSegmentSize != 0 || c.Replicas != 1 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c := (Config{Name: "p", Kind: KindMooncake}).WithDefaults().Mooncake; c == nil || c.GlobalSegmentSize != DefaultMooncakeGlobalSegmentSize {
+		t.Fatalf("absent mooncake mapping: %+v", c)
+	}
+	bad := func(mut func(c *Config)) Config {
+		c := good
+		m := *good.Mooncake
+		c.Mooncake = &m
+		mut(&c)
+		return c
+	}
+	for _, tc := range []struct {
+		list  []Config
+		field string
+	}{
+		{[]Config{bad(func(c *Config) { c.Mooncake.MetadataServer = "" }), disk}, "mooncake.metadata_server"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.MasterServerAddress = "" }), disk}, "mooncake.master_server_address"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.MasterServerAddress = "nohostport" }), disk}, "mooncake.master_server_address"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.Protocol = "udp" }), disk}, "mooncake.protocol"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.Object = "page" }), disk}, "mooncake.object"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.KeyPrefix = "a/b" }), disk}, "mooncake.key_prefix"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.Replicas = 99 }), disk}, "mooncake.replica_num"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.GlobalSegmentSize = -1 }), disk}, "mooncake.global_segment_size"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.StagingBytes = -1 }), disk}, "mooncake.staging_bytes"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.HealthIntervalMs = -5 }), disk}, "mooncake.health_interval_ms"},
+		{[]Config{bad(func(c *Config) { c.Mooncake.ResetAfter = -1 }), disk}, "mooncake.reset_after"},
+		{[]Config{bad(func(c *Config) { c.Capacity = 5 }), disk}, "capacity"},
+		{[]Config{bad(func(c *Config) { c.Paths = []string{"/x"} }), disk}, "kind"},
+		{[]Config{disk, good}, "kind"},
+		{[]Config{good, bad(func(c *Config) { c.Name = "pool2" }), disk}, "kind"},
+		{[]Config{good, {Name: "ssd", Kind: KindDisk, Paths: []string{"/tmp/x"}, Mooncake: &MooncakeConfig{}}}, "mooncake"},
+		{[]Config{good}, "tiers"},
+	} {
+		err := Validate(tc.list)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("want a ConfigError on %s, got %v", tc.field, err)
+		}
+	}
+}
+
+func TestMooncakeHeaderRoundTripAndRejects(t *testing.T) {
+	id, data, crcs := mcBlock(1)
+	o := mcObject{id: id, fp: format.Fingerprint{9}, kind: mcKindBlock, payload: int64(len(data)), parts: len(crcs)}
+	obj := make([]byte, o.size())
+	h := encodeHeader(obj, o, crcs)
+	copy(obj[h:], data)
+	got, err := decodeHeader(obj, o.size(), o)
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(crcs) {
+		t.Fatalf("round trip: %v %v", got, err)
+	}
+	other := o
+	other.id[0] ^= 1
+	otherFP := o
+	otherFP.fp[0] ^= 1
+	otherKind := o
+	otherKind.kind = mcKindShard
+	otherParts := o
+	otherParts.parts++
+	for name, want := range map[string]mcObject{"id": other, "fingerprint": otherFP, "kind": otherKind, "parts": otherParts} {
+		if _, err := decodeHeader(obj, o.size(), want); !errors.Is(err, ErrMooncakeObject) || !errors.Is(err, format.ErrCorrupt) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := decodeHeader(obj, o.size()-1, o); !errors.Is(err, ErrMooncakeObject) {
+		t.Errorf("short object: %v", err)
+	}
+	for i := 0; i < h; i++ { // every header byte is covered
+		bad := bytes.Clone(obj)
+		bad[i] ^= 0x40
+		if _, err := decodeHeader(bad, o.size(), o); err == nil {
+			if i >= mcFixedBytes+4*len(crcs)+4 { // padding
+				continue
+			}
+			t.Fatalf("header byte %d flipped: accepted", i)
+		}
+	}
+}
+
+func FuzzDecodeMooncakeHeader(f *testing.F) {
+	id, data, crcs := mcBlock(2)
+	o := mcObject{id: id, kind: mcKindBlock, payload: int64(len(data)), parts: len(crcs)}
+	obj := make([]byte, o.size())
+	encodeHeader(obj, o, crcs)
+	f.Add(obj[:mcHeaderBytes(len(crcs))], int64(len(obj)), 4)
+	f.Add([]byte("UCMMCOB1"), int64(8), 1)
+	f.Fuzz(func(t *testing.T, b []byte, got int64, parts int) {
+		want := mcObject{id: id, kind: mcKindBlock, payload: int64(len(b)) - int64(mcHeaderBytes(max(parts, 1))), parts: parts}
+		crcs, err := decodeHeader(b, got, want)
+		if err == nil && len(crcs) != parts {
+			t.Fatalf("%d checksums for %d parts", len(crcs), parts)
+		}
+	})
+}
+
+func TestMooncakePutGet(t *testing.T) {
+	for _, object := range []string{"block", "shard"} {
+		t.Run(object, func(t *testing.T) {
+			st := mooncakefake.NewStore()
+			mc := newMC(t, object, mooncakefake.New(st))
+			id, data, crcs := mcBlock(3)
+			mc.Put(id, data, crcs)
+			mc.Flush()
+			if s := mc.Stats(); s.Puts != 1 || s.PutsDropped != 0 {
+				t.Fatalf("stats after put: %+v", s)
+			}
+			wantKeys := 1
+			if object == "shard" {
+				wantKeys = mcLayout.Shards
+			}
+			if n := len(st.Keys()); n != wantKeys {
+				t.Fatalf("%d objects stored, want %d", n, wantKeys)
+			}
+			got, ok := getOne(mc, id, -1)
+			if !ok || !bytes.Equal(got, data) {
+				t.Fatal("whole block not loaded intact")
+			}
+			for s := 0; s < mcLayout.Shards; s++ {
+				got, ok := getOne(mc, id, s)
+				if !ok || !bytes.Equal(got, data[int64(s)*mcLayout.ShardBytes:int64(s+1)*mcLayout.ShardBytes]) {
+					t.Fatalf("shard %d not loaded intact", s)
+				}
+			}
+			if !mc.Contains([]format.BlockID{id}, nil)[0] {
+				t.Fatal("Contains: false for a stored block")
+			}
+			other, _, _ := mcBlock(4)
+			if _, ok := getOne(mc, other, -1); ok {
+				t.Fatal("absent block loaded")
+			}
+			if mc.Contains([]format.BlockID{other}, nil)[0] {
+				t.Fatal("Contains: true for an absent block")
+			}
+			// A second client of the same pool (another engine) reads it.
+			mc2 := newMC(t, object, mooncakefake.New(st))
+			if got, ok := getOne(mc2, id, -1); !ok || !bytes.Equal(got, data) {
+				t.Fatal("second client: block not loaded intact")
+			}
+			// The same block put again (another client dumped it too) is not an error.
+			mc2.Put(id, data, crcs)
+			mc2.Flush()
+			if s := mc2.Stats(); s.Puts != 1 || s.Errors != 0 {
+				t.Fatalf("re-put: %+v", s)
+			}
+		})
+	}
+}
+
+// Objects that are not the block asked for are misses, never bytes: a stale object of another
+// block under the key, another schema's, a damaged payload or header, a truncated or longer
+// object.
+func TestMooncakeRejectsWrongObjects(t *testing.T) {
+	for _, object := range []string{"block", "shard"} {
+		t.Run(object, func(t *testing.T) {
+			st := mooncakefake.NewStore()
+			mc := newMC(t, object, mooncakefake.New(st))
+			id, data, crcs := mcBlock(5)
+			id2, data2, crcs2 := mcBlock(6)
+			mc.Put(id, data, crcs)
+			mc.Put(id2, data2, crcs2)
+			mc.Flush()
+			key, key2 := mc.key(id, -1), mc.key(id2, -1)
+			if object == "shard" {
+				key, key2 = mc.key(id, 1), mc.key(id2, 1)
+			}
+			good, _ := st.Object(key)
+			other, _ := st.Object(key2)
+			foreign := newMCFP(t, object, mooncakefake.New(mooncakefake.NewStore()), format.Fingerprint{7})
+			fobj := make([]byte, len(good))
+			fo := foreign.object(id, -1)
+			if object == "shard" {
+				fo = foreign.object(id, 1)
+			}
+			h := encodeHeader(fobj, fo, fromShard(crcs, object))
+			copy(fobj[h:], good[h:])
+			flip := func(i int) []byte { b := bytes.Clone(good); b[i] ^= 1; return b }
+			cases := map[string][]byte{
+				"stale (another block's object)": other,
+				"another schema":                 fobj,
+				"payload byte flipped":           flip(len(good) - 1),
+				"header byte flipped":            flip(20),
+				"truncated":                      good[:len(good)-1],
+				"longer":                         append(bytes.Clone(good), 0),
+				"empty":                          {},
+			}
+			rejected := mc.Stats().Rejected
+			for name, obj := range cases {
+				st.Set(key, obj)
+				dst := bytes.Repeat([]byte{0xAA}, int(mcLayout.BlockBytes()))
+				if mc.Get([]format.BlockID{id}, -1, [][]byte{dst}, nil)[0] {
+					t.Errorf("%s: loaded", name)
+				}
+				if name != "empty" {
+					if s := mc.Stats(); s.Rejected <= rejected {
+						t.Errorf("%s: not counted as rejected", name)
+					} else {
+						rejected = s.Rejected
+					}
+				}
+			}
+			st.Set(key, good)
+			if got, ok := getOne(mc, id, -1); !ok || !bytes.Equal(got, data) {
+				t.Fatal("intact object not loaded")
+			}
+			if s := mc.Stats(); s.Up != true || s.Errors != 0 {
+				t.Fatalf("rejections took the tier down or counted as errors: %+v", s)
+			}
+		})
+	}
+}
+
+func fromShard(crcs []uint32, object string) []uint32 {
+	if object == "shard" {
+		return crcs[1:2]
+	}
+	return crcs
+}
+
+func newMCFP(t *testing.T, object string, pool MooncakePool, fp format.Fingerprint) *MooncakeTier {
+	mc, err := NewMooncakeTier("pool", mcCfg(object), pool, mcLayout, fp, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mc.Close() })
+	return mc
+}
+
+// The schema fingerprint is in the key: another schema's tier neither sees nor loads the block.
+func TestMooncakeSchemaIsolation(t *testing.T) {
+	st := mooncakefake.NewStore()
+	a := newMCFP(t, "block", mooncakefake.New(st), format.Fingerprint{1})
+	b := newMCFP(t, "block", mooncakefake.New(st), format.Fingerprint{2})
+	id, data, crcs := mcBlock(7)
+	a.Put(id, data, crcs)
+	a.Flush()
+	if b.Contains([]format.BlockID{id}, nil)[0] {
+		t.Fatal("another schema's tier sees the block")
+	}
+	if _, ok := getOne(b, id, -1); ok {
+		t.Fatal("another schema's tier loads the block")
+	}
+}
+
+// Transport failures: a failed batch or per-key transport codes are misses and counted; while
+// the client is unhealthy the tier goes down and is skipped; it rejoins when healthy again, and
+// after ResetAfter failed checks the client is set up anew.
+func TestMooncakeDownAndRejoin(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := mooncakefake.New(st)
+	mc := newMC(t, "block", pool)
+	id, data, crcs := mcBlock(8)
+	mc.Put(id, data, crcs)
+	mc.Flush()
+
+	// A transport code on a get, client still healthy: a miss and an error, tier stays up.
+	st.GetCode = mooncakefake.CodeTransferFail
+	if _, ok := getOne(mc, id, -1); ok {
+		t.Fatal("transfer failure loaded")
+	}
+	if s := mc.Stats(); !s.Up || s.Errors != 1 || s.Downs != 0 {
+		t.Fatalf("after a transfer failure: %+v", s)
+	}
+	st.GetCode = 0
+
+	// The master goes away: the batch fails, the client is unhealthy: down.
+	st.SetDown(true)
+	if _, ok := getOne(mc, id, -1); ok {
+		t.Fatal("loaded with the master down")
+	}
+	if s := mc.Stats(); s.Up || s.Downs != 1 {
+		t.Fatalf("after the master went down: %+v", s)
+	}
+	// Skipped: no call reaches the pool.
+	gets := st.Gets
+	if _, ok := getOne(mc, id, -1); ok {
+		t.Fatal("loaded while down")
+	}
+	if mc.Contains([]format.BlockID{id}, nil)[0] {
+		t.Fatal("Contains while down")
+	}
+	mc.Put(id, data, crcs)
+	mc.Flush()
+	if s := mc.Stats(); st.Gets != gets || s.Skipped != 3 || s.PutsDropped != 1 {
+		t.Fatalf("while down: gets %d→%d, %+v", gets, st.Gets, s)
+	}
+	for i := 0; i < 3; i++ {
+		mc.checkHealth()
+	}
+	if pool.ResetCount() != 1 || mc.Stats().Resets != 1 {
+		t.Fatalf("no reset after 3 failed checks: %d", pool.ResetCount())
+	}
+	st.SetDown(false)
+	mc.checkHealth()
+	if s := mc.Stats(); !s.Up || s.Rejoins != 1 {
+		t.Fatalf("after the master came back: %+v", s)
+	}
+	if got, ok := getOne(mc, id, -1); !ok || !bytes.Equal(got, data) {
+		t.Fatal("not loaded after rejoining")
+	}
+	// A health check alone takes a tier down.
+	pool.SetUnhealthy(true)
+	mc.checkHealth()
+	if mc.Up() {
+		t.Fatal("up with an unhealthy client")
+	}
+	pool.SetUnhealthy(false)
+	mc.checkHealth()
+	if !mc.Up() {
+		t.Fatal("did not rejoin")
+	}
+}
+
+// A full pool refuses puts: dropped and counted, not errors; the other failures are errors.
+func TestMooncakePutFailures(t *testing.T) {
+	st := mooncakefake.NewStore()
+	mc := newMC(t, "block", mooncakefake.New(st))
+	st.Capacity = 1
+	id, data, crcs := mcBlock(9)
+	mc.Put(id, data, crcs)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 0 || s.PutsDropped != 1 || s.Errors != 0 {
+		t.Fatalf("full pool: %+v", s)
+	}
+	st.Capacity = 0
+	st.PutCode = mooncakefake.CodeTransferFail
+	mc.Put(id, data, crcs)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 0 || s.PutsDropped != 2 || s.Errors != 1 || !s.Up {
+		t.Fatalf("failed put: %+v", s)
+	}
+	st.PutCode = 0
+	// Wrong sizes are not written at all.
+	mc.Put(id, data[1:], crcs)
+	mc.Put(id, data, crcs[1:])
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 0 || s.PutsDropped != 2 {
+		t.Fatalf("malformed puts: %+v", s)
+	}
+}
+
+// Puts never block: with every put slot taken, write-throughs are dropped and counted.
+func TestMooncakePutNeverBlocks(t *testing.T) {
+	st := mooncakefake.NewStore()
+	st.SetDown(false)
+	mc := newMC(t, "block", mooncakefake.New(st))
+	// Take every put slot, as puts stuck in a slow pool would.
+	var held [][]byte
+	for {
+		select {
+		case s := <-mc.putSlots:
+			held = append(held, s)
+			continue
+		default:
+		}
+		break
+	}
+	id, data, crcs := mcBlock(10)
+	mc.Put(id, data, crcs)
+	if s := mc.Stats(); s.PutsDropped != 1 {
+		t.Fatalf("put with no free slot: %+v", s)
+	}
+	for _, s := range held {
+		mc.putSlots <- s
+	}
+}
+
+func TestMooncakeConcurrent(t *testing.T) {
+	for _, object := range []string{"block", "shard"} {
+		t.Run(object, func(t *testing.T) {
+			st := mooncakefake.NewStore()
+			mc := newMC(t, object, mooncakefake.New(st))
+			var wg sync.WaitGroup
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					for i := 0; i < 50; i++ {
+						id, data, crcs := mcBlock(1000 + (w*50+i)%40)
+						if i%2 == 0 {
+							mc.Put(id, data, crcs)
+							continue
+						}
+						if got, ok := getOne(mc, id, i%mcLayout.Shards); ok && !bytes.Equal(got, data[int64(i%mcLayout.Shards)*mcLayout.ShardBytes:int64(i%mcLayout.Shards+1)*mcLayout.ShardBytes]) {
+							t.Error("wrong bytes")
+						}
+					}
+				}(w)
+			}
+			wg.Wait()
+			mc.Flush()
+			if s := mc.Stats(); s.Rejected != 0 || s.Errors != 0 {
+				t.Fatalf("%+v", s)
+			}
+		})
+	}
+}
+
+func TestMooncakeStagingTooSmall(t *testing.T) {
+	cfg := mcCfg("block")
+	cfg.StagingBytes = 3 * int64(mcHeaderBytes(mcLayout.Shards)+int(mcLayout.BlockBytes()))
+	_, err := NewMooncakeTier("pool", cfg, mooncakefake.New(mooncakefake.NewStore()), mcLayout, format.Fingerprint{}, quiet)
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Field != "mooncake.staging_bytes" {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestMooncakeCloseClosesPool(t *testing.T) {
+	pool := mooncakefake.New(mooncakefake.NewStore())
+	mc, err := NewMooncakeTier("pool", mcCfg("block"), pool, mcLayout, format.Fingerprint{}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, data, crcs := mcBlock(11)
+	mc.Put(id, data, crcs)
+	if err := mc.Close(); err != nil || !pool.Closed() {
+		t.Fatalf("close: %v, pool closed %v", err, pool.Closed())
+	}
+	mc.Flush() // returns: queued puts were written or dropped
+	if _, ok := getOne(mc, id, -1); ok {
+		t.Fatal("loaded after close")
+	}
+}
+
+func TestMooncakeBuiltMatchesOpen(t *testing.T) {
+	if MooncakeBuilt {
+		t.Skip("built with Mooncake: the real client is tested by make test-mooncake")
+	}
+	if _, err := OpenMooncakePool(mcCfg("block")); !errors.Is(err, ErrMooncakeNotBuilt) {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -1,0 +1,638 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucm-go/ucm/format"
+)
+
+// Mooncake error codes the tier tells apart (mooncake-store/include/types.h). A code not listed
+// is a transport or service failure.
+const (
+	mcBufferOverflow   = -10  // the object is larger than the buffer: not the object we wrote
+	mcSegmentNotFound  = -101 // the segment that held the object went away (its client died)
+	mcNoAvailableSpace = -200 // the pool is full (NO_AVAILABLE_HANDLE)
+	mcReplicaNotReady  = -703 // being written: a miss for now
+	mcObjectNotFound   = -704 // a plain miss
+	mcObjectExists     = -705 // a put of a key another client (or we) already put: fine
+	mcLeaseExpired     = -707 // the read lease ran out mid-transfer
+	mcReplicaNotFound  = -710 // gone: a miss
+	mcReplicaIsGone    = -712 // gone: a miss
+	mcReplicaIsBusy    = -714 // busy: a miss for now
+)
+
+// mcIsMiss reports whether a get result is that mean "not there (now)", not a failure of the tier.
+func mcIsMiss(code int64) bool {
+	switch code {
+	case mcObjectNotFound, mcReplicaNotReady, mcReplicaNotFound, mcReplicaIsGone, mcReplicaIsBusy, mcSegmentNotFound, mcLeaseExpired:
+		return true
+	}
+	return false
+}
+
+// MooncakePool is a client of a Mooncake Store pool, as the tier uses it. The implementation
+// over Mooncake's Go binding is in mooncake_client.go (build tag `mooncake`); tests use fakes.
+// Buffers passed to Put and Get are slices of memory returned by Alloc.
+type MooncakePool interface {
+	// Alloc returns size bytes of memory registered with the transfer engine (kept registered
+	// across Reset), valid until Close.
+	Alloc(size int) ([]byte, error)
+	// Put stores each bufs[i] under keys[i] and returns a code per key: 0 or a negative
+	// Mooncake error code. A non-nil error means the whole batch failed.
+	Put(keys []string, bufs [][]byte) ([]int, error)
+	// Get reads each keys[i] into bufs[i] and returns per key the object's length (> 0) or a
+	// negative Mooncake error code. A non-nil error means the whole batch failed.
+	Get(keys []string, bufs [][]byte) ([]int64, error)
+	// Exist reports per key whether the object is in the pool.
+	Exist(keys []string) ([]bool, error)
+	// Healthy reports whether the client is set up and its master answers its pings.
+	Healthy() bool
+	// Reset drops the client and sets up a new one (after the master was replaced or lost
+	// this client). It may fail (the master is still down); the pool is then unhealthy.
+	Reset() error
+	// Close tears the client down and frees Alloc's memory.
+	Close() error
+}
+
+// MooncakeStats counts what a MooncakeTier did; a snapshot.
+type MooncakeStats struct {
+	Up      bool   // the tier is in use (its master answers)
+	Hits    uint64 // blocks (or shards) loaded from the pool, verified
+	Misses  uint64 // loads the pool did not have
+	Skipped uint64 // loads, puts and lookups skipped because the tier was down
+	// Rejected counts objects whose header or checksums were not those of the block asked for
+	// (stale, foreign, another schema's, truncated or damaged): each was a miss.
+	Rejected uint64
+	Puts     uint64 // blocks written to the pool
+	// PutsDropped counts write-throughs not done: no free staging slot, the tier down, the
+	// pool full or refusing.
+	PutsDropped uint64
+	Errors      uint64 // transport or service failures (each logged, rate-limited)
+	Downs       uint64 // times the tier went down
+	Rejoins     uint64 // times it came back
+	Resets      uint64 // times the client was set up anew
+}
+
+// MooncakeTier is the mooncake tier: blocks of one layout and schema stored as objects in a
+// Mooncake Store pool, written through asynchronously, read with every byte checked against
+// the checksums the object's header carries (themselves checked against the caller's). It is
+// safe for concurrent use. While its pool is unhealthy it is skipped: loads and lookups miss,
+// write-throughs are dropped, each counted; a health loop brings it back.
+type MooncakeTier struct {
+	name   string
+	cfg    MooncakeConfig
+	layout format.Layout
+	fp     format.Fingerprint
+	prefix string // <key_prefix>/<fingerprint hex>/
+	shards bool   // one object per shard
+	// objBytes is one staged block: one block object, or all its shard objects back to back.
+	objBytes int
+	log      *slog.Logger
+	pool     MooncakePool
+
+	getSlots chan []byte
+	putSlots chan []byte
+	putq     chan mcPut
+	pending  mcPending // queued puts
+	up       atomic.Bool
+	failures int // health checks failed in a row (health loop only)
+	stop     chan struct{}
+	bg       sync.WaitGroup
+	closed   atomic.Bool
+
+	hits, misses, skipped, rejected, puts, dropped, errs, downs, rejoins, resets atomic.Uint64
+}
+
+// mcPending counts queued puts; wait returns when none is.
+type mcPending struct {
+	mu   sync.Mutex
+	n    int
+	zero *sync.Cond
+}
+
+func (p *mcPending) add(d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.zero == nil {
+		p.zero = sync.NewCond(&p.mu)
+	}
+	if p.n += d; p.n == 0 {
+		p.zero.Broadcast()
+	}
+}
+
+func (p *mcPending) wait() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.n > 0 {
+		p.zero.Wait()
+	}
+}
+
+type mcPut struct {
+	id   format.BlockID
+	slot []byte
+}
+
+// NewMooncakeTier returns the tier named name over pool for blocks of layout l written under
+// schema fingerprint fp; cfg is validated (Config.WithDefaults and Validate) by the caller.
+// It allocates cfg.StagingBytes of registered memory from the pool and starts the write-through
+// worker and the health loop; the tier is up when the pool is healthy.
+func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l format.Layout, fp format.Fingerprint, log *slog.Logger) (*MooncakeTier, error) {
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("mooncake tier %q: %w", name, err)
+	}
+	if l.Shards > MaxMooncakeParts {
+		return nil, fmt.Errorf("mooncake tier %q: %d shards: at most %d: %w", name, l.Shards, MaxMooncakeParts, ErrInvalidConfig)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	t := &MooncakeTier{name: name, cfg: cfg, layout: l, fp: fp, shards: cfg.Object == "shard", log: log, pool: pool,
+		stop: make(chan struct{})}
+	t.prefix = fmt.Sprintf("%s/%x/", cfg.KeyPrefix, fp[:8])
+	if t.shards {
+		t.objBytes = l.Shards * (mcHeaderBytes(1) + int(l.ShardBytes))
+	} else {
+		t.objBytes = mcHeaderBytes(l.Shards) + int(l.BlockBytes())
+	}
+	slots := int(cfg.StagingBytes / int64(t.objBytes))
+	if slots < 4 {
+		return nil, &ConfigError{Tier: -1, Name: name, Field: "mooncake.staging_bytes",
+			Reason: fmt.Sprintf("%d bytes hold %d staged blocks of %d bytes; want at least 4", cfg.StagingBytes, slots, t.objBytes)}
+	}
+	slab, err := pool.Alloc(slots * t.objBytes)
+	if err != nil {
+		return nil, fmt.Errorf("mooncake tier %q: staging memory (%d bytes): %w", name, slots*t.objBytes, err)
+	}
+	t.getSlots = make(chan []byte, slots-slots/2)
+	t.putSlots = make(chan []byte, slots/2)
+	for i := 0; i < slots; i++ {
+		s := slab[i*t.objBytes : (i+1)*t.objBytes : (i+1)*t.objBytes]
+		if i < slots/2 {
+			t.putSlots <- s
+		} else {
+			t.getSlots <- s
+		}
+	}
+	t.putq = make(chan mcPut, slots/2)
+	t.up.Store(pool.Healthy())
+	t.bg.Add(2)
+	go t.putWorker()
+	go t.healthLoop()
+	return t, nil
+}
+
+// Name returns the tier's configured name.
+func (t *MooncakeTier) Name() string { return t.name }
+
+// Up reports whether the tier is in use.
+func (t *MooncakeTier) Up() bool { return t.up.Load() }
+
+// Stats returns a snapshot of the tier's counters.
+func (t *MooncakeTier) Stats() MooncakeStats {
+	return MooncakeStats{Up: t.up.Load(), Hits: t.hits.Load(), Misses: t.misses.Load(), Skipped: t.skipped.Load(),
+		Rejected: t.rejected.Load(), Puts: t.puts.Load(), PutsDropped: t.dropped.Load(), Errors: t.errs.Load(),
+		Downs: t.downs.Load(), Rejoins: t.rejoins.Load(), Resets: t.resets.Load()}
+}
+
+// key names block id's object, or its shard's (shard >= 0) in the shard layout.
+func (t *MooncakeTier) key(id format.BlockID, shard int) string {
+	k := t.prefix + id.String()
+	if shard >= 0 {
+		k += "/" + strconv.Itoa(shard)
+	}
+	return k
+}
+
+// blockKeys are the keys of block id's objects: one, or one per shard.
+func (t *MooncakeTier) blockKeys(id format.BlockID) []string {
+	if !t.shards {
+		return []string{t.key(id, -1)}
+	}
+	keys := make([]string, t.layout.Shards)
+	for s := range keys {
+		keys[s] = t.key(id, s)
+	}
+	return keys
+}
+
+// object describes the object of block id (shard < 0) or of its shard.
+func (t *MooncakeTier) object(id format.BlockID, shard int) mcObject {
+	if shard < 0 {
+		return mcObject{id: id, fp: t.fp, kind: mcKindBlock, payload: t.layout.BlockBytes(), parts: t.layout.Shards}
+	}
+	return mcObject{id: id, fp: t.fp, kind: mcKindShard, shard: uint32(shard), payload: t.layout.ShardBytes, parts: 1}
+}
+
+// shardObjBytes is the size of one shard object.
+func (t *MooncakeTier) shardObjBytes() int { return mcHeaderBytes(1) + int(t.layout.ShardBytes) }
+
+// Put writes block id (data: its shards back to back, crcs: their format.Checksum) through
+// to the pool in the background; the caller may reuse data when Put returns. It never blocks:
+// when the tier is down or every put slot is busy the block is not written (counted).
+func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
+	if t.closed.Load() || int64(len(data)) != t.layout.BlockBytes() || len(crcs) != t.layout.Shards {
+		return
+	}
+	if !t.up.Load() {
+		t.skipped.Add(1)
+		t.dropped.Add(1)
+		return
+	}
+	var slot []byte
+	select {
+	case slot = <-t.putSlots:
+	default:
+		t.dropped.Add(1)
+		return
+	}
+	if t.shards {
+		sb, n := int(t.layout.ShardBytes), t.shardObjBytes()
+		for s := 0; s < t.layout.Shards; s++ {
+			obj := slot[s*n : (s+1)*n]
+			h := encodeHeader(obj, t.object(id, s), crcs[s:s+1])
+			copy(obj[h:], data[s*sb:(s+1)*sb])
+		}
+	} else {
+		h := encodeHeader(slot, t.object(id, -1), crcs)
+		copy(slot[h:], data)
+	}
+	t.pending.add(1)
+	t.putq <- mcPut{id: id, slot: slot} // never blocks: the queue holds every put slot
+}
+
+// Flush waits until every write-through queued so far has been written or dropped.
+func (t *MooncakeTier) Flush() { t.pending.wait() }
+
+func (t *MooncakeTier) putWorker() {
+	defer t.bg.Done()
+	for {
+		var batch []mcPut
+		select {
+		case <-t.stop:
+			// Drain: what is queued is dropped.
+			for {
+				select {
+				case p := <-t.putq:
+					t.dropped.Add(1)
+					t.putSlots <- p.slot
+					t.pending.add(-1)
+				default:
+					return
+				}
+			}
+		case p := <-t.putq:
+			batch = append(batch, p)
+		}
+	gather:
+		for len(batch) < 16 {
+			select {
+			case p := <-t.putq:
+				batch = append(batch, p)
+			default:
+				break gather
+			}
+		}
+		t.putBatch(batch)
+		for _, p := range batch {
+			t.putSlots <- p.slot
+			t.pending.add(-1)
+		}
+	}
+}
+
+func (t *MooncakeTier) putBatch(batch []mcPut) {
+	if !t.up.Load() {
+		t.skipped.Add(uint64(len(batch)))
+		t.dropped.Add(uint64(len(batch)))
+		return
+	}
+	var (
+		keys  []string
+		bufs  [][]byte
+		owner []int
+	)
+	for k, p := range batch {
+		if t.shards {
+			n := t.shardObjBytes()
+			for s, key := range t.blockKeys(p.id) {
+				keys, bufs, owner = append(keys, key), append(bufs, p.slot[s*n:(s+1)*n]), append(owner, k)
+			}
+		} else {
+			keys, bufs, owner = append(keys, t.key(p.id, -1)), append(bufs, p.slot), append(owner, k)
+		}
+	}
+	codes, err := t.pool.Put(keys, bufs)
+	if err == nil && len(codes) != len(keys) {
+		err = fmt.Errorf("put returned %d results for %d keys", len(codes), len(keys))
+	}
+	if err != nil {
+		t.dropped.Add(uint64(len(batch)))
+		t.failed("put", err)
+		return
+	}
+	failed := make([]bool, len(batch))
+	var firstBad int
+	for i, c := range codes {
+		if c == 0 || c == mcObjectExists {
+			continue
+		}
+		failed[owner[i]] = true
+		if firstBad == 0 {
+			firstBad = c
+		}
+	}
+	for k := range batch {
+		if failed[k] {
+			t.dropped.Add(1)
+		} else {
+			t.puts.Add(1)
+		}
+	}
+	if firstBad != 0 && firstBad != mcNoAvailableSpace {
+		// A full pool is the cache working as designed (its master evicts); anything else is
+		// a failure worth a log line and a health check.
+		t.failed("put", fmt.Errorf("mooncake error %d", firstBad))
+	}
+}
+
+// Get loads blocks from the pool: for each i with want[i], ids[i]'s whole block (shard < 0)
+// or its shard `shard` into dst[i] (Layout().BlockBytes() or ShardBytes bytes). It returns
+// which it loaded; every byte of those was checked against the checksums of the object's
+// header, and the header against the block, schema and layout asked for. Anything else is a
+// miss: absent, evicted, in a segment whose client died, stale, foreign or damaged (counted
+// in Rejected and logged), or the tier down (Skipped). A loaded dst[i] is complete; a missed
+// one's contents are unspecified.
+func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want []bool) []bool {
+	hits := make([]bool, len(ids))
+	var todo []int
+	for i := range ids {
+		if want == nil || want[i] {
+			todo = append(todo, i)
+		}
+	}
+	if len(todo) == 0 || t.closed.Load() {
+		return hits
+	}
+	if !t.up.Load() {
+		t.skipped.Add(uint64(len(todo)))
+		return hits
+	}
+	for len(todo) > 0 {
+		// As many blocks as there are free slots (at least one: wait for it).
+		slots := [][]byte{<-t.getSlots}
+	more:
+		for len(slots) < len(todo) {
+			select {
+			case s := <-t.getSlots:
+				slots = append(slots, s)
+			default:
+				break more
+			}
+		}
+		n := len(slots)
+		t.getBatch(ids, shard, dst, todo[:n], slots, hits)
+		for _, s := range slots {
+			t.getSlots <- s
+		}
+		todo = todo[n:]
+		if !t.up.Load() {
+			t.skipped.Add(uint64(len(todo)))
+			break
+		}
+	}
+	return hits
+}
+
+func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, idx []int, slots [][]byte, hits []bool) {
+	l := t.layout
+	type span struct{ lo, hi int } // keys[lo:hi] belong to one block
+	var (
+		keys  []string
+		bufs  [][]byte
+		spans []span
+	)
+	for k, i := range idx {
+		lo := len(keys)
+		switch {
+		case !t.shards:
+			keys, bufs = append(keys, t.key(ids[i], -1)), append(bufs, slots[k])
+		case shard >= 0:
+			keys, bufs = append(keys, t.key(ids[i], shard)), append(bufs, slots[k][:t.shardObjBytes()])
+		default:
+			n := t.shardObjBytes()
+			for s := 0; s < l.Shards; s++ {
+				keys, bufs = append(keys, t.key(ids[i], s)), append(bufs, slots[k][s*n:(s+1)*n])
+			}
+		}
+		spans = append(spans, span{lo, len(keys)})
+	}
+	got, err := t.pool.Get(keys, bufs)
+	if err == nil && len(got) != len(keys) {
+		err = fmt.Errorf("get returned %d results for %d keys", len(got), len(keys))
+	}
+	if err != nil {
+		t.misses.Add(uint64(len(idx)))
+		t.failed("get", err)
+		return
+	}
+	var transport int64
+	for k, i := range idx {
+		sp := spans[k]
+		ok := true
+		for j := sp.lo; j < sp.hi && ok; j++ {
+			if got[j] <= 0 {
+				ok = false
+				if !mcIsMiss(got[j]) && got[j] != mcBufferOverflow && transport == 0 {
+					transport = got[j]
+				}
+				if got[j] == mcBufferOverflow {
+					t.reject(ids[i], fmt.Errorf("%w: larger than the %d bytes expected", ErrMooncakeObject, len(bufs[j])))
+				}
+			}
+		}
+		if ok {
+			ok = t.verify(ids[i], shard, dst[i], bufs[sp.lo:sp.hi], got[sp.lo:sp.hi])
+		}
+		if ok {
+			hits[i] = true
+			t.hits.Add(1)
+		} else {
+			t.misses.Add(1)
+		}
+	}
+	if transport != 0 {
+		t.failed("get", fmt.Errorf("mooncake error %d", transport))
+	}
+}
+
+// verify checks the objects read for block id and copies the payload asked for into dst.
+func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][]byte, got []int64) bool {
+	l := t.layout
+	switch {
+	case t.shards:
+		first := max(shard, 0)
+		sb := int(l.ShardBytes)
+		for k, obj := range objs {
+			s := first + k
+			crcs, err := decodeHeader(obj, got[k], t.object(id, s))
+			if err == nil {
+				h := mcHeaderBytes(1)
+				if bad := copyChecked(dst[k*sb:(k+1)*sb], obj[h:h+sb], crcs); bad >= 0 {
+					err = fmt.Errorf("%w: shard %d checksum mismatch", ErrMooncakeObject, s)
+				}
+			}
+			if err != nil {
+				t.reject(id, err)
+				return false
+			}
+		}
+		return true
+	default:
+		crcs, err := decodeHeader(objs[0], got[0], t.object(id, -1))
+		if err != nil {
+			t.reject(id, err)
+			return false
+		}
+		h := mcHeaderBytes(l.Shards)
+		payload := objs[0][h : h+int(l.BlockBytes())]
+		part := crcs
+		if shard >= 0 {
+			sb := int(l.ShardBytes)
+			payload, part = payload[shard*sb:(shard+1)*sb], crcs[shard:shard+1]
+		}
+		if bad := copyChecked(dst, payload, part); bad >= 0 {
+			t.reject(id, fmt.Errorf("%w: part %d checksum mismatch", ErrMooncakeObject, bad))
+			return false
+		}
+		return true
+	}
+}
+
+func (t *MooncakeTier) reject(id format.BlockID, err error) {
+	if n := t.rejected.Add(1); n&(n-1) == 0 { // logged at 1, 2, 4, 8, ... rejections
+		t.log.Warn("ucm: mooncake tier: object rejected (a miss)", "tier", t.name, "block", id, "rejected", n, "err", err)
+	}
+}
+
+// Contains reports for each id with want[i] (every id when want is nil) whether the pool
+// holds its object(s). It is a hint for lookups: a later Get may still miss.
+func (t *MooncakeTier) Contains(ids []format.BlockID, want []bool) []bool {
+	out := make([]bool, len(ids))
+	if t.closed.Load() {
+		return out
+	}
+	var (
+		keys []string
+		idx  []int
+	)
+	for i, id := range ids {
+		if want == nil || want[i] {
+			// With shard objects, the first and last shard stand for the block (a block is
+			// written whole; a load that finds one missing misses).
+			if t.shards {
+				keys = append(keys, t.key(id, 0), t.key(id, t.layout.Shards-1))
+			} else {
+				keys = append(keys, t.key(id, -1))
+			}
+			idx = append(idx, i)
+		}
+	}
+	if len(keys) == 0 {
+		return out
+	}
+	if !t.up.Load() {
+		t.skipped.Add(uint64(len(idx)))
+		return out
+	}
+	ex, err := t.pool.Exist(keys)
+	if err == nil && len(ex) != len(keys) {
+		err = fmt.Errorf("exist returned %d results for %d keys", len(ex), len(keys))
+	}
+	if err != nil {
+		t.failed("exist", err)
+		return out
+	}
+	per := len(keys) / len(idx)
+	for k, i := range idx {
+		all := true
+		for _, e := range ex[k*per : (k+1)*per] {
+			all = all && e
+		}
+		out[i] = all
+	}
+	return out
+}
+
+// failed counts a transport or service failure, logs it (at 1, 2, 4, ... failures) and takes
+// the tier down if its client is no longer healthy.
+func (t *MooncakeTier) failed(op string, err error) {
+	n := t.errs.Add(1)
+	if n&(n-1) == 0 {
+		t.log.Error("ucm: mooncake tier: "+op+" failed", "tier", t.name, "errors", n, "err", err)
+	}
+	if !t.pool.Healthy() {
+		t.down(fmt.Errorf("%s: %w", op, err))
+	}
+}
+
+func (t *MooncakeTier) down(cause error) {
+	if t.up.CompareAndSwap(true, false) {
+		t.downs.Add(1)
+		t.log.Error("ucm: mooncake tier down: skipped until its master answers", "tier", t.name, "master", t.cfg.MasterServerAddress, "err", cause)
+	}
+}
+
+func (t *MooncakeTier) healthLoop() {
+	defer t.bg.Done()
+	tick := time.NewTicker(time.Duration(t.cfg.HealthIntervalMs) * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+			t.checkHealth()
+		}
+	}
+}
+
+// checkHealth is one round of the health loop: it takes the tier down when the client lost its
+// master, brings it back when the master answers again, and sets up a new client after
+// ResetAfter failed rounds in a row.
+func (t *MooncakeTier) checkHealth() {
+	if t.pool.Healthy() {
+		t.failures = 0
+		if t.up.CompareAndSwap(false, true) {
+			t.rejoins.Add(1)
+			t.log.Info("ucm: mooncake tier rejoined", "tier", t.name, "master", t.cfg.MasterServerAddress)
+		}
+		return
+	}
+	t.down(errors.New("health check: master unreachable"))
+	if t.failures++; t.failures >= t.cfg.ResetAfter {
+		t.failures = 0
+		t.resets.Add(1)
+		if err := t.pool.Reset(); err != nil {
+			t.log.Debug("ucm: mooncake tier: client reset failed", "tier", t.name, "err", err)
+		}
+	}
+}
+
+// Close stops the tier: queued write-throughs are dropped, and the pool's client is closed.
+// The caller guarantees no Get, Put or Contains runs concurrently with or after Close.
+func (t *MooncakeTier) Close() error {
+	if !t.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(t.stop)
+	t.bg.Wait()
+	return t.pool.Close()
+}
