@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ucm-go/ucm/connector/model"
@@ -352,14 +353,20 @@ func (s *Server) Finish(ctx context.Context, r *Request) (DumpStats, error) {
 	if err != nil {
 		return st, err
 	}
+	// The pipeline runs the callbacks of up to Buffers layers at once; a block's sidecar writers
+	// take one layer at a time.
+	var sideMu sync.Mutex
 	d, err := s.pl.Dump(ctx, s.stream, blocks, func(ctx context.Context, layer int, shards [][]byte) error {
+		sideMu.Lock()
 		for k, ws := range writers {
 			for j, w := range ws {
 				if err := w.AddLayer(layer, shards[j][:s.paged.Record().TensorBytes]); err != nil {
+					sideMu.Unlock()
 					return fmt.Errorf("sidecar %v of block %s: %w", s.sidecars[k].Kind, ids[j], err)
 				}
 			}
 		}
+		sideMu.Unlock()
 		return s.store.DumpShard(ids, layer, shards).WaitContext(ctx)
 	})
 	if err != nil {
