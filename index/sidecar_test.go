@@ -182,13 +182,13 @@ func TestSidecarModel(t *testing.T) {
 					}
 				}
 			case 4:
-				old, ok := sides[skey{id, kind}]
+				old := sides[skey{id, kind}]
 				if rng.IntN(3) == 0 {
 					old = sideLoc(s, off-4096, 1)
 				}
 				l := sideLoc(s, off, 2)
 				cur, present := sides[skey{id, kind}]
-				ok = present && cur.Segment == old.Segment && cur.Offset == old.Offset
+				ok := present && cur.Segment == old.Segment && cur.Offset == old.Offset
 				wants = append(wants, want{b.PutSidecarIf(id, kind, old, l), ok})
 				if ok {
 					sides[skey{id, kind}] = l

@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 
@@ -34,11 +33,20 @@ func loadModel(t testing.TB) *model.Model {
 // model was trained on, so its predictions are meaningful.
 func text(t testing.TB, n int) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "strings", "strings.go"))
+	b, err := os.ReadFile(filepath.Join(goRoot(t), "src", "strings", "strings.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b[1000 : 1000+n]
+}
+
+func goRoot(t testing.TB) string {
+	t.Helper()
+	root, err := GoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 const testBlock = 16
@@ -252,7 +260,7 @@ func TestBadOptions(t *testing.T) {
 func TestReplay(t *testing.T) {
 	m := loadModel(t)
 	ctx := context.Background()
-	corpus, err := GoSourceCorpus(filepath.Join(runtime.GOROOT(), "src", "strings"), 2000, 8)
+	corpus, err := GoSourceCorpus(filepath.Join(goRoot(t), "src", "strings"), 2000, 8)
 	if err != nil {
 		t.Fatal(err)
 	}

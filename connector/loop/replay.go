@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -59,6 +60,20 @@ func (r ReplayReport) MeanTTFT() time.Duration {
 		return 0
 	}
 	return r.TTFT / time.Duration(len(r.Turns))
+}
+
+// GoRoot returns the Go installation's root (`go env GOROOT`), whose src directory is the
+// replay's default corpus: on every machine that builds this repository.
+func GoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOROOT: %w", err)
+	}
+	root := strings.TrimSpace(string(out))
+	if root == "" {
+		return "", fmt.Errorf("%w: go env GOROOT printed nothing", ErrInvalid)
+	}
+	return root, nil
 }
 
 // Corpus is where a replay's text comes from: Go source files, which the model was trained on.

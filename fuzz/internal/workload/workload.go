@@ -103,11 +103,12 @@ func Check(id format.BlockID, seed uint64, off int64, got []byte) error {
 
 // Sidecars of the workloads: kind SidecarKind, one part of SidecarPart bytes per shard of the
 // block, a function of the block id (Sidecar).
-const (
-	SidecarKind format.SidecarKind = 1
-	SidecarPart                    = 128
-	sidecarSeed                    = 0x5eedca7
-)
+const SidecarKind format.SidecarKind = 1
+
+// SidecarPart is the bytes of one part of a workload sidecar.
+const SidecarPart = 128
+
+const sidecarSeed = 0x5eedca7
 
 // Sidecar returns the sidecar bytes of block id for parts parts.
 func Sidecar(id format.BlockID, seed uint64, parts int) []byte {

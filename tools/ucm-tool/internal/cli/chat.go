@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -53,7 +52,7 @@ The store directory is emptied first unless --keep (a kept store serves even fir
 	f.StringVar(&o.dir, "dir", "./ucm-data/chat", "store directory")
 	f.BoolVar(&o.keep, "keep", false, "keep what the store holds from earlier runs")
 	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
-	f.StringVar(&o.corpus, "corpus", filepath.Join(runtime.GOROOT(), "src"), "directory of Go source the prompts are taken from")
+	f.StringVar(&o.corpus, "corpus", "", "directory of Go source the prompts are taken from (default: $(go env GOROOT)/src)")
 	f.IntVar(&o.blockSize, "block-tokens", loop.DefaultBlockSize, "tokens per KV block")
 	f.IntVar(&o.replay.Conversations, "conversations", o.replay.Conversations, "conversations, interleaved")
 	f.IntVar(&o.replay.Turns, "turns", o.replay.Turns, "turns per conversation")
@@ -122,6 +121,13 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	m, man, err := model.LoadDir(o.weights)
 	if err != nil {
 		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+	}
+	if o.corpus == "" {
+		root, err := loop.GoRoot()
+		if err != nil {
+			return usageErr("--corpus not given and %v", err)
+		}
+		o.corpus = filepath.Join(root, "src")
 	}
 	corpus, err := loop.GoSourceCorpus(o.corpus, 4<<10, 1+o.replay.Conversations*8)
 	if err != nil {

@@ -3,8 +3,9 @@ package cli
 import (
 	"encoding/json"
 	"path/filepath"
-	"runtime"
 	"testing"
+
+	"github.com/ucm-go/ucm/connector/loop"
 )
 
 const testWeights = "../../../../connector/model/weights"
@@ -13,7 +14,11 @@ const testWeights = "../../../../connector/model/weights"
 // as without it; --json carries the same; bad flags are usage errors.
 func TestChat(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "chat")
-	corpus := filepath.Join(runtime.GOROOT(), "src", "strings")
+	root, err := loop.GoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus := filepath.Join(root, "src", "strings")
 	// Small: the model's forward pass is slow under the race detector.
 	args := []string{"chat", "--dir", dir, "--weights", testWeights, "--corpus", corpus,
 		"--conversations", "2", "--turns", "2", "--system", "32", "--user", "20", "--answer", "2"}
