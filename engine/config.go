@@ -233,6 +233,11 @@ func (l *TierList) UnmarshalYAML(n *yaml.Node) error {
 				}
 				val.Value, val.Tag = strconv.FormatInt(v, 10), "!!int"
 			}
+			if key.Value == "mooncake" {
+				if err := normalizeMooncakeYAML(val, i); err != nil {
+					return err
+				}
+			}
 		}
 		var c tiers.Config
 		if err := item.Decode(&c); err != nil {

@@ -561,6 +561,9 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 			}
 		}
 	}
+	if err == nil {
+		e.mooncakeWrite(recs)
+	}
 	for _, rec := range recs {
 		e.pool.Put(rec.Buf)
 	}

@@ -78,6 +78,8 @@ type Engine struct {
 	storedDirs  []string        // segment directories of the tiers the store last recorded
 	mem         *tiers.MemCache // the memory tier, or nil
 	memCfg      tiers.Config
+	mc          *tiers.MooncakeTier // the mooncake tier, or nil (tier_mooncake.go)
+	mcCfg       tiers.Config
 	backends    []devio.Backend // one per I/O engine in use
 	nextSeg     atomic.Uint64   // the next segment number
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
@@ -167,7 +169,11 @@ func Open(dir string, opts Options) (*Engine, error) {
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
-	if err := e.open(); err != nil {
+	err := e.open()
+	if err == nil {
+		err = e.openMooncake()
+	}
+	if err != nil {
 		close(e.stop) // stops what open started (the recency fill) before release closes the index
 		e.bg.Wait()
 		e.release()
@@ -442,6 +448,7 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.tasks.Wait()
+	e.closeMooncake()
 	close(e.stop)
 	e.bg.Wait()
 	e.closeSharing()

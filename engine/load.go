@@ -23,6 +23,7 @@ func (e *Engine) Lookup(ids []BlockID) []bool {
 		clear(hits)
 	}
 	e.lookupForeign(ids, hits)
+	e.mooncakeLookup(ids, hits)
 	e.stats.countLookup(hits)
 	return hits
 }
@@ -83,6 +84,7 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 			n += own
 		}
 	}
+	n = e.mooncakePrefix(ids, n)
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
 	// leaves before their parents.
 	for _, t := range e.tiers {
@@ -169,7 +171,11 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		reads []blockRead
 		ops   []devio.Op
 	)
+	pooled := e.mooncakeLoad(t, shard, dst, lo, hi, want)
 	for i := lo; i < hi; i++ {
+		if pooled != nil && pooled[i-lo] {
+			continue // served by the mooncake tier
+		}
 		id := t.ids[i]
 		if id.IsZero() {
 			t.errs[i] = fmt.Errorf("load: zero block id at position %d: %w", i, ErrInvalidArgument)
@@ -309,6 +315,9 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 					if r.foreign {
 						e.share.copiedToMemory.Add(1)
 					}
+				}
+				if shard == AllShards {
+					e.mooncakeBackfill(id, dst[r.i], r.loc.ShardCRCs)
 				}
 			}
 		}

@@ -148,7 +148,7 @@ const storedStoreDir = "."
 
 // recordTiers records the tier configuration in use, for tools (see loadStoredTiers).
 func (e *Engine) recordTiers() error {
-	cfgs := e.opts.tierConfigs(e.dir)
+	cfgs := withoutMooncake(e.opts.tierConfigs(e.dir))
 	for i := range cfgs {
 		paths := make([]string, len(cfgs[i].Paths))
 		for k, p := range cfgs[i].Paths {
@@ -201,6 +201,12 @@ func (e *Engine) openTiers() error {
 		if c.Kind == tiers.KindMemory {
 			e.mem = tiers.NewMemCache(c.Capacity)
 			e.memCfg = c
+			continue
+		}
+		if c.Kind == tiers.KindMooncake {
+			if err := e.checkMooncakeTier(c); err != nil {
+				return err
+			}
 			continue
 		}
 		local := c.Capacity
@@ -565,8 +571,9 @@ type TierStats struct {
 	// Sidecars is the number of sidecar records live in the tier (their bytes are in LiveBytes).
 	Sidecars int64
 	Segments int
-	// Memory tier only. Corrupt counts blocks whose cached bytes failed their checksums on a
-	// hit (dropped, and loaded from disk instead).
+	// Memory and mooncake tiers only. Corrupt counts blocks whose cached bytes failed their
+	// checksums on a hit (dropped, and loaded from disk instead); for the mooncake tier, objects
+	// rejected (tiers.MooncakeStats.Rejected).
 	Hits, Misses, Evictions, Corrupt int64
 }
 
@@ -577,6 +584,10 @@ func (e *Engine) TierStats() []TierStats {
 		ms := e.mem.Stats()
 		out = append(out, TierStats{Name: e.memCfg.Name, Kind: tiers.KindMemory, Capacity: ms.Capacity, Used: ms.Bytes,
 			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: int64(ms.Hits), Misses: int64(ms.Misses), Evictions: int64(ms.Evictions), Corrupt: int64(ms.Corrupt)})
+	}
+	if e.mc != nil {
+		ms := e.mc.Stats()
+		out = append(out, TierStats{Name: e.mcCfg.Name, Kind: tiers.KindMooncake, Hits: int64(ms.Hits), Misses: int64(ms.Misses), Corrupt: int64(ms.Rejected)})
 	}
 	start := len(out)
 	for _, t := range e.tiers {

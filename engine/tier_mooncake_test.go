@@ -1,0 +1,271 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/mooncakefake"
+	"github.com/ucm-go/ucm/tiers"
+)
+
+func mooncakeTierConfig() tiers.Config {
+	return tiers.Config{Name: "pool", Kind: tiers.KindMooncake, Mooncake: &tiers.MooncakeConfig{
+		MetadataServer: "http://127.0.0.1:1/metadata", MasterServerAddress: "127.0.0.1:2",
+		StagingBytes: 4 << 20, HealthIntervalMs: 5}}
+}
+
+// Without the mooncake build tag, a configuration naming a mooncake tier fails at Open with a
+// typed error that says so, and touches nothing.
+func TestMooncakeTierNotBuilt(t *testing.T) {
+	if tiers.MooncakeBuilt {
+		t.Skip("built with -tags mooncake")
+	}
+	dir := t.TempDir()
+	opts := testOptions(nil, mhaLayout)
+	opts.FS = nil
+	opts.Tiers = []tiers.Config{mooncakeTierConfig(), {Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}}}
+	_, err := Open(dir, opts)
+	if !errors.Is(err, ErrMooncakeNotBuilt) || !errors.Is(err, tiers.ErrMooncakeNotBuilt) {
+		t.Fatalf("got %v", err)
+	}
+	if !strings.Contains(err.Error(), "built without Mooncake support") || !strings.Contains(err.Error(), `"pool"`) {
+		t.Fatalf("message: %v", err)
+	}
+	// The store is not locked afterwards: it opens without the mooncake tier.
+	opts.Tiers = opts.Tiers[1:]
+	mustOpen(t, dir, opts).Close()
+}
+
+// withFakeMooncake makes Open use pools of st (the test restores the seams).
+func withFakeMooncake(t *testing.T, st *mooncakefake.Store) {
+	built, open := mooncakeBuilt, openMooncakePool
+	mooncakeBuilt = true
+	openMooncakePool = func(tiers.MooncakeConfig) (tiers.MooncakePool, error) { return mooncakefake.New(st), nil }
+	t.Cleanup(func() { mooncakeBuilt, openMooncakePool = built, open })
+}
+
+func openMooncakeEngine(t *testing.T, memory bool) *Engine {
+	t.Helper()
+	dir := t.TempDir()
+	opts := testOptions(nil, mhaLayout)
+	opts.FS = nil
+	opts.SyncPolicy = SyncNone
+	opts.Tiers = []tiers.Config{mooncakeTierConfig(), {Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}}}
+	if memory {
+		opts.Tiers = append([]tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: 1 << 20}}, opts.Tiers...)
+	}
+	e := mustOpen(t, dir, opts)
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+func mcLoadOne(e *Engine, id BlockID) ([]byte, error) {
+	dst := make([]byte, e.Layout().BlockBytes())
+	return dst, e.Load([]BlockID{id}, [][]byte{dst}).Wait()
+}
+
+// Two engines share one pool: what one dumps, the other finds and loads; bytes from the pool
+// that are not the block are never returned; a pool that goes down is skipped (the engine
+// serves from its disk) and rejoins.
+func TestMooncakeTierSharedPool(t *testing.T) {
+	st := mooncakefake.NewStore()
+	withFakeMooncake(t, st)
+	a := openMooncakeEngine(t, false)
+	b := openMooncakeEngine(t, true)
+	ids := []BlockID{blockID(1), blockID(2), blockID(3)}
+	dumpBlocks(t, a, ids)
+	a.FlushMooncake()
+	if s, _ := a.MooncakeStats(); s.Puts != 3 {
+		t.Fatalf("write-through: %+v", s)
+	}
+	// B has none of them on its disk; it finds them in the pool.
+	for i, hit := range b.Lookup(ids) {
+		if !hit {
+			t.Fatalf("B: Lookup misses block %d", i)
+		}
+	}
+	if n := b.LookupPrefix(append(ids, blockID(99))); n != 3 {
+		t.Fatalf("B: LookupPrefix %d, want 3", n)
+	}
+	for _, id := range ids {
+		got, err := mcLoadOne(b, id)
+		if err != nil || !bytes.Equal(got, blockBytes(mhaLayout, id)) {
+			t.Fatalf("B: load %s: %v", id, err)
+		}
+	}
+	// ... and single shards.
+	sh := make([]byte, mhaLayout.ShardBytes)
+	if err := b.LoadShard([]BlockID{ids[0]}, 2, [][]byte{sh}).Wait(); err != nil || !bytes.Equal(sh, blockBytes(mhaLayout, ids[0])[2*mhaLayout.ShardBytes:3*mhaLayout.ShardBytes]) {
+		t.Fatalf("B: load shard: %v", err)
+	}
+	if s, _ := b.MooncakeStats(); s.Hits != 3 {
+		t.Fatalf("B: pool hits %+v (the shard came from B's memory tier, backfilled)", s)
+	}
+	// A loads from the pool before its disk.
+	if _, err := mcLoadOne(a, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := a.MooncakeStats(); s.Hits != 1 {
+		t.Fatalf("A: pool hits %+v", s)
+	}
+
+	// A stale object (another block's) under a block's key: B misses (it has no other copy),
+	// A loads from its disk and writes the block back to the pool (a promotion).
+	stale := blockID(7)
+	dumpBlocks(t, a, []BlockID{stale})
+	a.FlushMooncake()
+	k1, k2 := mooncakeKey(a, stale), mooncakeKey(a, ids[2])
+	other, ok := st.Object(k2)
+	if !ok {
+		t.Fatalf("no object under %s", k2)
+	}
+	st.Set(k1, other)
+	if _, err := mcLoadOne(b, stale); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("B: stale object: got %v, want ErrNotFound", err)
+	}
+	if s, _ := b.MooncakeStats(); s.Rejected != 1 {
+		t.Fatalf("B: rejected %+v", s)
+	}
+	st.Delete(k1) // evicted: A's load misses the pool, reads its disk and puts the block back
+	if got, err := mcLoadOne(a, stale); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, stale)) {
+		t.Fatalf("A: load after the stale object went: %v", err)
+	}
+	a.FlushMooncake()
+	if got, err := mcLoadOne(b, stale); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, stale)) {
+		t.Fatalf("B: load after A's promotion: %v", err)
+	}
+
+	// The master goes down: A serves every block from its disk and keeps dumping; B misses
+	// what only the pool had, and serves its own blocks.
+	dumpBlocks(t, b, []BlockID{blockID(50)})
+	b.FlushMooncake()
+	st.SetDown(true)
+	for _, id := range ids {
+		if got, err := mcLoadOne(a, id); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, id)) {
+			t.Fatalf("A (pool down): load %s: %v", id, err)
+		}
+	}
+	dumpBlocks(t, a, []BlockID{blockID(4)})
+	if got, err := mcLoadOne(b, blockID(50)); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, blockID(50))) {
+		t.Fatalf("B (pool down): own block: %v", err)
+	}
+	if _, err := mcLoadOne(b, ids[2]); err != nil && !errors.Is(err, ErrNotFound) {
+		t.Fatalf("B (pool down): pool-only block: %v", err)
+	}
+	sa, _ := a.MooncakeStats()
+	if sa.Up || sa.Downs != 1 || sa.Skipped == 0 {
+		t.Fatalf("A (pool down): %+v", sa)
+	}
+	st.SetDown(false)
+	waitFor(t, "A to rejoin", func() bool { s, _ := a.MooncakeStats(); return s.Up })
+	if s, _ := a.MooncakeStats(); s.Rejoins != 1 {
+		t.Fatalf("A: %+v", s)
+	}
+	dumpBlocks(t, a, []BlockID{blockID(5)})
+	a.FlushMooncake()
+	waitFor(t, "B to rejoin", func() bool { s, _ := b.MooncakeStats(); return s.Up })
+	if got, err := mcLoadOne(b, blockID(5)); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, blockID(5))) {
+		t.Fatalf("B after rejoin: %v", err)
+	}
+	ts := a.TierStats()
+	if ts[0].Kind != tiers.KindMooncake || ts[0].Name != "pool" || ts[1].Kind != tiers.KindDisk {
+		t.Fatalf("TierStats: %+v", ts)
+	}
+}
+
+func mooncakeKey(e *Engine, id BlockID) string {
+	return "ucm/" + hexPrefix(e.fingerprint) + "/" + id.String()
+}
+
+func hexPrefix(fp format.Fingerprint) string {
+	const digits = "0123456789abcdef"
+	var b strings.Builder
+	for _, c := range fp[:8] {
+		b.WriteByte(digits[c>>4])
+		b.WriteByte(digits[c&15])
+	}
+	return b.String()
+}
+
+// Sidecars are not stored in the pool and keep working with a mooncake tier in the chain.
+func TestMooncakeTierKeepsSidecars(t *testing.T) {
+	st := mooncakefake.NewStore()
+	withFakeMooncake(t, st)
+	e := openMooncakeEngine(t, true)
+	ids := []BlockID{blockID(1), blockID(2)}
+	dumpBlocks(t, e, ids)
+	src := [][]byte{bytes.Repeat([]byte{1}, 256), bytes.Repeat([]byte{2}, 256)}
+	if err := e.DumpSidecars(1, 2, ids, src).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	e.FlushMooncake()
+	if n := len(st.Keys()); n != 2 {
+		t.Fatalf("%d objects in the pool, want the 2 blocks only", n)
+	}
+	dst := make([]byte, 2*128)
+	found, err := e.LoadSidecars(1, 1, ids, dst)
+	if err != nil || !found[0] || !found[1] || !bytes.Equal(dst[:128], src[0][128:]) || !bytes.Equal(dst[128:], src[1][128:]) {
+		t.Fatalf("sidecars: %v %v", found, err)
+	}
+}
+
+// A master that is down at Open does not fail Open: the tier starts down and joins later.
+func TestMooncakeTierDownAtOpen(t *testing.T) {
+	st := mooncakefake.NewStore()
+	st.SetDown(true)
+	withFakeMooncake(t, st)
+	e := openMooncakeEngine(t, false)
+	if s, _ := e.MooncakeStats(); s.Up {
+		t.Fatal("up with the master down")
+	}
+	dumpBlocks(t, e, []BlockID{blockID(1)})
+	if _, err := mcLoadOne(e, blockID(1)); err != nil {
+		t.Fatal(err)
+	}
+	st.SetDown(false)
+	waitFor(t, "the tier to join", func() bool { s, _ := e.MooncakeStats(); return s.Up })
+}
+
+func TestMooncakeTierYAML(t *testing.T) {
+	c, err := ParseConfig(connectorDoc(`      tiers:
+        - {name: dram, kind: memory, capacity: 1GiB}
+        - name: pool
+          kind: mooncake
+          mooncake:
+            local_hostname: 127.0.0.1
+            metadata_server: http://127.0.0.1:8080/metadata
+            master_server_address: 127.0.0.1:50051
+            global_segment_size: 3GiB
+            local_buffer_size: 16MiB
+            protocol: tcp
+            object: shard
+        - {name: ssd, kind: disk, paths: [/tmp/ucm-yaml-test]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, opts, err := c.StoreOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := opts.Tiers[1].Mooncake
+	if opts.Tiers[1].Kind != tiers.KindMooncake || m == nil || m.GlobalSegmentSize != 3<<30 || m.LocalBufferSize != 16<<20 || m.Object != "shard" || m.MasterServerAddress != "127.0.0.1:50051" {
+		t.Fatalf("parsed %+v %+v", opts.Tiers[1], m)
+	}
+	if err := tiers.Validate(opts.Tiers); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{
+		"      tiers:\n        - {name: p, kind: mooncake, mooncake: {master_server: x}}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
+		"      tiers:\n        - {name: p, kind: mooncake, mooncake: {global_segment_size: lots}}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
+		"      tiers:\n        - {name: p, kind: mooncake, mooncake: [1]}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
+		"      tiers:\n        - {name: p, kind: mooncake}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
+	} {
+		if _, err := ParseConfig(connectorDoc(bad)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%q: got %v", bad, err)
+		}
+	}
+}
