@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs a go command against the Mooncake build tools/mooncake/build.sh made (building it first
+# if this machine has none): with Mooncake's cgo flags, the build tags `mooncake uring`, and a
+# generated Go workspace (bin/mooncake.work) that adds Mooncake's Go binding
+# (github.com/kvcache-ai/Mooncake/mooncake-store/go, from the build prefix) to this module.
+# Nothing of Mooncake is in the repository or in go.mod.
+#
+#   tools/mooncake/go.sh test -count=1 ./fuzz/mooncake/
+#   tools/mooncake/go.sh build -o bin/ucm-tool-mooncake ./tools/ucm-tool
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+[ "$#" -gt 0 ] || { echo "usage: $0 GO-SUBCOMMAND [ARGS...]" >&2; exit 2; }
+prefix=$(bash "$here/build.sh" | tail -1)
+# shellcheck source=/dev/null
+. "$prefix/env.sh"
+mkdir -p "$repo/bin"
+work="$repo/bin/mooncake.work"
+gover=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$repo/go.mod")
+printf 'go %s\n\nuse (\n\t%s\n\t%s\n)\n' "$gover" "$repo" "$prefix/go" >"$work"
+export GOWORK="$work"
+sub=$1; shift
+exec "${GO:-go}" "$sub" -tags "mooncake uring" -ldflags=-checklinkname=0 "$@"
