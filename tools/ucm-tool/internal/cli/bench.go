@@ -147,6 +147,9 @@ type benchResult struct {
 	// medians over the rounds (the ratios: the median of each round's own ratio).
 	Rounds []roundResult `json:"rounds,omitempty"`
 
+	// Mooncake is the mooncake workload's figures (workload_mooncake.go).
+	Mooncake *mooncakeBench `json:"mooncake,omitempty"`
+
 	Verified bool `json:"verified"`
 
 	dumpTime, loadTime time.Duration
@@ -596,6 +599,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 			r.P50LookupBatchMs, r.P99LookupBatchMs, r.LookupBatch, 100*r.LookupHitFraction, r.LookupsPerSec/1e6)
 		row("prefix lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% of ids in the leading run)",
 			r.P50PrefixBatchMs, r.P99PrefixBatchMs, r.LookupBatch, 100*r.PrefixHitFraction)
+	}
+	if r.Mooncake != nil {
+		printMooncake(row, r.Mooncake)
 	}
 	if r.Workload == "trace" {
 		row("trace", "%s: %d requests, %d prompt blocks", r.TraceFile, r.Requests, r.PromptBlocks)

@@ -37,6 +37,7 @@ var workloads = map[string]func() workload{
 	"lookup":    func() workload { return lookupWorkload{} },
 	"open":      func() workload { return openWorkload{} },
 	"trace":     func() workload { return &traceWorkload{} },
+	"mooncake":  func() workload { return mooncakeWorkload{} },
 }
 
 // totalBlocks is --total / --block-size, for the workloads that dump --total bytes.
