@@ -16,7 +16,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean
+.PHONY: all build lib run test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -55,6 +55,32 @@ test-gluster:
 		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B \
 		$(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedTier" ./engine/'
 
+# The mooncake tier (docs/mooncake.md) links Mooncake Store, which is neither a Debian package
+# nor a Go module: tools/mooncake/build.sh builds it from ../shared/vendor into
+# /var/cache/ucm-mooncake/<hash of the tarballs> (~15 min the first time on a machine, cached
+# after; --install-deps installs its Debian build packages), and tools/mooncake/go.sh runs go
+# with its cgo flags, the `mooncake` build tag and a workspace that adds Mooncake's Go binding.
+# Plain `go build ./...` and the targets above need none of it.
+MOONCAKE_GO := bash tools/mooncake/go.sh
+mooncake:
+	bash tools/mooncake/build.sh --install-deps
+
+# The mooncake tier against real mooncake_master and client processes on loopback (two engine
+# processes sharing the pool, client and master killed mid-transfer, master restart, pool-full
+# eviction), in tools/mooncake/harness.sh, which leaves nothing running, also on failure.
+test-mooncake: mooncake
+	bash tools/mooncake/harness.sh $(MOONCAKE_GO) test -count=1 -timeout 20m -v ./fuzz/mooncake/
+	bash tools/mooncake/harness.sh $(MOONCAKE_GO) test -race -count=1 -timeout 10m -run Mooncake ./tiers/ ./engine/
+
+# ucm-tool bench on a memory | mooncake | ssd chain against a master the harness starts, with
+# the pool's own put/get rate measured in the same run (docs/mooncake.md).
+MOONCAKE_BENCH ?= --total 1GiB --block-size 2MiB --shards 32
+MOONCAKE_BENCH_DIR ?= /var/tmp/ucm-mooncake-bench
+bench-mooncake: mooncake
+	$(MOONCAKE_GO) build -o $(BIN)/ucm-tool-mooncake ./tools/ucm-tool
+	rm -rf $(MOONCAKE_BENCH_DIR)
+	bash tools/mooncake/harness.sh --master $(BIN)/ucm-tool-mooncake bench --workload mooncake --dir $(MOONCAKE_BENCH_DIR) $(MOONCAKE_BENCH)
+
 lint: vet staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -85,7 +111,8 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
-                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x
+                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x \
+                ./tiers:FuzzDecodeMooncakeHeader:100000x
 FUZZSMOKE   ?= per-target
 
 fuzz:

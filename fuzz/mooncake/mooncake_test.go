@@ -1,0 +1,236 @@
+//go:build mooncake && linux
+
+package mooncake
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ucm-go/ucm/engine"
+)
+
+const segment = 256 << 20 // each engine's contribution to the pool
+
+// Two engine processes share the pool: a child dumps, this process (another engine, nothing on
+// its disk) finds every block by Lookup and loads it intact from the pool.
+func TestMooncakeTwoProcesses(t *testing.T) {
+	m := startMaster(t)
+	a := startChild(t, m, "dumper", 0, 64, segment)
+	if l := a.line(t, "READY"); l != "READY 64" {
+		t.Fatalf("dumper: %s", l)
+	}
+	b := openEngine(t, m, t.TempDir(), segment, 32<<20)
+	defer b.Close()
+	ids := make([]engine.BlockID, 64)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	for i, hit := range b.Lookup(ids) {
+		if !hit {
+			t.Fatalf("lookup misses block %d", i)
+		}
+	}
+	if n := b.LookupPrefix(ids); n != 64 {
+		t.Fatalf("LookupPrefix %d", n)
+	}
+	o, err := loadRange(b, 0, 64)
+	if o.ok != 64 {
+		t.Fatalf("loads: %s (%v)", o, err)
+	}
+	if s := mooncakeStats(t, b); s.Hits != 64 || s.Rejected != 0 || s.Errors != 0 {
+		t.Fatalf("pool stats %+v", s)
+	}
+	// A third engine process reads them too.
+	r := startChild(t, m, "reader", 0, 64, 0)
+	if l := r.line(t, "RESULT"); !strings.HasPrefix(l, "RESULT ok=64 notfound=0 wrong=0 other=0 hits=64") {
+		t.Fatalf("reader: %s", l)
+	}
+	a.stop()
+}
+
+// A client whose segment holds the blocks is killed (SIGKILL) while this engine loads them: every
+// load is intact bytes or a miss, never wrong bytes; this engine keeps serving its own blocks,
+// and the master stays usable.
+func TestMooncakeKillClientMidTransfer(t *testing.T) {
+	m := startMaster(t)
+	a := startChild(t, m, "dumper", 0, 96, segment)
+	if l := a.line(t, "READY"); l != "READY 96" {
+		t.Fatalf("dumper: %s", l)
+	}
+	// B contributes no memory: the dumper's segment holds every object, B's own blocks are
+	// on its disk.
+	b := openEngine(t, m, t.TempDir(), 0, 0)
+	defer b.Close()
+	dump(t, b, 1000, 16)
+
+	var total outcome
+	var mu sync.Mutex
+	var rounds atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o, _ := loadRange(b, 0, 96)
+				mu.Lock()
+				total.ok, total.notFound, total.wrong, total.other = total.ok+o.ok, total.notFound+o.notFound, total.wrong+o.wrong, total.other+o.other
+				mu.Unlock()
+				rounds.Add(1)
+			}
+		}()
+	}
+	// Kill the dumper once loads are under way.
+	waitUntil(t, "loads to start", func() bool { return mooncakeStats(t, b).Hits > 0 })
+	a.kill()
+	after := rounds.Load()
+	waitUntil(t, "two rounds of loads after the kill", func() bool { return rounds.Load() >= after+2 })
+	// Own blocks are served throughout.
+	own, err := loadRange(b, 1000, 16)
+	close(stop)
+	wg.Wait()
+	t.Logf("loads of the killed client's blocks: %s; pool %+v", total, mooncakeStats(t, b))
+	if total.wrong != 0 || total.other != 0 {
+		t.Fatalf("loads: %s", total)
+	}
+	if total.ok == 0 || total.notFound == 0 {
+		t.Fatalf("the kill did not happen mid-transfer: %s", total)
+	}
+	if own.ok != 16 {
+		t.Fatalf("own blocks after the kill: %s (%v)", own, err)
+	}
+	// The pool still works for the survivors: B's next dumps go through to it (its write-through
+	// placed on B... B contributes nothing, so a new client contributes).
+	c := startChild(t, m, "dumper", 2000, 8, segment)
+	if l := c.line(t, "READY"); l != "READY 8" {
+		t.Fatalf("new dumper after the kill: %s", l)
+	}
+	if o, _ := loadRange(b, 2000, 8); o.ok != 8 {
+		t.Fatalf("loads from the new client: %s", o)
+	}
+	c.stop()
+}
+
+// The master is killed (SIGKILL) while an engine loads through the pool: every load is intact
+// (from the pool, or from the disk once the pool fails), dumps go on, the tier goes down, counted
+// and skipped; a new master on the same address brings it back, and blocks dumped after that are
+// shared again.
+func TestMooncakeKillMasterAndRestart(t *testing.T) {
+	m := startMaster(t)
+	b := openEngine(t, m, t.TempDir(), segment, 0)
+	defer b.Close()
+	dump(t, b, 0, 64)
+	b.FlushMooncake()
+	if s := mooncakeStats(t, b); s.Puts != 64 {
+		t.Fatalf("write-through %+v", s)
+	}
+
+	var total outcome
+	var firstErr error
+	var rounds atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			o, err := loadRange(b, 0, 64)
+			total.ok, total.notFound, total.wrong, total.other = total.ok+o.ok, total.notFound+o.notFound, total.wrong+o.wrong, total.other+o.other
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			rounds.Add(1)
+		}
+	}()
+	waitUntil(t, "loads from the pool", func() bool { return mooncakeStats(t, b).Hits > 0 })
+	m.kill()
+	waitUntil(t, "the tier to go down", func() bool { return !mooncakeStats(t, b).Up })
+	after := rounds.Load()
+	waitUntil(t, "two rounds of loads with the master down", func() bool { return rounds.Load() >= after+2 })
+	dump(t, b, 100, 8) // dumps go on
+	close(stop)
+	<-done
+	s := mooncakeStats(t, b)
+	t.Logf("loads across the master's death: %s; pool %+v", total, s)
+	if total.ok == 0 || total.notFound != 0 || total.wrong != 0 || total.other != 0 {
+		t.Fatalf("loads: %s (%v)", total, firstErr)
+	}
+	if s.Downs == 0 || s.Skipped == 0 {
+		t.Fatalf("the tier was not taken down and skipped: %+v", s)
+	}
+
+	m.restart()
+	waitUntil(t, "the tier to rejoin", func() bool { return mooncakeStats(t, b).Up })
+	// The new master knows nothing: blocks dumped now are written through again and another
+	// process hits them.
+	putsBefore := mooncakeStats(t, b).Puts
+	dump(t, b, 200, 16)
+	b.FlushMooncake()
+	waitUntil(t, "write-throughs to the new master", func() bool {
+		if mooncakeStats(t, b).Puts >= putsBefore+16 {
+			return true
+		}
+		// The client remounts its segment in the background after the restart; puts before
+		// that are dropped: dump again.
+		dump(t, b, 200, 16)
+		b.FlushMooncake()
+		return false
+	})
+	r := startChild(t, m, "reader", 200, 16, 0)
+	if l := r.line(t, "RESULT"); !strings.HasPrefix(l, "RESULT ok=16 notfound=0 wrong=0 other=0 hits=16") {
+		t.Fatalf("reader after the restart: %s", l)
+	}
+	if s := mooncakeStats(t, b); s.Rejoins == 0 {
+		t.Fatalf("no rejoin counted: %+v", s)
+	}
+}
+
+// A pool smaller than what is dumped: the master evicts (or refuses puts when full); every load
+// is still intact (from the pool or the disk), the most recent blocks are pool hits and the
+// oldest are not.
+func TestMooncakePoolFullEviction(t *testing.T) {
+	m := startMaster(t)
+	const small = 64 << 20 // the whole pool: 64 one-MiB blocks at most
+	b := openEngine(t, m, t.TempDir(), small, 0)
+	defer b.Close()
+	const n = 256
+	for lo := 0; lo < n; lo += 16 {
+		dump(t, b, lo, 16)
+		b.FlushMooncake() // the master evicts between batches
+	}
+	s := mooncakeStats(t, b)
+	t.Logf("after dumping %d MiB into a %d MiB pool: %+v", n, small>>20, s)
+	if s.Puts+s.PutsDropped != n || s.Puts < 32 {
+		t.Fatalf("write-through: %+v", s)
+	}
+	o, err := loadRange(b, 0, n)
+	s2 := mooncakeStats(t, b)
+	t.Logf("loads: %s; pool hits %d misses %d", o, s2.Hits-s.Hits, s2.Misses-s.Misses)
+	if o.ok != n {
+		t.Fatalf("loads: %s (%v)", o, err)
+	}
+	hits := s2.Hits - s.Hits
+	if hits == 0 || hits >= n || s2.Rejected != 0 {
+		t.Fatalf("pool hits %d of %d (want some, not all): %+v", hits, n, s2)
+	}
+	// The newest blocks are in the pool: the last batch loads from it.
+	before := mooncakeStats(t, b).Hits
+	if o, _ := loadRange(b, n-8, 8); o.ok != 8 {
+		t.Fatal("newest blocks")
+	}
+	if got := mooncakeStats(t, b).Hits - before; got == 0 {
+		t.Fatalf("none of the newest blocks is in the pool")
+	}
+}
