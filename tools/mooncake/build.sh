@@ -85,19 +85,22 @@ flock 9
 if [ -f "$prefix/.complete" ]; then echo "$prefix"; exit 0; fi
 
 work="$cache/.$key.build"
-rm -rf "$work" "$prefix"
-mkdir -p "$work/src" "$work/ylt-prefix"
+rm -rf "$prefix"
 started=$(date +%s)
-log "building into $prefix (log: $work/build.log)"
-
-tar -xJf "$mc_tar" -C "$work/src"
-mkdir -p "$work/ylt-src"
-tar -xJf "$ylt_tar" -C "$work/ylt-src"
-ylt_root=$(dirname "$(find "$work/ylt-src" -maxdepth 2 -name CMakeLists.txt | head -1)")
 mc="$work/src"
+if [ -f "$work/.configured" ]; then
+  # An interrupted build of the same inputs resumes where it stopped (ninja is incremental).
+  log "resuming the build in $work (log: $work/build.log)"
+else
+  rm -rf "$work"
+  mkdir -p "$work/src" "$work/ylt-prefix" "$work/ylt-src"
+  log "building into $prefix (log: $work/build.log)"
+  tar -xJf "$mc_tar" -C "$work/src"
+  tar -xJf "$ylt_tar" -C "$work/ylt-src"
+  ylt_root=$(dirname "$(find "$work/ylt-src" -maxdepth 2 -name CMakeLists.txt | head -1)")
 
-# The pybind11 fallback, applied to the build tree only.
-python3 - "$mc/CMakeLists.txt" <<'EOF'
+  # The pybind11 fallback, applied to the build tree only.
+  python3 - "$mc/CMakeLists.txt" <<'EOF'
 import sys
 p = sys.argv[1]
 s = open(p).read()
@@ -110,20 +113,23 @@ if old not in s:
 open(p, "w").write(s.replace(old, new, 1))
 EOF
 
-{
-  cmake -S "$ylt_root" -B "$work/ylt-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_INSTALL_PREFIX="$work/ylt-prefix" \
-    -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
-  cmake --build "$work/ylt-build" -j "$jobs"
-  cmake --install "$work/ylt-build"
+  {
+    cmake -S "$ylt_root" -B "$work/ylt-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$work/ylt-prefix" \
+      -DBUILD_EXAMPLES=OFF -DBUILD_BENCHMARK=OFF -DBUILD_UNIT_TESTS=OFF
+    cmake --build "$work/ylt-build" -j "$jobs"
+    cmake --install "$work/ylt-build"
 
-  cmake -S "$mc" -B "$work/mc-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$work/ylt-prefix" \
-    -DUSE_CUDA=OFF -DUSE_ETCD=OFF -DUSE_HTTP=ON -DWITH_STORE=ON -DWITH_TE=ON \
-    -DWITH_STORE_RUST=OFF -DBUILD_UNIT_TESTS=OFF -DBUILD_EXAMPLES=OFF
-  cmake --build "$work/mc-build" -j "$jobs" --target \
-    mooncake_master mooncake_store transfer_engine cachelib_memory_allocator base mooncake_common asio_shared
-} >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "build failed (full log: $work/build.log)"; }
+    cmake -S "$mc" -B "$work/mc-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$work/ylt-prefix" \
+      -DUSE_CUDA=OFF -DUSE_ETCD=OFF -DUSE_HTTP=ON -DWITH_STORE=ON -DWITH_TE=ON \
+      -DWITH_STORE_RUST=OFF -DBUILD_UNIT_TESTS=OFF -DBUILD_EXAMPLES=OFF
+  } >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "configure failed (full log: $work/build.log)"; }
+  touch "$work/.configured"
+fi
+cmake --build "$work/mc-build" -j "$jobs" --target \
+  mooncake_master mooncake_store transfer_engine cachelib_memory_allocator base mooncake_common asio_shared \
+  >>"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; die "build failed (full log: $work/build.log)"; }
 
 # Assemble the prefix in a temporary directory, then rename it into place.
 out="$cache/.$key.out"
