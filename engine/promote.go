@@ -95,7 +95,8 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 }
 
 // Prefetch promotes blocks ahead of their use: those stored in a lower disk tier move to the
-// first one, and with a memory tier every stored block is read (verified) into memory. Blocks
+// first one, and with a memory tier every stored block (including blocks only the mooncake
+// tier's pool holds) is read (verified) into memory. Blocks
 // not stored are reported as ErrNotFound in the task's BlockErrors; a block the first tier
 // has no room for stays where it is (its error wraps ErrNoSpace) and loads from there.
 func (e *Engine) Prefetch(ids []BlockID) *Task {
@@ -103,8 +104,13 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 		return failedTask(ids, errLookupOnly)
 	}
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
+		stored := make([]bool, len(t.ids))
 		for i, id := range t.ids {
-			if !e.ix.Contains(id) && !e.foreignContains(id) {
+			stored[i] = e.ix.Contains(id) || e.foreignContains(id)
+		}
+		e.mooncakeLookup(t.ids, stored) // blocks in the pool are read into memory too
+		for i, id := range t.ids {
+			if !stored[i] {
 				t.errs[i] = blockErr(ErrNotFound, id, "prefetch")
 			}
 		}

@@ -112,6 +112,21 @@ func TestMooncakeTierSharedPool(t *testing.T) {
 		t.Fatalf("A: pool hits %+v", s)
 	}
 
+	// Prefetch reads a block only the pool holds into B's memory tier: the next load is a
+	// memory hit.
+	dumpBlocks(t, a, []BlockID{blockID(8)})
+	a.FlushMooncake()
+	if err := b.Prefetch([]BlockID{blockID(8)}).Wait(); err != nil {
+		t.Fatalf("B: prefetch: %v", err)
+	}
+	memHits, poolHits := b.Stats().MemoryHits, must(b.MooncakeStats()).Hits
+	if got, err := mcLoadOne(b, blockID(8)); err != nil || !bytes.Equal(got, blockBytes(mhaLayout, blockID(8))) {
+		t.Fatalf("B: load after prefetch: %v", err)
+	}
+	if b.Stats().MemoryHits != memHits+1 || must(b.MooncakeStats()).Hits != poolHits {
+		t.Fatal("B: the prefetched block was not served from memory")
+	}
+
 	// A stale object (another block's) under a block's key: B misses (it has no other copy),
 	// A loads from its disk and writes the block back to the pool (a promotion).
 	stale := blockID(7)
@@ -268,4 +283,11 @@ func TestMooncakeTierYAML(t *testing.T) {
 			t.Errorf("%q: got %v", bad, err)
 		}
 	}
+}
+
+func must(s tiers.MooncakeStats, ok bool) tiers.MooncakeStats {
+	if !ok {
+		panic("no mooncake tier")
+	}
+	return s
 }
