@@ -5,6 +5,7 @@ package tiers
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -43,6 +44,11 @@ func OpenMooncakePool(cfg MooncakeConfig) (MooncakePool, error) {
 }
 
 func (c *mcClient) setup() (*mooncakestore.Store, error) {
+	// Mooncake's TCP transport binds MC_TCP_BIND_ADDRESS, else the machine's first interface:
+	// unless the environment says otherwise, bind the address the client announces.
+	if os.Getenv("MC_TCP_BIND_ADDRESS") == "" && c.cfg.Protocol == "tcp" {
+		_ = os.Setenv("MC_TCP_BIND_ADDRESS", c.cfg.LocalHostname)
+	}
 	s, err := mooncakestore.New()
 	if err != nil {
 		return nil, err
