@@ -255,23 +255,7 @@ func (s *Server) Prefill(ctx context.Context, prompt []byte) (*Request, PrefillS
 		// Leave at least the last token to compute: its logits are the answer.
 		hit = min(s.store.LookupPrefix(r.ids), (len(r.tokens)-1)/bs)
 	}
-	if hit > 0 {
-		t0 := time.Now()
-		err := s.loadBlocks(ctx, r.ids[:hit], r.seq.Blocks[:hit])
-		st.Load = time.Since(t0)
-		if err != nil {
-			// A block missing or unreadable now (evicted, corrupt): compute everything. The
-			// blocks scattered so far are overwritten by the compute.
-			st.LoadFailed, hit = err, 0
-		}
-	}
-	r.stored = hit
-	r.seq.Len = hit * bs
-	st.HitTokens = hit * bs
-	st.ComputedTokens = len(r.tokens) - st.HitTokens
-	t0 := time.Now()
-	logits, err := s.m.Forward(s.cache, &r.seq, r.tokens[st.HitTokens:], positions(st.HitTokens, len(r.tokens)))
-	st.Compute = time.Since(t0)
+	logits, err := s.prefill(ctx, r, hit, &st)
 	if err != nil {
 		_ = r.seq.Release(s.cache)
 		return nil, st, err
@@ -280,6 +264,62 @@ func (s *Server) Prefill(ctx context.Context, prompt []byte) (*Request, PrefillS
 	r.last = logits[len(logits)-s.cfg.Vocab:]
 	st.TTFT = time.Since(start)
 	return r, st, nil
+}
+
+// prefill computes r's prompt after its first hit blocks, which are loaded layer by layer
+// meanwhile: layer i's attention waits for layer i of the hit blocks to be resident, so the
+// compute of each layer overlaps the loads of the next ones. When a load fails, the hit
+// blocks are computed too.
+func (s *Server) prefill(ctx context.Context, r *Request, hit int, st *PrefillStats) ([]float32, error) {
+	bs := s.opts.BlockSize
+	var (
+		hooks   *model.Hooks
+		load    *kernels.LayerLoad
+		loadErr error
+	)
+	if hit > 0 {
+		ids := r.ids[:hit]
+		var err error
+		t0 := time.Now()
+		load, err = s.pl.Load(ctx, s.stream, r.seq.Blocks[:hit], func(ctx context.Context, layer int, shards [][]byte) error {
+			return s.store.LoadShard(ids, layer, shards).WaitContext(ctx)
+		})
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = load.Close() }()
+		hooks = &model.Hooks{BeforeAttention: func(layer int) error {
+			err := load.WaitLayer(layer)
+			if layer == s.cfg.Layers-1 || err != nil {
+				st.Load = time.Since(t0) // until the last layer was resident (or one failed)
+			}
+			if err != nil {
+				loadErr = err
+			}
+			return err
+		}}
+	}
+	computeFrom := func(from int) ([]float32, error) {
+		r.seq.Len = from
+		t0 := time.Now()
+		defer func() { st.Compute += time.Since(t0) }()
+		return s.m.ForwardHooks(s.cache, &r.seq, r.tokens[from:], positions(from, len(r.tokens)), hooks)
+	}
+	st.HitTokens = hit * bs
+	logits, err := computeFrom(st.HitTokens)
+	if loadErr != nil && ctx.Err() == nil {
+		// A hit block missing or unreadable now (evicted, corrupt): compute everything. The
+		// layers scattered so far are overwritten by the compute.
+		st.LoadFailed, hooks, hit = loadErr, nil, 0
+		st.HitTokens = 0
+		logits, err = computeFrom(0)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.stored = hit
+	st.ComputedTokens = len(r.tokens) - st.HitTokens
+	return logits, nil
 }
 
 // loadBlocks loads the blocks ids into the cache blocks dst, layer by layer through the

@@ -24,6 +24,12 @@ type Hooks struct {
 	// beyond the current position's block are ErrInvalid. Returning nil attends to all.
 	// Multi-token steps (prefill) always attend densely.
 	SelectBlocks func(layer int, position int, q []float32, seq *Sequence) []int
+	// BeforeAttention, when set, is called in every layer before its attention reads the
+	// cache's K/V of earlier positions. A connector that loads stored blocks layer by layer
+	// waits there for the layer to be resident, so the compute of a layer overlaps the loads of
+	// the next ones. An error ends the step and is returned (the cache may hold the step's K/V
+	// of the layers before).
+	BeforeAttention func(layer int) error
 }
 
 // Forward runs tokens (byte values for the byte-level model) at positions through the model
@@ -108,6 +114,11 @@ func (m *Model) ForwardHooks(c *KVCache, seq *Sequence, tokens []int, positions 
 		if T == 1 && h != nil && h.SelectBlocks != nil {
 			sel, err = selectedBlocks(h.SelectBlocks(li, positions[0], q, seq), positions[0]/c.blockSize)
 			if err != nil {
+				return nil, err
+			}
+		}
+		if h != nil && h.BeforeAttention != nil {
+			if err := h.BeforeAttention(li); err != nil {
 				return nil, err
 			}
 		}

@@ -396,3 +396,37 @@ func TestCacheLayout(t *testing.T) {
 		t.Fatal("V half does not start after all K blocks")
 	}
 }
+
+// TestBeforeAttentionHook: the hook runs once per layer, in order, before the layer's
+// attention; its error ends the step.
+func TestBeforeAttentionHook(t *testing.T) {
+	m := trained(t)
+	c, err := NewKVCache(m.Config(), 8, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq Sequence
+	if err := seq.Reserve(c, 20); err != nil {
+		t.Fatal(err)
+	}
+	var seen []int
+	tokens, pos := make([]int, 20), make([]int, 20)
+	for i := range tokens {
+		tokens[i], pos[i] = 'a'+i, i
+	}
+	if _, err := m.ForwardHooks(c, &seq, tokens, pos, &Hooks{BeforeAttention: func(l int) error { seen = append(seen, l); return nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != m.Config().Layers || seen[0] != 0 || seen[len(seen)-1] != m.Config().Layers-1 {
+		t.Fatalf("hook saw layers %v", seen)
+	}
+	stop := errors.New("not resident")
+	if _, err := m.ForwardHooks(c, &seq, tokens, pos, &Hooks{BeforeAttention: func(l int) error {
+		if l == 1 {
+			return stop
+		}
+		return nil
+	}}); !errors.Is(err, stop) {
+		t.Fatalf("hook error: %v", err)
+	}
+}
