@@ -1,5 +1,6 @@
 # UCM-Go. Two commands set everything up on a fresh machine with Go, gcc and git:
-#   make run    the main job: the seq benchmark on an embedded default store under ./ucm-data
+#   make run    the main job: multi-turn chats on the small model through the reference connector
+#               loop, with and without an embedded default store under ./ucm-data/chat
 #   make test   the whole test suite: lint, go test -race with both I/O backends (including the
 #               power-loss simulation, fault injection, 20 kill -9 cycles and 10 more on a tiered
 #               store), the sharing kill test on a GlusterFS volume mounted twice, a 10 s fuzz
@@ -16,7 +17,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -31,6 +32,9 @@ lib:
 	cp connector/capi/ucmgo.h $(LIB)/ucmgo.h
 
 run: build
+	$(BIN)/ucm-tool chat --dir ./ucm-data/chat
+
+bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
 test: lint unit test-python test-gluster fuzz-smoke

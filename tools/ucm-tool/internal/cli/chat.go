@@ -22,7 +22,7 @@ import (
 // chatOptions are the flags of ucm-tool chat.
 type chatOptions struct {
 	dir, weights, corpus string
-	keep                 bool
+	keep, turnsGiven     bool
 	blockSize            int
 	replay               loop.ReplayOptions
 	sidecars             string
@@ -46,7 +46,10 @@ runs, and checks that every answer is identical.
 
 The store directory is emptied first unless --keep (a kept store serves even first turns).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return runChat(cmd.Context(), o, stdout, stderr) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.turnsGiven = cmd.Flags().Changed("turns")
+			return runChat(cmd.Context(), o, stdout, stderr)
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.dir, "dir", "./ucm-data/chat", "store directory")
@@ -134,6 +137,11 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 		return usageErr("%v", err)
 	}
 	name := "ucm-go-small@" + man.WeightsSHA256[:12]
+	if ctxLen := min(loop.DefaultMaxContext, m.Config().MaxCtx); !o.turnsGiven {
+		// The default conversation length follows the model's context.
+		per := o.replay.UserBytes + o.replay.AnswerTokens
+		o.replay.Turns = max(1, min(o.replay.Turns, (ctxLen-o.replay.SystemBytes)/max(per, 1)))
+	}
 	dev := kernels.SimOptions{LinkBytesPerSec: o.linkGBps * 1e9}
 	newServer := func(store *engine.Engine) (*loop.Server, error) {
 		return loop.NewServer(loop.Options{Model: m, ModelName: name, Store: store, BlockSize: o.blockSize, Sidecars: sidecars, Device: dev})
@@ -195,7 +203,7 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "model %s: %d layers, d_model %d, %d query / %d KV heads; %d-token blocks; store %s\n",
 			name, cfg.Layers, cfg.DModel, cfg.Heads, cfg.KVHeads, o.blockSize, o.dir)
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "conv\tturn\tprompt\tfrom store\tTTFT no store\tTTFT store\tof which load\tspeedup\t")
+		fmt.Fprintln(tw, "conv\tturn\tprompt\tfrom store\tTTFT no store\tTTFT store\tloads (overlapped)\tspeedup\t")
 		for _, t := range out.Turns {
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.2fx\t\n", t.Conversation, t.Turn, t.Prompt, t.Hit,
 				t.TTFTNoStore, t.TTFTStore, t.LoadMs, t.TTFTNoStore/max(t.TTFTStore, 1e-9))
