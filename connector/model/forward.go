@@ -239,8 +239,9 @@ func parallel(n, grain int, fn func(w, lo, hi int)) {
 }
 
 // matmul computes out[t][o] = Σ_i x[t][i]·w[o][i] for x [T][in] and w [out][in] (torch's Linear
-// weight). Rows of w are taken four at a time against each row of x, the block of rows staying
-// in cache while every token passes through it.
+// weight). Rows of w are taken four at a time against two tokens at a time (each loaded value
+// used four or two times), a block of 16 rows staying in cache while every token passes
+// through it. Every element is the sequential sum over i, whichever kernel computes it.
 func matmul(out, x, w []float32, T, in, outDim int) {
 	const rowsPerTask = 16
 	grain := 1
@@ -254,7 +255,22 @@ func matmul(out, x, w []float32, T, in, outDim int) {
 	parallel(tasks, grain, func(_, lo, hi int) {
 		for o0 := lo * rowsPerTask; o0 < min(hi*rowsPerTask, outDim); o0 += rowsPerTask {
 			o1 := min(o0+rowsPerTask, outDim)
-			for t := range T {
+			t := 0
+			for ; t+2 <= T; t += 2 {
+				xa, xb := x[t*in:(t+1)*in], x[(t+1)*in:(t+2)*in]
+				oa, ob := out[t*outDim:(t+1)*outDim], out[(t+1)*outDim:(t+2)*outDim]
+				o := o0
+				for ; o+4 <= o1; o += 4 {
+					r := dot2x4(xa, xb, w[o*in:(o+1)*in], w[(o+1)*in:(o+2)*in], w[(o+2)*in:(o+3)*in], w[(o+3)*in:(o+4)*in])
+					copy(oa[o:o+4], r[:4])
+					copy(ob[o:o+4], r[4:])
+				}
+				for ; o < o1; o++ {
+					oa[o] = dot(xa, w[o*in:(o+1)*in])
+					ob[o] = dot(xb, w[o*in:(o+1)*in])
+				}
+			}
+			for ; t < T; t++ {
 				xr := x[t*in : (t+1)*in]
 				or := out[t*outDim : (t+1)*outDim]
 				o := o0
@@ -269,45 +285,49 @@ func matmul(out, x, w []float32, T, in, outDim int) {
 	})
 }
 
-// dot is Σ x[i]·y[i] with two partial sums (even and odd i), as dot4 computes each of its four.
+// dot is the sequential sum Σ x[i]·y[i], i ascending: dot4 and dot2x4 compute each of their
+// results the same way, so an element's value does not depend on which kernel computed it.
 func dot(x, y []float32) float32 {
 	y = y[:len(x)]
-	var a0, a1 float32
-	i := 0
-	for ; i+2 <= len(x); i += 2 {
-		a0 += x[i] * y[i]
-		a1 += x[i+1] * y[i+1]
+	var a float32
+	for i, v := range x {
+		a += v * y[i]
 	}
-	if i < len(x) {
-		a0 += x[i] * y[i]
-	}
-	return a0 + a1
+	return a
 }
 
-// dot4 is dot of x with four rows at once (x loaded once for the four).
+// dot4 is dot of x with four rows (x loaded once for the four).
 func dot4(x, y0, y1, y2, y3 []float32) (float32, float32, float32, float32) {
 	n := len(x)
 	y0, y1, y2, y3 = y0[:n], y1[:n], y2[:n], y3[:n]
-	var a0, a1, b0, b1, c0, c1, d0, d1 float32
-	i := 0
-	for ; i+2 <= n; i += 2 {
-		x0, x1 := x[i], x[i+1]
-		a0 += x0 * y0[i]
-		a1 += x1 * y0[i+1]
-		b0 += x0 * y1[i]
-		b1 += x1 * y1[i+1]
-		c0 += x0 * y2[i]
-		c1 += x1 * y2[i+1]
-		d0 += x0 * y3[i]
-		d1 += x1 * y3[i+1]
+	var a, b, c, d float32
+	for i, v := range x {
+		a += v * y0[i]
+		b += v * y1[i]
+		c += v * y2[i]
+		d += v * y3[i]
 	}
-	if i < n {
-		a0 += x[i] * y0[i]
-		b0 += x[i] * y1[i]
-		c0 += x[i] * y2[i]
-		d0 += x[i] * y3[i]
+	return a, b, c, d
+}
+
+// dot2x4 is dot of two tokens' rows xa, xb with four weight rows: xa's four results, then xb's.
+func dot2x4(xa, xb, y0, y1, y2, y3 []float32) (r [8]float32) {
+	n := len(xa)
+	xb, y0, y1, y2, y3 = xb[:n], y0[:n], y1[:n], y2[:n], y3[:n]
+	var a0, a1, a2, a3, b0, b1, b2, b3 float32
+	for i, u := range xa {
+		v := xb[i]
+		w0, w1, w2, w3 := y0[i], y1[i], y2[i], y3[i]
+		a0 += u * w0
+		a1 += u * w1
+		a2 += u * w2
+		a3 += u * w3
+		b0 += v * w0
+		b1 += v * w1
+		b2 += v * w2
+		b3 += v * w3
 	}
-	return a0 + a1, b0 + b1, c0 + c1, d0 + d1
+	return [8]float32{a0, a1, a2, a3, b0, b1, b2, b3}
 }
 
 // rmsNorm is out = x / sqrt(mean(x²) + eps) · w, row by row ([T][d]).
