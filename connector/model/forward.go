@@ -407,77 +407,104 @@ func writeKV(c *KVCache, li int, slots []int, k, v []float32) {
 // attention computes att [T][heads][headDim] for the step's queries against K/V read from the
 // cache through seq's block table: token t attends to positions [0, positions[t]] (or, with
 // sel, to the positions up to positions[t] of the selected logical blocks), in increasing
-// position order. The work is split by (token, KV head): the query heads sharing a KV head
-// read each K and V row once.
+// position order. The K and V of every position attended are first decoded from fp16 once
+// (exactly), then the work is split by (token, KV head): the query heads sharing a KV head read
+// each K and V row once.
 func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, positions []int, sel []int) {
 	cfg := m.cfg
-	T, hd, G := len(positions), cfg.HeadDim, cfg.Heads/cfg.KVHeads
+	T, hd, G, kvd := len(positions), cfg.HeadDim, cfg.Heads/cfg.KVHeads, cfg.KVDim()
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	buf := c.layers[li]
 	tb := c.tokenBytes()
-	type scratch struct {
-		scores []float32
-		krow   []float32
-		acc    []float32
+	vBase := c.numBlocks * c.blockSize * tb
+	last := positions[T-1]
+	// With a block selection (one token), only its positions; otherwise [0, last].
+	var selected []int
+	if sel != nil {
+		selected = attendedPositions(sel, last, c.blockSize)
 	}
-	nw := workers()
-	scr := make([]scratch, nw)
-	grain := max(1, 64/max(1, positions[T-1]/64))
+	npos := last + 1
+	if selected != nil {
+		npos = len(selected)
+	}
+	// A multi-token step decodes every K/V row it attends once, up front (the rows are shared by
+	// many tokens); a one-token step decodes each row where it reads it, once anyway. Decoding is
+	// exact, so both give the same values.
+	var kf, vf []float32
+	if T > 1 {
+		kf = make([]float32, (last+1)*kvd)
+		vf = make([]float32, (last+1)*kvd)
+		parallel(npos, 256, func(_, lo, hi int) {
+			for pos := lo; pos < hi; pos++ { // no selection with T > 1: positions [0, last]
+				off := (seq.Blocks[pos/c.blockSize]*c.blockSize + pos%c.blockSize) * tb
+				decodeF16(kf[pos*kvd:(pos+1)*kvd], buf[off:off+tb])
+				decodeF16(vf[pos*kvd:(pos+1)*kvd], buf[vBase+off:vBase+off+tb])
+			}
+		})
+	}
+	tmps := make([][]float32, workers())
+	scr := make([][]float32, workers())
+	grain := max(1, 64/max(1, last/64))
 	parallel(T*cfg.KVHeads, grain, func(w, lo, hi int) {
-		s := &scr[w]
-		if s.krow == nil {
-			s.krow = make([]float32, hd)
-			s.acc = make([]float32, G*hd)
-		}
 		for task := lo; task < hi; task++ {
 			t, kh := task/cfg.KVHeads, task%cfg.KVHeads
 			p := positions[t]
-			attended := attendedPositions(sel, p, c.blockSize)
 			n := p + 1
-			if attended != nil {
-				n = len(attended)
+			if selected != nil {
+				n = len(selected) // one token: p == last
 			}
-			if cap(s.scores) < G*n {
-				s.scores = make([]float32, G*n)
+			if cap(scr[w]) < G*n {
+				scr[w] = make([]float32, G*n)
 			}
-			scores := s.scores[:G*n]
+			scores := scr[w][:G*n]
+			if tmps[w] == nil {
+				tmps[w] = make([]float32, hd)
+			}
+			tmp := tmps[w]
 			qh := q[(t*cfg.Heads+kh*G)*hd : (t*cfg.Heads+kh*G+G)*hd]
-			headOff := kh * hd * 2
 			for j := range n {
 				pos := j
-				if attended != nil {
-					pos = attended[j]
+				if selected != nil {
+					pos = selected[j]
 				}
-				slot := seq.Blocks[pos/c.blockSize]*c.blockSize + pos%c.blockSize
-				off := slot*tb + headOff
-				decodeF16(s.krow, buf[off:off+hd*2])
+				var krow []float32
+				if kf != nil {
+					krow = kf[pos*kvd+kh*hd : pos*kvd+(kh+1)*hd]
+				} else {
+					off := (seq.Blocks[pos/c.blockSize]*c.blockSize+pos%c.blockSize)*tb + kh*hd*2
+					decodeF16(tmp, buf[off:off+hd*2])
+					krow = tmp
+				}
 				for g := range G {
-					scores[g*n+j] = dot(qh[g*hd:(g+1)*hd], s.krow) * scale
+					scores[g*n+j] = dot(qh[g*hd:(g+1)*hd], krow) * scale
 				}
 			}
 			for g := range G {
 				softmax(scores[g*n : (g+1)*n])
 			}
-			acc := s.acc
+			acc := att[(t*cfg.Heads+kh*G)*hd : (t*cfg.Heads+kh*G+G)*hd]
 			clear(acc)
-			vBase := c.numBlocks * c.blockSize * tb
 			for j := range n {
 				pos := j
-				if attended != nil {
-					pos = attended[j]
+				if selected != nil {
+					pos = selected[j]
 				}
-				slot := seq.Blocks[pos/c.blockSize]*c.blockSize + pos%c.blockSize
-				off := vBase + slot*tb + headOff
-				decodeF16(s.krow, buf[off:off+hd*2])
+				var vrow []float32
+				if vf != nil {
+					vrow = vf[pos*kvd+kh*hd : pos*kvd+(kh+1)*hd]
+				} else {
+					off := vBase + (seq.Blocks[pos/c.blockSize]*c.blockSize+pos%c.blockSize)*tb + kh*hd*2
+					decodeF16(tmp, buf[off:off+hd*2])
+					vrow = tmp
+				}
 				for g := range G {
 					wgt := scores[g*n+j]
 					a := acc[g*hd : (g+1)*hd]
-					for i, vv := range s.krow {
+					for i, vv := range vrow {
 						a[i] += wgt * vv
 					}
 				}
 			}
-			copy(att[(t*cfg.Heads+kh*G)*hd:(t*cfg.Heads+kh*G+G)*hd], acc)
 		}
 	})
 }
