@@ -295,13 +295,17 @@ func (w *Model) Config() Config { return w.cfg }
 
 // Manifest is the part of weights/MANIFEST.json (written by train.py) this package reads.
 type Manifest struct {
-	WeightsFile   string `json:"weights_file"`
+	// WeightsFile is the weights file's name, in the manifest's directory.
+	WeightsFile string `json:"weights_file"`
+	// WeightsSHA256 is the weights file's sha256, 64 hex digits.
 	WeightsSHA256 string `json:"weights_sha256"`
-	WeightsBytes  int64  `json:"weights_bytes"`
+	// WeightsBytes is the weights file's size.
+	WeightsBytes int64 `json:"weights_bytes"`
 	// TrainingCommand is how the weights were made.
 	TrainingCommand string `json:"training_command"`
 	// Heldout is the held-out evaluation of the saved (fp16) weights.
 	Heldout struct {
+		// LossNatsPerByte and LossBitsPerByte are the mean next-byte cross-entropy.
 		LossNatsPerByte float64 `json:"loss_nats_per_byte"`
 		LossBitsPerByte float64 `json:"loss_bits_per_byte"`
 	} `json:"heldout_eval"`
