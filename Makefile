@@ -17,7 +17,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -33,6 +33,14 @@ lib:
 
 run: build
 	$(BIN)/ucm-tool chat --dir ./ucm-data/chat
+
+# Retrains the small model (connector/model; docs/model.md): Debian's python3-torch, and
+# libopenblas0-pthread for speed (train.py uses it without touching the system's BLAS). CI never
+# trains; the weights, manifest and golden fixture it rewrites are committed.
+MODEL_MINUTES ?= 48
+train-model:
+	/usr/bin/python3 connector/model/train.py --steps 5000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
+		--short-ctx 256 --long-frac 0.2 --lr 3e-3 --warmup 30 --log-every 20 --eval-windows 96
 
 bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
@@ -115,7 +123,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
-                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x \
+                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./connector/model:FuzzLoadWeights:200000x \
                 ./tiers:FuzzDecodeMooncakeHeader:100000x
 FUZZSMOKE   ?= per-target
 
