@@ -6,7 +6,8 @@
 # version, so only the first run on a machine pays the build (~15 minutes on 2 cores):
 #
 #   $UCM_MOONCAKE_CACHE/<key>/           default UCM_MOONCAKE_CACHE=/var/cache/ucm-mooncake
-#     bin/mooncake_master                the master (metadata HTTP server built in)
+#     bin/mooncake_master                the master (metadata HTTP server built in; a wrapper
+#                                        around libexec/mooncake_master that finds lib/)
 #     lib/                               libmooncake_store.a and friends, libasio.so
 #     include/                           store_c.h and the headers it needs
 #     go/                                Mooncake's Go binding (module github.com/kvcache-ai/Mooncake/mooncake-store/go)
@@ -60,7 +61,22 @@ DEBS=(build-essential cmake ninja-build pkg-config libibverbs-dev libgoogle-glog
   libjsoncpp-dev libunwind-dev libnuma-dev python3-dev libboost-all-dev libssl-dev libyaml-cpp-dev
   libcurl4-openssl-dev liburing-dev libmsgpack-dev libzstd-dev libasio-dev libxxhash-dev pybind11-dev)
 
+# finish_prefix makes bin/mooncake_master a wrapper that finds the prefix's libasio.so (the
+# binary's own run path names the build tree, which is gone) and keeps its process id (exec).
+# It is cheap and idempotent, and runs on cached prefixes too.
+finish_prefix() {
+  local p=$1
+  if [ ! -x "$p/libexec/mooncake_master" ]; then
+    mkdir -p "$p/libexec"
+    mv "$p/bin/mooncake_master" "$p/libexec/mooncake_master"
+  fi
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s/libexec/mooncake_master" "$@"\n' "$prefix" "$prefix" >"$p/bin/mooncake_master.tmp"
+  chmod +x "$p/bin/mooncake_master.tmp"
+  mv "$p/bin/mooncake_master.tmp" "$p/bin/mooncake_master"
+}
+
 if [ -f "$prefix/.complete" ]; then
+  [ -x "$prefix/libexec/mooncake_master" ] || finish_prefix "$prefix"
   log "cached at $prefix"
   echo "$prefix"
   exit 0
@@ -163,6 +179,7 @@ export CGO_CFLAGS='-I$prefix/include'
 export CGO_LDFLAGS='$ldflags'
 EOF
 echo "mooncake $(basename "$mc_tar") yalantinglibs $(basename "$ylt_tar") recipe $RECIPE key $key built $(date -u +%FT%TZ) in $(( $(date +%s) - started ))s" >"$out/BUILDINFO"
+finish_prefix "$out"
 touch "$out/.complete"
 mv "$out" "$prefix"
 rm -rf "$work"
