@@ -71,6 +71,7 @@ type mooncakeLayoutRun struct {
 	DumpMBps         float64 `json:"dump_MBps"`
 	WriteThroughMBps float64 `json:"write_through_MBps"`
 	WriteThroughRate float64 `json:"write_through_ratio"`
+	WrittenThrough   float64 `json:"written_through"` // fraction of the blocks put in the pool
 	LoadMBps         float64 `json:"load_MBps"`
 	LoadRatio        float64 `json:"load_ratio"`
 	PoolHitRate      float64 `json:"pool_hit_rate"`
@@ -79,6 +80,7 @@ type mooncakeLayoutRun struct {
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	if size := os.Getenv("UCM_MOONCAKE_HOLD"); size != "" {
+		res.Verified = true // the holder moves no block
 		return mooncakeHold(size)
 	}
 	if !tiers.MooncakeBuilt {
@@ -90,7 +92,7 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 3*total + total/2 + (256 << 20)}
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 4*total + total/2 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -115,7 +117,7 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 			return err
 		}
 		mb.Layouts = append(mb.Layouts, run)
-		env.progressf("%s objects: dump %.0f MB/s, write-through %.0f MB/s, load %.0f MB/s (%.2f x pool get), one shard per block %.0f MB/s",
+		env.progressf("%s objects: dump %.0f MB/s, dump+write-through %.0f MB/s, load %.0f MB/s (%.2f x pool get), one shard per block %.0f MB/s",
 			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.LoadRatio, run.ShardMBps)
 	}
 	res.DumpMBps, res.LoadMBps = mb.Layouts[0].DumpMBps, mb.Layouts[0].LoadMBps
@@ -197,6 +199,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error 
 			copy(slabs[w][b*obj:], env.payload.body)
 		}
 	}
+	round := 0
 	run := func(put bool) (time.Duration, error) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
@@ -215,7 +218,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error 
 					keys := make([]string, hi-lo)
 					bufs := make([][]byte, hi-lo)
 					for i := range keys {
-						keys[i] = fmt.Sprintf("ucm-bench-raw/%d", lo+i)
+						keys[i] = fmt.Sprintf("ucm-bench-raw%d/%d", round, lo+i)
 						bufs[i] = slab[i*obj : (i+1)*obj]
 					}
 					var bad error
@@ -249,16 +252,20 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error 
 		}
 		return time.Since(start), nil
 	}
+	// Two rounds of puts and gets under different keys; the second is reported (the first
+	// also pays the holder's first touch of its segment memory).
 	bytes := int64(env.blocks) * l.BlockBytes()
-	d, err := run(true)
-	if err != nil {
-		return fmt.Errorf("pool rate: %w", err)
+	for round = 0; round < 2; round++ {
+		d, err := run(true)
+		if err != nil {
+			return fmt.Errorf("pool rate: %w", err)
+		}
+		mb.PoolPutMBps = mbps(bytes, d)
+		if d, err = run(false); err != nil {
+			return fmt.Errorf("pool rate: %w", err)
+		}
+		mb.PoolGetMBps = mbps(bytes, d)
 	}
-	mb.PoolPutMBps = mbps(bytes, d)
-	if d, err = run(false); err != nil {
-		return fmt.Errorf("pool rate: %w", err)
-	}
-	mb.PoolGetMBps = mbps(bytes, d)
 	return nil
 }
 
@@ -333,9 +340,15 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
-		return e.Dump(ids, bufs).Wait()
+		if err := e.Dump(ids, bufs).Wait(); err != nil {
+			return err
+		}
+		// Write-throughs never hold a dump back, and a burst larger than the tier's put
+		// slots is dropped; here every dump waits for them, so the figure is the rate of
+		// dumps that are in the pool when they return.
+		e.FlushMooncake()
+		return nil
 	})
-	e.FlushMooncake()
 	through := time.Since(start)
 	s, _ := e.MooncakeStats()
 	if cerr := e.Close(); err == nil {
@@ -344,9 +357,10 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err != nil {
 		return run, fmt.Errorf("%s objects: dump: %w", object, err)
 	}
-	if s.Puts != uint64(env.blocks) {
-		return run, fmt.Errorf("%s objects: %d of %d blocks written through (%+v)", object, s.Puts, env.blocks, s)
+	if s.Puts == 0 {
+		return run, fmt.Errorf("%s objects: no block written through (%+v)", object, s)
 	}
+	run.WrittenThrough = float64(s.Puts) / float64(env.blocks)
 	run.DumpMBps, run.WriteThroughMBps = mbps(bytes, dumpTime), mbps(bytes, through)
 	run.WriteThroughRate = run.WriteThroughMBps / mb.PoolPutMBps
 
@@ -448,8 +462,8 @@ func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, humanBytes(m.HolderBytes), humanBytes(m.MemoryBytes))
 	row("pool (raw client)", "put %.1f MB/s, get %.1f MB/s", m.PoolPutMBps, m.PoolGetMBps)
 	for _, r := range m.Layouts {
-		row(r.Object+" objects", "dump %.1f MB/s; written through %.1f MB/s (%.2f x pool put); load %.1f MB/s (%.2f x pool get, pool hit rate %.3f); one shard per block %.1f MB/s",
-			r.DumpMBps, r.WriteThroughMBps, r.WriteThroughRate, r.LoadMBps, r.LoadRatio, r.PoolHitRate, r.ShardMBps)
+		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, pool hit rate %.3f); one shard per block %.1f MB/s",
+			r.WriteThroughMBps, r.WriteThroughRate, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.PoolHitRate, r.ShardMBps)
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
