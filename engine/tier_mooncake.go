@@ -8,7 +8,6 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -126,8 +125,11 @@ func (e *Engine) mooncakeLoad(t *Task, shard int, dst [][]byte, lo, hi int, want
 	if !some {
 		return nil
 	}
-	hits := e.mc.Get(t.ids[lo:hi], shard, dst[lo:hi], ask)
-	l := e.opts.Layout
+	var crcs [][]uint32
+	if e.mem != nil && shard == AllShards {
+		crcs = make([][]uint32, hi-lo)
+	}
+	hits := e.mc.Get(t.ids[lo:hi], shard, dst[lo:hi], ask, crcs)
 	for k, hit := range hits {
 		if !hit {
 			continue
@@ -139,15 +141,10 @@ func (e *Engine) mooncakeLoad(t *Task, shard int, dst [][]byte, lo, hi int, want
 				dt.lru.Touch(id)
 			}
 		}
-		if e.mem != nil && shard == AllShards {
-			// Backfill the memory tier, as a disk hit does; the checksums were just verified
-			// against the object's, computed again here over the bytes delivered.
-			crcs := make([]uint32, l.Shards)
-			b := dst[lo+k]
-			for s := range crcs {
-				crcs[s] = format.Checksum(b[int64(s)*l.ShardBytes : int64(s+1)*l.ShardBytes])
-			}
-			e.mem.Put(id, b, crcs)
+		if crcs != nil && crcs[k] != nil {
+			// Backfill the memory tier, as a disk hit does, with the checksums the bytes
+			// were just checked against.
+			e.mem.Put(id, dst[lo+k], crcs[k])
 		}
 	}
 	return hits

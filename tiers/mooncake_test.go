@@ -52,7 +52,16 @@ func getOne(mc *MooncakeTier, id format.BlockID, shard int) ([]byte, bool) {
 		n = mcLayout.ShardBytes
 	}
 	dst := make([]byte, n)
-	return dst, mc.Get([]format.BlockID{id}, shard, [][]byte{dst}, nil)[0]
+	crcs := make([][]uint32, 1)
+	hit := mc.Get([]format.BlockID{id}, shard, [][]byte{dst}, nil, crcs)[0]
+	if hit && shard < 0 {
+		for s, c := range crcs[0] {
+			if c != format.Checksum(dst[int64(s)*mcLayout.ShardBytes:int64(s+1)*mcLayout.ShardBytes]) || len(crcs[0]) != mcLayout.Shards {
+				panic("Get returned checksums that are not the block's")
+			}
+		}
+	}
+	return dst, hit
 }
 
 func TestMooncakeConfigValidate(t *testing.T) {
@@ -253,7 +262,7 @@ func TestMooncakeRejectsWrongObjects(t *testing.T) {
 			for name, obj := range cases {
 				st.Set(key, obj)
 				dst := bytes.Repeat([]byte{0xAA}, int(mcLayout.BlockBytes()))
-				if mc.Get([]format.BlockID{id}, -1, [][]byte{dst}, nil)[0] {
+				if mc.Get([]format.BlockID{id}, -1, [][]byte{dst}, nil, nil)[0] {
 					t.Errorf("%s: loaded", name)
 				}
 				if name != "empty" {

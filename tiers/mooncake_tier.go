@@ -369,8 +369,9 @@ func (t *MooncakeTier) putBatch(batch []mcPut) {
 // header, and the header against the block, schema and layout asked for. Anything else is a
 // miss: absent, evicted, in a segment whose client died, stale, foreign or damaged (counted
 // in Rejected and logged), or the tier down (Skipped). A loaded dst[i] is complete; a missed
-// one's contents are unspecified.
-func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want []bool) []bool {
+// one's contents are unspecified. When crcs is not nil and whole blocks are loaded, crcs[i]
+// receives the shard checksums of each loaded block (those its bytes were checked against).
+func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want []bool, crcs [][]uint32) []bool {
 	hits := make([]bool, len(ids))
 	var todo []int
 	for i := range ids {
@@ -398,7 +399,7 @@ func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want [
 			}
 		}
 		n := len(slots)
-		t.getBatch(ids, shard, dst, todo[:n], slots, hits)
+		t.getBatch(ids, shard, dst, todo[:n], slots, hits, crcs)
 		for _, s := range slots {
 			t.getSlots <- s
 		}
@@ -411,7 +412,7 @@ func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want [
 	return hits
 }
 
-func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, idx []int, slots [][]byte, hits []bool) {
+func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, idx []int, slots [][]byte, hits []bool, crcs [][]uint32) {
 	l := t.layout
 	type span struct{ lo, hi int } // keys[lo:hi] belong to one block
 	var (
@@ -459,7 +460,13 @@ func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, i
 			}
 		}
 		if ok {
-			ok = t.verify(ids[i], shard, dst[i], bufs[sp.lo:sp.hi], got[sp.lo:sp.hi])
+			var sums []uint32
+			if crcs != nil && shard < 0 {
+				sums = make([]uint32, 0, l.Shards)
+			}
+			if ok = t.verify(ids[i], shard, dst[i], bufs[sp.lo:sp.hi], got[sp.lo:sp.hi], &sums); ok && sums != nil {
+				crcs[i] = sums
+			}
 		}
 		if ok {
 			hits[i] = true
@@ -473,8 +480,9 @@ func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, i
 	}
 }
 
-// verify checks the objects read for block id and copies the payload asked for into dst.
-func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][]byte, got []int64) bool {
+// verify checks the objects read for block id and copies the payload asked for into dst;
+// when *sums is not nil the checksums checked are appended to it.
+func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][]byte, got []int64, sums *[]uint32) bool {
 	l := t.layout
 	switch {
 	case t.shards:
@@ -487,6 +495,8 @@ func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][
 				h := mcHeaderBytes(1)
 				if bad := copyChecked(dst[k*sb:(k+1)*sb], obj[h:h+sb], crcs); bad >= 0 {
 					err = fmt.Errorf("%w: shard %d checksum mismatch", ErrMooncakeObject, s)
+				} else if *sums != nil {
+					*sums = append(*sums, crcs...)
 				}
 			}
 			if err != nil {
@@ -511,6 +521,9 @@ func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][
 		if bad := copyChecked(dst, payload, part); bad >= 0 {
 			t.reject(id, fmt.Errorf("%w: part %d checksum mismatch", ErrMooncakeObject, bad))
 			return false
+		}
+		if *sums != nil {
+			*sums = append(*sums, part...)
 		}
 		return true
 	}
