@@ -232,7 +232,7 @@ func TestMooncakePoolFullEviction(t *testing.T) {
 	after := mooncakeStats(t, b)
 	t.Logf("newest 16: %d pool hits; oldest 16: %s, %d pool hits", newest, o, after.Hits-before.Hits)
 	if o.ok != 16 || after.Hits-before.Hits == 16 || after.Rejected != 0 {
-		t.Fatalf("oldest blocks: %s, pool %+v", o, after)
+		t.Fatalf("oldest blocks: %s (%v), pool %+v", o, err, after)
 	}
 	if o, err = loadRange(b, 0, n); o.ok != n {
 		t.Fatalf("loads: %s (%v)", o, err)

@@ -47,6 +47,7 @@ if [ $start_master = 1 ]; then
     --http_metadata_server_port="$http" --rpc_address=127.0.0.1 --rpc_port="$rpc" \
     --metrics_host=127.0.0.1 --metrics_port="$metrics" --logtostderr=true >"$log" 2>&1 &
   master=$!
+  disown "$master" # no job report when the cleanup kills it
   groups+=("$master")
   for _ in $(seq 1 600); do
     if ! kill -0 $master 2>/dev/null; then echo "mooncake harness: mooncake_master exited:" >&2; tail -20 "$log" >&2; exit 1; fi
