@@ -281,9 +281,7 @@ func (s *Server) prefill(ctx context.Context, r *Request, hit int, st *PrefillSt
 		ids := r.ids[:hit]
 		var err error
 		t0 := time.Now()
-		load, err = s.pl.Load(ctx, s.stream, r.seq.Blocks[:hit], func(ctx context.Context, layer int, shards [][]byte) error {
-			return s.store.LoadShard(ids, layer, shards).WaitContext(ctx)
-		})
+		load, err = s.pl.Load(ctx, s.stream, r.seq.Blocks[:hit], s.loadShards(ids))
 		if err != nil {
 			return nil, err
 		}
@@ -322,12 +320,17 @@ func (s *Server) prefill(ctx context.Context, r *Request, hit int, st *PrefillSt
 	return logits, nil
 }
 
-// loadBlocks loads the blocks ids into the cache blocks dst, layer by layer through the
-// pipeline.
-func (s *Server) loadBlocks(ctx context.Context, ids []engine.BlockID, dst []int) error {
-	l, err := s.pl.Load(ctx, s.stream, dst, func(ctx context.Context, layer int, shards [][]byte) error {
+// loadShards is the pipeline's LoadFunc for blocks ids: one engine LoadShard per layer.
+func (s *Server) loadShards(ids []engine.BlockID) kernels.LoadFunc {
+	return func(ctx context.Context, layer int, shards [][]byte) error {
 		return s.store.LoadShard(ids, layer, shards).WaitContext(ctx)
-	})
+	}
+}
+
+// loadBlocks loads the blocks ids into the cache blocks dst, layer by layer through the
+// pipeline, and waits for every layer.
+func (s *Server) loadBlocks(ctx context.Context, ids []engine.BlockID, dst []int) error {
+	l, err := s.pl.Load(ctx, s.stream, dst, s.loadShards(ids))
 	if err != nil {
 		return err
 	}
