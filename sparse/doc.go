@@ -1,3 +1,9 @@
-// Package sparse will hold the sparse-attention methods (ESA, GSA, GSA On-Device, KVStar,
-// Blend, ReRoPE) built on the engine and the kernels.
+// Package sparse holds the sparse-attention methods of UCM (spec ../shared/spec/sparse.md):
+// the SparseMethod interface with its scheduler and worker hooks (no-op defaults in Base), a
+// registry creating methods by name from ucm_sparse_config.<Name> or ENABLE_SPARSE /
+// UCM_SPARSE_TYPE, and block selection from stored representations (sidecars, package
+// kernels and engine.LoadSidecars) for Quest, ESA, GSA (its 000 scoring), GSA On-Device and
+// KVStar MultiStep. Selection reads sidecars only, never whole blocks. docs/sparse.md says what
+// is built, what is not yet (GSA's eviction and prefetch engine, Blend, ReRoPE), and the
+// choices made where the sources disagree.
 package sparse
