@@ -85,8 +85,7 @@ func (m *blockMethod) Stats() SelectStats {
 		Missing: m.stats.missing.Load(), Held: m.stats.held.Load()}
 }
 
-// SidecarSpec is the representation the method reads: kind and parameters, with the element
-// type of the float kinds left 0 (any is accepted).
+// SidecarSpec is the representation the method reads; parts of another spec are misses.
 func (m *blockMethod) SidecarSpec() kernels.SidecarSpec { return m.spec }
 
 // RequestFinished forgets the request's held selections.
@@ -255,11 +254,7 @@ func (m *blockMethod) scorePart(st *stepState, layer int, part []byte) (float64,
 	if err != nil || l != layer {
 		return 0, false
 	}
-	want := m.spec
-	if want.Kind != kernels.SidecarHash {
-		want.Elem = h.Elem
-	}
-	if h.SidecarSpec != want || m.encs != nil && h.Fingerprint != m.fp || h.Tokens < 1 {
+	if h.SidecarSpec != m.spec || m.encs != nil && h.Fingerprint != m.fp || h.Tokens < 1 {
 		return 0, false
 	}
 	s, err := m.score(st, &h, part)
@@ -416,11 +411,13 @@ func newBlockMethod(name string, env Env, spec kernels.SidecarSpec, stride int) 
 	if env.Role == RoleWorker && env.Sidecars == nil {
 		return nil, fmt.Errorf("%w: %s: a worker needs a sidecar source", ErrInvalid, name)
 	}
-	check := spec
-	if check.Kind != kernels.SidecarHash {
-		check.Elem = kernels.Float16
+	if spec.Kind != kernels.SidecarHash {
+		spec.Elem = env.SidecarElem
+		if spec.Elem == 0 {
+			spec.Elem = kernels.Float16
+		}
 	}
-	if err := check.Validate(); err != nil {
+	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: sidecar: %w", name, err)
 	}
 	return &blockMethod{name: name, shape: env.Shape, src: env.Sidecars, spec: spec, stride: max(stride, 1)}, nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
 	"gopkg.in/yaml.v3"
 )
 
@@ -68,6 +69,9 @@ type Env struct {
 	Role     Role
 	Shape    Shape
 	Sidecars SidecarSource
+	// SidecarElem is the element type of the stored float sidecars (ESA, Quest, KVStar): the
+	// writer's SidecarSpec.Elem; 0 means Float16 (kernels.DefaultSidecarElem of fp16 keys).
+	SidecarElem kernels.DType
 }
 
 // A method's entry in the registry: how to parse its block and build it.

@@ -232,3 +232,14 @@ func FuzzSparseConfig(f *testing.F) {
 		}
 	})
 }
+
+func TestRequestStage(t *testing.T) {
+	r := &Request{}
+	if r.Stage() != PhasePrefill {
+		t.Fatal("a request without output tokens is in prefill")
+	}
+	r.NumOutputTokens = 1
+	if r.Stage() != PhaseDecode {
+		t.Fatal("a request with output tokens is in decode")
+	}
+}

@@ -1,0 +1,545 @@
+package sparse
+
+import (
+	"crypto/md5"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
+)
+
+// fixture is a context of blocks with random fp16 keys and their sidecars of every kind.
+type fixture struct {
+	shape    Shape
+	k        [][][]float32 // [block][layer] keys, [tokens][kv heads][dim], fp16 values
+	kb       [][][]byte    // the same as fp16 bytes
+	ids      []engine.BlockID
+	payloads map[kernels.SidecarKind][][]byte // [kind][block] payload
+	src      *MapSidecars
+}
+
+var testShape = Shape{Layers: 2, QHeads: 4, KVHeads: 2, HeadDim: 16, BlockSize: 8}
+
+func fixtureSpecs(s Shape) []kernels.SidecarSpec {
+	base := kernels.SidecarSpec{Layers: s.Layers, Heads: s.KVHeads, Dim: s.HeadDim, BlockSize: s.BlockSize, Elem: kernels.Float16}
+	quest, mean, mx, kv, hash := base, base, base, base, base
+	quest.Kind, mean.Kind, mx.Kind, kv.Kind = kernels.SidecarQuest, kernels.SidecarESAMean, kernels.SidecarESAMax, kernels.SidecarKVStar
+	kv.PruneRatio, kv.Merge = 0.5, 4
+	hash.Kind, hash.Elem, hash.HashBits, hash.Seed = kernels.SidecarHash, 0, s.HeadDim&^7, 1
+	return []kernels.SidecarSpec{quest, mean, mx, kv, hash}
+}
+
+func newFixture(t testing.TB, s Shape, blocks int, seed uint64) *fixture {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 99))
+	f := &fixture{shape: s, payloads: map[kernels.SidecarKind][][]byte{}, src: &MapSidecars{}}
+	n := s.KVHeads * s.HeadDim
+	for b := range blocks {
+		f.ids = append(f.ids, md5.Sum(fmt.Appendf(nil, "block %d seed %d", b, seed)))
+		var kl [][]float32
+		var kbl [][]byte
+		for range s.Layers {
+			bias := make([]float32, n) // a per-block direction, so blocks differ in relevance
+			for i := range bias {
+				bias[i] = float32(r.NormFloat64() * r.Float64() * 2)
+			}
+			k := make([]float32, s.BlockSize*n)
+			for i := range k {
+				k[i] = float32(r.NormFloat64()) + bias[i%n]
+			}
+			kbytes := make([]byte, 2*len(k))
+			if err := kernels.EncodeFloat32(kbytes, k, kernels.Float16); err != nil {
+				t.Fatal(err)
+			}
+			if err := kernels.DecodeFloat32(k, kbytes, kernels.Float16); err != nil {
+				t.Fatal(err)
+			}
+			kl, kbl = append(kl, k), append(kbl, kbytes)
+		}
+		f.k, f.kb = append(f.k, kl), append(f.kb, kbl)
+	}
+	for _, spec := range fixtureSpecs(s) {
+		for b := range blocks {
+			w, err := kernels.NewSidecarWriter(spec, kernels.Float16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Begin(s.BlockSize); err != nil {
+				t.Fatal(err)
+			}
+			for l := range s.Layers {
+				if err := w.AddLayer(l, f.kb[b][l]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p, err := w.AppendPayload(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.payloads[spec.Kind] = append(f.payloads[spec.Kind], p)
+			if err := f.src.Put(engine.SidecarKind(spec.Kind), f.ids[b], s.Layers, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return f
+}
+
+func randomQuery(r *rand.Rand, s Shape) []float32 {
+	q := make([]float32, s.QHeads*s.HeadDim)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	return q
+}
+
+func meanGroups(s Shape, q []float32) []float32 {
+	g := s.QHeads / s.KVHeads
+	out := make([]float32, s.KVHeads*s.HeadDim)
+	for h := range s.KVHeads {
+		for d := range s.HeadDim {
+			var sum float64
+			for i := range g {
+				sum += float64(q[(h*g+i)*s.HeadDim+d])
+			}
+			out[h*s.HeadDim+d] = float32(sum / float64(g))
+		}
+	}
+	return out
+}
+
+// refScore is each method's score of block b at layer l, computed the long way: Quest from
+// the keys themselves, the others from the whole decoded payload.
+func (f *fixture) refScore(t testing.TB, method string, b, l int, q []float32) float64 {
+	t.Helper()
+	s := f.shape
+	d := s.HeadDim
+	qr := meanGroups(s, q)
+	decode := func(kind kernels.SidecarKind) *kernels.Sidecar {
+		sc, err := kernels.DecodeSidecar(f.payloads[kind][b])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	switch method {
+	case NameQuest:
+		var sum float64
+		for qh := range s.QHeads {
+			kv := qh / (s.QHeads / s.KVHeads)
+			var head float64
+			for c := range d {
+				lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+				for tok := range s.BlockSize {
+					v := f.k[b][l][(tok*s.KVHeads+kv)*d+c]
+					lo, hi = min(lo, v), max(hi, v)
+				}
+				x := q[qh*d+c]
+				head += float64(max(x*lo, x*hi))
+			}
+			sum += float64(float32(head))
+		}
+		return sum
+	case NameESA, NameGSA:
+		sc := decode(kernels.SidecarESAMean)
+		r := sc.Values[l*s.KVHeads*d : (l+1)*s.KVHeads*d]
+		var sum float64
+		for h := range s.KVHeads {
+			var dot, dist float64
+			for c := range d {
+				x, y := float64(qr[h*d+c]), float64(r[h*d+c])
+				dot += x * y
+				dist += (x - y) * (x - y)
+			}
+			if method == NameESA {
+				sum += dot
+			} else {
+				sum -= math.Sqrt(dist)
+			}
+		}
+		return sum
+	case NameKVStar:
+		sc := decode(kernels.SidecarKVStar)
+		dk, rows := sc.Cols(), sc.Rows()
+		ch := sc.Channels[l*s.KVHeads*dk:]
+		vals := sc.Values[l*rows*s.KVHeads*dk:]
+		var sum float64
+		for h := range s.KVHeads {
+			best := math.Inf(-1)
+			for m := range sc.ValidRows() {
+				var dot float64
+				for j := range dk {
+					dot += float64(qr[h*d+int(ch[h*dk+j])]) * float64(vals[(m*s.KVHeads+h)*dk+j])
+				}
+				best = max(best, dot)
+			}
+			sum += best
+		}
+		return sum
+	case NameGSAOnDevice:
+		sc := decode(kernels.SidecarHash)
+		encs, err := sc.HashEncoders()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cb := encs[0].CodeBytes()
+		qcode := make([]byte, s.KVHeads*cb)
+		for h := range s.KVHeads {
+			if err := encs[0].Hash(qcode[h*cb:(h+1)*cb], qr[h*d:(h+1)*d]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		row := s.KVHeads * cb
+		codes := sc.Codes[l*s.BlockSize*row:]
+		best := math.MaxInt
+		for tok := range s.BlockSize {
+			dist := 0
+			for i := range row { // a bit loop: the reference for Hamming
+				for bit := range 8 {
+					if (qcode[i]>>bit)&1 != (codes[tok*row+i]>>bit)&1 {
+						dist++
+					}
+				}
+			}
+			best = min(best, dist)
+		}
+		return -float64(best)
+	}
+	t.Fatalf("no reference for %s", method)
+	return 0
+}
+
+func newMethod(t testing.TB, name string, src SidecarSource, yamlText string, s Shape) SparseMethod {
+	t.Helper()
+	block := sparseBlock(t, "ucm_sparse_config:\n  "+name+": "+yamlText+"\n")
+	cfg, err := Choose(block, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(cfg, Env{Role: RoleWorker, Shape: s, Sidecars: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// decodeCall builds a decode attention call over the fixture's first n blocks (the last one
+// holding tokens%bs tokens, 0 meaning full).
+func (f *fixture) decodeCall(n, partial, layer, step int, q []float32) *Attention {
+	seqLen := n * f.shape.BlockSize
+	if partial > 0 {
+		seqLen += partial - f.shape.BlockSize
+	}
+	table := make([]int, n)
+	for i := range table {
+		table[i] = 100 + 3*i
+	}
+	return &Attention{Layer: layer, LayerName: fmt.Sprintf("model.layers.%d.self_attn", layer), Phase: PhaseDecode, Step: step,
+		Request: &Request{ID: "r", BlockIDs: f.ids[:n], BlockTable: table, NumOutputTokens: step}, Q: q, BlockTable: table, SeqLen: seqLen}
+}
+
+var methodConfigs = map[string]string{
+	NameQuest:       "{init_window_sz: 1, local_window_sz: 2, budget: 0.3}",
+	NameESA:         "{init_window_sz: 2, local_window_sz: 1, sparse_ratio: 0.25}",
+	NameGSA:         "{init_window_sz: 1, local_window_sz: 2, sparse_ratio: 0.3, min_blocks: 4}",
+	NameKVStar:      "{init_window_sz: 1, local_window_sz: 2, sparse_ratio: 0.3, retrieval_stride: 1}",
+	NameGSAOnDevice: "{hash_topk_tokens: 64, sink_token: 8, recent_token: 16}",
+}
+
+// TestSelectionEqualsReference: every method's selection equals the windows plus the top-K
+// of its score computed the long way, by a full sort, over random contexts, queries and layers;
+// the block table and seq_len are rewritten as spec §3A says and restored after attention.
+func TestSelectionEqualsReference(t *testing.T) {
+	f := newFixture(t, testShape, 40, 7)
+	r := rand.New(rand.NewPCG(8, 9))
+	for name, conf := range methodConfigs {
+		t.Run(name, func(t *testing.T) {
+			m := newMethod(t, name, f.src, conf, testShape)
+			for trial := range 60 {
+				n := 1 + r.IntN(40)
+				partial := r.IntN(testShape.BlockSize)
+				layer := r.IntN(testShape.Layers)
+				q := randomQuery(r, testShape)
+				a := f.decodeCall(n, partial, layer, trial, q)
+				origTable, origLen := slices.Clone(a.BlockTable), a.SeqLen
+				if err := m.AttentionBegin(a); err != nil {
+					t.Fatal(err)
+				}
+				init, local, k := keepOf(t, m, n, a)
+				if init+local+k >= n {
+					if a.Selected != nil {
+						t.Fatalf("n %d: windows and budget cover the context, but %v selected", n, a.Selected)
+					}
+					continue
+				}
+				scores := make([]float64, n)
+				for b := init; b < n-local; b++ {
+					scores[b] = f.refScore(t, name, b, layer, q)
+				}
+				want := slices.Concat(seq(0, init), bruteTopK(scores, init, n-local, k), seq(n-local, n))
+				if !slices.Equal(a.Selected, want) {
+					t.Fatalf("n %d layer %d: selected %v, reference %v (scores %v)", n, layer, a.Selected, want, scores)
+				}
+				wantTable, wantLen, _ := RewriteBlockTable(origTable, want, origLen, testShape.BlockSize)
+				if !slices.Equal(a.BlockTable, wantTable) || a.SeqLen != wantLen {
+					t.Fatalf("rewrite: table %v seq_len %d, want %v %d", a.BlockTable, a.SeqLen, wantTable, wantLen)
+				}
+				if err := m.AttentionFinished(a); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(a.BlockTable, origTable) || a.SeqLen != origLen || a.Selected != nil {
+					t.Fatalf("AttentionFinished did not restore the block table and seq_len")
+				}
+			}
+			if st := m.(*blockMethod).Stats(); st.Selections == 0 || st.Missing != 0 {
+				t.Fatalf("stats %+v: want selections and no missing sidecar", st)
+			}
+		})
+	}
+}
+
+func seq(a, b int) []int {
+	var out []int
+	for i := a; i < b; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// keepOf asks the method its window split (as AttentionBegin did).
+func keepOf(t testing.TB, m SparseMethod, n int, a *Attention) (int, int, int) {
+	bm, ok := m.(*blockMethod)
+	if !ok {
+		t.Fatalf("%T is not a block method", m)
+	}
+	seqLen := a.SeqLen
+	if a.rewritten {
+		seqLen = a.origSeqLen
+	}
+	return bm.keep(n, seqLen)
+}
+
+// TestQuestBoundsAttention: Quest's block score bounds the largest q·k of the block's keys,
+// head by head and so summed (the property that makes it the anchor).
+func TestQuestBoundsAttention(t *testing.T) {
+	f := newFixture(t, testShape, 12, 3)
+	r := rand.New(rand.NewPCG(4, 5))
+	s := testShape
+	for range 200 {
+		q := randomQuery(r, s)
+		b, l := r.IntN(12), r.IntN(s.Layers)
+		var maxSum float64
+		for qh := range s.QHeads {
+			kv := qh / (s.QHeads / s.KVHeads)
+			best := math.Inf(-1)
+			for tok := range s.BlockSize {
+				var dot float64
+				for c := range s.HeadDim {
+					dot += float64(q[qh*s.HeadDim+c]) * float64(f.k[b][l][(tok*s.KVHeads+kv)*s.HeadDim+c])
+				}
+				best = max(best, dot)
+			}
+			maxSum += best
+		}
+		if bound := f.refScore(t, NameQuest, b, l, q); bound < maxSum-1e-3 {
+			t.Fatalf("Quest bound %v below the block's largest q·k sum %v", bound, maxSum)
+		}
+	}
+}
+
+// TestMissingSidecarsAreKept: blocks without a usable sidecar (not stored, corrupt, another
+// spec) are kept first within the budget, and counted.
+func TestMissingSidecarsAreKept(t *testing.T) {
+	f := newFixture(t, testShape, 30, 11)
+	src := &MapSidecars{}
+	kind := engine.SidecarKind(kernels.SidecarQuest)
+	for b, p := range f.payloads[kernels.SidecarQuest] {
+		switch b {
+		case 5: // absent
+		case 9: // corrupt: a flipped byte in layer 0's header
+			bad := slices.Clone(p)
+			bad[20] ^= 1
+			_ = src.Put(kind, f.ids[b], testShape.Layers, bad)
+		default:
+			_ = src.Put(kind, f.ids[b], testShape.Layers, p)
+		}
+	}
+	m := newMethod(t, NameQuest, src, "{init_window_sz: 1, local_window_sz: 1, budget: 0.2}", testShape)
+	a := f.decodeCall(30, 0, 0, 0, randomQuery(rand.New(rand.NewPCG(1, 1)), testShape))
+	if err := m.AttentionBegin(a); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(a.Selected, 5) || !slices.Contains(a.Selected, 9) || len(a.Selected) != 6 {
+		t.Fatalf("selected %v: want blocks 5 and 9 kept within 6", a.Selected)
+	}
+	if st := m.(*blockMethod).Stats(); st.Missing != 2 {
+		t.Fatalf("missing %d, want 2", st.Missing)
+	}
+	// A context longer than the stored ids: the blocks without an id are kept too.
+	a = f.decodeCall(30, 0, 0, 1, randomQuery(rand.New(rand.NewPCG(1, 2)), testShape))
+	a.Request.BlockIDs = a.Request.BlockIDs[:20]
+	if err := m.AttentionBegin(a); err != nil {
+		t.Fatal(err)
+	}
+	// The 4 candidates of the budget go to the first unscored blocks: 5 and 9, then 20, 21.
+	if want := []int{0, 5, 9, 20, 21, 29}; !slices.Equal(a.Selected, want) {
+		t.Fatalf("selected %v, want %v: blocks without an id are kept first", a.Selected, want)
+	}
+}
+
+// TestStrideHoldsSelection: with retrieval_stride s, the selected candidates are constant
+// within each window of s decode steps (KVStar MultiStep), recomputed at the next.
+func TestStrideHoldsSelection(t *testing.T) {
+	f := newFixture(t, testShape, 40, 13)
+	m := newMethod(t, NameKVStar, f.src, "{init_window_sz: 1, local_window_sz: 2, sparse_ratio: 0.2, retrieval_stride: 4}", testShape)
+	r := rand.New(rand.NewPCG(2, 3))
+	var held []int
+	changed := false
+	for step := range 24 {
+		a := f.decodeCall(30, 0, 1, step, randomQuery(r, testShape))
+		if err := m.AttentionBegin(a); err != nil {
+			t.Fatal(err)
+		}
+		mid := a.Selected[1 : len(a.Selected)-2]
+		if step%4 == 0 {
+			changed = changed || held != nil && !slices.Equal(mid, held)
+			held = slices.Clone(mid)
+		} else if !slices.Equal(mid, held) {
+			t.Fatalf("step %d: selection %v changed within the stride window (held %v)", step, mid, held)
+		}
+	}
+	if !changed {
+		t.Fatal("the selection never changed across stride windows (random queries)")
+	}
+	if st := m.(*blockMethod).Stats(); st.Held != 18 {
+		t.Fatalf("held %d selections, want 18", st.Held)
+	}
+}
+
+// TestRollbackLayersAndPrefillAreDense: GSA On-Device's rollback layers and every prefill
+// attend densely.
+func TestRollbackLayersAndPrefillAreDense(t *testing.T) {
+	f := newFixture(t, testShape, 40, 17)
+	m := newMethod(t, NameGSAOnDevice, f.src, "{hash_topk_tokens: 64, sink_token: 8, recent_token: 16, rollback_layers: [1]}", testShape)
+	q := randomQuery(rand.New(rand.NewPCG(5, 5)), testShape)
+	for layer, want := range []bool{true, false} {
+		a := f.decodeCall(40, 0, layer, 0, q)
+		if err := m.AttentionBegin(a); err != nil {
+			t.Fatal(err)
+		}
+		if (a.Selected != nil) != want {
+			t.Fatalf("layer %d: selected %v", layer, a.Selected)
+		}
+	}
+	a := f.decodeCall(40, 0, 0, 0, slices.Repeat(q, 3))
+	a.Phase = PhasePrefill
+	if err := m.AttentionBegin(a); err != nil || a.Selected != nil {
+		t.Fatalf("prefill: %v, %v", a.Selected, err)
+	}
+}
+
+// TestSelectionReadsNoBlock: selection through a real engine loads sidecar parts only: the
+// engine's whole-block and shard load counters do not move, and the selection equals the one
+// from the same sidecars in memory.
+func TestSelectionReadsNoBlock(t *testing.T) {
+	s := testShape
+	f := newFixture(t, s, 32, 21)
+	shard := 2 * s.BlockSize * s.KVHeads * s.HeadDim * 2
+	e, err := engine.Open(t.TempDir(), engine.Options{
+		Layout: engine.Layout{Shards: s.Layers, TensorsPerShard: 2, ShardBytes: int64(shard)},
+		Schema: engine.Schema{Model: "sparse-test", DType: "float16", KVLayout: "flash_attn", TPSize: 1, BlockTokens: s.BlockSize},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	src := make([][]byte, len(f.ids))
+	for b := range f.ids {
+		rec := make([]byte, s.Layers*shard)
+		for l := range s.Layers {
+			copy(rec[l*shard:], f.kb[b][l]) // K; V left zero
+		}
+		src[b] = rec
+	}
+	if err := e.Dump(f.ids, src).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for kind, ps := range f.payloads {
+		if err := e.DumpSidecars(engine.SidecarKind(kind), s.Layers, f.ids, ps).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := e.Stats()
+	r := rand.New(rand.NewPCG(6, 7))
+	for name, conf := range methodConfigs {
+		viaEngine := newMethod(t, name, e, conf, s)
+		inMemory := newMethod(t, name, f.src, conf, s)
+		for trial := range 10 {
+			q := randomQuery(r, s)
+			a, b := f.decodeCall(32, 0, trial%2, trial, q), f.decodeCall(32, 0, trial%2, trial, q)
+			if err := viaEngine.AttentionBegin(a); err != nil {
+				t.Fatal(err)
+			}
+			if err := inMemory.AttentionBegin(b); err != nil {
+				t.Fatal(err)
+			}
+			if a.Selected == nil || !slices.Equal(a.Selected, b.Selected) {
+				t.Fatalf("%s: through the engine %v, in memory %v", name, a.Selected, b.Selected)
+			}
+		}
+	}
+	after := e.Stats()
+	if after.LoadedBlocks != before.LoadedBlocks || after.LoadedShards != before.LoadedShards || after.LoadTasks != before.LoadTasks {
+		t.Fatalf("selection loaded blocks: blocks %d → %d, shards %d → %d, load tasks %d → %d",
+			before.LoadedBlocks, after.LoadedBlocks, before.LoadedShards, after.LoadedShards, before.LoadTasks, after.LoadTasks)
+	}
+	// The counters can move: a real load does.
+	dst := [][]byte{make([]byte, s.Layers*shard)}
+	if err := e.Load(f.ids[:1], dst).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if e.Stats().LoadedBlocks != after.LoadedBlocks+1 {
+		t.Fatal("a whole-block load is not counted: the check above proves nothing")
+	}
+}
+
+// TestHammingTopKBruteForce: kernels.Hamming equals a bit loop on random codes, and the
+// distance properties hold (spec §10).
+func TestHammingTopKBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 11))
+	for range 500 {
+		n := r.IntN(40)
+		a, b, c := make([]byte, n), make([]byte, n), make([]byte, n)
+		for i := range n {
+			a[i], b[i], c[i] = byte(r.Uint32()), byte(r.Uint32()), byte(r.Uint32())
+		}
+		loop := 0
+		for i := range n {
+			for bit := range 8 {
+				if (a[i]>>bit)&1 != (b[i]>>bit)&1 {
+					loop++
+				}
+			}
+		}
+		not := make([]byte, n)
+		for i := range a {
+			not[i] = ^a[i]
+		}
+		switch {
+		case kernels.Hamming(a, b) != loop:
+			t.Fatalf("Hamming %d, bit loop %d", kernels.Hamming(a, b), loop)
+		case kernels.Hamming(a, a) != 0, kernels.Hamming(a, b) != kernels.Hamming(b, a):
+			t.Fatal("d(a,a) ≠ 0 or not symmetric")
+		case kernels.Hamming(a, c) > kernels.Hamming(a, b)+kernels.Hamming(b, c):
+			t.Fatal("triangle inequality")
+		case kernels.Hamming(a, not) != 8*n:
+			t.Fatal("d(a, ¬a) ≠ bits")
+		}
+		_ = bits.OnesCount8
+	}
+}
