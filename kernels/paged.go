@@ -426,11 +426,21 @@ type loopDim struct {
 }
 
 // copyTemplate is how one block's shard of one layer is copied: nested loops (outermost first)
-// around a contiguous run of run bytes. A copyTemplate without loops is a single run.
+// around a contiguous run of run bytes. A copyTemplate without loops is a single run. offs
+// lists every run's offsets within the shard (cache side, record side) when there are at most
+// maxTemplateRuns of them, so that the copy is one flat loop; otherwise the loops are walked.
 type copyTemplate struct {
 	run   int64
 	loops []loopDim
+	offs  []runOff
 }
+
+// runOff is one run of a copyTemplate: its byte offset from the shard's start in the cache
+// (src) and in the record (dst).
+type runOff struct{ src, dst int64 }
+
+// maxTemplateRuns bounds a copyTemplate's table of run offsets (16 bytes each).
+const maxTemplateRuns = 4096
 
 // newTemplate merges the dimensions of a block's shard (outermost first, innermost with
 // dst == es) into as few loops and as long a contiguous run as their strides allow.
@@ -455,7 +465,29 @@ func newTemplate(es int64, dims []loopDim) copyTemplate {
 		ds = ds[:k]
 	}
 	t.loops = ds
+	runs := int64(1)
+	for _, d := range ds {
+		if runs *= d.n; runs > maxTemplateRuns {
+			return t
+		}
+	}
+	if len(ds) > 0 {
+		t.offs = make([]runOff, 0, runs)
+		t.offs = t.appendOffs(t.offs, 0, 0, 0)
+	}
 	return t
+}
+
+// appendOffs appends the offsets of the runs of loops k… starting at (src, dst).
+func (t *copyTemplate) appendOffs(offs []runOff, src, dst int64, k int) []runOff {
+	if k == len(t.loops) {
+		return append(offs, runOff{src, dst})
+	}
+	l := t.loops[k]
+	for i := int64(0); i < l.n; i++ {
+		offs = t.appendOffs(offs, src+i*l.src, dst+i*l.dst, k+1)
+	}
+	return offs
 }
 
 // checkBlocks validates block ids: each in [0, NumBlocks) (ErrOutOfRange), and with unique

@@ -332,6 +332,65 @@ func TestFlatRunsMerge(t *testing.T) {
 	}
 }
 
+// The table of run offsets and the loop walk (what templates with more than maxTemplateRuns
+// runs use) copy the same bytes, for every layout, dtype, TP slice and stride case.
+func TestTemplateWalkMatchesTable(t *testing.T) {
+	d := newTestDevice(t, SimOptions{})
+	s := mustStream(t, d)
+	for ci, c := range allCases() {
+		p, mems, offs := setupPaged(t, d, c.spec, 2, uint64(ci)*16+3)
+		if len(p.tmpl.loops) > 0 && p.tmpl.offs == nil {
+			t.Fatalf("%s: no run table for %d loops", c.name, len(p.tmpl.loops))
+		}
+		var regs []LayerRegion
+		for _, l := range p.layers {
+			regs = append(regs, LayerRegion{Name: l.name, Mem: l.mem, Offset: l.off})
+		}
+		walk, err := Register(p.Spec(), regs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		walk.tmpl.offs = nil
+		blocks := []int{5, 0, 8, 2}
+		want := newRefView(p.Spec(), offs).refGather(mems, blocks)
+		for _, q := range []*PagedKV{p, walk} {
+			got := make([]byte, len(want))
+			if err := q.GatherBlocks(s, blocks, got); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s: gather (run table %v) differs from the reference", c.name, q.tmpl.offs != nil)
+			}
+			// Scatter the records back over zeroed memory: the record's elements return.
+			for _, m := range mems {
+				clear(m)
+			}
+			if err := q.ScatterBlocks(s, blocks, got); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if again := newRefView(p.Spec(), offs).refGather(mems, blocks); !bytes.Equal(again, want) {
+				t.Fatalf("%s: scatter (run table %v) did not restore the blocks", c.name, q.tmpl.offs != nil)
+			}
+		}
+	}
+	// Per-element runs of a large shard fall back to the walk.
+	spec := CacheSpec{Layout: LayoutFlashAttn, DType: Float16, NumBlocks: 2, BlockSize: 64, KVHeads: 4, HeadDim: 32}
+	spec.Strides = []int64{2 * 64 * 4 * 32, 64 * 4 * 32, 4, 1, 64 * 4} // dim outermost in memory
+	p, err := Register(spec, []LayerRegion{{Mem: mustAlloc(t, d, "m", mustRegion(t, spec))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.tmpl.offs != nil || p.tmpl.run != 2 {
+		t.Fatalf("template %d-byte runs, table of %d: want 2-byte runs and no table", p.tmpl.run, len(p.tmpl.offs))
+	}
+}
+
 func TestBlockIDs(t *testing.T) {
 	spec := CacheSpec{Layout: LayoutFlashAttn, DType: Float16, NumBlocks: 8, BlockSize: 2, KVHeads: 2, HeadDim: 4}
 	d := newTestDevice(t, SimOptions{})

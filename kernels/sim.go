@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/ucm-go/ucm/internal/par"
 )
 
 // SimOptions configures a simulated device. The zero value is a device with unlimited memory
@@ -32,6 +34,9 @@ type SimOptions struct {
 
 // parallelMinBytes is the size from which a copy operation is split across CopyThreads.
 const parallelMinBytes = 4 << 20
+
+// parallelChunkBytes is about how much of a split operation one goroutine claims at a time.
+const parallelChunkBytes = 1 << 20
 
 // NewSimDevice returns a simulated device: its memory is host memory, its streams are
 // goroutines that run real copies in order, and SimOptions can model the host link so the
@@ -101,28 +106,17 @@ func (d *Device) sleepUntil(t time.Time) {
 	}
 }
 
-// parallel runs fn over [0, n) split into at most CopyThreads contiguous ranges when the
-// operation moves at least parallelMinBytes, else in one call on this goroutine.
+// parallel runs fn over [0, n) (n pieces of an operation moving bytes in all), on this
+// goroutine and, when the operation moves at least parallelMinBytes, up to CopyThreads-1
+// helpers claiming chunks of about parallelChunkBytes as they get a CPU (par.Chunks: a
+// helper that starts late finds the work done rather than delaying the operation).
 func (d *Device) parallel(bytes int64, n int, fn func(lo, hi int)) {
-	w := d.opts.CopyThreads
-	if w > n {
-		w = n
-	}
-	if w <= 1 || bytes < parallelMinBytes {
+	if d.opts.CopyThreads <= 1 || bytes < parallelMinBytes || n <= 1 {
 		fn(0, n)
 		return
 	}
-	var wg sync.WaitGroup
-	for i := 1; i < w; i++ {
-		lo, hi := n*i/w, n*(i+1)/w
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fn(lo, hi)
-		}()
-	}
-	fn(0, n/w)
-	wg.Wait()
+	grain := max(1, int(int64(n)*parallelChunkBytes/bytes))
+	par.Chunks(n, grain, d.opts.CopyThreads, fn)
 }
 
 // copyBytes copies src into dst (equal lengths), split across goroutines when large.

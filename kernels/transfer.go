@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
 )
 
@@ -131,32 +132,30 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 	}
 	*ip = items
 	total := int64(len(host))
-	tmpl := p.tmpl
-	dev := p.dev
+	tmpl := &p.tmpl
 	run := func() error {
 		defer func() {
 			*ip = (*ip)[:0]
 			itemPool.Put(ip)
 		}()
-		dev.parallel(total, len(items), func(a, b int) {
+		p.dev.parallel(total, len(items), func(a, b int) {
 			for _, it := range items[a:b] {
 				mem := mems[it.layer]
-				if flat {
-					if d2h {
-						copy(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
-					} else {
-						copy(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
-					}
-					continue
+				switch {
+				case flat && d2h:
+					copy(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
+				case flat:
+					copy(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
+				default:
+					tmpl.copy(mem, host, it.src, it.dst, d2h)
 				}
-				tmpl.copy(mem, host, it.src, it.dst, 0, d2h)
 			}
 		})
 		return nil
 	}
-	name := fmt.Sprintf("%s of %d blocks", verb, len(blocks))
+	name := verb + " of " + strconv.Itoa(len(blocks)) + " blocks"
 	if layer >= 0 {
-		name = fmt.Sprintf("%s of layer %d, %d blocks", verb, layer, len(blocks))
+		name = verb + " of layer " + strconv.Itoa(layer) + ", " + strconv.Itoa(len(blocks)) + " blocks"
 	}
 	dir := linkH2D
 	if d2h {
@@ -170,19 +169,53 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 	return nil
 }
 
-// copy runs the copyTemplate's loops from loop k for one block shard at src (device) and dst
-// (host).
-func (t *copyTemplate) copy(mem, host []byte, src, dst int64, k int, d2h bool) {
+// copy copies one block shard between the cache (mem, the shard at src) and the record (host,
+// the shard at dst) run by run: through the table of run offsets when the template has one,
+// else walking its loops.
+func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h bool) {
+	n := t.run
+	if t.offs == nil {
+		t.walk(mem, host, src, dst, 0, d2h)
+		return
+	}
+	// Slice both shards once so that each run's bounds checks are against short slices.
+	ms, hs := mem[src:], host[dst:]
+	if d2h {
+		for _, o := range t.offs {
+			copy(hs[o.dst:o.dst+n], ms[o.src:o.src+n])
+		}
+		return
+	}
+	for _, o := range t.offs {
+		copy(ms[o.src:o.src+n], hs[o.dst:o.dst+n])
+	}
+}
+
+// walk runs the copyTemplate's loops from loop k for one block shard at src (device) and dst
+// (host); the innermost loop is iterated here rather than recursed into.
+func (t *copyTemplate) walk(mem, host []byte, src, dst int64, k int, d2h bool) {
+	n := t.run
 	if k == len(t.loops) {
 		if d2h {
-			copy(host[dst:dst+t.run], mem[src:src+t.run])
+			copy(host[dst:dst+n], mem[src:src+n])
 		} else {
-			copy(mem[src:src+t.run], host[dst:dst+t.run])
+			copy(mem[src:src+n], host[dst:dst+n])
 		}
 		return
 	}
 	l := t.loops[k]
+	if k < len(t.loops)-1 {
+		for i := int64(0); i < l.n; i++ {
+			t.walk(mem, host, src+i*l.src, dst+i*l.dst, k+1, d2h)
+		}
+		return
+	}
 	for i := int64(0); i < l.n; i++ {
-		t.copy(mem, host, src+i*l.src, dst+i*l.dst, k+1, d2h)
+		s, d := src+i*l.src, dst+i*l.dst
+		if d2h {
+			copy(host[d:d+n], mem[s:s+n])
+		} else {
+			copy(mem[s:s+n], host[d:d+n])
+		}
 	}
 }
