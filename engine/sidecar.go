@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/par"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -278,42 +278,30 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 }
 
 // parallelSidecarBytes is the size of a LoadSidecars call from which its memory-tier copies
-// (copy and checksum, memory-bound) are split across cores.
-const parallelSidecarBytes = 1 << 20
+// (copy and checksum, memory-bound) are split across cores; sidecarChunkBytes is about how
+// much of it one goroutine claims at a time.
+const (
+	parallelSidecarBytes = 1 << 20
+	sidecarChunkBytes    = 256 << 10
+)
 
-// sidecarsFromMemory copies the parts the memory tier holds into dst and marks them found,
-// split across GOMAXPROCS goroutines for large calls.
+// sidecarsFromMemory copies the parts the memory tier holds into dst and marks them found.
+// Large calls are shared with helper goroutines claiming chunks of ids as they get a CPU
+// (par.Chunks), so that a helper the scheduler starts late never delays the call.
 func (e *Engine) sidecarsFromMemory(kind SidecarKind, part int, ids []BlockID, dst []byte, found []bool) {
 	n := len(dst) / len(ids)
 	run := func(lo, hi int) {
-		hits := 0
-		for i := lo; i < hi; i++ {
-			hit, err := e.mem.GetSidecar(ids[i], kind, part, dst[i*n:(i+1)*n])
-			if err != nil {
-				e.opts.Logger.Error("ucm: memory tier: sidecar checksum mismatch; loading from disk", "block", ids[i], "kind", kind, "err", err)
-			}
-			if hit {
-				found[i] = true
-				hits++
-			}
+		hits, err := e.mem.GetSidecars(kind, part, ids[lo:hi], dst[lo*n:hi*n], found[lo:hi])
+		if err != nil {
+			e.opts.Logger.Error("ucm: memory tier: sidecar checksum mismatch; loading from disk", "kind", kind, "err", err)
 		}
 		e.stats.sidecarMemoryHits.Add(int64(hits))
 	}
-	workers := min(runtime.GOMAXPROCS(0), len(dst)/parallelSidecarBytes*2)
-	if workers < 2 {
-		run(0, len(ids))
-		return
+	workers := 1
+	if len(dst) >= parallelSidecarBytes {
+		workers = runtime.GOMAXPROCS(0)
 	}
-	var wg sync.WaitGroup
-	per := (len(ids) + workers - 1) / workers
-	for lo := 0; lo < len(ids); lo += per {
-		wg.Add(1)
-		go func(lo, hi int) {
-			defer wg.Done()
-			run(lo, hi)
-		}(lo, min(len(ids), lo+per))
-	}
-	wg.Wait()
+	par.Chunks(len(ids), max(1, sidecarChunkBytes/n), workers, run)
 }
 
 // verifySidecar checks every part of a packed sidecar payload against its checksums.

@@ -1,6 +1,7 @@
 package tiers
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
@@ -144,28 +145,96 @@ func (c *MemCache) GetSidecar(id ID, kind format.SidecarKind, part int, dst []by
 	return c.get(memKey{id, kind}, int64(part)*int64(len(dst)), dst, true)
 }
 
+// GetSidecars is GetSidecar for many blocks: for each i with found[i] false, it copies part
+// `part` of block ids[i]'s sidecar of kind into dst[i·n : (i+1)·n], n = len(dst)/len(ids), and
+// sets found[i] when it did. It takes the cache's mutex once per batch of blocks rather than
+// once per block, and checks each part's bytes as it copies them, as Get does. It returns the
+// number of hits and, when parts failed their checksums (those blocks' sidecars are dropped
+// and left not found), an error joining one error per block that wraps format.ErrCorrupt.
+// len(found) must equal len(ids) and len(dst) be a multiple of len(ids); otherwise nothing is
+// copied.
+func (c *MemCache) GetSidecars(kind format.SidecarKind, part int, ids []ID, dst []byte, found []bool) (hits int, err error) {
+	if len(ids) == 0 || len(found) != len(ids) || len(dst) == 0 || len(dst)%len(ids) != 0 || part < 0 {
+		return 0, nil
+	}
+	n := int64(len(dst) / len(ids))
+	off := int64(part) * n
+	const batch = 64 // lookups per lock hold: short holds, few lock round trips
+	var (
+		es   [batch]*memEntry
+		at   [batch]int
+		errs []error
+	)
+	for lo := 0; lo < len(ids); lo += batch {
+		hi := min(lo+batch, len(ids))
+		k := 0
+		c.mu.Lock()
+		for i := lo; i < hi; i++ {
+			if found[i] {
+				continue
+			}
+			if e := c.lookupLocked(memKey{ids[i], kind}, off, n, true); e != nil {
+				es[k], at[k] = e, i
+				k++
+			}
+		}
+		c.mu.Unlock()
+		for j, e := range es[:k] {
+			i := at[j]
+			if err := c.check(e, off, dst[int64(i)*n:int64(i+1)*n]); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			found[i] = true
+			hits++
+		}
+		clear(es[:k])
+	}
+	return hits, errors.Join(errs...)
+}
+
 // get copies [off, off+len(dst)) of item k; with onePart the range must be exactly one part.
 func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, error) {
-	id := k.id
 	c.mu.Lock()
+	e := c.lookupLocked(k, off, int64(len(dst)), onePart)
+	c.mu.Unlock()
+	if e == nil {
+		return false, nil
+	}
+	if err := c.check(e, off, dst); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// lookupLocked returns item k when [off, off+n) is a run of whole parts of it (exactly one with
+// onePart), counting a hit and marking it most recently used; otherwise it counts a miss and
+// returns nil.
+func (c *MemCache) lookupLocked(k memKey, off, n int64, onePart bool) *memEntry {
 	e := c.entries[k]
 	var unit int64
 	if e != nil {
 		unit = int64(len(e.data) / len(e.crcs))
 	}
-	if e == nil || off < 0 || off > int64(len(e.data)) || int64(len(dst)) > int64(len(e.data))-off ||
-		(unit > 0 && (off%unit != 0 || int64(len(dst))%unit != 0)) || (onePart && int64(len(dst)) != unit) {
+	if e == nil || off < 0 || off > int64(len(e.data)) || n > int64(len(e.data))-off ||
+		(unit > 0 && (off%unit != 0 || n%unit != 0)) || (onePart && n != unit) {
 		c.misses++
-		c.mu.Unlock()
-		return false, nil
+		return nil
 	}
-	c.hits++ // undone below if a part fails its checksum
+	c.hits++ // undone by check if a part fails its checksum
 	if c.root.next != e {
 		c.removeFromListLocked(e)
 		c.pushFrontLocked(e)
 	}
-	c.mu.Unlock()
+	return e
+}
+
+// check copies [off, off+len(dst)) of e, found by lookupLocked, into dst and verifies each part
+// against its checksum as it goes. A mismatch drops e, turns its hit into a miss and returns
+// an error wrapping format.ErrCorrupt naming the block and part.
+func (c *MemCache) check(e *memEntry, off int64, dst []byte) error {
 	// e.data and e.crcs are immutable and stay valid after eviction while we hold e.
+	unit := int64(len(e.data) / len(e.crcs))
 	for p := int64(0); p*unit < int64(len(dst)); p++ {
 		part := int(off/unit + p)
 		src, to := e.data[int64(part)*unit:int64(part+1)*unit], dst[p*unit:(p+1)*unit]
@@ -177,7 +246,7 @@ func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, err
 		}
 		if crc != e.crcs[part] {
 			c.mu.Lock()
-			if c.entries[k] == e {
+			if c.entries[e.key] == e {
 				c.unlinkLocked(e)
 			}
 			c.hits--
@@ -185,13 +254,13 @@ func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, err
 			c.misses++
 			c.mu.Unlock()
 			what := "block"
-			if k.kind != 0 {
-				what = fmt.Sprintf("sidecar %d of block", k.kind)
+			if e.key.kind != 0 {
+				what = fmt.Sprintf("sidecar %d of block", e.key.kind)
 			}
-			return false, fmt.Errorf("memory tier: %s %s part %d: checksum %08x, want %08x: %w", what, id, part, crc, e.crcs[part], format.ErrCorrupt)
+			return fmt.Errorf("memory tier: %s %s part %d: checksum %08x, want %08x: %w", what, e.key.id, part, crc, e.crcs[part], format.ErrCorrupt)
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // Contains reports whether block id is cached, without changing its recency or the counters.

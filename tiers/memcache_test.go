@@ -434,3 +434,78 @@ func TestMemCacheSidecars(t *testing.T) {
 		t.Fatalf("after Remove: %+v", st)
 	}
 }
+
+// GetSidecars answers like GetSidecar for each block, across several lock batches: hits copied
+// and found, misses (absent, another kind, parts of another size) left alone, blocks already
+// found skipped, corrupt parts dropped and reported by block.
+func TestMemCacheGetSidecars(t *testing.T) {
+	const parts, part, blocks = 4, 128, 150
+	c := NewMemCache(1 << 20)
+	sides := make([][]byte, blocks)
+	for i := range sides {
+		sides[i] = make([]byte, parts*part)
+		for j := range sides[i] {
+			sides[i][j] = byte(i*7 + j)
+		}
+		crcs := make([]uint32, parts)
+		for p := range crcs {
+			crcs[p] = format.Checksum(sides[i][p*part : (p+1)*part])
+		}
+		switch {
+		case i%10 == 3: // not cached
+		case i%10 == 5:
+			c.PutSidecar(bid(i), 4, sides[i], crcs) // another kind
+		default:
+			c.PutSidecar(bid(i), 3, sides[i], crcs)
+		}
+	}
+	c.entries[memKey{bid(77), 3}].data[2*part+9] ^= 1 // corrupt part 2 of block 77
+	ids := make([]ID, blocks)
+	for i := range ids {
+		ids[i] = bid(i)
+	}
+	dst := make([]byte, blocks*part)
+	found := make([]bool, blocks)
+	found[1] = true // already found elsewhere: skipped
+	copy(dst[part:2*part], fill(part, 0xEE))
+	hits, err := c.GetSidecars(3, 2, ids, dst, found)
+	if !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), bid(77).String()) {
+		t.Fatalf("error %v, want the corrupt part of block 77", err)
+	}
+	want := 0
+	for i := range ids {
+		got := dst[i*part : (i+1)*part]
+		switch {
+		case i == 1:
+			if !found[i] || !bytes.Equal(got, fill(part, 0xEE)) {
+				t.Fatalf("block 1 (found before the call) was overwritten")
+			}
+		case i%10 == 3 || i%10 == 5 || i == 77:
+			if found[i] {
+				t.Fatalf("block %d found", i)
+			}
+		default:
+			want++
+			if !found[i] || !bytes.Equal(got, sides[i][2*part:3*part]) {
+				t.Fatalf("block %d: found %v, bytes match %v", i, found[i], bytes.Equal(got, sides[i][2*part:3*part]))
+			}
+		}
+	}
+	if hits != want {
+		t.Fatalf("%d hits, want %d", hits, want)
+	}
+	if c.entries[memKey{bid(77), 3}] != nil || c.Stats().Corrupt != 1 {
+		t.Fatalf("corrupt sidecar still cached (stats %+v)", c.Stats())
+	}
+	// Parts of another size miss; mismatched arguments copy nothing.
+	small := make([]byte, blocks*part/2)
+	if hits, err := c.GetSidecars(3, 0, ids, small, make([]bool, blocks)); hits != 0 || err != nil {
+		t.Fatalf("half-size parts: %d hits, %v", hits, err)
+	}
+	if hits, _ := c.GetSidecars(3, 0, ids, dst, make([]bool, blocks-1)); hits != 0 {
+		t.Fatalf("found of the wrong length: %d hits", hits)
+	}
+	if hits, _ := c.GetSidecars(3, parts, ids, dst, make([]bool, blocks)); hits != 0 {
+		t.Fatalf("part past the end: %d hits", hits)
+	}
+}
