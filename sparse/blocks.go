@@ -1,6 +1,7 @@
 package sparse
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
@@ -191,7 +192,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	m.stats.candidates.Add(int64(n - local - init))
 	if len(st.ids) > 0 {
 		pb := m.spec.PartBytes()
-		st.parts = grow(st.parts, len(st.ids)*pb)
+		st.parts = resize(st.parts, len(st.ids)*pb) // LoadSidecars writes every byte
 		found, err := m.src.LoadSidecars(engine.SidecarKind(m.spec.Kind), a.Layer, st.ids, st.parts)
 		if err != nil {
 			return nil, fmt.Errorf("%s: layer %d: load %v sidecars of %d blocks: %w", m.name, a.Layer, m.spec.Kind, len(st.ids), err)
@@ -286,6 +287,19 @@ func (m *blockMethod) reduceQuery(st *stepState) error {
 // questScore: Σ over query heads of Quest's bound Σ_d max(q_d·lo_d, q_d·hi_d) against the
 // per-channel min and max of the query head's KV head.
 func (m *blockMethod) questScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
+	if v, ok := fp16Values(h, part); ok {
+		s := m.shape
+		n := 2 * s.KVHeads * s.HeadDim
+		g := s.QHeads / s.KVHeads
+		var sum float64
+		for qh := range s.QHeads {
+			kv := qh / g
+			lo := v[kv*s.HeadDim*2 : (kv+1)*s.HeadDim*2]
+			hi := v[n+kv*s.HeadDim*2 : n+(kv+1)*s.HeadDim*2]
+			sum += float64(questBoundF16(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo, hi))
+		}
+		return sum, nil
+	}
 	if err := decodeValues(st, h, part); err != nil {
 		return 0, err
 	}
@@ -303,6 +317,9 @@ func (m *blockMethod) questScore(st *stepState, h *kernels.SidecarHeader, part [
 
 // esaScore: Σ_h q̄_h · r_h (spec §2 [DECISION]).
 func (m *blockMethod) esaScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
+	if v, ok := fp16Values(h, part); ok {
+		return dotF16(st.qr, v), nil
+	}
 	if err := decodeValues(st, h, part); err != nil {
 		return 0, err
 	}
@@ -315,10 +332,23 @@ func (m *blockMethod) esaScore(st *stepState, h *kernels.SidecarHeader, part []b
 
 // gsaScore: −Σ_h ‖q̄_h − r_h‖₂ (spec §3A, the active code).
 func (m *blockMethod) gsaScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
+	d := m.shape.HeadDim
+	if v, ok := fp16Values(h, part); ok {
+		t := f16()
+		var sum float64
+		for hd := range m.shape.KVHeads {
+			var ss float64
+			for i := hd * d; i < (hd+1)*d; i++ {
+				x := float64(st.qr[i]) - float64(t[binary.LittleEndian.Uint16(v[2*i:])])
+				ss += x * x
+			}
+			sum += math.Sqrt(ss)
+		}
+		return -sum, nil
+	}
 	if err := decodeValues(st, h, part); err != nil {
 		return 0, err
 	}
-	d := m.shape.HeadDim
 	var sum float64
 	for hd := range m.shape.KVHeads {
 		var ss float64
@@ -334,11 +364,36 @@ func (m *blockMethod) gsaScore(st *stepState, h *kernels.SidecarHeader, part []b
 // kvstarScore: Σ_h max_m q̄_h[channels]·repr_{m,h} (spec §5 [DECISION]), over the merged rows
 // the block has.
 func (m *blockMethod) kvstarScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
+	d, dk, heads := m.shape.HeadDim, h.Cols(), h.Heads
+	rows := h.ValidRows()
+	if h.Elem == kernels.Float16 {
+		// Channels (and every check) from the decoder; values read in place.
+		st.ch = grow(st.ch, heads*dk)
+		if _, _, err := kernels.DecodeSidecarPart(part, nil, st.ch); err != nil {
+			return 0, err
+		}
+		off := kernels.SidecarHeaderSize + (2*heads*dk+7)&^7
+		t := f16()
+		var sum float64
+		for hd := range heads {
+			qh := st.qr[hd*d : (hd+1)*d]
+			ch := st.ch[hd*dk : (hd+1)*dk]
+			best := math.Inf(-1)
+			for r := range rows {
+				v := part[off+2*(r*heads+hd)*dk : off+2*(r*heads+hd+1)*dk]
+				var s float64
+				for j, c := range ch {
+					s += float64(qh[c]) * float64(t[binary.LittleEndian.Uint16(v[2*j:])])
+				}
+				best = max(best, s)
+			}
+			sum += best
+		}
+		return sum, nil
+	}
 	if err := decodeValues(st, h, part); err != nil {
 		return 0, err
 	}
-	d, dk, heads := m.shape.HeadDim, h.Cols(), h.Heads
-	rows := h.ValidRows()
 	var sum float64
 	for hd := range heads {
 		qh := st.qr[hd*d : (hd+1)*d]
@@ -557,4 +612,81 @@ func grow[T any](s []T, n int) []T {
 	s = s[:n]
 	clear(s)
 	return s
+}
+
+// resize returns s with n elements, reusing its array when large enough; the contents are not
+// cleared.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// f16 is the float16 → float32 table of the fused scoring kernels (256 KiB).
+var f16 = sync.OnceValue(func() *[1 << 16]float32 {
+	t := new([1 << 16]float32)
+	for i := range t {
+		t[i] = kernels.Float16ToFloat32(uint16(i))
+	}
+	return t
+})
+
+// fp16Values returns the fp16 value bytes of a verified float part (ESA or Quest, whose data
+// is the values alone) after checking that its padding is zero, as DecodeSidecarPart does,
+// so the scoring kernels can read the values in place; false for other element types.
+func fp16Values(h *kernels.SidecarHeader, part []byte) ([]byte, bool) {
+	if h.Elem != kernels.Float16 || h.Kind == kernels.SidecarKVStar || h.Kind == kernels.SidecarHash {
+		return nil, false
+	}
+	n := kernels.SidecarHeaderSize + 2*h.Rows()*h.Heads*h.Cols()
+	if len(part) < n {
+		return nil, false
+	}
+	for _, b := range part[n:] {
+		if b != 0 {
+			return nil, false
+		}
+	}
+	return part[kernels.SidecarHeaderSize:n], true
+}
+
+// dotF16 is Σ q[i]·v[i] over fp16 values v (little-endian), accumulated in float64.
+func dotF16(q []float32, v []byte) float64 {
+	t := f16()
+	v = v[:2*len(q)]
+	var s float64
+	i := 0
+	for ; i+4 <= len(q); i += 4 {
+		w := binary.LittleEndian.Uint64(v[2*i:])
+		s += float64(q[i]) * float64(t[uint16(w)])
+		s += float64(q[i+1]) * float64(t[uint16(w>>16)])
+		s += float64(q[i+2]) * float64(t[uint16(w>>32)])
+		s += float64(q[i+3]) * float64(t[uint16(w>>48)])
+	}
+	for ; i < len(q); i++ {
+		s += float64(q[i]) * float64(t[binary.LittleEndian.Uint16(v[2*i:])])
+	}
+	return s
+}
+
+// questBoundF16 is kernels.QuestBound over fp16 min and max values read in place: the same
+// float32 products and float64 sum.
+func questBoundF16(q []float32, lo, hi []byte) float32 {
+	t := f16()
+	lo, hi = lo[:2*len(q)], hi[:2*len(q)]
+	var s float64
+	i := 0
+	for ; i+4 <= len(q); i += 4 {
+		wl, wh := binary.LittleEndian.Uint64(lo[2*i:]), binary.LittleEndian.Uint64(hi[2*i:])
+		x := q[i : i+4 : i+4]
+		s += float64(max(x[0]*t[uint16(wl)], x[0]*t[uint16(wh)]))
+		s += float64(max(x[1]*t[uint16(wl>>16)], x[1]*t[uint16(wh>>16)]))
+		s += float64(max(x[2]*t[uint16(wl>>32)], x[2]*t[uint16(wh>>32)]))
+		s += float64(max(x[3]*t[uint16(wl>>48)], x[3]*t[uint16(wh>>48)]))
+	}
+	for ; i < len(q); i++ {
+		s += float64(max(q[i]*t[binary.LittleEndian.Uint16(lo[2*i:])], q[i]*t[binary.LittleEndian.Uint16(hi[2*i:])]))
+	}
+	return float32(s)
 }

@@ -86,7 +86,7 @@ opened (missing, not a store, or in use by a running engine).`,
 	tc := &toolConfig{}
 	tc.register(root)
 	root.AddCommand(newVerifyCmd(tc, stdout, stderr), newInspectCmd(tc, stdout, stderr), newStatsCmd(tc, stdout, stderr), newBenchCmd(tc, stdout, stderr),
-		newCompactCmd(tc, stdout, stderr), newGCCmd(tc, stdout, stderr), newEvictCmd(tc, stdout, stderr), newDevicesCmd(stdout), newChatCmd(stdout, stderr))
+		newCompactCmd(tc, stdout, stderr), newGCCmd(tc, stdout, stderr), newEvictCmd(tc, stdout, stderr), newDevicesCmd(stdout), newChatCmd(stdout, stderr), newEvalCmd(stdout, stderr))
 	return root
 }
 

@@ -1,0 +1,141 @@
+package sparse
+
+import (
+	"crypto/md5"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
+)
+
+// benchShape is a 128K-token context's layer: 1,024 blocks of 128 tokens, 32 KV heads × 128
+// dims (and 32 query heads), as the latency target names it.
+var benchShape = Shape{Layers: 1, QHeads: 32, KVHeads: 32, HeadDim: 128, BlockSize: 128}
+
+const benchBlocks = 1024
+
+// benchSidecars stores synthetic sidecars of the real shape (random values, random codes) for
+// benchBlocks blocks, encoded as the writers encode them.
+func benchSidecars(b *testing.B, kind kernels.SidecarKind) (*MapSidecars, []engine.BlockID) {
+	b.Helper()
+	s := benchShape
+	spec := kernels.SidecarSpec{Kind: kind, Layers: s.Layers, Heads: s.KVHeads, Dim: s.HeadDim, BlockSize: s.BlockSize, Elem: kernels.Float16}
+	switch kind {
+	case kernels.SidecarKVStar:
+		spec.PruneRatio, spec.Merge = 0.5, 4
+	case kernels.SidecarHash:
+		spec.Elem, spec.HashBits, spec.Seed = 0, s.HeadDim, 1
+	}
+	h := kernels.SidecarHeader{SidecarSpec: spec, Input: kernels.Float16, Tokens: s.BlockSize}
+	if kind == kernels.SidecarHash {
+		encs, err := spec.HashEncoders()
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Fingerprint = kernels.HashFingerprint(encs...)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	src := &MapSidecars{}
+	ids := make([]engine.BlockID, benchBlocks)
+	for i := range ids {
+		ids[i] = md5.Sum(fmt.Appendf(nil, "bench %d", i))
+		sc := &kernels.Sidecar{SidecarHeader: h}
+		n := h.Rows() * h.Heads * h.Cols()
+		switch kind {
+		case kernels.SidecarHash:
+			sc.Codes = make([]byte, n)
+			for j := range sc.Codes {
+				sc.Codes[j] = byte(r.Uint32())
+			}
+		default:
+			sc.Values = make([]float32, n)
+			for j := range sc.Values {
+				sc.Values[j] = float32(r.NormFloat64())
+			}
+			if kind == kernels.SidecarQuest { // min ≤ max
+				half := n / 2
+				for j := range half {
+					lo, hi := sc.Values[j], sc.Values[half+j]
+					sc.Values[j], sc.Values[half+j] = min(lo, hi), max(lo, hi)
+				}
+			}
+			if kind == kernels.SidecarKVStar {
+				dk := h.Cols()
+				sc.Channels = make([]uint16, h.Heads*dk)
+				for hd := range h.Heads {
+					for j := range dk {
+						sc.Channels[hd*dk+j] = uint16(2 * j)
+					}
+				}
+			}
+		}
+		p, err := kernels.EncodeSidecar(nil, sc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := src.Put(engine.SidecarKind(kind), ids[i], s.Layers, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return src, ids
+}
+
+// BenchmarkSelect1024: one layer's selection (load the candidates' parts from memory, verify
+// and decode them, score, top-K, rewrite) over 1,024 blocks × 32 heads × 128 dims at a 10 %
+// budget, per method. Run alone, on one core:
+//
+//	GOMAXPROCS=1 go test -run '^$' -bench Select1024 -benchtime 20x ./sparse/
+func BenchmarkSelect1024(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		kind kernels.SidecarKind
+		conf string
+	}{
+		{NameQuest, kernels.SidecarQuest, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}"},
+		{NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}"},
+		{NameGSA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, min_blocks: 0}"},
+		{NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1}"},
+		{NameGSAOnDevice, kernels.SidecarHash, "{sink_token: 128, recent_token: 256, budget: 0.1, hash_bits: 128}"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			src, ids := benchSidecars(b, c.kind)
+			m := newMethod(b, c.name, src, c.conf, benchShape)
+			q := randomQuery(rand.New(rand.NewPCG(3, 4)), benchShape)
+			table := make([]int, benchBlocks)
+			for i := range table {
+				table[i] = i
+			}
+			req := &Request{ID: "bench", BlockIDs: ids, BlockTable: table}
+			b.ResetTimer()
+			for i := range b.N {
+				a := &Attention{Phase: PhaseDecode, Step: i, Request: req, Q: q, BlockTable: table, SeqLen: benchBlocks * benchShape.BlockSize}
+				if err := m.AttentionBegin(a); err != nil {
+					b.Fatal(err)
+				}
+				if len(a.Selected) != 102 {
+					b.Fatalf("%d selected", len(a.Selected))
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/layer")
+		})
+		// The physical limit of the same run: one copy of the parts a selection reads.
+		b.Run("memcpy-"+c.name, func(b *testing.B) {
+			src, ids := benchSidecars(b, c.kind)
+			var parts [][]byte
+			for _, id := range ids {
+				parts = append(parts, src.m[sidecarKey{id, engine.SidecarKind(c.kind)}].payload)
+			}
+			dst := make([]byte, len(parts)*len(parts[0]))
+			b.SetBytes(int64(len(dst)))
+			b.ResetTimer()
+			for range b.N {
+				for i, p := range parts {
+					copy(dst[i*len(p):], p)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/layer")
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package eval
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/ucm-go/ucm/sparse"
+)
+
+// MaxFileBytes is the corpus's file size limit (train.py's --max-file-bytes): larger files
+// (generated tables) are left out.
+const MaxFileBytes = 256 * 1024
+
+// HeldOutPermille is the share of files held out (train.py's --heldout-permille).
+const HeldOutPermille = 20
+
+// IsHeldOut is train.py's split: a file (path relative to GOROOT/src, slash-separated) is held
+// out when the first 8 bytes of its path's sha256, as a big-endian integer, mod 1000 are below
+// HeldOutPermille.
+func IsHeldOut(rel string) bool {
+	h := sha256.Sum256([]byte(rel))
+	return binary.BigEndian.Uint64(h[:8])%1000 < HeldOutPermille
+}
+
+// HeldOutStream returns the held-out files of the model's corpus (every .go file under src,
+// outside testdata directories, not a symlink, at most MaxFileBytes, in path order)
+// concatenated, as train.py builds its held-out stream, and how many files it holds.
+func HeldOutStream(src string) ([]byte, int, error) {
+	var paths []string
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == "testdata" && p != src {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(d.Name(), ".go") || d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil || info.Size() > MaxFileBytes {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		if rel = filepath.ToSlash(rel); IsHeldOut(rel) {
+			paths = append(paths, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("held-out corpus under %s: %w", src, err)
+	}
+	sort.Strings(paths)
+	var out []byte
+	for _, rel := range paths {
+		b, err := os.ReadFile(filepath.Join(src, filepath.FromSlash(rel)))
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, b...)
+	}
+	return out, len(paths), nil
+}
+
+// Windows cuts n windows of size bytes spread evenly over stream (train.py's heldout_windows:
+// window i starts at ⌊i·(len − size)/(n − 1)⌋).
+func Windows(stream []byte, size, n int) ([][]byte, error) {
+	if n < 1 || size < 2 || len(stream) < size {
+		return nil, fmt.Errorf("%w: %d windows of %d bytes from %d", sparse.ErrInvalid, n, size, len(stream))
+	}
+	span := len(stream) - size
+	out := make([][]byte, n)
+	for i := range n {
+		s := int(float64(i) * float64(span) / float64(max(1, n-1)))
+		out[i] = stream[s : s+size]
+	}
+	return out, nil
+}

@@ -1,0 +1,473 @@
+// Package eval measures sparse attention on the small real model (connector/model): it decodes
+// held-out text with each method selecting blocks from sidecars computed from the model's own
+// K, teacher-forced, against full attention, and reports what a user of a method loses:
+// attention-mass recall of the selected blocks, each layer's attention output error, next-token
+// top-1 agreement, KL divergence and perplexity. ucm-tool eval sparse runs it.
+package eval
+
+import (
+	"context"
+	"crypto/md5"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/sparse"
+)
+
+// Options shape an evaluation.
+type Options struct {
+	// Model is the model decoded.
+	Model *model.Model
+	// Windows are the texts: each is prefilled densely for its first Prefill tokens, then
+	// decoded token by token (teacher-forced) to its last token; the predictions of positions
+	// Prefill … len−2 are scored against the next byte.
+	Windows [][]byte
+	Prefill int
+	// BlockSizes, Budgets (fraction of a context's blocks attended, windows included) and
+	// Methods (registry names) span the runs: every method at every budget and block size.
+	BlockSizes []int
+	Budgets    []float64
+	Methods    []string
+	// Progress, when set, is told of each finished run.
+	Progress func(r Result)
+}
+
+// Result is one (method, block size, budget) run over every window, or the dense baseline
+// (Method "dense").
+type Result struct {
+	Method    string  `json:"method"`
+	BlockSize int     `json:"block_tokens"`
+	Budget    float64 `json:"budget"`
+	// Positions is the decode positions scored.
+	Positions int `json:"positions"`
+	// Kept is the mean fraction of the context's blocks attended per (position, layer).
+	Kept float64 `json:"kept_fraction"`
+	// Recall is the mean share of full attention's probability mass (the run's own query over
+	// its own cache) falling in the attended blocks, over positions, layers and query heads.
+	Recall float64 `json:"attention_mass_recall"`
+	// MinRecall is the lowest per-(position, layer) recall.
+	MinRecall float64 `json:"min_recall"`
+	// LayerRelErr is, per layer, the mean of ‖o_sparse − o_full‖ / ‖o_full‖ of the attention
+	// output for the same query and cache.
+	LayerRelErr []float64 `json:"layer_rel_err"`
+	// Top1 is the share of positions whose argmax equals full attention's.
+	Top1 float64 `json:"top1_agreement"`
+	// KL is the mean KL(full ‖ sparse) of the next-token distributions, in nats.
+	KL float64 `json:"kl_nats"`
+	// PPL is exp(mean NLL of the next byte); DensePPL the same for full attention; PPLChange
+	// PPL/DensePPL − 1.
+	PPL       float64 `json:"ppl"`
+	DensePPL  float64 `json:"dense_ppl"`
+	PPLChange float64 `json:"ppl_change"`
+	// SelectMicros is the mean wall time of one layer's selection (AttentionBegin), in µs.
+	SelectMicros float64 `json:"select_us_per_layer"`
+}
+
+// MethodConfig is the configuration the evaluation runs a method with at a budget and block
+// size: budget as the fraction of blocks kept, windows included; an init and a local window of
+// one block each; GSA without its min_blocks floor; GSA On-Device with one sink and one recent
+// block and 32-bit codes of seed 1 (the head dim of the small model); other keys at their
+// defaults (KVStar's retrieval_stride 8, prune 0.5, merge 4).
+func MethodConfig(name string, budget float64, blockSize int) (sparse.MethodConfig, error) {
+	cfg, err := sparse.ParseMethodConfig(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = 1, 1, budget }
+	switch c := cfg.(type) {
+	case *sparse.QuestConfig:
+		win(&c.WindowConfig)
+	case *sparse.ESAConfig:
+		win(&c.WindowConfig)
+	case *sparse.GSAConfig:
+		win(&c.WindowConfig)
+		c.MinBlocks = 0
+	case *sparse.KVStarConfig:
+		win(&c.WindowConfig)
+	case *sparse.GSAOnDeviceConfig:
+		c.SinkTokens, c.RecentTokens, c.Budget, c.HashBits, c.HashSeed = blockSize, blockSize, budget, 0, 1
+	}
+	return cfg, cfg.Validate()
+}
+
+// sidecarSpecer is implemented by the block-scoring methods.
+type sidecarSpecer interface{ SidecarSpec() kernels.SidecarSpec }
+
+// Run evaluates every configuration and returns the dense baseline first (per block size),
+// then a Result per (block size, method, budget).
+func Run(ctx context.Context, o Options) ([]Result, error) {
+	cfg := o.Model.Config()
+	if len(o.Windows) == 0 || o.Prefill < 1 {
+		return nil, fmt.Errorf("%w: eval: %d windows, prefill %d", sparse.ErrInvalid, len(o.Windows), o.Prefill)
+	}
+	for i, w := range o.Windows {
+		if len(w) < o.Prefill+2 || len(w) > cfg.MaxCtx+1 {
+			return nil, fmt.Errorf("%w: eval: window %d has %d bytes: want [prefill+2, context+1] = [%d, %d]", sparse.ErrInvalid, i, len(w), o.Prefill+2, cfg.MaxCtx+1)
+		}
+	}
+	// The dense reference: logits of every decode position of every window. Dense attention
+	// does not depend on the block size (the model attends positions in order whatever the
+	// paging), so one run serves every block size.
+	dense := make([][][]float32, len(o.Windows))
+	for wi, w := range o.Windows {
+		var err error
+		if dense[wi], err = decodeRun(ctx, o.Model, w, o.Prefill, 16, nil); err != nil {
+			return nil, err
+		}
+	}
+	var out []Result
+	for _, bs := range o.BlockSizes {
+		base := Result{Method: "dense", BlockSize: bs, Budget: 1, Kept: 1, Recall: 1, MinRecall: 1, Top1: 1, LayerRelErr: make([]float64, cfg.Layers)}
+		var nll float64
+		for wi, w := range o.Windows {
+			for i, lg := range dense[wi] {
+				nll += -logSoftmax(lg)[w[o.Prefill+i+1]]
+				base.Positions++
+			}
+		}
+		base.PPL = math.Exp(nll / float64(base.Positions))
+		base.DensePPL = base.PPL
+		out = append(out, base)
+		if o.Progress != nil {
+			o.Progress(base)
+		}
+		for _, name := range o.Methods {
+			for _, budget := range o.Budgets {
+				r, err := runMethod(ctx, o, name, budget, bs, dense)
+				if err != nil {
+					return out, fmt.Errorf("%s at %.0f%%, %d-token blocks: %w", name, 100*budget, bs, err)
+				}
+				r.DensePPL = base.PPL
+				r.PPLChange = r.PPL/base.PPL - 1
+				out = append(out, r)
+				if o.Progress != nil {
+					o.Progress(r)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// run is one decode of one window under one method.
+type run struct {
+	m      *model.Model
+	cache  *model.KVCache
+	seq    model.Sequence
+	method sparse.SparseMethod
+	spec   kernels.SidecarSpec
+	src    *sparse.MapSidecars
+	req    sparse.Request
+	bs     int
+	step   int
+	res    *Result
+	// hookErr is the first error of a selection (the model's hook cannot return one).
+	hookErr error
+	// accumulators
+	keptSum, recallSum, layerN float64
+	layerErr                   []float64
+	selTime                    time.Duration
+	selN                       int
+	kbuf, vbuf                 []float32
+	probs                      []float64
+}
+
+// decodeRun prefills w[:prefill] densely and decodes w[prefill:len−1] one token at a time with
+// hooks, returning each decode step's logits.
+func decodeRun(ctx context.Context, m *model.Model, w []byte, prefill, bs int, r *run) ([][]float32, error) {
+	cfg := m.Config()
+	cache, err := model.NewKVCache(cfg, (len(w)+bs-1)/bs, bs)
+	if err != nil {
+		return nil, err
+	}
+	var seq model.Sequence
+	if err := seq.Reserve(cache, len(w)); err != nil {
+		return nil, err
+	}
+	toks, pos := make([]int, prefill), make([]int, prefill)
+	for i := range prefill {
+		toks[i], pos[i] = int(w[i]), i
+	}
+	if _, err := m.Forward(cache, &seq, toks, pos); err != nil {
+		return nil, err
+	}
+	var hooks *model.Hooks
+	if r != nil {
+		r.m, r.cache, r.seq, r.bs = m, cache, seq, bs
+		if err := r.prefillSidecars(prefill); err != nil {
+			return nil, err
+		}
+		hooks = &model.Hooks{SelectBlocks: r.selectBlocks}
+	}
+	var out [][]float32
+	for p := prefill; p < len(w)-1; p++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s := &seq
+		if r != nil {
+			s = &r.seq
+			r.step = p - prefill
+		}
+		lg, err := m.ForwardHooks(cache, s, []int{int(w[p])}, []int{p}, hooks)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
+			if r.hookErr != nil {
+				return nil, r.hookErr
+			}
+			if (p+1)%bs == 0 { // block p/bs just filled: store its sidecar
+				if err := r.addSidecar(p / bs); err != nil {
+					return nil, err
+				}
+			}
+		}
+		out = append(out, lg)
+	}
+	return out, nil
+}
+
+func runMethod(ctx context.Context, o Options, name string, budget float64, bs int, dense [][][]float32) (Result, error) {
+	cfg := o.Model.Config()
+	res := Result{Method: name, BlockSize: bs, Budget: budget, MinRecall: 1, LayerRelErr: make([]float64, cfg.Layers)}
+	mc, err := MethodConfig(name, budget, bs)
+	if err != nil {
+		return res, err
+	}
+	var nll, kl float64
+	var top1 int
+	var keptSum, recallSum, layerN float64
+	var selTime time.Duration
+	var selN int
+	for wi, w := range o.Windows {
+		src := &sparse.MapSidecars{}
+		m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: src,
+			Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
+		if err != nil {
+			return res, err
+		}
+		ss, ok := m.(sidecarSpecer)
+		if !ok {
+			return res, fmt.Errorf("%w: %s does not select from sidecars", sparse.ErrInvalid, name)
+		}
+		r := &run{method: m, spec: ss.SidecarSpec(), src: src, res: &res, layerErr: make([]float64, cfg.Layers),
+			req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}}
+		logits, err := decodeRun(ctx, o.Model, w, o.Prefill, bs, r)
+		if err != nil {
+			return res, err
+		}
+		for i, lg := range logits {
+			d := dense[wi][i]
+			if model.Argmax(lg) == model.Argmax(d) {
+				top1++
+			}
+			ls, ld := logSoftmax(lg), logSoftmax(d)
+			nll += -ls[w[o.Prefill+i+1]]
+			for j := range ld {
+				kl += math.Exp(ld[j]) * (ld[j] - ls[j])
+			}
+			res.Positions++
+		}
+		keptSum += r.keptSum
+		recallSum += r.recallSum
+		layerN += r.layerN
+		for l, e := range r.layerErr {
+			res.LayerRelErr[l] += e
+		}
+		selTime += r.selTime
+		selN += r.selN
+	}
+	n := float64(res.Positions)
+	res.Top1 = float64(top1) / n
+	res.KL = kl / n
+	res.PPL = math.Exp(nll / n)
+	res.Kept = keptSum / layerN
+	res.Recall = recallSum / layerN
+	for l := range res.LayerRelErr {
+		res.LayerRelErr[l] /= n
+	}
+	if selN > 0 {
+		res.SelectMicros = float64(selTime.Microseconds()) / float64(selN)
+	}
+	return res, nil
+}
+
+// blockID is a window's synthetic block id (a store would give the chained hash).
+func blockID(req string, b int) engine.BlockID {
+	return md5.Sum(fmt.Appendf(nil, "%s block %d", req, b))
+}
+
+// prefillSidecars stores the sidecars of the prefill's full blocks.
+func (r *run) prefillSidecars(prefill int) error {
+	for b := range prefill / r.bs {
+		if err := r.addSidecar(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addSidecar computes logical block b's sidecar from the cache's K and stores it.
+func (r *run) addSidecar(b int) error {
+	w, err := kernels.NewSidecarWriter(r.spec, kernels.Float16)
+	if err != nil {
+		return err
+	}
+	if err := w.Begin(r.bs); err != nil {
+		return err
+	}
+	tb := r.cache.KVHeads() * r.cache.HeadDim() * 2
+	for l := range r.cache.Layers() {
+		off := r.cache.Offset(0, r.seq.Blocks[b]*r.bs)
+		if err := w.AddLayer(l, r.cache.Layer(l)[off:off+r.bs*tb]); err != nil {
+			return err
+		}
+	}
+	p, err := w.AppendPayload(nil)
+	if err != nil {
+		return err
+	}
+	id := blockID(r.req.ID, b)
+	if err := r.src.Put(engine.SidecarKind(r.spec.Kind), id, r.cache.Layers(), p); err != nil {
+		return err
+	}
+	if b != len(r.req.BlockIDs) {
+		return fmt.Errorf("%w: sidecar of block %d after %d blocks", sparse.ErrInvalid, b, len(r.req.BlockIDs))
+	}
+	r.req.BlockIDs = append(r.req.BlockIDs, id)
+	return nil
+}
+
+// selectBlocks is the model's SelectBlocks hook: the method's selection for this layer and
+// position, measured against full attention on the same query and cache.
+func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []int {
+	if r.hookErr != nil {
+		return nil
+	}
+	n := pos/r.bs + 1
+	r.req.BlockTable, r.req.NumComputedTokens, r.req.NumOutputTokens = seq.Blocks[:n], pos, r.step+1
+	a := &sparse.Attention{Layer: layer, LayerName: fmt.Sprintf("model.layers.%d.self_attn", layer), Phase: sparse.PhaseDecode,
+		Step: r.step, Request: &r.req, Q: q, BlockTable: seq.Blocks[:n], SeqLen: pos + 1}
+	start := time.Now()
+	err := r.method.AttentionBegin(a)
+	r.selTime += time.Since(start)
+	r.selN++
+	if err != nil {
+		r.hookErr = fmt.Errorf("layer %d position %d: %w", layer, pos, err)
+		return nil
+	}
+	sel := slices.Clone(a.Selected)
+	if err := r.method.AttentionFinished(a); err != nil {
+		r.hookErr = err
+		return nil
+	}
+	r.measure(layer, pos, q, sel)
+	return sel
+}
+
+// measure compares attention over the selected blocks (nil: all) with full attention for the
+// step's query q ([heads][head dim], after RoPE) against layer's cache up to pos: the share of
+// full attention's mass in the selected blocks and the relative error of the output.
+func (r *run) measure(layer, pos int, q []float32, sel []int) {
+	cfg := r.m.Config()
+	n := pos/r.bs + 1
+	T, hd, kvd, G := pos+1, cfg.HeadDim, cfg.KVDim(), cfg.Heads/cfg.KVHeads
+	in := make([]bool, n)
+	if sel == nil {
+		for i := range in {
+			in[i] = true
+		}
+	}
+	kept := 0
+	for _, b := range sel {
+		if !in[b] {
+			in[b] = true
+			kept++
+		}
+	}
+	if sel == nil {
+		kept = n
+	}
+	r.kbuf = slices.Grow(r.kbuf[:0], T*kvd)[:T*kvd]
+	r.vbuf = slices.Grow(r.vbuf[:0], T*kvd)[:T*kvd]
+	r.probs = slices.Grow(r.probs[:0], T)[:T]
+	buf := r.cache.Layer(layer)
+	tb := kvd * 2
+	for p := range T {
+		slot := r.seq.Blocks[p/r.bs]*r.bs + p%r.bs
+		_ = kernels.DecodeFloat32(r.kbuf[p*kvd:(p+1)*kvd], buf[r.cache.Offset(0, slot):r.cache.Offset(0, slot)+tb], kernels.Float16)
+		_ = kernels.DecodeFloat32(r.vbuf[p*kvd:(p+1)*kvd], buf[r.cache.Offset(1, slot):r.cache.Offset(1, slot)+tb], kernels.Float16)
+	}
+	scale := 1 / math.Sqrt(float64(hd))
+	var mass, num, den float64
+	full, part := make([]float64, hd), make([]float64, hd)
+	for h := range cfg.Heads {
+		kv := h / G
+		qh := q[h*hd : (h+1)*hd]
+		mx := math.Inf(-1)
+		for p := range T {
+			var s float64
+			k := r.kbuf[p*kvd+kv*hd : p*kvd+(kv+1)*hd]
+			for d, x := range qh {
+				s += float64(x) * float64(k[d])
+			}
+			r.probs[p] = s * scale
+			mx = max(mx, s*scale)
+		}
+		var z, zin float64
+		clear(full)
+		clear(part)
+		for p := range T {
+			e := math.Exp(r.probs[p] - mx)
+			z += e
+			v := r.vbuf[p*kvd+kv*hd : p*kvd+(kv+1)*hd]
+			for d := range full {
+				full[d] += e * float64(v[d])
+			}
+			if in[p/r.bs] {
+				zin += e
+				for d := range part {
+					part[d] += e * float64(v[d])
+				}
+			}
+		}
+		mass += zin / z
+		for d := range full {
+			f, s := full[d]/z, part[d]/zin
+			num += (s - f) * (s - f)
+			den += f * f
+		}
+	}
+	recall := mass / float64(cfg.Heads)
+	r.recallSum += recall
+	r.res.MinRecall = min(r.res.MinRecall, recall)
+	r.keptSum += float64(kept) / float64(n)
+	r.layerN++
+	if den > 0 {
+		r.layerErr[layer] += math.Sqrt(num / den)
+	}
+}
+
+// logSoftmax returns log softmax(x) in float64.
+func logSoftmax(x []float32) []float64 {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = max(mx, float64(v))
+	}
+	var z float64
+	for _, v := range x {
+		z += math.Exp(float64(v) - mx)
+	}
+	lz := mx + math.Log(z)
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = float64(v) - lz
+	}
+	return out
+}

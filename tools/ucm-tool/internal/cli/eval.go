@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ucm-go/ucm/connector/loop"
+	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/sparse"
+	"github.com/ucm-go/ucm/sparse/eval"
+)
+
+// evalSparseOptions are the flags of ucm-tool eval sparse.
+type evalSparseOptions struct {
+	weights, corpus  string
+	windows, context int
+	prefill          int
+	blockSizes       []int
+	budgets          []float64
+	methods          []string
+	asJSON           bool
+}
+
+func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "eval",
+		Short: "Measure quality on the small model",
+	}
+	cmd.AddCommand(newEvalSparseCmd(stdout, stderr))
+	return cmd
+}
+
+func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
+	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
+		budgets: []float64{0.1, 0.2, 0.3}, methods: sparse.Names()}
+	cmd := &cobra.Command{
+		Use:   "sparse",
+		Short: "Decode held-out text with each sparse-attention method against full attention",
+		Long: `sparse decodes windows of the small model's held-out text (train.py's split of
+$(go env GOROOT)/src) token by token, teacher-forced, once with full attention and once per
+(method, block size, budget) with the method choosing the blocks each layer attends from the
+sidecars of the blocks (computed from the model's own K as a dump would), and prints per run:
+the fraction of blocks attended, the attention-mass recall of the attended blocks, each
+layer's attention-output relative error, next-token top-1 agreement with full attention, the
+KL divergence and the perplexity change, and the selection time per layer. Each window is
+prefilled densely for --prefill tokens; the rest are decode positions.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runEvalSparse(cmd.Context(), o, stdout, stderr)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	f.StringVar(&o.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
+	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
+	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
+	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
+	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
+	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(sparse.Names(), ", ")+")")
+	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	m, man, err := model.LoadDir(o.weights)
+	if err != nil {
+		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+	}
+	switch {
+	case o.context < 2 || o.context > m.Config().MaxCtx:
+		return usageErr("--context %d: want [2, %d]", o.context, m.Config().MaxCtx)
+	case o.prefill < 1 || o.prefill > o.context-1:
+		return usageErr("--prefill %d: want [1, %d]", o.prefill, o.context-1)
+	case o.windows < 1:
+		return usageErr("--windows %d: want at least 1", o.windows)
+	}
+	for _, bs := range o.blockSizes {
+		if bs < 1 || bs > 1024 {
+			return usageErr("--block-tokens %d: want [1, 1024]", bs)
+		}
+	}
+	for _, b := range o.budgets {
+		if !(b > 0 && b <= 1) {
+			return usageErr("--budgets %v: want fractions in (0, 1]", b)
+		}
+	}
+	for i, name := range o.methods {
+		cfg, err := sparse.ParseMethodConfig(name, nil)
+		if err != nil {
+			return usageErr("--methods: %v", err)
+		}
+		o.methods[i] = cfg.Method()
+	}
+	if o.corpus == "" {
+		root, err := loop.GoRoot()
+		if err != nil {
+			return usageErr("--corpus not given and %v", err)
+		}
+		o.corpus = filepath.Join(root, "src")
+	}
+	stream, files, err := eval.HeldOutStream(o.corpus)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	windows, err := eval.Windows(stream, o.context+1, o.windows)
+	if err != nil {
+		return usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
+	}
+	start := time.Now()
+	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes,
+		Budgets: o.budgets, Methods: o.methods, Progress: func(r eval.Result) {
+			if !o.asJSON {
+				fmt.Fprintf(stderr, "  %s %d-token blocks %.0f%%: %s\n", r.Method, r.BlockSize, 100*r.Budget, time.Since(start).Round(time.Second))
+			}
+		}})
+	if err != nil {
+		return err
+	}
+	if o.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
+			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "results": res})
+	}
+	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run\n",
+		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.prefill, res[0].Positions)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
+	for _, r := range res {
+		errs := make([]string, len(r.LayerRelErr))
+		for i, e := range r.LayerRelErr {
+			errs[i] = fmt.Sprintf("%.3f", e)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.3f\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
+			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/ucm-go/ucm/sparse/eval"
+)
+
+// TestEvalSparse: eval sparse on a tiny setting reports the dense baseline and every run, in
+// the table and in --json; bad flags are usage errors.
+func TestEvalSparse(t *testing.T) {
+	args := []string{"eval", "sparse", "--weights", testWeights, "--windows", "1", "--context", "100", "--prefill", "80",
+		"--block-tokens", "16", "--budgets", "0.3", "--methods", "quest,ESA"}
+	out, _, code := run(t, args...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "held-out files", "dense", "Quest", "ESA", "recall")
+	out, _, code = run(t, append(args, "--json")...)
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	var r struct {
+		Results []eval.Result `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 {
+		t.Fatalf("eval sparse --json: %+v", r.Results)
+	}
+	for _, bad := range [][]string{
+		{"eval", "sparse", "--weights", "/nonexistent"},
+		{"eval", "sparse", "--weights", testWeights, "--methods", "Blend"},
+		{"eval", "sparse", "--weights", testWeights, "--budgets", "1.5"},
+		{"eval", "sparse", "--weights", testWeights, "--context", "5000"},
+	} {
+		if _, _, code := run(t, bad...); code != ExitUsage {
+			t.Errorf("%v: exit %d, want %d", bad, code, ExitUsage)
+		}
+	}
+}
