@@ -179,9 +179,28 @@ func (c *MemCache) GetSidecars(kind format.SidecarKind, part int, ids []ID, dst 
 			}
 		}
 		c.mu.Unlock()
-		for j, e := range es[:k] {
+		// Three parts at a time in one pass (copy and checksum together), the rest one by one.
+		j := 0
+		for ; j+3 <= k; j += 3 {
+			var d, src [3][]byte
+			for x := range d {
+				i := at[j+x]
+				d[x], src[x] = dst[int64(i)*n:int64(i+1)*n], es[j+x].data[off:off+n]
+			}
+			var crcs [3]uint32
+			crcs[0], crcs[1], crcs[2] = copyCheck3(d[0], src[0], d[1], src[1], d[2], src[2])
+			for x, e := range es[j : j+3] {
+				if want := e.crcs[part]; crcs[x] != want {
+					errs = append(errs, c.dropCorrupt(e, part, crcs[x], want))
+					continue
+				}
+				found[at[j+x]] = true
+				hits++
+			}
+		}
+		for ; j < k; j++ {
 			i := at[j]
-			if err := c.check(e, off, dst[int64(i)*n:int64(i+1)*n]); err != nil {
+			if err := c.check(es[j], off, dst[int64(i)*n:int64(i+1)*n]); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -245,22 +264,29 @@ func (c *MemCache) check(e *memEntry, off int64, dst []byte) error {
 			crc = format.ChecksumUpdate(crc, to[a:b])
 		}
 		if crc != e.crcs[part] {
-			c.mu.Lock()
-			if c.entries[e.key] == e {
-				c.unlinkLocked(e)
-			}
-			c.hits--
-			c.corrupt++
-			c.misses++
-			c.mu.Unlock()
-			what := "block"
-			if e.key.kind != 0 {
-				what = fmt.Sprintf("sidecar %d of block", e.key.kind)
-			}
-			return fmt.Errorf("memory tier: %s %s part %d: checksum %08x, want %08x: %w", what, e.key.id, part, crc, e.crcs[part], format.ErrCorrupt)
+			return c.dropCorrupt(e, part, crc, e.crcs[part])
 		}
 	}
 	return nil
+}
+
+// dropCorrupt handles a part of e, found by lookupLocked, whose bytes do not match their
+// checksum: it drops e, turns its hit into a miss and returns the error wrapping
+// format.ErrCorrupt that names the block and part.
+func (c *MemCache) dropCorrupt(e *memEntry, part int, got, want uint32) error {
+	c.mu.Lock()
+	if c.entries[e.key] == e {
+		c.unlinkLocked(e)
+	}
+	c.hits--
+	c.corrupt++
+	c.misses++
+	c.mu.Unlock()
+	what := "block"
+	if e.key.kind != 0 {
+		what = fmt.Sprintf("sidecar %d of block", e.key.kind)
+	}
+	return fmt.Errorf("memory tier: %s %s part %d: checksum %08x, want %08x: %w", what, e.key.id, part, got, want, format.ErrCorrupt)
 }
 
 // Contains reports whether block id is cached, without changing its recency or the counters.

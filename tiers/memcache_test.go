@@ -459,7 +459,11 @@ func TestMemCacheGetSidecars(t *testing.T) {
 			c.PutSidecar(bid(i), 3, sides[i], crcs)
 		}
 	}
-	c.entries[memKey{bid(77), 3}].data[2*part+9] ^= 1 // corrupt part 2 of block 77
+	// Corrupt part 2 of blocks 77 and 62: of the 50 hits of the first batch of 64 ids, the last
+	// two (61, 62) are checked one by one, the others (and 77, in the second batch) three at a
+	// time.
+	c.entries[memKey{bid(77), 3}].data[2*part+9] ^= 1
+	c.entries[memKey{bid(62), 3}].data[3*part-1] ^= 0x80
 	ids := make([]ID, blocks)
 	for i := range ids {
 		ids[i] = bid(i)
@@ -469,8 +473,8 @@ func TestMemCacheGetSidecars(t *testing.T) {
 	found[1] = true // already found elsewhere: skipped
 	copy(dst[part:2*part], fill(part, 0xEE))
 	hits, err := c.GetSidecars(3, 2, ids, dst, found)
-	if !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), bid(77).String()) {
-		t.Fatalf("error %v, want the corrupt part of block 77", err)
+	if !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), bid(77).String()) || !strings.Contains(err.Error(), bid(62).String()) {
+		t.Fatalf("error %v, want the corrupt parts of blocks 77 and 62", err)
 	}
 	want := 0
 	for i := range ids {
@@ -480,7 +484,7 @@ func TestMemCacheGetSidecars(t *testing.T) {
 			if !found[i] || !bytes.Equal(got, fill(part, 0xEE)) {
 				t.Fatalf("block 1 (found before the call) was overwritten")
 			}
-		case i%10 == 3 || i%10 == 5 || i == 77:
+		case i%10 == 3 || i%10 == 5 || i == 77 || i == 62:
 			if found[i] {
 				t.Fatalf("block %d found", i)
 			}
@@ -494,7 +498,7 @@ func TestMemCacheGetSidecars(t *testing.T) {
 	if hits != want {
 		t.Fatalf("%d hits, want %d", hits, want)
 	}
-	if c.entries[memKey{bid(77), 3}] != nil || c.Stats().Corrupt != 1 {
+	if c.entries[memKey{bid(77), 3}] != nil || c.entries[memKey{bid(62), 3}] != nil || c.Stats().Corrupt != 2 {
 		t.Fatalf("corrupt sidecar still cached (stats %+v)", c.Stats())
 	}
 	// Parts of another size miss; mismatched arguments copy nothing.
