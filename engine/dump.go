@@ -60,7 +60,9 @@ type stagingSlot struct {
 // or has failed; src must not change until then. A block already stored, or being dumped by
 // another task, is written once: the other dump's outcome is this one's. A block created with
 // Create is filled but published only by Commit.
-func (e *Engine) Dump(ids []BlockID, src [][]byte) *Task { return e.dump(ids, AllShards, src) }
+func (e *Engine) Dump(ids []BlockID, src [][]byte) *Task {
+	return e.dump(ids, AllShards, oneSpanEach(src))
+}
 
 // DumpShard stores shard `shard` of each block (a layer-wise dump): src[i] is
 // Layout().ShardBytes bytes. Shards are assembled in memory; a block becomes visible only when
@@ -73,10 +75,22 @@ func (e *Engine) DumpShard(ids []BlockID, shard int, src [][]byte) *Task {
 	if shard < 0 || shard >= e.opts.Layout.Shards {
 		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
 	}
-	return e.dump(ids, shard, src)
+	return e.dump(ids, shard, oneSpanEach(src))
 }
 
-func (e *Engine) dump(ids []BlockID, shard int, src [][]byte) *Task {
+// DumpSpans is Dump (shard == AllShards) or DumpShard from memory in pieces: src[i] lists,
+// in order, the spans whose bytes concatenated are block ids[i] (or its shard), as a
+// connector whose K and V live in separate tensors passes them. The pieces are copied once,
+// into the record (or the block's staging slot), and checksummed as they are; their lengths
+// must add up to the block's (or shard's) bytes. Everything else is as Dump and DumpShard.
+func (e *Engine) DumpSpans(ids []BlockID, shard int, src [][][]byte) *Task {
+	if shard != AllShards && (shard < 0 || shard >= e.opts.Layout.Shards) {
+		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
+	}
+	return e.dump(ids, shard, asSpans(src))
+}
+
+func (e *Engine) dump(ids []BlockID, shard int, src []spans) *Task {
 	if len(src) != len(ids) {
 		return failedTask(ids, fmt.Errorf("dump: %d ids but %d buffers: %w", len(ids), len(src), ErrInvalidArgument))
 	}
@@ -116,7 +130,7 @@ func (e *Engine) startTask(ids []BlockID, latency prometheus.Histogram, work fun
 	return t
 }
 
-func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
+func (e *Engine) runDump(t *Task, shard int, src []spans) {
 	l := e.opts.Layout
 	want := l.BlockBytes()
 	if shard != AllShards {
@@ -145,8 +159,8 @@ func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
 		case id.IsZero():
 			t.errs[i] = fmt.Errorf("dump: zero block id at position %d: %w", i, ErrInvalidArgument)
 			continue
-		case int64(len(src[i])) != want:
-			err := blockErr(ErrInvalidArgument, id, "dump buffer is %d bytes, want %d", len(src[i]), want)
+		case src[i].size() != want:
+			err := blockErr(ErrInvalidArgument, id, "dump buffer is %d bytes, want %d", src[i].size(), want)
 			if shard != AllShards {
 				e.failSlot(id, err)
 			}
@@ -191,7 +205,7 @@ func (e *Engine) runDump(t *Task, shard int, src [][]byte) {
 
 // claimWhole prepares the record of a whole-block dump, unless the block is stored already
 // (nothing to do), being dumped (wait for that), or created with Create (fill its slot).
-func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wait *inflightDump, err error) {
+func (e *Engine) claimWhole(id BlockID, src spans) (rec *wal.Record, flight, wait *inflightDump, err error) {
 	e.mu.Lock()
 	if d := e.mu.inflight[id]; d != nil {
 		e.mu.Unlock()
@@ -203,7 +217,7 @@ func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wa
 		// A layer-wise or V0 block in assembly: deliver every shard to it.
 		l := e.opts.Layout
 		for sh := 0; sh < l.Shards; sh++ {
-			r, f, w, err := e.stageShard(id, sh, src[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
+			r, f, w, err := e.stageShard(id, sh, src.sub(int64(sh)*l.ShardBytes, l.ShardBytes))
 			if err != nil || r != nil || w != nil {
 				return r, f, w, err
 			}
@@ -228,19 +242,19 @@ func (e *Engine) claimWhole(id BlockID, src []byte) (rec *wal.Record, flight, wa
 		return nil, nil, nil, nil
 	}
 	l := e.opts.Layout
-	if devio.IsAligned(src) && l.ShardStride() == l.ShardBytes {
+	if one := src.contiguous(); one != nil && devio.IsAligned(one) && l.ShardStride() == l.ShardBytes {
 		// The caller's buffer is the on-disk payload: write it in place, no copy. The task
 		// contract keeps src unchanged until the dump completes; if a caller breaks it, the
 		// checksums computed here no longer match and loads report a miss, never the bytes.
-		rec = &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(format.RecordHeaderSize), Payload: src}
+		rec = &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(format.RecordHeaderSize), Payload: one}
 		for sh := 0; sh < l.Shards; sh++ {
-			rec.ShardCRCs[sh] = format.Checksum(src[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes])
+			rec.ShardCRCs[sh] = format.Checksum(one[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes])
 		}
 		return rec, flight, nil, nil
 	}
 	rec = e.newRecord(id)
 	for sh := 0; sh < l.Shards; sh++ {
-		fillShard(rec, l, sh, src[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
+		fillShard(rec, l, sh, src.sub(int64(sh)*l.ShardBytes, l.ShardBytes))
 	}
 	return rec, flight, nil, nil
 }
@@ -268,17 +282,17 @@ func (e *Engine) blockBytes(rec *wal.Record) []byte {
 
 // fillShard copies shard sh into rec's payload, zeroes its padding and checksums what was
 // copied (so the checksum covers exactly the bytes written, whatever the caller does to src).
-func fillShard(rec *wal.Record, l Layout, sh int, src []byte) {
+func fillShard(rec *wal.Record, l Layout, sh int, src spans) {
 	off := l.ShardOffset(sh)
 	dst := rec.Buf[off : off+l.ShardStride()]
-	n := copy(dst, src)
+	n := src.gather(dst)
 	clear(dst[n:])
 	rec.ShardCRCs[sh] = format.Checksum(dst[:n])
 }
 
 // stageShard copies one shard into the block's staging slot. It returns the record to append
 // when this shard completes a block that is not waiting for Commit.
-func (e *Engine) stageShard(id BlockID, shard int, src []byte) (rec *wal.Record, flight, wait *inflightDump, err error) {
+func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, flight, wait *inflightDump, err error) {
 	l := e.opts.Layout
 	e.mu.Lock()
 	if d := e.mu.inflight[id]; d != nil {

@@ -102,7 +102,9 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 // Stats, never garbage). The contents of dst[i] for a failed block are unspecified. dst must
 // not be touched until the task is done; buffers aligned to 4 KiB whose shard size is a
 // multiple of 4 KiB are read into directly, others through a bounce buffer.
-func (e *Engine) Load(ids []BlockID, dst [][]byte) *Task { return e.load(ids, AllShards, dst) }
+func (e *Engine) Load(ids []BlockID, dst [][]byte) *Task {
+	return e.load(ids, AllShards, oneSpanEach(dst))
+}
 
 // LoadShard reads shard `shard` of each block into dst[i] (Layout().ShardBytes bytes), as a
 // layer-wise connector does; only that shard is read and verified.
@@ -110,10 +112,25 @@ func (e *Engine) LoadShard(ids []BlockID, shard int, dst [][]byte) *Task {
 	if shard < 0 || shard >= e.opts.Layout.Shards {
 		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
 	}
-	return e.load(ids, shard, dst)
+	return e.load(ids, shard, oneSpanEach(dst))
 }
 
-func (e *Engine) load(ids []BlockID, shard int, dst [][]byte) *Task {
+// LoadSpans is Load (shard == AllShards) or LoadShard into memory in pieces: dst[i] lists, in
+// order, the spans that block ids[i] (or its shard) is read into, as a connector whose K and V
+// live in separate tensors passes them; their lengths must add up to the block's (or shard's)
+// bytes. When every piece is 4 KiB-aligned (address and length) and the layout's shards are
+// multiples of 4 KiB, an uncompressed block is read from disk straight into its pieces (one
+// vectored request) and checksummed there; otherwise, and for blocks served by the memory or
+// mooncake tier or stored compressed, it is read into a staging buffer and copied into the
+// pieces once verified. Everything else is as Load and LoadShard.
+func (e *Engine) LoadSpans(ids []BlockID, shard int, dst [][][]byte) *Task {
+	if shard != AllShards && (shard < 0 || shard >= e.opts.Layout.Shards) {
+		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))
+	}
+	return e.load(ids, shard, asSpans(dst))
+}
+
+func (e *Engine) load(ids []BlockID, shard int, dst []spans) *Task {
 	if len(dst) != len(ids) {
 		return failedTask(ids, fmt.Errorf("load: %d ids but %d buffers: %w", len(ids), len(dst), ErrInvalidArgument))
 	}
@@ -135,8 +152,11 @@ type blockRead struct {
 	// foreign: the block is another instance's (a foreign index entry): not in this
 	// instance's recency lists; a hit is promoted into its faster tiers.
 	foreign bool
-	header  []byte // whole-block loads: the record header, to check the id
-	bounce  []byte // payload read here when dst cannot take it directly
+	// pieces: the payload is read straight into the caller's pieces (LoadSpans): ops after
+	// the header are one per piece, verified as spans.
+	pieces bool
+	header []byte // whole-block loads: the record header, to check the id
+	bounce []byte // payload read here when dst cannot take it directly
 	// Compressed records: bounce holds the stored bytes read; winOff is the offset of
 	// bounce[0] from the payload start (single-shard loads read an aligned window).
 	winOff int64
@@ -144,7 +164,7 @@ type blockRead struct {
 	opHi   int
 }
 
-func (e *Engine) runLoad(t *Task, shard int, dst [][]byte) {
+func (e *Engine) runLoad(t *Task, shard int, dst []spans) {
 	l := e.opts.Layout
 	want := l.BlockBytes()
 	if shard != AllShards {
@@ -153,6 +173,7 @@ func (e *Engine) runLoad(t *Task, shard int, dst [][]byte) {
 	// Plan and issue in batches of at most QueueDepth blocks, so a cancelled task stops early
 	// and a huge load does not pin every segment at once.
 	batch := max(1, e.opts.QueueDepth)
+	flat := make([][]byte, len(t.ids))
 	for lo := 0; lo < len(t.ids); lo += batch {
 		hi := min(len(t.ids), lo+batch)
 		if t.cancelled() {
@@ -161,19 +182,52 @@ func (e *Engine) runLoad(t *Task, shard int, dst [][]byte) {
 			}
 			return
 		}
-		e.loadBatch(t, shard, dst, lo, hi, want)
+		e.loadBatch(t, shard, dst, flat, lo, hi, want)
 	}
 }
 
-func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want int64) {
+// loadBatch loads ids[lo:hi] into dst[lo:hi]. flat[i] is block i's memory as one buffer, for
+// the paths that need one (the memory and mooncake tiers, compressed records, memory that
+// cannot take O_DIRECT): the caller's buffer when dst[i] is one piece, else a staging buffer,
+// taken when first needed and copied into the pieces once the block is verified.
+func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, hi int, want int64) {
 	l := e.opts.Layout
 	var (
-		reads []blockRead
-		ops   []devio.Op
+		reads   []blockRead
+		ops     []devio.Op
+		staging []int // blocks whose flat buffer is a staging buffer
 	)
-	pooled := e.mooncakeLoad(t, shard, dst, lo, hi, want)
+	flatOf := func(i int) []byte {
+		if flat[i] == nil {
+			flat[i] = e.pool.Get(int(want))
+			staging = append(staging, i)
+		}
+		return flat[i]
+	}
+	defer func() {
+		for _, i := range staging {
+			e.pool.Put(flat[i])
+			flat[i] = nil
+		}
+	}()
+	// served: a block read into its staging buffer, not its pieces, is copied into them.
+	served := func(i int) {
+		if len(dst[i]) > 1 {
+			dst[i].scatter(flat[i])
+		}
+	}
+	for i := lo; i < hi; i++ {
+		switch {
+		case len(dst[i]) == 1:
+			flat[i] = dst[i][0]
+		case e.mc != nil && dst[i].size() == want:
+			flatOf(i) // the pool is asked for every block first
+		}
+	}
+	pooled := e.mooncakeLoad(t, shard, flat, lo, hi, want)
 	for i := lo; i < hi; i++ {
 		if pooled != nil && pooled[i-lo] {
+			served(i)
 			continue // served by the mooncake tier
 		}
 		id := t.ids[i]
@@ -181,22 +235,23 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			t.errs[i] = fmt.Errorf("load: zero block id at position %d: %w", i, ErrInvalidArgument)
 			continue
 		}
-		if int64(len(dst[i])) != want {
-			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", len(dst[i]), want)
+		if n := dst[i].size(); n != want {
+			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", n, want)
 			continue
 		}
-		if e.mem != nil {
+		if e.mem != nil && (len(dst[i]) == 1 || e.mem.Contains(id)) {
 			off := int64(0)
 			if shard != AllShards {
 				off = int64(shard) * l.ShardBytes
 			}
-			hit, err := e.mem.Get(id, off, dst[i])
+			hit, err := e.mem.Get(id, off, flatOf(i))
 			if err != nil {
 				// Bytes in memory changed under us: the block was dropped from the memory
 				// tier; read it from disk below.
 				e.opts.Logger.Error("ucm: memory tier: checksum mismatch; loading from disk", "block", id, "err", err)
 			}
 			if hit {
+				served(i)
 				e.stats.memoryHits.Add(1)
 				e.countLoaded(shard)
 				for _, t := range e.tiers {
@@ -239,7 +294,27 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 			r.tier.lru.Pin(id) // not evicted while read
 		}
 		f := seg.File()
-		direct := devio.IsAligned(dst[i]) && l.ShardStride() == l.ShardBytes
+		direct := l.ShardStride() == l.ShardBytes && dst[i].aligned()
+		if loc.Compression == format.CompressionNone && len(dst[i]) > 1 && direct {
+			// Straight into the caller's pieces: consecutive ops, merged by the backend
+			// into one vectored request.
+			r.pieces = true
+			off := loc.Offset + l.ShardOffset(max(shard, 0))
+			if shard == AllShards {
+				r.header = e.pool.Get(format.RecordHeaderSize)
+				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+				off = loc.Offset + format.RecordHeaderSize
+			}
+			for _, p := range dst[i] {
+				ops = append(ops, devio.Op{File: f, Buf: p, Off: off})
+				off += int64(len(p))
+			}
+			r.opHi = len(ops)
+			reads = append(reads, r)
+			continue
+		}
+		out := flatOf(i)
+		direct = l.ShardStride() == l.ShardBytes && devio.IsAligned(out)
 		if loc.Compression != format.CompressionNone {
 			// Read the stored bytes into a bounce buffer: the whole payload, or the aligned
 			// window around one packed shard; finishRead decodes them into dst.
@@ -256,14 +331,14 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 		} else if shard == AllShards {
 			r.header = e.pool.Get(format.RecordHeaderSize)
 			ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
-			payload := dst[i]
+			payload := out
 			if !direct {
 				r.bounce = e.pool.Get(int(l.PayloadBytes()))
 				payload = r.bounce
 			}
 			ops = append(ops, devio.Op{File: f, Buf: payload, Off: loc.Offset + format.RecordHeaderSize})
 		} else {
-			buf := dst[i]
+			buf := out
 			if !direct {
 				r.bounce = e.pool.Get(int(l.ShardStride()))
 				buf = r.bounce
@@ -291,7 +366,10 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 	for k := range reads {
 		r := &reads[k]
 		id := t.ids[r.i]
-		t.errs[r.i] = e.finishRead(r, id, shard, dst[r.i], ops[r.opLo:r.opHi])
+		t.errs[r.i] = e.finishRead(r, id, shard, flat[r.i], ops[r.opLo:r.opHi])
+		if t.errs[r.i] == nil && !r.pieces {
+			served(r.i)
+		}
 		r.seg.Release()
 		if r.tier != nil {
 			if r.tier.lru != nil && !r.foreign {
@@ -310,14 +388,19 @@ func (e *Engine) loadBatch(t *Task, shard int, dst [][]byte, lo, hi int, want in
 				if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
 					e.wantPromotion(id)
 				}
-				if e.mem != nil && shard == AllShards {
-					e.mem.Put(id, dst[r.i], r.loc.ShardCRCs) // backfill: the next load of it needs no disk
-					if r.foreign {
-						e.share.copiedToMemory.Add(1)
+				if shard == AllShards && (e.mem != nil || e.mc != nil) {
+					block := flat[r.i]
+					if r.pieces {
+						block = flatOf(r.i)
+						dst[r.i].gather(block)
 					}
-				}
-				if shard == AllShards {
-					e.mooncakeBackfill(id, dst[r.i], r.loc.ShardCRCs)
+					if e.mem != nil {
+						e.mem.Put(id, block, r.loc.ShardCRCs) // backfill: the next load of it needs no disk
+						if r.foreign {
+							e.share.copiedToMemory.Add(1)
+						}
+					}
+					e.mooncakeBackfill(id, block, r.loc.ShardCRCs)
 				}
 			}
 		}
@@ -378,6 +461,13 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		if err := checkHeader(id, r.loc, r.header); err != nil {
 			return e.dropBroken(id, r.loc, err)
 		}
+		if r.pieces {
+			if err := verifySpans(&h, opBufs(ops[1:]), 0, l.Shards); err != nil {
+				return e.dropBroken(id, r.loc, err)
+			}
+			e.countLoaded(AllShards)
+			return nil
+		}
 		payload := ops[1].Buf
 		if err := wal.VerifyShards(&h, payload, 0, l.Shards); err != nil {
 			return e.dropBroken(id, r.loc, err)
@@ -389,6 +479,13 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 			}
 		}
 		e.countLoaded(AllShards)
+		return nil
+	}
+	if r.pieces {
+		if err := verifySpans(&h, opBufs(ops), shard, 1); err != nil {
+			return e.dropBroken(id, r.loc, err)
+		}
+		e.countLoaded(shard)
 		return nil
 	}
 	buf := ops[0].Buf

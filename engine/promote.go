@@ -141,7 +141,7 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 		}
 		// A load backfills the memory tier with every block it reads from disk.
 		lt := newTask(need, e.opts.TaskTimeout)
-		e.runLoad(lt, AllShards, bufs)
+		e.runLoad(lt, AllShards, oneSpanEach(bufs))
 		for k, err := range lt.errs {
 			if err != nil {
 				for i, id := range t.ids {
