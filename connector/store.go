@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 )
 
@@ -22,17 +21,17 @@ const maxInstanceRetries = 64
 // concurrent use.
 //
 // Transfers name, per block, a shard index and the memory of that shard: one span per tensor
-// of StoreConfig.Tensors (UCM's addresses), or one span of the whole shard. A shard whose
-// memory is one span is transferred straight from or into it (with O_DIRECT when it is aligned
-// to 4 KiB); tensors in separate places go through a staging buffer, gathered before the call
-// returns (dump) or scattered before the task completes (load).
+// of StoreConfig.Tensors (UCM's addresses), or one span of the whole shard. The spans go to
+// the engine as they are (engine.Engine.LoadSpans, DumpSpans): loads read from disk straight
+// into them (with O_DIRECT, one vectored request per shard, when every span is aligned to
+// 4 KiB), dumps copy them once into the record. The memory must stay untouched until the task
+// is done.
 //
 // Task handles are consumed by Wait, as in UCM: a second Wait of a handle, or a Check after
 // Wait, fails with ErrUnknownTask. Check does not consume.
 type Store struct {
 	cfg     *StoreConfig
 	eng     *engine.Engine
-	pool    *devio.BufferPool
 	metrics *storeMetrics
 	log     *slog.Logger
 
@@ -80,7 +79,7 @@ func Open(cfg *StoreConfig) (*Store, error) {
 	if unused := cfg.Config.Unused(); len(unused) > 0 {
 		log.Info("ucmgo: configuration keys accepted with no effect in UCM-Go", "keys", unused)
 	}
-	s := &Store{cfg: cfg, eng: eng, pool: devio.NewBufferPool(), log: log, tasks: map[uint64]*Task{}}
+	s := &Store{cfg: cfg, eng: eng, log: log, tasks: map[uint64]*Task{}}
 	s.cfg.Instance = name
 	m, err := openMetrics(cfg, eng)
 	if err != nil {
@@ -115,7 +114,6 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	err := s.eng.Close()
 	s.metrics.close()
-	s.pool.Close()
 	return err
 }
 
@@ -196,9 +194,8 @@ func (s *Store) Stats() (engine.Stats, error) {
 	return s.eng.Stats(), nil
 }
 
-// Task is one Load or Dump call: the engine tasks of its shard groups, and the staging buffers
-// to scatter from and release when they are done. It is settled (outcomes mapped, staged loads
-// scattered, staging released, metrics recorded) by the first Wait, or by a Check that finds
+// Task is one Load or Dump call: the engine tasks of its shard groups. It is settled
+// (outcomes mapped, metrics recorded) by the first Wait, or by a Check that finds
 // every engine task done: in the caller's thread, so that a C caller blocked in Wait is woken
 // by the engine's completion directly, not through another goroutine (each hop between threads
 // costs a wake-up).
@@ -214,7 +211,6 @@ type Task struct {
 	done    chan struct{}
 	errs    []error // per block, once done
 	err     error
-	finish  func() // scatter staged loads, release staging
 }
 
 // Load reads shard shards[i] of block ids[i] into dst[i] (one span of the shard, or one span per
@@ -277,47 +273,27 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		}
 		groups[sh] = append(groups[sh], i)
 	}
-	var staged []stagedShard
 	parts := make([]*engine.Task, 0, len(order))
 	members := make([][]int, 0, len(order))
 	for _, sh := range order {
 		pos := groups[sh]
 		gids := make([]engine.BlockID, len(pos))
-		gbufs := make([][]byte, len(pos))
+		gbufs := make([][][]byte, len(pos))
 		for k, i := range pos {
-			gids[k] = ids[i]
-			if len(bufs[i]) == 1 {
-				gbufs[k] = bufs[i][0]
-				continue
-			}
-			b := s.pool.Get(int(l.ShardBytes))[:l.ShardBytes]
-			if !load {
-				gather(b, bufs[i])
-			}
-			staged = append(staged, stagedShard{buf: b, tensors: bufs[i], pos: i})
-			gbufs[k] = b
+			gids[k], gbufs[k] = ids[i], bufs[i]
+		}
+		esh := sh
+		if whole {
+			esh = engine.AllShards
 		}
 		var et *engine.Task
-		switch {
-		case load && whole:
-			et = s.eng.Load(gids, gbufs)
-		case load:
-			et = s.eng.LoadShard(gids, sh, gbufs)
-		case whole:
-			et = s.eng.Dump(gids, gbufs)
-		default:
-			et = s.eng.DumpShard(gids, sh, gbufs)
+		if load {
+			et = s.eng.LoadSpans(gids, esh, gbufs)
+		} else {
+			et = s.eng.DumpSpans(gids, esh, gbufs)
 		}
 		parts = append(parts, et)
 		members = append(members, pos)
-	}
-	t.finish = func() {
-		for _, st := range staged {
-			if load && t.errs[st.pos] == nil {
-				scatter(st.tensors, st.buf)
-			}
-			s.pool.Put(st.buf)
-		}
 	}
 	t.parts, t.members = parts, members
 	s.mu.Lock()
@@ -326,13 +302,6 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 	s.tasks[t.id] = t
 	s.mu.Unlock()
 	return t.id, nil
-}
-
-// stagedShard is a shard whose tensors are not one span: staged in buf.
-type stagedShard struct {
-	buf     []byte
-	tensors [][]byte
-	pos     int
 }
 
 // checkSpans: one span of the shard, or one span per tensor of the configured sizes.
@@ -352,22 +321,8 @@ func (s *Store) checkSpans(spans [][]byte) error {
 	return nil
 }
 
-func gather(dst []byte, tensors [][]byte) {
-	off := 0
-	for _, t := range tensors {
-		off += copy(dst[off:], t)
-	}
-}
-
-func scatter(tensors [][]byte, src []byte) {
-	off := 0
-	for _, t := range tensors {
-		off += copy(t, src[off:])
-	}
-}
-
 // settle waits for the engine tasks (each Wait enforces the timeout), maps their per-block
-// outcomes back to call order, scatters staged loads and records the metrics; once per task.
+// outcomes back to call order and records the metrics; once per task.
 func (s *Store) settle(t *Task) {
 	t.settled.Do(func() {
 		t.errs = make([]error, len(t.ids))
@@ -389,7 +344,6 @@ func (s *Store) settle(t *Task) {
 				failed = append(failed, e)
 			}
 		}
-		t.finish()
 		if len(failed) > 0 {
 			t.err = fmt.Errorf("%d of %d blocks failed: %w", len(failed), len(t.ids), errors.Join(failed...))
 		}
