@@ -106,10 +106,13 @@ func BenchmarkWindowDriver(b *testing.B) {
 			buf[k] = byte(k * 7)
 		}
 	}
+	// Two tensors per shard (K and V), as bench.py passes them: the same calls, without the
+	// C ABI.
 	spans := func(r, n, s int) [][][]byte {
 		out := make([][][]byte, n)
 		for j := range out {
-			out[j] = [][]byte{bufs[r*batch+j][int64(s)*shard : int64(s+1)*shard]}
+			sh := bufs[r*batch+j][int64(s)*shard : int64(s+1)*shard]
+			out[j] = [][]byte{sh[:shard/2], sh[shard/2:]}
 		}
 		return out
 	}
