@@ -106,6 +106,29 @@ type Engine struct {
 	tasks   sync.WaitGroup // running task goroutines
 	stop    chan struct{}
 	bg      sync.WaitGroup // background goroutines
+
+	// seam is nil except in tests, which set it before any call to force an interleaving of
+	// a load with reclamation at the points seamPoint names.
+	seam func(p seamPoint, id BlockID)
+}
+
+// seamPoint names a point where Engine.seam is called.
+type seamPoint int
+
+const (
+	// seamSidecarLookedUp: LoadSidecars has read a sidecar's index entry and not yet pinned
+	// its segment.
+	seamSidecarLookedUp seamPoint = iota + 1
+	// seamSidecarRead: a sidecar's bytes were read from disk (LoadSidecars) or appended
+	// (DumpSidecars) and are not yet in the memory tier.
+	seamSidecarRead
+)
+
+// atSeam calls the test seam, if any.
+func (e *Engine) atSeam(p seamPoint, id BlockID) {
+	if e.seam != nil {
+		e.seam(p, id)
+	}
 }
 
 // RecoveryReport says what Open found and did.

@@ -421,6 +421,12 @@ const maxFollow = 3
 // entry is read again and followed (up to maxFollow times). It returns the segment pinned and
 // the entry it belongs to, or the error of the last attempt.
 func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, error) {
+	return e.acquireFollowing(loc, func() (index.Location, bool, error) { return e.ix.Get(id) })
+}
+
+// acquireFollowing is acquireLatest for any entry: lookup reads the entry again (a block's or
+// a sidecar's) when loc's segment is gone.
+func (e *Engine) acquireFollowing(loc index.Location, lookup func() (index.Location, bool, error)) (*wal.Segment, index.Location, error) {
 	for attempt := 0; ; attempt++ {
 		seg, err := e.acquireSegment(loc.Segment)
 		if err == nil || !errors.Is(err, wal.ErrSegmentGone) || attempt == maxFollow {
@@ -429,7 +435,7 @@ func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, in
 		if isForeign(loc.Segment) {
 			return nil, loc, err // another instance's segment: gone is a miss
 		}
-		now, ok, gerr := e.ix.Get(id)
+		now, ok, gerr := lookup()
 		if gerr != nil || !ok || (now.Segment == loc.Segment && now.Offset == loc.Offset) {
 			return nil, loc, err
 		}

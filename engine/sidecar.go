@@ -104,12 +104,26 @@ func (e *Engine) runDumpSidecars(t *Task, kind SidecarKind, parts int, src [][]b
 			// index refused a sidecar without its block; its record is dead space.
 			t.errs[owners[k]] = blockErr(ErrNotFound, id, "dump sidecar %d: the block is no longer stored", kind)
 		default:
-			if e.mem != nil {
-				e.mem.PutSidecar(id, kind, rec.Buf[format.RecordHeaderSize:format.RecordHeaderSize+rec.Layout.BlockBytes()], rec.ShardCRCs)
-			}
+			e.atSeam(seamSidecarRead, id)
+			e.cacheSidecar(id, kind, rec.Buf[format.RecordHeaderSize:format.RecordHeaderSize+rec.Layout.BlockBytes()], rec.ShardCRCs)
 			e.stats.dumpedSidecars.Add(1)
 		}
 		e.pool.Put(rec.Buf)
+	}
+}
+
+// cacheSidecar puts a sidecar read or written under its index entry (here or in the foreign
+// index) into the memory tier, if any, unless the entry went meanwhile. The memory tier serves
+// sidecars without asking the index, so one cached after its block was dropped would outlive
+// it: every removal deletes the index entry first and the cached copy after, so caching first
+// and checking the entry after leaves no window in which an orphan stays cached.
+func (e *Engine) cacheSidecar(id BlockID, kind SidecarKind, data []byte, crcs []uint32) {
+	if e.mem == nil {
+		return
+	}
+	e.mem.PutSidecar(id, kind, data, crcs)
+	if !e.hasSidecar(id, kind) {
+		e.mem.RemoveSidecar(id, kind)
 	}
 }
 
@@ -166,9 +180,15 @@ func (e *Engine) sidecarRecord(id BlockID, kind SidecarKind, parts int, src []by
 func (e *Engine) HasSidecars(kind SidecarKind, ids []BlockID) []bool {
 	out := make([]bool, len(ids))
 	for i, id := range ids {
-		out[i] = e.ix.HasSidecar(id, kind) || (e.share != nil && e.share.fx != nil && e.share.fx.HasSidecar(id, kind))
+		out[i] = e.hasSidecar(id, kind)
 	}
 	return out
+}
+
+// hasSidecar reports whether block id's sidecar of kind is indexed, here or in the foreign
+// index.
+func (e *Engine) hasSidecar(id BlockID, kind SidecarKind) bool {
+	return e.ix.HasSidecar(id, kind) || (e.share != nil && e.share.fx != nil && e.share.fx.HasSidecar(id, kind))
 }
 
 // LoadSidecars copies part `part` of the sidecar of kind of every block into dst, one after
@@ -230,7 +250,10 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 			e.stats.sidecarMisses.Add(1)
 			continue
 		}
-		seg, err := e.acquireSegment(loc.Segment)
+		e.atSeam(seamSidecarLookedUp, id)
+		// Relocation (demotion, promotion, compaction) may move the sidecar and retire its
+		// segment after the entry was read: the entry is followed, as a block's is by Load.
+		seg, loc, err := e.acquireFollowing(loc, func() (index.Location, bool, error) { return e.ix.GetSidecar(id, kind) })
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
@@ -257,9 +280,8 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 				copy(dst[r.i*n:(r.i+1)*n], r.buf[int64(part)*int64(n):])
 				found[r.i] = true
 				e.stats.sidecarDiskReads.Add(1)
-				if e.mem != nil {
-					e.mem.PutSidecar(r.id, kind, r.buf[:r.loc.Layout.BlockBytes()], r.loc.ShardCRCs)
-				}
+				e.atSeam(seamSidecarRead, r.id)
+				e.cacheSidecar(r.id, kind, r.buf[:r.loc.Layout.BlockBytes()], r.loc.ShardCRCs)
 			} else {
 				_ = e.dropBrokenSidecar(r.id, kind, r.loc, err)
 			}

@@ -12,7 +12,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
+	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // Sidecars of the tests: 4 parts (one per layer of mhaLayout) of 96 bytes, a function of
@@ -552,5 +554,150 @@ func TestSidecarIOErrors(t *testing.T) {
 	checkBlocks(t, e, blocks)
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLoadSidecarsFollowsRelocation: a LoadSidecars that read a sidecar's index entry just
+// before reclamation moved it (demoted with its block, or copied forward by compaction) and
+// retired its segment finds the sidecar at its new place instead of reporting a miss. This
+// was the acknowledged sidecar "lost" in TestPowerLossDuringReclamation/demote: after the
+// recovery the store's first tier was above its high watermark, the reclaimer demoted blocks
+// with their sidecars while the check loaded them, and the load reported the moved sidecar
+// missing (and logged it dropped) although it was indexed, durable and intact.
+func TestLoadSidecarsFollowsRelocation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// move relocates keep's block and sidecar out of segment seg and retires seg.
+		move func(t *testing.T, e *Engine, keep BlockID, seg uint64)
+	}{
+		{"demote", func(t *testing.T, e *Engine, keep BlockID, seg uint64) {
+			if _, err := e.Evict("ssd", 0); err != nil {
+				t.Error(err)
+			}
+			if loc, _, _ := e.ix.GetSidecar(keep, 5); e.tierOf(loc.Segment).cfg.Name != "cold" {
+				t.Errorf("sidecar not demoted: in segment %d", loc.Segment)
+			}
+		}},
+		{"compact", func(t *testing.T, e *Engine, keep BlockID, seg uint64) {
+			// Leave keep alone in its segment, then compact: it moves and the segment goes.
+			b := e.ix.NewBatch()
+			for id := range e.blocksIn(t, seg) {
+				if id != keep {
+					b.Delete(id)
+				}
+			}
+			if err := e.ix.Apply(b, true); err != nil {
+				t.Error(err)
+			}
+			if _, err := e.Compact(0.99, nil); err != nil {
+				t.Error(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, fs := memFS()
+			e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/ssd"), diskTierCfg("cold", 0, "/cold")))
+			defer e.Close()
+			blocks := ids(0, 30)
+			dumpBlocks(t, e, blocks)
+			dumpSidecars(t, e, 5, blocks)
+			keep := blocks[0]
+			stale, ok, err := e.ix.GetSidecar(keep, 5)
+			if err != nil || !ok {
+				t.Fatalf("get sidecar: %v %v", ok, err)
+			}
+			if row, _ := e.ix.Segment(stale.Segment); row.State != index.SegmentSealed {
+				t.Fatalf("setup: segment %d of the first sidecar is %v, want sealed", stale.Segment, row.State)
+			}
+			moved := false
+			e.seam = func(p seamPoint, id BlockID) {
+				if p != seamSidecarLookedUp || id != keep || moved {
+					return
+				}
+				moved = true
+				tc.move(t, e, keep, stale.Segment)
+				if _, err := e.acquireSegment(stale.Segment); !errors.Is(err, wal.ErrSegmentGone) {
+					t.Errorf("segment %d not retired by the move: %v", stale.Segment, err)
+				}
+			}
+			checkSidecars(t, e, 5, blocks[:1], nil)
+			if !moved {
+				t.Fatal("the seam was not reached")
+			}
+			e.seam = nil
+			present := e.Lookup(blocks)
+			if st := e.Stats(); st.MissingSegmentReads != 0 || st.Sidecars != int64(countTrue(present)) {
+				t.Fatalf("%d missing-segment reads, %d sidecars indexed, want 0 and %d", st.MissingSegmentReads, st.Sidecars, countTrue(present))
+			}
+			checkSidecars(t, e, 5, blocks, present)
+			if err := e.ix.CheckAccounting(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// blocksIn returns the blocks whose entry points into segment n.
+func (e *Engine) blocksIn(t *testing.T, n uint64) map[BlockID]bool {
+	t.Helper()
+	out := map[BlockID]bool{}
+	if err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+		if loc.Segment == n {
+			out[id] = true
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestSidecarNotCachedAfterItsBlock: a sidecar read from disk (LoadSidecars) or appended
+// (DumpSidecars) while its block is being dropped is not left in the memory tier, which serves
+// sidecars without asking the index: no sidecar outlives its block, in memory either.
+func TestSidecarNotCachedAfterItsBlock(t *testing.T) {
+	for _, path := range []string{"load", "dump"} {
+		t.Run(path, func(t *testing.T) {
+			_, fs := memFS()
+			opts := testOptions(fs, mhaLayout)
+			opts.Tiers = []tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: 1 << 20}, diskTierCfg("ssd", 0, "/store")}
+			e := mustOpen(t, "/store", opts)
+			defer e.Close()
+			blocks := ids(0, 4)
+			dumpBlocks(t, e, blocks)
+			keep := blocks[0]
+			if path == "load" {
+				dumpSidecars(t, e, 5, blocks)
+				e.mem.RemoveSidecar(keep, 5) // the next load reads it from disk
+			}
+			dropped := false
+			e.seam = func(p seamPoint, id BlockID) {
+				if p != seamSidecarRead || id != keep || dropped {
+					return
+				}
+				dropped = true
+				// Eviction from the only disk tier drops the blocks with their sidecars.
+				if _, err := e.Evict("", 0); err != nil {
+					t.Error(err)
+				}
+			}
+			if path == "load" {
+				dst := make([]byte, sidePart)
+				if _, err := e.LoadSidecars(5, 0, []BlockID{keep}, dst); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// Stored beside its block, which went after: the dump succeeded.
+				dumpSidecars(t, e, 5, blocks[:1])
+			}
+			if !dropped {
+				t.Fatal("the seam was not reached")
+			}
+			e.seam = nil
+			if n := countTrue(e.Lookup(blocks)); n != 0 {
+				t.Fatalf("%d blocks left after evicting everything", n)
+			}
+			checkSidecars(t, e, 5, blocks, make([]bool, len(blocks)))
+		})
 	}
 }
