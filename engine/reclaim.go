@@ -377,7 +377,13 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		seg, err := e.acquireSegment(loc.Segment)
 		if err != nil {
 			var ce *wal.CorruptionError
-			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
+			switch {
+			case errors.Is(err, wal.ErrSegmentGone) && e.movedAway(ref):
+				// Moved or dropped by a relocation that ran since the ref was read (a
+				// promotion beside a compaction), and its segment retired: not broken, and
+				// nothing to copy from here.
+				continue
+			case errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce):
 				_ = e.dropBrokenRef(ref, err)
 				continue
 			}
@@ -419,6 +425,25 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		out = append(out, r.rec)
 	}
 	return out, nil
+}
+
+// movedAway reports whether r's entry no longer points where r says (moved or gone). Another
+// instance's entries are not looked at: false.
+func (e *Engine) movedAway(r recordRef) bool {
+	if isForeign(r.loc.Segment) {
+		return false
+	}
+	var (
+		cur index.Location
+		ok  bool
+		err error
+	)
+	if r.kind == 0 {
+		cur, ok, err = e.ix.Get(r.id)
+	} else {
+		cur, ok, err = e.ix.GetSidecar(r.id, r.kind)
+	}
+	return err == nil && (!ok || cur.Segment != r.loc.Segment || cur.Offset != r.loc.Offset)
 }
 
 // dropBrokenRef is dropBroken for a block or a sidecar.

@@ -701,3 +701,34 @@ func TestSidecarNotCachedAfterItsBlock(t *testing.T) {
 		})
 	}
 }
+
+// TestRelocationSkipsMovedRecords: a relocation whose refs were read before another one moved
+// the records and retired their segment (a promotion beside a compaction) skips them: they are
+// not broken, so nothing is dropped, counted as a missing segment or logged as unusable.
+func TestRelocationSkipsMovedRecords(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/ssd"), diskTierCfg("cold", 0, "/cold")))
+	defer e.Close()
+	blocks := ids(0, 30)
+	dumpBlocks(t, e, blocks)
+	dumpSidecars(t, e, 5, blocks)
+	keep := blocks[0]
+	bl, _, _ := e.ix.Get(keep)
+	sl, _, _ := e.ix.GetSidecar(keep, 5)
+	stale := []recordRef{{id: keep, loc: bl}, {id: keep, kind: 5, loc: sl}}
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.acquireSegment(bl.Segment); !errors.Is(err, wal.ErrSegmentGone) {
+		t.Fatalf("segment %d not retired by the demotion: %v", bl.Segment, err)
+	}
+	moved, _, _, err := e.relocate(stale, e.tiers[1])
+	if err != nil || moved != 0 {
+		t.Fatalf("relocate stale refs: %d moved, %v", moved, err)
+	}
+	if st := e.Stats(); st.MissingSegmentReads != 0 || st.CorruptReads != 0 {
+		t.Fatalf("stale refs counted as broken: %d missing-segment reads, %d corrupt", st.MissingSegmentReads, st.CorruptReads)
+	}
+	checkBlocks(t, e, blocks)
+	checkSidecars(t, e, 5, blocks, nil)
+}
