@@ -33,6 +33,9 @@ type Options struct {
 	BlockSizes []int
 	Budgets    []float64
 	Methods    []string
+	// Init and Local are the leading and trailing window blocks every method keeps (the
+	// current block is in the local window); 0 means 1.
+	Init, Local int
 	// Progress, when set, is told of each finished run.
 	Progress func(r Result)
 }
@@ -68,17 +71,22 @@ type Result struct {
 	SelectMicros float64 `json:"select_us_per_layer"`
 }
 
+// Oracle names the reference selection Run accepts among the methods: the blocks holding the
+// most full-attention mass (summed over query heads) within the same windows and budget. It
+// reads every key, so it is the ceiling a sidecar-based method can approach, not a method.
+const Oracle = "oracle"
+
 // MethodConfig is the configuration the evaluation runs a method with at a budget and block
-// size: budget as the fraction of blocks kept, windows included; an init and a local window of
-// one block each; GSA without its min_blocks floor; GSA On-Device with one sink and one recent
-// block and 32-bit codes of seed 1 (the head dim of the small model); other keys at their
+// size: budget as the fraction of blocks kept, windows included; init and local windows of
+// the given blocks; GSA without its min_blocks floor; GSA On-Device with init·block size sink
+// and local·block size recent tokens and codes of head-dim bits, seed 1; other keys at their
 // defaults (KVStar's retrieval_stride 8, prune 0.5, merge 4).
-func MethodConfig(name string, budget float64, blockSize int) (sparse.MethodConfig, error) {
+func MethodConfig(name string, budget float64, blockSize, init, local int) (sparse.MethodConfig, error) {
 	cfg, err := sparse.ParseMethodConfig(name, nil)
 	if err != nil {
 		return nil, err
 	}
-	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = 1, 1, budget }
+	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = init, local, budget }
 	switch c := cfg.(type) {
 	case *sparse.QuestConfig:
 		win(&c.WindowConfig)
@@ -90,7 +98,7 @@ func MethodConfig(name string, budget float64, blockSize int) (sparse.MethodConf
 	case *sparse.KVStarConfig:
 		win(&c.WindowConfig)
 	case *sparse.GSAOnDeviceConfig:
-		c.SinkTokens, c.RecentTokens, c.Budget, c.HashBits, c.HashSeed = blockSize, blockSize, budget, 0, 1
+		c.SinkTokens, c.RecentTokens, c.Budget, c.HashBits, c.HashSeed = init*blockSize, local*blockSize, budget, 0, 1
 	}
 	return cfg, cfg.Validate()
 }
@@ -102,6 +110,7 @@ type sidecarSpecer interface{ SidecarSpec() kernels.SidecarSpec }
 // then a Result per (block size, method, budget).
 func Run(ctx context.Context, o Options) ([]Result, error) {
 	cfg := o.Model.Config()
+	o.Init, o.Local = max(o.Init, 1), max(o.Local, 1)
 	if len(o.Windows) == 0 || o.Prefill < 1 {
 		return nil, fmt.Errorf("%w: eval: %d windows, prefill %d", sparse.ErrInvalid, len(o.Windows), o.Prefill)
 	}
@@ -167,6 +176,8 @@ type run struct {
 	bs     int
 	step   int
 	res    *Result
+	// init and local are the oracle's windows.
+	init, local int
 	// hookErr is the first error of a selection (the model's hook cannot return one).
 	hookErr error
 	// accumulators
@@ -267,9 +278,12 @@ func decodeRun(ctx context.Context, m *model.Model, w []byte, prefill, bs int, r
 func runMethod(ctx context.Context, o Options, name string, budget float64, bs int, dense [][][]float32, snaps []prefillSnap) (Result, error) {
 	cfg := o.Model.Config()
 	res := Result{Method: name, BlockSize: bs, Budget: budget, MinRecall: 1, LayerRelErr: make([]float64, cfg.Layers)}
-	mc, err := MethodConfig(name, budget, bs)
-	if err != nil {
-		return res, err
+	var mc sparse.MethodConfig
+	if name != Oracle {
+		var err error
+		if mc, err = MethodConfig(name, budget, bs, o.Init, o.Local); err != nil {
+			return res, err
+		}
 	}
 	var nll, kl float64
 	var top1 int
@@ -277,18 +291,20 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var selTime time.Duration
 	var selN int
 	for wi, w := range o.Windows {
-		src := &sparse.MapSidecars{}
-		m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: src,
-			Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
-		if err != nil {
-			return res, err
-		}
-		ss, ok := m.(sidecarSpecer)
-		if !ok {
-			return res, fmt.Errorf("%w: %s does not select from sidecars", sparse.ErrInvalid, name)
-		}
-		r := &run{method: m, spec: ss.SidecarSpec(), src: src, res: &res, layerErr: make([]float64, cfg.Layers),
+		r := &run{src: &sparse.MapSidecars{}, res: &res, layerErr: make([]float64, cfg.Layers), init: o.Init, local: o.Local,
 			req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}}
+		if mc != nil {
+			m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: r.src,
+				Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
+			if err != nil {
+				return res, err
+			}
+			ss, ok := m.(sidecarSpecer)
+			if !ok {
+				return res, fmt.Errorf("%w: %s does not select from sidecars", sparse.ErrInvalid, name)
+			}
+			r.method, r.spec = m, ss.SidecarSpec()
+		}
 		logits, err := decodeRun(ctx, o.Model, w, o.Prefill, bs, r, &snaps[wi])
 		if err != nil {
 			return res, err
@@ -344,8 +360,12 @@ func (r *run) prefillSidecars(prefill int) error {
 	return nil
 }
 
-// addSidecar computes logical block b's sidecar from the cache's K and stores it.
+// addSidecar computes logical block b's sidecar from the cache's K and stores it (nothing for
+// the oracle).
 func (r *run) addSidecar(b int) error {
+	if r.method == nil {
+		return nil
+	}
 	w, err := kernels.NewSidecarWriter(r.spec, kernels.Float16)
 	if err != nil {
 		return err
@@ -381,6 +401,15 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []i
 	if r.hookErr != nil {
 		return nil
 	}
+	r.fullAttention(layer, pos, q)
+	if r.method == nil { // the oracle
+		start := time.Now()
+		sel := r.oracleSelect(pos)
+		r.selTime += time.Since(start)
+		r.selN++
+		r.measure(layer, pos, sel)
+		return sel
+	}
 	n := pos/r.bs + 1
 	r.req.BlockTable, r.req.NumComputedTokens, r.req.NumOutputTokens = seq.Blocks[:n], pos, r.step+1
 	a := &sparse.Attention{Layer: layer, LayerName: fmt.Sprintf("model.layers.%d.self_attn", layer), Phase: sparse.PhaseDecode,
@@ -398,36 +427,19 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []i
 		r.hookErr = err
 		return nil
 	}
-	r.measure(layer, pos, q, sel)
+	r.measure(layer, pos, sel)
 	return sel
 }
 
-// measure compares attention over the selected blocks (nil: all) with full attention for the
-// step's query q ([heads][head dim], after RoPE) against layer's cache up to pos: the share of
-// full attention's mass in the selected blocks and the relative error of the output.
-func (r *run) measure(layer, pos int, q []float32, sel []int) {
+// fullAttention computes, for the step's query q ([heads][head dim], after RoPE) against
+// layer's cache up to pos, every query head's full-attention weights (r.probs, [heads][pos+1],
+// normalised) and decodes V (r.vbuf).
+func (r *run) fullAttention(layer, pos int, q []float32) {
 	cfg := r.m.Config()
-	n := pos/r.bs + 1
 	T, hd, kvd, G := pos+1, cfg.HeadDim, cfg.KVDim(), cfg.Heads/cfg.KVHeads
-	in := make([]bool, n)
-	if sel == nil {
-		for i := range in {
-			in[i] = true
-		}
-	}
-	kept := 0
-	for _, b := range sel {
-		if !in[b] {
-			in[b] = true
-			kept++
-		}
-	}
-	if sel == nil {
-		kept = n
-	}
 	r.kbuf = slices.Grow(r.kbuf[:0], T*kvd)[:T*kvd]
 	r.vbuf = slices.Grow(r.vbuf[:0], T*kvd)[:T*kvd]
-	r.probs = slices.Grow(r.probs[:0], T)[:T]
+	r.probs = slices.Grow(r.probs[:0], cfg.Heads*T)[:cfg.Heads*T]
 	buf := r.cache.Layer(layer)
 	tb := kvd * 2
 	for p := range T {
@@ -436,11 +448,10 @@ func (r *run) measure(layer, pos int, q []float32, sel []int) {
 		_ = kernels.DecodeFloat32(r.vbuf[p*kvd:(p+1)*kvd], buf[r.cache.Offset(1, slot):r.cache.Offset(1, slot)+tb], kernels.Float16)
 	}
 	scale := 1 / math.Sqrt(float64(hd))
-	var mass, num, den float64
-	full, part := make([]float64, hd), make([]float64, hd)
 	for h := range cfg.Heads {
 		kv := h / G
 		qh := q[h*hd : (h+1)*hd]
+		pr := r.probs[h*T : (h+1)*T]
 		mx := math.Inf(-1)
 		for p := range T {
 			var s float64
@@ -448,31 +459,86 @@ func (r *run) measure(layer, pos int, q []float32, sel []int) {
 			for d, x := range qh {
 				s += float64(x) * float64(k[d])
 			}
-			r.probs[p] = s * scale
+			pr[p] = s * scale
 			mx = max(mx, s*scale)
 		}
-		var z, zin float64
+		var z float64
+		for p := range pr {
+			pr[p] = math.Exp(pr[p] - mx)
+			z += pr[p]
+		}
+		for p := range pr {
+			pr[p] /= z
+		}
+	}
+}
+
+// oracleSelect is the best selection full attention allows at the run's budget: the windows
+// and the blocks holding the most attention mass summed over query heads (it reads every K:
+// a reference for the methods, not a method).
+func (r *run) oracleSelect(pos int) []int {
+	cfg := r.m.Config()
+	n, T := pos/r.bs+1, pos+1
+	mass := make([]float64, n)
+	for h := range cfg.Heads {
+		for p, w := range r.probs[h*T : (h+1)*T] {
+			mass[p/r.bs] += w
+		}
+	}
+	init, local := min(r.init, n), min(r.local, n-min(r.init, n))
+	k := sparse.BudgetBlocks(n, r.res.Budget) - init - local
+	if init+local+max(k, 0) >= n {
+		return nil
+	}
+	return sparse.SelectTopK(mass, init, local, k)
+}
+
+// measure compares attention over the selected blocks (nil: all) with full attention
+// (fullAttention's weights): the share of full attention's mass in the selected blocks and
+// the relative error of the output.
+func (r *run) measure(layer, pos int, sel []int) {
+	cfg := r.m.Config()
+	n := pos/r.bs + 1
+	T, hd, kvd, G := pos+1, cfg.HeadDim, cfg.KVDim(), cfg.Heads/cfg.KVHeads
+	in := make([]bool, n)
+	kept := 0
+	for _, b := range sel {
+		if !in[b] {
+			in[b] = true
+			kept++
+		}
+	}
+	if sel == nil {
+		for i := range in {
+			in[i] = true
+		}
+		kept = n
+	}
+	var mass, num, den float64
+	full, part := make([]float64, hd), make([]float64, hd)
+	for h := range cfg.Heads {
+		kv := h / G
+		pr := r.probs[h*T : (h+1)*T]
+		var zin float64
 		clear(full)
 		clear(part)
-		for p := range T {
-			e := math.Exp(r.probs[p] - mx)
-			z += e
+		for p, w := range pr {
 			v := r.vbuf[p*kvd+kv*hd : p*kvd+(kv+1)*hd]
 			for d := range full {
-				full[d] += e * float64(v[d])
+				full[d] += w * float64(v[d])
 			}
 			if in[p/r.bs] {
-				zin += e
+				zin += w
 				for d := range part {
-					part[d] += e * float64(v[d])
+					part[d] += w * float64(v[d])
 				}
 			}
 		}
-		mass += zin / z
+		mass += zin
 		for d := range full {
-			f, s := full[d]/z, part[d]/zin
-			num += (s - f) * (s - f)
-			den += f * f
+			s := part[d] / zin
+			num += (s - full[d]) * (s - full[d])
+			den += full[d] * full[d]
 		}
 	}
 	recall := mass / float64(cfg.Heads)

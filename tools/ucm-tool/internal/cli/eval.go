@@ -23,6 +23,7 @@ type evalSparseOptions struct {
 	weights, corpus  string
 	windows, context int
 	prefill          int
+	init, local      int
 	blockSizes       []int
 	budgets          []float64
 	methods          []string
@@ -40,7 +41,7 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 
 func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
-		budgets: []float64{0.1, 0.2, 0.3}, methods: sparse.Names()}
+		budgets: []float64{0.1, 0.2, 0.3}, methods: append(sparse.Names(), eval.Oracle), init: 1, local: 2}
 	cmd := &cobra.Command{
 		Use:   "sparse",
 		Short: "Decode held-out text with each sparse-attention method against full attention",
@@ -65,7 +66,9 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
-	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(sparse.Names(), ", ")+")")
+	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(sparse.Names(), ", ")+"), and oracle: the blocks of most full-attention mass")
+	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
+	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -85,6 +88,8 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return usageErr("--prefill %d: want [1, %d]", o.prefill, o.context-1)
 	case o.windows < 1:
 		return usageErr("--windows %d: want at least 1", o.windows)
+	case o.init < 0 || o.local < 1:
+		return usageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
 	}
 	for _, bs := range o.blockSizes {
 		if bs < 1 || bs > 1024 {
@@ -97,6 +102,10 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		}
 	}
 	for i, name := range o.methods {
+		if strings.EqualFold(name, eval.Oracle) {
+			o.methods[i] = eval.Oracle
+			continue
+		}
 		cfg, err := sparse.ParseMethodConfig(name, nil)
 		if err != nil {
 			return usageErr("--methods: %v", err)
@@ -120,7 +129,7 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	}
 	start := time.Now()
 	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes,
-		Budgets: o.budgets, Methods: o.methods, Progress: func(r eval.Result) {
+		Budgets: o.budgets, Methods: o.methods, Init: o.init, Local: o.local, Progress: func(r eval.Result) {
 			if !o.asJSON {
 				fmt.Fprintf(stderr, "  %s %d-token blocks %.0f%%: %s\n", r.Method, r.BlockSize, 100*r.Budget, time.Since(start).Round(time.Second))
 			}
@@ -132,10 +141,10 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
-			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "results": res})
+			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run\n",
-		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.prefill, res[0].Positions)
+	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
+		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
