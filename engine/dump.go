@@ -378,6 +378,8 @@ func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
 	s := &stagingSlot{flight: newInflight(), rec: e.newRecord(id), claimed: make([]bool, e.opts.Layout.Shards), v0: v0, created: time.Now()}
 	e.mu.staging[id] = s
 	e.mu.stagingBytes += size
+	e.mu.stagingPeak = max(e.mu.stagingPeak, e.mu.stagingBytes)
+	e.mu.stagingPeakBlocks = max(e.mu.stagingPeakBlocks, int64(len(e.mu.staging)))
 	return s, nil
 }
 

@@ -95,6 +95,9 @@ type Engine struct {
 		inflight     map[BlockID]*inflightDump // whole-record appends in progress
 		staging      map[BlockID]*stagingSlot  // partly dumped blocks
 		stagingBytes int64
+		// stagingPeak and stagingPeakBlocks are the highest stagingBytes and staged blocks
+		// since Open (Stats.StagingPeakBytes).
+		stagingPeak, stagingPeakBlocks int64
 	}
 
 	space spaceGuard // the store file system's free space (reserve.go)
@@ -688,6 +691,7 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	st.StagingBytes = e.mu.stagingBytes
 	st.StagingBlocks = len(e.mu.staging)
+	st.StagingPeakBytes, st.StagingPeakBlocks = e.mu.stagingPeak, e.mu.stagingPeakBlocks
 	e.mu.Unlock()
 	return st
 }

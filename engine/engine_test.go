@@ -189,8 +189,14 @@ func TestLayerwiseDump(t *testing.T) {
 		}
 	}
 	checkBlocks(t, e, blocks)
-	if st := e.Stats(); st.StagingBlocks != 0 || st.StagingBytes != 0 {
+	st := e.Stats()
+	if st.StagingBlocks != 0 || st.StagingBytes != 0 {
 		t.Fatalf("staging not empty after complete blocks: %+v", st)
+	}
+	// Every block was partly dumped at once (shard by shard across all of them): the
+	// high-water mark is all ten of them, and it stays after they are published.
+	if want := int64(len(blocks)) * l.RecordBytes(); st.StagingPeakBytes != want || st.StagingPeakBlocks != int64(len(blocks)) {
+		t.Fatalf("staging peak %d bytes, %d blocks; want %d bytes, %d blocks", st.StagingPeakBytes, st.StagingPeakBlocks, want, len(blocks))
 	}
 }
 
@@ -634,5 +640,60 @@ func TestPreparedSegmentDroppedAtClose(t *testing.T) {
 	}
 	if len(used) != 0 {
 		t.Fatalf("segments %v holding blocks are gone", used)
+	}
+}
+
+// TestTimingObservers: Options.OnFlight hears of every dumped record once, in flights whose
+// steps are in order, and Options.OnLoad of every block a load task reads, with its reads and
+// bytes, steps in order.
+func TestTimingObservers(t *testing.T) {
+	_, fs := memFS()
+	l := Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 8192}
+	var (
+		mu      sync.Mutex
+		flights []wal.FlightTiming
+		loads   []LoadTiming
+	)
+	opts := testOptions(fs, l)
+	opts.OnFlight = func(ft wal.FlightTiming) { mu.Lock(); flights = append(flights, ft); mu.Unlock() }
+	opts.OnLoad = func(lt LoadTiming) { mu.Lock(); loads = append(loads, lt); mu.Unlock() }
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	blocks := ids(0, 6)
+	for sh := 0; sh < l.Shards; sh++ {
+		src := make([][]byte, len(blocks))
+		for i, id := range blocks {
+			src[i] = blockBytes(l, id)[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes]
+		}
+		if err := e.DumpShard(blocks, sh, src).Wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := make([][]byte, len(blocks))
+	for i := range dst {
+		dst[i] = make([]byte, l.ShardBytes)
+	}
+	if err := e.LoadShard(blocks, 2, dst).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	records := 0
+	for _, ft := range flights {
+		records += ft.Records
+		if ft.Issued.Before(ft.Appended) || ft.Written.Before(ft.Issued) || ft.Published.Before(ft.Written) {
+			t.Fatalf("flight steps out of order: %+v", ft)
+		}
+	}
+	if records != len(blocks) {
+		t.Fatalf("flights report %d records, want %d", records, len(blocks))
+	}
+	if len(loads) != 1 {
+		t.Fatalf("%d load timings for one task of %d blocks, want 1", len(loads), len(blocks))
+	}
+	lt := loads[0]
+	if lt.Blocks != len(blocks) || lt.Reads != len(blocks) || lt.Bytes != int64(len(blocks))*l.ShardBytes ||
+		lt.Start.Before(lt.Queued) || lt.Submitted.Before(lt.Start) || lt.Read.Before(lt.Submitted) || lt.Done.Before(lt.Read) {
+		t.Fatalf("load timing %+v: want %d blocks, %d reads of %d bytes, steps in order", lt, len(blocks), len(blocks), l.ShardBytes)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
@@ -137,8 +138,12 @@ func (e *Engine) load(ids []BlockID, shard int, dst []spans) *Task {
 	if e.opts.LookupOnly {
 		return failedTask(ids, errLookupOnly)
 	}
+	var queued time.Time
+	if e.opts.OnLoad != nil {
+		queued = time.Now()
+	}
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
-		e.runLoad(t, shard, dst)
+		e.runLoad(t, shard, dst, queued)
 		e.stats.countLoad(t)
 	})
 }
@@ -164,7 +169,7 @@ type blockRead struct {
 	opHi   int
 }
 
-func (e *Engine) runLoad(t *Task, shard int, dst []spans) {
+func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 	l := e.opts.Layout
 	want := l.BlockBytes()
 	if shard != AllShards {
@@ -182,7 +187,7 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans) {
 			}
 			return
 		}
-		e.loadBatch(t, shard, dst, flat, lo, hi, want)
+		e.loadBatch(t, shard, dst, flat, lo, hi, want, queued)
 	}
 }
 
@@ -190,8 +195,19 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans) {
 // the paths that need one (the memory and mooncake tiers, compressed records, memory that
 // cannot take O_DIRECT): the caller's buffer when dst[i] is one piece, else a staging buffer,
 // taken when first needed and copied into the pieces once the block is verified.
-func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, hi int, want int64) {
+func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, hi int, want int64, queued time.Time) {
 	l := e.opts.Layout
+	var timing LoadTiming
+	if e.opts.OnLoad != nil {
+		timing = LoadTiming{Blocks: hi - lo, Queued: queued, Start: time.Now()}
+		defer func() {
+			timing.Done = time.Now()
+			if timing.Submitted.IsZero() {
+				timing.Submitted, timing.Read = timing.Done, timing.Done // nothing read from disk
+			}
+			e.opts.OnLoad(timing)
+		}()
+	}
 	var (
 		reads   []blockRead
 		ops     []devio.Op
@@ -361,7 +377,17 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			}
 			return owner[o]
 		}
+		if e.opts.OnLoad != nil {
+			timing.Reads = len(ops)
+			for _, op := range ops {
+				timing.Bytes += int64(len(op.Buf))
+			}
+			timing.Submitted = time.Now()
+		}
 		_ = e.submit(ops, tierOf) // per-op errors are examined below
+		if e.opts.OnLoad != nil {
+			timing.Read = time.Now()
+		}
 	}
 	for k := range reads {
 		r := &reads[k]

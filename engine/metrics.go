@@ -43,6 +43,7 @@ var statMetrics = []metricDesc{
 	gaugeDesc("ucm_file_bytes", "Bytes of all segment files (exact).", func(s *Stats) float64 { return float64(s.FileBytes) }),
 	gaugeDesc("ucm_segments", "Segment files.", func(s *Stats) float64 { return float64(s.Segments) }),
 	gaugeDesc("ucm_memory_usage_bytes", "Memory held by partly dumped blocks.", func(s *Stats) float64 { return float64(s.StagingBytes) }),
+	gaugeDesc("ucm_staging_peak_bytes", "Highest memory held by partly dumped blocks since Open.", func(s *Stats) float64 { return float64(s.StagingPeakBytes) }),
 	gaugeDesc("ucm_kv_cache_hit_rate", "Lookup hits / ids looked up since Open.", func(s *Stats) float64 {
 		if s.Lookups == 0 {
 			return 0

@@ -222,6 +222,27 @@ type Options struct {
 	AdoptStoredSchema bool
 	// Logger receives the engine's logs (default: discard).
 	Logger *slog.Logger
+	// OnFlight and OnLoad, if set, receive the timing of every flight of dumped records
+	// (wal.FlightTiming, from the dump writer; relocations are not reported) and of every batch of reads
+	// of a load task (LoadTiming), to find where time goes (ucm-tool bench --timings). They are
+	// called on the engine's I/O paths and must return quickly. Diagnostics: unset, no clock is
+	// read for them.
+	OnFlight func(wal.FlightTiming)
+	OnLoad   func(LoadTiming)
+}
+
+// LoadTiming is when one batch of a load task's blocks (at most QueueDepth of them) passed
+// each step (Options.OnLoad): Start → Submitted is planning (index, segment, tiers);
+// Submitted → Read the reads (devio's queue-depth tokens and the device); Read → Done the
+// checks (checksums) and copies.
+type LoadTiming struct {
+	Blocks int   // blocks in the batch
+	Reads  int   // read operations submitted (before devio merges adjacent ones)
+	Bytes  int64 // bytes those reads asked for
+	// Queued is when the task was created (Load, LoadShard, LoadSpans was called); zero for
+	// the engine's own loads (promotion).
+	Queued                       time.Time
+	Start, Submitted, Read, Done time.Time
 }
 
 // withDefaults returns o with zero fields replaced by defaults.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ucm-go/ucm/devio"
 )
@@ -141,7 +142,7 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 		}
 		// A load backfills the memory tier with every block it reads from disk.
 		lt := newTask(need, e.opts.TaskTimeout)
-		e.runLoad(lt, AllShards, oneSpanEach(bufs))
+		e.runLoad(lt, AllShards, oneSpanEach(bufs), time.Time{})
 		for k, err := range lt.errs {
 			if err != nil {
 				for i, id := range t.ids {

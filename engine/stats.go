@@ -16,6 +16,11 @@ type Stats struct {
 	// Partly dumped blocks held in memory.
 	StagingBlocks int
 	StagingBytes  int64
+	// StagingPeakBytes and StagingPeakBlocks are the high-water marks of StagingBytes and of
+	// the blocks holding staging memory since Open: what layer-wise dumps needed at most of
+	// Options.MaxStagingBytes.
+	StagingPeakBytes  int64
+	StagingPeakBlocks int64
 
 	DumpTasks    int64
 	DumpedBlocks int64 // blocks written to the log

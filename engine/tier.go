@@ -374,6 +374,10 @@ func (e *Engine) startWriters() error {
 			if !relocation && t.pos != 0 {
 				continue
 			}
+			var onFlight func(wal.FlightTiming)
+			if !relocation {
+				onFlight = e.opts.OnFlight
+			}
 			w, err := wal.NewWriter(wal.Options{
 				FS: e.fs, SegmentSize: t.segSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
 				Direct: t.direct, Backend: t.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
@@ -382,6 +386,7 @@ func (e *Engine) startWriters() error {
 				// Dumps arrive in streams: have the next segment ready before the active one
 				// fills. Relocations come in bursts; their writer creates segments as needed.
 				PrepareNext: !relocation,
+				OnFlight:    onFlight,
 			})
 			if err != nil {
 				return err

@@ -1073,3 +1073,49 @@ func TestSealOlderThan(t *testing.T) {
 		t.Fatalf("the append after the seal went to the sealed segment %d", first)
 	}
 }
+
+// TestOnFlightReportsEveryRecord: with OnFlight set, every appended record is reported in
+// exactly one flight, each flight's steps in pipeline order (appended, issued, written, synced
+// under SyncAlways, published), and the bytes add up to the records written.
+func TestOnFlightReportsEveryRecord(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		timings []FlightTiming
+	)
+	w, _, _ := newTestWriterWith(t, vfs.NewMem(), 64<<10, func(o *Options) {
+		o.OnFlight = func(ft FlightTiming) {
+			mu.Lock()
+			timings = append(timings, ft)
+			mu.Unlock()
+		}
+	})
+	var wg sync.WaitGroup
+	const appenders, each = 4, 6
+	for g := 0; g < appenders; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				if err := w.Append([]*Record{testRecord(g*100 + i)}); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	records, bytes := 0, int64(0)
+	for i, ft := range timings {
+		records += ft.Records
+		bytes += ft.Bytes
+		if ft.Appended.IsZero() || ft.Issued.Before(ft.Appended) || ft.Written.Before(ft.Issued) ||
+			ft.Synced.Before(ft.Written) || ft.Published.Before(ft.Synced) || ft.Batch < 1 {
+			t.Fatalf("flight %d: steps out of order or missing: %+v", i, ft)
+		}
+	}
+	if records != appenders*each || bytes != int64(appenders*each)*testLayout.RecordBytes() {
+		t.Fatalf("flights report %d records of %d bytes, want %d of %d", records, bytes, appenders*each, int64(appenders*each)*testLayout.RecordBytes())
+	}
+}

@@ -179,6 +179,32 @@ type Options struct {
 	MaxGroupBytes int64
 	// OnSegment is told about every segment the Writer opens, so readers can find it.
 	OnSegment func(*Segment)
+	// OnFlight, if set, is told when each flight of records passed each step of the pipeline
+	// (FlightTiming), from the publisher goroutine once the flight is settled; it must return
+	// quickly. A diagnostic: unset, the Writer reads no clocks for it.
+	OnFlight func(FlightTiming)
+}
+
+// FlightTiming is when one flight, a run of records placed contiguously in one segment and
+// written by one Submit, passed each step from Append to publication (Options.OnFlight).
+// Appended → Issued is the wait for placement (the committer, a segment, a free flight slot);
+// Issued → Written the device (with devio's queue-depth tokens); Written → Published the
+// publisher (earlier flights, the fdatasync, the index batch).
+type FlightTiming struct {
+	Records int
+	Bytes   int64
+	// Appended is the earliest Append among the flight's records.
+	Appended time.Time
+	// Issued: its writes were submitted; Written: they completed.
+	Issued, Written time.Time
+	// Synced: its segment's fdatasync covering it returned (zero unless SyncAlways or when
+	// the flight shared the sync of an earlier flight of its batch, which then is its time).
+	Synced time.Time
+	// Published: its records were published (or failed) and their callers answered.
+	Published time.Time
+	// Batch is the number of flights settled together with this one (one sync, one index
+	// batch per segment).
+	Batch int
 }
 
 // ErrWriterClosed is returned by Append after Close.
@@ -190,6 +216,8 @@ type request struct {
 	// sealAge > 0: a SealOlderThan request (recs empty).
 	sealAge time.Duration
 	done    chan error
+	// appended is when Append was called (only with Options.OnFlight).
+	appended time.Time
 
 	mu        sync.Mutex
 	remaining int   // records not yet published or failed
@@ -230,6 +258,8 @@ type flight struct {
 	written chan struct{}
 	err     error         // the write's error, set before written is closed
 	settled chan struct{} // closed once every record is published or failed
+	// timing is filled in only with Options.OnFlight.
+	timing FlightTiming
 }
 
 // maxFlights bounds the flights between placement and publication: enough to keep writes
@@ -299,7 +329,11 @@ func (w *Writer) Append(recs []*Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	return w.send(&request{recs: recs, done: make(chan error, 1)})
+	r := &request{recs: recs, done: make(chan error, 1)}
+	if w.opts.OnFlight != nil {
+		r.appended = time.Now()
+	}
+	return w.send(r)
 }
 
 // Sync makes every record appended so far durable, then calls Hooks.Synced.
@@ -546,9 +580,22 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	ops := planWrites(seg, recs)
 	f := &flight{seg: seg, recs: recs, owners: owners, written: make(chan struct{}), settled: make(chan struct{})}
 	w.slots <- struct{}{}
+	timed := w.opts.OnFlight != nil
+	if timed {
+		f.timing = FlightTiming{Records: len(recs), Issued: time.Now()}
+		for i, rec := range recs {
+			f.timing.Bytes += rec.Size()
+			if a := owners[i].appended; f.timing.Appended.IsZero() || a.Before(f.timing.Appended) {
+				f.timing.Appended = a
+			}
+		}
+	}
 	go func() {
 		f.err = w.opts.Backend.Submit(ops)
 		clear(ops) // drop buffer references
+		if timed {
+			f.timing.Written = time.Now()
+		}
 		close(f.written)
 	}()
 	w.last = f
@@ -633,13 +680,20 @@ func (w *Writer) settle(batch []*flight) {
 		}
 	}
 	durable := w.opts.Sync == SyncAlways
+	timed := w.opts.OnFlight != nil
 	if durable {
 		for i, f := range batch {
 			if (i > 0 && batch[i-1].seg == f.seg) || f.seg.failure() != nil {
+				if timed && i > 0 {
+					f.timing.Synced = batch[i-1].timing.Synced
+				}
 				continue
 			}
 			if err := f.seg.file.SyncData(); err != nil {
 				w.markFailed(f.seg, fmt.Errorf("wal: sync segment %d: %w", f.seg.Number, err))
+			}
+			if timed {
+				f.timing.Synced = time.Now()
 			}
 		}
 	}
@@ -663,8 +717,16 @@ func (w *Writer) settle(batch []*flight) {
 		}
 		recs, owners = recs[:0], owners[:0]
 	}
+	var published time.Time
+	if timed {
+		published = time.Now()
+	}
 	for _, f := range batch {
 		<-w.slots
+		if timed {
+			f.timing.Published, f.timing.Batch = published, len(batch)
+			w.opts.OnFlight(f.timing)
+		}
 		close(f.settled)
 	}
 }
