@@ -58,6 +58,12 @@ type benchConfig struct {
 	compression engine.Compression
 	minSaving   float64
 	cpuProfile  string
+
+	// layerwise.
+	order            string // connector, random or both (layerwise_order.go)
+	requestMaxBlocks int    // connector order: longest request, in blocks
+	maxStaging       int64  // Options.MaxStagingBytes (0: the engine's default)
+	timings          bool   // gather and report the engine's flight and load timings
 }
 
 // benchResult is one bench run; the JSON field names are part of the tool's interface. Fields
@@ -147,6 +153,18 @@ type benchResult struct {
 	// medians over the rounds (the ratios: the median of each round's own ratio).
 	Rounds []roundResult `json:"rounds,omitempty"`
 
+	// Layerwise holds each order's figures of a layerwise run (connector, random); DumpMBps,
+	// LoadMBps and the ratios above are the first order's. StagingPeakBytes and
+	// StagingPeakBlocks are the engine's staging high-water marks during the (first order's)
+	// dump, MaxStagingBytes its bound; FioRandReadMBps is fio's random reads of one shard and
+	// LoadRandRatio the load against it (LoadRatio is against fio's 2 MiB sequential reads).
+	Layerwise         []layerwiseOrder `json:"layerwise,omitempty"`
+	StagingPeakBytes  int64            `json:"staging_peak_bytes,omitempty"`
+	StagingPeakBlocks int64            `json:"staging_peak_blocks,omitempty"`
+	MaxStagingBytes   int64            `json:"max_staging_bytes,omitempty"`
+	FioRandReadMBps   float64          `json:"fio_randread_MBps,omitempty"`
+	LoadRandRatio     float64          `json:"load_randread_ratio,omitempty"`
+
 	// Mooncake is the mooncake workload's figures (workload_mooncake.go).
 	Mooncake *mooncakeBench `json:"mooncake,omitempty"`
 
@@ -166,6 +184,9 @@ type roundResult struct {
 	FioReadMBps  float64 `json:"fio_read_MBps,omitempty"`
 	DumpRatio    float64 `json:"dump_ratio,omitempty"`
 	LoadRatio    float64 `json:"load_ratio,omitempty"`
+	// layerwise: fio's random reads of one shard, and each order's figures.
+	FioRandReadMBps float64          `json:"fio_randread_MBps,omitempty"`
+	Layerwise       []layerwiseOrder `json:"layerwise,omitempty"`
 }
 
 // crashReport is the engine's recovery report for the crash copy, in JSON-friendly units.
@@ -183,6 +204,7 @@ func newBenchCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
 		cfg                                     benchConfig
 		blockSize, total, segSize, ioEng, dirIO string
 		syncPol, capacity, memory, compression  string
+		maxStaging                              string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -198,9 +220,16 @@ Workloads:
   seq        dump --total bytes of whole blocks, close, reopen (timed), load them all back.
              Loads are fresh reads: O_DIRECT, or with --direct off the page cache is dropped
              first when running as root.
-  layerwise  the same with one shard per task, as a layer-wise connector does: every block is
-             dumped shard by shard (32–80 shards of 64 KiB–1 MiB are typical), then shards are
-             loaded in random order across blocks.
+  layerwise  the same with one shard per task, as a layer-wise connector does (32–80 shards
+             of 16 KiB–1 MiB are typical), in two orders (--order, default both, each on a
+             fresh store). connector: the blocks are split into requests (1..--request-max-blocks
+             long, uniformly, or the --trace's request lengths); a request dumps shard i of all
+             its blocks in one task, i = 0..L-1, and later loads them the same way, one layer in
+             flight per request, --concurrency requests at a time. random: groups of --batch
+             blocks dumped shard by shard, shards loaded in random order across groups. Each
+             order reports its rates and the engine's staging memory high-water mark (bounded
+             by --max-staging); --timings adds where the dump's flights and the load's tasks
+             spent their time and the device queue sampled every millisecond.
   lookup     index --blocks blocks (default 1,000,000; a tiny 1 × 4 KiB layout, sync none,
              1024 blocks per task unless set), reopen, then time --batches batches of 1024
              mixed hit/miss exact lookups and as many prefix lookups (p50/p99 per batch).
@@ -222,8 +251,9 @@ Workloads:
 flag, I/O engine and size, at --fio-iodepth and at 64, from malloc buffers and, where
 hugetlb pages are reserved (sysctl -w vm.nr_hugepages=160), from huge pages as the engine's
 buffers are, and prints engine/fio ratios against the best of these: seq compares dump with
-fio sequential writes and load with sequential reads; layerwise compares dump with
-sequential writes of whole blocks and load with random reads of one shard.
+fio sequential writes and load with sequential reads; layerwise compares dump with 2 MiB
+sequential writes and load with 2 MiB sequential reads (the disk's sequential speed) and
+with random reads of one shard.
 
 Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units). MB/s is 10^6 bytes
 per second. Dump time runs from the first dump task to the last one's completion (durable
@@ -277,6 +307,9 @@ per --sync); load time includes the in-line byte comparison.`,
 			if cfg.compression, err = engine.ParseCompression(compression); err != nil {
 				return usageErr("--compression: %v", err)
 			}
+			if cfg.maxStaging, err = engine.ParseSize(maxStaging); err != nil {
+				return usageErr("--max-staging: %v", err)
+			}
 			return runBench(cfg, stdout, stderr)
 		},
 	}
@@ -309,6 +342,10 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.Float64Var(&cfg.minSaving, "compress-min-saving", engine.DefaultCompressMinSaving, "lz4: fraction of a record's payload compression must save to be kept")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
 	fl.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the workload (not of fio) to this file")
+	fl.StringVar(&cfg.order, "order", orderBoth, "layerwise: connector (requests layer by layer, as UCM's layer-wise connector), random (shards of --batch-block groups in random order) or both (connector, then random, each on a fresh store)")
+	fl.IntVar(&cfg.requestMaxBlocks, "request-max-blocks", 64, "layerwise, connector order: requests are 1..N blocks long, uniformly (with --trace: the trace's request lengths, capped at N)")
+	fl.StringVar(&maxStaging, "max-staging", "0", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
+	fl.BoolVar(&cfg.timings, "timings", false, "layerwise: report where the dump's flights and the load's tasks spent their time, and the device queue sampled every millisecond")
 	return cmd
 }
 
@@ -372,6 +409,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--capacity: only the trace, lookup and open workloads take a capacity")
 	case cfg.memory != 0 && cfg.workload != "trace":
 		return usageErr("--memory: only the trace workload takes a memory tier")
+	case cfg.maxStaging < 0:
+		return usageErr("--max-staging %d: want 0 (the default) or more", cfg.maxStaging)
 	}
 	if ts := benchTiers(cfg, "bench"); ts != nil {
 		if err := tiers.Validate(ts); err != nil {
@@ -392,17 +431,30 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	}
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression, QueueDepth: cfg.queueDepth,
-		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir), RecycleSegments: cfg.recycle}
+		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir), RecycleSegments: cfg.recycle,
+		MaxStagingBytes: cfg.maxStaging}
+	var timings *timingCollector
+	if cfg.timings {
+		timings = &timingCollector{}
+		opts.OnFlight, opts.OnLoad = timings.onFlight, timings.onLoad
+	}
 	payload := newPayloadPool(l.BlockBytes())
 	if cfg.compression != engine.CompressionOff {
 		payload = newKVPayloadPool(l.BlockBytes())
 	}
 	env := &benchEnv{cfg: cfg, blocks: blocks, payload: payload, storeDir: storeDir, opts: opts,
-		stderr: stderr}
+		stderr: stderr, timings: timings}
+	maxStagingBytes := int64(0)
+	if cfg.workload == "layerwise" {
+		maxStagingBytes = cfg.maxStaging
+		if maxStagingBytes == 0 {
+			maxStagingBytes = engine.DefaultMaxStagingBytes
+		}
+	}
 	newResult := func() *benchResult {
 		return &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
 			Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
-			Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String()}
+			Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String(), MaxStagingBytes: maxStagingBytes}
 	}
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
@@ -476,7 +528,8 @@ func combineRounds(rounds []*benchResult) *benchResult {
 	res.Rounds = make([]roundResult, len(rounds))
 	for i, r := range rounds {
 		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, OpenSeconds: r.OpenSeconds,
-			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio}
+			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio,
+			FioRandReadMBps: r.FioRandReadMBps, Layerwise: r.Layerwise}
 		if !r.Verified && res.Verified {
 			res.Verified, res.mismatch = false, r.mismatch
 		}
@@ -495,7 +548,40 @@ func combineRounds(rounds []*benchResult) *benchResult {
 	res.FioReadMBps = med(func(r roundResult) float64 { return r.FioReadMBps })
 	res.DumpRatio = med(func(r roundResult) float64 { return r.DumpRatio })
 	res.LoadRatio = med(func(r roundResult) float64 { return r.LoadRatio })
+	res.FioRandReadMBps = med(func(r roundResult) float64 { return r.FioRandReadMBps })
 	res.dumpTime, res.loadTime = 0, 0
+	res.LoadRandRatio, res.StagingPeakBytes, res.StagingPeakBlocks = 0, 0, 0
+	// Each layerwise order: the medians of its rounds' figures; the staging peaks are the
+	// highest of any round, the timings the last round's.
+	res.Layerwise = nil
+	for k := range last.Layerwise {
+		o := last.Layerwise[k]
+		o.dumpTime, o.loadTime = 0, 0
+		of := func(f func(layerwiseOrder) float64) float64 {
+			return med(func(r roundResult) float64 {
+				if k < len(r.Layerwise) {
+					return f(r.Layerwise[k])
+				}
+				return 0
+			})
+		}
+		o.DumpMBps = of(func(o layerwiseOrder) float64 { return o.DumpMBps })
+		o.LoadMBps = of(func(o layerwiseOrder) float64 { return o.LoadMBps })
+		o.DumpRatio = of(func(o layerwiseOrder) float64 { return o.DumpRatio })
+		o.LoadRatio = of(func(o layerwiseOrder) float64 { return o.LoadRatio })
+		o.LoadRandRatio = of(func(o layerwiseOrder) float64 { return o.LoadRandRatio })
+		for _, r := range res.Rounds {
+			if k < len(r.Layerwise) {
+				o.StagingPeakBytes = max(o.StagingPeakBytes, r.Layerwise[k].StagingPeakBytes)
+				o.StagingPeakBlocks = max(o.StagingPeakBlocks, r.Layerwise[k].StagingPeakBlocks)
+			}
+		}
+		res.Layerwise = append(res.Layerwise, o)
+	}
+	if len(res.Layerwise) > 0 {
+		first := res.Layerwise[0]
+		res.LoadRandRatio, res.StagingPeakBytes, res.StagingPeakBlocks = first.LoadRandRatio, first.StagingPeakBytes, first.StagingPeakBlocks
+	}
 	return &res
 }
 
@@ -600,6 +686,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("prefix lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% of ids in the leading run)",
 			r.P50PrefixBatchMs, r.P99PrefixBatchMs, r.LookupBatch, 100*r.PrefixHitFraction)
 	}
+	for _, o := range r.Layerwise {
+		printLayerwiseOrder(row, r, o)
+	}
 	if r.Mooncake != nil {
 		printMooncake(row, r.Mooncake)
 	}
@@ -627,6 +716,10 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 			fio = fmt.Sprintf("; fio write %.1f, read %.1f MB/s; ratios %.2f, %.2f", rr.FioWriteMBps, rr.FioReadMBps, rr.DumpRatio, rr.LoadRatio)
 		}
 		row(fmt.Sprintf("round %d", i+1), "dump %.1f MB/s, load %.1f MB/s%s", rr.DumpMBps, rr.LoadMBps, fio)
+		for _, o := range rr.Layerwise {
+			row("", "%s order: dump %.1f MB/s (%.2f), load %.1f MB/s (%.2f; %.2f x randread %.1f MB/s)",
+				o.Order, o.DumpMBps, o.DumpRatio, o.LoadMBps, o.LoadRatio, o.LoadRandRatio, rr.FioRandReadMBps)
+		}
 	}
 	for _, f := range r.Fio {
 		row("fio", "%s bs=%s iodepth=%d mem=%s: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.Mem, f.MBps)

@@ -91,13 +91,14 @@ func fioDepths(cfg benchConfig) []int {
 // in the fio fields and ratios of res. Without fio it says how to install it and leaves the
 // ratios out.
 func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error {
-	var writeBS, readBS int64
-	readRW := "read"
+	var writeBS, readBS, randBS int64
 	switch cfg.workload {
 	case "seq":
 		writeBS, readBS = res.BlockBytes, res.BlockBytes
 	case "layerwise":
-		writeBS, readBS, readRW = res.BlockBytes, res.ShardBytes, "randread"
+		// The disk's sequential speed (issue 17's denominator) and random reads of one shard
+		// (what a load of shards scattered over whole-block records does).
+		writeBS, readBS, randBS = fioSeqBS, fioSeqBS, res.ShardBytes
 	default:
 		res.FioNote = fmt.Sprintf("--fio applies to the seq and layerwise workloads, not %s", cfg.workload)
 		return nil
@@ -115,7 +116,7 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 	file := filepath.Join(cfg.dir, "bench-fio.dat")
 	defer func() { _ = os.Remove(file) }()
 	size := res.TotalBytes
-	mems := fioMems(max(writeBS, readBS))
+	mems := fioMems(max(writeBS, readBS, randBS))
 	if len(mems) == 1 {
 		res.FioNote = fioHugeNote
 	}
@@ -171,26 +172,52 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 			res.FioWriteMBps = max(res.FioWriteMBps, mb)
 		}
 	}
-	for _, mem := range mems {
-		for _, d := range fioDepths(cfg) {
-			mb, err := run(readRW, readBS, d, mem)
-			if err != nil {
-				if hugeFailed(mem, err) {
-					break
+	reads := []struct {
+		rw   string
+		bs   int64
+		best *float64
+	}{{"read", readBS, &res.FioReadMBps}}
+	if randBS > 0 {
+		reads = append(reads, struct {
+			rw   string
+			bs   int64
+			best *float64
+		}{"randread", randBS, &res.FioRandReadMBps})
+	}
+	for _, rd := range reads {
+	mem:
+		for _, mem := range mems {
+			for _, d := range fioDepths(cfg) {
+				mb, err := run(rd.rw, rd.bs, d, mem)
+				if err != nil {
+					if hugeFailed(mem, err) {
+						break mem
+					}
+					return err
 				}
-				return err
+				*rd.best = max(*rd.best, mb)
 			}
-			res.FioReadMBps = max(res.FioReadMBps, mb)
 		}
 	}
-	if res.FioWriteMBps > 0 {
-		res.DumpRatio = res.DumpMBps / res.FioWriteMBps
+	ratio := func(engine, fio float64) float64 {
+		if fio <= 0 {
+			return 0
+		}
+		return engine / fio
 	}
-	if res.FioReadMBps > 0 {
-		res.LoadRatio = res.LoadMBps / res.FioReadMBps
+	res.DumpRatio, res.LoadRatio = ratio(res.DumpMBps, res.FioWriteMBps), ratio(res.LoadMBps, res.FioReadMBps)
+	res.LoadRandRatio = ratio(res.LoadMBps, res.FioRandReadMBps)
+	for k := range res.Layerwise {
+		o := &res.Layerwise[k]
+		o.DumpRatio, o.LoadRatio = ratio(o.DumpMBps, res.FioWriteMBps), ratio(o.LoadMBps, res.FioReadMBps)
+		o.LoadRandRatio = ratio(o.LoadMBps, res.FioRandReadMBps)
 	}
 	return nil
 }
+
+// fioSeqBS is the request size of fio's sequential jobs in layerwise comparisons: the disk's
+// sequential speed, whatever the bench's block size.
+const fioSeqBS = 2 << 20
 
 // fioJob is one fio job.
 type fioJob struct {

@@ -90,6 +90,49 @@ func TestBenchLayerwise(t *testing.T) {
 	if _, _, code := run(t, "verify", filepath.Join(dir, "bench-layerwise-256KiB-32")); code != ExitOK {
 		t.Errorf("verify of the layerwise store: exit %d", code)
 	}
+	// Both orders by default, connector first; staging within its bound.
+	orders, _ := m["layerwise"].([]any)
+	if len(orders) != 2 || orders[0].(map[string]any)["order"] != "connector" || orders[1].(map[string]any)["order"] != "random" {
+		t.Fatalf("layerwise orders %v, want connector then random", m["layerwise"])
+	}
+	for _, o := range orders {
+		o := o.(map[string]any)
+		peak, _ := o["staging_peak_bytes"].(float64)
+		if o["dump_MBps"].(float64) <= 0 || o["load_MBps"].(float64) <= 0 || peak <= 0 || peak > m["max_staging_bytes"].(float64) {
+			t.Errorf("%v order: %v (max staging %v)", o["order"], o, m["max_staging_bytes"])
+		}
+	}
+	if c := orders[0].(map[string]any); c["requests"] == nil || c["mean_request_blocks"] == nil {
+		t.Errorf("connector order without its requests: %v", c)
+	}
+}
+
+// --order connector --timings: every layer task of every request is one load batch (requests
+// are at most 64 blocks, the engine's batch), and the dump's flights carry every block.
+func TestBenchLayerwiseConnectorTimings(t *testing.T) {
+	const shards = 8
+	m := benchJSON(t, "--workload", "layerwise", "--dir", t.TempDir(), "--total", "8MiB", "--block-size", "64KiB", "--shards", "8",
+		"--segment-size", "1MiB", "--order", "connector", "--timings", "--request-max-blocks", "16", "--direct", "off", "--io-engine", "psync")
+	orders := m["layerwise"].([]any)
+	if len(orders) != 1 {
+		t.Fatalf("orders %v, want the connector order alone", orders)
+	}
+	o := orders[0].(map[string]any)
+	reqs := o["requests"].(float64)
+	if mx := o["max_request_blocks"].(float64); mx > 16 || reqs < 128/16 {
+		t.Fatalf("%v requests of at most %v blocks for 128 blocks, --request-max-blocks 16", reqs, mx)
+	}
+	lt := o["load_timings"].(map[string]any)
+	if lt["batches"].(float64) != reqs*shards || lt["KiB_per_read"].(float64) != 8 {
+		t.Errorf("load timings %v: want %v batches (requests × shards) of 8 KiB reads", lt, reqs*shards)
+	}
+	dt := o["dump_timings"].(map[string]any)
+	if f, rpf := dt["flights"].(float64), dt["records_per_flight"].(float64); f < 1 || f*rpf < 127.5 || f*rpf > 128.5 {
+		t.Errorf("dump timings %v: want flights carrying the 128 blocks", dt)
+	}
+	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--order", "sideways"); code != ExitUsage {
+		t.Errorf("--order sideways: exit %d, want %d", code, ExitUsage)
+	}
 }
 
 func TestBenchLookup(t *testing.T) {
@@ -250,9 +293,11 @@ func TestBenchFio(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, "x fio write (1000.0 MB/s)", "x fio read (2000.0 MB/s)", "randread bs=64KiB iodepth=16")
+	mustContain(t, out, "x fio write (1000.0 MB/s)", "x fio read (2000.0 MB/s)", "randread bs=64KiB iodepth=16",
+		"x fio 2 MiB read (2000.0 MB/s)", "x fio randread (2000.0 MB/s)")
 	b, _ = os.ReadFile(jobs)
-	mustContain(t, string(b), "rw=randread", "bs=65536")
+	// 2 MiB sequential writes and reads (the disk's sequential speed) and random shard reads.
+	mustContain(t, string(b), "rw=randread\nbs=65536", "rw=read\nbs=2097152", "rw=write\nbs=2097152")
 	// No job or data file is left in --dir.
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {

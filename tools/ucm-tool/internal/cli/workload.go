@@ -16,6 +16,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // workload is one bench workload. run drives the engine through env and fills in the
@@ -77,6 +78,26 @@ type benchEnv struct {
 	stderr   io.Writer
 	// buffers says where the last workerBuffers' buffers live (benchResult.Buffers).
 	buffers string
+	// timings gathers the engine's flight and load timings (--timings); nil without.
+	timings *timingCollector
+}
+
+// takeTimings returns the engine timings gathered since the last call (none without
+// --timings).
+func (env *benchEnv) takeTimings() ([]wal.FlightTiming, []engine.LoadTiming) {
+	if env.timings == nil {
+		return nil, nil
+	}
+	return env.timings.take()
+}
+
+// sampleQueue starts sampling the device queue of --dir (reads or writes) with --timings; nil
+// (whose end returns nil) without.
+func (env *benchEnv) sampleQueue(reads bool) *queueSampler {
+	if env.timings == nil {
+		return nil
+	}
+	return sampleQueue(env.cfg.dir, reads)
 }
 
 // open opens the bench store (creating it the first time) and says how long it took.
@@ -322,11 +343,13 @@ func (env *benchEnv) reopenAfterDump(e *engine.Engine, dumpErr error, res *bench
 		_ = e.Close()
 		return nil, fmt.Errorf("dump: %w", dumpErr)
 	}
-	if st := e.Stats(); st.DumpedBlocks != int64(res.Blocks) {
+	st := e.Stats()
+	if st.DumpedBlocks != int64(res.Blocks) {
 		_ = e.Close()
 		return nil, fmt.Errorf("dump wrote %d of %d blocks (%d deduplicated): the store was not fresh, the rate would be meaningless",
 			st.DumpedBlocks, res.Blocks, st.DedupedDumps)
 	}
+	res.StagingPeakBytes, res.StagingPeakBlocks = st.StagingPeakBytes, st.StagingPeakBlocks
 	// The dump is timed until its bytes are durable, as fio's write job is timed until its
 	// end_fsync: with --sync none the flush happens here, not in the dumps.
 	syncStart := time.Now()

@@ -2,19 +2,27 @@ package cli
 
 import (
 	"fmt"
-	"math/rand/v2"
+	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 )
 
-// layerwiseWorkload dumps and loads one shard per task, as a layer-wise connector does: the
-// blocks are split into groups of `batch`; each group is dumped shard by shard (all of its
-// shard tasks issued, then waited for), `concurrency` groups at a time. After a timed reopen,
-// every (group, shard) pair is loaded with one LoadShard task, in a random order across
-// groups and shards, `concurrency` tasks in flight, checking every page's stamp; finally
-// (untimed) every block is loaded whole and compared byte for byte.
+// layerwiseWorkload dumps and loads one shard per task, as a layer-wise connector does, in
+// the orders --order selects (layerwise_order.go), each on a fresh store: dump, sync, close,
+// reopen (timed), load every shard of every block back checking every page's stamp, and
+// finally (untimed) load every block whole and compare it byte for byte.
+//
+// Connector order: the blocks are split into requests (lengths from --trace, else uniform on
+// 1..--request-max-blocks); each request dumps shard i of all its blocks in one task, i =
+// 0..L-1, issued back to back and waited for at the end, and later loads shard i of all its
+// blocks in one task, one layer in flight, --concurrency requests at a time.
+//
+// Random order: groups of --batch blocks dumped shard by shard (all of a group's shard tasks
+// issued, then waited for), --concurrency groups at a time; then every (group, shard) pair is
+// loaded with one task, in a random order across groups and shards, --concurrency in flight.
 type layerwiseWorkload struct{}
 
 func (layerwiseWorkload) name() string { return "layerwise" }
@@ -22,10 +30,79 @@ func (layerwiseWorkload) name() string { return "layerwise" }
 func (layerwiseWorkload) defaults() map[string]string { return nil }
 
 func (layerwiseWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) {
+	if _, err := layerwiseOrders(cfg.order); err != nil {
+		return 0, err
+	}
+	if cfg.requestMaxBlocks < 1 {
+		return 0, fmt.Errorf("--request-max-blocks %d: want at least 1", cfg.requestMaxBlocks)
+	}
 	return totalBlocks(cfg, l)
 }
 
+// layerwiseOrder is one order's figures in a layerwise run.
+type layerwiseOrder struct {
+	Order string `json:"order"`
+	// Connector order: the requests the blocks were split into.
+	Requests          int     `json:"requests,omitempty"`
+	MeanRequestBlocks float64 `json:"mean_request_blocks,omitempty"`
+	MaxRequestBlocks  int     `json:"max_request_blocks,omitempty"`
+	DumpMBps          float64 `json:"dump_MBps"`
+	LoadMBps          float64 `json:"load_MBps"`
+	// Ratios against fio in the same round: dump / 2 MiB sequential write, load / 2 MiB
+	// sequential read (the disk's sequential speed, issue 17's target) and / random reads of
+	// one shard.
+	DumpRatio     float64 `json:"dump_ratio,omitempty"`
+	LoadRatio     float64 `json:"load_ratio,omitempty"`
+	LoadRandRatio float64 `json:"load_randread_ratio,omitempty"`
+	// Staging memory of the dump: the engine's high-water marks (Stats.StagingPeakBytes,
+	// StagingPeakBlocks) against its bound (Options.MaxStagingBytes, --max-staging).
+	StagingPeakBytes  int64 `json:"staging_peak_bytes"`
+	StagingPeakBlocks int64 `json:"staging_peak_blocks"`
+	// --timings: where the dump's flights and the load's task batches spent their time.
+	DumpTimings *dumpTimings `json:"dump_timings,omitempty"`
+	LoadTimings *loadTimings `json:"load_timings,omitempty"`
+
+	dumpTime, loadTime time.Duration
+}
+
 func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
+	orders, err := layerwiseOrders(env.cfg.order)
+	if err != nil {
+		return err
+	}
+	for k, order := range orders {
+		if k > 0 { // each order starts from an empty store, as each round does
+			if err := os.RemoveAll(env.storeDir); err != nil {
+				return fmt.Errorf("remove the %s order's store: %w", orders[k-1], err)
+			}
+			settleFS(env.cfg.dir)
+		}
+		o := layerwiseOrder{Order: order}
+		sub := *res
+		if err := runLayerwiseOrder(env, &sub, &o); err != nil {
+			return fmt.Errorf("%s order: %w", order, err)
+		}
+		res.IOEngine, res.Direct, res.CachesDropped = sub.IOEngine, sub.Direct, sub.CachesDropped
+		o.DumpMBps, o.LoadMBps, o.dumpTime, o.loadTime = sub.DumpMBps, sub.LoadMBps, sub.dumpTime, sub.loadTime
+		o.StagingPeakBytes, o.StagingPeakBlocks = sub.StagingPeakBytes, sub.StagingPeakBlocks
+		res.Layerwise = append(res.Layerwise, o)
+		if k == 0 {
+			// The first order's figures are the run's (the connector order by default).
+			res.DumpMBps, res.LoadMBps, res.dumpTime, res.loadTime = o.DumpMBps, o.LoadMBps, o.dumpTime, o.loadTime
+			res.OpenSeconds, res.StagingPeakBytes, res.StagingPeakBlocks = sub.OpenSeconds, o.StagingPeakBytes, o.StagingPeakBlocks
+		}
+		if !sub.Verified {
+			res.Verified, res.mismatch = false, fmt.Sprintf("%s order: %s", order, sub.mismatch)
+			return nil
+		}
+	}
+	res.Verified = true
+	return nil
+}
+
+// runLayerwiseOrder runs one order on a fresh store, filling res as a workload run does and
+// o's order-specific fields.
+func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error {
 	cfg := env.cfg
 	e, _, err := env.open()
 	if err != nil {
@@ -33,34 +110,64 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	res.IOEngine, res.Direct = e.IOEngine()
 	l := e.Layout()
-	groups := (env.blocks + cfg.batch - 1) / cfg.batch
-	group := func(g int) []format.BlockID {
-		ids := make([]format.BlockID, 0, cfg.batch)
-		for i := g * cfg.batch; i < min(env.blocks, (g+1)*cfg.batch); i++ {
-			ids = append(ids, blockID(i))
+	var (
+		reqs []lwRequest
+		maxN int
+	)
+	if o.Order == orderConnector {
+		next := uniformLengths(cfg.requestMaxBlocks, cfg.seed)
+		if cfg.tracePath != "" {
+			trace, _, err := readTrace(cfg.tracePath)
+			if err == nil {
+				next, err = traceLengths(trace)
+			}
+			if err != nil {
+				_ = e.Close()
+				return fmt.Errorf("--trace: %w", err)
+			}
 		}
-		return ids
+		reqs = connectorRequests(env.blocks, cfg.requestMaxBlocks, next)
+		for _, r := range reqs {
+			maxN = max(maxN, r.n)
+		}
+		o.Requests, o.MeanRequestBlocks, o.MaxRequestBlocks = len(reqs), float64(env.blocks)/float64(len(reqs)), maxN
+	} else {
+		// A group of the random order is a request of --batch blocks.
+		reqs = connectorRequests(env.blocks, cfg.batch, func() int { return cfg.batch })
+		maxN = min(cfg.batch, env.blocks)
 	}
+	ids := func(r lwRequest) []format.BlockID {
+		out := make([]format.BlockID, r.n)
+		for j := range out {
+			out[j] = blockID(r.first + j)
+		}
+		return out
+	}
+	shardOf := func(buf []byte, s int) []byte { return buf[int64(s)*l.ShardBytes : int64(s+1)*l.ShardBytes] }
 
-	// Phase 1: dump, shard by shard.
-	blockBufs, release, err := env.workerBuffers(cfg.batch, l.BlockBytes())
+	// Phase 1: dump each request (group) layer by layer: all its shard tasks issued, then
+	// waited for. Both orders dump this way; they differ in the requests' lengths.
+	blockBufs, release, err := env.workerBuffers(maxN, l.BlockBytes())
 	if err != nil {
 		_ = e.Close()
 		return err
 	}
 	defer release()
-	dumpTime, err := parallel(groups, cfg.concurrency, func(w, g int) error {
-		ids := group(g)
-		for j, id := range ids {
+	env.takeTimings() // nothing before the timed phase
+	queue := env.sampleQueue(false)
+	dumpTime, err := parallel(len(reqs), cfg.concurrency, func(w, r int) error {
+		req := reqs[r]
+		rids := ids(req)
+		for j, id := range rids {
 			env.payload.fill(blockBufs[w][j], id)
 		}
-		tasks := make([]*engine.Task, l.Shards)
-		for s := range l.Shards {
-			src := make([][]byte, len(ids))
-			for j := range ids {
-				src[j] = blockBufs[w][j][int64(s)*l.ShardBytes : int64(s+1)*l.ShardBytes]
+		tasks := make([]*engine.Task, 0, l.Shards)
+		for _, t := range req.layerTasks(l.Shards) {
+			src := make([][]byte, t.n)
+			for j := range src {
+				src[j] = shardOf(blockBufs[w][j], t.layer)
 			}
-			tasks[s] = e.DumpShard(ids, s, src)
+			tasks = append(tasks, e.DumpShard(rids, t.layer, src))
 		}
 		var first error
 		for _, t := range tasks {
@@ -70,43 +177,71 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		return first
 	})
-	// Phase 2: reopen (timed), load (group, shard) pairs in random order.
+	dumpQueue := queue.end()
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = e.Close() }()
+	if flights, _ := env.takeTimings(); env.timings != nil {
+		o.DumpTimings = dumpSummary(flights)
+		if o.DumpTimings != nil {
+			o.DumpTimings.Queue = dumpQueue
+		}
+	}
 	if !res.Direct {
 		res.CachesDropped = dropCaches()
 	}
-	units := make([]int32, groups*l.Shards) // g*shards + s
-	for i := range units {
-		units[i] = int32(i)
-	}
-	rand.New(rand.NewPCG(cfg.seed, 0x6c61796572)).Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
-	shardBufs, releaseShards, err := env.workerBuffers(cfg.batch, l.ShardBytes)
+
+	// Phase 2: load.
+	shardBufs, releaseShards, err := env.workerBuffers(maxN, l.ShardBytes)
 	if err != nil {
 		return err
 	}
 	defer releaseShards()
 	var mismatch atomic.Pointer[error]
-	loadTime, err := parallel(len(units), cfg.concurrency, func(w, u int) error {
-		g, s := int(units[u])/l.Shards, int(units[u])%l.Shards
-		ids := group(g)
-		dst := shardBufs[w][:len(ids)]
-		if err := e.LoadShard(ids, s, dst).Wait(); err != nil {
+	loadShards := func(w int, t lwTask) error {
+		rids := ids(lwRequest{first: t.first, n: t.n})
+		dst := shardBufs[w][:t.n]
+		if err := e.LoadShard(rids, t.layer, dst).Wait(); err != nil {
 			return err
 		}
-		for j, id := range ids {
-			if err := env.payload.checkStamps(dst[j], id, int64(s)*l.ShardBytes); err != nil {
-				err = fmt.Errorf("shard %d: %w", s, err)
+		for j, id := range rids {
+			if err := env.payload.checkStamps(dst[j], id, int64(t.layer)*l.ShardBytes); err != nil {
+				err = fmt.Errorf("shard %d: %w", t.layer, err)
 				mismatch.CompareAndSwap(nil, &err)
 			}
 		}
 		return nil
-	})
+	}
+	queue = env.sampleQueue(true)
+	var loadTime time.Duration
+	if o.Order == orderConnector {
+		// One layer in flight per request, --concurrency requests at a time.
+		loadTime, err = parallel(len(reqs), cfg.concurrency, func(w, r int) error {
+			for _, t := range reqs[r].layerTasks(l.Shards) {
+				if err := loadShards(w, t); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	} else {
+		units := randomUnits(len(reqs), l.Shards, cfg.seed)
+		loadTime, err = parallel(len(units), cfg.concurrency, func(w, u int) error {
+			r := reqs[int(units[u])/l.Shards]
+			return loadShards(w, lwTask{layer: int(units[u]) % l.Shards, first: r.first, n: r.n})
+		})
+	}
+	loadQueue := queue.end()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
+	}
+	if _, loads := env.takeTimings(); env.timings != nil {
+		o.LoadTimings = loadSummary(loads)
+		if o.LoadTimings != nil {
+			o.LoadTimings.Queue = loadQueue
+		}
 	}
 	res.LoadMBps = mbps(res.TotalBytes, loadTime)
 	res.loadTime = loadTime
