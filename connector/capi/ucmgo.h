@@ -20,9 +20,10 @@
  * shard_size / tensor_size), each address holding that tensor's bytes, or 1: the whole shard at
  * one address. The memory is the caller's (the library never holds a pointer into memory it
  * did not allocate once the task is waited for, and never hands the caller memory of its own):
- * it must stay valid, and unchanged for a dump, until the task is waited for. A shard at one
- * address (or tensors back to back) aligned to 4 KiB is read and written in place with
- * O_DIRECT; any other memory (unaligned, or tensors apart) goes through staging buffers.
+ * it must stay valid, and unchanged for a dump, until the task is waited for. A load whose
+ * addresses are all aligned to 4 KiB (address and tensor size), wherever each tensor lives, is
+ * read from disk straight into them with O_DIRECT; a dump copies them once into the record; any
+ * other memory (unaligned) goes through a staging buffer.
  *
  * Threads. Every call may be made from any thread, concurrently.
  */
