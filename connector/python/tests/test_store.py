@@ -123,6 +123,10 @@ def test_bad_input(backend):
     a = [[slab.base, slab.base + K], [slab.base + SHARD, slab.base + SHARD + K]]
     expect_error(ucmgo.EPARAM, ["position 1", "16 raw bytes"], store.lookup, [ids[0], b"short"])
     expect_error(ucmgo.EPARAM, ["position 0"], store.lookup, ["not bytes"])
+    # Lengths that add up to 2 × 16 bytes are still named (the joined fast path checks each).
+    expect_error(ucmgo.EPARAM, ["position 0", "16 raw bytes"], store.lookup, [ids[0][:15], ids[1] + b"x"])
+    expect_error(ucmgo.EPARAM, ["shard index out of range"], store.load_data, ids, [2 ** 70, 0], a)
+    expect_error(ucmgo.EPARAM, ["shard index 9"], store.load_data, ids, np.array([9, 0]), a)
     expect_error(ucmgo.EPARAM, ["shard index 8"], store.load_data, ids, [8, 0], a)
     expect_error(ucmgo.EPARAM, ["shard index"], store.load_data, ids, [-1, 0], a)
     expect_error(ucmgo.EPARAM, ["2 block ids but 1 shard"], store.load_data, ids, [0], a)
@@ -132,8 +136,9 @@ def test_bad_input(backend):
     expect_error(ucmgo.EPARAM, ["tensor 0", "bytes"], store.load, ids[:1], [0], [[torch.zeros(10), torch.zeros(10)]])
     expect_error(ucmgo.EPARAM, ["not contiguous"], store.load, ids[:1], [0],
                  [[torch.zeros(K // 2, 2, dtype=torch.bfloat16).t(), torch.zeros(V // 2, dtype=torch.bfloat16)]])
-    task = store.load_data(ids, [0, 0], a)
+    task = store.load_data(ids, np.array([0, 0], dtype=np.int32), a)  # numpy shard indexes
     store.wait(task)
+    assert task.failed == [False, False]
     expect_error(ucmgo.ENOOBJ, ["already waited"], store.wait, task)
     # A miss fails its block alone.
     task = store.load_data([ids[0], random_ids(1)[0]], [0, 0], a)
