@@ -36,6 +36,9 @@ type Options struct {
 	// Init and Local are the leading and trailing window blocks every method keeps (the
 	// current block is in the local window); 0 means 1.
 	Init, Local int
+	// DenseLayers attend densely under every method (as GSA On-Device's rollback layers, or
+	// Quest leaving its first layers dense); the kept fraction counts them as whole.
+	DenseLayers []int
 	// Progress, when set, is told of each finished run.
 	Progress func(r Result)
 }
@@ -176,8 +179,9 @@ type run struct {
 	bs     int
 	step   int
 	res    *Result
-	// init and local are the oracle's windows.
+	// init and local are the oracle's windows; denseLayers attend densely.
 	init, local int
+	denseLayers []int
 	// hookErr is the first error of a selection (the model's hook cannot return one).
 	hookErr error
 	// accumulators
@@ -292,7 +296,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var selN int
 	for wi, w := range o.Windows {
 		r := &run{src: &sparse.MapSidecars{}, res: &res, layerErr: make([]float64, cfg.Layers), init: o.Init, local: o.Local,
-			req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}}
+			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}}
 		if mc != nil {
 			m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: r.src,
 				Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
@@ -402,6 +406,10 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []i
 		return nil
 	}
 	r.fullAttention(layer, pos, q)
+	if slices.Contains(r.denseLayers, layer) {
+		r.measure(layer, pos, nil)
+		return nil
+	}
 	if r.method == nil { // the oracle
 		start := time.Now()
 		sel := r.oracleSelect(pos)

@@ -36,7 +36,7 @@ func testWindow(t testing.TB, n int) []byte {
 // equals full attention exactly; at 30 % the measures move and stay in range.
 func TestFullBudgetIsDense(t *testing.T) {
 	m := loadModel(t)
-	n, prefill, methods := 200, 150, sparse.Names()
+	n, prefill, methods := 200, 150, append(sparse.Names(), Oracle)
 	if testing.Short() || raceEnabled { // the forward pass is slow under the race detector
 		n, prefill, methods = 120, 100, []string{sparse.NameQuest, sparse.NameKVStar}
 	}
@@ -68,6 +68,22 @@ func TestFullBudgetIsDense(t *testing.T) {
 		if !(r.Kept < 0.5 && r.Recall > 0 && r.Recall < 1 && r.MinRecall <= r.Recall && r.KL > 0 && r.Top1 > 0.3 && !math.IsNaN(r.PPL)) {
 			t.Fatalf("%s at 30%%: measures out of range: %+v", r.Method, r)
 		}
+	}
+}
+
+// TestDenseLayers: a layer every method leaves dense has no attention error and counts as
+// wholly kept.
+func TestDenseLayers(t *testing.T) {
+	m := loadModel(t)
+	o := Options{Model: m, Windows: [][]byte{testWindow(t, 140)}, Prefill: 120, BlockSizes: []int{8}, Budgets: []float64{0.2},
+		Methods: []string{sparse.NameQuest}, DenseLayers: []int{0, 2}}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res[1]
+	if r.LayerRelErr[0] > 1e-12 || r.LayerRelErr[2] > 1e-12 || r.LayerRelErr[1] == 0 || r.LayerRelErr[3] == 0 || !(r.Kept > 0.5 && r.Kept < 1) {
+		t.Fatalf("dense layers 0 and 2: %+v", r)
 	}
 }
 

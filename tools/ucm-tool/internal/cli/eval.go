@@ -24,6 +24,7 @@ type evalSparseOptions struct {
 	windows, context int
 	prefill          int
 	init, local      int
+	denseLayers      []int
 	blockSizes       []int
 	budgets          []float64
 	methods          []string
@@ -67,6 +68,7 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
 	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(sparse.Names(), ", ")+"), and oracle: the blocks of most full-attention mass")
+	f.IntSliceVar(&o.denseLayers, "dense-layers", nil, "layers every method leaves dense (rollback layers)")
 	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
@@ -90,6 +92,11 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return usageErr("--windows %d: want at least 1", o.windows)
 	case o.init < 0 || o.local < 1:
 		return usageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
+	}
+	for _, l := range o.denseLayers {
+		if l < 0 || l >= m.Config().Layers {
+			return usageErr("--dense-layers %d: the model has layers 0…%d", l, m.Config().Layers-1)
+		}
 	}
 	for _, bs := range o.blockSizes {
 		if bs < 1 || bs > 1024 {
@@ -129,7 +136,7 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	}
 	start := time.Now()
 	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes,
-		Budgets: o.budgets, Methods: o.methods, Init: o.init, Local: o.local, Progress: func(r eval.Result) {
+		Budgets: o.budgets, Methods: o.methods, Init: o.init, Local: o.local, DenseLayers: o.denseLayers, Progress: func(r eval.Result) {
 			if !o.asJSON {
 				fmt.Fprintf(stderr, "  %s %d-token blocks %.0f%%: %s\n", r.Method, r.BlockSize, 100*r.Budget, time.Since(start).Round(time.Second))
 			}
@@ -141,7 +148,7 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
-			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "results": res})
+			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
 	}
 	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
 		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.prefill, res[0].Positions, o.init, o.local)
