@@ -47,6 +47,45 @@ type stepState struct {
 	ids    []engine.BlockID
 	pos    []int
 	parts  []byte
+	// perHead, when set, receives a candidate's per-query-head scores (head_score: softmax);
+	// heads holds them for every candidate, [candidates][QHeads].
+	perHead []float64
+	heads   []float64
+}
+
+// softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
+// share of attention: per query head, a softmax over the scored candidates of score/√D, then
+// the sum over heads (head_score: softmax, a UCM-Go option). Unscored (+∞) candidates stay +∞.
+func (m *blockMethod) softmaxScores(st *stepState) {
+	hq := m.shape.QHeads
+	scale := 1 / math.Sqrt(float64(m.shape.HeadDim))
+	sum := make([]float64, len(st.pos))
+	for h := range hq {
+		mx := math.Inf(-1)
+		for j, i := range st.pos {
+			if !math.IsInf(st.scores[i], 1) {
+				mx = max(mx, st.heads[j*hq+h]*scale)
+			}
+		}
+		var z float64
+		for j, i := range st.pos {
+			if !math.IsInf(st.scores[i], 1) {
+				e := math.Exp(st.heads[j*hq+h]*scale - mx)
+				st.heads[j*hq+h] = e
+				z += e
+			}
+		}
+		for j, i := range st.pos {
+			if !math.IsInf(st.scores[i], 1) && z > 0 {
+				sum[j] += st.heads[j*hq+h] / z
+			}
+		}
+	}
+	for j, i := range st.pos {
+		if !math.IsInf(st.scores[i], 1) {
+			st.scores[i] = sum[j]
+		}
+	}
 }
 
 // blockMethod is the shared implementation; see the constructors in methods.go.
@@ -61,8 +100,10 @@ type blockMethod struct {
 	keep     func(n, seqLen int) (init, local, k int)
 	stride   int
 	rollback map[int]bool
-	prepare  func(st *stepState) error
-	score    scoreFunc
+	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
+	softmaxHeads bool
+	prepare      func(st *stepState) error
+	score        scoreFunc
 
 	pool  sync.Pool // *stepState
 	mu    sync.Mutex
@@ -197,8 +238,15 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		if err != nil {
 			return nil, fmt.Errorf("%s: layer %d: load %v sidecars of %d blocks: %w", m.name, a.Layer, m.spec.Kind, len(st.ids), err)
 		}
+		hq := m.shape.QHeads
+		if m.softmaxHeads {
+			st.heads = resize(st.heads, len(st.pos)*hq)
+		}
 		for j, i := range st.pos {
 			s := math.Inf(1)
+			if m.softmaxHeads {
+				st.perHead = st.heads[j*hq : (j+1)*hq]
+			}
 			if found[j] {
 				if v, ok := m.scorePart(st, a.Layer, st.parts[j*pb:(j+1)*pb]); ok {
 					s = v
@@ -209,6 +257,10 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 			}
 			st.scores[i] = s
 		}
+		if m.softmaxHeads {
+			m.softmaxScores(st)
+		}
+		st.perHead = nil
 	}
 	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
@@ -296,7 +348,11 @@ func (m *blockMethod) questScore(st *stepState, h *kernels.SidecarHeader, part [
 			kv := qh / g
 			lo := v[kv*s.HeadDim*2 : (kv+1)*s.HeadDim*2]
 			hi := v[n+kv*s.HeadDim*2 : n+(kv+1)*s.HeadDim*2]
-			sum += float64(questBoundF16(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo, hi))
+			b := float64(questBoundF16(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo, hi))
+			if st.perHead != nil {
+				st.perHead[qh] = b
+			}
+			sum += b
 		}
 		return sum, nil
 	}
@@ -310,13 +366,39 @@ func (m *blockMethod) questScore(st *stepState, h *kernels.SidecarHeader, part [
 	var sum float64
 	for qh := range s.QHeads {
 		kv := qh / g
-		sum += float64(kernels.QuestBound(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo[kv*s.HeadDim:(kv+1)*s.HeadDim], hi[kv*s.HeadDim:(kv+1)*s.HeadDim]))
+		b := float64(kernels.QuestBound(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo[kv*s.HeadDim:(kv+1)*s.HeadDim], hi[kv*s.HeadDim:(kv+1)*s.HeadDim]))
+		if st.perHead != nil {
+			st.perHead[qh] = b
+		}
+		sum += b
 	}
 	return sum, nil
 }
 
 // esaScore: Σ_h q̄_h · r_h (spec §2 [DECISION]).
 func (m *blockMethod) esaScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
+	if st.perHead != nil { // per query head: q_h · r_{kv(h)}
+		d, g := m.shape.HeadDim, m.shape.QHeads/m.shape.KVHeads
+		v, ok := fp16Values(h, part)
+		if !ok {
+			if err := decodeValues(st, h, part); err != nil {
+				return 0, err
+			}
+		}
+		for qh := range m.shape.QHeads {
+			kv := qh / g
+			if ok {
+				st.perHead[qh] = dotF16(st.q[qh*d:(qh+1)*d], v[2*kv*d:2*(kv+1)*d])
+				continue
+			}
+			var s float64
+			for i, r := range st.vals[kv*d : (kv+1)*d] {
+				s += float64(st.q[qh*d+i]) * float64(r)
+			}
+			st.perHead[qh] = s
+		}
+		return 0, nil
+	}
 	if v, ok := fp16Values(h, part); ok {
 		return dotF16(st.qr, v), nil
 	}
@@ -485,8 +567,8 @@ func windowDefaults(init, local int, ratio float64, stride int) WindowConfig {
 func init() {
 	register(NameQuest, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &QuestConfig{windowDefaults(1, 2, 0.3, 1)}
-			return c, parseFields(key, node, c.fields())
+			c := &QuestConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), HeadScore: "sum"}
+			return c, parseFields(key, node, append(c.fields(), stringField(&c.HeadScore, "head_score")))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*QuestConfig)
@@ -497,13 +579,14 @@ func init() {
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = func(*stepState) error { return nil }
 			m.score = m.questScore
+			m.softmaxHeads = c.HeadScore == "softmax"
 			return m, nil
 		},
 	})
 	register(NameESA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean"}
-			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool")))
+			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum"}
+			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score")))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*ESAConfig)
@@ -518,6 +601,7 @@ func init() {
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = m.reduceQuery
 			m.score = m.esaScore
+			m.softmaxHeads = c.HeadScore == "softmax"
 			return m, nil
 		},
 	})

@@ -463,19 +463,44 @@ func (w *WindowConfig) Keep(n int) (init, local, k int) {
 }
 
 // QuestConfig configures Quest (UCM-Go's anchor: per-channel key bounds, sidecar "quest").
-type QuestConfig struct{ WindowConfig }
+type QuestConfig struct {
+	WindowConfig
+	// HeadScore is how query heads' scores make a block's: "sum" (default) or "softmax"
+	// (UCM-Go key head_score; see checkHeadScore).
+	HeadScore string
+}
 
 // Method returns NameQuest.
 func (*QuestConfig) Method() string { return NameQuest }
 
 // Validate checks the values.
-func (c *QuestConfig) Validate() error { return c.validate("ucm_sparse_config." + NameQuest) }
+func (c *QuestConfig) Validate() error {
+	p := "ucm_sparse_config." + NameQuest
+	if err := checkHeadScore(p, c.HeadScore); err != nil {
+		return err
+	}
+	return c.validate(p)
+}
+
+// checkHeadScore validates head_score: "sum" adds the query heads' scores (spec §2's
+// decision); "softmax" adds each head's softmax share over the candidate blocks of score/√D, an
+// estimate of the block's share of attention that does not let heads with large logits
+// dominate (UCM-Go).
+func checkHeadScore(prefix, v string) error {
+	if v != "sum" && v != "softmax" {
+		return configErr(prefix+".head_score", "%q: want sum or softmax", v)
+	}
+	return nil
+}
 
 // ESAConfig configures ESA (mean- or max-pooled keys per block, sidecar "esa-mean"/"esa-max").
 type ESAConfig struct {
 	WindowConfig
 	// Pool is "mean" (UCM's reference) or "max" (UCM-Go key pool).
 	Pool string
+	// HeadScore is "sum" (default: Σ_h q̄_h·r_h) or "softmax" (per query head; see
+	// checkHeadScore).
+	HeadScore string
 }
 
 // Method returns NameESA.
@@ -486,6 +511,9 @@ func (c *ESAConfig) Validate() error {
 	p := "ucm_sparse_config." + NameESA
 	if c.Pool != "mean" && c.Pool != "max" {
 		return configErr(p+".pool", "%q: want mean or max", c.Pool)
+	}
+	if err := checkHeadScore(p, c.HeadScore); err != nil {
+		return err
 	}
 	return c.validate(p)
 }

@@ -540,3 +540,73 @@ func FuzzScorePart(f *testing.F) {
 		}
 	})
 }
+
+// TestSoftmaxHeadScore: with head_score: softmax, ESA's and Quest's selection equals the
+// top-K of Σ over query heads of each head's softmax (over the candidates) of its score/√D,
+// computed the long way.
+func TestSoftmaxHeadScore(t *testing.T) {
+	f := newFixture(t, testShape, 40, 23)
+	r := rand.New(rand.NewPCG(12, 13))
+	s := testShape
+	d := s.HeadDim
+	for _, name := range []string{NameESA, NameQuest} {
+		m := newMethod(t, name, f.src, "{init_window_sz: 1, local_window_sz: 2, budget: 0.25, head_score: softmax}", s)
+		for trial := range 30 {
+			n, layer := 12+r.IntN(28), r.IntN(s.Layers)
+			q := randomQuery(r, s)
+			a := f.decodeCall(n, 0, layer, trial, q)
+			if err := m.AttentionBegin(a); err != nil {
+				t.Fatal(err)
+			}
+			init, local, k := keepOf(t, m, n, a)
+			per := make([][]float64, n) // [block][query head]
+			for b := init; b < n-local; b++ {
+				per[b] = make([]float64, s.QHeads)
+				for qh := range s.QHeads {
+					kv := qh / (s.QHeads / s.KVHeads)
+					if name == NameQuest {
+						var head float64
+						for c := range d {
+							lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+							for tok := range s.BlockSize {
+								v := f.k[b][layer][(tok*s.KVHeads+kv)*d+c]
+								lo, hi = min(lo, v), max(hi, v)
+							}
+							head += float64(max(q[qh*d+c]*lo, q[qh*d+c]*hi))
+						}
+						per[b][qh] = float64(float32(head))
+					} else {
+						sc, err := kernels.DecodeSidecar(f.payloads[kernels.SidecarESAMean][b])
+						if err != nil {
+							t.Fatal(err)
+						}
+						rv := sc.Values[(layer*s.KVHeads+kv)*d:]
+						var dot float64
+						for c := range d {
+							dot += float64(q[qh*d+c]) * float64(rv[c])
+						}
+						per[b][qh] = dot
+					}
+				}
+			}
+			scores := make([]float64, n)
+			for qh := range s.QHeads {
+				mx := math.Inf(-1)
+				for b := init; b < n-local; b++ {
+					mx = max(mx, per[b][qh]/math.Sqrt(float64(d)))
+				}
+				var z float64
+				for b := init; b < n-local; b++ {
+					z += math.Exp(per[b][qh]/math.Sqrt(float64(d)) - mx)
+				}
+				for b := init; b < n-local; b++ {
+					scores[b] += math.Exp(per[b][qh]/math.Sqrt(float64(d))-mx) / z
+				}
+			}
+			want := slices.Concat(seq(0, init), bruteTopK(scores, init, n-local, k), seq(n-local, n))
+			if !slices.Equal(a.Selected, want) {
+				t.Fatalf("%s n %d: selected %v, reference %v", name, n, a.Selected, want)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ucm-go/ucm/connector/model"
@@ -84,10 +85,23 @@ const Oracle = "oracle"
 // the given blocks; GSA without its min_blocks floor; GSA On-Device with init·block size sink
 // and local·block size recent tokens and codes of head-dim bits, seed 1; other keys at their
 // defaults (KVStar's retrieval_stride 8, prune 0.5, merge 4).
+//
+// A name may carry the variant "+softmax" (ESA and Quest: head_score softmax).
 func MethodConfig(name string, budget float64, blockSize, init, local int) (sparse.MethodConfig, error) {
-	cfg, err := sparse.ParseMethodConfig(name, nil)
+	base, variant, _ := strings.Cut(name, "+")
+	cfg, err := sparse.ParseMethodConfig(base, nil)
 	if err != nil {
 		return nil, err
+	}
+	if variant != "" {
+		switch c := cfg.(type) {
+		case *sparse.ESAConfig:
+			c.HeadScore = variant
+		case *sparse.QuestConfig:
+			c.HeadScore = variant
+		default:
+			return nil, fmt.Errorf("%w: %s has no variant %q", sparse.ErrInvalid, base, variant)
+		}
 	}
 	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = init, local, budget }
 	switch c := cfg.(type) {
@@ -104,6 +118,22 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 		c.SinkTokens, c.RecentTokens, c.Budget, c.HashBits, c.HashSeed = init*blockSize, local*blockSize, budget, 0, 1
 	}
 	return cfg, cfg.Validate()
+}
+
+// CanonicalMethod spells a method name as the registry does (with its variant), or "oracle";
+// unknown names and variants are errors.
+func CanonicalMethod(name string) (string, error) {
+	if strings.EqualFold(name, Oracle) {
+		return Oracle, nil
+	}
+	cfg, err := MethodConfig(name, 0.5, 16, 1, 1)
+	if err != nil {
+		return "", err
+	}
+	if _, variant, ok := strings.Cut(name, "+"); ok {
+		return cfg.Method() + "+" + variant, nil
+	}
+	return cfg.Method(), nil
 }
 
 // sidecarSpecer is implemented by the block-scoring methods.
