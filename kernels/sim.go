@@ -119,12 +119,20 @@ func (d *Device) parallel(bytes int64, n int, fn func(lo, hi int)) {
 	par.Chunks(n, grain, d.opts.CopyThreads, fn)
 }
 
-// copyBytes copies src into dst (equal lengths), split across goroutines when large.
+// copyBytes copies src into dst (equal lengths, host and device memory, so never
+// overlapping), split across goroutines when large; copies of streamMinOp bytes or more write
+// around the caches (copyStream), as the transfers do.
 func (d *Device) copyBytes(dst, src []byte) {
 	const chunk = 1 << 20
 	n := (len(src) + chunk - 1) / chunk
+	stream := len(src) >= streamMinOp
 	d.parallel(int64(len(src)), n, func(lo, hi int) {
 		a, b := lo*chunk, min(hi*chunk, len(src))
+		if stream {
+			copyStream(dst[a:b], src[a:b])
+			streamFence()
+			return
+		}
 		copy(dst[a:b], src[a:b])
 	})
 }

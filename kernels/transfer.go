@@ -133,6 +133,8 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 	*ip = items
 	total := int64(len(host))
 	tmpl := &p.tmpl
+	// Large operations write around the caches, as one large memcpy would (copyStream).
+	stream := total >= streamMinOp && p.tmpl.run >= streamMinRun
 	run := func() error {
 		defer func() {
 			*ip = (*ip)[:0]
@@ -142,13 +144,20 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 			for _, it := range items[a:b] {
 				mem := mems[it.layer]
 				switch {
+				case flat && d2h && stream:
+					copyStream(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
 				case flat && d2h:
 					copy(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
+				case flat && stream:
+					copyStream(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
 				case flat:
 					copy(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
 				default:
-					tmpl.copy(mem, host, it.src, it.dst, d2h)
+					tmpl.copy(mem, host, it.src, it.dst, d2h, stream)
 				}
+			}
+			if stream {
+				streamFence() // this goroutine's non-temporal stores, before the op completes
 			}
 		})
 		return nil
@@ -171,8 +180,8 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 
 // copy copies one block shard between the cache (mem, the shard at src) and the record (host,
 // the shard at dst) run by run: through the table of run offsets when the template has one,
-// else walking its loops.
-func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h bool) {
+// else walking its loops. With stream, runs are copied with copyStream (the caller fences).
+func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h, stream bool) {
 	n := t.run
 	if t.offs == nil {
 		t.walk(mem, host, src, dst, 0, d2h)
@@ -180,6 +189,18 @@ func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h bool) {
 	}
 	// Slice both shards once so that each run's bounds checks are against short slices.
 	ms, hs := mem[src:], host[dst:]
+	switch {
+	case stream && d2h:
+		for _, o := range t.offs {
+			copyStream(hs[o.dst:o.dst+n], ms[o.src:o.src+n])
+		}
+		return
+	case stream:
+		for _, o := range t.offs {
+			copyStream(ms[o.src:o.src+n], hs[o.dst:o.dst+n])
+		}
+		return
+	}
 	if d2h {
 		for _, o := range t.offs {
 			copy(hs[o.dst:o.dst+n], ms[o.src:o.src+n])

@@ -54,9 +54,11 @@ func newBenchCache(b *testing.B, blockSize, threads int) *benchCache {
 // piece (the physical limit: nothing moves those bytes faster than one copy of that many bytes):
 //
 //   - dev-memcpy: the device's own contiguous copy (Stream.CopyD2H / CopyH2D of one span) on
-//     the same stream, so it pays the same stream round trip and uses the same CopyThreads: the
-//     like-for-like baseline, which differs from the gather only in being one piece;
-//   - memcpy: a plain single-threaded copy on the benchmark's goroutine (no stream).
+//     the same stream, so it pays the same stream round trip, uses the same CopyThreads and the
+//     same copy routine (copyStream from 1 MiB): the like-for-like baseline, which differs from
+//     the transfer only in being one piece;
+//   - memcpy: Go's copy (runtime·memmove), single-threaded, on the benchmark's goroutine (no
+//     stream): what a plain Go program moving the same bytes gets.
 //
 // The three are interleaved in every iteration, in rotating order, so that all see the same
 // machine, and each is timed per iteration: xfer-GB/s, dev-memcpy-GB/s and memcpy-GB/s are
