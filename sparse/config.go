@@ -66,8 +66,11 @@ type MethodConfig interface {
 // Env is what a method needs from its host: the model's shape and where sidecars are loaded
 // from (an *engine.Engine, or MapSidecars in tests and evaluations).
 type Env struct {
-	Role     Role
-	Shape    Shape
+	// Role is the side the method runs on; a worker needs Sidecars.
+	Role Role
+	// Shape is the model's.
+	Shape Shape
+	// Sidecars is where block representations are loaded from.
 	Sidecars SidecarSource
 	// SidecarElem is the element type of the stored float sidecars (ESA, Quest, KVStar): the
 	// writer's SidecarSpec.Elem; 0 means Float16 (kernels.DefaultSidecarElem of fp16 keys).
@@ -242,7 +245,9 @@ func FromEngineConfig(c *engine.Config, getenv func(string) string) (MethodConfi
 }
 
 // New builds the method cfg configures for env. The shape is validated; a worker needs a
-// sidecar source for the methods that select blocks.
+// sidecar source for the methods that select blocks. A method is safe for concurrent use by
+// different requests and layers; the calls of one (request, layer) must not overlap (a
+// layer's attention runs once per step).
 func New(cfg MethodConfig, env Env) (SparseMethod, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: no method configuration", ErrInvalid)

@@ -47,7 +47,9 @@ type Options struct {
 // Result is one (method, block size, budget) run over every window, or the dense baseline
 // (Method "dense").
 type Result struct {
-	Method    string  `json:"method"`
+	// Method is the method's registry name (with its variant), "oracle" or "dense".
+	Method string `json:"method"`
+	// BlockSize is the tokens per KV block; Budget the fraction of blocks attended asked for.
 	BlockSize int     `json:"block_tokens"`
 	Budget    float64 `json:"budget"`
 	// Positions is the decode positions scored.
