@@ -582,3 +582,22 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// --trace gives the connector order the trace's request lengths, in file order, starting over.
+func TestBenchLayerwiseTraceLengths(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	body := `{"timestamp": 0, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 1, "input_length": 2560, "output_length": 1, "hash_ids": [4, 5, 6, 7, 8]}
+`
+	if err := os.WriteFile(trace, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// 16 blocks: requests of 3, 5, 3, 5 blocks.
+	m := benchJSON(t, "--workload", "layerwise", "--dir", dir, "--total", "1MiB", "--block-size", "64KiB", "--shards", "4",
+		"--segment-size", "1MiB", "--order", "connector", "--trace", trace, "--direct", "off", "--io-engine", "psync")
+	o := m["layerwise"].([]any)[0].(map[string]any)
+	if o["requests"] != 4.0 || o["max_request_blocks"] != 5.0 || o["mean_request_blocks"] != 4.0 {
+		t.Fatalf("connector order from the trace: %v; want 4 requests of 3 and 5 blocks", o)
+	}
+}
