@@ -100,6 +100,8 @@ type blockMethod struct {
 	keep     func(n, seqLen int) (init, local, k int)
 	stride   int
 	rollback map[int]bool
+	// lag: a step attends the selection retrieved at the previous step (retrieval_lag 1).
+	lag bool
 	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
 	softmaxHeads bool
 	prepare      func(st *stepState) error
@@ -184,7 +186,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	st := m.state()
 	defer m.pool.Put(st)
 	var h *heldSel
-	if m.stride > 1 {
+	if m.stride > 1 || m.lag {
 		m.mu.Lock()
 		if m.held == nil {
 			m.held = map[string]*heldSel{}
@@ -196,6 +198,8 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 			m.held[key] = h
 		}
 		m.mu.Unlock()
+	}
+	if m.stride > 1 {
 		group := a.Step / m.stride
 		if h.group == group {
 			h.addQuery(q)
@@ -264,6 +268,18 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	}
 	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
+	if m.lag {
+		// This step attends the previous step's selection (ESA's asynchronous retrieval: the
+		// retrieval of step N overlaps step N's attention and serves step N+1); the first step
+		// has none and attends its own.
+		prev, had := h.middle, h.group >= 0
+		h.middle, h.group = append([]int(nil), sel[init:len(sel)-local]...), a.Step
+		if had {
+			m.stats.held.Add(1)
+			return heldSelection(prev, n, init, local), nil
+		}
+		return sel, nil
+	}
 	if h != nil {
 		h.middle = append(h.middle[:0], sel[init:len(sel)-local]...)
 		h.addQuery(a.Q[len(a.Q)-len(q):])
@@ -586,7 +602,8 @@ func init() {
 	register(NameESA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
 			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum"}
-			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score")))
+			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score"),
+				intField(&c.RetrievalLag, "retrieval_lag")))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*ESAConfig)
@@ -602,6 +619,7 @@ func init() {
 			m.prepare = m.reduceQuery
 			m.score = m.esaScore
 			m.softmaxHeads = c.HeadScore == "softmax"
+			m.lag = c.RetrievalLag == 1
 			return m, nil
 		},
 	})

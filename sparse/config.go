@@ -506,6 +506,10 @@ type ESAConfig struct {
 	// HeadScore is "sum" (default: Σ_h q̄_h·r_h) or "softmax" (per query head; see
 	// checkHeadScore).
 	HeadScore string
+	// RetrievalLag is 0 (a step attends the blocks retrieved with its own query) or 1 (the
+	// blocks retrieved at the previous step, as ESA's asynchronous retrieval engine makes it;
+	// UCM-Go key retrieval_lag). 1 needs retrieval_stride 1.
+	RetrievalLag int
 }
 
 // Method returns NameESA.
@@ -519,6 +523,9 @@ func (c *ESAConfig) Validate() error {
 	}
 	if err := checkHeadScore(p, c.HeadScore); err != nil {
 		return err
+	}
+	if c.RetrievalLag != 0 && (c.RetrievalLag != 1 || c.RetrievalStride != 1) {
+		return configErr(p+".retrieval_lag", "%d: want 0, or 1 with retrieval_stride 1", c.RetrievalLag)
 	}
 	return c.validate(p)
 }

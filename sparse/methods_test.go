@@ -610,3 +610,37 @@ func TestSoftmaxHeadScore(t *testing.T) {
 		}
 	}
 }
+
+// TestRetrievalLag: with retrieval_lag 1 (ESA's asynchronous retrieval), every step attends
+// exactly what the synchronous method selected at the step before (the first step its own):
+// the asynchronous result equals the synchronous one, one step late.
+func TestRetrievalLag(t *testing.T) {
+	f := newFixture(t, testShape, 40, 29)
+	conf := "{init_window_sz: 1, local_window_sz: 2, budget: 0.25%s}"
+	sync := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ""), testShape)
+	lagged := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ", retrieval_lag: 1"), testShape)
+	r := rand.New(rand.NewPCG(30, 31))
+	var prev []int
+	for step := range 12 {
+		q := randomQuery(r, testShape)
+		a, b := f.decodeCall(32, 0, 1, step, q), f.decodeCall(32, 0, 1, step, q)
+		if err := sync.AttentionBegin(a); err != nil {
+			t.Fatal(err)
+		}
+		if err := lagged.AttentionBegin(b); err != nil {
+			t.Fatal(err)
+		}
+		want := prev
+		if step == 0 {
+			want = a.Selected
+		}
+		if !slices.Equal(b.Selected, want) {
+			t.Fatalf("step %d: lagged %v, synchronous one step before %v", step, b.Selected, want)
+		}
+		prev = a.Selected
+	}
+	node := sparseBlock(t, "ucm_sparse_config:\n  ESA: {retrieval_lag: 1, retrieval_stride: 4}\n")["ESA"]
+	if _, err := ParseMethodConfig(NameESA, &node); !isConfigErr(err, "ucm_sparse_config.ESA.retrieval_lag") {
+		t.Fatalf("lag with a stride: %v", err)
+	}
+}

@@ -88,7 +88,8 @@ const Oracle = "oracle"
 // and local·block size recent tokens and codes of head-dim bits, seed 1; other keys at their
 // defaults (KVStar's retrieval_stride 8, prune 0.5, merge 4).
 //
-// A name may carry the variant "+softmax" (ESA and Quest: head_score softmax).
+// A name may carry a variant: "+softmax" (ESA and Quest: head_score softmax) or "+lag" (ESA:
+// retrieval_lag 1).
 func MethodConfig(name string, budget float64, blockSize, init, local int) (sparse.MethodConfig, error) {
 	base, variant, _ := strings.Cut(name, "+")
 	cfg, err := sparse.ParseMethodConfig(base, nil)
@@ -98,6 +99,10 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 	if variant != "" {
 		switch c := cfg.(type) {
 		case *sparse.ESAConfig:
+			if variant == "lag" {
+				c.RetrievalLag = 1
+				break
+			}
 			c.HeadScore = variant
 		case *sparse.QuestConfig:
 			c.HeadScore = variant
