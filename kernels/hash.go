@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+
+	"github.com/ucm-go/ucm/internal/reuse"
 )
 
 // GSA On-Device hash codes (spec §4): sign bits of a random orthonormal projection, compared by
@@ -298,7 +300,7 @@ func HashBlock(dst []byte, k []byte, dt DType, s KShape, encs ...*HashEncoder) e
 	n := s.Heads * s.Dim
 	sc := getScratch()
 	defer putScratch(sc)
-	sc.row = grow(sc.row, n)
+	sc.row = reuse.Grow(sc.row, n)
 	row := sc.row
 	stride := n * dt.Size()
 	out := 0

@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"sync"
+
+	"github.com/ucm-go/ucm/internal/reuse"
 )
 
 // Representation kernels: what a sparse-attention method keeps of a block's keys so that a
@@ -90,16 +92,6 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func getScratch() *scratch   { return scratchPool.Get().(*scratch) }
 func putScratch(sc *scratch) { scratchPool.Put(sc) }
 
-// grow returns s resized to n elements, zeroed.
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
-}
-
 // ESAPool computes ESA's block representations of one layer: mean[h][d] is the mean over the
 // block's tokens of K[t][h][d], max[h][d] their maximum ([heads][dim] each). Either output may
 // be nil (not computed); a non-nil one must have Heads·Dim elements. A partial block is pooled
@@ -129,11 +121,11 @@ func esaPool(mean, mx []float32, k []byte, dt DType, s KShape) error {
 	}
 	sc := getScratch()
 	defer putScratch(sc)
-	sc.row = grow(sc.row, n)
+	sc.row = reuse.Grow(sc.row, n)
 	row := sc.row
 	var acc []float64
 	if mean != nil {
-		sc.acc = grow(sc.acc, n)
+		sc.acc = reuse.Grow(sc.acc, n)
 		acc = sc.acc
 	}
 	stride := n * dt.Size()
@@ -183,7 +175,7 @@ func QuestMinMax(dst []float32, k []byte, dt DType, s KShape) error {
 	copy(hi, lo)
 	sc := getScratch()
 	defer putScratch(sc)
-	sc.row = grow(sc.row, n)
+	sc.row = reuse.Grow(sc.row, n)
 	row := sc.row
 	for t := 1; t < s.Tokens; t++ {
 		decodeRow(row, k[t*stride:(t+1)*stride], dt)
@@ -304,19 +296,19 @@ func KVStar(dst []float32, channels []uint16, k []byte, dt DType, s KShape, p KV
 
 	sc := getScratch()
 	defer putScratch(sc)
-	sc.row = grow(sc.row, n)
-	sc.acc = grow(sc.acc, n) // group sums
+	sc.row = reuse.Grow(sc.row, n)
+	sc.acc = reuse.Grow(sc.acc, n) // group sums
 	row, group := sc.row, sc.acc
 	var abs []float64
 	if prune {
-		sc.acc2 = grow(sc.acc2, n)
+		sc.acc2 = reuse.Grow(sc.acc2, n)
 		abs = sc.acc2
 	}
 	// Without pruning the merged rows go straight to dst; with it, to a full-width buffer
 	// gathered once the channels are known.
 	merged := dst
 	if prune {
-		sc.f32 = grow(sc.f32, rows*n)
+		sc.f32 = reuse.Grow(sc.f32, rows*n)
 		merged = sc.f32
 	}
 	stride := n * dt.Size()
@@ -351,7 +343,7 @@ func KVStar(dst []float32, channels []uint16, k []byte, dt DType, s KShape, p KV
 		}
 		return nil
 	}
-	sc.sorted = grow(sc.sorted, s.Dim)
+	sc.sorted = reuse.Grow(sc.sorted, s.Dim)
 	sorted := sc.sorted
 	for h := range s.Heads {
 		keepTop(channels[h*kept:(h+1)*kept], abs[h*s.Dim:(h+1)*s.Dim], sorted)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/reuse"
 	"github.com/ucm-go/ucm/kernels"
 	"gopkg.in/yaml.v3"
 )
@@ -209,7 +210,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		// A new stride window: retrieve with the previous window's queries (their mean; the
 		// current query when there were none), then start gathering this window's.
 		if h.qn > 0 {
-			st.q = grow(st.q, len(q))
+			st.q = reuse.Grow(st.q, len(q))
 			for i, s := range h.qsum {
 				st.q[i] = float32(s / float64(h.qn))
 			}
@@ -222,7 +223,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	if err := m.prepare(st); err != nil {
 		return nil, err
 	}
-	st.scores = grow(st.scores, n)
+	st.scores = reuse.Grow(st.scores, n)
 	// Candidates with a stored id are loaded in one call; the rest (not stored yet) are misses.
 	st.ids, st.pos = st.ids[:0], st.pos[:0]
 	for i := init; i < n-local; i++ {
@@ -335,10 +336,10 @@ func (m *blockMethod) scorePart(st *stepState, layer int, part []byte) (float64,
 
 // decodeValues verifies a float part and decodes its values (and KVStar's channels) into st.
 func decodeValues(st *stepState, h *kernels.SidecarHeader, part []byte) error {
-	st.vals = grow(st.vals, h.Rows()*h.Heads*h.Cols())
+	st.vals = reuse.Grow(st.vals, h.Rows()*h.Heads*h.Cols())
 	var ch []uint16
 	if h.Kind == kernels.SidecarKVStar {
-		st.ch = grow(st.ch, h.Heads*h.Cols())
+		st.ch = reuse.Grow(st.ch, h.Heads*h.Cols())
 		ch = st.ch
 	}
 	_, _, err := kernels.DecodeSidecarPart(part, st.vals, ch)
@@ -348,7 +349,7 @@ func decodeValues(st *stepState, h *kernels.SidecarHeader, part []byte) error {
 // reduceQuery averages the query heads of each KV head's group (spec §2 [DECISION]).
 func (m *blockMethod) reduceQuery(st *stepState) error {
 	s := m.shape
-	st.qr = grow(st.qr, s.KVHeads*s.HeadDim)
+	st.qr = reuse.Grow(st.qr, s.KVHeads*s.HeadDim)
 	return kernels.ReduceGQA(st.qr, st.q, s.QHeads, s.KVHeads, s.HeadDim)
 }
 
@@ -466,7 +467,7 @@ func (m *blockMethod) kvstarScore(st *stepState, h *kernels.SidecarHeader, part 
 	rows := h.ValidRows()
 	if h.Elem == kernels.Float16 {
 		// Channels (and every check) from the decoder; values read in place.
-		st.ch = grow(st.ch, heads*dk)
+		st.ch = reuse.Grow(st.ch, heads*dk)
 		if _, _, err := kernels.DecodeSidecarPart(part, nil, st.ch); err != nil {
 			return 0, err
 		}
@@ -516,7 +517,7 @@ func (m *blockMethod) hashPrepare(st *stepState) error {
 		return err
 	}
 	c := kernels.HashCodeBytes(m.encs...)
-	st.codes = grow(st.codes, m.shape.KVHeads*c)
+	st.codes = reuse.Grow(st.codes, m.shape.KVHeads*c)
 	d := m.shape.HeadDim
 	for hd := range m.shape.KVHeads {
 		x := st.qr[hd*d : (hd+1)*d]
@@ -704,16 +705,6 @@ func init() {
 			return m, nil
 		},
 	})
-}
-
-// grow returns s resized to n elements, zeroed, reusing its array when large enough.
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	s = s[:n]
-	clear(s)
-	return s
 }
 
 // resize returns s with n elements, reusing its array when large enough; the contents are not
