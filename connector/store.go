@@ -387,20 +387,30 @@ func (s *Store) Wait(id uint64, failed []bool) error {
 	return t.err
 }
 
-// Notify calls fn, in a goroutine of its own, once the I/O of task id is done (at once if it
-// is): a waiter outside Go (the C ABI's ucmgo_wait) sleeps on its own primitive and is woken by
-// fn, then calls Wait, which no longer blocks.
+// Notify calls fn once the I/O of task id is done: in the goroutine that completes the task's
+// last engine task (engine.Task.OnDone), or at once if it is done. A waiter outside Go (the C
+// ABI's ucmgo_wait) sleeps on its own primitive and is woken by fn; fn may call Wait, which no
+// longer blocks, and must not block otherwise.
 func (s *Store) Notify(id uint64, fn func()) error {
 	t, err := s.task(id)
 	if err != nil {
 		return err
 	}
-	go func() {
-		for _, et := range t.parts {
-			<-et.Done()
-		}
+	// Run by the goroutine that completes the last engine task: no goroutine of its own, one
+	// hop fewer between the I/O's completion and the waiter.
+	var left atomic.Int32
+	left.Store(int32(len(t.parts)))
+	if len(t.parts) == 0 {
 		fn()
-	}()
+		return nil
+	}
+	for _, et := range t.parts {
+		et.OnDone(func() {
+			if left.Add(-1) == 0 {
+				fn()
+			}
+		})
+	}
 	return nil
 }
 

@@ -22,6 +22,10 @@ type Task struct {
 	cancel   atomic.Bool
 	deadline time.Time // zero: none
 	finished sync.Once
+
+	mu     sync.Mutex
+	isDone bool     // under mu: finish has closed done
+	onDone []func() // under mu: run by finish, in the goroutine that completes the task
 }
 
 func newTask(ids []BlockID, timeout time.Duration) *Task {
@@ -57,7 +61,30 @@ func (t *Task) finish() {
 			t.err = fmt.Errorf("%d of %d blocks failed: %w", len(errs), len(t.ids), errors.Join(errs...))
 		}
 		close(t.done)
+		t.mu.Lock()
+		t.isDone = true
+		fns := t.onDone
+		t.onDone = nil
+		t.mu.Unlock()
+		for _, fn := range fns {
+			fn()
+		}
 	})
+}
+
+// OnDone arranges for fn to run once the task is done, in the goroutine that completes it (or
+// at once, in the caller's, when it is done already): a completion notice that costs no
+// goroutine of its own. fn sees the task done (Wait returns at once) and must not block; a
+// waiter on Done or Wait may return before fn has run.
+func (t *Task) OnDone(fn func()) {
+	t.mu.Lock()
+	if !t.isDone {
+		t.onDone = append(t.onDone, fn)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	fn()
 }
 
 // cancelled reports whether the task was cancelled by a timeout; work not yet issued is
