@@ -447,12 +447,20 @@ const maxFollow = 3
 // entry is read again and followed (up to maxFollow times). It returns the segment pinned and
 // the entry it belongs to, or the error of the last attempt.
 func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, error) {
-	return e.acquireFollowing(loc, func() (index.Location, bool, error) { return e.ix.Get(id) })
+	return e.acquireFollowing(id, 0, loc)
 }
 
-// acquireFollowing is acquireLatest for any entry: lookup reads the entry again (a block's or
-// a sidecar's) when loc's segment is gone.
-func (e *Engine) acquireFollowing(loc index.Location, lookup func() (index.Location, bool, error)) (*wal.Segment, index.Location, error) {
+// entry reads an index entry: block id's (kind 0) or its sidecar of kind.
+func (e *Engine) entry(id BlockID, kind format.SidecarKind) (index.Location, bool, error) {
+	if kind == 0 {
+		return e.ix.Get(id)
+	}
+	return e.ix.GetSidecar(id, kind)
+}
+
+// acquireFollowing is acquireLatest for any entry, block id's (kind 0) or its sidecar of kind:
+// the entry is read again when loc's segment is gone.
+func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, error) {
 	for attempt := 0; ; attempt++ {
 		seg, err := e.acquireSegment(loc.Segment)
 		if err == nil || !errors.Is(err, wal.ErrSegmentGone) || attempt == maxFollow {
@@ -461,7 +469,7 @@ func (e *Engine) acquireFollowing(loc index.Location, lookup func() (index.Locat
 		if isForeign(loc.Segment) {
 			return nil, loc, err // another instance's segment: gone is a miss
 		}
-		now, ok, gerr := lookup()
+		now, ok, gerr := e.entry(id, kind)
 		if gerr != nil || !ok || (now.Segment == loc.Segment && now.Offset == loc.Offset) {
 			return nil, loc, err
 		}

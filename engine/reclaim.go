@@ -249,16 +249,7 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 			seg.Release()
 			if ferr == nil {
 				for _, fe := range entries {
-					var (
-						loc index.Location
-						ok  bool
-						err error
-					)
-					if fe.Kind == 0 {
-						loc, ok, err = e.ix.Get(fe.ID)
-					} else {
-						loc, ok, err = e.ix.GetSidecar(fe.ID, fe.Kind)
-					}
+					loc, ok, err := e.entry(fe.ID, fe.Kind)
 					if err != nil {
 						return nil, err
 					}
@@ -433,16 +424,7 @@ func (e *Engine) movedAway(r recordRef) bool {
 	if isForeign(r.loc.Segment) {
 		return false
 	}
-	var (
-		cur index.Location
-		ok  bool
-		err error
-	)
-	if r.kind == 0 {
-		cur, ok, err = e.ix.Get(r.id)
-	} else {
-		cur, ok, err = e.ix.GetSidecar(r.id, r.kind)
-	}
+	cur, ok, err := e.entry(r.id, r.kind)
 	return err == nil && (!ok || cur.Segment != r.loc.Segment || cur.Offset != r.loc.Offset)
 }
 

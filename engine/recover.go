@@ -412,16 +412,7 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 		if r.Header.Kind == 0 {
 			inSegment[r.Header.ID] = true
 		}
-		var (
-			cur index.Location
-			ok  bool
-			err error
-		)
-		if r.Header.Kind == 0 {
-			cur, ok, err = e.ix.Get(r.Header.ID)
-		} else {
-			cur, ok, err = e.ix.GetSidecar(r.Header.ID, r.Header.Kind)
-		}
+		cur, ok, err := e.entry(r.Header.ID, r.Header.Kind)
 		if err != nil {
 			return added, err
 		}

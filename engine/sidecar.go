@@ -253,7 +253,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		e.atSeam(seamSidecarLookedUp, id)
 		// Relocation (demotion, promotion, compaction) may move the sidecar and retire its
 		// segment after the entry was read: the entry is followed, as a block's is by Load.
-		seg, loc, err := e.acquireFollowing(loc, func() (index.Location, bool, error) { return e.ix.GetSidecar(id, kind) })
+		seg, loc, err := e.acquireFollowing(id, kind, loc)
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
