@@ -49,28 +49,8 @@ func (m *Model) Forward(c *KVCache, seq *Sequence, tokens []int, positions []int
 func (m *Model) ForwardHooks(c *KVCache, seq *Sequence, tokens []int, positions []int, h *Hooks) ([]float32, error) {
 	cfg := m.cfg
 	T := len(tokens)
-	if T == 0 || len(positions) != T {
-		return nil, invalid("%d tokens at %d positions", T, len(positions))
-	}
-	if c == nil || seq == nil {
-		return nil, invalid("nil cache or sequence")
-	}
-	if c.Layers() != cfg.Layers || c.kvHeads != cfg.KVHeads || c.headDim != cfg.HeadDim {
-		return nil, invalid("cache of %d layers × %d KV heads × %d does not fit the model's %d × %d × %d",
-			c.Layers(), c.kvHeads, c.headDim, cfg.Layers, cfg.KVHeads, cfg.HeadDim)
-	}
-	if seq.Len < 0 || positions[0] < 0 || positions[0] > seq.Len {
-		return nil, invalid("first position %d with %d positions cached", positions[0], seq.Len)
-	}
-	for i, p := range positions {
-		if p != positions[0]+i {
-			return nil, invalid("positions not contiguous at %d: %d after %d", i, p, positions[0])
-		}
-	}
-	for i, t := range tokens {
-		if t < 0 || t >= cfg.Vocab {
-			return nil, invalid("token %d at %d not in [0, %d)", t, i, cfg.Vocab)
-		}
+	if err := m.checkStep(c, seq, tokens, positions); err != nil {
+		return nil, err
 	}
 	slots, err := seq.SlotMapping(c, positions)
 	if err != nil {
@@ -139,6 +119,37 @@ func (m *Model) ForwardHooks(c *KVCache, seq *Sequence, tokens []int, positions 
 	matmul(logits, hbuf, m.output, T, d, cfg.Vocab)
 	seq.Len = max(seq.Len, last+1)
 	return logits, nil
+}
+
+// checkStep checks a step's arguments: as many positions as tokens (at least one), contiguous
+// and starting at or before seq.Len; tokens in the vocabulary; a cache of the model's shape.
+func (m *Model) checkStep(c *KVCache, seq *Sequence, tokens, positions []int) error {
+	cfg := m.cfg
+	T := len(tokens)
+	if T == 0 || len(positions) != T {
+		return invalid("%d tokens at %d positions", T, len(positions))
+	}
+	if c == nil || seq == nil {
+		return invalid("nil cache or sequence")
+	}
+	if c.Layers() != cfg.Layers || c.kvHeads != cfg.KVHeads || c.headDim != cfg.HeadDim {
+		return invalid("cache of %d layers × %d KV heads × %d does not fit the model's %d × %d × %d",
+			c.Layers(), c.kvHeads, c.headDim, cfg.Layers, cfg.KVHeads, cfg.HeadDim)
+	}
+	if seq.Len < 0 || positions[0] < 0 || positions[0] > seq.Len {
+		return invalid("first position %d with %d positions cached", positions[0], seq.Len)
+	}
+	for i, p := range positions {
+		if p != positions[0]+i {
+			return invalid("positions not contiguous at %d: %d after %d", i, p, positions[0])
+		}
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= cfg.Vocab {
+			return invalid("token %d at %d not in [0, %d)", t, i, cfg.Vocab)
+		}
+	}
+	return nil
 }
 
 // selectedBlocks sorts and deduplicates a block selection and adds the current block.
