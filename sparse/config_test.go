@@ -107,8 +107,8 @@ ucm_sparse_config:
 	if _, err := Choose(nil, &yes, ""); !isConfigErr(err, "ENABLE_SPARSE") {
 		t.Fatalf("enabled without a name: %v", err)
 	}
-	if _, err := Choose(nil, &yes, "Blend"); !errors.Is(err, ErrNotBuilt) {
-		t.Fatalf("Blend: %v", err)
+	if _, err := Choose(nil, &yes, "ReRoPE"); !errors.Is(err, ErrNotBuilt) {
+		t.Fatalf("ReRoPE: %v", err)
 	}
 	if _, err := Choose(nil, nil, "Nope"); !isConfigErr(err, "UCM_SPARSE_TYPE") {
 		t.Fatalf("unknown type: %v", err)

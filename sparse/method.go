@@ -112,6 +112,9 @@ type Attention struct {
 	SeqLen     int
 	// Selected is the logical blocks attended, ascending, after a selection; nil: all.
 	Selected []int
+	// Recompute, in a masked prefill (Blend), is the layer's rows and keys; AttentionBegin
+	// sets its Keep.
+	Recompute *Recompute
 
 	origTable  []int
 	origSeqLen int

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ucm-go/ucm/connector/loop"
 	"github.com/ucm-go/ucm/connector/model"
-	"github.com/ucm-go/ucm/sparse"
 	"github.com/ucm-go/ucm/sparse/eval"
 )
 
@@ -36,13 +35,13 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "eval",
 		Short: "Measure quality on the small model",
 	}
-	cmd.AddCommand(newEvalSparseCmd(stdout, stderr))
+	cmd.AddCommand(newEvalSparseCmd(stdout, stderr), newEvalBlendCmd(stdout, stderr))
 	return cmd
 }
 
 func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
-		budgets: []float64{0.1, 0.2, 0.3}, methods: append(sparse.Names(), eval.Oracle), init: 1, local: 2}
+		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2}
 	cmd := &cobra.Command{
 		Use:   "sparse",
 		Short: "Decode held-out text with each sparse-attention method against full attention",
@@ -67,7 +66,7 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
-	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(sparse.Names(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), and oracle: the blocks of most full-attention mass")
+	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(eval.SelectionMethods(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), and oracle: the blocks of most full-attention mass")
 	f.IntSliceVar(&o.denseLayers, "dense-layers", nil, "layers every method leaves dense (rollback layers)")
 	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
