@@ -188,7 +188,7 @@ func TestNewChecksShapeAndSource(t *testing.T) {
 	if m.Name() != NameQuest || m.EstimateNumSlotsSparsed(&Request{}) != InvalidSlot {
 		t.Fatalf("scheduler defaults: %s", m.Name())
 	}
-	if got := Names(); strings.Join(got, ",") != "ESA,GSA,GSAOnDevice,KVStarMultiStep,Quest" {
+	if got := Names(); strings.Join(got, ",") != "Blend,ESA,GSA,GSAOnDevice,KVStarMultiStep,Quest" {
 		t.Fatalf("Names() = %v", got)
 	}
 }

@@ -36,7 +36,7 @@ func testWindow(t testing.TB, n int) []byte {
 // equals full attention exactly; at 30 % the measures move and stay in range.
 func TestFullBudgetIsDense(t *testing.T) {
 	m := loadModel(t)
-	n, prefill, methods := 200, 150, append(sparse.Names(), Oracle)
+	n, prefill, methods := 200, 150, append(SelectionMethods(), Oracle)
 	if testing.Short() || raceEnabled { // the forward pass is slow under the race detector
 		n, prefill, methods = 120, 100, []string{sparse.NameQuest, sparse.NameKVStar}
 	}
