@@ -70,14 +70,12 @@ func (e *Engine) packRecord(rec *wal.Record, code format.Compression) int64 {
 	if code == format.CompressionLZ4Planes && l.ShardBytes%2 != 0 {
 		code = format.CompressionLZ4
 	}
-	src, stride := rec.Payload, l.ShardBytes
-	if src == nil {
-		src, stride = rec.Buf[format.RecordHeaderSize:], l.ShardStride()
-	}
-	buf := e.pool.Get(format.RecordHeaderSize + int(format.AlignUp(l.BlockBytes())))
+	// The raw payload is at stride ShardStride: the engine's records keep it apart from the
+	// header (pooled, or the caller's buffer when ShardStride == ShardBytes; see newRecord).
+	buf := e.pool.Get(int(format.AlignUp(l.BlockBytes())))
 	lens, crcs := make([]uint32, l.Shards), make([]uint32, l.Shards)
 	c := format.GetCompressor()
-	sum, ok := c.PackShards(code, l, src, stride, buf[format.RecordHeaderSize:], lens, crcs, e.opts.CompressMinSaving)
+	sum, ok := c.PackShards(code, l, rec.Payload, l.ShardStride(), buf, lens, crcs, e.opts.CompressMinSaving)
 	format.PutCompressor(c)
 	raw, stored := l.PayloadBytes(), format.AlignUp(sum)
 	if !ok || float64(raw-stored) < e.opts.CompressMinSaving*float64(raw) {
@@ -85,10 +83,11 @@ func (e *Engine) packRecord(rec *wal.Record, code format.Compression) int64 {
 		e.stats.compressSkipped.Add(1)
 		return raw
 	}
-	n := format.RecordHeaderSize + stored
-	clear(buf[format.RecordHeaderSize+sum : n])
-	e.pool.Put(rec.Buf)
-	rec.Buf, rec.Payload = buf[:n], nil
+	clear(buf[sum:stored])
+	if !rec.PayloadBorrowed {
+		e.pool.Put(rec.Payload)
+	}
+	rec.Payload, rec.PayloadBorrowed = buf[:stored], false
 	rec.Compression, rec.StoredLens, rec.StoredCRCs = code, lens, crcs
 	e.stats.compressedBlocks.Add(1)
 	return stored

@@ -246,7 +246,7 @@ func (e *Engine) claimWhole(id BlockID, src spans) (rec *wal.Record, flight, wai
 		// The caller's buffer is the on-disk payload: write it in place, no copy. The task
 		// contract keeps src unchanged until the dump completes; if a caller breaks it, the
 		// checksums computed here no longer match and loads report a miss, never the bytes.
-		rec = &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(format.RecordHeaderSize), Payload: one}
+		rec = &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(format.RecordHeaderSize), Payload: one, PayloadBorrowed: true}
 		for sh := 0; sh < l.Shards; sh++ {
 			rec.ShardCRCs[sh] = format.Checksum(one[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes])
 		}
@@ -259,32 +259,40 @@ func (e *Engine) claimWhole(id BlockID, src spans) (rec *wal.Record, flight, wai
 	return rec, flight, nil, nil
 }
 
-// newRecord returns a record with a pooled, aligned buffer for id.
+// newRecord returns a record for id with pooled, aligned buffers: its header's and its raw
+// payload's, apart (wal.Record's second form), so that a payload of 2^k bytes takes a buffer
+// of 2^k bytes, not one of 2^(k+1) for the payload and the 4 KiB header together.
 func (e *Engine) newRecord(id BlockID) *wal.Record {
 	l := e.opts.Layout
-	return &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards), Buf: e.pool.Get(int(l.RecordBytes()))}
+	return &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards),
+		Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(l.PayloadBytes()))}
+}
+
+// putRecord returns rec's buffers to the pool (its payload only if the engine owns it) and
+// clears them: every record the engine builds or reads is released here.
+func (e *Engine) putRecord(rec *wal.Record) {
+	e.pool.Put(rec.Buf)
+	if !rec.PayloadBorrowed {
+		e.pool.Put(rec.Payload)
+	}
+	rec.Buf, rec.Payload, rec.PayloadBorrowed = nil, nil, false
 }
 
 // blockBytes returns rec's block bytes as one contiguous slice when its payload is laid out
 // that way (shard size a multiple of 4 KiB), else nil.
 func (e *Engine) blockBytes(rec *wal.Record) []byte {
 	l := e.opts.Layout
-	switch {
-	case rec.Compression != format.CompressionNone:
-		return nil // the buffer holds the stored form
-	case rec.Payload != nil:
-		return rec.Payload
-	case l.ShardStride() == l.ShardBytes:
-		return rec.Buf[format.RecordHeaderSize : format.RecordHeaderSize+l.BlockBytes()]
+	if rec.Compression != format.CompressionNone || l.ShardStride() != l.ShardBytes {
+		return nil // the payload holds the stored form, or padding between shards
 	}
-	return nil
+	return rec.Payload[:l.BlockBytes()]
 }
 
 // fillShard copies shard sh into rec's payload, zeroes its padding and checksums what was
 // copied (so the checksum covers exactly the bytes written, whatever the caller does to src).
 func fillShard(rec *wal.Record, l Layout, sh int, src spans) {
-	off := l.ShardOffset(sh)
-	dst := rec.Buf[off : off+l.ShardStride()]
+	off := int64(sh) * l.ShardStride()
+	dst := rec.Payload[off : off+l.ShardStride()]
 	n := src.gather(dst)
 	clear(dst[n:])
 	rec.ShardCRCs[sh] = format.Checksum(dst[:n])
@@ -341,9 +349,9 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 	if s.dropped || s.failed != nil {
 		if s.pending == 0 && s.rec != nil {
 			if !s.dropped {
-				e.mu.stagingBytes -= int64(len(s.rec.Buf))
+				e.mu.stagingBytes -= s.rec.Size()
 			}
-			e.pool.Put(s.rec.Buf)
+			e.putRecord(s.rec)
 			s.rec = nil
 		}
 		if s.failed != nil {
@@ -362,7 +370,7 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 // record for appending.
 func (e *Engine) publishSlotLocked(id BlockID, s *stagingSlot) (*wal.Record, *inflightDump, *inflightDump, error) {
 	delete(e.mu.staging, id)
-	e.mu.stagingBytes -= int64(len(s.rec.Buf))
+	e.mu.stagingBytes -= s.rec.Size()
 	flight := s.flight
 	e.mu.inflight[id] = flight
 	rec := s.rec
@@ -397,8 +405,8 @@ func (e *Engine) failSlot(id BlockID, cause error) {
 		s = &stagingSlot{flight: newInflight(), claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
 		e.mu.staging[id] = s
 	} else if s.rec != nil && s.pending == 0 {
-		e.mu.stagingBytes -= int64(len(s.rec.Buf))
-		e.pool.Put(s.rec.Buf)
+		e.mu.stagingBytes -= s.rec.Size()
+		e.putRecord(s.rec)
 		s.rec = nil
 	}
 	if s.failed == nil {
@@ -429,9 +437,9 @@ func (e *Engine) dropSlotLocked(id BlockID, s *stagingSlot, cause error) {
 	s.flight.finish(cause)
 	s.dropped = true
 	if s.rec != nil {
-		e.mu.stagingBytes -= int64(len(s.rec.Buf))
+		e.mu.stagingBytes -= s.rec.Size()
 		if s.pending == 0 {
-			e.pool.Put(s.rec.Buf)
+			e.putRecord(s.rec)
 			s.rec = nil
 		}
 	}
@@ -581,7 +589,7 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 		e.mooncakeWrite(recs)
 	}
 	for _, rec := range recs {
-		e.pool.Put(rec.Buf)
+		e.putRecord(rec)
 	}
 	if err == nil {
 		e.stats.dumpedBlocks.Add(int64(len(recs)))

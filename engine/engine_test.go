@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/devio/devtest"
+	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -197,6 +198,31 @@ func TestLayerwiseDump(t *testing.T) {
 	// high-water mark is all ten of them, and it stays after they are published.
 	if want := int64(len(blocks)) * l.RecordBytes(); st.StagingPeakBytes != want || st.StagingPeakBlocks != int64(len(blocks)) {
 		t.Fatalf("staging peak %d bytes, %d blocks; want %d bytes, %d blocks", st.StagingPeakBytes, st.StagingPeakBlocks, want, len(blocks))
+	}
+}
+
+// TestStagedRecordBuffers: a block staged for a layer-wise dump takes pool buffers of its
+// payload's size and of one header page, not one buffer of the next power of two above both
+// (a 2 MiB block took 4 MiB, and the pool's bound on idle memory was met twice as soon).
+func TestStagedRecordBuffers(t *testing.T) {
+	_, fs := memFS()
+	for _, l := range []Layout{
+		{Shards: 32, TensorsPerShard: 2, ShardBytes: 64 << 10}, // 2 MiB blocks
+		{Shards: 8, TensorsPerShard: 2, ShardBytes: 5000},      // padded shards: a 64 KiB payload
+	} {
+		e := mustOpen(t, fmt.Sprintf("/store-%d", l.ShardBytes), testOptions(fs, l))
+		rec := e.newRecord(blockID(1))
+		if cap(rec.Buf) != format.RecordHeaderSize || int64(len(rec.Payload)) != l.PayloadBytes() {
+			t.Errorf("layout %+v: record buffers of %d and %d bytes (capacities %d, %d); want a header page and the payload (%d bytes)",
+				l, len(rec.Buf), len(rec.Payload), cap(rec.Buf), cap(rec.Payload), l.PayloadBytes())
+		}
+		if l.PayloadBytes() == 2<<20 && cap(rec.Payload) != 2<<20 {
+			t.Errorf("a 2 MiB block's payload buffer has capacity %d, want 2 MiB", cap(rec.Payload))
+		}
+		e.putRecord(rec)
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -334,7 +334,7 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 		}
 		err = wrapIO(dst.rw.Append(recs))
 		for _, r := range recs {
-			e.pool.Put(r.Buf)
+			e.putRecord(r)
 		}
 		if err != nil {
 			return moved, blocks, written, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
@@ -350,7 +350,8 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 }
 
 // readRecords reads and verifies whole records for relocation; unusable ones are dropped from
-// the index and skipped. The returned records own pooled buffers.
+// the index and skipped. The returned records own pooled buffers, the header's and the
+// payload's apart (read by one vectored read; see newRecord).
 func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	l := e.opts.Layout
 	type read struct {
@@ -380,26 +381,30 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 			}
 			for _, r := range reads {
 				r.seg.Release()
-				e.pool.Put(r.rec.Buf)
+				e.putRecord(r.rec)
 			}
 			return nil, wrapIO(err)
 		}
-		buf := e.pool.Get(int(loc.RecordBytes()))
-		rec := &wal.Record{ID: ref.id, Kind: ref.kind, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs, Buf: buf,
+		rec := &wal.Record{ID: ref.id, Kind: ref.kind, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs,
+			Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(loc.RecordBytes() - format.RecordHeaderSize)),
 			Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs,
 			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
 		reads = append(reads, read{rec: rec, seg: seg, ref: ref, tier: e.tierOf(loc.Segment)})
-		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.Offset})
+		ops = append(ops, devio.Op{File: seg.File(), Buf: rec.Buf, Off: loc.Offset},
+			devio.Op{File: seg.File(), Buf: rec.Payload, Off: loc.Offset + format.RecordHeaderSize})
 	}
 	if len(ops) > 0 {
-		_ = e.submit(ops, func(i int) *diskTier { return reads[i].tier })
+		_ = e.submit(ops, func(i int) *diskTier { return reads[i/2].tier })
 	}
 	var out []*wal.Record
 	for k, r := range reads {
-		err := ops[k].Err
+		err := ops[2*k].Err // the header's
+		if err == nil {
+			err = ops[2*k+1].Err // the payload's
+		}
 		switch {
 		case err == nil:
-			err = e.checkRecord(r.ref.id, r.ref.loc, r.rec.Buf)
+			err = e.checkRecord(r.ref.id, r.ref.loc, r.rec.Buf, r.rec.Payload)
 			if err != nil {
 				_ = e.dropBrokenRef(r.ref, err)
 			}
@@ -410,7 +415,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		}
 		r.seg.Release()
 		if err != nil || (r.ref.kind == 0 && r.ref.loc.Layout != l) {
-			e.pool.Put(r.rec.Buf)
+			e.putRecord(r.rec)
 			continue
 		}
 		out = append(out, r.rec)
@@ -436,12 +441,11 @@ func (e *Engine) dropBrokenRef(r recordRef, cause error) error {
 	return e.dropBrokenSidecar(r.id, r.kind, r.loc, cause)
 }
 
-// checkRecord verifies a whole record read into buf against its index entry.
-func (e *Engine) checkRecord(id BlockID, loc index.Location, buf []byte) error {
-	if err := checkHeader(id, loc, buf); err != nil {
+// checkRecord verifies a whole record, read into header and payload, against its index entry.
+func (e *Engine) checkRecord(id BlockID, loc index.Location, header, payload []byte) error {
+	if err := checkHeader(id, loc, header); err != nil {
 		return err
 	}
-	payload := buf[format.RecordHeaderSize:]
 	if loc.Compression == format.CompressionNone {
 		h := format.RecordHeader{ID: id, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs}
 		return wal.VerifyShards(&h, payload, 0, loc.Layout.Shards)

@@ -105,10 +105,10 @@ func (e *Engine) runDumpSidecars(t *Task, kind SidecarKind, parts int, src [][]b
 			t.errs[owners[k]] = blockErr(ErrNotFound, id, "dump sidecar %d: the block is no longer stored", kind)
 		default:
 			e.atSeam(seamSidecarRead, id)
-			e.cacheSidecar(id, kind, rec.Buf[format.RecordHeaderSize:format.RecordHeaderSize+rec.Layout.BlockBytes()], rec.ShardCRCs)
+			e.cacheSidecar(id, kind, rec.Payload[:rec.Layout.BlockBytes()], rec.ShardCRCs)
 			e.stats.dumpedSidecars.Add(1)
 		}
-		e.pool.Put(rec.Buf)
+		e.putRecord(rec)
 	}
 }
 
@@ -164,12 +164,13 @@ func (e *Engine) awaitBlock(t *Task, id BlockID) error {
 func (e *Engine) sidecarRecord(id BlockID, kind SidecarKind, parts int, src []byte) *wal.Record {
 	partBytes := len(src) / parts
 	l := format.Layout{Shards: parts, TensorsPerShard: 1, ShardBytes: int64(partBytes)}
-	buf := e.pool.Get(int(format.RecordHeaderSize + format.AlignUp(int64(len(src)))))
-	clear(buf[format.RecordHeaderSize+copy(buf[format.RecordHeaderSize:], src):])
-	rec := &wal.Record{ID: id, Kind: kind, Layout: l, Compression: format.CompressionPacked, Buf: buf,
+	payload := e.pool.Get(int(format.AlignUp(int64(len(src)))))
+	clear(payload[copy(payload, src):])
+	rec := &wal.Record{ID: id, Kind: kind, Layout: l, Compression: format.CompressionPacked,
+		Buf: e.pool.Get(format.RecordHeaderSize), Payload: payload,
 		ShardCRCs: make([]uint32, parts), StoredLens: make([]uint32, parts), StoredCRCs: make([]uint32, parts)}
 	for p := range parts {
-		c := format.Checksum(buf[format.RecordHeaderSize+p*partBytes : format.RecordHeaderSize+(p+1)*partBytes])
+		c := format.Checksum(payload[p*partBytes : (p+1)*partBytes])
 		rec.ShardCRCs[p], rec.StoredCRCs[p], rec.StoredLens[p] = c, c, uint32(partBytes)
 	}
 	return rec

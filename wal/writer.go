@@ -54,16 +54,16 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 
 // Record is one block handed to the Writer, in one of two forms:
 //
-//   - Payload nil: Buf is an aligned buffer of exactly Layout.RecordBytes() bytes whose payload
-//     part (from format.RecordHeaderSize) the caller has filled, shard i at
-//     Layout.ShardOffset(i) with zero padding;
+//   - Payload nil: Buf is an aligned buffer of exactly the record's bytes (header and payload)
+//     whose payload part (from format.RecordHeaderSize) the caller has filled;
 //   - Payload set: Buf is an aligned buffer of format.RecordHeaderSize bytes and Payload the
-//     aligned on-disk payload (Layout.PayloadBytes() bytes), written straight from the caller's
-//     memory without a copy.
+//     aligned payload: two buffers written by one vectored write, so a payload of 2^k bytes
+//     takes a 2^k buffer rather than the next power of two above it plus a header.
 //
-// A compressed record (Compression != CompressionNone, StoredLens and StoredCRCs set) is always
-// in the first form: Buf holds RecordHeaderSize + format.StoredPayloadBytes(...) bytes, the
-// stored shards packed from RecordHeaderSize (see format/compress.go).
+// The payload is the raw one (Layout.PayloadBytes() bytes, shard i at
+// Layout.ShardOffset(i) - format.RecordHeaderSize, zero padding), or for a compressed record
+// (Compression != CompressionNone, StoredLens and StoredCRCs set) the stored shards packed
+// (format.StoredPayloadBytes(...) bytes; see format/compress.go).
 //
 // The Writer fills the header part. Buffers must stay untouched until Append returns.
 type Record struct {
@@ -79,6 +79,10 @@ type Record struct {
 	StoredCRCs  []uint32
 	Buf         []byte
 	Payload     []byte
+	// PayloadBorrowed says Payload is memory its owner lent for the write (a dump's source
+	// buffer), not a buffer of the caller's pool: bookkeeping for the caller, which returns
+	// only its own buffers to its pool. The Writer does not look at it.
+	PayloadBorrowed bool
 	// Origin is set on a record that relocates a stored block (compaction, demotion,
 	// promotion): where the block's entry pointed when it was read. Hooks.Publish moves the
 	// entry only if it still points there; the Writer itself does not look at it.
