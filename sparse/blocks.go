@@ -1,7 +1,6 @@
 package sparse
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
@@ -29,11 +28,10 @@ type SelectStats struct {
 	Candidates, Missing int64
 	// Held is the selections reused within a retrieval stride instead of recomputed.
 	Held int64
+	// Uncached is the candidates scored without a representation-pool entry (the pool full, or
+	// no pool): loaded and verified at every step.
+	Uncached int64
 }
-
-// scoreFunc scores one decoded candidate: the layer's part (verified header h) and the query
-// state prepared for the step; higher is better.
-type scoreFunc func(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error)
 
 // stepState is one selection's query state and scratch.
 type stepState struct {
@@ -52,6 +50,17 @@ type stepState struct {
 	// heads holds them for every candidate, [candidates][QHeads].
 	perHead []float64
 	heads   []float64
+	// Per candidate: pool entry (-1 none), row to fill, usable, row, rows of data, int8 scale.
+	ent     []int32
+	need    []bool
+	ok      []bool
+	rowRefs [][]byte
+	aux     []int32
+	scale   []float32
+	loadIdx []int  // candidates loaded this step
+	scratch []byte // their rows
+	tmp     []float32
+	qg      []float32 // KVStar: a head's query at the block's channels
 }
 
 // softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
@@ -106,12 +115,17 @@ type blockMethod struct {
 	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
 	softmaxHeads bool
 	prepare      func(st *stepState) error
-	score        scoreFunc
+	// gsa: score by distance (GSA) rather than dot product (ESA) on the same rows; meanDist:
+	// GSA On-Device's block distance is the mean over tokens rather than the minimum.
+	gsa, meanDist bool
+	rowKind       rowKind
+	rowBytes      int
+	pool          *reprPool // nil: no pool (Env.ReprPoolBytes < 0)
 
-	pool  sync.Pool // *stepState
-	mu    sync.Mutex
-	held  map[string]*heldSel // by request ID and layer
-	stats struct{ selections, dense, candidates, missing, held atomic.Int64 }
+	states sync.Pool // *stepState
+	mu     sync.Mutex
+	held   map[string]*heldSel // by request ID and layer
+	stats  struct{ selections, dense, candidates, missing, held, uncached atomic.Int64 }
 }
 
 // heldSel is a selection kept for a retrieval stride, and the queries gathered meanwhile.
@@ -127,14 +141,18 @@ func (m *blockMethod) Name() string { return m.name }
 // Stats returns the method's counters.
 func (m *blockMethod) Stats() SelectStats {
 	return SelectStats{Selections: m.stats.selections.Load(), Dense: m.stats.dense.Load(), Candidates: m.stats.candidates.Load(),
-		Missing: m.stats.missing.Load(), Held: m.stats.held.Load()}
+		Missing: m.stats.missing.Load(), Held: m.stats.held.Load(), Uncached: m.stats.uncached.Load()}
 }
 
 // SidecarSpec is the representation the method reads; parts of another spec are misses.
 func (m *blockMethod) SidecarSpec() kernels.SidecarSpec { return m.spec }
 
-// RequestFinished forgets the request's held selections.
+// RequestFinished forgets the request's held selections and drops its references on the
+// representation pool's entries.
 func (m *blockMethod) RequestFinished(reqID string) {
+	if m.pool != nil {
+		m.pool.finish(reqID)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k := range m.held {
@@ -176,7 +194,7 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 }
 
 func (m *blockMethod) state() *stepState {
-	if st, ok := m.pool.Get().(*stepState); ok {
+	if st, ok := m.states.Get().(*stepState); ok {
 		return st
 	}
 	return &stepState{}
@@ -185,7 +203,7 @@ func (m *blockMethod) state() *stepState {
 // selectBlocks chooses the blocks of one decode step of one layer.
 func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k int) ([]int, error) {
 	st := m.state()
-	defer m.pool.Put(st)
+	defer m.states.Put(st)
 	var h *heldSel
 	if m.stride > 1 || m.lag {
 		m.mu.Lock()
@@ -224,11 +242,11 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		return nil, err
 	}
 	st.scores = reuse.Grow(st.scores, n)
-	// Candidates with a stored id are loaded in one call; the rest (not stored yet) are misses.
-	st.ids, st.pos = st.ids[:0], st.pos[:0]
+	// Candidates with a stored id are scored from their rows; the rest (not stored yet) are
+	// misses.
+	st.pos = st.pos[:0]
 	for i := init; i < n-local; i++ {
 		if i < len(a.Request.BlockIDs) {
-			st.ids = append(st.ids, a.Request.BlockIDs[i])
 			st.pos = append(st.pos, i)
 		} else {
 			st.scores[i] = math.Inf(1)
@@ -236,36 +254,8 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		}
 	}
 	m.stats.candidates.Add(int64(n - local - init))
-	if len(st.ids) > 0 {
-		pb := m.spec.PartBytes()
-		st.parts = resize(st.parts, len(st.ids)*pb) // LoadSidecars writes every byte
-		found, err := m.src.LoadSidecars(engine.SidecarKind(m.spec.Kind), a.Layer, st.ids, st.parts)
-		if err != nil {
-			return nil, fmt.Errorf("%s: layer %d: load %v sidecars of %d blocks: %w", m.name, a.Layer, m.spec.Kind, len(st.ids), err)
-		}
-		hq := m.shape.QHeads
-		if m.softmaxHeads {
-			st.heads = resize(st.heads, len(st.pos)*hq)
-		}
-		for j, i := range st.pos {
-			s := math.Inf(1)
-			if m.softmaxHeads {
-				st.perHead = st.heads[j*hq : (j+1)*hq]
-			}
-			if found[j] {
-				if v, ok := m.scorePart(st, a.Layer, st.parts[j*pb:(j+1)*pb]); ok {
-					s = v
-				}
-			}
-			if math.IsInf(s, 1) {
-				m.stats.missing.Add(1)
-			}
-			st.scores[i] = s
-		}
-		if m.softmaxHeads {
-			m.softmaxScores(st)
-		}
-		st.perHead = nil
+	if err := m.scoreCandidates(st, a); err != nil {
+		return nil, err
 	}
 	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
@@ -317,33 +307,16 @@ func heldSelection(middle []int, n, init, local int) []int {
 	return out
 }
 
-// scorePart verifies one candidate's part and scores it; false when the part is unusable
-// (corrupt, another layer, another spec).
+// scorePart verifies one candidate's part and scores it from a scratch row; false when the
+// part is unusable (corrupt, another layer, another spec) or scores NaN.
 func (m *blockMethod) scorePart(st *stepState, layer int, part []byte) (float64, bool) {
-	h, l, err := kernels.DecodeSidecarHeader(part)
-	if err != nil || l != layer {
+	st.scratch = resize(st.scratch, m.rowBytes)
+	aux, scale, ok := m.fillRow(st, layer, part, st.scratch)
+	if !ok {
 		return 0, false
 	}
-	if h.SidecarSpec != m.spec || m.encs != nil && h.Fingerprint != m.fp || h.Tokens < 1 {
-		return 0, false
-	}
-	s, err := m.score(st, &h, part)
-	if err != nil || math.IsNaN(s) {
-		return 0, false
-	}
-	return s, true
-}
-
-// decodeValues verifies a float part and decodes its values (and KVStar's channels) into st.
-func decodeValues(st *stepState, h *kernels.SidecarHeader, part []byte) error {
-	st.vals = reuse.Grow(st.vals, h.Rows()*h.Heads*h.Cols())
-	var ch []uint16
-	if h.Kind == kernels.SidecarKVStar {
-		st.ch = reuse.Grow(st.ch, h.Heads*h.Cols())
-		ch = st.ch
-	}
-	_, _, err := kernels.DecodeSidecarPart(part, st.vals, ch)
-	return err
+	s := m.scoreRow(st, st.scratch, aux, scale)
+	return s, s == s
 }
 
 // reduceQuery averages the query heads of each KV head's group (spec §2 [DECISION]).
@@ -351,164 +324,6 @@ func (m *blockMethod) reduceQuery(st *stepState) error {
 	s := m.shape
 	st.qr = reuse.Grow(st.qr, s.KVHeads*s.HeadDim)
 	return kernels.ReduceGQA(st.qr, st.q, s.QHeads, s.KVHeads, s.HeadDim)
-}
-
-// questScore: Σ over query heads of Quest's bound Σ_d max(q_d·lo_d, q_d·hi_d) against the
-// per-channel min and max of the query head's KV head.
-func (m *blockMethod) questScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
-	if v, ok := fp16Values(h, part); ok {
-		s := m.shape
-		n := 2 * s.KVHeads * s.HeadDim
-		g := s.QHeads / s.KVHeads
-		var sum float64
-		for qh := range s.QHeads {
-			kv := qh / g
-			lo := v[kv*s.HeadDim*2 : (kv+1)*s.HeadDim*2]
-			hi := v[n+kv*s.HeadDim*2 : n+(kv+1)*s.HeadDim*2]
-			b := float64(questBoundF16(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo, hi))
-			if st.perHead != nil {
-				st.perHead[qh] = b
-			}
-			sum += b
-		}
-		return sum, nil
-	}
-	if err := decodeValues(st, h, part); err != nil {
-		return 0, err
-	}
-	s := m.shape
-	n := s.KVHeads * s.HeadDim
-	lo, hi := st.vals[:n], st.vals[n:2*n]
-	g := s.QHeads / s.KVHeads
-	var sum float64
-	for qh := range s.QHeads {
-		kv := qh / g
-		b := float64(kernels.QuestBound(st.q[qh*s.HeadDim:(qh+1)*s.HeadDim], lo[kv*s.HeadDim:(kv+1)*s.HeadDim], hi[kv*s.HeadDim:(kv+1)*s.HeadDim]))
-		if st.perHead != nil {
-			st.perHead[qh] = b
-		}
-		sum += b
-	}
-	return sum, nil
-}
-
-// esaScore: Σ_h q̄_h · r_h (spec §2 [DECISION]).
-func (m *blockMethod) esaScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
-	if st.perHead != nil { // per query head: q_h · r_{kv(h)}
-		d, g := m.shape.HeadDim, m.shape.QHeads/m.shape.KVHeads
-		v, ok := fp16Values(h, part)
-		if !ok {
-			if err := decodeValues(st, h, part); err != nil {
-				return 0, err
-			}
-		}
-		for qh := range m.shape.QHeads {
-			kv := qh / g
-			if ok {
-				st.perHead[qh] = dotF16(st.q[qh*d:(qh+1)*d], v[2*kv*d:2*(kv+1)*d])
-				continue
-			}
-			var s float64
-			for i, r := range st.vals[kv*d : (kv+1)*d] {
-				s += float64(st.q[qh*d+i]) * float64(r)
-			}
-			st.perHead[qh] = s
-		}
-		return 0, nil
-	}
-	if v, ok := fp16Values(h, part); ok {
-		return dotF16(st.qr, v), nil
-	}
-	if err := decodeValues(st, h, part); err != nil {
-		return 0, err
-	}
-	var sum float64
-	for i, r := range st.vals {
-		sum += float64(st.qr[i]) * float64(r)
-	}
-	return sum, nil
-}
-
-// gsaScore: −Σ_h ‖q̄_h − r_h‖₂ (spec §3A, the active code).
-func (m *blockMethod) gsaScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
-	d := m.shape.HeadDim
-	if v, ok := fp16Values(h, part); ok {
-		t := f16()
-		var sum float64
-		for hd := range m.shape.KVHeads {
-			var ss float64
-			for i := hd * d; i < (hd+1)*d; i++ {
-				x := float64(st.qr[i]) - float64(t[binary.LittleEndian.Uint16(v[2*i:])])
-				ss += x * x
-			}
-			sum += math.Sqrt(ss)
-		}
-		return -sum, nil
-	}
-	if err := decodeValues(st, h, part); err != nil {
-		return 0, err
-	}
-	var sum float64
-	for hd := range m.shape.KVHeads {
-		var ss float64
-		for i := hd * d; i < (hd+1)*d; i++ {
-			x := float64(st.qr[i]) - float64(st.vals[i])
-			ss += x * x
-		}
-		sum += math.Sqrt(ss)
-	}
-	return -sum, nil
-}
-
-// kvstarScore: Σ_h max_m q̄_h[channels]·repr_{m,h} (spec §5 [DECISION]), over the merged rows
-// the block has.
-func (m *blockMethod) kvstarScore(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
-	d, dk, heads := m.shape.HeadDim, h.Cols(), h.Heads
-	rows := h.ValidRows()
-	if h.Elem == kernels.Float16 {
-		// Channels (and every check) from the decoder; values read in place.
-		st.ch = reuse.Grow(st.ch, heads*dk)
-		if _, _, err := kernels.DecodeSidecarPart(part, nil, st.ch); err != nil {
-			return 0, err
-		}
-		off := kernels.SidecarHeaderSize + (2*heads*dk+7)&^7
-		t := f16()
-		var sum float64
-		for hd := range heads {
-			qh := st.qr[hd*d : (hd+1)*d]
-			ch := st.ch[hd*dk : (hd+1)*dk]
-			best := math.Inf(-1)
-			for r := range rows {
-				v := part[off+2*(r*heads+hd)*dk : off+2*(r*heads+hd+1)*dk]
-				var s float64
-				for j, c := range ch {
-					s += float64(qh[c]) * float64(t[binary.LittleEndian.Uint16(v[2*j:])])
-				}
-				best = max(best, s)
-			}
-			sum += best
-		}
-		return sum, nil
-	}
-	if err := decodeValues(st, h, part); err != nil {
-		return 0, err
-	}
-	var sum float64
-	for hd := range heads {
-		qh := st.qr[hd*d : (hd+1)*d]
-		ch := st.ch[hd*dk : (hd+1)*dk]
-		best := math.Inf(-1)
-		for r := range rows {
-			v := st.vals[(r*heads+hd)*dk : (r*heads+hd+1)*dk]
-			var s float64
-			for j, c := range ch {
-				s += float64(qh[c]) * float64(v[j])
-			}
-			best = max(best, s)
-		}
-		sum += best
-	}
-	return sum, nil
 }
 
 // hashPrepare reduces the query over GQA groups and hashes each KV head's query.
@@ -532,28 +347,6 @@ func (m *blockMethod) hashPrepare(st *stepState) error {
 	return nil
 }
 
-// hashScore: −(block distance), the block distance being the minimum (or mean) over the
-// block's tokens of Σ_h Hamming(q_h, k_{t,h}) (spec §4 [DECISION]).
-func (m *blockMethod) hashScore(mean bool) scoreFunc {
-	return func(st *stepState, h *kernels.SidecarHeader, part []byte) (float64, error) {
-		if _, _, err := kernels.DecodeSidecarPart(part, nil, nil); err != nil {
-			return 0, err
-		}
-		row := h.Heads * h.Cols()
-		codes := part[kernels.SidecarHeaderSize:][:h.Tokens*row]
-		best, total := math.MaxInt, 0
-		for t := range h.Tokens {
-			dist := kernels.Hamming(st.codes, codes[t*row:(t+1)*row])
-			total += dist
-			best = min(best, dist)
-		}
-		if mean {
-			return -float64(total) / float64(h.Tokens), nil
-		}
-		return -float64(best), nil
-	}
-}
-
 // ---------------------------------------------------------------------------------------------
 // Registration of the block-scoring methods.
 
@@ -574,7 +367,16 @@ func newBlockMethod(name string, env Env, spec kernels.SidecarSpec, stride int) 
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: sidecar: %w", name, err)
 	}
-	return &blockMethod{name: name, shape: env.Shape, src: env.Sidecars, spec: spec, stride: max(stride, 1)}, nil
+	m := &blockMethod{name: name, shape: env.Shape, src: env.Sidecars, spec: spec, stride: max(stride, 1)}
+	m.setRows(false, env)
+	return m, nil
+}
+
+// setRows chooses the method's row format (int8 rows: ESA's repr_dtype int8) and its
+// representation pool of Env.ReprPoolBytes.
+func (m *blockMethod) setRows(int8Rows bool, env Env) {
+	m.rowKind, m.rowBytes = rowFormat(m.spec, int8Rows)
+	m.pool = newReprPool(m.rowBytes, m.spec.Layers, env.ReprPoolBytes)
 }
 
 func windowDefaults(init, local int, ratio float64, stride int) WindowConfig {
@@ -595,16 +397,15 @@ func init() {
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = func(*stepState) error { return nil }
-			m.score = m.questScore
 			m.softmaxHeads = c.HeadScore == "softmax"
 			return m, nil
 		},
 	})
 	register(NameESA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum"}
+			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum", ReprDType: "fp16"}
 			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score"),
-				intField(&c.RetrievalLag, "retrieval_lag")))
+				intField(&c.RetrievalLag, "retrieval_lag"), stringField(&c.ReprDType, "repr_dtype")))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*ESAConfig)
@@ -618,9 +419,11 @@ func init() {
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = m.reduceQuery
-			m.score = m.esaScore
 			m.softmaxHeads = c.HeadScore == "softmax"
 			m.lag = c.RetrievalLag == 1
+			if c.ReprDType == "int8" {
+				m.setRows(true, env)
+			}
 			return m, nil
 		},
 	})
@@ -639,7 +442,7 @@ func init() {
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = m.reduceQuery
-			m.score = m.gsaScore
+			m.gsa = true
 			return m, nil
 		},
 	})
@@ -659,7 +462,6 @@ func init() {
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = m.reduceQuery
-			m.score = m.kvstarScore
 			return m, nil
 		},
 	})
@@ -701,7 +503,7 @@ func init() {
 			bs := env.Shape.BlockSize
 			m.keep = func(n, seqLen int) (int, int, int) { return c.Keep(n, seqLen, bs) }
 			m.prepare = m.hashPrepare
-			m.score = m.hashScore(c.BlockDist == "mean")
+			m.meanDist = c.BlockDist == "mean"
 			return m, nil
 		},
 	})
@@ -714,72 +516,4 @@ func resize[T any](s []T, n int) []T {
 		return make([]T, n)
 	}
 	return s[:n]
-}
-
-// f16 is the float16 → float32 table of the fused scoring kernels (256 KiB).
-var f16 = sync.OnceValue(func() *[1 << 16]float32 {
-	t := new([1 << 16]float32)
-	for i := range t {
-		t[i] = kernels.Float16ToFloat32(uint16(i))
-	}
-	return t
-})
-
-// fp16Values returns the fp16 value bytes of a verified float part (ESA or Quest, whose data
-// is the values alone) after checking that its padding is zero, as DecodeSidecarPart does,
-// so the scoring kernels can read the values in place; false for other element types.
-func fp16Values(h *kernels.SidecarHeader, part []byte) ([]byte, bool) {
-	if h.Elem != kernels.Float16 || h.Kind == kernels.SidecarKVStar || h.Kind == kernels.SidecarHash {
-		return nil, false
-	}
-	n := kernels.SidecarHeaderSize + 2*h.Rows()*h.Heads*h.Cols()
-	if len(part) < n {
-		return nil, false
-	}
-	for _, b := range part[n:] {
-		if b != 0 {
-			return nil, false
-		}
-	}
-	return part[kernels.SidecarHeaderSize:n], true
-}
-
-// dotF16 is Σ q[i]·v[i] over fp16 values v (little-endian), accumulated in float64.
-func dotF16(q []float32, v []byte) float64 {
-	t := f16()
-	v = v[:2*len(q)]
-	var s float64
-	i := 0
-	for ; i+4 <= len(q); i += 4 {
-		w := binary.LittleEndian.Uint64(v[2*i:])
-		s += float64(q[i]) * float64(t[uint16(w)])
-		s += float64(q[i+1]) * float64(t[uint16(w>>16)])
-		s += float64(q[i+2]) * float64(t[uint16(w>>32)])
-		s += float64(q[i+3]) * float64(t[uint16(w>>48)])
-	}
-	for ; i < len(q); i++ {
-		s += float64(q[i]) * float64(t[binary.LittleEndian.Uint16(v[2*i:])])
-	}
-	return s
-}
-
-// questBoundF16 is kernels.QuestBound over fp16 min and max values read in place: the same
-// float32 products and float64 sum.
-func questBoundF16(q []float32, lo, hi []byte) float32 {
-	t := f16()
-	lo, hi = lo[:2*len(q)], hi[:2*len(q)]
-	var s float64
-	i := 0
-	for ; i+4 <= len(q); i += 4 {
-		wl, wh := binary.LittleEndian.Uint64(lo[2*i:]), binary.LittleEndian.Uint64(hi[2*i:])
-		x := q[i : i+4 : i+4]
-		s += float64(max(x[0]*t[uint16(wl)], x[0]*t[uint16(wh)]))
-		s += float64(max(x[1]*t[uint16(wl>>16)], x[1]*t[uint16(wh>>16)]))
-		s += float64(max(x[2]*t[uint16(wl>>32)], x[2]*t[uint16(wh>>32)]))
-		s += float64(max(x[3]*t[uint16(wl>>48)], x[3]*t[uint16(wh>>48)]))
-	}
-	for ; i < len(q); i++ {
-		s += float64(max(q[i]*t[binary.LittleEndian.Uint16(lo[2*i:])], q[i]*t[binary.LittleEndian.Uint16(hi[2*i:])]))
-	}
-	return float32(s)
 }

@@ -75,6 +75,10 @@ type Env struct {
 	// SidecarElem is the element type of the stored float sidecars (ESA, Quest, KVStar): the
 	// writer's SidecarSpec.Elem; 0 means Float16 (kernels.DefaultSidecarElem of fp16 keys).
 	SidecarElem kernels.DType
+	// ReprPoolBytes bounds the representation pool of the block-scoring methods (verified,
+	// converted representations kept across decode steps, reprs.go): 0 means
+	// DefaultReprPoolBytes, a negative value no pool (every step loads and verifies).
+	ReprPoolBytes int64
 }
 
 // A method's entry in the registry: how to parse its block and build it.
@@ -510,6 +514,10 @@ type ESAConfig struct {
 	// blocks retrieved at the previous step, as ESA's asynchronous retrieval engine makes it;
 	// UCM-Go key retrieval_lag). 1 needs retrieval_stride 1.
 	RetrievalLag int
+	// ReprDType is how the representation pool keeps the representations: "fp16" (the default,
+	// or empty: as stored) or "int8" (symmetric per-tensor quantization, one scale per block
+	// and layer: spec §2's int8 storage; UCM-Go key repr_dtype).
+	ReprDType string
 }
 
 // Method returns NameESA.
@@ -526,6 +534,9 @@ func (c *ESAConfig) Validate() error {
 	}
 	if c.RetrievalLag != 0 && (c.RetrievalLag != 1 || c.RetrievalStride != 1) {
 		return configErr(p+".retrieval_lag", "%d: want 0, or 1 with retrieval_stride 1", c.RetrievalLag)
+	}
+	if c.ReprDType != "" && c.ReprDType != "fp16" && c.ReprDType != "int8" {
+		return configErr(p+".repr_dtype", "%q: want fp16 or int8", c.ReprDType)
 	}
 	return c.validate(p)
 }

@@ -1,0 +1,65 @@
+package kernels
+
+import "golang.org/x/sys/cpu"
+
+// The assembly kernels (score_amd64.s) take runs of d elements, d a positive multiple of 8;
+// strides are in elements. The Go wrappers below choose them when the CPU has the instructions.
+
+//go:noescape
+func dotsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
+
+//go:noescape
+func sqDistsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
+
+//go:noescape
+func questF16AVX2(out, q *float32, lo, hi *byte, n, d, qs, vs int)
+
+//go:noescape
+func dotsInt8AVX2(out, q *float32, v *int8, n, d, qs, vs int)
+
+//go:noescape
+func hammingRowsAVX512(q, codes *byte, w, rows int) (minDist, total int)
+
+var (
+	haveF16FMA   = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
+	havePopcnt32 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPOPCNTDQ
+)
+
+func dotsF16(out, q []float32, v []byte, d, qs, vs int) {
+	if haveF16FMA && d%8 == 0 {
+		dotsF16AVX2(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+		return
+	}
+	dotsF16Go(out, q, v, d, qs, vs)
+}
+
+func sqDistsF16(out, q []float32, v []byte, d, qs, vs int) {
+	if haveF16FMA && d%8 == 0 {
+		sqDistsF16AVX2(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+		return
+	}
+	sqDistsF16Go(out, q, v, d, qs, vs)
+}
+
+func questF16(out, q []float32, lo, hi []byte, d, qs, vs int) {
+	if haveF16FMA && d%8 == 0 {
+		questF16AVX2(&out[0], &q[0], &lo[0], &hi[0], len(out), d, qs, vs)
+		return
+	}
+	questF16Go(out, q, lo, hi, d, qs, vs)
+}
+
+func dotsInt8(out, q []float32, v []int8, d, qs, vs int) {
+	if haveF16FMA && d%8 == 0 {
+		dotsInt8AVX2(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+		return
+	}
+	dotsInt8Go(out, q, v, d, qs, vs)
+}
+
+func hammingRows(q, codes []byte, rows int) (int, int) {
+	if havePopcnt32 && len(q)%32 == 0 {
+		return hammingRowsAVX512(&q[0], &codes[0], len(q), rows)
+	}
+	return hammingRowsGo(q, codes, rows)
+}

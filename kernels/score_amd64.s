@@ -1,0 +1,331 @@
+#include "textflag.h"
+
+// Scoring kernels (score.go). Every kernel walks n runs: run i reads d query float32s from
+// q + i·qs·4 and d elements from v + i·vs·(element size), d a positive multiple of 8. Four
+// accumulators take 32 elements a step, then one takes the remaining 8 at a time; the lanes
+// are summed at the end of the run and the float32 result stored to out[i].
+
+// HSUM(Y0 + Y1 + Y2 + Y3) → X0's low lane.
+#define HSUM4 \
+	VADDPS       Y1, Y0, Y0 \
+	VADDPS       Y3, Y2, Y2 \
+	VADDPS       Y2, Y0, Y0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VADDPS       X1, X0, X0 \
+	VHADDPS      X0, X0, X0 \
+	VHADDPS      X0, X0, X0
+
+#define ZERO4 \
+	VXORPS Y0, Y0, Y0 \
+	VXORPS Y1, Y1, Y1 \
+	VXORPS Y2, Y2, Y2 \
+	VXORPS Y3, Y3, Y3
+
+// func dotsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
+TEXT ·dotsF16AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ v+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ d+32(FP), R8
+	MOVQ qs+40(FP), R9
+	MOVQ vs+48(FP), R10
+	SHLQ $2, R9
+	SHLQ $1, R10
+
+dots_row:
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R8, R13
+	ZERO4
+
+dots_32:
+	CMPQ        R13, $32
+	JLT         dots_8
+	VCVTPH2PS   0(R12), Y4
+	VCVTPH2PS   16(R12), Y5
+	VCVTPH2PS   32(R12), Y6
+	VCVTPH2PS   48(R12), Y7
+	VFMADD231PS 0(R11), Y4, Y0
+	VFMADD231PS 32(R11), Y5, Y1
+	VFMADD231PS 64(R11), Y6, Y2
+	VFMADD231PS 96(R11), Y7, Y3
+	ADDQ        $64, R12
+	ADDQ        $128, R11
+	SUBQ        $32, R13
+	JMP         dots_32
+
+dots_8:
+	TESTQ       R13, R13
+	JZ          dots_sum
+	VCVTPH2PS   0(R12), Y4
+	VFMADD231PS 0(R11), Y4, Y0
+	ADDQ        $16, R12
+	ADDQ        $32, R11
+	SUBQ        $8, R13
+	JMP         dots_8
+
+dots_sum:
+	HSUM4
+	VMOVSS X0, 0(DI)
+	ADDQ   $4, DI
+	ADDQ   R9, SI
+	ADDQ   R10, DX
+	DECQ   CX
+	JNZ    dots_row
+	VZEROUPPER
+	RET
+
+// func sqDistsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
+TEXT ·sqDistsF16AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ v+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ d+32(FP), R8
+	MOVQ qs+40(FP), R9
+	MOVQ vs+48(FP), R10
+	SHLQ $2, R9
+	SHLQ $1, R10
+
+sq_row:
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R8, R13
+	ZERO4
+
+sq_32:
+	CMPQ        R13, $32
+	JLT         sq_8
+	VCVTPH2PS   0(R12), Y4
+	VCVTPH2PS   16(R12), Y5
+	VCVTPH2PS   32(R12), Y6
+	VCVTPH2PS   48(R12), Y7
+	VSUBPS      0(R11), Y4, Y4
+	VSUBPS      32(R11), Y5, Y5
+	VSUBPS      64(R11), Y6, Y6
+	VSUBPS      96(R11), Y7, Y7
+	VFMADD231PS Y4, Y4, Y0
+	VFMADD231PS Y5, Y5, Y1
+	VFMADD231PS Y6, Y6, Y2
+	VFMADD231PS Y7, Y7, Y3
+	ADDQ        $64, R12
+	ADDQ        $128, R11
+	SUBQ        $32, R13
+	JMP         sq_32
+
+sq_8:
+	TESTQ       R13, R13
+	JZ          sq_sum
+	VCVTPH2PS   0(R12), Y4
+	VSUBPS      0(R11), Y4, Y4
+	VFMADD231PS Y4, Y4, Y0
+	ADDQ        $16, R12
+	ADDQ        $32, R11
+	SUBQ        $8, R13
+	JMP         sq_8
+
+sq_sum:
+	HSUM4
+	VMOVSS X0, 0(DI)
+	ADDQ   $4, DI
+	ADDQ   R9, SI
+	ADDQ   R10, DX
+	DECQ   CX
+	JNZ    sq_row
+	VZEROUPPER
+	RET
+
+// func questF16AVX2(out, q *float32, lo, hi *byte, n, d, qs, vs int)
+TEXT ·questF16AVX2(SB), NOSPLIT, $0-64
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ lo+16(FP), DX
+	MOVQ hi+24(FP), BX
+	MOVQ n+32(FP), CX
+	MOVQ d+40(FP), R8
+	MOVQ qs+48(FP), R9
+	MOVQ vs+56(FP), R10
+	SHLQ $2, R9
+	SHLQ $1, R10
+
+quest_row:
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ BX, R14
+	MOVQ R8, R13
+	ZERO4
+
+quest_16:
+	CMPQ      R13, $16
+	JLT       quest_8
+	VMOVUPS   0(R11), Y8
+	VMOVUPS   32(R11), Y9
+	VCVTPH2PS 0(R12), Y4
+	VCVTPH2PS 0(R14), Y5
+	VCVTPH2PS 16(R12), Y6
+	VCVTPH2PS 16(R14), Y7
+	VMULPS    Y8, Y4, Y4
+	VMULPS    Y8, Y5, Y5
+	VMULPS    Y9, Y6, Y6
+	VMULPS    Y9, Y7, Y7
+	VMAXPS    Y5, Y4, Y4
+	VMAXPS    Y7, Y6, Y6
+	VADDPS    Y4, Y0, Y0
+	VADDPS    Y6, Y1, Y1
+	ADDQ      $32, R12
+	ADDQ      $32, R14
+	ADDQ      $64, R11
+	SUBQ      $16, R13
+	JMP       quest_16
+
+quest_8:
+	TESTQ     R13, R13
+	JZ        quest_sum
+	VMOVUPS   0(R11), Y8
+	VCVTPH2PS 0(R12), Y4
+	VCVTPH2PS 0(R14), Y5
+	VMULPS    Y8, Y4, Y4
+	VMULPS    Y8, Y5, Y5
+	VMAXPS    Y5, Y4, Y4
+	VADDPS    Y4, Y2, Y2
+	ADDQ      $16, R12
+	ADDQ      $16, R14
+	ADDQ      $32, R11
+	SUBQ      $8, R13
+	JMP       quest_8
+
+quest_sum:
+	HSUM4
+	VMOVSS X0, 0(DI)
+	ADDQ   $4, DI
+	ADDQ   R9, SI
+	ADDQ   R10, DX
+	ADDQ   R10, BX
+	DECQ   CX
+	JNZ    quest_row
+	VZEROUPPER
+	RET
+
+// func dotsInt8AVX2(out, q *float32, v *int8, n, d, qs, vs int)
+TEXT ·dotsInt8AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ v+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ d+32(FP), R8
+	MOVQ qs+40(FP), R9
+	MOVQ vs+48(FP), R10
+	SHLQ $2, R9
+
+i8_row:
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R8, R13
+	ZERO4
+
+i8_32:
+	CMPQ        R13, $32
+	JLT         i8_8
+	VPMOVSXBD   0(R12), Y4
+	VPMOVSXBD   8(R12), Y5
+	VPMOVSXBD   16(R12), Y6
+	VPMOVSXBD   24(R12), Y7
+	VCVTDQ2PS   Y4, Y4
+	VCVTDQ2PS   Y5, Y5
+	VCVTDQ2PS   Y6, Y6
+	VCVTDQ2PS   Y7, Y7
+	VFMADD231PS 0(R11), Y4, Y0
+	VFMADD231PS 32(R11), Y5, Y1
+	VFMADD231PS 64(R11), Y6, Y2
+	VFMADD231PS 96(R11), Y7, Y3
+	ADDQ        $32, R12
+	ADDQ        $128, R11
+	SUBQ        $32, R13
+	JMP         i8_32
+
+i8_8:
+	TESTQ       R13, R13
+	JZ          i8_sum
+	VPMOVSXBD   0(R12), Y4
+	VCVTDQ2PS   Y4, Y4
+	VFMADD231PS 0(R11), Y4, Y0
+	ADDQ        $8, R12
+	ADDQ        $32, R11
+	SUBQ        $8, R13
+	JMP         i8_8
+
+i8_sum:
+	HSUM4
+	VMOVSS X0, 0(DI)
+	ADDQ   $4, DI
+	ADDQ   R9, SI
+	ADDQ   R10, DX
+	DECQ   CX
+	JNZ    i8_row
+	VZEROUPPER
+	RET
+
+// func hammingRowsAVX512(q, codes *byte, w, rows int) (minDist, total int)
+//
+// w a positive multiple of 32, rows ≥ 1: per row, XOR with q 32 bytes at a time, VPOPCNTQ
+// (AVX-512 VPOPCNTDQ with VL) and add; the row's sum updates the minimum and the total.
+TEXT ·hammingRowsAVX512(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), SI
+	MOVQ codes+8(FP), DX
+	MOVQ w+16(FP), R8
+	MOVQ rows+24(FP), CX
+	MOVQ R8, BX
+	SHLQ $3, BX
+	INCQ BX
+	XORQ R9, R9
+
+ham_row:
+	MOVQ  SI, R11
+	MOVQ  R8, R13
+	VPXOR Y0, Y0, Y0
+	VPXOR Y2, Y2, Y2
+
+ham_64:
+	CMPQ     R13, $64
+	JLT      ham_32
+	VMOVDQU  0(DX), Y1
+	VMOVDQU  32(DX), Y3
+	VPXOR    0(R11), Y1, Y1
+	VPXOR    32(R11), Y3, Y3
+	VPOPCNTQ Y1, Y1
+	VPOPCNTQ Y3, Y3
+	VPADDQ   Y1, Y0, Y0
+	VPADDQ   Y3, Y2, Y2
+	ADDQ     $64, DX
+	ADDQ     $64, R11
+	SUBQ     $64, R13
+	JMP      ham_64
+
+ham_32:
+	TESTQ    R13, R13
+	JZ       ham_sum
+	VMOVDQU  0(DX), Y1
+	VPXOR    0(R11), Y1, Y1
+	VPOPCNTQ Y1, Y1
+	VPADDQ   Y1, Y0, Y0
+	ADDQ     $32, DX
+	ADDQ     $32, R11
+	SUBQ     $32, R13
+
+ham_sum:
+	VPADDQ       Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDQ       X1, X0, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPADDQ       X1, X0, X0
+	MOVQ         X0, AX
+	ADDQ         AX, R9
+	CMPQ         AX, BX
+	CMOVQLT      AX, BX
+	DECQ         CX
+	JNZ          ham_row
+	VZEROUPPER
+	MOVQ         BX, minDist+32(FP)
+	MOVQ         R9, total+40(FP)
+	RET

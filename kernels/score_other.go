@@ -1,0 +1,13 @@
+//go:build !amd64
+
+package kernels
+
+func dotsF16(out, q []float32, v []byte, d, qs, vs int) { dotsF16Go(out, q, v, d, qs, vs) }
+
+func sqDistsF16(out, q []float32, v []byte, d, qs, vs int) { sqDistsF16Go(out, q, v, d, qs, vs) }
+
+func questF16(out, q []float32, lo, hi []byte, d, qs, vs int) { questF16Go(out, q, lo, hi, d, qs, vs) }
+
+func dotsInt8(out, q []float32, v []int8, d, qs, vs int) { dotsInt8Go(out, q, v, d, qs, vs) }
+
+func hammingRows(q, codes []byte, rows int) (int, int) { return hammingRowsGo(q, codes, rows) }

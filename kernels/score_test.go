@@ -1,0 +1,248 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// scoreCase is one random argument set of the scoring kernels: n runs of d elements with
+// strides qs, vs (0 included: one run reused) over q and over the fp16, int8 values.
+type scoreCase struct {
+	n, d, qs, vs int
+	q            []float32
+	f16, lo, hi  []byte
+	i8           []int8
+}
+
+func randScoreCase(r *rand.Rand) scoreCase {
+	c := scoreCase{n: 1 + r.IntN(6), d: []int{1, 3, 8, 16, 24, 32, 40, 64, 128, 136}[r.IntN(10)]}
+	c.qs = []int{0, c.d, c.d + 8}[r.IntN(3)]
+	c.vs = []int{0, c.d, 2 * c.d}[r.IntN(3)]
+	nq, nv := (c.n-1)*c.qs+c.d, (c.n-1)*c.vs+c.d
+	c.q = make([]float32, nq)
+	for i := range c.q {
+		c.q[i] = float32(r.NormFloat64())
+	}
+	f16 := func() []byte {
+		b := make([]byte, 2*nv)
+		for i := range nv {
+			binary.LittleEndian.PutUint16(b[2*i:], Float32ToFloat16(float32(r.NormFloat64()*3)))
+		}
+		return b
+	}
+	c.f16, c.lo, c.hi = f16(), f16(), f16()
+	c.i8 = make([]int8, nv)
+	for i := range c.i8 {
+		c.i8[i] = int8(r.IntN(256) - 128)
+	}
+	return c
+}
+
+func f16At(b []byte, i int) float64 {
+	return float64(Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
+}
+
+// closeTo: float32 accumulation against a float64 reference, relative to the sum of the
+// magnitudes of the terms.
+func closeTo(got float32, want, mag float64) bool {
+	return math.Abs(float64(got)-want) <= 1e-5*mag+1e-6
+}
+
+// TestScoreKernels checks every kernel, the assembly one where the CPU has it and the
+// portable one, against float64 sums computed element by element.
+func TestScoreKernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for it := range 2000 {
+		c := randScoreCase(r)
+		type impl struct {
+			name string
+			run  func(out []float32)
+		}
+		refs := map[string]func(i int) (float64, float64){
+			"dots": func(i int) (s, m float64) {
+				for j := range c.d {
+					p := float64(c.q[i*c.qs+j]) * f16At(c.f16, i*c.vs+j)
+					s, m = s+p, m+math.Abs(p)
+				}
+				return
+			},
+			"sqdists": func(i int) (s, m float64) {
+				for j := range c.d {
+					e := float64(c.q[i*c.qs+j]) - f16At(c.f16, i*c.vs+j)
+					s += e * e
+				}
+				return s, s
+			},
+			"quest": func(i int) (s, m float64) {
+				for j := range c.d {
+					x := float64(c.q[i*c.qs+j])
+					p := max(x*f16At(c.lo, i*c.vs+j), x*f16At(c.hi, i*c.vs+j))
+					s, m = s+p, m+math.Abs(p)
+				}
+				return
+			},
+			"int8": func(i int) (s, m float64) {
+				for j := range c.d {
+					p := float64(c.q[i*c.qs+j]) * float64(c.i8[i*c.vs+j])
+					s, m = s+p, m+math.Abs(p)
+				}
+				return
+			},
+		}
+		impls := map[string][]impl{
+			"dots": {{"exported", func(o []float32) { must(t, DotsF16(o, c.q, c.f16, c.d, c.qs, c.vs)) }},
+				{"go", func(o []float32) { dotsF16Go(o, c.q, c.f16, c.d, c.qs, c.vs) }}},
+			"sqdists": {{"exported", func(o []float32) { must(t, SqDistsF16(o, c.q, c.f16, c.d, c.qs, c.vs)) }},
+				{"go", func(o []float32) { sqDistsF16Go(o, c.q, c.f16, c.d, c.qs, c.vs) }}},
+			"quest": {{"exported", func(o []float32) { must(t, QuestBoundsF16(o, c.q, c.lo, c.hi, c.d, c.qs, c.vs)) }},
+				{"go", func(o []float32) { questF16Go(o, c.q, c.lo, c.hi, c.d, c.qs, c.vs) }}},
+			"int8": {{"exported", func(o []float32) { must(t, DotsInt8(o, c.q, c.i8, c.d, c.qs, c.vs)) }},
+				{"go", func(o []float32) { dotsInt8Go(o, c.q, c.i8, c.d, c.qs, c.vs) }}},
+		}
+		for name, ref := range refs {
+			for _, im := range impls[name] {
+				out := make([]float32, c.n+1)
+				out[c.n] = 42
+				im.run(out[:c.n])
+				if out[c.n] != 42 {
+					t.Fatalf("case %d %s/%s wrote past out", it, name, im.name)
+				}
+				for i := range c.n {
+					want, mag := ref(i)
+					if !closeTo(out[i], want, mag) {
+						t.Fatalf("case %d %s/%s: n %d d %d qs %d vs %d: run %d = %v, want %v", it, name, im.name, c.n, c.d, c.qs, c.vs, i, out[i], want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestScoreKernelsRefuseShortArguments: a run beyond q or v is ErrInvalid and nothing is
+// written.
+func TestScoreKernelsRefuseShortArguments(t *testing.T) {
+	q := make([]float32, 16)
+	v := make([]byte, 32)
+	out := []float32{7, 7}
+	for _, err := range []error{
+		DotsF16(out, q, v, 16, 16, 0), // q needs 32
+		DotsF16(out, q, v, 16, 0, 16), // v needs 32 elements
+		SqDistsF16(out, q, v[:30], 16, 0, 0),
+		QuestBoundsF16(out, q, v, v[:2], 16, 0, 0),
+		DotsInt8(out, q, make([]int8, 15), 16, 0, 0),
+		DotsF16(out, q, v, 0, 0, 0),
+		DotsF16(out, q, v, 8, -1, 0),
+	} {
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("err %v, want ErrInvalid", err)
+		}
+	}
+	if out[0] != 7 || out[1] != 7 {
+		t.Fatalf("out written: %v", out)
+	}
+	if _, _, err := HammingRows(make([]byte, 32), make([]byte, 63), 2); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("hamming rows: %v", err)
+	}
+}
+
+// TestHammingRows: min and total equal Hamming row by row, for the assembly widths (multiples
+// of 32 bytes) and others.
+func TestHammingRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for it := range 500 {
+		w := []int{1, 4, 8, 13, 32, 64, 96, 512}[r.IntN(8)]
+		rows := r.IntN(20)
+		q := make([]byte, w)
+		codes := make([]byte, rows*w+r.IntN(5))
+		for i := range q {
+			q[i] = byte(r.Uint32())
+		}
+		for i := range codes {
+			codes[i] = byte(r.Uint32())
+			if r.IntN(4) == 0 && i < rows*w {
+				codes[i] = q[i%w] // near rows
+			}
+		}
+		wantMin, wantTotal := 0, 0
+		for j := range rows {
+			d := Hamming(q, codes[j*w:(j+1)*w])
+			wantTotal += d
+			if j == 0 || d < wantMin {
+				wantMin = d
+			}
+		}
+		gotMin, gotTotal, err := HammingRows(q, codes, rows)
+		if err != nil || gotMin != wantMin || gotTotal != wantTotal {
+			t.Fatalf("case %d (w %d rows %d): %d, %d, %v; want %d, %d", it, w, rows, gotMin, gotTotal, err, wantMin, wantTotal)
+		}
+		if rows > 0 {
+			m, tot := hammingRowsGo(q, codes[:rows*w], rows)
+			if m != wantMin || tot != wantTotal {
+				t.Fatalf("case %d portable: %d, %d; want %d, %d", it, m, tot, wantMin, wantTotal)
+			}
+		}
+	}
+}
+
+// BenchmarkScoreKernels: the kernels over 8 MiB of fp16 (a 128K-token context's ESA layer at
+// 32 heads × 128 dims), 4 MiB of int8 and 64 MiB of hash codes.
+func BenchmarkScoreKernels(b *testing.B) {
+	const blocks, row = 1024, 32 * 128
+	q := make([]float32, row)
+	for i := range q {
+		q[i] = float32(i%7) - 3
+	}
+	v := make([]byte, 2*blocks*row)
+	for i := range blocks * row {
+		binary.LittleEndian.PutUint16(v[2*i:], Float32ToFloat16(float32(i%13)-6))
+	}
+	out := make([]float32, 1)
+	b.Run("dotsF16-8MiB", func(b *testing.B) {
+		b.SetBytes(int64(len(v)))
+		for range b.N {
+			for j := range blocks {
+				dotsF16(out, q, v[2*j*row:], row, 0, 0)
+			}
+		}
+	})
+	i8 := make([]int8, blocks*row)
+	b.Run("dotsInt8-4MiB", func(b *testing.B) {
+		b.SetBytes(int64(len(i8)))
+		for range b.N {
+			for j := range blocks {
+				dotsInt8(out, q, i8[j*row:], row, 0, 0)
+			}
+		}
+	})
+	codes := make([]byte, 64<<20) // filled: untouched zero pages would all be one page
+	for i := range codes {
+		codes[i] = byte(i * 131 >> 3)
+	}
+	b.Run("hammingRows-64MiB", func(b *testing.B) {
+		b.SetBytes(int64(len(codes)))
+		for range b.N {
+			for j := range blocks {
+				hammingRows(codes[:512], codes[j<<16:(j+1)<<16], 128)
+			}
+		}
+	})
+	dst := make([]byte, len(v))
+	b.Run("memcpy-8MiB", func(b *testing.B) {
+		b.SetBytes(int64(len(v)))
+		for range b.N {
+			for j := range blocks {
+				copy(dst[2*j*row:2*(j+1)*row], v[2*j*row:])
+			}
+		}
+	})
+}
