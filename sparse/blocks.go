@@ -121,6 +121,12 @@ type blockMethod struct {
 	rowKind       rowKind
 	rowBytes      int
 	pool          *reprPool // nil: no pool (Env.ReprPoolBytes < 0)
+	// pf loads the attended blocks and prefetches predicted ones (Env.Blocks; prefetch_method.go).
+	pf *methodPrefetch
+	// accessScore: GSA 002's query-free score from access counts (block_score: access_count);
+	// access holds the counts by request and layer.
+	accessScore bool
+	access      map[string][]int32
 
 	states sync.Pool // *stepState
 	mu     sync.Mutex
@@ -147,8 +153,8 @@ func (m *blockMethod) Stats() SelectStats {
 // SidecarSpec is the representation the method reads; parts of another spec are misses.
 func (m *blockMethod) SidecarSpec() kernels.SidecarSpec { return m.spec }
 
-// RequestFinished forgets the request's held selections and drops its references on the
-// representation pool's entries.
+// RequestFinished forgets the request's held selections, access counts and prefetch tasks,
+// and drops its references on the representation pool's entries.
 func (m *blockMethod) RequestFinished(reqID string) {
 	if m.pool != nil {
 		m.pool.finish(reqID)
@@ -159,6 +165,15 @@ func (m *blockMethod) RequestFinished(reqID string) {
 		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
 			delete(m.held, k)
 		}
+	}
+	for k := range m.access {
+		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
+			delete(m.access, k)
+		}
+	}
+	if m.pf != nil {
+		delete(m.pf.pos, reqID)
+		m.pf.p.Forget(reqID)
 	}
 }
 
@@ -181,15 +196,33 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 	}
 	n := (a.SeqLen + bs - 1) / bs
 	init, local, k := m.keep(n, a.SeqLen)
+	var plan *prefetchPlan
+	if m.pf != nil {
+		plan = &prefetchPlan{}
+	}
 	if init+local+k >= n {
 		m.stats.dense.Add(1)
-		return nil
+		if m.pf == nil {
+			return nil
+		}
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
+		}
+		plan.next = all
+		return m.attendLoaded(a, all, plan)
 	}
-	sel, err := m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k)
+	sel, err := m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k, plan)
 	if err != nil {
 		return err
 	}
 	m.stats.selections.Add(1)
+	if m.accessScore {
+		m.countAccess(a, sel, n)
+	}
+	if m.pf != nil {
+		return m.attendLoaded(a, sel, plan)
+	}
 	return a.Rewrite(sel, bs)
 }
 
@@ -200,8 +233,9 @@ func (m *blockMethod) state() *stepState {
 	return &stepState{}
 }
 
-// selectBlocks chooses the blocks of one decode step of one layer.
-func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k int) ([]int, error) {
+// selectBlocks chooses the blocks of one decode step of one layer; plan, when not nil, receives
+// the prediction for the next steps.
+func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k int, plan *prefetchPlan) ([]int, error) {
 	st := m.state()
 	defer m.states.Put(st)
 	var h *heldSel
@@ -223,7 +257,11 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		if h.group == group {
 			h.addQuery(q)
 			m.stats.held.Add(1)
-			return heldSelection(h.middle, n, init, local), nil
+			sel := heldSelection(h.middle, n, init, local)
+			if plan != nil {
+				plan.next = sel
+			}
+			return sel, nil
 		}
 		// A new stride window: retrieve with the previous window's queries (their mean; the
 		// current query when there were none), then start gathering this window's.
@@ -243,9 +281,9 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	}
 	st.scores = reuse.Grow(st.scores, n)
 	// Candidates with a stored id are scored from their rows; the rest (not stored yet) are
-	// misses.
+	// misses. The access-count score (GSA 002) reads no representation.
 	st.pos = st.pos[:0]
-	for i := init; i < n-local; i++ {
+	for i := init; i < n-local && !m.accessScore; i++ {
 		if i < len(a.Request.BlockIDs) {
 			st.pos = append(st.pos, i)
 		} else {
@@ -254,11 +292,16 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		}
 	}
 	m.stats.candidates.Add(int64(n - local - init))
-	if err := m.scoreCandidates(st, a); err != nil {
+	if m.accessScore {
+		m.accessScores(a, st.scores[:n], n)
+	} else if err := m.scoreCandidates(st, a); err != nil {
 		return nil, err
 	}
 	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
+	if plan != nil {
+		m.planFrom(plan, st, st.scores[:n], sel, n, init, local, k)
+	}
 	if m.lag {
 		// This step attends the previous step's selection (ESA's asynchronous retrieval: the
 		// retrieval of step N overlaps step N's attention and serves step N+1); the first step
@@ -403,9 +446,9 @@ func init() {
 	})
 	register(NameESA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum", ReprDType: "fp16"}
-			return c, parseFields(key, node, append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score"),
-				intField(&c.RetrievalLag, "retrieval_lag"), stringField(&c.ReprDType, "repr_dtype")))
+			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum", ReprDType: "fp16", PrefetchConfig: defaultPrefetch()}
+			return c, parseFields(key, node, append(append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score"),
+				intField(&c.RetrievalLag, "retrieval_lag"), stringField(&c.ReprDType, "repr_dtype")), c.prefetchFields()...))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*ESAConfig)
@@ -424,14 +467,14 @@ func init() {
 			if c.ReprDType == "int8" {
 				m.setRows(true, env)
 			}
-			return m, nil
+			return m, m.setupPrefetch(&c.PrefetchConfig, env)
 		},
 	})
 	register(NameGSA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &GSAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), MinBlocks: 4}
-			fs := append(c.fields(), intField(&c.MinBlocks, "min_blocks"),
-				ignoredField("prefetch_workers", "max_pending_prefetch", "prefetch_ahead", "prefetch_cache_size"))
+			c := &GSAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), MinBlocks: 4, BlockScore: "distance", PrefetchConfig: defaultPrefetch()}
+			fs := append(append(c.fields(), intField(&c.MinBlocks, "min_blocks"), stringField(&c.BlockScore, "block_score")),
+				c.prefetchFields()...)
 			return c, parseFields(key, node, fs)
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
@@ -443,7 +486,8 @@ func init() {
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.prepare = m.reduceQuery
 			m.gsa = true
-			return m, nil
+			m.accessScore = c.BlockScore == "access_count"
+			return m, m.setupPrefetch(&c.PrefetchConfig, env)
 		},
 	})
 	register(NameKVStar, factory{

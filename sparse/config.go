@@ -79,6 +79,11 @@ type Env struct {
 	// converted representations kept across decode steps, reprs.go): 0 means
 	// DefaultReprPoolBytes, a negative value no pool (every step loads and verifies).
 	ReprPoolBytes int64
+	// Blocks, when set, is where the KV of attended blocks is loaded from (EngineBlocks): a
+	// method with prefetch keys (GSA, ESA) then runs a Prefetcher and hands each decode call
+	// its blocks' shards (Attention.KV). ShardBytes is one layer's shard of a block.
+	Blocks     BlockLoader
+	ShardBytes int
 }
 
 // A method's entry in the registry: how to parse its block and build it.
@@ -518,6 +523,9 @@ type ESAConfig struct {
 	// or empty: as stored) or "int8" (symmetric per-tensor quantization, one scale per block
 	// and layer: spec §2's int8 storage; UCM-Go key repr_dtype).
 	ReprDType string
+	// PrefetchConfig is GSA's prefetch engine, also offered to ESA (UCM-Go): with
+	// retrieval_lag 1 a step's selection is exactly the next step's, so it is all prefetched.
+	PrefetchConfig
 }
 
 // Method returns NameESA.
@@ -538,17 +546,24 @@ func (c *ESAConfig) Validate() error {
 	if c.ReprDType != "" && c.ReprDType != "fp16" && c.ReprDType != "int8" {
 		return configErr(p+".repr_dtype", "%q: want fp16 or int8", c.ReprDType)
 	}
+	if err := c.validatePrefetch(p); err != nil {
+		return err
+	}
 	return c.validate(p)
 }
 
-// GSAConfig configures GSA. Built: the 000 variant's scoring (−Σ_h ‖q̄_h − r_h‖ against the
-// mean-pooled keys) with its windows and dynamic K, and 002's min_blocks. Accepted but not
-// built yet: 002's prefetch engine and the eviction policies (their keys are parsed and
-// ignored).
+// GSAConfig configures GSA: the 000 variant's scoring (−Σ_h ‖q̄_h − r_h‖ against the
+// mean-pooled keys) with its windows and dynamic K, 002's min_blocks, 002's query-free
+// access-count score (block_score), and the prefetch engine with 000's eviction policies
+// (PrefetchConfig, used when the host gives Env.Blocks).
 type GSAConfig struct {
 	WindowConfig
+	PrefetchConfig
 	// MinBlocks is 002's floor on the blocks kept (min_blocks).
 	MinBlocks int
+	// BlockScore is "distance" (000's −Σ_h ‖q̄_h − r_h‖, default) or "access_count" (002's
+	// 0.5·access_count + linspace(0.1, 1, B), which reads no sidecar; UCM-Go key block_score).
+	BlockScore string
 }
 
 // Method returns NameGSA.
@@ -559,6 +574,12 @@ func (c *GSAConfig) Validate() error {
 	p := "ucm_sparse_config." + NameGSA
 	if c.MinBlocks < 0 || c.MinBlocks > MaxWindowBlocks {
 		return configErr(p+".min_blocks", "%d: want a block count in [0, %d]", c.MinBlocks, MaxWindowBlocks)
+	}
+	if c.BlockScore != "distance" && c.BlockScore != "access_count" {
+		return configErr(p+".block_score", "%q: want distance or access_count", c.BlockScore)
+	}
+	if err := c.validatePrefetch(p); err != nil {
+		return err
 	}
 	return c.validate(p)
 }

@@ -115,10 +115,21 @@ type Attention struct {
 	// Recompute, in a masked prefill (Blend), is the layer's rows and keys; AttentionBegin
 	// sets its Keep.
 	Recompute *Recompute
+	// KV is set by a method that loads the attended blocks (a prefetch engine, Env.Blocks):
+	// KV[i] is this layer's shard of the i-th attended block (Selected[i], or block i when
+	// Selected is nil), nil for a block the host holds itself (no stored id). Valid until
+	// AttentionFinished.
+	KV [][]byte
+	// LoadFailed is the logical blocks whose load failed: they are left out of the attended
+	// blocks (never attended with missing bytes), and the host may recompute them. LoadErr
+	// joins their *BlockLoadError.
+	LoadFailed []int
+	LoadErr    error
 
 	origTable  []int
 	origSeqLen int
 	rewritten  bool
+	release    func() // returns the loaded shards (KV) to their cache
 }
 
 // Rewrite restricts the call to the logical blocks sel (ascending, unique, in range; the last
@@ -136,9 +147,13 @@ func (a *Attention) Rewrite(sel []int, blockSize int) error {
 	return nil
 }
 
-// Restore puts back the block table and seq_len Rewrite replaced (spec §4 [DECISION]); a call
-// never rewritten is left as it is.
+// Restore puts back the block table and seq_len Rewrite replaced (spec §4 [DECISION]) and
+// releases the loaded shards (KV); a call never rewritten is left as it is.
 func (a *Attention) Restore() {
+	if a.release != nil {
+		a.release()
+		a.release, a.KV = nil, nil
+	}
 	if a.rewritten {
 		a.BlockTable, a.SeqLen, a.Selected, a.rewritten = a.origTable, a.origSeqLen, nil, false
 	}
@@ -180,6 +195,8 @@ type SparseMethod interface {
 	ExecuteFinished(logitsIndices []int) []int
 	// RequestFinished releases the worker's state of a request.
 	RequestFinished(reqID string)
+	// Close stops what the method runs in the background (a prefetch engine's goroutines).
+	Close() error
 }
 
 // Base implements every SparseMethod hook as a no-op: EstimateNumSlotsSparsed says
@@ -228,6 +245,9 @@ func (Base) ExecuteFinished(logitsIndices []int) []int { return logitsIndices }
 
 // RequestFinished does nothing.
 func (Base) RequestFinished(string) {}
+
+// Close does nothing.
+func (Base) Close() error { return nil }
 
 // LayerID parses the layer index of a vLLM layer name, the number after "layers." in
 // "model.layers.<n>.self_attn" (KVStar's layer_id). A name without one is ErrInvalid.
