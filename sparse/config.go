@@ -19,8 +19,8 @@ import (
 // engine.ErrInvalidArgument.
 var ErrInvalid = fmt.Errorf("sparse: %w", engine.ErrInvalidArgument)
 
-// ErrNotBuilt is returned for a method UCM names that this package does not build yet
-// (Blend, ReRoPE; docs/sparse.md).
+// ErrNotBuilt is returned for a method UCM names that this package does not build (none at
+// present: every name of knownNames is registered; docs/sparse.md).
 var ErrNotBuilt = errors.New("sparse: method not built yet")
 
 // ConfigError is a bad sparse configuration: Key is the full key at fault

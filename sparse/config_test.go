@@ -107,7 +107,7 @@ ucm_sparse_config:
 	if _, err := Choose(nil, &yes, ""); !isConfigErr(err, "ENABLE_SPARSE") {
 		t.Fatalf("enabled without a name: %v", err)
 	}
-	if _, err := Choose(nil, &yes, "ReRoPE"); !errors.Is(err, ErrNotBuilt) {
+	if c, err := Choose(nil, &yes, "rerope"); err != nil || c.Method() != NameReRoPE {
 		t.Fatalf("ReRoPE: %v", err)
 	}
 	if _, err := Choose(nil, nil, "Nope"); !isConfigErr(err, "UCM_SPARSE_TYPE") {
@@ -188,7 +188,7 @@ func TestNewChecksShapeAndSource(t *testing.T) {
 	if m.Name() != NameQuest || m.EstimateNumSlotsSparsed(&Request{}) != InvalidSlot {
 		t.Fatalf("scheduler defaults: %s", m.Name())
 	}
-	if got := Names(); strings.Join(got, ",") != "Blend,ESA,GSA,GSAOnDevice,KVStarMultiStep,Quest" {
+	if got := Names(); strings.Join(got, ",") != "Blend,ESA,GSA,GSAOnDevice,KVStarMultiStep,Quest,ReRoPE" {
 		t.Fatalf("Names() = %v", got)
 	}
 }

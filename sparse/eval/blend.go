@@ -14,11 +14,12 @@ import (
 )
 
 // SelectionMethods are the registry's methods that select blocks (what Run evaluates): every
-// built method but Blend, which selects tokens to recompute (RunBlend).
+// built method but Blend, which selects tokens to recompute (RunBlend), and ReRoPE, which
+// changes the scores of every key instead.
 func SelectionMethods() []string {
 	var out []string
 	for _, n := range sparse.Names() {
-		if n != sparse.NameBlend {
+		if n != sparse.NameBlend && n != sparse.NameReRoPE {
 			out = append(out, n)
 		}
 	}

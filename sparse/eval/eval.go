@@ -110,8 +110,11 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 			return nil, fmt.Errorf("%w: %s has no variant %q", sparse.ErrInvalid, base, variant)
 		}
 	}
-	if _, ok := cfg.(*sparse.BlendConfig); ok {
+	switch cfg.(type) {
+	case *sparse.BlendConfig:
 		return nil, fmt.Errorf("%w: Blend selects tokens to recompute, not blocks: ucm-tool eval blend measures it", sparse.ErrInvalid)
+	case *sparse.ReRoPEConfig:
+		return nil, fmt.Errorf("%w: ReRoPE selects no blocks", sparse.ErrInvalid)
 	}
 	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = init, local, budget }
 	switch c := cfg.(type) {
