@@ -121,7 +121,10 @@ func TestReRoPEScores(t *testing.T) {
 		prev = sc
 	}
 	for name, f := range map[string]func() error{
-		"short query":  func() error { _, err := r.Scores(q[:3], 5, make([]float32, d), make([]float32, d), []int{0}); return err },
+		"short query": func() error {
+			_, err := r.Scores(q[:3], 5, make([]float32, d), make([]float32, d), []int{0})
+			return err
+		},
 		"short keys":   func() error { _, err := r.Scores(q, 5, make([]float32, d), make([]float32, 2), []int{0}); return err },
 		"future key":   func() error { _, err := r.Scores(q, 5, make([]float32, d), make([]float32, d), []int{6}); return err },
 		"negative key": func() error { _, err := r.Scores(q, 5, make([]float32, d), make([]float32, d), []int{-1}); return err },
