@@ -31,7 +31,8 @@ type PrefetchConfig struct {
 	// MaxPending is max_pending_prefetch (64): tasks queued at most.
 	MaxPending int
 	// Ahead is prefetch_ahead (2): steps a prediction covers; the prediction holds the top
-	// Ahead × k blocks of the step's ranking, protected from eviction for Ahead steps.
+	// Ahead × k blocks of the step's ranking, protected from eviction for Ahead steps. 0
+	// predicts nothing: the attended blocks are loaded on demand (and cached).
 	Ahead int
 	// CacheSize is prefetch_cache_size (1000): block shards (one layer of one block) resident.
 	CacheSize int
@@ -59,8 +60,8 @@ func (c *PrefetchConfig) validatePrefetch(prefix string) error {
 		return configErr(prefix+".prefetch_workers", "%d: want a count in [1, %d]", c.Workers, MaxPrefetchWorkers)
 	case c.MaxPending < 1 || c.MaxPending > MaxPrefetchPending:
 		return configErr(prefix+".max_pending_prefetch", "%d: want a count in [1, %d]", c.MaxPending, MaxPrefetchPending)
-	case c.Ahead < 1 || c.Ahead > 64:
-		return configErr(prefix+".prefetch_ahead", "%d: want a step count in [1, 64]", c.Ahead)
+	case c.Ahead < 0 || c.Ahead > 64:
+		return configErr(prefix+".prefetch_ahead", "%d: want a step count in [0, 64]", c.Ahead)
 	case c.CacheSize < 1 || c.CacheSize > MaxPrefetchCache:
 		return configErr(prefix+".prefetch_cache_size", "%d: want a block count in [1, %d]", c.CacheSize, MaxPrefetchCache)
 	}
@@ -194,7 +195,9 @@ func (m *blockMethod) attendLoaded(a *Attention, sel []int, plan *prefetchPlan) 
 		return err
 	}
 	a.KV, a.release = kv, lease.Release
-	m.submitPlan(a, plan)
+	if m.pf.ahead > 0 {
+		m.submitPlan(a, plan)
+	}
 	return nil
 }
 

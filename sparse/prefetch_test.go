@@ -785,7 +785,7 @@ func TestPrefetchConfigKeys(t *testing.T) {
 	for _, c := range []struct{ text, key string }{
 		{"GSA: {prefetch_workers: 0}", "ucm_sparse_config.GSA.prefetch_workers"},
 		{"GSA: {max_pending_prefetch: -1}", "ucm_sparse_config.GSA.max_pending_prefetch"},
-		{"GSA: {prefetch_ahead: 0}", "ucm_sparse_config.GSA.prefetch_ahead"},
+		{"GSA: {prefetch_ahead: -1}", "ucm_sparse_config.GSA.prefetch_ahead"},
 		{"GSA: {prefetch_cache_size: 0}", "ucm_sparse_config.GSA.prefetch_cache_size"},
 		{"GSA: {eviction_policy: mru}", "ucm_sparse_config.GSA.eviction_policy"},
 		{"GSA: {block_score: random}", "ucm_sparse_config.GSA.block_score"},

@@ -35,7 +35,7 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "eval",
 		Short: "Measure quality on the small model",
 	}
-	cmd.AddCommand(newEvalSparseCmd(stdout, stderr), newEvalBlendCmd(stdout, stderr))
+	cmd.AddCommand(newEvalSparseCmd(stdout, stderr), newEvalBlendCmd(stdout, stderr), newEvalPrefetchCmd(stdout, stderr))
 	return cmd
 }
 
