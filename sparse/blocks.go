@@ -3,6 +3,7 @@ package sparse
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -61,13 +62,18 @@ type stepState struct {
 	scratch []byte // their rows
 	tmp     []float32
 	qg      []float32 // KVStar: a head's query at the block's channels
+	// head_select kv: per KV head scores of every block, [KVHeads][n]; perKV receives a
+	// candidate's (scoreRow), kvTmp its storage.
+	kvScores []float64
+	perKV    []float64
+	kvTmp    []float64
 }
 
 // softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
 // share of attention: per query head, a softmax over the scored candidates of score/√D, then
 // the sum over heads (head_score: softmax, a UCM-Go option). Unscored (+∞) candidates stay +∞.
 func (m *blockMethod) softmaxScores(st *stepState) {
-	hq := m.shape.QHeads
+	hq, n := m.shape.QHeads, len(st.scores)
 	scale := 1 / math.Sqrt(float64(m.shape.HeadDim))
 	sum := make([]float64, len(st.pos))
 	for h := range hq {
@@ -88,6 +94,13 @@ func (m *blockMethod) softmaxScores(st *stepState) {
 		for j, i := range st.pos {
 			if !math.IsInf(st.scores[i], 1) && z > 0 {
 				sum[j] += st.heads[j*hq+h] / z
+				if m.perKV { // head_select kv: the shares of the KV head's query heads
+					kv := h / (hq / m.shape.KVHeads)
+					if math.IsInf(st.kvScores[kv*n+i], 1) {
+						st.kvScores[kv*n+i] = 0
+					}
+					st.kvScores[kv*n+i] += st.heads[j*hq+h] / z
+				}
 			}
 		}
 	}
@@ -127,6 +140,8 @@ type blockMethod struct {
 	// access holds the counts by request and layer.
 	accessScore bool
 	access      map[string][]int32
+	// perKV: each KV head selects its own blocks (head_select kv).
+	perKV bool
 
 	states sync.Pool // *stepState
 	mu     sync.Mutex
@@ -136,10 +151,11 @@ type blockMethod struct {
 
 // heldSel is a selection kept for a retrieval stride, and the queries gathered meanwhile.
 type heldSel struct {
-	group  int
-	middle []int // selected candidates
-	qsum   []float64
-	qn     int
+	group    int
+	middle   []int   // selected candidates
+	middleKV [][]int // per KV head (head_select kv)
+	qsum     []float64
+	qn       int
 }
 
 func (m *blockMethod) Name() string { return m.name }
@@ -212,7 +228,7 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 		plan.next = all
 		return m.attendLoaded(a, all, plan)
 	}
-	sel, err := m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k, plan)
+	sel, heads, err := m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k, plan)
 	if err != nil {
 		return err
 	}
@@ -221,9 +237,17 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 		m.countAccess(a, sel, n)
 	}
 	if m.pf != nil {
-		return m.attendLoaded(a, sel, plan)
+		if err := m.attendLoaded(a, sel, plan); err != nil {
+			return err
+		}
+		a.HeadSelected = heads
+		return nil
 	}
-	return a.Rewrite(sel, bs)
+	if err := a.Rewrite(sel, bs); err != nil {
+		return err
+	}
+	a.HeadSelected = heads
+	return nil
 }
 
 func (m *blockMethod) state() *stepState {
@@ -233,9 +257,9 @@ func (m *blockMethod) state() *stepState {
 	return &stepState{}
 }
 
-// selectBlocks chooses the blocks of one decode step of one layer; plan, when not nil, receives
-// the prediction for the next steps.
-func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k int, plan *prefetchPlan) ([]int, error) {
+// selectBlocks chooses the blocks of one decode step of one layer (with head_select kv, per KV
+// head too); plan, when not nil, receives the prediction for the next steps.
+func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k int, plan *prefetchPlan) ([]int, [][]int, error) {
 	st := m.state()
 	defer m.states.Put(st)
 	var h *heldSel
@@ -257,11 +281,18 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		if h.group == group {
 			h.addQuery(q)
 			m.stats.held.Add(1)
+			if m.perKV {
+				sel, heads := heldHeads(h.middleKV, n, init, local)
+				if plan != nil {
+					plan.next = sel
+				}
+				return sel, heads, nil
+			}
 			sel := heldSelection(h.middle, n, init, local)
 			if plan != nil {
 				plan.next = sel
 			}
-			return sel, nil
+			return sel, nil, nil
 		}
 		// A new stride window: retrieve with the previous window's queries (their mean; the
 		// current query when there were none), then start gathering this window's.
@@ -277,7 +308,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	}
 	st.q = append(st.q[:0], q...)
 	if err := m.prepare(st); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	st.scores = reuse.Grow(st.scores, n)
 	// Candidates with a stored id are scored from their rows; the rest (not stored yet) are
@@ -292,10 +323,35 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		}
 	}
 	m.stats.candidates.Add(int64(n - local - init))
+	if m.perKV {
+		st.kvScores = resize(st.kvScores, m.shape.KVHeads*n)
+		for i := range st.kvScores {
+			st.kvScores[i] = math.Inf(1)
+		}
+	}
 	if m.accessScore {
 		m.accessScores(a, st.scores[:n], n)
 	} else if err := m.scoreCandidates(st, a); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if m.perKV {
+		heads := make([][]int, m.shape.KVHeads)
+		for kv := range heads {
+			st.sel = selectTopK(st.sel, st.idx, st.kvScores[kv*n:(kv+1)*n], init, local, k)
+			heads[kv] = slices.Clone(st.sel)
+		}
+		if h != nil {
+			h.middleKV = h.middleKV[:0]
+			for _, hs := range heads {
+				h.middleKV = append(h.middleKV, slices.Clone(hs[init:len(hs)-local]))
+			}
+			h.addQuery(a.Q[len(a.Q)-len(q):])
+		}
+		sel := unionSorted(heads)
+		if plan != nil {
+			plan.next = sel
+		}
+		return sel, heads, nil
 	}
 	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
@@ -310,15 +366,15 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		h.middle, h.group = append([]int(nil), sel[init:len(sel)-local]...), a.Step
 		if had {
 			m.stats.held.Add(1)
-			return heldSelection(prev, n, init, local), nil
+			return heldSelection(prev, n, init, local), nil, nil
 		}
-		return sel, nil
+		return sel, nil, nil
 	}
 	if h != nil {
 		h.middle = append(h.middle[:0], sel[init:len(sel)-local]...)
 		h.addQuery(a.Q[len(a.Q)-len(q):])
 	}
-	return sel, nil
+	return sel, nil, nil
 }
 
 func (h *heldSel) addQuery(q []float32) {
@@ -348,6 +404,25 @@ func heldSelection(middle []int, n, init, local int) []int {
 		out = append(out, i)
 	}
 	return out
+}
+
+// heldHeads is heldSelection per KV head, and their union.
+func heldHeads(middle [][]int, n, init, local int) ([]int, [][]int) {
+	heads := make([][]int, len(middle))
+	for i, m := range middle {
+		heads[i] = heldSelection(m, n, init, local)
+	}
+	return unionSorted(heads), heads
+}
+
+// unionSorted is the ascending union of ascending lists.
+func unionSorted(lists [][]int) []int {
+	var out []int
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // scorePart verifies one candidate's part and scores it from a scratch row; false when the
@@ -439,6 +514,7 @@ func init() {
 				return nil, err
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
+			m.perKV = c.HeadSelect == "kv"
 			m.prepare = func(*stepState) error { return nil }
 			m.softmaxHeads = c.HeadScore == "softmax"
 			return m, nil
@@ -461,6 +537,7 @@ func init() {
 				return nil, err
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
+			m.perKV = c.HeadSelect == "kv"
 			m.prepare = m.reduceQuery
 			m.softmaxHeads = c.HeadScore == "softmax"
 			m.lag = c.RetrievalLag == 1
@@ -484,6 +561,7 @@ func init() {
 				return nil, err
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
+			m.perKV = c.HeadSelect == "kv"
 			m.prepare = m.reduceQuery
 			m.gsa = true
 			m.accessScore = c.BlockScore == "access_count"
@@ -505,6 +583,7 @@ func init() {
 				return nil, err
 			}
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
+			m.perKV = c.HeadSelect == "kv"
 			m.prepare = m.reduceQuery
 			return m, nil
 		},
@@ -521,6 +600,7 @@ func init() {
 				intsField(&c.RollbackLayers, "rollback_layers"),
 				floatField(&c.Budget, "budget"),
 				stringField(&c.BlockDist, "block_dist"),
+				stringField(&c.HeadSelect, "head_select"),
 				ignoredField("skip_hash_layers", "reduction_head_num"),
 			}
 			return c, parseFields(key, node, fs)
@@ -548,6 +628,7 @@ func init() {
 			m.keep = func(n, seqLen int) (int, int, int) { return c.Keep(n, seqLen, bs) }
 			m.prepare = m.hashPrepare
 			m.meanDist = c.BlockDist == "mean"
+			m.perKV = c.HeadSelect == "kv"
 			return m, nil
 		},
 	})

@@ -431,6 +431,10 @@ type WindowConfig struct {
 	// RetrievalStride is how many decode steps a selection is kept before the next one
 	// (retrieval_stride; 1: every step).
 	RetrievalStride int
+	// HeadSelect is "layer" (the default, or empty: one selection for every head of a layer,
+	// the spec's block-table rewrite) or "kv" (each KV head selects its own blocks by its own
+	// score, at the same budget; UCM-Go key head_select: see Attention.HeadSelected).
+	HeadSelect string
 }
 
 func (w *WindowConfig) fields() []field {
@@ -440,13 +444,25 @@ func (w *WindowConfig) fields() []field {
 		floatField(&w.SparseRatio, "sparse_ratio", "topk_ratio"),
 		floatField(&w.Budget, "budget"),
 		intField(&w.RetrievalStride, "retrieval_stride"),
+		stringField(&w.HeadSelect, "head_select"),
 	}
+}
+
+// checkHeadSelect validates head_select.
+func checkHeadSelect(prefix, v string) error {
+	if v != "" && v != "layer" && v != "kv" {
+		return configErr(prefix+".head_select", "%q: want layer or kv", v)
+	}
+	return nil
 }
 
 // MaxWindowBlocks bounds the window sizes of a configuration.
 const MaxWindowBlocks = 1 << 20
 
 func (w *WindowConfig) validate(prefix string) error {
+	if err := checkHeadSelect(prefix, w.HeadSelect); err != nil {
+		return err
+	}
 	switch {
 	case w.InitWindow < 0 || w.InitWindow > MaxWindowBlocks:
 		return configErr(prefix+".init_window_sz", "%d: want a block count in [0, %d]", w.InitWindow, MaxWindowBlocks)
@@ -543,6 +559,9 @@ func (c *ESAConfig) Validate() error {
 	if c.RetrievalLag != 0 && (c.RetrievalLag != 1 || c.RetrievalStride != 1) {
 		return configErr(p+".retrieval_lag", "%d: want 0, or 1 with retrieval_stride 1", c.RetrievalLag)
 	}
+	if c.RetrievalLag != 0 && c.HeadSelect == "kv" {
+		return configErr(p+".retrieval_lag", "%d: not with head_select kv", c.RetrievalLag)
+	}
 	if c.ReprDType != "" && c.ReprDType != "fp16" && c.ReprDType != "int8" {
 		return configErr(p+".repr_dtype", "%q: want fp16 or int8", c.ReprDType)
 	}
@@ -577,6 +596,9 @@ func (c *GSAConfig) Validate() error {
 	}
 	if c.BlockScore != "distance" && c.BlockScore != "access_count" {
 		return configErr(p+".block_score", "%q: want distance or access_count", c.BlockScore)
+	}
+	if c.BlockScore == "access_count" && c.HeadSelect == "kv" {
+		return configErr(p+".head_select", "kv: not with block_score access_count (a query-free score has no heads)")
 	}
 	if err := c.validatePrefetch(p); err != nil {
 		return err
@@ -633,6 +655,8 @@ type GSAOnDeviceConfig struct {
 	HashSeed uint64
 	// RollbackLayers attend densely (rollback_layers).
 	RollbackLayers []int
+	// HeadSelect is as WindowConfig's (UCM-Go key head_select).
+	HeadSelect string
 	// Budget, when > 0, replaces TopKTokens: the fraction of all blocks kept, windows included
 	// (UCM-Go key budget).
 	Budget float64
@@ -662,7 +686,7 @@ func (c *GSAOnDeviceConfig) Validate() error {
 	case c.BlockDist != "min" && c.BlockDist != "mean":
 		return configErr(p+".block_dist", "%q: want min or mean", c.BlockDist)
 	}
-	return nil
+	return checkHeadSelect(p, c.HeadSelect)
 }
 
 // Keep is GSA On-Device's split of a context of n blocks and seqLen tokens (blocks of bs

@@ -112,6 +112,11 @@ type Attention struct {
 	SeqLen     int
 	// Selected is the logical blocks attended, ascending, after a selection; nil: all.
 	Selected []int
+	// HeadSelected, with head_select kv, is each KV head's own selection ([KVHeads], each
+	// ascending): the query heads of KV head h attend HeadSelected[h] only. Selected (and the
+	// rewritten block table) is their union, the blocks the step must have resident. nil with
+	// one selection for every head.
+	HeadSelected [][]int
 	// Recompute, in a masked prefill (Blend), is the layer's rows and keys; AttentionBegin
 	// sets its Keep.
 	Recompute *Recompute
@@ -155,7 +160,7 @@ func (a *Attention) Restore() {
 		a.release, a.KV = nil, nil
 	}
 	if a.rewritten {
-		a.BlockTable, a.SeqLen, a.Selected, a.rewritten = a.origTable, a.origSeqLen, nil, false
+		a.BlockTable, a.SeqLen, a.Selected, a.HeadSelected, a.rewritten = a.origTable, a.origSeqLen, nil, nil, false
 	}
 }
 

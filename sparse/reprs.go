@@ -174,6 +174,23 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 			}
 			return 0
 		}
+		if st.perKV != nil { // per KV head: q̄_h · r_h
+			out := st.tmp[:hkv]
+			switch m.rowKind {
+			case rowF16:
+				_ = kernels.DotsF16(out, st.qr, row, d, d, d)
+			case rowInt8:
+				_ = kernels.DotsInt8(out, st.qr, i8Row(row), d, d, d)
+			default:
+				dotsF32(out, st.qr, f32Row(row), d, d, d)
+			}
+			var sum float64
+			for h, x := range out {
+				st.perKV[h] = float64(x) * float64(scale1(m.rowKind, scale))
+				sum += st.perKV[h]
+			}
+			return sum
+		}
 		out := st.tmp[:1]
 		switch m.rowKind {
 		case rowF16:
@@ -209,11 +226,20 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 			}
 			sum += float64(b)
 		}
+		if st.perKV != nil {
+			clear(st.perKV)
+			for i, b := range st.tmp[:hq] {
+				st.perKV[i/g] += float64(b)
+			}
+		}
 		return sum
 	case kernels.SidecarKVStar:
 		return m.kvstarRow(st, row, int(aux))
 	case kernels.SidecarHash:
 		w := len(st.codes)
+		if st.perKV != nil {
+			return m.hashRowPerKV(st, row, int(aux))
+		}
 		minD, total, err := kernels.HammingRows(st.codes, row, int(aux))
 		if err != nil || aux < 1 || int(aux)*w > len(row) {
 			return math.NaN()
@@ -251,10 +277,40 @@ func (m *blockMethod) gsaRow(st *stepState, row []byte) float64 {
 		}
 	}
 	var sum float64
-	for _, x := range out {
+	for h, x := range out {
+		if st.perKV != nil {
+			st.perKV[h] = -math.Sqrt(float64(x))
+		}
 		sum += math.Sqrt(float64(x))
 	}
 	return -sum
+}
+
+// hashRowPerKV is the hash score per KV head (head_select kv): −(the minimum, or mean, over the
+// block's tokens of Hamming(q_h, k_{t,h})), written to st.perKV; it returns their sum.
+func (m *blockMethod) hashRowPerKV(st *stepState, row []byte, tokens int) float64 {
+	hkv := m.shape.KVHeads
+	c := len(st.codes) / hkv
+	w := len(st.codes)
+	if tokens < 1 || tokens*w > len(row) {
+		return math.NaN()
+	}
+	var sum float64
+	for h := range hkv {
+		q := st.codes[h*c : (h+1)*c]
+		best, total := math.MaxInt, 0
+		for t := range tokens {
+			dist := kernels.Hamming(q, row[t*w+h*c:t*w+(h+1)*c])
+			best, total = min(best, dist), total+dist
+		}
+		v := -float64(best)
+		if m.meanDist {
+			v = -float64(total) / float64(tokens)
+		}
+		st.perKV[h] = v
+		sum += v
+	}
+	return sum
 }
 
 // kvstarRow: Σ_h max_m q̄_h[channels_h]·row_{m,h} (spec §5 [DECISION]) over the block's rows.
@@ -282,6 +338,9 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 		best := float32(math.Inf(-1))
 		for _, x := range out {
 			best = max(best, x)
+		}
+		if st.perKV != nil {
+			st.perKV[hd] = float64(best)
 		}
 		sum += float64(best)
 	}
@@ -556,7 +615,11 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 	if m.softmaxHeads {
 		st.heads = resize(st.heads, nc*hq)
 	}
-	uncached := 0
+	uncached, n, hkv := 0, len(st.scores), m.shape.KVHeads
+	if m.perKV && !m.softmaxHeads {
+		st.kvTmp = resize(st.kvTmp, hkv)
+		st.perKV = st.kvTmp
+	}
 	for j, i := range st.pos {
 		if st.ent[j] < 0 {
 			uncached++
@@ -568,6 +631,11 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 			}
 			if v := m.scoreRow(st, st.rowRefs[j], st.aux[j], st.scale[j]); v == v {
 				s = v
+				if st.perKV != nil {
+					for h, x := range st.perKV {
+						st.kvScores[h*n+i] = x
+					}
+				}
 			}
 		}
 		if math.IsInf(s, 1) {
@@ -579,6 +647,6 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 	if m.softmaxHeads {
 		m.softmaxScores(st)
 	}
-	st.perHead = nil
+	st.perHead, st.perKV = nil, nil
 	return nil
 }

@@ -24,6 +24,11 @@ type Hooks struct {
 	// beyond the current position's block are ErrInvalid. Returning nil attends to all.
 	// Multi-token steps (prefill) always attend densely.
 	SelectBlocks func(layer int, position int, q []float32, seq *Sequence) []int
+	// SelectHeadBlocks, when set and SelectBlocks is not, is SelectBlocks per KV head: it
+	// returns [KVHeads] selections, each one's query heads attending its blocks (the current
+	// block added) — per-head sparse attention. A nil result, or a nil head, attends to all;
+	// a result of another length is ErrInvalid.
+	SelectHeadBlocks func(layer int, position int, q []float32, seq *Sequence) [][]int
 	// BeforeAttention, when set, is called in every layer before its attention reads the
 	// cache's K/V of earlier positions. A connector that loads stored blocks layer by layer
 	// waits there for the layer to be resident, so the compute of a layer overlaps the loads of
@@ -90,10 +95,9 @@ func (m *Model) ForwardHooks(c *KVCache, seq *Sequence, tokens []int, positions 
 		if h != nil && h.Queries != nil {
 			h.Queries(li, positions, q)
 		}
-		var sel []int
-		if T == 1 && h != nil && h.SelectBlocks != nil {
-			sel, err = selectedBlocks(h.SelectBlocks(li, positions[0], q, seq), positions[0]/c.blockSize)
-			if err != nil {
+		var sel [][]int // per KV head; nil: dense
+		if T == 1 && h != nil && (h.SelectBlocks != nil || h.SelectHeadBlocks != nil) {
+			if sel, err = m.stepSelection(h, li, positions[0], q, seq, positions[0]/c.blockSize); err != nil {
 				return nil, err
 			}
 		}
@@ -150,6 +154,37 @@ func (m *Model) checkStep(c *KVCache, seq *Sequence, tokens, positions []int) er
 		}
 	}
 	return nil
+}
+
+// stepSelection asks the hooks for a one-token step's blocks, per KV head (nil: dense).
+func (m *Model) stepSelection(h *Hooks, li, pos int, q []float32, seq *Sequence, cur int) ([][]int, error) {
+	kvh := m.cfg.KVHeads
+	if h.SelectBlocks != nil {
+		one, err := selectedBlocks(h.SelectBlocks(li, pos, q, seq), cur)
+		if one == nil || err != nil {
+			return nil, err
+		}
+		sel := make([][]int, kvh)
+		for i := range sel {
+			sel[i] = one
+		}
+		return sel, nil
+	}
+	hs := h.SelectHeadBlocks(li, pos, q, seq)
+	if hs == nil {
+		return nil, nil
+	}
+	if len(hs) != kvh {
+		return nil, invalid("%d head selections for %d KV heads", len(hs), kvh)
+	}
+	sel := make([][]int, kvh)
+	for i, s := range hs {
+		var err error
+		if sel[i], err = selectedBlocks(s, cur); err != nil {
+			return nil, err
+		}
+	}
+	return sel, nil
 }
 
 // selectedBlocks sorts and deduplicates a block selection and adds the current block.
@@ -421,7 +456,7 @@ func writeKV(c *KVCache, li int, slots []int, k, v []float32) {
 // position order. The K and V of every position attended are first decoded from fp16 once
 // (exactly), then the work is split by (token, KV head): the query heads sharing a KV head read
 // each K and V row once.
-func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, positions []int, sel []int) {
+func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, positions []int, sel [][]int) {
 	cfg := m.cfg
 	T, hd, G, kvd := len(positions), cfg.HeadDim, cfg.Heads/cfg.KVHeads, cfg.KVDim()
 	scale := float32(1 / math.Sqrt(float64(hd)))
@@ -429,15 +464,14 @@ func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, p
 	tb := c.tokenBytes()
 	vBase := c.numBlocks * c.blockSize * tb
 	last := positions[T-1]
-	// With a block selection (one token), only its positions; otherwise [0, last].
-	var selected []int
-	if sel != nil {
-		selected = attendedPositions(sel, last, c.blockSize)
+	// With a block selection (one token), only its positions, per KV head; otherwise [0, last].
+	headSel := make([][]int, cfg.KVHeads)
+	for kh := range headSel {
+		if sel != nil {
+			headSel[kh] = attendedPositions(sel[kh], last, c.blockSize)
+		}
 	}
 	npos := last + 1
-	if selected != nil {
-		npos = len(selected)
-	}
 	// A multi-token step decodes every K/V row it attends once, up front (the rows are shared by
 	// many tokens); a one-token step decodes each row where it reads it, once anyway. Decoding is
 	// exact, so both give the same values.
@@ -459,6 +493,7 @@ func (m *Model) attention(att, q []float32, c *KVCache, li int, seq *Sequence, p
 	parallel(T*cfg.KVHeads, grain, func(w, lo, hi int) {
 		for task := lo; task < hi; task++ {
 			t, kh := task/cfg.KVHeads, task%cfg.KVHeads
+			selected := headSel[kh]
 			p := positions[t]
 			n := p + 1
 			if selected != nil {

@@ -332,6 +332,42 @@ func TestSparseHooks(t *testing.T) {
 	if _, err := m.ForwardHooks(c, &seq, last, pos, bad); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("block beyond the position: %v, want ErrInvalid", err)
 	}
+	// Per KV head: the same selection for every head is SelectBlocks's, bit for bit; head 0
+	// local and the others all is neither the dense nor the all-local computation.
+	perHead := func(fn func(kh, position int) []int) *Hooks {
+		return &Hooks{SelectHeadBlocks: func(layer, position int, q []float32, s *Sequence) [][]int {
+			out := make([][]int, cfg.KVHeads)
+			for kh := range out {
+				out[kh] = fn(kh, position)
+			}
+			return out
+		}}
+	}
+	same, err := m.ForwardHooks(c, &seq, last, pos, perHead(func(int, int) []int { return []int{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := equalBits(got, same); i >= 0 {
+		t.Fatalf("per-head local selections differ from SelectBlocks's at %d", i)
+	}
+	mixed, err := m.ForwardHooks(c, &seq, last, pos, perHead(func(kh, position int) []int {
+		if kh == 0 {
+			return []int{}
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if equalBits(mixed, dense) < 0 || equalBits(mixed, got) < 0 {
+		t.Fatal("head 0 local, the others dense: equal to the dense or the all-local logits")
+	}
+	short := &Hooks{SelectHeadBlocks: func(int, int, []float32, *Sequence) [][]int { return [][]int{{}} }}
+	if cfg.KVHeads != 1 {
+		if _, err := m.ForwardHooks(c, &seq, last, pos, short); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("one head selection for %d KV heads: %v, want ErrInvalid", cfg.KVHeads, err)
+		}
+	}
 }
 
 func TestForwardArguments(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/sparse"
+	"gopkg.in/yaml.v3"
 )
 
 // Options shape an evaluation.
@@ -82,6 +83,10 @@ type Result struct {
 // reads every key, so it is the ceiling a sidecar-based method can approach, not a method.
 const Oracle = "oracle"
 
+// OracleKV is the oracle per KV head: each KV head keeps the blocks holding the most of its
+// query heads' full-attention mass (the ceiling of head_select kv).
+const OracleKV = "oracle+kv"
+
 // MethodConfig is the configuration the evaluation runs a method with at a budget and block
 // size: budget as the fraction of blocks kept, windows included; init and local windows of
 // the given blocks; GSA without its min_blocks floor; GSA On-Device with init·block size sink
@@ -91,19 +96,47 @@ const Oracle = "oracle"
 // A name may carry a variant: "+softmax" (ESA and Quest: head_score softmax) or "+lag" (ESA:
 // retrieval_lag 1).
 func MethodConfig(name string, budget float64, blockSize, init, local int) (sparse.MethodConfig, error) {
-	base, variant, _ := strings.Cut(name, "+")
-	cfg, err := sparse.ParseMethodConfig(base, nil)
+	base, variants, _ := strings.Cut(name, "+")
+	// key=value variants are the method's own configuration keys, parsed as its block.
+	var keys []string
+	for _, v := range strings.Split(variants, "+") {
+		if k, val, ok := strings.Cut(v, "="); ok {
+			keys = append(keys, k+": "+val)
+		}
+	}
+	var node *yaml.Node
+	if len(keys) > 0 {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte("{"+strings.Join(keys, ", ")+"}"), &doc); err != nil || len(doc.Content) != 1 {
+			return nil, fmt.Errorf("%w: %s: variants %q: %v", sparse.ErrInvalid, name, keys, err)
+		}
+		node = doc.Content[0]
+	}
+	cfg, err := sparse.ParseMethodConfig(base, node)
 	if err != nil {
 		return nil, err
 	}
-	if variant != "" {
+	perKV := false
+	for _, variant := range strings.Split(variants, "+") {
+		if variant == "" || strings.Contains(variant, "=") {
+			continue
+		}
+		if variant == "kv" { // head_select kv: every method has it
+			perKV = true
+			continue
+		}
 		switch c := cfg.(type) {
 		case *sparse.ESAConfig:
-			if variant == "lag" {
+			switch variant {
+			case "lag":
 				c.RetrievalLag = 1
-				break
+			case "int8":
+				c.ReprDType = "int8"
+			case "max":
+				c.Pool = "max"
+			default:
+				c.HeadScore = variant
 			}
-			c.HeadScore = variant
 		case *sparse.QuestConfig:
 			c.HeadScore = variant
 		default:
@@ -115,6 +148,20 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 		return nil, fmt.Errorf("%w: Blend selects tokens to recompute, not blocks: ucm-tool eval blend measures it", sparse.ErrInvalid)
 	case *sparse.ReRoPEConfig:
 		return nil, fmt.Errorf("%w: ReRoPE selects no blocks", sparse.ErrInvalid)
+	}
+	if perKV {
+		switch c := cfg.(type) {
+		case *sparse.QuestConfig:
+			c.HeadSelect = "kv"
+		case *sparse.ESAConfig:
+			c.HeadSelect = "kv"
+		case *sparse.GSAConfig:
+			c.HeadSelect = "kv"
+		case *sparse.KVStarConfig:
+			c.HeadSelect = "kv"
+		case *sparse.GSAOnDeviceConfig:
+			c.HeadSelect = "kv"
+		}
 	}
 	win := func(w *sparse.WindowConfig) { w.InitWindow, w.LocalWindow, w.Budget = init, local, budget }
 	switch c := cfg.(type) {
@@ -139,12 +186,15 @@ func CanonicalMethod(name string) (string, error) {
 	if strings.EqualFold(name, Oracle) {
 		return Oracle, nil
 	}
+	if strings.EqualFold(name, OracleKV) {
+		return OracleKV, nil
+	}
 	cfg, err := MethodConfig(name, 0.5, 16, 1, 1)
 	if err != nil {
 		return "", err
 	}
-	if _, variant, ok := strings.Cut(name, "+"); ok {
-		return cfg.Method() + "+" + variant, nil
+	if _, variants, ok := strings.Cut(name, "+"); ok {
+		return cfg.Method() + "+" + variants, nil
 	}
 	return cfg.Method(), nil
 }
@@ -222,6 +272,8 @@ type run struct {
 	bs     int
 	step   int
 	res    *Result
+	// oracleKV: the oracle selects per KV head.
+	oracleKV bool
 	// init and local are the oracle's windows; denseLayers attend densely.
 	init, local int
 	denseLayers []int
@@ -291,7 +343,7 @@ func decodeRun(ctx context.Context, m *model.Model, w []byte, prefill, bs int, r
 		if err := r.prefillSidecars(prefill); err != nil {
 			return nil, err
 		}
-		hooks = &model.Hooks{SelectBlocks: r.selectBlocks}
+		hooks = &model.Hooks{SelectHeadBlocks: r.selectBlocks}
 	}
 	var out [][]float32
 	for p := prefill; p < len(w)-1; p++ {
@@ -326,7 +378,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	cfg := o.Model.Config()
 	res := Result{Method: name, BlockSize: bs, Budget: budget, MinRecall: 1, LayerRelErr: make([]float64, cfg.Layers)}
 	var mc sparse.MethodConfig
-	if name != Oracle {
+	if name != Oracle && name != OracleKV {
 		var err error
 		if mc, err = MethodConfig(name, budget, bs, o.Init, o.Local); err != nil {
 			return res, err
@@ -339,7 +391,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var selN int
 	for wi, w := range o.Windows {
 		r := &run{src: &sparse.MapSidecars{}, res: &res, layerErr: make([]float64, cfg.Layers), init: o.Init, local: o.Local,
-			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}}
+			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}, oracleKV: name == OracleKV}
 		if mc != nil {
 			m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: r.src,
 				Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
@@ -442,9 +494,10 @@ func (r *run) addSidecar(b int) error {
 	return nil
 }
 
-// selectBlocks is the model's SelectBlocks hook: the method's selection for this layer and
-// position, measured against full attention on the same query and cache.
-func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []int {
+// selectBlocks is the model's SelectHeadBlocks hook: the method's selection for this layer
+// and position, per KV head (the same for every head unless the method selects per head),
+// measured against full attention on the same query and cache.
+func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) [][]int {
 	if r.hookErr != nil {
 		return nil
 	}
@@ -473,13 +526,33 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) []i
 		r.hookErr = fmt.Errorf("layer %d position %d: %w", layer, pos, err)
 		return nil
 	}
-	sel := slices.Clone(a.Selected)
+	var sel [][]int
+	switch {
+	case a.HeadSelected != nil:
+		for _, h := range a.HeadSelected {
+			sel = append(sel, slices.Clone(h))
+		}
+	case a.Selected != nil:
+		sel = r.everyHead(slices.Clone(a.Selected))
+	}
 	if err := r.method.AttentionFinished(a); err != nil {
 		r.hookErr = err
 		return nil
 	}
 	r.measure(layer, pos, sel)
 	return sel
+}
+
+// everyHead is one selection for every KV head.
+func (r *run) everyHead(sel []int) [][]int {
+	if sel == nil {
+		return nil
+	}
+	out := make([][]int, r.m.Config().KVHeads)
+	for i := range out {
+		out[i] = sel
+	}
+	return out
 }
 
 // fullAttention computes, for the step's query q ([heads][head dim], after RoPE) against
@@ -526,49 +599,68 @@ func (r *run) fullAttention(layer, pos int, q []float32) {
 
 // oracleSelect is the best selection full attention allows at the run's budget: the windows
 // and the blocks holding the most attention mass summed over query heads (it reads every K:
-// a reference for the methods, not a method).
-func (r *run) oracleSelect(pos int) []int {
+// a reference for the methods, not a method); per KV head over its query heads with oracleKV.
+func (r *run) oracleSelect(pos int) [][]int {
 	cfg := r.m.Config()
-	n, T := pos/r.bs+1, pos+1
-	mass := make([]float64, n)
-	for h := range cfg.Heads {
-		for p, w := range r.probs[h*T : (h+1)*T] {
-			mass[p/r.bs] += w
-		}
-	}
+	n, T, G := pos/r.bs+1, pos+1, cfg.Heads/cfg.KVHeads
 	init, local := min(r.init, n), min(r.local, n-min(r.init, n))
 	k := sparse.BudgetBlocks(n, r.res.Budget) - init - local
 	if init+local+max(k, 0) >= n {
 		return nil
 	}
-	return sparse.SelectTopK(mass, init, local, k)
+	groups := 1
+	if r.oracleKV {
+		groups = cfg.KVHeads
+	}
+	var out [][]int
+	for g := range groups {
+		mass := make([]float64, n)
+		for h := range cfg.Heads {
+			if r.oracleKV && h/G != g {
+				continue
+			}
+			for p, w := range r.probs[h*T : (h+1)*T] {
+				mass[p/r.bs] += w
+			}
+		}
+		out = append(out, sparse.SelectTopK(mass, init, local, k))
+	}
+	if !r.oracleKV {
+		return r.everyHead(out[0])
+	}
+	return out
 }
 
 // measure compares attention over the selected blocks (nil: all) with full attention
 // (fullAttention's weights): the share of full attention's mass in the selected blocks and
 // the relative error of the output.
-func (r *run) measure(layer, pos int, sel []int) {
+func (r *run) measure(layer, pos int, sel [][]int) {
 	cfg := r.m.Config()
 	n := pos/r.bs + 1
 	T, hd, kvd, G := pos+1, cfg.HeadDim, cfg.KVDim(), cfg.Heads/cfg.KVHeads
-	in := make([]bool, n)
-	kept := 0
-	for _, b := range sel {
-		if !in[b] {
-			in[b] = true
-			kept++
+	ins := make([][]bool, cfg.KVHeads) // per KV head
+	kept := 0                          // summed over KV heads
+	for kv := range ins {
+		ins[kv] = make([]bool, n)
+		if sel == nil {
+			for i := range ins[kv] {
+				ins[kv][i] = true
+			}
+			kept += n
+			continue
 		}
-	}
-	if sel == nil {
-		for i := range in {
-			in[i] = true
+		for _, b := range sel[kv] {
+			if !ins[kv][b] {
+				ins[kv][b] = true
+				kept++
+			}
 		}
-		kept = n
 	}
 	var mass, num, den float64
 	full, part := make([]float64, hd), make([]float64, hd)
 	for h := range cfg.Heads {
 		kv := h / G
+		in := ins[kv]
 		pr := r.probs[h*T : (h+1)*T]
 		var zin float64
 		clear(full)
@@ -595,7 +687,7 @@ func (r *run) measure(layer, pos int, sel []int) {
 	recall := mass / float64(cfg.Heads)
 	r.recallSum += recall
 	r.res.MinRecall = min(r.res.MinRecall, recall)
-	r.keptSum += float64(kept) / float64(n)
+	r.keptSum += float64(kept) / float64(n*cfg.KVHeads)
 	r.layerN++
 	if den > 0 {
 		r.layerErr[layer] += math.Sqrt(num / den)

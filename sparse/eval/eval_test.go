@@ -104,3 +104,51 @@ func TestHeldOutSplit(t *testing.T) {
 	}
 	_ = held
 }
+
+// TestVariants: method names with several variants configure each; per-KV-head selection and
+// the per-KV oracle run, dense at a full budget and in range at 30 %.
+func TestVariants(t *testing.T) {
+	cfg, err := MethodConfig("ESA+softmax+kv+int8", 0.3, 16, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.(*sparse.ESAConfig); c.HeadScore != "softmax" || c.HeadSelect != "kv" || c.ReprDType != "int8" || c.Budget != 0.3 {
+		t.Fatalf("ESA+softmax+kv+int8: %+v", c)
+	}
+	if cfg, err = MethodConfig("GSAOnDevice+kv", 0.3, 16, 1, 2); err != nil || cfg.(*sparse.GSAOnDeviceConfig).HeadSelect != "kv" {
+		t.Fatalf("GSAOnDevice+kv: %+v, %v", cfg, err)
+	}
+	if cfg, err = MethodConfig("KVStarMultiStep+kv+retrieval_stride=1+blk_repre_inner_token_merge=2", 0.3, 16, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.(*sparse.KVStarConfig); c.RetrievalStride != 1 || c.Merge != 2 || c.HeadSelect != "kv" || c.PruneRatio != 0.5 {
+		t.Fatalf("KVStar keys: %+v", c)
+	}
+	if _, err := MethodConfig("ESA+no_such_key=1", 0.3, 16, 1, 2); err == nil {
+		t.Fatal("an unknown key accepted")
+	}
+	if _, err := MethodConfig("Quest+int8", 0.3, 16, 1, 2); err == nil {
+		t.Fatal("Quest+int8 accepted")
+	}
+	if name, err := CanonicalMethod("ORACLE+KV"); err != nil || name != OracleKV {
+		t.Fatalf("oracle+kv: %q, %v", name, err)
+	}
+	m := loadModel(t)
+	o := Options{Model: m, Windows: [][]byte{testWindow(t, 140)}, Prefill: 110, BlockSizes: []int{8}, Budgets: []float64{1, 0.3},
+		Methods: []string{sparse.NameESA + "+kv", OracleKV}}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res[1:] {
+		if r.Budget == 1 {
+			if r.Top1 != 1 || r.KL != 0 || r.Recall != 1 || r.Kept != 1 {
+				t.Fatalf("%s at 100%%: not dense: %+v", r.Method, r)
+			}
+			continue
+		}
+		if !(r.Kept < 0.5 && r.Recall > 0 && r.Recall < 1 && r.KL > 0 && !math.IsNaN(r.PPL)) {
+			t.Fatalf("%s at 30%%: measures out of range: %+v", r.Method, r)
+		}
+	}
+}
