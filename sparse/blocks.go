@@ -240,7 +240,7 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 		if err := m.attendLoaded(a, sel, plan); err != nil {
 			return err
 		}
-		a.HeadSelected = heads
+		a.HeadSelected = withoutBlocks(heads, a.LoadFailed)
 		return nil
 	}
 	if err := a.Rewrite(sel, bs); err != nil {

@@ -261,3 +261,16 @@ func (m *blockMethod) planFrom(plan *prefetchPlan, st *stepState, scores []float
 	plan.next = append(plan.next, topK(st.idx, scores, min(extra, len(st.idx)))...)
 	slices.Sort(plan.next)
 }
+
+// withoutBlocks returns each head's selection without the blocks drop (those that failed to
+// load), reusing heads when there are none.
+func withoutBlocks(heads [][]int, drop []int) [][]int {
+	if len(drop) == 0 || heads == nil {
+		return heads
+	}
+	out := make([][]int, len(heads))
+	for i, hs := range heads {
+		out[i] = slices.DeleteFunc(slices.Clone(hs), func(b int) bool { return slices.Contains(drop, b) })
+	}
+	return out
+}

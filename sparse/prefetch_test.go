@@ -659,6 +659,29 @@ func TestFailedBlockIsLeftOut(t *testing.T) {
 	if !slices.Equal(a.BlockTable, table) || a.SeqLen != 31*testShape.BlockSize+5 {
 		t.Fatal("not restored")
 	}
+	// With per-KV-head selections, no head keeps the failed block.
+	mk := newLoadingMethod(t, NameGSA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.25, min_blocks: 0, head_select: kv}", f, fb)
+	a = f.decodeCall(32, 5, 1, 0, q)
+	if err := mk.AttentionBegin(a); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(a.LoadFailed, []int{0}) || len(a.HeadSelected) != testShape.KVHeads {
+		t.Fatalf("failed %v, heads %v", a.LoadFailed, a.HeadSelected)
+	}
+	for h, hs := range a.HeadSelected {
+		if slices.Contains(hs, 0) || len(hs) == 0 {
+			t.Fatalf("head %d attends %v", h, hs)
+		}
+		for _, b := range hs {
+			if !slices.Contains(a.Selected, b) {
+				t.Fatalf("head %d block %d not in the attended union %v", h, b, a.Selected)
+			}
+		}
+	}
+	checkKV(t, f, a)
+	if err := mk.AttentionFinished(a); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestPrefetchThroughEngine: EngineBlocks loads the shards the engine stores (LoadShard) and
