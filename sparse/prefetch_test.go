@@ -518,6 +518,31 @@ func newLoadingMethod(t *testing.T, name, yamlText string, f *fixture, blocks Bl
 	return m
 }
 
+// TestLoadingMethodOptions: a method given a block loader without a shard size is refused
+// (and starts nothing); without a loader it loads nothing and hands no shards.
+func TestLoadingMethodOptions(t *testing.T) {
+	f := newFixture(t, testShape, 8, 91)
+	base := runtime.NumGoroutine()
+	for _, name := range []string{NameGSA, NameESA} {
+		cfg, err := ParseMethodConfig(name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := New(cfg, Env{Role: RoleWorker, Shape: testShape, Sidecars: f.src, Blocks: newFakeBlocks()}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s without a shard size: %v", name, err)
+		}
+	}
+	waitGoroutines(t, base)
+	m := newMethod(t, NameGSA, f.src, "{budget: 0.5, min_blocks: 0}", testShape)
+	a := f.decodeCall(8, 0, 0, 0, randomQuery(rand.New(rand.NewPCG(1, 2)), testShape))
+	if err := m.AttentionBegin(a); err != nil {
+		t.Fatal(err)
+	}
+	if a.KV != nil || a.Selected == nil || m.(*blockMethod).Prefetcher() != nil || m.Close() != nil {
+		t.Fatal("a method without a loader loaded blocks")
+	}
+}
+
 // checkKV: the call's shards are the attended blocks' own bytes, aligned with Selected.
 func checkKV(t *testing.T, f *fixture, a *Attention) {
 	t.Helper()
@@ -723,6 +748,14 @@ func TestPrefetchThroughEngine(t *testing.T) {
 	p.WaitForCompletion("s", 0)
 	if p.Err("r") != nil || p.Err("s") != nil || p.Stats().Promoted != 2 || p.Stats().Prefetched != 3 {
 		t.Fatalf("errors %v %v, stats %+v", p.Err("r"), p.Err("s"), p.Stats())
+	}
+	// A speculative task naming a block the store lacks records the engine's error.
+	if err := p.Submit("t", 1, f.ids[5:], nil, PriorityLow, 0); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitForCompletion("t", 0)
+	if err := p.Err("t"); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("promotion of an unstored block: %v", err)
 	}
 	l := p.Acquire(context.Background(), 1, f.ids, nil)
 	for b := range 5 {
