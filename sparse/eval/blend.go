@@ -36,6 +36,12 @@ const (
 	SourceShuffled = "shuffled"
 )
 
+// Selections of RunBlend.
+const (
+	SelectHKVD   = "hkvd"
+	SelectRandom = "random"
+)
+
 // BlendOptions shape a Blend evaluation.
 type BlendOptions struct {
 	// Model is the model.
@@ -55,6 +61,10 @@ type BlendOptions struct {
 	CheckLayer int
 	// NoCorrection adds, per source mode, a run at each ratio without position correction.
 	NoCorrection bool
+	// Selections are how the check layer picks the reused tokens recomputed: SelectHKVD
+	// (Blend's), SelectRandom (the same count, uniformly: the baseline HKVD must beat); none
+	// means SelectHKVD.
+	Selections []string
 	// Seed seeds the shuffled order.
 	Seed uint64
 	// Progress, when set, is told of each finished result.
@@ -70,6 +80,8 @@ type BlendResult struct {
 	// rotated to their new positions.
 	Ratio     float64 `json:"ratio"`
 	Corrected bool    `json:"position_correction"`
+	// Selection is SelectHKVD or SelectRandom.
+	Selection string `json:"selection"`
 	// Positions is the predictions scored; HitFraction the share of prompt tokens reused.
 	Positions   int     `json:"positions"`
 	HitFraction float64 `json:"hit_fraction"`
@@ -130,7 +142,7 @@ func RunBlend(ctx context.Context, o BlendOptions) ([]BlendResult, error) {
 	}
 	// The reference: full recompute of every window.
 	full := make([][]float32, len(o.Windows))
-	ref := BlendResult{Source: "full", Ratio: 1, Corrected: true, Recomputed: 1, LayerWork: 1, Top1: 1}
+	ref := BlendResult{Source: "full", Ratio: 1, Corrected: true, Selection: "all", Recomputed: 1, LayerWork: 1, Top1: 1}
 	var nll float64
 	var fullTime time.Duration
 	for wi, w := range o.Windows {
@@ -168,50 +180,68 @@ func RunBlend(ctx context.Context, o BlendOptions) ([]BlendResult, error) {
 		if o.NoCorrection {
 			corrections = append(corrections, false)
 		}
+		sels := o.Selections
+		if len(sels) == 0 {
+			sels = []string{SelectHKVD}
+		}
+		for _, sel := range sels {
+			if sel != SelectHKVD && sel != SelectRandom {
+				return out, fmt.Errorf("%w: eval blend: selection %q", sparse.ErrInvalid, sel)
+			}
+		}
+		stored := make([]storedChunks, len(o.Windows))
+		for wi, w := range o.Windows {
+			var err error
+			if stored[wi], err = storeWindow(o, w, wi, mode); err != nil {
+				return out, fmt.Errorf("eval blend: window %d, %s: %w", wi, mode, err)
+			}
+		}
 		for _, corr := range corrections {
-			for _, ratio := range o.Ratios {
-				r := BlendResult{Source: mode, Ratio: ratio, Corrected: corr, DensePPL: ref.PPL}
-				var nll, kl, hits, recomputed, work float64
-				var top1, prompt int
-				var t time.Duration
-				for wi, w := range o.Windows {
-					if err := ctx.Err(); err != nil {
-						return out, err
-					}
-					s, err := blendWindow(o, w, wi, mode, ratio, corr)
-					if err != nil {
-						return out, fmt.Errorf("eval blend: window %d, %s, ratio %v: %w", wi, mode, ratio, err)
-					}
-					t += s.elapsed
-					hits += float64(s.hits)
-					prompt += len(w) - 1
-					recomputed += float64(s.selected)
-					work += s.work
-					for i := range o.Suffix {
-						lg := s.logits[i*cfg.Vocab : (i+1)*cfg.Vocab]
-						d := full[wi][i*cfg.Vocab : (i+1)*cfg.Vocab]
-						if model.Argmax(lg) == model.Argmax(d) {
-							top1++
+			for _, sel := range sels {
+				for _, ratio := range o.Ratios {
+					r := BlendResult{Source: mode, Ratio: ratio, Corrected: corr, Selection: sel, DensePPL: ref.PPL}
+					var nll, kl, hits, recomputed, work float64
+					var top1, prompt int
+					var t time.Duration
+					for wi, w := range o.Windows {
+						if err := ctx.Err(); err != nil {
+							return out, err
 						}
-						ls, ld := logSoftmax(lg), logSoftmax(d)
-						nll -= ls[w[len(w)-o.Suffix+i]]
-						for j := range ld {
-							kl += math.Exp(ld[j]) * (ld[j] - ls[j])
+						s, err := blendWindow(o, w, wi, stored[wi], ratio, corr, sel)
+						if err != nil {
+							return out, fmt.Errorf("eval blend: window %d, %s, ratio %v: %w", wi, mode, ratio, err)
 						}
-						r.Positions++
+						t += s.elapsed
+						hits += float64(s.hits)
+						prompt += len(w) - 1
+						recomputed += float64(s.selected)
+						work += s.work
+						for i := range o.Suffix {
+							lg := s.logits[i*cfg.Vocab : (i+1)*cfg.Vocab]
+							d := full[wi][i*cfg.Vocab : (i+1)*cfg.Vocab]
+							if model.Argmax(lg) == model.Argmax(d) {
+								top1++
+							}
+							ls, ld := logSoftmax(lg), logSoftmax(d)
+							nll -= ls[w[len(w)-o.Suffix+i]]
+							for j := range ld {
+								kl += math.Exp(ld[j]) * (ld[j] - ls[j])
+							}
+							r.Positions++
+						}
 					}
-				}
-				n := float64(r.Positions)
-				r.Top1, r.KL, r.PPL = float64(top1)/n, kl/n, math.Exp(nll/n)
-				r.PPLChange = r.PPL/ref.PPL - 1
-				r.HitFraction = hits / float64(prompt)
-				if hits > 0 {
-					r.Recomputed, r.LayerWork = recomputed/hits, work/hits
-				}
-				r.PrefillMillis = float64(t.Microseconds()) / 1e3 / float64(len(o.Windows))
-				out = append(out, r)
-				if o.Progress != nil {
-					o.Progress(r)
+					n := float64(r.Positions)
+					r.Top1, r.KL, r.PPL = float64(top1)/n, kl/n, math.Exp(nll/n)
+					r.PPLChange = r.PPL/ref.PPL - 1
+					r.HitFraction = hits / float64(prompt)
+					if hits > 0 {
+						r.Recomputed, r.LayerWork = recomputed/hits, work/hits
+					}
+					r.PrefillMillis = float64(t.Microseconds()) / 1e3 / float64(len(o.Windows))
+					out = append(out, r)
+					if o.Progress != nil {
+						o.Progress(r)
+					}
 				}
 			}
 		}
@@ -229,30 +259,27 @@ type blendStats struct {
 }
 
 // blendWindow stores w's chunks as mode says, then prefills w by Blend at ratio.
-func blendWindow(o BlendOptions, w []byte, wi int, mode string, ratio float64, corr bool) (blendStats, error) {
+// storedChunks is a window's chunks as a source mode stored them: the index and the blocks.
+type storedChunks struct {
+	ix    *sparse.ChunkIndex
+	store chunkStore
+}
+
+// storeWindow computes and stores w's reused chunks as mode says: each alone
+// (SourceStandalone) or all of them in a shuffled order (SourceShuffled).
+func storeWindow(o BlendOptions, w []byte, wi int, mode string) (storedChunks, error) {
 	cfg := o.Model.Config()
-	var st blendStats
 	prompt := toInts(w[:len(w)-1])
-	docs := len(prompt) - o.Suffix
 	h, err := engine.NewHasher(engine.HashMeta{Model: "ucm-go-small", TPSize: 1, DType: "float16"}, engine.HashSchemeUCMGo, o.BlockSize)
 	if err != nil {
-		return st, err
+		return storedChunks{}, err
 	}
-	ix, err := sparse.NewChunkIndex(h, o.ChunkSize)
-	if err != nil {
-		return st, err
+	sc := storedChunks{store: chunkStore{}}
+	if sc.ix, err = sparse.NewChunkIndex(h, o.ChunkSize); err != nil {
+		return sc, err
 	}
-	store := chunkStore{}
-	bc := sparse.DefaultBlendConfig()
-	bc.ChunkSize, bc.PositionCorrection, bc.RopeTheta = o.ChunkSize, corr, float64(cfg.RopeTheta)
-	bc.ComputeMeta = map[int]float64{o.CheckLayer: ratio}
-	b, err := sparse.NewBlend(*bc, sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: o.BlockSize})
-	if err != nil {
-		return st, err
-	}
-	rope := b.RoPE()
-	// The sources: which chunks, in which order, each prefill computed.
-	nch := docs / o.ChunkSize
+	rope := sparse.RoPE{Dim: cfg.HeadDim, Theta: float64(cfg.RopeTheta), Pairing: sparse.PairNeoX}
+	nch := (len(prompt) - o.Suffix) / o.ChunkSize
 	var sources [][]int
 	switch mode {
 	case SourceStandalone:
@@ -268,11 +295,29 @@ func blendWindow(o BlendOptions, w []byte, wi int, mode string, ratio float64, c
 		for _, c := range order {
 			toks = append(toks, prompt[c*o.ChunkSize:(c+1)*o.ChunkSize]...)
 		}
-		if err := storeSource(o.Model, ix, store, rope, toks, o.BlockSize); err != nil {
-			return st, err
+		if err := storeSource(o.Model, sc.ix, sc.store, rope, toks, o.BlockSize); err != nil {
+			return sc, err
 		}
 	}
-	if err := b.UseIndex(ix, store.present); err != nil {
+	return sc, nil
+}
+
+// blendWindow prefills w by Blend at ratio from the stored chunks sc.
+func blendWindow(o BlendOptions, w []byte, wi int, sc storedChunks, ratio float64, corr bool, sel string) (blendStats, error) {
+	cfg := o.Model.Config()
+	var st blendStats
+	prompt := toInts(w[:len(w)-1])
+	docs := len(prompt) - o.Suffix
+	bc := sparse.DefaultBlendConfig()
+	bc.ChunkSize, bc.PositionCorrection, bc.RopeTheta = o.ChunkSize, corr, float64(cfg.RopeTheta)
+	bc.ComputeMeta = map[int]float64{o.CheckLayer: ratio}
+	b, err := sparse.NewBlend(*bc, sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: o.BlockSize})
+	if err != nil {
+		return st, err
+	}
+	rope := b.RoPE()
+	store := sc.store
+	if err := b.UseIndex(sc.ix, store.present); err != nil {
 		return st, err
 	}
 	// The Blend prefill: match, load the hits (K rotated to the new positions), recompute.
@@ -316,6 +361,32 @@ func blendWindow(o BlendOptions, w []byte, wi int, mode string, ratio float64, c
 	}
 	seq.Len = len(prompt)
 	pick := b.Pick(req)
+	if sel == SelectRandom {
+		rng := rand.New(rand.NewPCG(o.Seed, 1000+uint64(wi)))
+		pick = func(layer int, rows []int, _, _ []float32) ([]int, error) {
+			if layer != o.CheckLayer {
+				return rows, nil
+			}
+			var cand []int
+			for _, r := range rows {
+				if hit[r] {
+					cand = append(cand, r)
+				}
+			}
+			k := int(float64(len(cand)) * ratio)
+			chosen := map[int]bool{}
+			for _, i := range rng.Perm(len(cand))[:k] {
+				chosen[cand[i]] = true
+			}
+			var keep []int
+			for _, r := range rows {
+				if !hit[r] || chosen[r] {
+					keep = append(keep, r)
+				}
+			}
+			return keep, nil
+		}
+	}
 	var layerRows []int // hit rows computed per layer
 	logits, rows, err := o.Model.ForwardRecompute(cache, seq, prompt, span(0, len(prompt)), func(layer int, rows []int, fresh, cached []float32) ([]int, error) {
 		keep, err := pick(layer, rows, fresh, cached)

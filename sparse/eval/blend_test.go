@@ -56,6 +56,7 @@ func TestRunBlend(t *testing.T) {
 		"window not whole":       func(o *BlendOptions) { o.Suffix = 31 },
 		"ratio":                  func(o *BlendOptions) { o.Ratios = []float64{2} },
 		"source":                 func(o *BlendOptions) { o.Sources = []string{"cached"}; o.Ratios = []float64{0} },
+		"selection":              func(o *BlendOptions) { o.Selections = []string{"oracle"}; o.Ratios = []float64{0} },
 	} {
 		b := o
 		bad(&b)

@@ -23,14 +23,14 @@ type evalBlendOptions struct {
 	blockSize, chunkSize     int
 	checkLayer               int
 	ratios                   []float64
-	sources                  []string
+	sources, selections      []string
 	noCorrection             bool
 	asJSON                   bool
 }
 
 func newEvalBlendCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalBlendOptions{windows: 8, context: 1024, suffix: 256, blockSize: 16, chunkSize: 64, checkLayer: 1,
-		ratios: []float64{0, 0.05, 0.1, 0.15, 0.2}, sources: []string{eval.SourceStandalone, eval.SourceShuffled}}
+		ratios: []float64{0, 0.05, 0.1, 0.15, 0.2}, sources: []string{eval.SourceStandalone, eval.SourceShuffled}, selections: []string{eval.SelectHKVD}}
 	cmd := &cobra.Command{
 		Use:   "blend",
 		Short: "Prefill RAG-like prompts of reused chunks by Blend against full recompute",
@@ -59,6 +59,7 @@ change, and the share of reused tokens recomputed.`,
 	f.IntVar(&o.checkLayer, "check-layer", o.checkLayer, "the layer whose K deviation selects the tokens recomputed (compute_meta)")
 	f.Float64SliceVar(&o.ratios, "ratios", o.ratios, "fractions of the reused tokens recomputed")
 	f.StringSliceVar(&o.sources, "sources", o.sources, "how the chunks were computed before: standalone, shuffled")
+	f.StringSliceVar(&o.selections, "selections", o.selections, "how the reused tokens recomputed are picked: hkvd (Blend's), random (the same count, uniformly)")
 	f.BoolVar(&o.noCorrection, "no-correction", false, "also run without rotating reused K to their new positions")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -95,6 +96,11 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 			return usageErr("--sources %q: want standalone or shuffled", s)
 		}
 	}
+	for _, s := range o.selections {
+		if s != eval.SelectHKVD && s != eval.SelectRandom {
+			return usageErr("--selections %q: want hkvd or random", s)
+		}
+	}
 	if o.corpus == "" {
 		root, err := loop.GoRoot()
 		if err != nil {
@@ -112,10 +118,10 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 	}
 	start := time.Now()
 	res, err := eval.RunBlend(ctx, eval.BlendOptions{Model: m, Windows: windows, Suffix: o.suffix, BlockSize: o.blockSize,
-		ChunkSize: o.chunkSize, Sources: o.sources, Ratios: o.ratios, CheckLayer: o.checkLayer, NoCorrection: o.noCorrection, Seed: 1,
+		ChunkSize: o.chunkSize, Sources: o.sources, Ratios: o.ratios, CheckLayer: o.checkLayer, NoCorrection: o.noCorrection, Selections: o.selections, Seed: 1,
 		Progress: func(r eval.BlendResult) {
 			if !o.asJSON {
-				fmt.Fprintf(stderr, "  %s ratio %.2f correction %v: %s\n", r.Source, r.Ratio, r.Corrected, time.Since(start).Round(time.Second))
+				fmt.Fprintf(stderr, "  %s %s ratio %.2f correction %v: %s\n", r.Source, r.Selection, r.Ratio, r.Corrected, time.Since(start).Round(time.Second))
 			}
 		}})
 	if err != nil {
@@ -131,9 +137,9 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d prompts of %d tokens from %d held-out files (%d bytes): %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
 		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "source\tcorrection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
+	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%v\t%.2f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.0f\t\n", r.Source, r.Corrected, r.Ratio,
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.0f\t\n", r.Source, r.Corrected, r.Selection, r.Ratio,
 			r.HitFraction, r.Recomputed, r.LayerWork, r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.PrefillMillis)
 	}
 	return tw.Flush()

@@ -11,7 +11,7 @@ import (
 // run, in the table and in --json; bad flags are usage errors.
 func TestEvalBlend(t *testing.T) {
 	args := []string{"eval", "blend", "--weights", testWeights, "--windows", "1", "--context", "96", "--suffix", "32",
-		"--chunk-tokens", "32", "--ratios", "0.2", "--sources", "standalone"}
+		"--chunk-tokens", "32", "--ratios", "0.2", "--sources", "standalone", "--selections", "hkvd,random"}
 	out, _, code := run(t, args...)
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
@@ -27,7 +27,8 @@ func TestEvalBlend(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Results) != 2 || r.Results[0].Source != "full" || r.Results[1].Source != "standalone" || r.Results[1].Positions != 32 || r.Results[1].Recomputed != 0.1875 {
+	if len(r.Results) != 3 || r.Results[0].Source != "full" || r.Results[1].Source != "standalone" || r.Results[1].Positions != 32 || r.Results[1].Recomputed != 0.1875 ||
+		r.Results[1].Selection != "hkvd" || r.Results[2].Selection != "random" || r.Results[2].Recomputed != 0.1875 {
 		t.Fatalf("eval blend --json: %+v", r.Results)
 	}
 	for _, bad := range [][]string{
@@ -38,6 +39,7 @@ func TestEvalBlend(t *testing.T) {
 		{"eval", "blend", "--weights", testWeights, "--chunk-tokens", "24"},
 		{"eval", "blend", "--weights", testWeights, "--sources", "cached"},
 		{"eval", "blend", "--weights", testWeights, "--check-layer", "4"},
+		{"eval", "blend", "--weights", testWeights, "--selections", "oracle"},
 	} {
 		if _, _, code := run(t, bad...); code != ExitUsage {
 			t.Errorf("%v: exit %d, want %d", bad, code, ExitUsage)
