@@ -596,15 +596,27 @@ func (b *Blend) UseIndex(x *ChunkIndex, present func([]engine.BlockID) []bool) e
 	return nil
 }
 
-// RequestBegin matches the prompt's chunks (nothing without an index).
+// RequestBegin matches the prompt's chunks (nothing without an index): RequestBeginChunks
+// with every token but the last in the chunk region (the last token is always computed: its
+// logits are the step's answer).
 func (b *Blend) RequestBegin(reqID string, prompt []int) {
+	b.RequestBeginChunks(reqID, prompt, len(prompt)-1)
+}
+
+// RequestBeginChunks matches the chunks of prompt[:chunkEnd] (clipped to the prompt), the
+// region of reused documents; the tokens from chunkEnd on (the query) are never reused, so
+// always recomputed (spec §6A's [chunk_end, query_end)).
+func (b *Blend) RequestBeginChunks(reqID string, prompt []int, chunkEnd int) {
 	b.mu.Lock()
 	x, present := b.index, b.present
 	b.mu.Unlock()
+	chunkEnd = max(0, min(chunkEnd, len(prompt)))
 	r := &blendRequest{hit: make([]bool, len(prompt)), src: make([]TokenSource, len(prompt))}
-	if x != nil {
-		r.matches = x.Match(prompt, b.cfg.MinMatchRatio, present)
-		r.hit, r.src = x.Hits(prompt, r.matches, b.cfg.RecomputeBoundary)
+	if x != nil && chunkEnd > 0 {
+		r.matches = x.Match(prompt[:chunkEnd], b.cfg.MinMatchRatio, present)
+		hit, src := x.Hits(prompt[:chunkEnd], r.matches, b.cfg.RecomputeBoundary)
+		copy(r.hit, hit)
+		copy(r.src, src)
 	}
 	b.mu.Lock()
 	b.reqs[reqID] = r

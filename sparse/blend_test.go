@@ -407,7 +407,7 @@ func TestBlendMethod(t *testing.T) {
 	req := &Request{ID: "r", PromptTokens: prompt}
 	b.RequestBegin("r", prompt)
 	ms, hit, _ := b.Plan("r")
-	if len(ms) != 3 || ms[1].Kind != FullMatch || slices.Index(hit, true) != 8 {
+	if len(ms) != 2 || ms[1].Kind != FullMatch || slices.Index(hit, true) != 8 {
 		t.Fatalf("plan %+v %v", ms, hit)
 	}
 	rows := make([]int, len(prompt))
@@ -447,6 +447,21 @@ func TestBlendMethod(t *testing.T) {
 	b.RequestFinished("r")
 	if keep, err := pick(1, rows, fresh, cached); err != nil || !slices.Equal(keep, rows) {
 		t.Fatalf("finished request: %v %v", keep, err)
+	}
+	// Tokens from the chunk end on are never reused, even where they match; RequestBegin
+	// leaves the last token out.
+	b.RequestBeginChunks("q", prompt, 12)
+	if _, hit, _ := b.Plan("q"); slices.Index(hit, true) != 8 || slices.Contains(hit[12:], true) {
+		t.Fatalf("chunk end 12: %v", hit)
+	}
+	b.RequestBeginChunks("q", prompt, 99)
+	if _, hit, _ := b.Plan("q"); len(hit) != len(prompt) || hit[15] != true {
+		t.Fatalf("chunk end past the prompt: %v", hit)
+	}
+	tail := append(slices.Clone(prompt[:8]), 1, 2, 3, 4, 5, 6, 7, 8)
+	b.RequestBegin("t", tail)
+	if _, hit, _ := b.Plan("t"); hit[15] || !hit[8] {
+		t.Fatalf("RequestBegin reused the last token: %v", hit)
 	}
 	// No index: no hits.
 	b2, _ := NewBlend(*c, shape)

@@ -323,7 +323,7 @@ func blendWindow(o BlendOptions, w []byte, wi int, sc storedChunks, ratio float6
 	// The Blend prefill: match, load the hits (K rotated to the new positions), recompute.
 	t0 := time.Now()
 	req := &sparse.Request{ID: fmt.Sprintf("window-%d", wi), PromptTokens: prompt}
-	b.RequestBegin(req.ID, prompt)
+	b.RequestBeginChunks(req.ID, prompt, docs)
 	defer b.RequestFinished(req.ID)
 	_, hit, src := b.Plan(req.ID)
 	cache, seq, err := newSeq(cfg, len(prompt), o.BlockSize)
