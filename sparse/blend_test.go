@@ -481,3 +481,82 @@ func TestBlendMethod(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzBlendInputs: HKVD over any rows, hits, keys and ratio, and Hits over any matches
+// against an index, return a valid answer or ErrInvalid, never a panic: HKVD's answer is an
+// ascending subset of the rows holding every row without a hit; Hits reuses only tokens equal
+// to the stored ones.
+func FuzzBlendInputs(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, uint8(3), 0.5)
+	f.Add([]byte{9, 3, 3, 200, 1}, uint8(1), 1.0)
+	f.Add([]byte{}, uint8(0), 0.0)
+	h := testHasher(f, 4)
+	x, err := NewChunkIndex(h, 8)
+	if err != nil {
+		f.Fatal(err)
+	}
+	_, ids, err := x.Add([]int{1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 9, 9, 9, 9})
+	if err != nil {
+		f.Fatal(err)
+	}
+	start := map[engine.BlockID]int{} // block id → its first token in the source
+	for c, cids := range ids {
+		for bi, id := range cids {
+			start[id] = c*8 + bi*4
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte, width uint8, ratio float64) {
+		w := int(width%8) + 1
+		T := 0
+		if len(b) > 0 {
+			T = int(b[0] % 40)
+		}
+		hit := make([]bool, T)
+		var rows []int
+		for i := 1; i < len(b) && len(rows) < 64; i++ {
+			rows = append(rows, int(b[i])-20) // out of range, unordered: to be refused
+			if int(b[i]) < T {
+				hit[int(b[i])] = b[i]%2 == 0
+			}
+		}
+		fresh := make([]float32, len(rows)*w)
+		for i := range fresh {
+			fresh[i] = float32(b[i%max(1, len(b))])
+		}
+		keep, err := HKVD(rows, hit, fresh, make([]float32, len(fresh)), w, ratio)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatal(err)
+			}
+		} else {
+			for i, r := range keep {
+				if !slices.Contains(rows, r) || i > 0 && r <= keep[i-1] {
+					t.Fatalf("keep %v not an ascending subset of %v", keep, rows)
+				}
+			}
+			for _, r := range rows {
+				if !hit[r] && !slices.Contains(keep, r) {
+					t.Fatalf("row %d without a hit dropped", r)
+				}
+			}
+		}
+		prompt := make([]int, len(b))
+		for i, v := range b {
+			prompt[i] = int(v % 10)
+		}
+		var ms []ChunkMatch
+		for i := 0; i+4 < len(b); i += 5 {
+			ms = append(ms, ChunkMatch{Start: int(b[i]) - 5, Len: int(b[i+1]), Kind: MatchKind(b[i+2] % 3), Source: int(b[i+3]%3) - 1, SourceStart: int(b[i+4]) - 5})
+		}
+		hits, src := x.Hits(prompt, append(ms, x.Match(prompt, 0.5, nil)...), int(width%5))
+		for tk, ok := range hits {
+			if !ok {
+				continue
+			}
+			p, known := start[src[tk].Block]
+			if p += src[tk].Offset; !known || x.Source(0)[p] != prompt[tk] || src[tk].RefPos != p%8 {
+				t.Fatalf("token %d (%d) reused from %+v", tk, prompt[tk], src[tk])
+			}
+		}
+	})
+}

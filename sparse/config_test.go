@@ -201,6 +201,8 @@ func FuzzSparseConfig(f *testing.F) {
 		"GSA: {topk_ratio: 0.3, init_window_size: 2, local_window_size: 4}\nGSAOnDevice: {hash_bits: 256, topk_tokens: 1024}\nsparse_type: GSA",
 		"KVStarMultiStep: {retrieval_stride: 8, blk_repre_dim_prune_ratio: 0.5, blk_repre_inner_token_merge: 4}",
 		"Blend: {compute_meta: {model.layers.0.self_attn: {ratio: 0.1}}}",
+		"Blend: {blend_chunk_size: 32, min_match_ratio: 0.9, position_correction: false, compute_meta: {1: 0.2, 3: {}}, hkvd_threshold: 0.05, rope_pairing: interleaved}",
+		"ReRoPE: {rerope_window: 64, training_length: 1024, rope_theta: 500000.0}",
 		"GSAOnDevice: {rollback_layers: [0, 3], block_dist: mean, budget: 0.2}",
 		"Quest: &a {budget: 0.1}\nESA: *a",
 	} {
