@@ -67,48 +67,75 @@ type stepState struct {
 	kvScores []float64
 	perKV    []float64
 	kvTmp    []float64
+	// head_score softmax: the scored candidates, one head's exponentials, the shares' sums.
+	valid []int
+	col   []float64
+	sum   []float64
 }
 
 // softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
 // share of attention: per query head, a softmax over the scored candidates of score/√D, then
 // the sum over heads (head_score: softmax, a UCM-Go option). Unscored (+∞) candidates stay +∞.
 func (m *blockMethod) softmaxScores(st *stepState) {
-	hq, n := m.shape.QHeads, len(st.scores)
+	hq, n, g := m.shape.QHeads, len(st.scores), m.shape.QHeads/m.shape.KVHeads
 	scale := 1 / math.Sqrt(float64(m.shape.HeadDim))
-	sum := make([]float64, len(st.pos))
-	for h := range hq {
-		mx := math.Inf(-1)
-		for j, i := range st.pos {
-			if !math.IsInf(st.scores[i], 1) {
-				mx = max(mx, st.heads[j*hq+h]*scale)
-			}
-		}
-		var z float64
-		for j, i := range st.pos {
-			if !math.IsInf(st.scores[i], 1) {
-				e := math.Exp(st.heads[j*hq+h]*scale - mx)
-				st.heads[j*hq+h] = e
-				z += e
-			}
-		}
-		for j, i := range st.pos {
-			if !math.IsInf(st.scores[i], 1) && z > 0 {
-				sum[j] += st.heads[j*hq+h] / z
-				if m.perKV { // head_select kv: the shares of the KV head's query heads
-					kv := h / (hq / m.shape.KVHeads)
-					if math.IsInf(st.kvScores[kv*n+i], 1) {
-						st.kvScores[kv*n+i] = 0
-					}
-					st.kvScores[kv*n+i] += st.heads[j*hq+h] / z
-				}
-			}
-		}
-	}
+	// The scored candidates (j in st.pos order), and one head's column of their exponentials.
+	st.valid = st.valid[:0]
 	for j, i := range st.pos {
 		if !math.IsInf(st.scores[i], 1) {
-			st.scores[i] = sum[j]
+			st.valid = append(st.valid, j)
 		}
 	}
+	st.sum = reuse.Grow(st.sum, len(st.pos))
+	st.col = resize(st.col, len(st.valid))
+	for h := range hq {
+		mx := math.Inf(-1)
+		for _, j := range st.valid {
+			mx = max(mx, st.heads[j*hq+h]*scale)
+		}
+		var z float64
+		for x, j := range st.valid {
+			e := expNeg(st.heads[j*hq+h]*scale - mx)
+			st.col[x] = e
+			z += e
+		}
+		if z <= 0 {
+			continue
+		}
+		inv := 1 / z
+		for x, j := range st.valid {
+			share := st.col[x] * inv
+			st.sum[j] += share
+			if m.perKV { // head_select kv: the shares of the KV head's query heads
+				k := (h/g)*n + st.pos[j]
+				if math.IsInf(st.kvScores[k], 1) {
+					st.kvScores[k] = 0
+				}
+				st.kvScores[k] += share
+			}
+		}
+	}
+	for _, j := range st.valid {
+		st.scores[st.pos[j]] = st.sum[j]
+	}
+}
+
+// expNeg is e^x for x ≤ 0 (0 below −708), within 2e-15 relative of math.Exp: x = n·ln2 + r,
+// |r| ≤ ln2/2, e^r by its Taylor series to r^13 (Horner), times 2^n built from bits. It is the
+// softmax's inner loop (head_score: softmax), about four times cheaper than math.Exp here.
+func expNeg(x float64) float64 {
+	if !(x > -708) { // also NaN
+		if x != x {
+			return x
+		}
+		return 0
+	}
+	const ln2hi, ln2lo = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+	k := math.Floor(x*math.Log2E + 0.5)
+	r := (x - k*ln2hi) - k*ln2lo
+	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040+r*(1.0/40320+
+		r*(1.0/362880+r*(1.0/3628800+r*(1.0/39916800+r*(1.0/479001600+r*(1.0/6227020800)))))))))))))
+	return p * math.Float64frombits(uint64(int64(k)+1023)<<52)
 }
 
 // blockMethod is the shared implementation; see the constructors in methods.go.
