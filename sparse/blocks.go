@@ -67,10 +67,9 @@ type stepState struct {
 	kvScores []float64
 	perKV    []float64
 	kvTmp    []float64
-	// head_score softmax: the scored candidates, one head's exponentials, the shares' sums.
+	// head_score softmax: the scored candidates, and the heads' maxima and sums.
 	valid []int
 	col   []float64
-	sum   []float64
 }
 
 // softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
@@ -79,44 +78,51 @@ type stepState struct {
 func (m *blockMethod) softmaxScores(st *stepState) {
 	hq, n, g := m.shape.QHeads, len(st.scores), m.shape.QHeads/m.shape.KVHeads
 	scale := 1 / math.Sqrt(float64(m.shape.HeadDim))
-	// The scored candidates (j in st.pos order), and one head's column of their exponentials.
+	// Candidate-major passes over st.heads ([candidates][QHeads]): every head's maximum, then
+	// the exponentials and their sums, then each candidate's shares.
+	st.col = resize(st.col, 2*hq)
+	mx, z := st.col[:hq], st.col[hq:]
+	for h := range mx {
+		mx[h], z[h] = math.Inf(-1), 0
+	}
 	st.valid = st.valid[:0]
 	for j, i := range st.pos {
-		if !math.IsInf(st.scores[i], 1) {
-			st.valid = append(st.valid, j)
-		}
-	}
-	st.sum = reuse.Grow(st.sum, len(st.pos))
-	st.col = resize(st.col, len(st.valid))
-	for h := range hq {
-		mx := math.Inf(-1)
-		for _, j := range st.valid {
-			mx = max(mx, st.heads[j*hq+h]*scale)
-		}
-		var z float64
-		for x, j := range st.valid {
-			e := expNeg(st.heads[j*hq+h]*scale - mx)
-			st.col[x] = e
-			z += e
-		}
-		if z <= 0 {
+		if math.IsInf(st.scores[i], 1) {
 			continue
 		}
-		inv := 1 / z
-		for x, j := range st.valid {
-			share := st.col[x] * inv
-			st.sum[j] += share
+		st.valid = append(st.valid, j)
+		for h, x := range st.heads[j*hq : (j+1)*hq] {
+			mx[h] = max(mx[h], x*scale)
+		}
+	}
+	for _, j := range st.valid {
+		row := st.heads[j*hq : (j+1)*hq]
+		for h, x := range row {
+			e := expNeg(x*scale - mx[h])
+			row[h] = e
+			z[h] += e
+		}
+	}
+	for h := range z {
+		if z[h] > 0 {
+			z[h] = 1 / z[h]
+		}
+	}
+	for _, j := range st.valid {
+		i := st.pos[j]
+		var sum float64
+		for h, e := range st.heads[j*hq : (j+1)*hq] {
+			share := e * z[h]
+			sum += share
 			if m.perKV { // head_select kv: the shares of the KV head's query heads
-				k := (h/g)*n + st.pos[j]
+				k := (h/g)*n + i
 				if math.IsInf(st.kvScores[k], 1) {
 					st.kvScores[k] = 0
 				}
 				st.kvScores[k] += share
 			}
 		}
-	}
-	for _, j := range st.valid {
-		st.scores[st.pos[j]] = st.sum[j]
+		st.scores[i] = sum
 	}
 }
 
