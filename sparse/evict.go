@@ -57,6 +57,8 @@ type EvictionInfo struct {
 	// LastUse is the access counter at the entry's last use; LastStep the decode step clock then.
 	LastUse  uint64
 	LastStep int64
+	// Unused marks a speculative prefetch no attention call has used yet: evicted first.
+	Unused bool
 }
 
 // Priority is the entry's keep-priority at decode step now under policy p: the victim is the
@@ -72,8 +74,12 @@ func (p EvictionPolicy) Priority(e EvictionInfo, now int64) float64 {
 	return float64(e.LastUse)
 }
 
-// lowerPriority reports whether a is evicted before b at step now.
+// lowerPriority reports whether a is evicted before b at step now: an unused speculative entry
+// before a used one, then by Priority.
 func (p EvictionPolicy) lowerPriority(a, b EvictionInfo, now int64) bool {
+	if a.Unused != b.Unused {
+		return a.Unused
+	}
 	pa, pb := p.Priority(a, now), p.Priority(b, now)
 	if pa != pb {
 		return pa < pb

@@ -189,6 +189,7 @@ type cacheEntry struct {
 type taskKey struct {
 	req   string
 	layer int
+	spec  bool // SubmitSpeculative's
 }
 
 // prefetchTask is one submitted prediction: the shards of one request's layer.
@@ -322,6 +323,18 @@ func (p *Prefetcher) AdvanceTo(step int64) {
 // full, the least urgent queued task is dropped for a more urgent one; otherwise Submit fails
 // with ErrPrefetchFull. After Close it fails with ErrPrefetchClosed.
 func (p *Prefetcher) Submit(req string, layer int, ids []engine.BlockID, scores []float64, prio PrefetchPriority, protectUntil int64) error {
+	return p.submit(taskKey{req, layer, false}, ids, scores, prio, protectUntil)
+}
+
+// SubmitSpeculative is Submit for blocks that may not be needed (a ranking's runners-up): their
+// shards are not protected, and until an attention call uses them they are evicted before any
+// shard that was used. It is a separate task from Submit's of the same request and layer.
+func (p *Prefetcher) SubmitSpeculative(req string, layer int, ids []engine.BlockID, scores []float64, prio PrefetchPriority) error {
+	return p.submit(taskKey{req, layer, true}, ids, scores, prio, 0)
+}
+
+func (p *Prefetcher) submit(key taskKey, ids []engine.BlockID, scores []float64, prio PrefetchPriority, protectUntil int64) error {
+	req, layer := key.req, key.layer
 	if scores != nil && len(scores) != len(ids) {
 		return fmt.Errorf("%w: prefetch: %d scores for %d blocks", ErrInvalid, len(scores), len(ids))
 	}
@@ -349,7 +362,6 @@ func (p *Prefetcher) Submit(req string, layer int, ids []engine.BlockID, scores 
 	if len(keep) == 0 {
 		return nil
 	}
-	key := taskKey{req, layer}
 	p.seq++
 	if t := p.queued[key]; t != nil {
 		t.ids, t.scores, t.prio, t.protect, t.seq = keep, keepScores, prio, protectUntil, p.seq
@@ -540,6 +552,7 @@ func (p *Prefetcher) run(t *prefetchTask) {
 				p.st.skipped.Add(1)
 				continue
 			}
+			e.info.Unused = t.key.spec
 			need = append(need, e)
 		}
 		if t.scores != nil {
@@ -723,7 +736,7 @@ func (p *Prefetcher) Acquire(ctx context.Context, layer int, ids []engine.BlockI
 		}
 		p.use++
 		e.pins++
-		e.info.LastUse, e.info.LastStep = p.use, p.step
+		e.info.LastUse, e.info.LastStep, e.info.Unused = p.use, p.step, false
 		if scores != nil {
 			e.info.Score = scores[i]
 		}

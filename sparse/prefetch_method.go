@@ -18,11 +18,13 @@ import (
 //
 //   - with retrieval_lag 1 (ESA) the selection just computed is the one the next step attends:
 //     it is the prediction, exact;
-//   - otherwise (GSA 000's "step N's top-K predicts N+1 and N+2") the step's selection and the
-//     candidates ranked next, up to prefetch_ahead × k of them in all, are predicted: a
-//     selection drifts by a few blocks a step, and the runners-up are where it drifts to.
+//   - otherwise (GSA 000's "step N's top-K predicts N+1 and N+2") the step's selection is
+//     predicted, and the candidates ranked next, (prefetch_ahead − 1) × k of them, are
+//     prefetched speculatively: a selection drifts by a few blocks a step, and the runners-up
+//     are where it drifts to.
 //
-// Predicted shards are protected from eviction for prefetch_ahead decode steps.
+// Predicted shards are protected from eviction for prefetch_ahead decode steps; speculative
+// ones are not, and are evicted first until an attention call uses them.
 
 // PrefetchConfig is the prefetch engine's keys (GSA 002, spec §3B; eviction from GSA 000).
 type PrefetchConfig struct {
@@ -89,7 +91,8 @@ type methodPrefetch struct {
 // prefetchPlan is what a selection tells the prefetch engine: the logical blocks predicted for
 // the next steps and every block's normalised score.
 type prefetchPlan struct {
-	next  []int
+	next  []int     // predicted: protected for prefetch_ahead steps
+	extra []int     // the ranking's runners-up: speculative
 	score []float64 // by logical block, in [0, 1]; nil: 1 for all
 }
 
@@ -204,22 +207,28 @@ func (m *blockMethod) attendLoaded(a *Attention, sel []int, plan *prefetchPlan) 
 // submitPlan queues the predicted blocks of a call (best effort: a full queue or a closed
 // engine only costs the next step a demand load).
 func (m *blockMethod) submitPlan(a *Attention, plan *prefetchPlan) {
-	bids := a.Request.BlockIDs
+	m.mu.Lock()
+	prio := PriorityForPosition(m.pf.pos[a.Request.ID])
+	m.mu.Unlock()
+	if ids, scores := plan.stored(a.Request.BlockIDs, plan.next); len(ids) > 0 {
+		_ = m.pf.p.Submit(a.Request.ID, a.Layer, ids, scores, prio, int64(a.Step+m.pf.ahead))
+	}
+	if ids, scores := plan.stored(a.Request.BlockIDs, plan.extra); len(ids) > 0 {
+		_ = m.pf.p.SubmitSpeculative(a.Request.ID, a.Layer, ids, scores, prio)
+	}
+}
+
+// stored returns the ids and scores of the blocks with a stored id.
+func (pl *prefetchPlan) stored(bids []engine.BlockID, blocks []int) ([]engine.BlockID, []float64) {
 	var ids []engine.BlockID
 	var scores []float64
-	for _, b := range plan.next {
+	for _, b := range blocks {
 		if b < len(bids) {
 			ids = append(ids, bids[b])
-			scores = append(scores, plan.scoreOf(b))
+			scores = append(scores, pl.scoreOf(b))
 		}
 	}
-	if len(ids) == 0 {
-		return
-	}
-	m.mu.Lock()
-	pos := m.pf.pos[a.Request.ID]
-	m.mu.Unlock()
-	_ = m.pf.p.Submit(a.Request.ID, a.Layer, ids, scores, PriorityForPosition(pos), int64(a.Step+m.pf.ahead))
+	return ids, scores
 }
 
 // planFrom fills plan from a step's scores (candidates init … n−local) and its selection sel:
@@ -247,7 +256,7 @@ func (m *blockMethod) planFrom(plan *prefetchPlan, st *stepState, scores []float
 		}
 		plan.score[i] = s
 	}
-	plan.next = append(plan.next[:0], sel...)
+	plan.next, plan.extra = append(plan.next[:0], sel...), plan.extra[:0]
 	extra := (m.pf.ahead - 1) * k
 	if m.lag || extra <= 0 || n-local-init <= len(sel)-init-local {
 		return
@@ -258,8 +267,8 @@ func (m *blockMethod) planFrom(plan *prefetchPlan, st *stepState, scores []float
 			st.idx = append(st.idx, i)
 		}
 	}
-	plan.next = append(plan.next, topK(st.idx, scores, min(extra, len(st.idx)))...)
-	slices.Sort(plan.next)
+	plan.extra = append(plan.extra[:0], topK(st.idx, scores, min(extra, len(st.idx)))...)
+	slices.Sort(plan.extra)
 }
 
 // withoutBlocks returns each head's selection without the blocks drop (those that failed to

@@ -403,6 +403,29 @@ func TestEvictionPolicies(t *testing.T) {
 	if p.Resident(bid(1), 0) {
 		t.Fatal("an expired protection still protects")
 	}
+	// Speculative: an unused speculative shard goes before any used one, whatever the policy.
+	for _, pol := range []EvictionPolicy{EvictLRU, EvictScore, EvictHybrid} {
+		p = newTestPrefetcher(t, newFakeBlocks(), 1, 8, 2, pol)
+		if err := p.SubmitSpeculative("r", 0, []engine.BlockID{bid(1)}, []float64{1}, PriorityUrgent); err != nil {
+			t.Fatal(err)
+		}
+		p.WaitForCompletion("r", 0)
+		p.Acquire(context.Background(), 0, []engine.BlockID{bid(2)}, []float64{0}).Release()
+		p.Acquire(context.Background(), 0, []engine.BlockID{bid(3)}, []float64{0}).Release()
+		if p.Resident(bid(1), 0) || !p.Resident(bid(2), 0) {
+			t.Fatalf("%v: an unused speculative shard outlived a used one", pol)
+		}
+		// Once used, it is an ordinary entry.
+		if err := p.SubmitSpeculative("r", 0, []engine.BlockID{bid(4)}, []float64{1}, PriorityUrgent); err != nil {
+			t.Fatal(err)
+		}
+		p.WaitForCompletion("r", 0)
+		p.Acquire(context.Background(), 0, []engine.BlockID{bid(4)}, []float64{1}).Release()
+		p.Acquire(context.Background(), 0, []engine.BlockID{bid(5)}, []float64{1}).Release()
+		if !p.Resident(bid(4), 0) {
+			t.Fatalf("%v: a used shard was evicted before an older one", pol)
+		}
+	}
 	if _, err := ParseEvictionPolicy("MRU"); !errors.Is(err, ErrInvalid) {
 		t.Fatal("unknown policy accepted")
 	}
@@ -609,8 +632,9 @@ func TestLagPrefetchesAhead(t *testing.T) {
 	}
 }
 
-// TestGSAPredictsRunnersUp: GSA's step prefetches its selection and the next best candidates,
-// prefetch_ahead × k in all: exactly the selection a budget of twice k would make.
+// TestGSAPredictsRunnersUp: GSA's step prefetches its selection and, speculatively, the next
+// best candidates, prefetch_ahead × k in all: exactly the selection a budget of twice k would
+// make.
 func TestGSAPredictsRunnersUp(t *testing.T) {
 	f := newFixture(t, testShape, 32, 51)
 	fb := newFakeBlocks()
