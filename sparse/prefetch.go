@@ -352,6 +352,7 @@ func (p *Prefetcher) submit(key taskKey, ids []engine.BlockID, scores []float64,
 				e.info.Score = scores[i]
 			}
 			e.protect = max(e.protect, protectUntil)
+			e.info.Unused = e.info.Unused && key.spec // predicted now: no longer speculation
 			continue
 		}
 		keep = append(keep, id)
@@ -559,6 +560,7 @@ func (p *Prefetcher) run(t *prefetchTask) {
 			e.info.Score = t.scores[i]
 		}
 		e.protect = max(e.protect, t.protect)
+		e.info.Unused = e.info.Unused && t.key.spec
 	}
 	p.mu.Unlock()
 	if len(need) == 0 {
