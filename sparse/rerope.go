@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/ucm-go/ucm/kernels"
 	"gopkg.in/yaml.v3"
 )
 
@@ -12,7 +13,7 @@ import (
 // the same distance w, so no distance exceeds what training saw. That needs each key both
 // rotated (K_rot, RoPE at its position) and raw (K_raw, before RoPE): the cache page holds
 // three tensors, K_rot, V, K_raw, and its size is 3·block·kv_heads·head_dim·dtype bytes, not
-// the usual 2 (PageBytes). Queries are scaled by max(1, ln(pos+1)/ln(training_length)).
+// the usual 2 (Page: the kernels' LayoutReRoPE). Queries are scaled by max(1, ln(pos+1)/ln(training_length)).
 
 // ReRoPEConfig configures ReRoPE.
 type ReRoPEConfig struct {
@@ -64,7 +65,7 @@ func parseReRoPE(key string, node *yaml.Node) (MethodConfig, error) {
 }
 
 // ReRoPE is the ReRoPE method: its scheduler and worker hooks are the defaults (it selects
-// nothing); Scores is its attention scoring and PageBytes / SplitPage its cache layout.
+// nothing); Scores is its attention scoring and Page / SplitPage its cache layout.
 type ReRoPE struct {
 	Base
 	cfg   ReRoPEConfig
@@ -100,26 +101,27 @@ func NewReRoPE(c ReRoPEConfig, s Shape) (*ReRoPE, error) {
 // Name returns NameReRoPE.
 func (*ReRoPE) Name() string { return NameReRoPE }
 
-// PageBytes is the bytes of one cache page (block) of ReRoPE's three tensors K_rot, V, K_raw:
-// 3·blockSize·kvHeads·headDim·dtypeSize, 3/2 of an ordinary K/V page.
-func PageBytes(blockSize, kvHeads, headDim, dtypeSize int) (int, error) {
-	if blockSize < 1 || kvHeads < 1 || headDim < 1 || dtypeSize < 1 || int64(blockSize)*int64(kvHeads)*int64(headDim)*int64(dtypeSize) > 1<<40 {
-		return 0, fmt.Errorf("%w: rerope: page of %d tokens × %d heads × %d × %d bytes", ErrInvalid, blockSize, kvHeads, headDim, dtypeSize)
+// Page returns the store record shard of one layer of one block in ReRoPE's layout: the
+// kernels' LayoutReRoPE ([3, num_blocks, block_size, kv_heads, head_dim] in the cache), three
+// tensors K_rot, V, K_raw of blockSize·kvHeads·headDim elements of dt each, so ShardBytes =
+// 3·TensorBytes (3/2 of an ordinary K/V page: nothing may assume 2 tensors).
+func Page(blockSize, kvHeads, headDim int, dt kernels.DType) (kernels.RecordLayout, error) {
+	rec, err := kernels.CacheSpec{Layout: kernels.LayoutReRoPE, DType: dt, NumBlocks: 1, BlockSize: blockSize,
+		KVHeads: kvHeads, HeadDim: headDim}.Record(1)
+	if err != nil {
+		return rec, fmt.Errorf("%w: rerope: page of %d tokens × %d heads × %d %v: %v", ErrInvalid, blockSize, kvHeads, headDim, dt, err)
 	}
-	return 3 * blockSize * kvHeads * headDim * dtypeSize, nil
+	return rec, nil
 }
 
-// SplitPage returns the three tensors of a page, in this order: K_rot, V, K_raw, each
-// [blockSize][kvHeads][headDim] of dtypeSize bytes.
-func SplitPage(page []byte, blockSize, kvHeads, headDim, dtypeSize int) (kRot, v, kRaw []byte, err error) {
-	n, err := PageBytes(blockSize, kvHeads, headDim, dtypeSize)
-	if err != nil {
-		return nil, nil, nil, err
+// SplitPage returns the three tensors of a page (one shard of Page's layout), in this order:
+// K_rot, V, K_raw, each [blockSize][kvHeads][headDim], capped so that an append cannot spill
+// into the next.
+func SplitPage(page []byte, rec kernels.RecordLayout) (kRot, v, kRaw []byte, err error) {
+	t := int(rec.TensorBytes)
+	if rec.TensorsPerShard != 3 || int(rec.ShardBytes) != 3*t || len(page) != 3*t {
+		return nil, nil, nil, fmt.Errorf("%w: rerope: page of %d bytes for a record %+v", ErrInvalid, len(page), rec)
 	}
-	if len(page) != n {
-		return nil, nil, nil, fmt.Errorf("%w: rerope: page of %d bytes, want %d", ErrInvalid, len(page), n)
-	}
-	t := n / 3
 	return page[:t:t], page[t : 2*t : 2*t], page[2*t:], nil
 }
 

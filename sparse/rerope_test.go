@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/ucm-go/ucm/kernels"
 )
 
 func newTestReRoPE(t *testing.T, w, train int) *ReRoPE {
@@ -18,29 +20,38 @@ func newTestReRoPE(t *testing.T, w, train int) *ReRoPE {
 	return m.(*ReRoPE)
 }
 
-// TestReRoPEPage: a page is 3× the K-only page (K_rot, V, K_raw), split into three equal
-// tensors in that order; bad shapes and sizes are ErrInvalid.
+// TestReRoPEPage: a page is 3× the K-only page (K_rot, V, K_raw), the kernels' ReRoPE
+// record shard, split into three equal tensors in that order; bad shapes and sizes are
+// ErrInvalid.
 func TestReRoPEPage(t *testing.T) {
-	n, err := PageBytes(16, 8, 128, 2)
-	if err != nil || n != 3*16*8*128*2 {
-		t.Fatalf("%d %v", n, err)
+	rec, err := Page(16, 8, 128, kernels.Float16)
+	if err != nil || rec.ShardBytes != 3*16*8*128*2 || rec.TensorsPerShard != 3 {
+		t.Fatalf("%+v %v", rec, err)
 	}
+	kv, err := kernels.CacheSpec{Layout: kernels.LayoutFlashAttn, DType: kernels.Float16, NumBlocks: 1, BlockSize: 16, KVHeads: 8, HeadDim: 128}.Record(1)
+	if err != nil || 2*rec.ShardBytes != 3*kv.ShardBytes {
+		t.Fatalf("ReRoPE page %d bytes, K/V page %d: %v", rec.ShardBytes, kv.ShardBytes, err)
+	}
+	n := int(rec.ShardBytes)
 	page := make([]byte, n)
 	for i := range page {
 		page[i] = byte(i / (n / 3))
 	}
-	kr, v, kw, err := SplitPage(page, 16, 8, 128, 2)
+	kr, v, kw, err := SplitPage(page, rec)
 	if err != nil || len(kr) != n/3 || len(v) != n/3 || len(kw) != n/3 || kr[0] != 0 || v[0] != 1 || kw[len(kw)-1] != 2 {
 		t.Fatalf("split: %d %d %d %v", len(kr), len(v), len(kw), err)
 	}
 	if cap(kr) != n/3 || cap(v) != n/3 {
 		t.Fatal("a view may be appended into the next tensor")
 	}
-	if _, _, _, err := SplitPage(page[1:], 16, 8, 128, 2); !errors.Is(err, ErrInvalid) {
+	if _, _, _, err := SplitPage(page[1:], rec); !errors.Is(err, ErrInvalid) {
 		t.Fatal(err)
 	}
-	for _, bad := range [][4]int{{0, 8, 128, 2}, {16, 0, 128, 2}, {16, 8, -1, 2}, {16, 8, 128, 0}, {1 << 20, 1 << 10, 1 << 10, 8}} {
-		if _, err := PageBytes(bad[0], bad[1], bad[2], bad[3]); !errors.Is(err, ErrInvalid) {
+	if _, _, _, err := SplitPage(page[:2*kv.TensorBytes], kv); !errors.Is(err, ErrInvalid) {
+		t.Fatal("a K/V record split as ReRoPE's")
+	}
+	for _, bad := range [][3]int{{0, 8, 128}, {16, 0, 128}, {16, 8, -1}, {1 << 20, 1 << 10, 1 << 10}} {
+		if _, err := Page(bad[0], bad[1], bad[2], kernels.Float16); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%v: %v", bad, err)
 		}
 	}
