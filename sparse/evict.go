@@ -42,6 +42,7 @@ func ParseEvictionPolicy(s string) (EvictionPolicy, error) {
 	return 0, fmt.Errorf("%w: eviction policy %q (want %s)", ErrInvalid, s, strings.Join(evictionNames, ", "))
 }
 
+// String returns the policy's configuration name (lru, score, hybrid).
 func (p EvictionPolicy) String() string {
 	if p >= 0 && int(p) < len(evictionNames) {
 		return evictionNames[p]

@@ -38,6 +38,7 @@ type BlockLoadError struct {
 	Err error
 }
 
+// Error names the block, the layer and the cause.
 func (e *BlockLoadError) Error() string {
 	return fmt.Sprintf("sparse: block %s layer %d: load: %v", e.ID, e.Layer, e.Err)
 }
