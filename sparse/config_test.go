@@ -205,6 +205,8 @@ func FuzzSparseConfig(f *testing.F) {
 		"ReRoPE: {rerope_window: 64, training_length: 1024, rope_theta: 500000.0}",
 		"GSAOnDevice: {rollback_layers: [0, 3], block_dist: mean, budget: 0.2}",
 		"Quest: &a {budget: 0.1}\nESA: *a",
+		"GSA: {prefetch_workers: 2, max_pending_prefetch: 16, prefetch_ahead: 0, prefetch_cache_size: 64, eviction_policy: hybrid, block_score: access_count}",
+		"ESA: {retrieval_lag: 1, prefetch_ahead: 1, eviction_policy: score}",
 	} {
 		f.Add(s, "")
 		f.Add(s, "true")
