@@ -49,7 +49,7 @@ type PrefetchOptions struct {
 	Workers       int
 	Eviction      string
 	CacheFactor   float64 // prefetch_cache_size = CacheFactor × the shards one step attends
-	Dir           string  // where the stores are created (a temporary directory when empty)
+	Dir           string  // where the stores' temporary directory is created ("": the system's)
 	EngineOptions func(*engine.Options)
 }
 
@@ -103,15 +103,13 @@ func RunPrefetch(ctx context.Context, o PrefetchOptions) ([]PrefetchResult, erro
 			return nil, fmt.Errorf("%w: prefetch eval: window %d has %d bytes", sparse.ErrInvalid, i, len(w))
 		}
 	}
-	dir := o.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "ucm-prefetch-eval-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		dir = d
+	// A fresh directory (in Dir, or the system's), removed at the end: a decoded block's id
+	// names only its run, so stores must not outlive one evaluation.
+	dir, err := os.MkdirTemp(o.Dir, "ucm-prefetch-eval-")
+	if err != nil {
+		return nil, err
 	}
+	defer os.RemoveAll(dir)
 	out := make([]PrefetchResult, len(o.Runs))
 	stall := make([]time.Duration, len(o.Runs))
 	step := make([]time.Duration, len(o.Runs))

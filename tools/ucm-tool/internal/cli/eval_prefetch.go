@@ -13,6 +13,8 @@ import (
 
 	"github.com/ucm-go/ucm/connector/loop"
 	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/sparse/eval"
 )
 
@@ -25,6 +27,7 @@ type evalPrefetchOptions struct {
 	budget, cacheFactor  float64
 	eviction             string
 	runs                 []string
+	directIO             bool
 	asJSON               bool
 }
 
@@ -35,7 +38,7 @@ func newEvalPrefetchCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "prefetch",
 		Short: "Measure how much of the selected blocks' load time the prefetch engine hides",
 		Long: `prefetch stores each window's prefill blocks and their sidecars in a real engine
-(--dir, a temporary directory by default), then decodes the rest of the window token by token,
+(a temporary directory, in --dir when given, removed at the end), then decodes the rest of the window token by token,
 teacher-forced, with a method (--runs method@prefetch_ahead: GSA, or ESA+lag, ESA with its
 one-step retrieval lag) that loads every attended block's shard through its prefetch engine
 (engine LoadShard) into a cache of --cache-factor times the shards one step attends. A step
@@ -50,7 +53,7 @@ loaded bytes are checked against the model's own cache at every layer of every s
 	f := cmd.Flags()
 	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
 	f.StringVar(&o.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
-	f.StringVar(&o.dir, "dir", "", "where the stores are created (default: a temporary directory)")
+	f.StringVar(&o.dir, "dir", "", "where the stores' temporary directory is created (default: the system's)")
 	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
 	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window stored before decoding; the rest are decoded")
@@ -62,6 +65,7 @@ loaded bytes are checked against the model's own cache at every layer of every s
 	f.Float64Var(&o.cacheFactor, "cache-factor", o.cacheFactor, "prefetch_cache_size in shards attended per step")
 	f.StringVar(&o.eviction, "eviction", o.eviction, "eviction_policy: lru, score or hybrid")
 	f.StringSliceVar(&o.runs, "runs", o.runs, "method@prefetch_ahead configurations")
+	f.BoolVar(&o.directIO, "direct-io", false, "open the stores with O_DIRECT, so that every load reads the device (no page cache)")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -108,8 +112,13 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 		return usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
 	}
 	start := time.Now()
+	var engineOpts func(*engine.Options)
+	if o.directIO {
+		engineOpts = func(eo *engine.Options) { eo.DirectIO = devio.DirectOn }
+	}
 	res, err := eval.RunPrefetch(ctx, eval.PrefetchOptions{Model: m, Windows: windows, Prefill: o.prefill, BlockSize: o.blockSize,
-		Budget: o.budget, Init: o.init, Local: o.local, Runs: runs, Workers: o.workers, Eviction: o.eviction, CacheFactor: o.cacheFactor, Dir: o.dir})
+		Budget: o.budget, Init: o.init, Local: o.local, Runs: runs, Workers: o.workers, Eviction: o.eviction, CacheFactor: o.cacheFactor, Dir: o.dir,
+		EngineOptions: engineOpts})
 	if err != nil {
 		return err
 	}
@@ -119,8 +128,8 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "windows": o.windows, "context": o.context,
 			"prefill": o.prefill, "block_tokens": o.blockSize, "budget": o.budget, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens, %d stored, the rest decoded; blocks of %d; budget %.0f%%; eviction %s; %s\n",
-		man.WeightsSHA256[:12], o.windows, o.context, o.prefill, o.blockSize, 100*o.budget, o.eviction, time.Since(start).Round(time.Second))
+	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens, %d stored, the rest decoded; blocks of %d; budget %.0f%%; eviction %s; direct I/O %v; %s\n",
+		man.WeightsSHA256[:12], o.windows, o.context, o.prefill, o.blockSize, 100*o.budget, o.eviction, o.directIO, time.Since(start).Round(time.Second))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tahead\tcache\tsteps\tshards\thits\tin flight\tmisses\tprefetched\tstall µs/step\tstep µs\thidden\t")
 	for _, r := range res {
