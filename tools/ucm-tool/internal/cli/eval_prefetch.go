@@ -38,9 +38,10 @@ func newEvalPrefetchCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "prefetch",
 		Short: "Measure how much of the selected blocks' load time the prefetch engine hides",
 		Long: `prefetch stores each window's prefill blocks and their sidecars in a real engine
-(a temporary directory, in --dir when given, removed at the end), then decodes the rest of the window token by token,
-teacher-forced, with a method (--runs method@prefetch_ahead: GSA, or ESA+lag, ESA with its
-one-step retrieval lag) that loads every attended block's shard through its prefetch engine
+(a temporary directory, in --dir when given, removed at the end), then decodes the rest of the
+window token by token, teacher-forced, with a method (--runs method@prefetch_ahead: GSA, or
+ESA+lag, ESA with its one-step retrieval lag) that loads every attended block's shard through
+its prefetch engine
 (engine LoadShard) into a cache of --cache-factor times the shards one step attends. A step
 waits for the shards not resident (the stall); prefetch_ahead 0 predicts nothing (every miss is
 loaded on demand) and is the reference: "hidden" is 1 − stall / stall at prefetch_ahead 0. The
