@@ -302,10 +302,13 @@ func (x *ChunkIndex) Add(tokens []int) (int, [][]engine.BlockID, error) {
 	return si, ids, nil
 }
 
-// Source returns source s's tokens (not to be modified).
+// Source returns source s's tokens (not to be modified), nil for an unknown source.
 func (x *ChunkIndex) Source(s int) []int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	if s < 0 || s >= len(x.srcs) {
+		return nil
+	}
 	return x.srcs[s]
 }
 
@@ -370,7 +373,11 @@ func (x *ChunkIndex) allPresent(s, o, n int, present func([]engine.BlockID) []bo
 	for p := o; p < o+n; p += bs - (p % bs) {
 		ids = append(ids, x.ids[s][p/x.chunk][p%x.chunk/bs])
 	}
-	for _, ok := range present(ids) {
+	found := present(ids)
+	if len(found) != len(ids) {
+		return false // a presence check answering for other blocks answers for none
+	}
+	for _, ok := range found {
 		if !ok {
 			return false
 		}

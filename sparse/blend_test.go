@@ -257,6 +257,14 @@ func TestChunkMatch(t *testing.T) {
 	if ms2[3].Kind != NoMatch || ms2[0].Kind != FullMatch {
 		t.Fatalf("with a block gone: %v %v", ms2[3].Kind, ms2[0].Kind)
 	}
+	// A presence check answering for fewer blocks than asked: no match by it.
+	short := x.Match(prompt, 0.8, func(ids []engine.BlockID) []bool { return []bool{true} })
+	if short[0].Kind != NoMatch {
+		t.Fatalf("short presence answer: %v", short[0].Kind)
+	}
+	if x.Source(-1) != nil || x.Source(2) != nil {
+		t.Fatal("unknown sources")
+	}
 	// No matches: no hits.
 	hit, _ = x.Hits(prompt, nil, 2)
 	if slices.Contains(hit, true) {
