@@ -603,8 +603,9 @@ func init() {
 	})
 	register(NameKVStar, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &KVStarConfig{WindowConfig: windowDefaults(2, 4, 0.3, 8), PruneRatio: 0.5, Merge: 4}
-			fs := append(c.fields(), floatField(&c.PruneRatio, "blk_repre_dim_prune_ratio"), intField(&c.Merge, "blk_repre_inner_token_merge"))
+			c := &KVStarConfig{WindowConfig: windowDefaults(2, 4, 0.3, 8), PruneRatio: 0.5, Merge: 4, HeadScore: "sum"}
+			fs := append(c.fields(), floatField(&c.PruneRatio, "blk_repre_dim_prune_ratio"), intField(&c.Merge, "blk_repre_inner_token_merge"),
+				stringField(&c.HeadScore, "head_score"))
 			return c, parseFields(key, node, fs)
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
@@ -618,6 +619,7 @@ func init() {
 			m.keep = func(n, _ int) (int, int, int) { return c.Keep(n) }
 			m.perKV = c.HeadSelect == "kv"
 			m.prepare = m.reduceQuery
+			m.softmaxHeads = c.HeadScore == "softmax"
 			return m, nil
 		},
 	})

@@ -623,6 +623,10 @@ type KVStarConfig struct {
 	// blk_repre_inner_token_merge: they must match the stored sidecars' (checked at selection).
 	PruneRatio float64
 	Merge      int
+	// HeadScore is "sum" (default: Σ_h max_m q̄_h·row_{m,h}, spec §5) or "softmax" (UCM-Go key
+	// head_score: per query head, each block's share of Σ over every candidate's rows of
+	// exp(q_h·row/√D), summed over heads; see checkHeadScore).
+	HeadScore string
 }
 
 // Method returns NameKVStar.
@@ -631,6 +635,11 @@ func (*KVStarConfig) Method() string { return NameKVStar }
 // Validate checks the values.
 func (c *KVStarConfig) Validate() error {
 	p := "ucm_sparse_config." + NameKVStar
+	if c.HeadScore != "" {
+		if err := checkHeadScore(p, c.HeadScore); err != nil {
+			return err
+		}
+	}
 	switch {
 	case !(c.PruneRatio > 0 && c.PruneRatio <= 1):
 		return configErr(p+".blk_repre_dim_prune_ratio", "%v: want a fraction in (0, 1]", c.PruneRatio)

@@ -314,11 +314,45 @@ func (m *blockMethod) hashRowPerKV(st *stepState, row []byte, tokens int) float6
 }
 
 // kvstarRow: Σ_h max_m q̄_h[channels_h]·row_{m,h} (spec §5 [DECISION]) over the block's rows.
+// With head_score softmax (st.perHead set) it writes, per query head h, the log-sum-exp over
+// the rows of q_h[channels]·row/√D (times √D), so that the softmax over candidates gives each
+// block its share of Σ_rows exp over every candidate's rows.
 func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 	d, heads, dk := m.shape.HeadDim, m.spec.Heads, m.spec.Cols()
 	off := (2*heads*dk + 7) &^ 7
 	st.qg = resize(st.qg, dk)
 	out := st.tmp[:rows]
+	if st.perHead != nil {
+		g := m.shape.QHeads / heads
+		scale := 1 / math.Sqrt(float64(d))
+		for qh := range m.shape.QHeads {
+			hd := qh / g
+			qv := st.q[qh*d : (qh+1)*d]
+			ch := row[2*hd*dk : 2*(hd+1)*dk]
+			for j := range st.qg {
+				c := int(binary.LittleEndian.Uint16(ch[2*j:]))
+				if c >= d {
+					return math.NaN()
+				}
+				st.qg[j] = qv[c]
+			}
+			if m.rowKind == rowF16 {
+				_ = kernels.DotsF16(out, st.qg, row[off+2*hd*dk:], dk, 0, heads*dk)
+			} else {
+				dotsF32(out, st.qg, f32Row(row[off:])[hd*dk:], dk, 0, heads*dk)
+			}
+			mx := math.Inf(-1)
+			for _, x := range out {
+				mx = max(mx, float64(x)*scale)
+			}
+			var z float64
+			for _, x := range out {
+				z += expNeg(float64(x)*scale - mx)
+			}
+			st.perHead[qh] = (mx + math.Log(z)) / scale
+		}
+		return 0
+	}
 	var sum float64
 	for hd := range heads {
 		qh := st.qr[hd*d : (hd+1)*d]

@@ -378,3 +378,74 @@ func TestExpNeg(t *testing.T) {
 		t.Fatal("expNeg(0), (−Inf), (NaN)")
 	}
 }
+
+// TestKVStarSoftmax: KVStar with head_score softmax selects the top-K of Σ over query heads of
+// each block's share of Σ over every candidate's rows of exp(q_h[channels]·row/√D), computed
+// the long way from the decoded sidecars; with head_select kv, per KV head.
+func TestKVStarSoftmax(t *testing.T) {
+	f := newFixture(t, testShape, 40, 79)
+	s := testShape
+	d, g := s.HeadDim, s.QHeads/s.KVHeads
+	r := rand.New(rand.NewPCG(80, 81))
+	for _, kv := range []bool{false, true} {
+		conf := "{init_window_sz: 1, local_window_sz: 2, budget: 0.3, retrieval_stride: 1, head_score: softmax}"
+		if kv {
+			conf = "{init_window_sz: 1, local_window_sz: 2, budget: 0.3, retrieval_stride: 1, head_score: softmax, head_select: kv}"
+		}
+		m := newMethod(t, NameKVStar, f.src, conf, s)
+		for trial := range 25 {
+			n, layer := 12+r.IntN(28), r.IntN(s.Layers)
+			q := randomQuery(r, s)
+			a := f.decodeCall(n, 0, layer, trial, q)
+			if err := m.AttentionBegin(a); err != nil {
+				t.Fatal(err)
+			}
+			init, local, k := keepOf(t, m, n, a)
+			mass := make([][]float64, n) // [block][query head]: Σ_rows exp(logit)
+			z := make([]float64, s.QHeads)
+			for b := init; b < n-local; b++ {
+				sc, err := kernels.DecodeSidecar(f.payloads[kernels.SidecarKVStar][b])
+				if err != nil {
+					t.Fatal(err)
+				}
+				dk, rows := sc.Cols(), sc.Rows()
+				ch, vals := sc.Channels[layer*s.KVHeads*dk:], sc.Values[layer*rows*s.KVHeads*dk:]
+				mass[b] = make([]float64, s.QHeads)
+				for qh := range s.QHeads {
+					h := qh / g
+					for row := range sc.ValidRows() {
+						var dot float64
+						for j := range dk {
+							dot += float64(q[qh*d+int(ch[h*dk+j])]) * float64(vals[(row*s.KVHeads+h)*dk+j])
+						}
+						e := math.Exp(dot / math.Sqrt(float64(d)))
+						mass[b][qh] += e
+						z[qh] += e
+					}
+				}
+			}
+			groups := 1
+			if kv {
+				groups = s.KVHeads
+			}
+			for grp := range groups {
+				scores := make([]float64, n)
+				for b := init; b < n-local; b++ {
+					for qh := range s.QHeads {
+						if !kv || qh/g == grp {
+							scores[b] += mass[b][qh] / z[qh]
+						}
+					}
+				}
+				want := slices.Concat(seq(0, init), bruteTopK(scores, init, n-local, k), seq(n-local, n))
+				got := a.Selected
+				if kv {
+					got = a.HeadSelected[grp]
+				}
+				if !sameSelection(got, want, scores, init, n-local) {
+					t.Fatalf("kv %v group %d n %d: %v, reference %v", kv, grp, n, got, want)
+				}
+			}
+		}
+	}
+}

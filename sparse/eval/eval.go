@@ -139,6 +139,8 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 			}
 		case *sparse.QuestConfig:
 			c.HeadScore = variant
+		case *sparse.KVStarConfig:
+			c.HeadScore = variant
 		default:
 			return nil, fmt.Errorf("%w: %s has no variant %q", sparse.ErrInvalid, base, variant)
 		}
