@@ -137,11 +137,12 @@ func expNeg(x float64) float64 {
 		return 0
 	}
 	const ln2hi, ln2lo = 6.93147180369123816490e-01, 1.90821492927058770002e-10
-	k := math.Floor(x*math.Log2E + 0.5)
+	ki := -int64(0.5 - x*math.Log2E) // round(x·log2 e) for x ≤ 0, without a call
+	k := float64(ki)
 	r := (x - k*ln2hi) - k*ln2lo
 	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040+r*(1.0/40320+
 		r*(1.0/362880+r*(1.0/3628800+r*(1.0/39916800+r*(1.0/479001600+r*(1.0/6227020800)))))))))))))
-	return p * math.Float64frombits(uint64(int64(k)+1023)<<52)
+	return p * math.Float64frombits(uint64(ki+1023)<<52)
 }
 
 // blockMethod is the shared implementation; see the constructors in methods.go.
