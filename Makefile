@@ -50,7 +50,7 @@ test: lint unit test-python test-gluster fuzz-smoke
 # The Python package (connector/python/ucmgo) against the library `make lib` builds, with
 # Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
 PYTHON ?= /usr/bin/python3
-test-python: lib
+test-python: lib build
 	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests
 
 unit:

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,8 +59,9 @@ func BenchmarkStoreLoadShard(b *testing.B) {
 // connector.Store without the C ABI, for bench.py to compare with the same pattern through
 // libucmgo.so: one submitter keeping UCMGO_BENCH_WINDOW tasks of UCMGO_BENCH_BATCH blocks in
 // flight, dumping UCMGO_BENCH_TOTAL bytes (seq: whole blocks; layerwise: a task per shard),
-// reopening, loading every (batch, shard) unit (layerwise: in random order). It reports
-// dump-MB/s and load-MB/s; without UCMGO_BENCH_DIR it is skipped.
+// reopening, loading every (batch, shard) unit (layerwise: in random order). UCMGO_BENCH_EXTRA
+// adds members to the store's JSON configuration. It reports dump-MB/s, load-MB/s, the
+// process's CPU per load task and the time per load call; without UCMGO_BENCH_DIR it is skipped.
 func BenchmarkWindowDriver(b *testing.B) {
 	dir := os.Getenv("UCMGO_BENCH_DIR")
 	if dir == "" {
@@ -79,8 +81,12 @@ func BenchmarkWindowDriver(b *testing.B) {
 		shards = nShards
 	}
 	shard := blockBytes / int64(shards)
-	text := fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size_list": [%d, %d], "shard_size": %d, "block_size": %d, "instance": "bench", "io_engine": %q}`,
-		dir, shard/2, shard/2, shard, blockBytes, os.Getenv("UCMGO_BENCH_IO_ENGINE"))
+	extra := os.Getenv("UCMGO_BENCH_EXTRA") // more members of the configuration
+	if extra != "" {
+		extra = ", " + extra
+	}
+	text := fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size_list": [%d, %d], "shard_size": %d, "block_size": %d, "instance": "bench", "io_engine": %q, "sync_policy": "always"%s}`,
+		dir, shard/2, shard/2, shard, blockBytes, os.Getenv("UCMGO_BENCH_IO_ENGINE"), extra)
 	cfg, err := ParseStoreConfig(text, noEnv)
 	if err != nil {
 		b.Fatal(err)
@@ -162,12 +168,15 @@ func BenchmarkWindowDriver(b *testing.B) {
 		if layerwise {
 			rand.New(rand.NewPCG(1, 2)).Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
 		}
+		cpu0, submitting := processCPU(b), time.Duration(0)
 		start = time.Now()
 		for ui, u := range units {
 			r := ui % window
 			free(r)
 			g := groups[u.g]
+			t0 := time.Now()
 			t, err := s.Load(g, repeat(u.s, len(g)), spans(r, len(g), u.s))
+			submitting += time.Since(t0)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -177,14 +186,27 @@ func BenchmarkWindowDriver(b *testing.B) {
 			free(r)
 		}
 		load := time.Since(start)
+		loadCPU := processCPU(b) - cpu0
 		if err := s.Close(); err != nil {
 			b.Fatal(err)
 		}
 		bytes := float64(int64(blocks) * blockBytes)
 		b.ReportMetric(bytes/dump.Seconds()/1e6, "dump-MB/s")
 		b.ReportMetric(bytes/load.Seconds()/1e6, "load-MB/s")
+		b.ReportMetric(float64(loadCPU.Microseconds())/float64(len(units)), "load-cpu-µs/task")
+		b.ReportMetric(float64(submitting.Microseconds())/float64(len(units)), "load-submit-µs/task")
 		if err := os.RemoveAll(dir); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// processCPU is the process's user plus system CPU time so far: the CPU a transfer pattern
+// costs, which on a contended machine its throughput alone does not show.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Python-driven dump/load throughput through ucmgo (libucmgo.so) against the same pattern driven
-from Go through connector.Store (no C ABI) and against `ucm-tool bench` on the same shapes, in the
-same run: what the C ABI and the Python package cost a connector.
+from Go through connector.Store (no C ABI), from C through libucmgo.so (cdriver.c: the C ABI
+without the interpreter) and against `ucm-tool bench` on the same shapes, in the same run: what
+the C ABI and the Python package cost a connector.
 
     make lib build && /usr/bin/python3 connector/python/bench.py --dir ./ucm-data
 
@@ -19,6 +20,7 @@ import mmap
 import ctypes
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -94,6 +96,12 @@ def expected_block(slots, slot, b, subs):
     return want
 
 
+def process_cpu():
+    """The process's user plus system CPU seconds so far (every thread: Python's and Go's)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run_python(args, workload, store_dir):
     shutil.rmtree(store_dir, ignore_errors=True)
     os.makedirs(store_dir)
@@ -103,6 +111,7 @@ def run_python(args, workload, store_dir):
     cfg = {"storage_backends": store_dir, "device_id": 0, "tensor_size_list": [half, half],
            "shard_size": shard, "block_size": args.block_size, "instance": "bench",
            "io_engine": args.io_engine, "sync_policy": "always"}
+    cfg.update(extra_config(args))
     blocks = args.total // args.block_size
     groups = [list(range(g, min(blocks, g + args.batch))) for g in range(0, blocks, args.batch)]
     ring = args.concurrency  # batches in flight, as ucm-tool's workers
@@ -147,15 +156,19 @@ def run_python(args, workload, store_dir):
     units = [(gi, s) for gi in range(len(groups)) for s in range(shards)]
     if workload == "layerwise":
         random.Random(1).shuffle(units)
+    cpu0, submitting = process_cpu(), 0.0
     t0 = time.perf_counter()
     for ui, (gi, s) in enumerate(units):
         r = ui % ring
         free(r)
         g = groups[gi]
+        c0 = time.perf_counter()
         pending[r].append(store.load_data(ids_of[gi], [s] * len(g), dst_tab[r, s, :len(g)]))
+        submitting += time.perf_counter() - c0
     for r in range(ring):
         free(r)
     load_s = time.perf_counter() - t0
+    load_cpu = process_cpu() - cpu0
     # Verify every byte, outside the timing: load each batch again and compare.
     for gi, g in enumerate(groups):
         for s in range(shards):
@@ -167,8 +180,33 @@ def run_python(args, workload, store_dir):
     st = store.stats()
     store.close()
     total = blocks * args.block_size
-    return {"dump_mbps": total / dump_s / 1e6, "load_mbps": total / load_s / 1e6, "io_engine": st["io_engine"],
+    return {"dump_mbps": total / dump_s / 1e6, "load_mbps": total / load_s / 1e6,
+            "load_cpu_us": load_cpu * 1e6 / len(units), "load_submit_us": submitting * 1e6 / len(units),
+            "io_engine": st["io_engine"],
             "direct": st["direct_io"], "blocks": blocks}
+
+
+def extra_config(args):
+    """--config-extra's members as a dict ("io_direct": false -> {"io_direct": False})."""
+    return json.loads("{" + args.config_extra + "}") if args.config_extra else {}
+
+
+def build_c_driver(tmp):
+    """Compiles cdriver.c against lib/libucmgo.so (make lib)."""
+    path = os.path.join(tmp, "cdriver")
+    lib = os.path.dirname(os.environ["UCMGO_LIB"])
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-I" + str(REPO / "connector" / "capi"), "-o", path,
+                    str(HERE / "cdriver.c"), "-L" + lib, "-lucmgo", "-Wl,-rpath," + lib], check=True)
+    return path
+
+
+def run_c(args, workload, driver, store_dir):
+    shutil.rmtree(store_dir, ignore_errors=True)
+    os.makedirs(store_dir)
+    out = subprocess.run([driver, store_dir, workload, str(args.block_size), str(args.shards), str(args.total),
+                          str(args.batch), str(args.concurrency), args.io_engine, args.config_extra],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def build_go_driver(tmp):
@@ -184,21 +222,28 @@ def run_go(args, workload, driver, store_dir):
     env = dict(os.environ, UCMGO_BENCH_DIR=store_dir, UCMGO_BENCH_WORKLOAD=workload,
                UCMGO_BENCH_BLOCK=str(args.block_size), UCMGO_BENCH_SHARDS=str(args.shards),
                UCMGO_BENCH_TOTAL=str(args.total), UCMGO_BENCH_BATCH=str(args.batch),
-               UCMGO_BENCH_WINDOW=str(args.concurrency), UCMGO_BENCH_IO_ENGINE=args.io_engine)
+               UCMGO_BENCH_WINDOW=str(args.concurrency), UCMGO_BENCH_IO_ENGINE=args.io_engine,
+               UCMGO_BENCH_EXTRA=args.config_extra)
     out = subprocess.run([driver, "-test.run=XXX", "-test.bench=^BenchmarkWindowDriver$", "-test.benchtime=1x"],
                          env=env, check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         if line.startswith("BenchmarkWindowDriver"):
             f = line.split()
-            return {"dump_mbps": float(f[f.index("dump-MB/s") - 1]), "load_mbps": float(f[f.index("load-MB/s") - 1])}
+            return {"dump_mbps": float(f[f.index("dump-MB/s") - 1]), "load_mbps": float(f[f.index("load-MB/s") - 1]),
+                    "load_cpu_us": float(f[f.index("load-cpu-µs/task") - 1]),
+                    "load_submit_us": float(f[f.index("load-submit-µs/task") - 1])}
     raise SystemExit("go driver printed no result:\n" + out)
 
 
 def run_tool(args, workload):
+    if args.config_extra:
+        return None  # ucm-tool takes no configuration members on its command line
     cmd = [str(REPO / "bin" / "ucm-tool"), "bench", "--dir", args.dir, "--workload", workload,
            "--block-size", str(args.block_size), "--shards", str(args.shards), "--total", str(args.total),
            "--batch", str(args.batch), "--concurrency", str(args.concurrency), "--io-engine", args.io_engine,
            "--buffers", "huge", "--json"]
+    if workload == "layerwise":
+        cmd += ["--order", "random"]  # shards of --batch-block groups in random order, as here
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
     return {"dump_mbps": r["dump_MBps"], "load_mbps": r["load_MBps"], "io_engine": r.get("io_engine"), "direct": r.get("direct")}
@@ -215,37 +260,55 @@ def main():
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--io-engine", default="auto")
     ap.add_argument("--rounds", type=int, default=3, help="alternating runs of each; medians reported")
+    ap.add_argument("--config-extra", default="", help='more members of the store configuration, JSON: \'"io_direct": false\'')
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
-    driver = build_go_driver(args.dir)
+    os.makedirs(args.dir, exist_ok=True)
+    go_driver, c_driver = build_go_driver(args.dir), build_c_driver(args.dir)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     for workload in args.workload.split(","):
-        py, gd, tool = [], [], []
-        for _ in range(args.rounds):  # interleaved, so that the machine's drift hits all three
-            tool.append(run_tool(args, workload))
-            gd.append(run_go(args, workload, driver, os.path.join(args.dir, "bench-go-" + workload)))
-            py.append(run_python(args, workload, os.path.join(args.dir, "bench-python-" + workload)))
-        med = lambda xs, k: sorted(x[k] for x in xs)[len(xs) // 2]  # noqa: E731
+        runs = {"tool": [], "go": [], "c": [], "python": []}
+        for _ in range(args.rounds):  # interleaved, so that the machine's drift hits all four
+            runs["tool"].append(run_tool(args, workload))
+            runs["go"].append(run_go(args, workload, go_driver, os.path.join(args.dir, "bench-go-" + workload)))
+            runs["c"].append(run_c(args, workload, c_driver, os.path.join(args.dir, "bench-c-" + workload)))
+            runs["python"].append(run_python(args, workload, os.path.join(args.dir, "bench-python-" + workload)))
+        py = runs["python"]
         row = {"workload": workload, "io_engine": py[0]["io_engine"], "direct": py[0]["direct"], "rounds": args.rounds}
+        for k in ("dump_mbps", "load_mbps", "load_cpu_us", "load_submit_us"):
+            for who, xs in runs.items():
+                if xs[0] is not None and k in xs[0]:
+                    row[who + "_" + k] = med([x[k] for x in xs])
         for k in ("dump_mbps", "load_mbps"):
-            row["python_" + k], row["go_" + k], row["tool_" + k] = med(py, k), med(gd, k), med(tool, k)
-            # Per-round ratios (each pair ran back to back), median.
-            row["python_vs_go_" + k[:4]] = sorted(p[k] / g[k] for p, g in zip(py, gd))[len(py) // 2]
-            row["python_vs_tool_" + k[:4]] = sorted(p[k] / t[k] for p, t in zip(py, tool))[len(py) // 2]
+            # Per-round ratios against the Go driver (each set ran back to back), median.
+            for who in ("python", "c", "tool"):
+                if runs[who][0] is not None:
+                    row["%s_vs_go_%s" % (who, k[:4])] = med([x[k] / g[k] for x, g in zip(runs[who], runs["go"])])
         rows.append(row)
     if args.json:
         print(json.dumps(rows))
         return
-    print("%-10s %-5s %12s %12s %12s %10s %10s" % ("workload", "", "python MB/s", "go MB/s", "tool MB/s", "python/go", "python/tool"))
+    cell = lambda r, k, f: (f % r[k]) if k in r else "-"  # noqa: E731
+    print("%-10s %-5s %9s %9s %9s %9s %9s %9s %9s" % ("workload", "", "go MB/s", "c MB/s", "py MB/s", "tool MB/s",
+                                                      "c/go", "py/go", "tool/go"))
     for r in rows:
         for k in ("dump", "load"):
-            print("%-10s %-5s %12.0f %12.0f %12.0f %10.3f %10.3f" % (
-                r["workload"], k, r["python_%s_mbps" % k], r["go_%s_mbps" % k], r["tool_%s_mbps" % k],
-                r["python_vs_go_" + k], r["python_vs_tool_" + k]))
-    print("(%s, O_DIRECT %s, %d rounds interleaved, medians; block %d B, %d shards, batch %d, window/concurrency %d)" % (
-        rows[0]["io_engine"], rows[0]["direct"], args.rounds, args.block_size, args.shards, args.batch, args.concurrency))
-    print("python: ucmgo through libucmgo.so, one thread keeping `window` tasks in flight (UCM's connector);")
-    print("go: the same pattern through connector.Store without the C ABI; tool: ucm-tool bench, `concurrency` goroutines.")
+            print("%-10s %-5s %9s %9s %9s %9s %9s %9s %9s" % (
+                r["workload"], k, cell(r, "go_%s_mbps" % k, "%.0f"), cell(r, "c_%s_mbps" % k, "%.0f"),
+                cell(r, "python_%s_mbps" % k, "%.0f"), cell(r, "tool_%s_mbps" % k, "%.0f"),
+                cell(r, "c_vs_go_" + k, "%.3f"), cell(r, "python_vs_go_" + k, "%.3f"), cell(r, "tool_vs_go_" + k, "%.3f")))
+        print("%-10s %-5s %9s %9s %9s   (process CPU per load task, µs)" % (
+            r["workload"], "cpu", cell(r, "go_load_cpu_us", "%.0f"), cell(r, "c_load_cpu_us", "%.0f"),
+            cell(r, "python_load_cpu_us", "%.0f")))
+        print("%-10s %-5s %9s %9s %9s   (time in the load call per task, µs)" % (
+            r["workload"], "call", cell(r, "go_load_submit_us", "%.1f"), cell(r, "c_load_submit_us", "%.1f"),
+            cell(r, "python_load_submit_us", "%.1f")))
+    print("(%s, O_DIRECT %s, %d rounds interleaved, medians; block %d B, %d shards, batch %d, window/concurrency %d%s)" % (
+        rows[0]["io_engine"], rows[0]["direct"], args.rounds, args.block_size, args.shards, args.batch, args.concurrency,
+        ", " + args.config_extra if args.config_extra else ""))
+    print("go: connector.Store without the C ABI; c: cdriver.c through libucmgo.so; py: ucmgo through libucmgo.so;")
+    print("each one thread keeping `window` tasks in flight (UCM's connector). tool: ucm-tool bench, `concurrency` goroutines.")
 
 
 if __name__ == "__main__":
