@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -515,7 +516,27 @@ func (p *reprPool) release(e int32) {
 	p.refs[e]--
 	if p.refs[e] == 0 {
 		p.idle = append(p.idle, e)
+		if len(p.idle) > 2*len(p.ids)+64 {
+			p.compactIdle()
+		}
 	}
+}
+
+// compactIdle drops the idle list's stale entries (referenced again, or released more than
+// once: the last release counts), keeping the order of the rest, so the list stays within
+// the number of entries however many requests come and go.
+func (p *reprPool) compactIdle() {
+	seen := make([]bool, len(p.ids))
+	out := p.idle[:0:0]
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		e := p.idle[i]
+		if !seen[e] && p.refs[e] == 0 {
+			seen[e] = true
+			out = append(out, e)
+		}
+	}
+	slices.Reverse(out)
+	p.idle = out
 }
 
 // finish drops a request's references.

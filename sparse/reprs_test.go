@@ -449,3 +449,31 @@ func TestKVStarSoftmax(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolIdleListStaysBounded: requests that come and go over the same blocks do not grow the
+// pool's idle list beyond its entries, and the pool still reclaims oldest-released first.
+func TestPoolIdleListStaysBounded(t *testing.T) {
+	f := newFixture(t, testShape, 20, 83)
+	env := Env{Role: RoleWorker, Shape: testShape, Sidecars: f.src, ReprPoolBytes: -1}
+	plain := newMethodEnv(t, NameESA, "{init_window_sz: 1, local_window_sz: 1, budget: 0.5}", env)
+	env.ReprPoolBytes = poolBytesFor(plain, 18)
+	m := newMethodEnv(t, NameESA, "{init_window_sz: 1, local_window_sz: 1, budget: 0.5}", env)
+	q := randomQuery(rand.New(rand.NewPCG(1, 3)), testShape)
+	for i := range 500 {
+		a := f.decodeCall(20, 0, 0, 0, q)
+		a.Request.ID = string(rune('a' + i%26))
+		if err := m.AttentionBegin(a); err != nil {
+			t.Fatal(err)
+		}
+		m.RequestFinished(a.Request.ID)
+	}
+	m.pool.mu.Lock()
+	n, entries := len(m.pool.idle), len(m.pool.ids)
+	m.pool.mu.Unlock()
+	if n > 2*entries+64 || entries != 18 {
+		t.Fatalf("idle list %d for %d entries", n, entries)
+	}
+	if st := m.Stats(); st.Uncached != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
