@@ -354,36 +354,25 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 		}
 		return 0
 	}
-	// Every head's query at its kept channels, then row by row (each row's heads are
-	// contiguous: one sequential read of the block) the dots of every head, then each head's
-	// best row.
-	st.qg = resize(st.qg, heads*dk)
+	var sum float64
 	for hd := range heads {
 		qh := st.qr[hd*d : (hd+1)*d]
 		ch := row[2*hd*dk : 2*(hd+1)*dk]
-		qg := st.qg[hd*dk : (hd+1)*dk]
-		for j := range qg {
+		for j := range st.qg {
 			c := int(binary.LittleEndian.Uint16(ch[2*j:]))
 			if c >= d {
 				return math.NaN()
 			}
-			qg[j] = qh[c]
+			st.qg[j] = qh[c]
 		}
-	}
-	st.tmp = resize(st.tmp, rows*heads)
-	for r := range rows {
-		out := st.tmp[r*heads : (r+1)*heads]
 		if m.rowKind == rowF16 {
-			_ = kernels.DotsF16(out, st.qg, row[off+2*r*heads*dk:], dk, dk, dk)
+			_ = kernels.DotsF16(out, st.qg, row[off+2*hd*dk:], dk, 0, heads*dk)
 		} else {
-			dotsF32(out, st.qg, f32Row(row[off:])[r*heads*dk:], dk, dk, dk)
+			dotsF32(out, st.qg, f32Row(row[off:])[hd*dk:], dk, 0, heads*dk)
 		}
-	}
-	var sum float64
-	for hd := range heads {
 		best := float32(math.Inf(-1))
-		for r := range rows {
-			best = max(best, st.tmp[r*heads+hd])
+		for _, x := range out {
+			best = max(best, x)
 		}
 		if st.perKV != nil {
 			st.perKV[hd] = float64(best)
