@@ -41,7 +41,7 @@ func NewHostBuffers(count, size int) (*HostMemory, [][]byte, error) {
 
 // newHostBuffers is NewHostBuffers, leaving the pages to be faulted in on first use unless
 // resident: the buffer pool's buffers are often larger than what is written into them (a
-// 2 MiB + 4 KiB record in a 4 MiB class), and populating the rest would be wasted work.
+// 5 MiB payload in a 6 MiB class), and populating the rest would be wasted work.
 func newHostBuffers(count, size int, resident bool) (*HostMemory, [][]byte, error) {
 	if count < 0 || size < 0 {
 		return nil, nil, fmt.Errorf("%w: %d buffers of %d bytes", ErrHostMemory, count, size)

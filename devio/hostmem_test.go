@@ -112,6 +112,20 @@ func TestBufferPoolHostClasses(t *testing.T) {
 	if runtime.GOOS == "linux" && (addr(b2) != at || b2[3<<20-1] != 7) {
 		t.Fatalf("the idle buffer was not reused")
 	}
+	// Above 2 MiB the classes are multiples of 2 MiB, not powers of two: a 5 MiB payload
+	// takes 6 MiB (it took 8), and the buffer is reused for the same class.
+	five := p.Get(5 << 20)
+	if len(five) != 5<<20 || cap(five) != 6<<20 || !devio.IsAligned(five[:6<<20]) {
+		t.Fatalf("Get(5 MiB): len %d cap %d, want cap 6 MiB", len(five), cap(five))
+	}
+	five[len(five)-1] = 9
+	at5 := addr(five)
+	p.Put(five)
+	if six := p.Get(6 << 20); runtime.GOOS == "linux" && (addr(six) != at5 || six[5<<20-1] != 9) {
+		t.Fatalf("the idle 6 MiB buffer was not reused")
+	} else {
+		p.Put(six)
+	}
 	// A heap buffer of a host class goes to the heap classes, never to munmap.
 	heap := devio.AlignedBuffer(2 << 20)
 	heap = heap[: 2<<20 : 2<<20]

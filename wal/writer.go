@@ -57,8 +57,8 @@ func ParseSyncPolicy(s string) (SyncPolicy, error) {
 //   - Payload nil: Buf is an aligned buffer of exactly the record's bytes (header and payload)
 //     whose payload part (from format.RecordHeaderSize) the caller has filled;
 //   - Payload set: Buf is an aligned buffer of format.RecordHeaderSize bytes and Payload the
-//     aligned payload: two buffers written by one vectored write, so a payload of 2^k bytes
-//     takes a 2^k buffer rather than the next power of two above it plus a header.
+//     aligned payload: two buffers written by one vectored write, so that a pooled payload
+//     fills its buffer's size class instead of sharing the class above with a header.
 //
 // The payload is the raw one (Layout.PayloadBytes() bytes, shard i at
 // Layout.ShardOffset(i) - format.RecordHeaderSize, zero padding), or for a compressed record
