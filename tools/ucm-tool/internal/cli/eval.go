@@ -78,9 +78,9 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := model.LoadDir(o.weights)
+	m, man, err := loadEvalModel(o.weights)
 	if err != nil {
-		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+		return err
 	}
 	switch {
 	case o.context < 2 || o.context > m.Config().MaxCtx:
@@ -114,20 +114,9 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		}
 		o.methods[i] = n
 	}
-	if o.corpus == "" {
-		root, err := loop.GoRoot()
-		if err != nil {
-			return usageErr("--corpus not given and %v", err)
-		}
-		o.corpus = filepath.Join(root, "src")
-	}
-	stream, files, err := eval.HeldOutStream(o.corpus)
+	windows, files, streamLen, err := heldOutWindows(o.corpus, o.context+1, o.windows)
 	if err != nil {
-		return usageErr("%v", err)
-	}
-	windows, err := eval.Windows(stream, o.context+1, o.windows)
-	if err != nil {
-		return usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
+		return err
 	}
 	start := time.Now()
 	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes,
@@ -143,10 +132,10 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
-			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
+			"heldout_bytes": streamLen, "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
 	}
 	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
-		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.prefill, res[0].Positions, o.init, o.local)
+		man.WeightsSHA256[:12], o.windows, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
@@ -158,4 +147,35 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
 	return tw.Flush()
+}
+
+// loadEvalModel loads the small model the eval commands decode with, or a usage error naming
+// the directory.
+func loadEvalModel(weights string) (*model.Model, *model.Manifest, error) {
+	m, man, err := model.LoadDir(weights)
+	if err != nil {
+		return nil, nil, usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", weights, err)
+	}
+	return m, man, nil
+}
+
+// heldOutWindows cuts n windows of size bytes from the held-out text under corpus (the Go
+// toolchain's sources when empty): the text every eval command measures on. It returns them
+// with the number of files and bytes of the text, for the report.
+func heldOutWindows(corpus string, size, n int) (windows [][]byte, files, streamLen int, err error) {
+	if corpus == "" {
+		root, err := loop.GoRoot()
+		if err != nil {
+			return nil, 0, 0, usageErr("--corpus not given and %v", err)
+		}
+		corpus = filepath.Join(root, "src")
+	}
+	stream, files, err := eval.HeldOutStream(corpus)
+	if err != nil {
+		return nil, 0, 0, usageErr("%v", err)
+	}
+	if windows, err = eval.Windows(stream, size, n); err != nil {
+		return nil, 0, 0, usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
+	}
+	return windows, files, len(stream), nil
 }

@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucm-go/ucm/connector/loop"
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/sparse/eval"
 )
 
@@ -69,9 +66,9 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := model.LoadDir(o.weights)
+	m, man, err := loadEvalModel(o.weights)
 	if err != nil {
-		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+		return err
 	}
 	cfg := m.Config()
 	switch {
@@ -101,20 +98,9 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 			return usageErr("--selections %q: want hkvd or random", s)
 		}
 	}
-	if o.corpus == "" {
-		root, err := loop.GoRoot()
-		if err != nil {
-			return usageErr("--corpus not given and %v", err)
-		}
-		o.corpus = filepath.Join(root, "src")
-	}
-	stream, files, err := eval.HeldOutStream(o.corpus)
+	windows, files, streamLen, err := heldOutWindows(o.corpus, o.context+1, o.windows)
 	if err != nil {
-		return usageErr("%v", err)
-	}
-	windows, err := eval.Windows(stream, o.context+1, o.windows)
-	if err != nil {
-		return usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
+		return err
 	}
 	start := time.Now()
 	res, err := eval.RunBlend(ctx, eval.BlendOptions{Model: m, Windows: windows, Suffix: o.suffix, BlockSize: o.blockSize,
@@ -131,11 +117,11 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
-			"heldout_bytes": len(stream), "windows": o.windows, "context": o.context, "suffix": o.suffix, "block_tokens": o.blockSize,
+			"heldout_bytes": streamLen, "windows": o.windows, "context": o.context, "suffix": o.suffix, "block_tokens": o.blockSize,
 			"chunk_tokens": o.chunkSize, "check_layer": o.checkLayer, "results": res})
 	}
 	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d prompts of %d tokens from %d held-out files (%d bytes): %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
-		man.WeightsSHA256[:12], o.windows, o.context, files, len(stream), o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
+		man.WeightsSHA256[:12], o.windows, o.context, files, streamLen, o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
 	for _, r := range res {

@@ -5,14 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucm-go/ucm/connector/loop"
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/sparse/eval"
@@ -75,9 +72,9 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := model.LoadDir(o.weights)
+	m, man, err := loadEvalModel(o.weights)
 	if err != nil {
-		return usageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+		return err
 	}
 	switch {
 	case o.context < 2 || o.context > m.Config().MaxCtx:
@@ -97,20 +94,9 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 			return usageErr("--runs: %v", err)
 		}
 	}
-	if o.corpus == "" {
-		root, err := loop.GoRoot()
-		if err != nil {
-			return usageErr("--corpus not given and %v", err)
-		}
-		o.corpus = filepath.Join(root, "src")
-	}
-	stream, files, err := eval.HeldOutStream(o.corpus)
+	windows, _, _, err := heldOutWindows(o.corpus, o.context+1, o.windows)
 	if err != nil {
-		return usageErr("%v", err)
-	}
-	windows, err := eval.Windows(stream, o.context+1, o.windows)
-	if err != nil {
-		return usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
+		return err
 	}
 	start := time.Now()
 	var engineOpts func(*engine.Options)
