@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ucm-go/ucm/connector/loop"
 	"github.com/ucm-go/ucm/connector/model"
@@ -59,8 +60,7 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
-	f.StringVar(&o.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	heldOutFlags(f, &o.weights, &o.corpus)
 	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
 	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
@@ -147,6 +147,13 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
 	return tw.Flush()
+}
+
+// heldOutFlags registers the --weights and --corpus flags every eval command takes: the model
+// and the held-out text it is measured on (loadEvalModel, heldOutWindows).
+func heldOutFlags(f *pflag.FlagSet, weights, corpus *string) {
+	f.StringVar(weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	f.StringVar(corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
 }
 
 // loadEvalModel loads the small model the eval commands decode with, or a usage error naming

@@ -46,8 +46,7 @@ change, and the share of reused tokens recomputed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
-	f.StringVar(&o.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	heldOutFlags(f, &o.weights, &o.corpus)
 	f.IntVar(&o.windows, "windows", o.windows, "prompts (windows of held-out text)")
 	f.IntVar(&o.context, "context", o.context, "tokens per prompt (at most the model's context)")
 	f.IntVar(&o.suffix, "suffix", o.suffix, "fresh query tokens at the end of each prompt (the rest is whole reused chunks)")

@@ -49,8 +49,7 @@ loaded bytes are checked against the model's own cache at every layer of every s
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
-	f.StringVar(&o.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	heldOutFlags(f, &o.weights, &o.corpus)
 	f.StringVar(&o.dir, "dir", "", "where the stores' temporary directory is created (default: the system's)")
 	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
 	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
