@@ -327,20 +327,8 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 		g := m.shape.QHeads / heads
 		scale := 1 / math.Sqrt(float64(d))
 		for qh := range m.shape.QHeads {
-			hd := qh / g
-			qv := st.q[qh*d : (qh+1)*d]
-			ch := row[2*hd*dk : 2*(hd+1)*dk]
-			for j := range st.qg {
-				c := int(binary.LittleEndian.Uint16(ch[2*j:]))
-				if c >= d {
-					return math.NaN()
-				}
-				st.qg[j] = qv[c]
-			}
-			if m.rowKind == rowF16 {
-				_ = kernels.DotsF16(out, st.qg, row[off+2*hd*dk:], dk, 0, heads*dk)
-			} else {
-				dotsF32(out, st.qg, f32Row(row[off:])[hd*dk:], dk, 0, heads*dk)
+			if !m.kvstarDots(st, out, row, st.q[qh*d:(qh+1)*d], qh/g, off) {
+				return math.NaN()
 			}
 			mx := math.Inf(-1)
 			for _, x := range out {
@@ -356,19 +344,8 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 	}
 	var sum float64
 	for hd := range heads {
-		qh := st.qr[hd*d : (hd+1)*d]
-		ch := row[2*hd*dk : 2*(hd+1)*dk]
-		for j := range st.qg {
-			c := int(binary.LittleEndian.Uint16(ch[2*j:]))
-			if c >= d {
-				return math.NaN()
-			}
-			st.qg[j] = qh[c]
-		}
-		if m.rowKind == rowF16 {
-			_ = kernels.DotsF16(out, st.qg, row[off+2*hd*dk:], dk, 0, heads*dk)
-		} else {
-			dotsF32(out, st.qg, f32Row(row[off:])[hd*dk:], dk, 0, heads*dk)
+		if !m.kvstarDots(st, out, row, st.qr[hd*d:(hd+1)*d], hd, off) {
+			return math.NaN()
 		}
 		best := float32(math.Inf(-1))
 		for _, x := range out {
@@ -380,6 +357,28 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 		sum += float64(best)
 	}
 	return sum
+}
+
+// kvstarDots writes into out, for each of the block's rows, the dot product of KV head hd's
+// kept channels of q (gathered through the row's channel list into st.qg) with the row's
+// values of that head; payload is the rows' offset in row. False when the row names a channel
+// beyond the head's dimension.
+func (m *blockMethod) kvstarDots(st *stepState, out []float32, row []byte, q []float32, hd, payload int) bool {
+	d, heads, dk := m.shape.HeadDim, m.spec.Heads, m.spec.Cols()
+	ch := row[2*hd*dk : 2*(hd+1)*dk]
+	for j := range st.qg {
+		c := int(binary.LittleEndian.Uint16(ch[2*j:]))
+		if c >= d {
+			return false
+		}
+		st.qg[j] = q[c]
+	}
+	if m.rowKind == rowF16 {
+		_ = kernels.DotsF16(out, st.qg, row[payload+2*hd*dk:], dk, 0, heads*dk)
+	} else {
+		dotsF32(out, st.qg, f32Row(row[payload:])[hd*dk:], dk, 0, heads*dk)
+	}
+	return true
 }
 
 // dotsF32 is kernels.DotsF16's loop over float32 values (rows of bfloat16 and float32
