@@ -749,6 +749,9 @@ func (h *SidecarHeader) decodeData(v []float32, ch []uint16, codes []byte, part 
 	if !allZero(vals[valid:]) || !allZero(data[h.dataBytes():]) {
 		return fmt.Errorf("padding rows or bytes not zero")
 	}
+	if i := signalingNaN(vals[:valid], h.Elem); i >= 0 {
+		return fmt.Errorf("value %d is a signaling NaN, which no encoder writes", i)
+	}
 	switch {
 	case h.Kind == SidecarHash:
 		copy(codes, vals)
@@ -756,6 +759,29 @@ func (h *SidecarHeader) decodeData(v []float32, ch []uint16, codes []byte, part 
 		decodeRow(v, vals, h.Elem)
 	}
 	return nil
+}
+
+// signalingNaN returns the index of the first signaling-NaN code among the float16 or bfloat16
+// values b, or -1. The encoders write NaN only as a quiet NaN (Float32ToFloat16,
+// Float32ToBFloat16), and a signaling one would not decode and encode back to the same bytes:
+// such a code was not written here.
+func signalingNaN(b []byte, elem DType) int {
+	var exp, quiet uint16
+	switch elem {
+	case Float16:
+		exp, quiet = 0x7c00, 0x0200
+	case BFloat16:
+		exp, quiet = 0x7f80, 0x0040
+	default:
+		return -1
+	}
+	for i := 0; i+2 <= len(b); i += 2 {
+		c := binary.LittleEndian.Uint16(b[i:])
+		if c&exp == exp && c&(0x7fff&^exp) != 0 && c&quiet == 0 {
+			return i / 2
+		}
+	}
+	return -1
 }
 
 func allZero(b []byte) bool {

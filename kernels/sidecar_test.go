@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -606,4 +607,37 @@ func FuzzDecodeSidecar(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeSidecarRefusesSignalingNaN: a float16 or bfloat16 value stored as a signaling NaN
+// was not written by the encoders (they write NaN quiet), so the decoders refuse the part as
+// corrupt rather than hand back a value that would not encode to the stored bytes; a quiet NaN
+// decodes and encodes back unchanged.
+func TestDecodeSidecarRefusesSignalingNaN(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		signal, quieted uint16
+	}{{"esa_mean", 0x7d00, 0x7e00}, {"esa_max", 0xff81, 0xffc1}} {
+		spec := goldenSpecs()[tc.name]
+		p, err := makePayload(spec, Float16, 3, func(l int) []byte { return goldenK(KShape{3, spec.Heads, spec.Dim}, l) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := SidecarHeaderSize + 2 // the second value of layer 0 (ESA parts have no channel table)
+		bad := slices.Clone(p)
+		binary.LittleEndian.PutUint16(bad[at:], tc.signal)
+		if _, err := DecodeSidecar(bad); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "value 1 is a signaling NaN") {
+			t.Errorf("%s: signaling NaN %#04x: %v, want ErrCorrupt naming value 1", tc.name, tc.signal, err)
+		}
+		quiet := slices.Clone(p)
+		binary.LittleEndian.PutUint16(quiet[at:], tc.quieted)
+		s, err := DecodeSidecar(quiet)
+		if err != nil {
+			t.Fatalf("%s: quiet NaN %#04x: %v", tc.name, tc.quieted, err)
+		}
+		again, err := EncodeSidecar(nil, s)
+		if err != nil || !bytes.Equal(again, quiet) {
+			t.Errorf("%s: quiet NaN does not encode back to the same bytes: %v", tc.name, err)
+		}
+	}
 }
