@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"math/bits"
+	"strconv"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -294,7 +295,9 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			d.sidecars += sign
 		}
 	}
+	batchPut := false // a block of a batch record is put: the index becomes version 3
 	put := func(st *blockState, o *op) {
+		batchPut = batchPut || o.loc.IsBatch()
 		if st.present {
 			adjust(st, -1)
 		}
@@ -488,11 +491,20 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			return fmt.Errorf("index: apply: %w", err)
 		}
 	}
+	recordBatch := batchPut && ix.version < indexVersionBatch
+	if recordBatch {
+		if err := pb.Set(metaKey(MetaIndexVersion), []byte(strconv.Itoa(indexVersionBatch)), nil); err != nil {
+			return fmt.Errorf("index: apply: %w", err)
+		}
+	}
 	if pb.Empty() {
 		return nil
 	}
 	if err := ix.db.Apply(pb, pebble.NoSync); err != nil {
 		return fmt.Errorf("index: apply: %w", err)
+	}
+	if recordBatch {
+		ix.version = indexVersionBatch
 	}
 
 	ix.members.Lock()

@@ -30,23 +30,61 @@ type Location struct {
 	Compression format.Compression
 	StoredLens  []uint32
 	StoredCRCs  []uint32
+	// BatchBlocks is N, the number of blocks of the batch record (format record type 3,
+	// layer-major) that holds this block, or 0 for a block stored in a record of its own.
+	// For a batch block Offset is the batch record's offset, Seq the batch's first sequence
+	// number plus BatchPos, HeaderCRC the batch header's checksum, and Compression none.
+	BatchBlocks int
+	// BatchPos is the block's position b in its batch, in [0, BatchBlocks); 0 otherwise.
+	BatchPos int
 }
 
-// RecordBytes is the on-disk size of the record at l (header plus padded payload): exactly what
-// the segment table's LiveBytes counts for it.
+// IsBatch reports whether l is a block of a batch record.
+func (l Location) IsBatch() bool { return l.BatchBlocks > 0 }
+
+// RecordBytes is what the segment table's LiveBytes counts for the entry at l: for a record of
+// its own its on-disk size (header plus padded payload); for a block of a batch its share of
+// the batch's extent, Shards × ShardStride plus its share of the batch header and commit block
+// (block 0 takes the remainder of the division), so that the shares of a batch's N blocks sum
+// to its extent exactly.
 func (l Location) RecordBytes() int64 {
+	if l.IsBatch() {
+		n := int64(l.BatchBlocks)
+		meta := batchHeaderSize(l.BatchBlocks) + batchCommitSize(l.BatchBlocks, l.Layout.Shards)
+		share := meta / n
+		if l.BatchPos == 0 {
+			share = meta - (n-1)*share
+		}
+		return l.Layout.PayloadBytes() + share
+	}
 	return format.RecordHeaderSize + format.StoredPayloadBytes(l.Layout, l.Compression, l.StoredLens)
 }
 
-// PayloadBytes is the on-disk size of the record's payload.
+// PayloadBytes is the on-disk size of the block's payload: of the record's, or for a block of
+// a batch the size of its shards laid out as a record's payload (Shards × ShardStride), which
+// is what a whole-block read of it assembles.
 func (l Location) PayloadBytes() int64 {
 	return format.StoredPayloadBytes(l.Layout, l.Compression, l.StoredLens)
 }
 
-// ShardExtent is where shard i's stored bytes lie, from the start of the record's payload, and
-// how many there are (ShardBytes for a raw record).
+// ShardExtent is where shard i's stored bytes lie in the block's payload (from its start) and
+// how many there are (ShardBytes for a raw record). For a block of a batch, whose shards are
+// not contiguous on disk, the offset is the shard's place in the payload a whole-block read
+// assembles (i × ShardStride); use ShardOffset for where to read it.
 func (l Location) ShardExtent(i int) (off, n int64) {
 	return format.StoredOffset(l.Layout, l.Compression, l.StoredLens, i), format.StoredLen(l.Layout, l.Compression, l.StoredLens, i)
+}
+
+// ShardOffset is the absolute offset in the segment file of shard i's stored bytes: for a
+// record of its own the record's offset plus the header plus the shard's offset in the
+// payload (raw or compressed); for block b of a batch of N blocks
+// Offset + H + (i·N + b)·ShardStride, H being the batch header's size. Every reader locates
+// shards through it. i must be in [0, Layout.Shards).
+func (l Location) ShardOffset(i int) int64 {
+	if l.IsBatch() {
+		return l.Offset + batchHeaderSize(l.BatchBlocks) + (int64(i)*int64(l.BatchBlocks)+int64(l.BatchPos))*l.Layout.ShardStride()
+	}
+	return l.Offset + format.RecordHeaderSize + format.StoredOffset(l.Layout, l.Compression, l.StoredLens, i)
 }
 
 // validate reports whether l can be stored, wrapping format.ErrInvalid.
@@ -66,7 +104,29 @@ func (l Location) validate() error {
 	if err := format.CheckStored(format.ErrInvalid, l.Layout, l.Compression, l.StoredLens, l.StoredCRCs); err != nil {
 		return fmt.Errorf("location: %w", err)
 	}
+	if err := checkBatch(l.BatchBlocks, l.BatchPos, l.Compression); err != "" {
+		return fmt.Errorf("%w: location: %s", format.ErrInvalid, err)
+	}
 	return nil
+}
+
+// checkBatch says what is wrong with a location's batch fields (n blocks, position b, stored
+// with c), "" when nothing is: n is 0 (a record of its own, b 0) or in [1, maxBatchBlocks]
+// with b in [0, n) and c none.
+func checkBatch(n, b int, c format.Compression) string {
+	switch {
+	case n == 0 && b != 0:
+		return fmt.Sprintf("batch position %d outside a batch", b)
+	case n == 0:
+		return ""
+	case n < 0 || n > maxBatchBlocks:
+		return fmt.Sprintf("batch blocks %d out of range [1, %d]", n, maxBatchBlocks)
+	case b < 0 || b >= n:
+		return fmt.Sprintf("batch position %d out of range [0, %d)", b, n)
+	case c != format.CompressionNone:
+		return fmt.Sprintf("batch block stored with compression %v", c)
+	}
+	return ""
 }
 
 // SegmentState is the lifecycle state of a segment in the segment table.
@@ -144,7 +204,10 @@ const (
 	// locationVersionCompressed is the location of a compressed record; raw records keep
 	// version 1, so stores written with compression off stay readable by older builds.
 	locationVersionCompressed = 2
-	segmentMetaVersion        = 1
+	// locationVersionBatch is the location of a block of a batch record (layer-major, format
+	// record type 3): version 1's fields and the batch's block count and the block's position.
+	locationVersionBatch = 3
+	segmentMetaVersion   = 1
 	// segmentMetaVersionSidecars is a segment meta value with a live sidecar count.
 	segmentMetaVersionSidecars = 2
 )
@@ -167,6 +230,12 @@ const (
 	locOffCompression      = 45
 	locFixedSizeCompressed = 46
 	locEntrySizeCompressed = 12
+	// Version 3 (blocks of a batch record): the same 45 bytes, then the batch's block count N
+	// and the block's position b (uint32 each), then the shard checksums as in version 1.
+	locOffBatchBlocks = 45
+	locOffBatchPos    = 49
+	locOffBatchCRCs   = 53
+	locFixedSizeBatch = locOffBatchCRCs
 )
 
 // SegmentMeta value layout (version 1); see doc.go.
@@ -186,13 +255,15 @@ const (
 )
 
 // EncodeLocation appends the encoding of l to dst and returns the extended slice: version 1
-// for a raw record, version 2 for a compressed one. It does not validate l (Batch.Put does);
+// for a raw record, version 2 for a compressed one, version 3 for a block of a batch. It does not validate l (Batch.Put does);
 // DecodeLocation accepts exactly what it produces for a valid l.
 func EncodeLocation(dst []byte, l Location) []byte {
 	n := len(dst)
 	size := locationFixedSize + 4*len(l.ShardCRCs)
 	if l.Compression != format.CompressionNone {
 		size = locFixedSizeCompressed + locEntrySizeCompressed*len(l.ShardCRCs)
+	} else if l.IsBatch() {
+		size = locFixedSizeBatch + 4*len(l.ShardCRCs)
 	}
 	dst = append(dst, make([]byte, size)...)
 	b := dst[n:]
@@ -216,8 +287,15 @@ func EncodeLocation(dst []byte, l Location) []byte {
 		}
 		return dst
 	}
+	crcs := b[locOffShardCRCs:]
+	if l.IsBatch() {
+		b[locOffVersion] = locationVersionBatch
+		le.PutUint32(b[locOffBatchBlocks:], uint32(l.BatchBlocks))
+		le.PutUint32(b[locOffBatchPos:], uint32(l.BatchPos))
+		crcs = b[locOffBatchCRCs:]
+	}
 	for i, c := range l.ShardCRCs {
-		le.PutUint32(b[locOffShardCRCs+4*i:], c)
+		le.PutUint32(crcs[4*i:], c)
 	}
 	return dst
 }
@@ -232,14 +310,17 @@ func DecodeLocation(src []byte) (Location, error) {
 		return l, fmt.Errorf("%w: location value: %d bytes, want at least %d", format.ErrCorrupt, len(src), locationFixedSize)
 	}
 	v := src[locOffVersion]
-	if v != locationVersion && v != locationVersionCompressed {
-		return l, fmt.Errorf("%w: location value: field version: %d, this build reads %d and %d", format.ErrCorrupt, v, locationVersion, locationVersionCompressed)
+	if v != locationVersion && v != locationVersionCompressed && v != locationVersionBatch {
+		return l, fmt.Errorf("%w: location value: field version: %d, this build reads %d, %d and %d", format.ErrCorrupt, v, locationVersion, locationVersionCompressed, locationVersionBatch)
 	}
 	le := binary.LittleEndian
 	shards := le.Uint32(src[locOffShards:])
 	maxShards, want := uint32(format.MaxShards), locationFixedSize+4*int64(shards)
-	if v == locationVersionCompressed {
+	switch v {
+	case locationVersionCompressed:
 		maxShards, want = format.MaxCompressedShards, locFixedSizeCompressed+locEntrySizeCompressed*int64(shards)
+	case locationVersionBatch:
+		want = locFixedSizeBatch + 4*int64(shards)
 	}
 	if shards < 1 || shards > maxShards {
 		return l, fmt.Errorf("%w: location value: field shards: %d out of range [1, %d]", format.ErrCorrupt, shards, maxShards)
@@ -270,10 +351,24 @@ func DecodeLocation(src []byte) (Location, error) {
 	l.Offset = int64(off)
 	l.Seq = le.Uint64(src[locOffSeq:])
 	l.HeaderCRC = le.Uint32(src[locOffHeaderCRC:])
+	if v == locationVersionBatch {
+		n, b := le.Uint32(src[locOffBatchBlocks:]), le.Uint32(src[locOffBatchPos:])
+		if n < 1 || n > maxBatchBlocks {
+			return Location{}, fmt.Errorf("%w: location value: field batch blocks: %d out of range [1, %d]", format.ErrCorrupt, n, maxBatchBlocks)
+		}
+		if b >= n {
+			return Location{}, fmt.Errorf("%w: location value: field batch position: %d out of range [0, %d)", format.ErrCorrupt, b, n)
+		}
+		l.BatchBlocks, l.BatchPos = int(n), int(b)
+	}
 	l.ShardCRCs = make([]uint32, shards)
-	if v == locationVersion {
+	if v != locationVersionCompressed {
+		crcs := src[locOffShardCRCs:]
+		if v == locationVersionBatch {
+			crcs = src[locOffBatchCRCs:]
+		}
 		for i := range l.ShardCRCs {
-			l.ShardCRCs[i] = le.Uint32(src[locOffShardCRCs+4*i:])
+			l.ShardCRCs[i] = le.Uint32(crcs[4*i:])
 		}
 		return l, nil
 	}

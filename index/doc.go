@@ -36,7 +36,11 @@
 //
 // Meta names beginning with "index." are reserved: "index.version" (decimal text, the version of
 // this key/value format: 2 since sidecar keys exist; a version 1 index has no 'c' keys, is read
-// as is and recorded as 2 at its first writable open) and "index.pebble_format".
+// as is and recorded as 2 at its first writable open; 3 once the index holds a location of a
+// block of a batch record (value version 3), recorded by the first Apply that puts one, in the
+// same commit, so that a build that predates batch records refuses the index naming the
+// version; an index without batch blocks stays 2) and "index.pebble_format". Open reads versions
+// 1, 2 and 3 and refuses any other, naming it.
 //
 // A sidecar entry ('c') exists only while its block's entry ('b') does: Apply deletes a block's
 // sidecar entries in the commit that deletes the block, and ignores a sidecar put for a block
@@ -58,6 +62,30 @@
 //
 // The value's length must be exactly 45 + 4×shards and the layout must pass
 // format.Layout.Validate.
+//
+// # Location value, version 2 (46 + 12×shards bytes): a compressed record
+//
+// Version 1's first 45 bytes (with value version = 2), then
+//
+//	45    1 compression (format.Compression, not 0)
+//	46 12×n per shard: CRC32C of its raw bytes, stored length, CRC32C of its stored bytes
+//	        (uint32 each; shards in [1, format.MaxCompressedShards])
+//
+// # Location value, version 3 (53 + 4×shards bytes): a block of a batch record
+//
+// A batch record (format record type 3) holds N blocks layer-major: shard i of block b at
+// offset + H + (i·N + b)·S from the record's start, H the batch header's size
+// (format.BatchHeaderSize(N)) and S the layout's shard stride. Version 1's first 45 bytes
+// (with value version = 3; the offset is the batch record's, the sequence number the batch's
+// first plus b, the header CRC the batch header's), then
+//
+//	45    4 batch blocks N (uint32, [1, format.MaxBatchBlocks])
+//	49    4 the block's position b in the batch (uint32, [0, N))
+//	53  4×n CRC32C of each of the block's shards' raw bytes (uint32 each, n = shards)
+//
+// Batch blocks are never compressed. Such an entry counts in its segment's live bytes for its
+// share of the batch's extent (Location.RecordBytes): its shards plus an N-th of the header
+// and commit block, block 0 taking the remainder, so the N shares sum to the extent.
 //
 // # Segment meta value, version 1 (42 bytes, little-endian)
 //

@@ -50,10 +50,17 @@ const (
 	// MetaIndexVersion holds the version of the index's key/value format, decimal text.
 	MetaIndexVersion = "index.version"
 
+	// indexVersion is the version a new index records, and every index without a block of a
+	// batch record.
 	indexVersion = 2
 	// indexVersionNoSidecars is the version written before sidecar entries existed: read as
 	// is, and recorded as indexVersion at the first writable open.
 	indexVersionNoSidecars = 1
+	// indexVersionBatch is recorded by the first Apply that puts the location of a block of a
+	// batch record (a version 3 location value), in the same commit: a build that predates
+	// batch records then refuses the index, naming the version, instead of failing on
+	// entries it cannot decode one load at a time.
+	indexVersionBatch = 3
 )
 
 // Pebble sizing: the index is small (one short value per block).
@@ -88,6 +95,9 @@ type Index struct {
 	// applyMu serializes every mutation of block entries and segment rows (Apply,
 	// DropSegmentEntries) so read-modify-write of previous locations is atomic.
 	applyMu sync.Mutex
+	// version is the index version recorded under MetaIndexVersion (set by init, then by
+	// Apply under applyMu when it records indexVersionBatch).
+	version int
 
 	// members is the set of every block id with an entry, kept in memory so that exact and
 	// prefix lookups (a scheduler's hot path) cost a hash probe, not a Pebble seek. It holds
@@ -182,6 +192,7 @@ func (ix *Index) init(existing bool) error {
 	if err != nil {
 		return err
 	}
+	ix.version = indexVersion
 	switch {
 	case ok && string(v) == strconv.Itoa(indexVersionNoSidecars) && !ix.readOnly:
 		// An index from before sidecars: the same keys, plus sidecar keys from now on. Record
@@ -190,8 +201,12 @@ func (ix *Index) init(existing bool) error {
 		if err := ix.db.Set(metaKey(MetaIndexVersion), []byte(strconv.Itoa(indexVersion)), pebble.Sync); err != nil {
 			return err
 		}
-	case ok && string(v) != strconv.Itoa(indexVersion) && string(v) != strconv.Itoa(indexVersionNoSidecars):
-		return fmt.Errorf("%w: meta %s: %q, this build reads %d and %d", format.ErrCorrupt, MetaIndexVersion, v, indexVersionNoSidecars, indexVersion)
+	case ok && string(v) == strconv.Itoa(indexVersionNoSidecars):
+		ix.version = indexVersionNoSidecars
+	case ok && string(v) == strconv.Itoa(indexVersionBatch):
+		ix.version = indexVersionBatch
+	case ok && string(v) != strconv.Itoa(indexVersion):
+		return fmt.Errorf("%w: meta %s: version %q, this build reads %d, %d and %d", format.ErrCorrupt, MetaIndexVersion, v, indexVersionNoSidecars, indexVersion, indexVersionBatch)
 	case !ok && !ix.readOnly:
 		// A new DB, or one that crashed before its first meta write: record what it is.
 		b := ix.db.NewBatch()

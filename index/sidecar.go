@@ -168,6 +168,10 @@ func (b *Batch) sidecarOp(kind opKind, id format.BlockID, side format.SidecarKin
 			b.setErr(fmt.Errorf("index: put sidecar %d of %s: %w", side, id, err))
 			return res
 		}
+		if loc.IsBatch() {
+			b.setErr(fmt.Errorf("%w: index: put sidecar %d of %s: a sidecar is never part of a batch record", format.ErrInvalid, side, id))
+			return res
+		}
 		o.enc = EncodeLocation(nil, loc)
 		loc.ShardCRCs = nil
 		o.loc = loc

@@ -270,12 +270,12 @@ func TestIndexVersionUpgrade(t *testing.T) {
 	if v, _, _ := ix.Meta(MetaIndexVersion); string(v) != "2" || !ix.Contains(bid(1)) {
 		t.Fatalf("after a writable open: version %q, block kept %v", v, ix.Contains(bid(1)))
 	}
-	if err := ix.db.Set(metaKey(MetaIndexVersion), []byte("3"), pebble.Sync); err != nil {
+	if err := ix.db.Set(metaKey(MetaIndexVersion), []byte("9"), pebble.Sync); err != nil {
 		t.Fatal(err)
 	}
 	_ = ix.Close()
 	if _, err := Open(testDir, Options{FS: fs}); !errors.Is(err, format.ErrCorrupt) {
-		t.Fatalf("version 3: %v, want ErrCorrupt", err)
+		t.Fatalf("version 9: %v, want ErrCorrupt", err)
 	}
 }
 
