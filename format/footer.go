@@ -3,6 +3,7 @@ package format
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 )
 
 // Footer of a sealed segment: written once, after the last record, at an Alignment boundary
@@ -16,14 +17,19 @@ import (
 // Footer entry (48 bytes):
 //
 //	offset size field
-//	     0   16 block id
+//	     0   16 block id (batch: the id of its block 0)
 //	    16    8 record offset in the segment (uint64 LE, Alignment-aligned)
-//	    24    8 record bytes on disk, header included (uint64 LE)
-//	    32    8 sequence number (uint64 LE)
-//	    40    4 record header CRC32C (uint32 LE; the header holds the shard CRCs)
-//	    44    1 record type (1 = block, 2 = sidecar)
+//	    24    8 record bytes on disk, header included (uint64 LE; batch: its ExtentBytes, a
+//	            multiple of Alignment in [3·Alignment, MaxBatchExtent])
+//	    32    8 sequence number (uint64 LE; batch: its first sequence number)
+//	    40    4 record header CRC32C (uint32 LE; the header holds the shard CRCs; batch: the
+//	            batch header's CRC, its commit block holds the shard CRCs)
+//	    44    1 record type (1 = block, 2 = sidecar, 3 = batch: FeatureBatchRecords segments only)
 //	    45    1 zero
-//	    46    2 sidecar kind (uint16 LE; 0 for a block; FeatureSidecars segments only)
+//	    46    2 sidecar kind (uint16 LE; 0 for a block and a batch; FeatureSidecars segments only)
+//
+// A batch record has one entry, for all its blocks: a reader takes the ids from its header and
+// the shard CRCs from its commit block. Only committed batches are listed.
 //
 // Trailer (64 bytes):
 //
@@ -174,10 +180,35 @@ func DecodeFooterEntries(src []byte, t Trailer) ([]FooterEntry, error) {
 		e.HeaderCRC = le.Uint32(b[40:])
 		e.Type = RecordType(b[44])
 		e.Kind = SidecarKind(le.Uint16(b[46:]))
-		if (e.Type != RecordBlock || e.Kind != 0) && (e.Type != RecordSidecar || !ValidSidecarKind(e.Kind)) {
-			return nil, errorf(ErrCorrupt, "footer entry %d (%s): fields type %d, kind %d: neither a block nor a sidecar", i, e.ID, e.Type, e.Kind)
+		if p := entryProblem(e); p != "" {
+			return nil, errorf(ErrCorrupt, "footer entry %d (%s): %s", i, e.ID, p)
 		}
 		next = e.Offset + e.Length
 	}
 	return entries, nil
+}
+
+// entryProblem describes what is inconsistent in a footer entry's type, kind and length ("" if
+// nothing): a block has kind 0; a sidecar a valid kind; a batch kind 0 and an aligned length
+// of at least a header, a run and a commit block and at most MaxBatchExtent.
+func entryProblem(e *FooterEntry) string {
+	switch e.Type {
+	case RecordBlock:
+		if e.Kind == 0 {
+			return ""
+		}
+	case RecordSidecar:
+		if ValidSidecarKind(e.Kind) {
+			return ""
+		}
+	case RecordBatch:
+		if e.Kind != 0 {
+			return fmt.Sprintf("field kind: %d on a batch entry", e.Kind)
+		}
+		if e.Length%Alignment != 0 || e.Length < 3*Alignment || e.Length > MaxBatchExtent {
+			return fmt.Sprintf("field length: batch extent %d not a multiple of %d in [%d, %d]", e.Length, Alignment, 3*Alignment, MaxBatchExtent)
+		}
+		return ""
+	}
+	return fmt.Sprintf("fields type %d, kind %d: neither a block, a sidecar nor a batch", e.Type, e.Kind)
 }

@@ -1,6 +1,7 @@
 package format
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"slices"
@@ -79,6 +80,113 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		buf[at] ^= mask
 		if _, _, err := DecodeRecordHeader(buf); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("byte %d ^= %#02x: decode = %v, want ErrCorrupt", at, mask, err)
+		}
+	})
+}
+
+// FuzzDecodeBatchHeader: whatever the bytes, DecodeBatchHeader returns a header or an error
+// wrapping ErrCorrupt, never panics, and allocates at most MaxBatchBlocks ids. A header it
+// accepts agrees with PeekBatchHeader and re-encodes to exactly the bytes it was decoded from
+// (the CRC, the reserved bytes and the padding leave no byte unchecked).
+func FuzzDecodeBatchHeader(f *testing.F) {
+	h := sampleBatchHeader()
+	buf, _ := encodeBatchHeader(f, h)
+	f.Add(buf)
+	h.IDs = make([]BlockID, 300)
+	for b := range h.IDs {
+		h.IDs[b] = testID(byte(b))
+		h.IDs[b][15] = byte(b >> 8)
+	}
+	big, _ := encodeBatchHeader(f, h)
+	f.Add(big)
+	rec := make([]byte, RecordHeaderSize)
+	if _, err := EncodeRecordHeader(rec, sampleRecordHeader()); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(rec)
+	f.Add(buf[:128])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, crc, err := DecodeBatchHeader(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("decode error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		n, size, err := PeekBatchHeader(b)
+		if err != nil || n != len(h.IDs) || size != BatchHeaderSize(n) {
+			t.Fatalf("peek %d %d %v disagrees with decode of %d ids", n, size, err, len(h.IDs))
+		}
+		out := make([]byte, size)
+		crc2, err := EncodeBatchHeader(out, &h)
+		if err != nil {
+			t.Fatalf("decoded header does not re-encode: %v", err)
+		}
+		if crc2 != crc || !bytes.Equal(out, b[:size]) {
+			t.Fatal("decoded header re-encodes to other bytes")
+		}
+		if h.CommitOffset()+BatchCommitSize(n, h.Layout.Shards) != h.ExtentBytes() || h.ExtentBytes() > MaxBatchExtent {
+			t.Fatalf("extent %d commit at %d", h.ExtentBytes(), h.CommitOffset())
+		}
+	})
+}
+
+// FuzzPeekBatchHeader: PeekBatchHeader never panics, and what it accepts is a block count in
+// [1, MaxBatchBlocks] with its header size: a scanner can size its next read from it.
+func FuzzPeekBatchHeader(f *testing.F) {
+	buf, _ := encodeBatchHeader(f, sampleBatchHeader())
+	f.Add(buf[:128])
+	f.Add(buf[:127])
+	f.Add(make([]byte, 128))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, size, err := PeekBatchHeader(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("peek error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		if n < 1 || n > MaxBatchBlocks || size != BatchHeaderSize(n) || size > BatchHeaderSize(MaxBatchBlocks) {
+			t.Fatalf("peek accepted %d blocks, %d header bytes", n, size)
+		}
+	})
+}
+
+// FuzzDecodeBatchCommit: against a header of any shape (N and L may be out of range), whatever
+// the bytes, DecodeBatchCommit never panics; it refuses an impossible header with ErrInvalid and
+// bad bytes with ErrCorrupt; what it accepts matches the header and re-encodes to its bytes.
+func FuzzDecodeBatchCommit(f *testing.F) {
+	h := sampleBatchHeader()
+	_, crc := encodeBatchHeader(f, h)
+	good := encodeBatchCommit(f, sampleBatchCommit(h, crc))
+	f.Add(good, uint16(3), uint16(2), crc)
+	f.Add(good, uint16(3), uint16(2), crc+1)
+	f.Add(good, uint16(2), uint16(3), crc)
+	f.Add(good, uint16(0), uint16(2), crc)
+	f.Add(good[:100], uint16(3), uint16(2), crc)
+	f.Fuzz(func(t *testing.T, b []byte, blocks, shards uint16, headerCRC uint32) {
+		h := sampleBatchHeader()
+		h.IDs = make([]BlockID, int(blocks)%(MaxBatchBlocks+2))
+		h.Layout.Shards = int(shards) % (MaxShards + 2)
+		n, l := len(h.IDs), h.Layout.Shards
+		possible := n >= 1 && n <= MaxBatchBlocks && l >= 1 && l <= MaxShards
+		c, err := DecodeBatchCommit(b, h, headerCRC)
+		if err != nil {
+			if possible && !errors.Is(err, ErrCorrupt) || !possible && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("header of %d blocks, %d shards: %v", n, l, err)
+			}
+			return
+		}
+		if !possible {
+			t.Fatalf("commit accepted for a header of %d blocks, %d shards", n, l)
+		}
+		if c.Segment != h.Segment || c.Generation != h.Generation || c.FirstSeq != h.FirstSeq || c.Blocks != n ||
+			c.Shards != l || c.HeaderCRC != headerCRC || len(c.ShardCRCs) != n*l {
+			t.Fatalf("accepted commit %+v does not match its header", c)
+		}
+		out := make([]byte, BatchCommitSize(n, l))
+		if err := EncodeBatchCommit(out, &c); err != nil || !bytes.Equal(out, b[:len(out)]) {
+			t.Fatalf("decoded commit does not re-encode to its bytes: %v", err)
 		}
 	})
 }

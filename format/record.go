@@ -130,7 +130,8 @@ func (c Compression) known() bool { return c <= CompressionPacked }
 //	offset size field
 //	     0    4 magic "UCMR"
 //	     4    2 format version (uint16 LE, = Version)
-//	     6    1 record type (1 = block, 2 = sidecar)
+//	     6    1 record type (1 = block, 2 = sidecar; 3 = batch, whose header differs from here
+//	            on: see batch.go)
 //	     7    1 compression (0 = none, 1 = lz4, 2 = lz4 after a 16-bit byte-plane split,
 //	            3 = packed raw: sidecars)
 //	     8   16 block id
@@ -265,8 +266,9 @@ func IsZeroBlock(b []byte) bool {
 	return true
 }
 
-// DecodeRecordHeader checks and decodes a record header. It checks the magic, the header
-// checksum, then every field's range; any failure returns an error wrapping ErrCorrupt that names
+// DecodeRecordHeader checks and decodes a record header (type 1 or 2). It checks the magic, that
+// the type is not RecordBatch (a batch header, see DecodeBatchHeader), the header checksum, then
+// every field's range; any failure returns an error wrapping ErrCorrupt that names
 // the field. It does not check the segment number or generation against a segment: the caller
 // knows which segment it read. It never panics and allocates only the shard checksum table,
 // bounded by MaxShards.
@@ -278,6 +280,11 @@ func DecodeRecordHeader(src []byte) (RecordHeader, uint32, error) {
 	src = src[:RecordHeaderSize]
 	if !bytes.Equal(src[:len(recMagic)], []byte(recMagic)) {
 		return h, 0, errorf(ErrCorrupt, "record header: field magic: %q is not %q", src[:len(recMagic)], recMagic)
+	}
+	// A batch header shares the first 8 bytes but keeps its CRC at 124, not 4092: say what it
+	// is rather than report a checksum mismatch (a scanner dispatches on this byte first).
+	if t := RecordType(src[recOffType]); t == RecordBatch {
+		return h, 0, errorf(ErrCorrupt, "record header: field type: %d is a batch record (read it with DecodeBatchHeader)", t)
 	}
 	le := binary.LittleEndian
 	crc := Checksum(src[:headerCRCOffset])

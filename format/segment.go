@@ -35,7 +35,8 @@ func AlignUp(n int64) int64 { return (n + Alignment - 1) &^ (Alignment - 1) }
 //	offset size field
 //	     0    8 magic "UCMGOSEG"
 //	     8    4 format version (uint32 LE, = Version)
-//	    12    4 feature flags (uint32 LE; every set bit must be known to the reader)
+//	    12    4 feature flags (uint32 LE; every set bit must be known to the reader:
+//	            bit 0 FeatureSidecars, bit 1 FeatureBatchRecords)
 //	    16    8 segment number (uint64 LE, > 0, monotonic per store)
 //	    24    8 generation (uint64 LE, random per segment file; records repeat it)
 //	    32   16 instance id of the writer
@@ -69,8 +70,14 @@ const (
 	// instead of misreading a sidecar record as a corrupt block; segments without it (written
 	// before sidecars) are read as they always were.
 	FeatureSidecars uint32 = 1 << 0
+	// FeatureBatchRecords marks a segment that may hold batch records (RecordBatch: a batch
+	// header, layer-major shard runs and a commit block; footer entries of type 3). A build that
+	// predates batches refuses such a segment by its flag instead of reading a batch header as
+	// a corrupt record; a segment without it never holds a batch, and its bytes are exactly
+	// what they were before batches existed.
+	FeatureBatchRecords uint32 = 1 << 1
 	// KnownFeatures is the set of feature bits this version understands.
-	KnownFeatures = FeatureSidecars
+	KnownFeatures = FeatureSidecars | FeatureBatchRecords
 )
 
 // Fingerprint identifies the configuration that produced the bytes of a store (model, dtype,
