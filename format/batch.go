@@ -126,6 +126,19 @@ func (h *BatchHeader) ExtentBytes() int64 {
 	return BatchHeaderSize(n) + int64(h.Layout.Shards)*int64(n)*h.Layout.ShardStride() + BatchCommitSize(n, h.Layout.Shards)
 }
 
+// BatchBlockBytes is block b's share of the extent of a batch record of n blocks of layout l:
+// its Shards × ShardStride bytes plus an equal share of the header and the commit block, block
+// 0 taking the remainder of the division, so that the shares of a batch's n blocks sum to its
+// extent exactly. It is what a segment's live bytes count for the block.
+func BatchBlockBytes(n, b int, l Layout) int64 {
+	meta := BatchHeaderSize(n) + BatchCommitSize(n, l.Shards)
+	share := meta / int64(n)
+	if b == 0 {
+		share = meta - int64(n-1)*share
+	}
+	return l.PayloadBytes() + share
+}
+
 // ShardOffset is the offset of shard i of block b (b in [0, N), i in [0, L)) from the start of
 // the batch record: H + (i·N + b)·S. Each shard fills the first ShardBytes of its ShardStride
 // slot; the rest of the slot is zero.

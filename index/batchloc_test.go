@@ -25,14 +25,14 @@ func testBatchLoc(seg uint64, off int64, shards, n, b int) Location {
 
 // batchExtent is a batch record's on-disk size: header, N·L shards, commit block.
 func batchExtent(n int, lay format.Layout) int64 {
-	return batchHeaderSize(n) + int64(n)*lay.PayloadBytes() + batchCommitSize(n, lay.Shards)
+	return format.BatchHeaderSize(n) + int64(n)*lay.PayloadBytes() + format.BatchCommitSize(n, lay.Shards)
 }
 
 // TestBatchLocation: a block of a batch is a version-3 value that round trips; its shards are
 // where the layer-major layout puts them, and the live bytes of the batch's N blocks sum to
 // the batch's extent exactly.
 func TestBatchLocation(t *testing.T) {
-	for _, c := range []struct{ shards, n int }{{1, 1}, {3, 2}, {32, 7}, {80, 35}, {format.MaxShards, 3}, {2, maxBatchBlocks}} {
+	for _, c := range []struct{ shards, n int }{{1, 1}, {3, 2}, {32, 7}, {80, 35}, {format.MaxShards, 3}, {2, format.MaxBatchBlocks}} {
 		var sum int64
 		for _, b := range []int{0, 1, c.n / 2, c.n - 1} {
 			if b >= c.n {
@@ -51,7 +51,7 @@ func TestBatchLocation(t *testing.T) {
 				t.Fatalf("round trip: got %+v want %+v", got, l)
 			}
 			s := l.Layout.ShardStride()
-			h := batchHeaderSize(c.n)
+			h := format.BatchHeaderSize(c.n)
 			for _, i := range []int{0, 1, c.shards - 1} {
 				if i >= c.shards {
 					continue
@@ -63,7 +63,7 @@ func TestBatchLocation(t *testing.T) {
 			// The last shard of the last block ends where the commit block starts.
 			if b == c.n-1 {
 				end := got.ShardOffset(c.shards-1) + s
-				if want := l.Offset + batchExtent(c.n, l.Layout) - batchCommitSize(c.n, c.shards); end != want {
+				if want := l.Offset + batchExtent(c.n, l.Layout) - format.BatchCommitSize(c.n, c.shards); end != want {
 					t.Fatalf("N=%d: last shard ends at %d, commit block at %d", c.n, end, want)
 				}
 			}
@@ -103,7 +103,7 @@ func TestBatchLocationRejects(t *testing.T) {
 		"truncated":  good[:len(good)-1],
 		"trailing":   append(bytes.Clone(good), 0),
 		"n0":         mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchBlocks:], 0); return b }),
-		"nOver":      mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchBlocks:], maxBatchBlocks+1); return b }),
+		"nOver":      mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchBlocks:], format.MaxBatchBlocks+1); return b }),
 		"nHuge":      mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchBlocks:], 1<<31); return b }),
 		"posN":       mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchPos:], 3); return b }),
 		"posHuge":    mut(func(b []byte) []byte { le.PutUint32(b[locOffBatchPos:], 1<<32-1); return b }),
@@ -125,7 +125,7 @@ func TestBatchLocationRejects(t *testing.T) {
 	// Put refuses what the codec could not store faithfully.
 	_, ix := openMem(t)
 	for name, l := range map[string]Location{
-		"nOver":      testBatchLoc(1, 0, 2, maxBatchBlocks+1, 0),
+		"nOver":      testBatchLoc(1, 0, 2, format.MaxBatchBlocks+1, 0),
 		"nNeg":       testBatchLoc(1, 0, 2, -1, 0),
 		"posNeg":     testBatchLoc(1, 0, 2, 3, -1),
 		"posN":       testBatchLoc(1, 0, 2, 3, 3),

@@ -49,13 +49,7 @@ func (l Location) IsBatch() bool { return l.BatchBlocks > 0 }
 // to its extent exactly.
 func (l Location) RecordBytes() int64 {
 	if l.IsBatch() {
-		n := int64(l.BatchBlocks)
-		meta := batchHeaderSize(l.BatchBlocks) + batchCommitSize(l.BatchBlocks, l.Layout.Shards)
-		share := meta / n
-		if l.BatchPos == 0 {
-			share = meta - (n-1)*share
-		}
-		return l.Layout.PayloadBytes() + share
+		return format.BatchBlockBytes(l.BatchBlocks, l.BatchPos, l.Layout)
 	}
 	return format.RecordHeaderSize + format.StoredPayloadBytes(l.Layout, l.Compression, l.StoredLens)
 }
@@ -82,7 +76,7 @@ func (l Location) ShardExtent(i int) (off, n int64) {
 // shards through it. i must be in [0, Layout.Shards).
 func (l Location) ShardOffset(i int) int64 {
 	if l.IsBatch() {
-		return l.Offset + batchHeaderSize(l.BatchBlocks) + (int64(i)*int64(l.BatchBlocks)+int64(l.BatchPos))*l.Layout.ShardStride()
+		return l.Offset + format.BatchHeaderSize(l.BatchBlocks) + (int64(i)*int64(l.BatchBlocks)+int64(l.BatchPos))*l.Layout.ShardStride()
 	}
 	return l.Offset + format.RecordHeaderSize + format.StoredOffset(l.Layout, l.Compression, l.StoredLens, i)
 }
@@ -111,7 +105,7 @@ func (l Location) validate() error {
 }
 
 // checkBatch says what is wrong with a location's batch fields (n blocks, position b, stored
-// with c), "" when nothing is: n is 0 (a record of its own, b 0) or in [1, maxBatchBlocks]
+// with c), "" when nothing is: n is 0 (a record of its own, b 0) or in [1, format.MaxBatchBlocks]
 // with b in [0, n) and c none.
 func checkBatch(n, b int, c format.Compression) string {
 	switch {
@@ -119,8 +113,8 @@ func checkBatch(n, b int, c format.Compression) string {
 		return fmt.Sprintf("batch position %d outside a batch", b)
 	case n == 0:
 		return ""
-	case n < 0 || n > maxBatchBlocks:
-		return fmt.Sprintf("batch blocks %d out of range [1, %d]", n, maxBatchBlocks)
+	case n < 0 || n > format.MaxBatchBlocks:
+		return fmt.Sprintf("batch blocks %d out of range [1, %d]", n, format.MaxBatchBlocks)
 	case b < 0 || b >= n:
 		return fmt.Sprintf("batch position %d out of range [0, %d)", b, n)
 	case c != format.CompressionNone:
@@ -353,8 +347,8 @@ func DecodeLocation(src []byte) (Location, error) {
 	l.HeaderCRC = le.Uint32(src[locOffHeaderCRC:])
 	if v == locationVersionBatch {
 		n, b := le.Uint32(src[locOffBatchBlocks:]), le.Uint32(src[locOffBatchPos:])
-		if n < 1 || n > maxBatchBlocks {
-			return Location{}, fmt.Errorf("%w: location value: field batch blocks: %d out of range [1, %d]", format.ErrCorrupt, n, maxBatchBlocks)
+		if n < 1 || n > format.MaxBatchBlocks {
+			return Location{}, fmt.Errorf("%w: location value: field batch blocks: %d out of range [1, %d]", format.ErrCorrupt, n, format.MaxBatchBlocks)
 		}
 		if b >= n {
 			return Location{}, fmt.Errorf("%w: location value: field batch position: %d out of range [0, %d)", format.ErrCorrupt, b, n)

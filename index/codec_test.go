@@ -144,7 +144,7 @@ func FuzzDecodeLocation(f *testing.F) {
 	f.Add(EncodeLocation(nil, testCompressedLoc(4, 0, format.MaxCompressedShards)))
 	f.Add(EncodeLocation(nil, testBatchLoc(5, 4096, 1, 1, 0)))
 	f.Add(EncodeLocation(nil, testBatchLoc(6, 1<<30, 80, 35, 34)))
-	f.Add(EncodeLocation(nil, testBatchLoc(7, 0, format.MaxShards, maxBatchBlocks, 4095)))
+	f.Add(EncodeLocation(nil, testBatchLoc(7, 0, format.MaxShards, format.MaxBatchBlocks, 4095)))
 	f.Add([]byte{})
 	f.Add([]byte{1})
 	f.Add(make([]byte, locationFixedSize))

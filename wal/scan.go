@@ -13,14 +13,36 @@ import (
 )
 
 // ScannedRecord is one valid record found by a scan: its decoded header and where it lies.
+//
+// A committed batch record (format.RecordBatch) gives one ScannedRecord per block, in the
+// batch's order: Header then holds the block's id, sequence number, layout and shard
+// checksums (Type RecordBatch, no compression), Offset and HeaderCRC are the batch record's,
+// and BatchBlocks, BatchPos and BatchExtent say where the block lies in it.
 type ScannedRecord struct {
 	Header    format.RecordHeader
 	Offset    int64
 	HeaderCRC uint32
+
+	BatchBlocks int
+	BatchPos    int
+	BatchExtent int64
 }
 
-// Length is the on-disk size of the record.
-func (r *ScannedRecord) Length() int64 { return r.Header.RecordBytes() }
+// Length is the on-disk size of the record (of the whole batch record for a block of one).
+func (r *ScannedRecord) Length() int64 {
+	if r.BatchBlocks > 0 {
+		return r.BatchExtent
+	}
+	return r.Header.RecordBytes()
+}
+
+// footerEntry is the footer entry that lists r: one per batch record, for its first block.
+func (r *ScannedRecord) footerEntry() (format.FooterEntry, bool) {
+	if r.BatchPos > 0 {
+		return format.FooterEntry{}, false
+	}
+	return format.FooterEntry{ID: r.Header.ID, Offset: r.Offset, Length: r.Length(), Seq: r.Header.Seq, HeaderCRC: r.HeaderCRC, Type: r.Header.Type, Kind: r.Header.Kind}, true
+}
 
 // ScanResult is what a scan of a segment found.
 type ScanResult struct {
@@ -41,6 +63,12 @@ type ScanResult struct {
 	// a clean end (end of file or a zeroed block), else the first invalid record's error, which
 	// names its offset. For a torn tail this is expected; in a sealed segment it is corruption.
 	Stop error
+	// Skipped lists the batch records passed over, each as a *CorruptionError naming its
+	// offset and first block: a valid header whose commit block is missing, does not match
+	// it, or whose shards do not match the commit's checksums. Such a batch was never
+	// acknowledged (its commit is synced before its blocks are published) unless its bytes
+	// rotted since: its extent is dead bytes, and the scan goes on after it.
+	Skipped []error
 }
 
 // CorruptionError reports an invalid record or structure in a segment, with its place.
@@ -155,6 +183,22 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 			res.HasFooter = true
 		}
 	}
+	// A sealed segment's footer lists the batch records it holds: one of them that no longer
+	// checks is corruption, while a batch it does not list was abandoned and is dead bytes.
+	var entries []format.FooterEntry
+	var entriesErr error
+	listed := map[int64]bool{}
+	if tr != nil {
+		entries, entriesErr = readFooterEntries(r, tr)
+		if entriesErr != nil && !isCorrupt(entriesErr) {
+			return nil, entriesErr
+		}
+		for _, e := range entries {
+			if e.Type == format.RecordBatch {
+				listed[e.Offset] = true
+			}
+		}
+	}
 	off := int64(format.SegmentHeaderSize)
 	var scratch []byte // decoding compressed shards
 	for off < dataLimit {
@@ -171,6 +215,30 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 				res.Stop = &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf("%w: zeroed block inside sealed data", format.ErrCorrupt)}
 			}
 			break // clean end of an unsealed log
+		}
+		if format.RecordType(hdr[6]) == format.RecordBatch {
+			recs, extent, skip, err := scanBatch(r, &h, off, dataLimit)
+			if err != nil {
+				var ce *CorruptionError
+				if !errors.As(err, &ce) {
+					return nil, err // I/O
+				}
+				ce.Path = path
+				if !skip || listed[off] {
+					res.Stop = ce
+					break
+				}
+				res.Skipped = append(res.Skipped, ce)
+				off += extent
+				if tr != nil {
+					res.ValidEnd = off // dead bytes inside sealed data
+				}
+				continue
+			}
+			res.Records = append(res.Records, recs...)
+			off += extent
+			res.ValidEnd = off
+			continue
 		}
 		rh, crc, err := format.DecodeRecordHeader(hdr)
 		if err == nil && (rh.Segment != h.Number || rh.Generation != h.Generation) {
@@ -205,7 +273,11 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 		res.ValidEnd = off
 	}
 	if tr != nil && res.Stop == nil && res.ValidEnd == tr.DataEnd {
-		if err := checkFooterEntries(r, tr, res.Records); err != nil {
+		err := entriesErr
+		if err == nil {
+			err = checkFooterEntries(entries, res.Records)
+		}
+		if err != nil {
 			res.Stop = &CorruptionError{Path: path, Offset: tr.DataEnd, Err: err}
 		} else {
 			res.Sealed = true
@@ -214,28 +286,120 @@ func scanFile(f *devio.File, path string, size int64, backend devio.Backend) (*S
 	return res, nil
 }
 
-// checkFooterEntries reads the footer entries a trailer announces and checks they list exactly
-// the records the scan found.
-func checkFooterEntries(r *reader, tr *format.Trailer, recs []ScannedRecord) error {
+// readFooterEntries reads the footer entries a trailer announces.
+func readFooterEntries(r *reader, tr *format.Trailer) ([]format.FooterEntry, error) {
 	buf := devio.AlignedBuffer(int(r.size - tr.DataEnd))
 	if err := r.read(buf, tr.DataEnd); err != nil {
-		return err
+		return nil, err
 	}
-	entries, err := format.DecodeFooterEntries(buf, *tr)
-	if err != nil {
-		return err
-	}
-	if len(entries) != len(recs) {
-		return fmt.Errorf("%w: footer lists %d records, the segment holds %d", format.ErrCorrupt, len(entries), len(recs))
+	return format.DecodeFooterEntries(buf, *tr)
+}
+
+func isCorrupt(err error) bool { return errors.Is(err, format.ErrCorrupt) }
+
+// checkFooterEntries checks that a footer's entries list exactly the records the scan found.
+func checkFooterEntries(entries []format.FooterEntry, recs []ScannedRecord) error {
+	want := footerEntries(recs)
+	if len(entries) != len(want) {
+		return fmt.Errorf("%w: footer lists %d records, the segment holds %d", format.ErrCorrupt, len(entries), len(want))
 	}
 	for i, e := range entries {
-		rec := &recs[i]
-		if e.ID != rec.Header.ID || e.Offset != rec.Offset || e.Length != rec.Length() || e.Seq != rec.Header.Seq || e.HeaderCRC != rec.HeaderCRC ||
-			e.Type != rec.Header.Type || e.Kind != rec.Header.Kind {
-			return fmt.Errorf("%w: footer entry %d (%s at %d) does not match the record at %d (%s)", format.ErrCorrupt, i, e.ID, e.Offset, rec.Offset, rec.Header.ID)
+		if e != want[i] {
+			return fmt.Errorf("%w: footer entry %d (%s at %d) does not match the record at %d (%s)", format.ErrCorrupt, i, e.ID, e.Offset, want[i].Offset, want[i].ID)
 		}
 	}
 	return nil
+}
+
+// footerEntries is the footer listing recs: one entry per record, one per batch record.
+func footerEntries(recs []ScannedRecord) []format.FooterEntry {
+	entries := make([]format.FooterEntry, 0, len(recs))
+	for i := range recs {
+		if e, ok := recs[i].footerEntry(); ok {
+			entries = append(entries, e)
+		}
+	}
+	return entries
+}
+
+// scanBatch reads and checks the batch record at off of the segment with header h: its header,
+// its commit block and every shard against the commit's checksums. It returns the record's
+// blocks and its extent. A bad header (torn, stale, not fitting the data) is a
+// *CorruptionError with skip false: the scan stops there, as at any bad record header. Once the
+// header is valid its extent is known, and a missing or mismatched commit block or a bad shard
+// is a *CorruptionError with skip true: the scan passes over the extent. Other errors are I/O.
+func scanBatch(r *reader, h *format.SegmentHeader, off, dataLimit int64) (recs []ScannedRecord, extent int64, skip bool, err error) {
+	corrupt := func(id format.BlockID, err error) error { return &CorruptionError{Offset: off, ID: id, Err: err} }
+	first, err := r.at(off, format.RecordHeaderSize)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	_, size, err := format.PeekBatchHeader(first)
+	if err != nil {
+		return nil, 0, false, corrupt(format.BlockID{}, err)
+	}
+	if off+size > dataLimit {
+		return nil, 0, false, corrupt(format.BlockID{}, fmt.Errorf("%w: batch header of %d bytes runs past the data end %d", format.ErrCorrupt, size, dataLimit))
+	}
+	hb, err := r.at(off, size)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	bh, hcrc, err := format.DecodeBatchHeader(hb)
+	if err == nil && h.Features&format.FeatureBatchRecords == 0 {
+		err = fmt.Errorf("%w: batch record in a segment without the batch-records feature flag", format.ErrCorrupt)
+	}
+	if err == nil && (bh.Segment != h.Number || bh.Generation != h.Generation) {
+		err = fmt.Errorf("%w: batch of segment %d generation %#x in segment %d generation %#x (stale bytes)",
+			format.ErrCorrupt, bh.Segment, bh.Generation, h.Number, h.Generation)
+	}
+	extent = bh.ExtentBytes()
+	if err == nil && off+extent > dataLimit {
+		err = fmt.Errorf("%w: batch record of %d bytes runs past the data end %d", format.ErrCorrupt, extent, dataLimit)
+	}
+	if err != nil {
+		return nil, 0, false, corrupt(format.BlockID{}, err)
+	}
+	id0 := bh.IDs[0]
+	n, l := len(bh.IDs), bh.Layout
+	cb, err := r.at(off+bh.CommitOffset(), format.BatchCommitSize(n, l.Shards))
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, extent, true, corrupt(id0, fmt.Errorf("%w: batch commit block cut short by end of file", format.ErrCorrupt))
+		}
+		return nil, 0, false, err
+	}
+	c, err := format.DecodeBatchCommit(cb, &bh, hcrc)
+	if err != nil {
+		return nil, extent, true, corrupt(id0, fmt.Errorf("batch not committed: %w", err))
+	}
+	for i := 0; i < l.Shards; i++ {
+		for b := 0; b < n; b++ {
+			s, err := r.at(off+bh.ShardOffset(b, i), l.ShardBytes)
+			if err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) {
+					return nil, extent, true, corrupt(bh.IDs[b], fmt.Errorf("%w: batch shard cut short by end of file", format.ErrCorrupt))
+				}
+				return nil, 0, false, err
+			}
+			if got, want := format.Checksum(s), c.ShardCRCs[i*n+b]; got != want {
+				return nil, extent, true, corrupt(bh.IDs[b], fmt.Errorf("%w: batch shard %d checksum: stored %#08x, computed %#08x", format.ErrCorrupt, i, want, got))
+			}
+		}
+	}
+	return batchBlocks(&bh, hcrc, &c, off), extent, false, nil
+}
+
+// batchBlocks lists the blocks of the committed batch record at off with header bh (whose
+// checksum is hcrc) and commit block c.
+func batchBlocks(bh *format.BatchHeader, hcrc uint32, c *format.BatchCommit, off int64) []ScannedRecord {
+	recs := make([]ScannedRecord, len(bh.IDs))
+	for b, id := range bh.IDs {
+		recs[b] = ScannedRecord{Header: format.RecordHeader{Type: format.RecordBatch, ID: id, Segment: bh.Segment, Generation: bh.Generation,
+			Seq: bh.FirstSeq + uint64(b), Layout: bh.Layout, ShardCRCs: c.BlockCRCs(b)}, Offset: off, HeaderCRC: hcrc,
+			BatchBlocks: len(bh.IDs), BatchPos: b, BatchExtent: bh.ExtentBytes()}
+	}
+	return recs
 }
 
 // VerifyShards checks shards [first, first+n) of a raw (uncompressed) record whose payload bytes
@@ -290,11 +454,7 @@ func RecoverSegment(fs vfs.FS, path string, number uint64, direct devio.DirectMo
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
-	entries := make([]format.FooterEntry, len(res.Records))
-	for i := range res.Records {
-		r := &res.Records[i]
-		entries[i] = format.FooterEntry{ID: r.Header.ID, Offset: r.Offset, Length: r.Length(), Seq: r.Header.Seq, HeaderCRC: r.HeaderCRC, Type: r.Header.Type, Kind: r.Header.Kind}
-	}
+	entries := footerEntries(res.Records)
 	seg := &Segment{Number: res.Header.Number, Generation: res.Header.Generation, path: path, file: f}
 	if err := sealAt(seg, res.ValidEnd, entries, backend); err != nil {
 		return nil, err

@@ -107,6 +107,11 @@ type Segment struct {
 	// header is the encoded segment header until it is written: with the first records (one
 	// vectored write with them), or by the seal of a segment that never got one.
 	header []byte
+	// batches are the batch records placed in the segment (committer-owned until the seal),
+	// openBatches counts those neither committed nor abandoned: the seal waits for them.
+	batches     []*Batch
+	openBatches sync.WaitGroup
+	openCount   atomic.Int64 // the batches openBatches waits for
 	// failed holds the first write or sync error of the segment; appends stop there.
 	failed atomic.Pointer[error]
 }

@@ -88,6 +88,14 @@ type Record struct {
 	// entry only if it still points there; the Writer itself does not look at it.
 	Origin *Origin
 
+	// Set on the records Batch.CommitBatch publishes, one per block of a layer-major batch
+	// record (format.RecordBatch): the batch's block count, this block's position in it and
+	// the batch record's on-disk size. Offset is then the batch record's, HeaderCRC the batch
+	// header's; Buf and Payload are nil.
+	BatchBlocks int
+	BatchPos    int
+	BatchExtent int64
+
 	// Set by the Writer before Publish.
 	Segment   uint64
 	Offset    int64
@@ -95,8 +103,12 @@ type Record struct {
 	HeaderCRC uint32
 }
 
-// Type is the record type rec is written as: RecordSidecar when Kind is set, else RecordBlock.
+// Type is the record type rec is written as: RecordBatch for a block of a batch,
+// RecordSidecar when Kind is set, else RecordBlock.
 func (r *Record) Type() format.RecordType {
+	if r.BatchBlocks > 0 {
+		return format.RecordBatch
+	}
 	if r.Kind != 0 {
 		return format.RecordSidecar
 	}
@@ -183,6 +195,10 @@ type Options struct {
 	MaxGroupBytes int64
 	// OnSegment is told about every segment the Writer opens, so readers can find it.
 	OnSegment func(*Segment)
+	// BatchRecords lets the Writer write layer-major batch records (ReserveBatch): every
+	// segment it creates then carries format.FeatureBatchRecords, which builds that predate
+	// batches refuse by name. Off, segments are byte-identical to those of such builds.
+	BatchRecords bool
 	// OnFlight, if set, is told when each flight of records passed each step of the pipeline
 	// (FlightTiming), from the publisher goroutine once the flight is settled; it must return
 	// quickly. A diagnostic: unset, the Writer reads no clocks for it.
@@ -219,7 +235,9 @@ type request struct {
 	sync bool // an explicit Sync request (recs empty)
 	// sealAge > 0: a SealOlderThan request (recs empty).
 	sealAge time.Duration
-	done    chan error
+	// batch: a ReserveBatch request (recs empty).
+	batch *Batch
+	done  chan error
 	// appended is when Append was called (only with Options.OnFlight).
 	appended time.Time
 
@@ -296,6 +314,16 @@ type Writer struct {
 	flights chan *flight   // committer -> publisher, in placement order
 	slots   chan struct{}  // one per flight not yet settled
 	sealing sync.WaitGroup // seals started by the publisher and not finished
+	// batchSeals counts the seals waiting for open batches (no longer counted in sealing).
+	batchSeals sync.WaitGroup
+
+	// pubMu serialises Hooks.Publish between the publisher and Batch.CommitBatch.
+	pubMu sync.Mutex
+	// batchMu guards open (the batches placed and neither committed nor abandoned) and
+	// batchesClosed (Close has abandoned them: no new batch is placed).
+	batchMu       sync.Mutex
+	open          map[*Batch]struct{}
+	batchesClosed bool
 }
 
 // NewWriter starts a Writer. No segment is created until the first record arrives.
@@ -316,7 +344,7 @@ func NewWriter(opts Options) (*Writer, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	w := &Writer{opts: opts, reqs: make(chan *request, 1024), stop: make(chan struct{}), next: opts.NextSegment,
-		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights)}
+		flights: make(chan *flight, maxFlights), slots: make(chan struct{}, maxFlights), open: make(map[*Batch]struct{})}
 	w.wg.Add(2)
 	go w.run()
 	go w.publisher()
@@ -378,7 +406,10 @@ func (w *Writer) Close() error {
 	w.closed = true
 	close(w.stop)
 	w.mu.Unlock()
+	// An open batch would hold its segment's seal, which the committer's last drain waits for.
+	w.abandonOpenBatches()
 	w.wg.Wait()
+	w.batchSeals.Wait()
 	// Drain requests queued before closed was set.
 	for {
 		select {
@@ -468,8 +499,24 @@ func reqBytes(r *request) int64 {
 	return n
 }
 
-// Size is the record's on-disk size: header plus payload as written.
-func (r *Record) Size() int64 { return int64(len(r.Buf)) + int64(len(r.Payload)) }
+// Size is the record's on-disk size: header plus payload as written; for a block of a batch,
+// its share of the batch record (format.BatchBlockBytes: the shares of a batch sum to its
+// extent).
+func (r *Record) Size() int64 {
+	if r.BatchBlocks > 0 {
+		return format.BatchBlockBytes(r.BatchBlocks, r.BatchPos, r.Layout)
+	}
+	return int64(len(r.Buf)) + int64(len(r.Payload))
+}
+
+// End is the offset just past the record in its segment (past the whole batch record for a
+// block of a batch).
+func (r *Record) End() int64 {
+	if r.BatchBlocks > 0 {
+		return r.Offset + r.BatchExtent
+	}
+	return r.Offset + r.Size()
+}
 
 // commit places one group. Records are placed in order; when the active segment fills, the
 // records placed so far are drained (written and published), the segment sealed and a new one
@@ -483,6 +530,10 @@ func (w *Writer) commit(group []*request) {
 		sealReqs []*request
 	)
 	for _, r := range group {
+		if r.batch != nil {
+			r.done <- w.placeBatch(r.batch)
+			continue
+		}
 		if r.sync {
 			syncReqs = append(syncReqs, r)
 		}
@@ -581,7 +632,13 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	if w.opts.Sync != SyncAlways {
 		w.markDirty(seg)
 	}
-	ops := planWrites(seg, recs)
+	w.launch(seg, recs, owners, planWrites(seg, recs))
+	return nil
+}
+
+// launch starts the writes ops of a flight of recs (none for a batch header) placed in seg and
+// hands the flight to the publisher.
+func (w *Writer) launch(seg *Segment, recs []*Record, owners []*request, ops []devio.Op) *flight {
 	f := &flight{seg: seg, recs: recs, owners: owners, written: make(chan struct{}), settled: make(chan struct{})}
 	w.slots <- struct{}{}
 	timed := w.opts.OnFlight != nil
@@ -604,7 +661,7 @@ func (w *Writer) issue(seg *Segment, recs []*Record, owners []*request) error {
 	}()
 	w.last = f
 	w.flights <- f // never blocks: slots bounds the flights
-	return nil
+	return f
 }
 
 // drain waits until every issued flight is settled; the publisher is then idle, so hooks may
@@ -711,8 +768,11 @@ func (w *Writer) settle(batch []*flight) {
 			continue // one index batch for the run
 		}
 		err := f.seg.failure()
-		if err == nil {
-			if perr := w.opts.Hooks.Publish(recs, durable); perr != nil {
+		if err == nil && len(recs) > 0 {
+			w.pubMu.Lock()
+			perr := w.opts.Hooks.Publish(recs, durable)
+			w.pubMu.Unlock()
+			if perr != nil {
 				err = fmt.Errorf("wal: publish to index: %w", perr)
 			}
 		}
@@ -884,7 +944,7 @@ func (w *Writer) createSegment() (*Segment, error) {
 	}
 	seg, err := CreateSegment(w.opts.FS, dir, n, w.opts.Direct, &format.SegmentHeader{
 		Number: n, Generation: randomGeneration(), Instance: w.opts.Instance,
-		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema, Features: format.FeatureSidecars,
+		CreatedNano: time.Now().UnixNano(), Schema: w.opts.Schema, Features: w.features(),
 	}, reuse)
 	if err != nil {
 		if reuse != "" {
@@ -914,6 +974,14 @@ func (w *Writer) createSegment() (*Segment, error) {
 	return seg, nil
 }
 
+// features is the feature flags of the segments the Writer creates.
+func (w *Writer) features() uint32 {
+	if w.opts.BatchRecords {
+		return format.FeatureSidecars | format.FeatureBatchRecords
+	}
+	return format.FeatureSidecars
+}
+
 // rotate ends the committer's use of the full active segment seg: the segment leaves the
 // active and dirty lists (its seal syncs it) and a seal flight is queued behind its records,
 // so the publisher seals it once they are published while the committer writes the next
@@ -936,9 +1004,24 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 func (w *Writer) sealFlight(f *flight) {
 	w.sealing.Add(1)
 	go func() {
-		defer w.sealing.Done()
-		if err := w.sealSegment(f.seg); err != nil {
-			w.opts.Logger.Error("wal: segment not sealed; recovery will seal it", "segment", f.seg.Number, "path", f.seg.path, "err", err)
+		seg := f.seg
+		if seg.openCount.Load() > 0 {
+			// Batches still open in seg hold its seal, possibly for as long as their layers take
+			// to arrive: make its published records durable now, so that a Sync or Close that
+			// waits for the seals started before it need not wait for the batches.
+			w.batchSeals.Add(1)
+			defer w.batchSeals.Done()
+			if w.opts.Sync != SyncAlways {
+				if err := seg.file.SyncData(); err != nil {
+					w.markFailed(seg, fmt.Errorf("wal: sync segment %d: %w", seg.Number, err))
+				}
+			}
+			w.sealing.Done()
+		} else {
+			defer w.sealing.Done()
+		}
+		if err := w.sealSegment(seg); err != nil {
+			w.opts.Logger.Error("wal: segment not sealed; recovery will seal it", "segment", seg.Number, "path", seg.path, "err", err)
 		}
 	}()
 	<-w.slots
@@ -954,8 +1037,10 @@ func (w *Writer) seal(seg *Segment) error {
 }
 
 // sealSegment trims seg's preallocated tail, writes its footer, syncs it and reports it sealed.
-// Every record placed in seg must be published. On failure seg is marked failed.
+// Every record placed in seg must be published; it waits for seg's open batches to be
+// committed or abandoned, and lists only the committed ones. On failure seg is marked failed.
 func (w *Writer) sealSegment(seg *Segment) error {
+	seg.entries = committedEntries(seg)
 	if err := seg.failure(); err != nil {
 		return err
 	}
