@@ -162,8 +162,8 @@ type blockRead struct {
 	pieces bool
 	header []byte // whole-block loads: the record header, to check the id
 	bounce []byte // payload read here when dst cannot take it directly
-	// Compressed records: bounce holds the stored bytes read; winOff is the offset of
-	// bounce[0] from the payload start (single-shard loads read an aligned window).
+	// Compressed records: bounce holds the stored bytes read; winOff is the file offset of
+	// bounce[0] (single-shard loads read an aligned window).
 	winOff int64
 	opLo   int // ops[opLo:opHi] belong to this block
 	opHi   int
@@ -310,21 +310,22 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			r.tier.lru.Pin(id) // not evicted while read
 		}
 		f := seg.File()
+		first := max(shard, 0) // the first shard read
+		// A block of its own record has a header to check; a block of a batch record does not
+		// (its shard checksums come from the index, as for every block).
+		header := func() {
+			if shard == AllShards && !loc.IsBatch() {
+				r.header = e.pool.Get(format.RecordHeaderSize)
+				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+			}
+		}
 		direct := l.ShardStride() == l.ShardBytes && dst[i].aligned()
 		if loc.Compression == format.CompressionNone && len(dst[i]) > 1 && direct {
 			// Straight into the caller's pieces: consecutive ops, merged by the backend
 			// into one vectored request.
 			r.pieces = true
-			off := loc.Offset + l.ShardOffset(max(shard, 0))
-			if shard == AllShards {
-				r.header = e.pool.Get(format.RecordHeaderSize)
-				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
-				off = loc.Offset + format.RecordHeaderSize
-			}
-			for _, p := range dst[i] {
-				ops = append(ops, devio.Op{File: f, Buf: p, Off: off})
-				off += int64(len(p))
-			}
+			header()
+			ops = appendShardReads(ops, f, loc, first, dst[i])
 			r.opHi = len(ops)
 			reads = append(reads, r)
 			continue
@@ -334,32 +335,28 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		if loc.Compression != format.CompressionNone {
 			// Read the stored bytes into a bounce buffer: the whole payload, or the aligned
 			// window around one packed shard; finishRead decodes them into dst.
-			lo, hi := int64(0), loc.PayloadBytes()
-			if shard == AllShards {
-				r.header = e.pool.Get(format.RecordHeaderSize)
-				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
-			} else {
-				off, n := loc.ShardExtent(shard)
-				lo, hi = off&^(format.Alignment-1), format.AlignUp(off+n)
+			header()
+			lo, hi := loc.ShardOffset(0), loc.ShardOffset(0)+loc.PayloadBytes()
+			if shard != AllShards {
+				_, n := loc.ShardExtent(shard)
+				lo = loc.ShardOffset(shard) &^ (format.Alignment - 1)
+				hi = format.AlignUp(loc.ShardOffset(shard) + n)
 			}
 			r.bounce, r.winOff = e.pool.Get(int(hi-lo)), lo
-			ops = append(ops, devio.Op{File: f, Buf: r.bounce, Off: loc.Offset + format.RecordHeaderSize + lo})
-		} else if shard == AllShards {
-			r.header = e.pool.Get(format.RecordHeaderSize)
-			ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
-			payload := out
-			if !direct {
-				r.bounce = e.pool.Get(int(l.PayloadBytes()))
-				payload = r.bounce
-			}
-			ops = append(ops, devio.Op{File: f, Buf: payload, Off: loc.Offset + format.RecordHeaderSize})
+			ops = append(ops, devio.Op{File: f, Buf: r.bounce, Off: lo})
 		} else {
+			// The shards read (all, or one) laid out as a record's payload holds them.
+			n := int64(1)
+			if shard == AllShards {
+				n = int64(l.Shards)
+			}
 			buf := out
 			if !direct {
-				r.bounce = e.pool.Get(int(l.ShardStride()))
+				r.bounce = e.pool.Get(int(n * l.ShardStride()))
 				buf = r.bounce
 			}
-			ops = append(ops, devio.Op{File: f, Buf: buf, Off: loc.Offset + l.ShardOffset(shard)})
+			header()
+			ops = appendShardReads(ops, f, loc, first, [][]byte{buf})
 		}
 		r.opHi = len(ops)
 		reads = append(reads, r)
@@ -498,17 +495,23 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		return e.finishCompressed(r, id, shard, dst, ops)
 	}
 	if shard == AllShards {
-		if err := checkHeader(id, r.loc, r.header); err != nil {
-			return e.dropBroken(id, r.loc, err)
+		if r.header != nil {
+			if err := checkHeader(id, r.loc, r.header); err != nil {
+				return e.dropBroken(id, r.loc, err)
+			}
+			ops = ops[1:]
 		}
 		if r.pieces {
-			if err := verifySpans(&h, opBufs(ops[1:]), 0, l.Shards); err != nil {
+			if err := verifySpans(&h, opBufs(ops), 0, l.Shards); err != nil {
 				return e.dropBroken(id, r.loc, err)
 			}
 			e.countLoaded(AllShards)
 			return nil
 		}
-		payload := ops[1].Buf
+		payload := dst // read straight into it (its shards are strides apart) or bounced
+		if r.bounce != nil {
+			payload = r.bounce
+		}
 		if err := wal.VerifyShards(&h, payload, 0, l.Shards); err != nil {
 			return e.dropBroken(id, r.loc, err)
 		}
@@ -528,7 +531,7 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		e.countLoaded(shard)
 		return nil
 	}
-	buf := ops[0].Buf
+	buf := ops[0].Buf // one shard: one op
 	if err := wal.VerifyShards(&h, buf, shard, 1); err != nil {
 		return e.dropBroken(id, r.loc, err)
 	}
@@ -545,18 +548,56 @@ func shortRead(err error) bool {
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
-// cutShort reports whether seg's file now ends before loc's record does. An indexed record
+// cutShort reports whether seg's file now ends before loc's block does. An indexed record
 // was written whole before it was published, so such a file was cut short since: corruption,
 // not a transient failure worth keeping the entry for. A short read of a file that is long
 // enough (a transient hiccup) is not.
 func cutShort(seg *wal.Segment, loc index.Location) bool {
 	st, err := seg.File().VFS().Stat()
-	return err == nil && st.Size() < loc.Offset+loc.RecordBytes()
+	return err == nil && st.Size() < blockEnd(loc)
+}
+
+// blockEnd is where the last of loc's bytes ends in its segment file: the end of its record,
+// or for a block of a batch record the end of its last shard.
+func blockEnd(loc index.Location) int64 {
+	if loc.IsBatch() {
+		return loc.ShardOffset(loc.Layout.Shards-1) + loc.Layout.ShardStride()
+	}
+	return loc.Offset + loc.RecordBytes()
 }
 
 // truncatedRecord is the error of a record its segment file no longer holds whole.
 func truncatedRecord(loc index.Location, cause error) error {
-	return fmt.Errorf("%w: segment %d ends before its record at offset %d (%d bytes): %w", ErrCorrupt, loc.Segment, loc.Offset, loc.RecordBytes(), cause)
+	return fmt.Errorf("%w: segment %d ends at or before %d, inside the record at offset %d: %w", ErrCorrupt, loc.Segment, blockEnd(loc), loc.Offset, cause)
+}
+
+// appendShardReads appends to ops the reads of shards first, first+1, ... of the block at loc
+// into bufs: their concatenation is those shards as a record's payload holds them, shard
+// first+k at k × ShardStride (pieces of a caller's memory, or one buffer). Every byte's file
+// offset comes from loc.ShardOffset; a buffer is cut where the file offsets stop being
+// contiguous (between the shards of a block of a batch record, which lie N × ShardStride
+// apart), so a record of its own gets one op per buffer and a block of a batch one per shard
+// (per piece within a shard). The ops of blocks adjacent in one batch continue each other and
+// are merged by the backend.
+func appendShardReads(ops []devio.Op, f *devio.File, loc index.Location, first int, bufs [][]byte) []devio.Op {
+	stride := loc.Layout.ShardStride()
+	var pos int64 // bytes of the shards placed so far
+	for _, b := range bufs {
+		for start := int64(0); start < int64(len(b)); {
+			shard := first + int(pos/stride)
+			in := pos % stride
+			n := min(int64(len(b))-start, stride-in)
+			off := loc.ShardOffset(shard) + in
+			if k := len(ops) - 1; start > 0 && ops[k].Off+int64(len(ops[k].Buf)) == off {
+				ops[k].Buf = b[start-int64(len(ops[k].Buf)) : start+n] // the same buffer, continued
+			} else {
+				ops = append(ops, devio.Op{File: f, Buf: b[start : start+n], Off: off})
+			}
+			start += n
+			pos += n
+		}
+	}
+	return ops
 }
 
 // countLoaded counts one successful block or shard load.
@@ -590,8 +631,9 @@ func (e *Engine) finishCompressed(r *blockRead, id BlockID, shard int, dst []byt
 		e.countLoaded(AllShards)
 		return nil
 	}
-	off, n := loc.ShardExtent(shard)
-	stored := r.bounce[off-r.winOff : off-r.winOff+n]
+	_, n := loc.ShardExtent(shard)
+	off := loc.ShardOffset(shard) - r.winOff
+	stored := r.bounce[off : off+n]
 	if err := format.UnpackShard(loc.Compression, shard, stored, loc.StoredCRCs[shard], loc.ShardCRCs[shard], dst, scratch); err != nil {
 		return e.dropBroken(id, r.loc, err)
 	}

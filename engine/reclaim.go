@@ -351,14 +351,19 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 
 // readRecords reads and verifies whole records for relocation; unusable ones are dropped from
 // the index and skipped. The returned records own pooled buffers, the header's and the
-// payload's apart (read by one vectored read; see newRecord).
+// payload's apart (read by one vectored read; see newRecord). A block of a batch record is
+// read shard by shard (its shards lie N × ShardStride apart) into a payload laid out as a
+// record's, and written as a record of its own: relocation turns batch blocks into type-1
+// records.
 func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	l := e.opts.Layout
 	type read struct {
-		rec  *wal.Record
-		seg  *wal.Segment
-		ref  recordRef
-		tier *diskTier
+		rec    *wal.Record
+		seg    *wal.Segment
+		ref    recordRef
+		tier   *diskTier
+		header bool // ops[lo] reads the record header
+		lo, hi int  // ops[lo:hi] are this record's
 	}
 	var (
 		reads []read
@@ -386,25 +391,45 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 			return nil, wrapIO(err)
 		}
 		rec := &wal.Record{ID: ref.id, Kind: ref.kind, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs,
-			Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(loc.RecordBytes() - format.RecordHeaderSize)),
+			Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(loc.PayloadBytes())),
 			Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs,
 			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
-		reads = append(reads, read{rec: rec, seg: seg, ref: ref, tier: e.tierOf(loc.Segment)})
-		ops = append(ops, devio.Op{File: seg.File(), Buf: rec.Buf, Off: loc.Offset},
-			devio.Op{File: seg.File(), Buf: rec.Payload, Off: loc.Offset + format.RecordHeaderSize})
+		r := read{rec: rec, seg: seg, ref: ref, tier: e.tierOf(loc.Segment), header: !loc.IsBatch(), lo: len(ops)}
+		if r.header {
+			ops = append(ops, devio.Op{File: seg.File(), Buf: rec.Buf, Off: loc.Offset})
+		}
+		if loc.Compression == format.CompressionNone {
+			ops = appendShardReads(ops, seg.File(), loc, 0, [][]byte{rec.Payload})
+		} else {
+			ops = append(ops, devio.Op{File: seg.File(), Buf: rec.Payload, Off: loc.ShardOffset(0)})
+		}
+		r.hi = len(ops)
+		reads = append(reads, r)
 	}
 	if len(ops) > 0 {
-		_ = e.submit(ops, func(i int) *diskTier { return reads[i/2].tier })
+		owner := make([]*diskTier, len(ops))
+		for _, r := range reads {
+			for i := r.lo; i < r.hi; i++ {
+				owner[i] = r.tier
+			}
+		}
+		_ = e.submit(ops, func(i int) *diskTier { return owner[i] })
 	}
 	var out []*wal.Record
-	for k, r := range reads {
-		err := ops[2*k].Err // the header's
-		if err == nil {
-			err = ops[2*k+1].Err // the payload's
+	for _, r := range reads {
+		var err error
+		for _, op := range ops[r.lo:r.hi] {
+			if err = op.Err; err != nil {
+				break
+			}
 		}
 		switch {
 		case err == nil:
-			err = e.checkRecord(r.ref.id, r.ref.loc, r.rec.Buf, r.rec.Payload)
+			var header []byte
+			if r.header {
+				header = r.rec.Buf
+			}
+			err = e.checkRecord(r.ref.id, r.ref.loc, header, r.rec.Payload)
 			if err != nil {
 				_ = e.dropBrokenRef(r.ref, err)
 			}
@@ -442,9 +467,13 @@ func (e *Engine) dropBrokenRef(r recordRef, cause error) error {
 }
 
 // checkRecord verifies a whole record, read into header and payload, against its index entry.
+// A block of a batch record has no header of its own (header nil): its shards are checked
+// against the index's checksums.
 func (e *Engine) checkRecord(id BlockID, loc index.Location, header, payload []byte) error {
-	if err := checkHeader(id, loc, header); err != nil {
-		return err
+	if !loc.IsBatch() {
+		if err := checkHeader(id, loc, header); err != nil {
+			return err
+		}
 	}
 	if loc.Compression == format.CompressionNone {
 		h := format.RecordHeader{ID: id, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs}

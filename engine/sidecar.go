@@ -267,7 +267,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		}
 		buf := e.pool.Get(int(loc.PayloadBytes()))
 		reads = append(reads, read{i: i, id: id, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), buf: buf})
-		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.Offset + format.RecordHeaderSize})
+		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.ShardOffset(0)}) // the packed payload
 	}
 	if len(ops) > 0 {
 		_ = e.submit(ops, func(k int) *diskTier { return reads[k].tier })

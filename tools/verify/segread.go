@@ -350,3 +350,31 @@ func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
 	ri.PayloadChecked = true
 	return ri, nil
 }
+
+// verifyBatchBlock reads the shards of the block of a batch record at loc from the segment
+// file at path, each where loc.ShardOffset puts it, and checks each against loc's shard
+// checksum. It returns the bytes read; a shard the file does not hold whole or that fails its
+// checksum is an error wrapping format.ErrCorrupt naming the shard.
+func verifyBatchBlock(fs vfs.FS, path string, loc index.Location) (int64, error) {
+	f, err := fs.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = f.Close() }()
+	buf := make([]byte, loc.Layout.ShardBytes)
+	var read int64
+	for i := 0; i < loc.Layout.Shards; i++ {
+		n, err := f.ReadAt(buf, loc.ShardOffset(i))
+		read += int64(n)
+		switch {
+		case errors.Is(err, io.EOF) || (err == nil && n < len(buf)):
+			return read, fmt.Errorf("%w: shard %d at offset %d: the file ends before it", format.ErrCorrupt, i, loc.ShardOffset(i))
+		case err != nil:
+			return read, fmt.Errorf("shard %d at offset %d: %w", i, loc.ShardOffset(i), err)
+		}
+		if got := format.Checksum(buf); got != loc.ShardCRCs[i] {
+			return read, fmt.Errorf("%w: shard %d checksum: index %#08x, computed %#08x", format.ErrCorrupt, i, loc.ShardCRCs[i], got)
+		}
+	}
+	return read, nil
+}

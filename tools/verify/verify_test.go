@@ -108,7 +108,7 @@ func flipPayloadByte(t *testing.T, fs vfs.FS, id format.BlockID) index.Location 
 	if err != nil || !ok {
 		t.Fatalf("block %s not in the index: %v", id, err)
 	}
-	off := loc.Offset + format.RecordHeaderSize + testLayout.ShardStride()*2 + 123
+	off := loc.ShardOffset(2) + 123
 	b := make([]byte, 1)
 	f, err := fs.Open(path)
 	if err != nil {
