@@ -53,7 +53,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	sync := false
 	for k, r := range recs {
 		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs,
-			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs}
+			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs, BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
 		switch {
 		case r.Kind != 0 && r.Origin != nil:
 			moved[k] = b.PutSidecarIf(r.ID, r.Kind, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)

@@ -246,6 +246,17 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 	if row, ok := e.ix.Segment(n); ok {
 		if seg, err := e.acquireSegment(n); err == nil {
 			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
+			if ferr == nil && slices.ContainsFunc(entries, func(fe format.FooterEntry) bool { return fe.Type == format.RecordBatch }) {
+				// A batch record's footer entry names its first block only; the others are
+				// listed by its header.
+				var recs []wal.ScannedRecord
+				if recs, ferr = wal.ReadSealedRecords(seg, row.Size, e.tierOf(n).io); ferr == nil {
+					entries = make([]format.FooterEntry, len(recs))
+					for k, r := range recs {
+						entries[k] = format.FooterEntry{ID: r.Header.ID, Kind: r.Header.Kind, Offset: r.Offset}
+					}
+				}
+			}
 			seg.Release()
 			if ferr == nil {
 				for _, fe := range entries {

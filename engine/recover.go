@@ -421,7 +421,8 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 		}
 		loc := index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
 			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
-			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
+			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs,
+			BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
 		switch {
 		case r.Header.Kind != 0 && !inSegment[r.Header.ID] && !e.ix.Contains(r.Header.ID):
 			// Its block is in a segment not indexed yet (compaction copied the sidecar ahead of

@@ -584,7 +584,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 		seen[r.Header.ID] = true
 		b.Put(r.Header.ID, index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
 			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
-			StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs})
+			StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs, BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos})
 	}
 	val := make([]byte, foreignSegPrefix, foreignSegPrefix+len(segDir))
 	copy(val, inst[:])
