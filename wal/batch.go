@@ -195,7 +195,8 @@ func (b *Batch) unclaim(i int) {
 
 // CommitBatch makes the batch visible: once its header is written and every run is written,
 // it writes the commit block (every shard's checksum), fdatasyncs the segment (unless
-// SyncNone: a batch is acknowledged as a whole, so the one sync covers all its layers) and
+// SyncNone: a batch is acknowledged as a whole, so the one sync covers all its layers; one
+// fdatasync serves the commits of concurrent batches of the segment) and
 // publishes its N blocks with Hooks.Publish, each as a Record with BatchBlocks and BatchPos
 // set. On error nothing is published and the batch is abandoned.
 func (b *Batch) CommitBatch() error {
@@ -231,7 +232,7 @@ func (b *Batch) CommitBatch() error {
 
 func (b *Batch) commit() error {
 	w, seg := b.w, b.seg
-	<-b.placed.settled // the header is written (and durable under SyncAlways)
+	<-b.placed.settled // the header is written; the sync below makes it durable with the runs
 	if err := seg.failure(); err != nil {
 		return fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
 	}
@@ -249,7 +250,7 @@ func (b *Batch) commit() error {
 	}
 	durable := w.opts.Sync != SyncNone
 	if durable {
-		if err := seg.file.SyncData(); err != nil {
+		if err := seg.syncCovering(); err != nil {
 			err = fmt.Errorf("wal: sync batch at %d of segment %d: %w", b.Offset, b.Segment, err)
 			w.markFailed(seg, err)
 			return err

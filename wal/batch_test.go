@@ -174,6 +174,35 @@ func TestBatchCommitPublishScanAndFooter(t *testing.T) {
 	if len(entries) != 3 || entries[1].Type != format.RecordBatch || entries[1].ID != tb.ids[0] || entries[1].Length != b.Extent() || entries[1].Seq != b.FirstSeq {
 		t.Fatalf("footer: %+v", entries)
 	}
+	// A reader without an index (another instance) gets the same blocks from the footer, the
+	// batch header and the commit block.
+	sealed, err := ReadSealedRecords(seg, h.sealed[h.created[0]], be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sealed) != len(res.Records) {
+		t.Fatalf("ReadSealedRecords: %d records, the scan %d", len(sealed), len(res.Records))
+	}
+	for i := range sealed {
+		got, want := sealed[i], res.Records[i]
+		if got.Header.ID != want.Header.ID || got.Offset != want.Offset || got.Header.Seq != want.Header.Seq || got.BatchPos != want.BatchPos ||
+			got.BatchBlocks != want.BatchBlocks || got.Length() != want.Length() || fmt.Sprint(got.Header.ShardCRCs) != fmt.Sprint(want.Header.ShardCRCs) {
+			t.Fatalf("record %d: ReadSealedRecords %+v, scan %+v", i, got, want)
+		}
+	}
+	bh, err := ReadBatchHeader(seg, entries[1], be)
+	if err != nil || fmt.Sprint(bh.IDs) != fmt.Sprint(tb.ids) {
+		t.Fatalf("ReadBatchHeader: %v %v", bh.IDs, err)
+	}
+	if _, err := ReadBatchHeader(seg, entries[0], be); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("ReadBatchHeader of a block record's entry: %v", err)
+	}
+	bad := entries[1]
+	bad.Seq++
+	var ce *CorruptionError
+	if _, err := ReadBatchHeader(seg, bad, be); !errors.As(err, &ce) || !errors.Is(err, format.ErrCorrupt) {
+		t.Fatalf("ReadBatchHeader of a mismatched entry: %v", err)
+	}
 }
 
 // Writers without BatchRecords refuse batches and write segments without the flag; bad

@@ -112,8 +112,49 @@ type Segment struct {
 	batches     []*Batch
 	openBatches sync.WaitGroup
 	openCount   atomic.Int64 // the batches openBatches waits for
+	// syncs shares fdatasyncs between concurrent batch commits (syncCovering).
+	syncs syncGroup
 	// failed holds the first write or sync error of the segment; appends stop there.
 	failed atomic.Pointer[error]
+}
+
+// syncGroup shares fdatasyncs of one file between concurrent callers: a caller needs a sync
+// that starts after its writes completed, and one sync serves every caller waiting when it
+// starts (group commit).
+type syncGroup struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	syncing bool
+	started uint64 // syncs started
+	done    uint64 // syncs finished (in order: one at a time)
+	err     error  // the last finished sync's error
+}
+
+// syncCovering makes every write to s that completed before the call durable, sharing the
+// fdatasync with concurrent callers. It returns the error of the sync that covered the call.
+func (s *Segment) syncCovering() error {
+	g := &s.syncs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cond == nil {
+		g.cond = sync.NewCond(&g.mu)
+	}
+	target := g.started + 1 // a sync under way may have started before our writes completed
+	for g.done < target {
+		if g.syncing {
+			g.cond.Wait()
+			continue
+		}
+		g.syncing = true
+		g.started++
+		n := g.started
+		g.mu.Unlock()
+		err := s.file.SyncData()
+		g.mu.Lock()
+		g.syncing, g.done, g.err = false, n, err
+		g.cond.Broadcast()
+	}
+	return g.err
 }
 
 // fail records that a write or sync of the segment failed; it reports whether this was the

@@ -644,6 +644,9 @@ func (w *Writer) launch(seg *Segment, recs []*Record, owners []*request, ops []d
 	timed := w.opts.OnFlight != nil
 	if timed {
 		f.timing = FlightTiming{Records: len(recs), Issued: time.Now()}
+		if len(recs) == 0 {
+			f.timing.Appended = f.timing.Issued // a batch header: placed as it is issued
+		}
 		for i, rec := range recs {
 			f.timing.Bytes += rec.Size()
 			if a := owners[i].appended; f.timing.Appended.IsZero() || a.Before(f.timing.Appended) {
@@ -750,6 +753,12 @@ func (w *Writer) settle(batch []*flight) {
 				}
 				continue
 			}
+			if !publishes(batch[i:], f.seg) {
+				// Batch headers only: nothing to publish, so no sync is owed. A record placed
+				// after a header is published only after a later sync, which covers the header
+				// (its write completed first); a batch's commit syncs its header with it.
+				continue
+			}
 			if err := f.seg.file.SyncData(); err != nil {
 				w.markFailed(f.seg, fmt.Errorf("wal: sync segment %d: %w", f.seg.Number, err))
 			}
@@ -793,6 +802,19 @@ func (w *Writer) settle(batch []*flight) {
 		}
 		close(f.settled)
 	}
+}
+
+// publishes reports whether the leading run of flights in seg holds a record to publish.
+func publishes(flights []*flight, seg *Segment) bool {
+	for _, f := range flights {
+		if f.seg != seg {
+			break
+		}
+		if len(f.recs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // planWrites turns records placed contiguously from their Offset into write operations on
