@@ -117,6 +117,7 @@ func benchSelect(b *testing.B, benchShape Shape) {
 		{"ESA-softmax", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax}", false},
 		{NameGSA, NameGSA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, min_blocks: 0}", false},
 		{NameKVStar, NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1}", false},
+		{"KVStar-softmax", NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1, head_score: softmax}", false},
 		{NameGSAOnDevice, NameGSAOnDevice, kernels.SidecarHash, "{sink_token: 128, recent_token: 256, budget: 0.1, hash_bits: 128}", false},
 		{"ESA-cold", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", true},
 	} {

@@ -47,10 +47,10 @@ type stepState struct {
 	ids    []engine.BlockID
 	pos    []int
 	parts  []byte
-	// perHead, when set, receives a candidate's per-query-head scores (head_score: softmax);
-	// heads holds them for every candidate, [candidates][QHeads].
-	perHead []float64
-	heads   []float64
+	// perHead, when set, receives a candidate's per-query-head logits, score/√D (head_score:
+	// softmax); heads holds them for every candidate, [candidates][QHeads].
+	perHead []float32
+	heads   []float32
 	// Per candidate: pool entry (-1 none), row to fill, usable, row, rows of data, int8 scale.
 	ent     []int32
 	need    []bool
@@ -67,51 +67,38 @@ type stepState struct {
 	kvScores []float64
 	perKV    []float64
 	kvTmp    []float64
-	// head_score softmax: the scored candidates, and the heads' maxima and sums.
-	valid []int
-	col   []float64
+	// head_score softmax: the heads' maximum logits and their sums of exponentials.
+	mx, z []float32
 }
 
-// softmaxScores turns the candidates' per-head scores (st.heads) into each block's estimated
-// share of attention: per query head, a softmax over the scored candidates of score/√D, then
-// the sum over heads (head_score: softmax, a UCM-Go option). Unscored (+∞) candidates stay +∞.
+// softmaxScores turns the candidates' per-head logits (st.heads, [candidates][QHeads], rows of
+// unscored candidates −∞) into each block's estimated share of attention: per query head, a
+// softmax over the scored candidates of its logits (whose maxima scoreCandidates kept in
+// st.mx), then the sum over heads (head_score: softmax, a UCM-Go option). The exponentials and
+// their per-head sums are one kernels.ExpColumns pass over st.heads (float32, SIMD); a NaN
+// logit counts as no attention. Unscored (+∞) candidates stay +∞.
 func (m *blockMethod) softmaxScores(st *stepState) {
 	hq, n, g := m.shape.QHeads, len(st.scores), m.shape.QHeads/m.shape.KVHeads
-	scale := 1 / math.Sqrt(float64(m.shape.HeadDim))
-	// Candidate-major passes over st.heads ([candidates][QHeads]): every head's maximum, then
-	// the exponentials and their sums, then each candidate's shares.
-	st.col = resize(st.col, 2*hq)
-	mx, z := st.col[:hq], st.col[hq:]
+	mx, z := st.mx[:hq], st.z[:hq]
 	for h := range mx {
-		mx[h], z[h] = math.Inf(-1), 0
-	}
-	st.valid = st.valid[:0]
-	for j, i := range st.pos {
-		if math.IsInf(st.scores[i], 1) {
-			continue
+		if math.IsInf(float64(mx[h]), -1) { // no finite logit: every value is −∞ or NaN
+			mx[h] = 0
 		}
-		st.valid = append(st.valid, j)
-		for h, x := range st.heads[j*hq : (j+1)*hq] {
-			mx[h] = max(mx[h], x*scale)
-		}
+		z[h] = 0
 	}
-	for _, j := range st.valid {
-		row := st.heads[j*hq : (j+1)*hq]
-		for h, x := range row {
-			e := expNeg(x*scale - mx[h])
-			row[h] = e
-			z[h] += e
-		}
-	}
+	heads := st.heads[:len(st.pos)*hq]
+	_ = kernels.ExpColumns(heads, mx, z) // whole rows of hq columns by construction
 	for h := range z {
 		if z[h] > 0 {
 			z[h] = 1 / z[h]
 		}
 	}
-	for _, j := range st.valid {
-		i := st.pos[j]
-		var sum float64
-		for h, e := range st.heads[j*hq : (j+1)*hq] {
+	for j, i := range st.pos {
+		if math.IsInf(st.scores[i], 1) {
+			continue
+		}
+		var sum float32
+		for h, e := range heads[j*hq : (j+1)*hq] {
 			share := e * z[h]
 			sum += share
 			if m.perKV { // head_select kv: the shares of the KV head's query heads
@@ -119,30 +106,11 @@ func (m *blockMethod) softmaxScores(st *stepState) {
 				if math.IsInf(st.kvScores[k], 1) {
 					st.kvScores[k] = 0
 				}
-				st.kvScores[k] += share
+				st.kvScores[k] += float64(share)
 			}
 		}
-		st.scores[i] = sum
+		st.scores[i] = float64(sum)
 	}
-}
-
-// expNeg is e^x for x ≤ 0 (0 below −708), within 2e-15 relative of math.Exp: x = n·ln2 + r,
-// |r| ≤ ln2/2, e^r by its Taylor series to r^13 (Horner), times 2^n built from bits. It is the
-// softmax's inner loop (head_score: softmax), about four times cheaper than math.Exp here.
-func expNeg(x float64) float64 {
-	if !(x > -708) { // also NaN
-		if x != x {
-			return x
-		}
-		return 0
-	}
-	const ln2hi, ln2lo = 6.93147180369123816490e-01, 1.90821492927058770002e-10
-	ki := -int64(0.5 - x*math.Log2E) // round(x·log2 e) for x ≤ 0, without a call
-	k := float64(ki)
-	r := (x - k*ln2hi) - k*ln2lo
-	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040+r*(1.0/40320+
-		r*(1.0/362880+r*(1.0/3628800+r*(1.0/39916800+r*(1.0/479001600+r*(1.0/6227020800)))))))))))))
-	return p * math.Float64frombits(uint64(ki+1023)<<52)
 }
 
 // blockMethod is the shared implementation; see the constructors in methods.go.

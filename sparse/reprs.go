@@ -169,9 +169,9 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 					dotsF32(out, q, f32Row(row)[kv*d:], d, d, vs)
 				}
 			}
-			sc := float64(scale1(m.rowKind, scale))
-			for i := range hq {
-				st.perHead[i] = float64(st.tmp[i]) * sc
+			sc := scale1(m.rowKind, scale) * m.logitScale()
+			for i, x := range st.tmp[:hq] {
+				st.perHead[i] = x * sc
 			}
 			return 0
 		}
@@ -221,9 +221,10 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 			}
 		}
 		var sum float64
+		ls := m.logitScale()
 		for i, b := range st.tmp[:hq] {
 			if st.perHead != nil {
-				st.perHead[i] = float64(b)
+				st.perHead[i] = b * ls
 			}
 			sum += float64(b)
 		}
@@ -316,7 +317,7 @@ func (m *blockMethod) hashRowPerKV(st *stepState, row []byte, tokens int) float6
 
 // kvstarRow: Σ_h max_m q̄_h[channels_h]·row_{m,h} (spec §5 [DECISION]) over the block's rows.
 // With head_score softmax (st.perHead set) it writes, per query head h, the log-sum-exp over
-// the rows of q_h[channels]·row/√D (times √D), so that the softmax over candidates gives each
+// the rows of the logits q_h[channels]·row/√D, so that the softmax over candidates gives each
 // block its share of Σ_rows exp over every candidate's rows.
 func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 	d, heads, dk := m.shape.HeadDim, m.spec.Heads, m.spec.Cols()
@@ -324,21 +325,25 @@ func (m *blockMethod) kvstarRow(st *stepState, row []byte, rows int) float64 {
 	st.qg = resize(st.qg, dk)
 	out := st.tmp[:rows]
 	if st.perHead != nil {
-		g := m.shape.QHeads / heads
-		scale := 1 / math.Sqrt(float64(d))
+		g, ls := m.shape.QHeads/heads, m.logitScale()
 		for qh := range m.shape.QHeads {
 			if !m.kvstarDots(st, out, row, st.q[qh*d:(qh+1)*d], qh/g, off) {
 				return math.NaN()
 			}
-			mx := math.Inf(-1)
-			for _, x := range out {
-				mx = max(mx, float64(x)*scale)
+			mx := [1]float32{float32(math.Inf(-1))}
+			for i, x := range out {
+				out[i] = x * ls
+				if out[i] > mx[0] { // NaN is no maximum (and adds no attention below)
+					mx[0] = out[i]
+				}
 			}
-			var z float64
-			for _, x := range out {
-				z += expNeg(float64(x)*scale - mx)
+			if math.IsInf(float64(mx[0]), -1) {
+				st.perHead[qh] = mx[0]
+				continue
 			}
-			st.perHead[qh] = (mx + math.Log(z)) / scale
+			z := [1]float32{}
+			_ = kernels.ExpColumns(out, mx[:], z[:])
+			st.perHead[qh] = mx[0] + float32(math.Log(float64(z[0])))
 		}
 		return 0
 	}
@@ -668,6 +673,10 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 	hq := m.shape.QHeads
 	if m.softmaxHeads {
 		st.heads = resize(st.heads, nc*hq)
+		st.mx, st.z = resize(st.mx, hq), resize(st.z, hq)
+		for h := range st.mx {
+			st.mx[h] = float32(math.Inf(-1))
+		}
 	}
 	uncached, n, hkv := 0, len(st.scores), m.shape.KVHeads
 	if m.perKV && !m.softmaxHeads {
@@ -679,15 +688,28 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 			uncached++
 		}
 		s := math.Inf(1)
+		if m.softmaxHeads {
+			st.perHead = st.heads[j*hq : (j+1)*hq]
+		}
 		if ok[j] {
-			if m.softmaxHeads {
-				st.perHead = st.heads[j*hq : (j+1)*hq]
-			}
 			if v := m.scoreRow(st, st.rowRefs[j], st.aux[j], st.scale[j]); v == v {
 				s = v
 				if st.perKV != nil {
 					for h, x := range st.perKV {
 						st.kvScores[h*n+i] = x
+					}
+				}
+			}
+		}
+		if m.softmaxHeads { // the heads' maxima, in the scan; an unscored row adds nothing
+			if math.IsInf(s, 1) {
+				for h := range st.perHead {
+					st.perHead[h] = float32(math.Inf(-1))
+				}
+			} else {
+				for h, x := range st.perHead {
+					if x > st.mx[h] { // NaN is no maximum
+						st.mx[h] = x
 					}
 				}
 			}
@@ -703,4 +725,9 @@ func (m *blockMethod) scoreCandidates(st *stepState, a *Attention) error {
 	}
 	st.perHead, st.perKV = nil, nil
 	return nil
+}
+
+// logitScale is 1/√D: a query head's score of a block times it is its attention logit.
+func (m *blockMethod) logitScale() float32 {
+	return float32(1 / math.Sqrt(float64(m.shape.HeadDim)))
 }

@@ -355,30 +355,6 @@ func TestPoolConcurrentUse(t *testing.T) {
 	}
 }
 
-// TestExpNeg: expNeg agrees with math.Exp over x ≤ 0 (and 0 below −708, NaN for NaN).
-func TestExpNeg(t *testing.T) {
-	r := rand.New(rand.NewPCG(11, 12))
-	for i := range 200000 {
-		x := -r.Float64() * 750
-		if i%4 == 0 {
-			x = -r.Float64() * 2
-		}
-		want, got := math.Exp(x), expNeg(x)
-		if x <= -708 {
-			if got != 0 {
-				t.Fatalf("expNeg(%v) = %v, want 0", x, got)
-			}
-			continue
-		}
-		if math.Abs(got-want) > 4e-15*want {
-			t.Fatalf("expNeg(%v) = %v, want %v", x, got, want)
-		}
-	}
-	if expNeg(0) != 1 || expNeg(math.Inf(-1)) != 0 || !math.IsNaN(expNeg(math.NaN())) {
-		t.Fatal("expNeg(0), (−Inf), (NaN)")
-	}
-}
-
 // TestKVStarSoftmax: KVStar with head_score softmax selects the top-K of Σ over query heads of
 // each block's share of Σ over every candidate's rows of exp(q_h[channels]·row/√D), computed
 // the long way from the decoded sidecars; with head_select kv, per KV head.
