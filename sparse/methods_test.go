@@ -2,6 +2,7 @@ package sparse
 
 import (
 	"crypto/md5"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -591,13 +592,19 @@ func FuzzScorePart(f *testing.F) {
 
 // TestSoftmaxHeadScore: with head_score: softmax, ESA's and Quest's selection equals the
 // top-K of Σ over query heads of each head's softmax (over the candidates) of its score/√D,
-// computed the long way.
+// computed the long way. A block whose ESA row holds a NaN (for one KV head) gets no share
+// from that head's query heads and changes nothing else: it does not poison the softmax.
 func TestSoftmaxHeadScore(t *testing.T) {
 	f := newFixture(t, testShape, 40, 23)
 	r := rand.New(rand.NewPCG(12, 13))
 	s := testShape
 	d := s.HeadDim
-	for _, name := range []string{NameESA, NameQuest} {
+	for _, variant := range []string{NameESA, NameQuest, "ESA, a NaN row"} {
+		name := variant
+		if variant != NameQuest && variant != NameESA {
+			name = NameESA
+			poisonESARow(t, f, 3)
+		}
 		m := newMethod(t, name, f.src, "{init_window_sz: 1, local_window_sz: 2, budget: 0.25, head_score: softmax}", s)
 		for trial := range 30 {
 			n, layer := 12+r.IntN(28), r.IntN(s.Layers)
@@ -641,21 +648,62 @@ func TestSoftmaxHeadScore(t *testing.T) {
 			for qh := range s.QHeads {
 				mx := math.Inf(-1)
 				for b := init; b < n-local; b++ {
-					mx = max(mx, per[b][qh]/math.Sqrt(float64(d)))
+					if v := per[b][qh] / math.Sqrt(float64(d)); v > mx { // a NaN adds nothing
+						mx = v
+					}
 				}
 				var z float64
 				for b := init; b < n-local; b++ {
-					z += math.Exp(per[b][qh]/math.Sqrt(float64(d)) - mx)
+					if e := math.Exp(per[b][qh]/math.Sqrt(float64(d)) - mx); e == e {
+						z += e
+					}
 				}
 				for b := init; b < n-local; b++ {
-					scores[b] += math.Exp(per[b][qh]/math.Sqrt(float64(d))-mx) / z
+					if e := math.Exp(per[b][qh]/math.Sqrt(float64(d)) - mx); e == e {
+						scores[b] += e / z
+					}
 				}
 			}
 			want := slices.Concat(seq(0, init), bruteTopK(scores, init, n-local, k), seq(n-local, n))
 			if !sameSelection(a.Selected, want, scores, init, n-local) {
-				t.Fatalf("%s n %d: selected %v, reference %v", name, n, a.Selected, want)
+				t.Fatalf("%s n %d: selected %v, reference %v", variant, n, a.Selected, want)
 			}
 		}
+	}
+}
+
+// poisonESARow replaces block b's esa-mean sidecar (in f.src and f.payloads) by one whose
+// first key of KV head 0 is NaN in every layer, so that the block's mean of that head is NaN.
+func poisonESARow(t *testing.T, f *fixture, b int) {
+	t.Helper()
+	s := f.shape
+	var spec kernels.SidecarSpec
+	for _, sp := range fixtureSpecs(s) {
+		if sp.Kind == kernels.SidecarESAMean {
+			spec = sp
+		}
+	}
+	w, err := kernels.NewSidecarWriter(spec, kernels.Float16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Begin(s.BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	for l := range s.Layers {
+		kb := slices.Clone(f.kb[b][l])
+		binary.LittleEndian.PutUint16(kb, 0x7e00) // quiet NaN
+		if err := w.AddLayer(l, kb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := w.AppendPayload(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.payloads[kernels.SidecarESAMean][b] = p
+	if err := f.src.Put(engine.SidecarKind(spec.Kind), f.ids[b], s.Layers, p); err != nil {
+		t.Fatal(err)
 	}
 }
 
