@@ -30,22 +30,6 @@ type RecordInfo struct {
 	Err error
 	// PayloadChecked reports that every shard checksum was verified.
 	PayloadChecked bool
-	// Blocks lists the blocks of a batch record (format.RecordBatch, several blocks stored
-	// layer-major) whose header and commit block decoded, in batch order; nil for any other
-	// record. ID, Seq and HeaderCRC are then block 0's and the batch header's.
-	Blocks []BatchBlock
-	// Dead reports a batch record whose header is valid but whose commit block is missing or
-	// does not match it: abandoned before it was committed (Err says why), dead bytes that no
-	// footer lists, not corruption.
-	Dead bool
-}
-
-// BatchBlock is one block of a batch record.
-type BatchBlock struct {
-	ID  format.BlockID
-	Seq uint64
-	// ShardCRCs are the block's shard checksums, from the batch's commit block.
-	ShardCRCs []uint32
 }
 
 // SegmentProblem is a problem of a segment file not tied to one record.
@@ -221,12 +205,9 @@ func (r *segReader) readFooter(size int64) ([]format.FooterEntry, int64, error) 
 }
 
 // checkEntries checks every record the footer lists and that they tile the data area.
-func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) (err error) {
+func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) error {
 	next := int64(format.SegmentHeaderSize)
 	for _, e := range entries {
-		if next, err = r.skipDeadBatches(next, e.Offset); err != nil {
-			return err
-		}
 		if e.Offset != next {
 			r.res.Problems = append(r.res.Problems, SegmentProblem{Offset: next,
 				Msg: fmt.Sprintf("%d bytes between records not listed in the footer (next record at %d)", e.Offset-next, e.Offset)})
@@ -249,15 +230,9 @@ func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) (e
 				ri.Err = fmt.Errorf("%w: record is %d bytes, the footer lists %d", format.ErrCorrupt, ri.Length, e.Length)
 			case ri.Header != nil && (ri.Header.Type != e.Type || ri.Header.Kind != e.Kind):
 				ri.Err = fmt.Errorf("%w: record is of type %d kind %d, the footer lists type %d kind %d", format.ErrCorrupt, ri.Header.Type, ri.Header.Kind, e.Type, e.Kind)
-			case ri.Blocks != nil && e.Type != format.RecordBatch:
-				ri.Err = fmt.Errorf("%w: record is a batch record, the footer lists type %d", format.ErrCorrupt, e.Type)
 			}
 		}
 		r.res.Records = append(r.res.Records, ri)
-	}
-	next, err = r.skipDeadBatches(next, dataEnd)
-	if err != nil {
-		return err
 	}
 	if next != dataEnd {
 		r.res.Problems = append(r.res.Problems, SegmentProblem{Offset: next,
@@ -290,7 +265,7 @@ func (r *segReader) walk(mode readMode) error {
 			continue
 		}
 		if resync {
-			if !r.validHeaderAt(off, hb) {
+			if h, _, err := format.DecodeRecordHeader(hb); err != nil || h.Segment != r.number || h.Generation != r.gen {
 				off += format.Alignment
 				continue
 			}
@@ -300,12 +275,12 @@ func (r *segReader) walk(mode readMode) error {
 		if err != nil {
 			return err
 		}
-		if ri.Err != nil && mode == modeUnsealed && !ri.Dead {
+		if ri.Err != nil && mode == modeUnsealed {
 			r.res.Stop = &wal.CorruptionError{Path: r.res.Path, Offset: off, ID: ri.ID, Err: ri.Err}
 			break
 		}
 		r.res.Records = append(r.res.Records, ri)
-		if (ri.Header == nil && ri.Blocks == nil && !ri.Dead) || ri.Length == 0 { // no valid header: resynchronise
+		if ri.Header == nil || ri.Length == 0 {
 			resync = true
 			off += format.Alignment
 			continue
@@ -335,9 +310,6 @@ func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
 	b, err := r.readAt(int(n), off)
 	if err != nil {
 		return ri, err
-	}
-	if format.RecordType(b[recordTypeOffset]) == format.RecordBatch {
-		return r.checkBatch(off, length, b)
 	}
 	h, crc, err := format.DecodeRecordHeader(b[:format.RecordHeaderSize])
 	if err != nil {
@@ -379,121 +351,30 @@ func (r *segReader) checkRecord(off, length int64) (RecordInfo, error) {
 	return ri, nil
 }
 
-// recordTypeOffset is where a record header and a batch header hold the record type.
-const recordTypeOffset = 6
-
-// checkBatch checks the batch record at off, whose first bytes are b (all of its length bytes
-// when the footer gave the length and payloads are checked, else its first 4 KiB): its header,
-// against the segment; its commit block, against the header; with payloads every shard against
-// the commit block's checksums. A header that fails is an invalid record of unknown length (or
-// the footer's); a missing or mismatched commit block makes the batch Dead. b may be r's read
-// buffer: it is not used after the next read.
-func (r *segReader) checkBatch(off, length int64, b []byte) (RecordInfo, error) {
-	ri := RecordInfo{Offset: off, Length: length}
-	whole := length > 0 && int64(len(b)) >= length
-	at := func(o, n int64) ([]byte, error) { // bytes [o, o+n) of the record
-		if whole {
-			return b[o : o+n], nil
-		}
-		return r.readAt(int(n), off+o)
-	}
-	_, size, err := format.PeekBatchHeader(b)
-	if err == nil && off+size > r.res.FileSize {
-		err = fmt.Errorf("%w: batch header of %d bytes runs past the end of the file (%d)", format.ErrCorrupt, size, r.res.FileSize)
-	}
+// verifyBatchBlock reads the shards of the block of a batch record at loc from the segment
+// file at path, each where loc.ShardOffset puts it, and checks each against loc's shard
+// checksum. It returns the bytes read; a shard the file does not hold whole or that fails its
+// checksum is an error wrapping format.ErrCorrupt naming the shard.
+func verifyBatchBlock(fs vfs.FS, path string, loc index.Location) (int64, error) {
+	f, err := fs.Open(path)
 	if err != nil {
-		ri.Err = err
-		return ri, nil
+		return 0, err
 	}
-	hb := b
-	if int64(len(b)) < size {
-		if hb, err = at(0, size); err != nil {
-			return ri, err
+	defer func() { _ = f.Close() }()
+	buf := make([]byte, loc.Layout.ShardBytes)
+	var read int64
+	for i := 0; i < loc.Layout.Shards; i++ {
+		n, err := f.ReadAt(buf, loc.ShardOffset(i))
+		read += int64(n)
+		switch {
+		case errors.Is(err, io.EOF) || (err == nil && n < len(buf)):
+			return read, fmt.Errorf("%w: shard %d at offset %d: the file ends before it", format.ErrCorrupt, i, loc.ShardOffset(i))
+		case err != nil:
+			return read, fmt.Errorf("shard %d at offset %d: %w", i, loc.ShardOffset(i), err)
+		}
+		if got := format.Checksum(buf); got != loc.ShardCRCs[i] {
+			return read, fmt.Errorf("%w: shard %d checksum: index %#08x, computed %#08x", format.ErrCorrupt, i, loc.ShardCRCs[i], got)
 		}
 	}
-	bh, crc, err := format.DecodeBatchHeader(hb[:size])
-	if err != nil {
-		ri.Err = err
-		return ri, nil
-	}
-	ri.ID, ri.Seq, ri.HeaderCRC, ri.Length = bh.IDs[0], bh.FirstSeq, crc, bh.ExtentBytes()
-	switch {
-	case bh.Segment != r.number || bh.Generation != r.gen:
-		ri.Err = fmt.Errorf("%w: batch record of segment %d generation %#x in segment %d generation %#x (stale bytes)", format.ErrCorrupt, bh.Segment, bh.Generation, r.number, r.gen)
-		return ri, nil
-	case length > 0 && length != ri.Length:
-		ri.Err = fmt.Errorf("%w: batch header implies %d bytes, the footer lists %d", format.ErrCorrupt, ri.Length, length)
-		return ri, nil
-	case off+ri.Length > r.res.FileSize:
-		ri.Err, ri.Dead = fmt.Errorf("%w: batch record of %d bytes runs past the end of the file (%d)", format.ErrCorrupt, ri.Length, r.res.FileSize), true
-		return ri, nil
-	}
-	n, l := len(bh.IDs), bh.Layout
-	cb, err := at(bh.CommitOffset(), format.BatchCommitSize(n, l.Shards))
-	if err != nil {
-		return ri, err
-	}
-	c, err := format.DecodeBatchCommit(cb, &bh, crc)
-	if err != nil {
-		ri.Err, ri.Dead = fmt.Errorf("batch not committed: %w", err), true
-		return ri, nil
-	}
-	ri.Blocks = make([]BatchBlock, n)
-	for k, id := range bh.IDs {
-		ri.Blocks[k] = BatchBlock{ID: id, Seq: bh.FirstSeq + uint64(k), ShardCRCs: c.BlockCRCs(k)}
-	}
-	if !r.payloads {
-		return ri, nil
-	}
-	for i := 0; i < l.Shards; i++ {
-		for k := 0; k < n; k++ {
-			sb, err := at(bh.ShardOffset(k, i), l.ShardBytes)
-			if err != nil {
-				return ri, err
-			}
-			if got, want := format.Checksum(sb), c.ShardCRCs[i*n+k]; got != want {
-				ri.Err = fmt.Errorf("%w: block %s (%d of the batch) shard %d checksum: stored %#08x, computed %#08x", format.ErrCorrupt, bh.IDs[k], k, i, want, got)
-				return ri, nil
-			}
-		}
-	}
-	ri.PayloadChecked = true
-	return ri, nil
-}
-
-// skipDeadBatches passes over the dead batch records (abandoned before their commit, see
-// RecordInfo.Dead) that lie from off up to limit in a sealed segment, which its footer does not
-// list: each is recorded and off moves past it. It returns where it stopped: limit, or the
-// first bytes that are not a dead batch record.
-func (r *segReader) skipDeadBatches(off, limit int64) (int64, error) {
-	for off+format.RecordHeaderSize <= limit {
-		hb, err := r.readAt(format.RecordHeaderSize, off)
-		if err != nil {
-			return off, err
-		}
-		if format.RecordType(hb[recordTypeOffset]) != format.RecordBatch {
-			return off, nil
-		}
-		ri, err := r.checkBatch(off, 0, hb)
-		if err != nil || !ri.Dead || off+ri.Length > limit {
-			return off, err
-		}
-		r.res.Records = append(r.res.Records, ri)
-		off += ri.Length
-	}
-	return off, nil
-}
-
-// validHeaderAt reports whether hb, the 4 KiB at off, starts a record or batch record of this
-// segment whose header checks (where a walk can resynchronise after a bad header).
-func (r *segReader) validHeaderAt(off int64, hb []byte) bool {
-	if format.RecordType(hb[recordTypeOffset]) == format.RecordBatch {
-		payloads := r.payloads
-		r.payloads = false // the header and commit block only; checkRecord reads the rest
-		ri, err := r.checkBatch(off, 0, hb)
-		r.payloads = payloads
-		return err == nil && (ri.Blocks != nil || ri.Dead)
-	}
-	h, _, err := format.DecodeRecordHeader(hb)
-	return err == nil && h.Segment == r.number && h.Generation == r.gen
+	return read, nil
 }
