@@ -247,24 +247,15 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 		if seg, err := e.acquireSegment(n); err == nil {
 			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
 			if ferr == nil && slices.ContainsFunc(entries, func(fe format.FooterEntry) bool { return fe.Type == format.RecordBatch }) {
-				// A batch record's footer entry names its first block only; its header lists
-				// them all.
-				var all []format.FooterEntry
-				for _, fe := range entries {
-					if fe.Type != format.RecordBatch {
-						all = append(all, fe)
-						continue
-					}
-					bh, err := wal.ReadBatchHeader(seg, fe, e.tierOf(n).io)
-					if err != nil {
-						ferr = err
-						break
-					}
-					for _, id := range bh.IDs {
-						all = append(all, format.FooterEntry{ID: id, Offset: fe.Offset})
+				// A batch record's footer entry names its first block only; the others are
+				// listed by its header.
+				var recs []wal.ScannedRecord
+				if recs, ferr = wal.ReadSealedRecords(seg, row.Size, e.tierOf(n).io); ferr == nil {
+					entries = make([]format.FooterEntry, len(recs))
+					for k, r := range recs {
+						entries[k] = format.FooterEntry{ID: r.Header.ID, Kind: r.Header.Kind, Offset: r.Offset}
 					}
 				}
-				entries = all
 			}
 			seg.Release()
 			if ferr == nil {
