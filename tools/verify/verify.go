@@ -12,6 +12,12 @@
 // recorded size must equal its file size. Records in the log that the index does not point
 // at are dead space (counted, not a problem).
 //
+// A batch record (docs/format.md §4c) is one record of N blocks: an index entry of one of its
+// blocks must match the batch's header and commit block (the id at its position, sequence
+// number, header checksum, layout, shard checksums), whose shards are checked against the
+// commit block's checksums. A batch that never committed (abandoned, or torn by a crash) is
+// dead space, as recovery treats it, and so is one none of whose blocks is indexed.
+//
 // A store left by a crash (a segment still active, or a segment marked deleting because the
 // crash interrupted its retirement) is not corrupt: with Options.Recover, Store first recovers
 // it as opening the engine does; without, it changes nothing and reports what recovery will
@@ -23,6 +29,7 @@ package verify
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -32,6 +39,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // Options configure Store.
@@ -96,8 +104,9 @@ type Report struct {
 	// not register. RecycledFiles counts retired segment files kept for reuse
 	// (engine.Options.RecycleSegments), which hold nothing the index points at.
 	Segments, Sealed, Active, Quarantined, Retiring, MissingFiles, UnregisteredFiles, RecycledFiles int
-	// Records counts the records read from the log, ValidRecords the valid ones and
-	// DeadRecords the valid ones no index entry points at, DeadBytes bytes on disk.
+	// Records counts the records read from the log (a batch record once), ValidRecords the
+	// valid ones and DeadRecords the valid ones no index entry points at (a batch record none
+	// of whose blocks is indexed, or that never committed), DeadBytes bytes on disk.
 	Records, ValidRecords, DeadRecords int
 	DeadBytes                          int64
 	// SidecarEntries counts the index's sidecar entries and SidecarsVerified those whose record
@@ -270,10 +279,21 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 			validEnd[m.Number] = p.ValidEnd
 			r.BytesRead += p.FileSize
 			progress(p.FileSize)
-			for _, sr := range p.scan.Records {
-				hd := sr.Header
-				recs[recKey{m.Number, sr.Offset}] = &recState{path: path, info: RecordInfo{Offset: sr.Offset, Length: sr.Length(),
-					ID: hd.ID, Seq: hd.Seq, HeaderCRC: sr.HeaderCRC, Header: &hd, PayloadChecked: true}}
+			for _, ri := range scannedRecords(p.scan.Records) {
+				recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
+			}
+			// Batches the scan passed over (never committed, or a shard failing the commit
+			// block's checksum): read again to count their extents as dead bytes.
+			for _, skipped := range p.scan.Skipped {
+				var ce *wal.CorruptionError
+				if !errors.As(skipped, &ce) {
+					continue
+				}
+				ri, err := ReadRecordAt(h.FS, path, m, ce.Offset, true, func(n int64) { r.BytesRead += n; progress(n) })
+				if err != nil {
+					return nil, fmt.Errorf("read %s at %d: %w", path, ce.Offset, err)
+				}
+				recs[recKey{m.Number, ce.Offset}] = &recState{path: path, info: ri}
 			}
 			continue
 		}
@@ -337,24 +357,26 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		}
 		rs := recs[recKey{loc.Segment, loc.Offset}]
 		if loc.IsBatch() {
-			// A block of a batch record: its shards are checked where loc.ShardOffset puts them,
-			// against the entry's checksums. (This reader does not parse batch records yet, so
-			// the batch's header and commit block are not cross-checked with the entry.)
-			if rs != nil {
-				rs.indexed = true
+			// A block of a batch record: the entry must match the batch's header and commit
+			// block, whose shards the segment read checked against the commit's checksums.
+			what = fmt.Sprintf("%s (block %d of a batch record of %d)", what, loc.BatchPos, loc.BatchBlocks)
+			if rs == nil {
+				add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
+				return false
 			}
+			rs.indexed = true
+			if rs.info.Err != nil {
+				return false // reported with the record
+			}
+			why := BatchEntryMismatch(rs.info, id, kind, loc)
 			if kind == 0 && loc.Layout != h.Layout {
-				add(loc.Segment, loc.Offset, id, "%s: index layout %+v is not the store's %+v", what, loc.Layout, h.Layout)
+				why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, h.Layout))
+			}
+			if len(why) > 0 {
+				add(loc.Segment, loc.Offset, id, "%s does not match the batch record: %s", what, strings.Join(why, "; "))
 				return false
 			}
-			n, err := verifyBatchBlock(h.FS, h.SegmentPath(loc.Segment), loc)
-			r.BytesRead += n
-			progress(n)
-			if err != nil {
-				add(loc.Segment, loc.Offset, id, "%s (block %d of a batch record of %d): %v", what, loc.BatchPos, loc.BatchBlocks, err)
-				return false
-			}
-			return true
+			return rs.info.PayloadChecked
 		}
 		if rs == nil {
 			add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
@@ -396,6 +418,16 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	// Log → index: invalid records are problems; valid ones nobody points at are dead space.
 	for k, rs := range recs {
 		r.Records++
+		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed {
+			// A batch that never committed: none of its blocks exists (an entry pointing at it
+			// was reported above). Dead space, as recovery treats it.
+			r.ValidRecords++
+			r.DeadRecords++
+			r.DeadBytes += rs.info.Length
+			r.Notes = append(r.Notes, fmt.Sprintf("%s offset %d: batch record of %d blocks (first %s) never committed (%v): dead space, never indexed; compaction reclaims it",
+				h.SegmentPath(k.seg), k.off, len(b.Header.IDs), rs.info.ID, b.CommitErr))
+			continue
+		}
 		if rs.info.Err != nil {
 			if !rs.indexed {
 				// Dropped from the index already (a load or a recovery found it broken): dead
@@ -407,11 +439,17 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 					h.SegmentPath(k.seg), k.off, rs.info.Err))
 				continue
 			}
-			what := "record"
+			what, id := "record", rs.info.ID
 			if hd := rs.info.Header; hd != nil && hd.Kind != 0 {
 				what = fmt.Sprintf("sidecar %d record", hd.Kind)
 			}
-			add(k.seg, k.off, rs.info.ID, "invalid %s (indexed: loads of it will miss): %v", what, rs.info.Err)
+			if b := rs.info.Batch; b != nil {
+				what = fmt.Sprintf("batch record of %d blocks", len(b.Header.IDs))
+				if len(b.Bad) > 0 {
+					id = b.Header.IDs[b.Bad[0]] // the block whose shard fails
+				}
+			}
+			add(k.seg, k.off, id, "invalid %s (indexed: loads of it will miss): %v", what, rs.info.Err)
 			continue
 		}
 		r.ValidRecords++
@@ -434,9 +472,64 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	return r, nil
 }
 
+// BatchEntryMismatch lists how the index entry (id, kind, loc) of a block of a batch record
+// differs from the batch record ri it points at: a batch record that committed, holding id at
+// loc.BatchPos of loc.BatchBlocks blocks, with sequence number first + BatchPos, the entry's
+// header checksum, layout and shard checksums (the commit block's), uncompressed. Nothing when
+// they agree. (The store's layout is the caller's to check.)
+func BatchEntryMismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKind, loc index.Location) []string {
+	b := ri.Batch
+	switch {
+	case b == nil:
+		return []string{"the record there is not a batch record"}
+	case !b.Committed:
+		return []string{fmt.Sprintf("the batch record never committed (%v)", b.CommitErr)}
+	}
+	var why []string
+	ids := b.Header.IDs
+	if kind != 0 {
+		why = append(why, fmt.Sprintf("a sidecar %d entry points at a batch record (sidecars are never batched)", kind))
+	}
+	if loc.BatchBlocks != len(ids) {
+		why = append(why, fmt.Sprintf("the batch holds %d blocks, the entry says %d", len(ids), loc.BatchBlocks))
+	}
+	pos := loc.BatchPos
+	if pos < 0 || pos >= len(ids) || ids[pos] != id {
+		at := slices.Index(ids, id)
+		if pos >= 0 && pos < len(ids) {
+			why = append(why, fmt.Sprintf("position %d holds block %s", pos, ids[pos]))
+		}
+		if at < 0 {
+			why = append(why, "the batch does not hold the block")
+		} else {
+			why = append(why, fmt.Sprintf("the batch holds the block at position %d", at))
+		}
+		return why // the other fields would be compared with another block's
+	}
+	if want := b.Header.FirstSeq + uint64(pos); loc.Seq != want {
+		why = append(why, fmt.Sprintf("seq %d, index has %d", want, loc.Seq))
+	}
+	if ri.HeaderCRC != loc.HeaderCRC {
+		why = append(why, fmt.Sprintf("batch header crc %#08x, index has %#08x", ri.HeaderCRC, loc.HeaderCRC))
+	}
+	switch {
+	case b.Header.Layout != loc.Layout:
+		why = append(why, fmt.Sprintf("layout %+v, index has %+v", b.Header.Layout, loc.Layout))
+	case !slices.Equal(b.ShardCRCs[pos], loc.ShardCRCs):
+		why = append(why, "shard checksums differ from the commit block's")
+	}
+	if loc.Compression != format.CompressionNone || len(loc.StoredLens) > 0 {
+		why = append(why, fmt.Sprintf("index has compression %v (batches are never compressed)", loc.Compression))
+	}
+	return why
+}
+
 // mismatch lists how the record ri differs from the index entry (id, kind, loc) of a store of
 // layout l; nothing when they agree.
 func mismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKind, loc index.Location, l format.Layout) []string {
+	if ri.Batch != nil {
+		return []string{fmt.Sprintf("the record there is a batch record of %d blocks, the entry is not one of its blocks'", len(ri.Batch.Header.IDs))}
+	}
 	var why []string
 	if ri.ID != id {
 		why = append(why, fmt.Sprintf("the record holds block %s", ri.ID))

@@ -29,7 +29,8 @@ size, live bytes, live records, live ratio). It never writes to the store, not e
 recover it.
 
   --segment N   list segment N's records: offset, block id, seq, shards, shard bytes,
-                header crc, and whether the index points at the record
+                header crc, and whether the index points at the record (a batch
+                record: one row per block, with its position in the batch)
   --block HEX   print one block's location and metadata from the index and whether
                 the record header at that location matches`,
 		Args: cobra.MaximumNArgs(1),
@@ -115,10 +116,23 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		return usageErr("read %s: %v", path, err)
 	}
 	fmt.Fprintf(stdout, "\nsegment %d (%s, %s, tier %q): file %s, %d bytes", n, name, m.State, s.SegmentTier(n), path, res.FileSize)
+	uncommitted := 0 // batch records that never committed: not in a footer
+	for _, r := range res.Records {
+		if r.Batch != nil && !r.Batch.Committed {
+			uncommitted++
+		}
+	}
+	dead := ""
+	switch {
+	case uncommitted == 1:
+		dead = " (and 1 uncommitted batch record: dead space)"
+	case uncommitted > 1:
+		dead = fmt.Sprintf(" (and %d uncommitted batch records: dead space)", uncommitted)
+	}
 	if res.Footer {
-		fmt.Fprintf(stdout, ", footer lists %d records, data end %d", len(res.Records), res.DataEnd)
+		fmt.Fprintf(stdout, ", footer lists %d records%s, data end %d", len(res.Records)-uncommitted, dead, res.DataEnd)
 	} else {
-		fmt.Fprintf(stdout, ", no footer; %d records walked up to %d", len(res.Records), res.DataEnd)
+		fmt.Fprintf(stdout, ", no footer; %d records%s walked up to %d", len(res.Records)-uncommitted, dead, res.DataEnd)
 	}
 	fmt.Fprintln(stdout)
 	for _, p := range res.Problems {
@@ -127,6 +141,10 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "offset\tblock id\trecord\tseq\tshards\tshard bytes\tcompression\trecord bytes\theader crc\tindexed\t")
 	for _, r := range res.Records {
+		if r.Batch != nil {
+			printBatch(tw, s, n, r)
+			continue
+		}
 		if r.Header == nil {
 			indexed := "no"
 			if loc, ok, err := s.ix.Get(r.ID); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset {
@@ -165,6 +183,29 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 	return nil
 }
 
+// printBatch prints one row per block of the batch record r of segment n: its offset, id,
+// position, sequence number and whether the index points at it; an uncommitted batch's rows
+// say it is dead space, and a bad block's row why it is invalid.
+func printBatch(tw io.Writer, s *store, n uint64, r verify.RecordInfo) {
+	b := r.Batch
+	nb := len(b.Header.IDs)
+	for k, id := range b.Header.IDs {
+		indexed := "no"
+		if loc, ok, err := s.ix.Get(id); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset && loc.IsBatch() && loc.BatchPos == k {
+			indexed = "yes"
+		}
+		fmt.Fprintf(tw, "%d\t%s\tbatch %d/%d\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, id, k, nb, b.Header.FirstSeq+uint64(k),
+			b.Header.Layout.Shards, b.Header.Layout.ShardBytes, format.CompressionNone, r.Length, r.HeaderCRC, indexed)
+		switch {
+		case !b.Committed:
+			fmt.Fprintf(tw, "UNCOMMITTED (dead space): %v", b.CommitErr)
+		case r.Err != nil && (len(b.Bad) == 0 || slices.Contains(b.Bad, k)):
+			fmt.Fprintf(tw, "INVALID: %v", r.Err)
+		}
+		fmt.Fprintln(tw)
+	}
+}
+
 func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	loc, ok, err := s.ix.Get(id)
 	if err != nil {
@@ -185,8 +226,10 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "  offset:     %d\n", loc.Offset)
 	fmt.Fprintf(stdout, "  layout:     %d shards x %d tensors, %d bytes per shard\n", loc.Layout.Shards, loc.Layout.TensorsPerShard, loc.Layout.ShardBytes)
 	if loc.IsBatch() {
-		fmt.Fprintf(stdout, "  batch:      block %d of %d in the batch record at %d: shard i at %d + i x %d, %d bytes of the batch counted for it\n",
-			loc.BatchPos, loc.BatchBlocks, loc.Offset, loc.ShardOffset(0), int64(loc.BatchBlocks)*loc.Layout.ShardStride(), loc.RecordBytes())
+		bh := format.BatchHeader{Layout: loc.Layout, IDs: make([]format.BlockID, loc.BatchBlocks)}
+		fmt.Fprintf(stdout, "  batch:      position %d of %d blocks in the batch record at %d of %d bytes (to %d): shard i at %d + i x %d, %d bytes of the batch counted for it\n",
+			loc.BatchPos, loc.BatchBlocks, loc.Offset, bh.ExtentBytes(), loc.Offset+bh.ExtentBytes(), loc.ShardOffset(0),
+			int64(loc.BatchBlocks)*loc.Layout.ShardStride(), loc.RecordBytes())
 	} else {
 		fmt.Fprintf(stdout, "  record:     %d bytes on disk, payload at %d\n", loc.RecordBytes(), loc.ShardOffset(0))
 	}
@@ -215,15 +258,30 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		fmt.Fprintf(stdout, " %08x", c)
 	}
 	fmt.Fprintln(stdout)
-	if loc.IsBatch() {
-		// No record header of its own; checking the batch's header and commit block against
-		// the entry is not done by this build (`ucm-tool verify` checks the block's shards).
-		fmt.Fprintln(stdout, "  record header: none (a block of a batch record; its batch header is not checked here)")
-		return nil
-	}
 	m, registered := s.ix.Segment(loc.Segment)
 	if !registered {
 		fmt.Fprintf(stdout, "  record header: segment %d is not registered\n", loc.Segment)
+		return nil
+	}
+	if loc.IsBatch() {
+		// No record header of its own: the batch's header and commit block (not its shards,
+		// which `ucm-tool verify` checks) are checked against the entry.
+		ri, err := verify.ReadRecordAt(s.FS, s.SegmentPath(loc.Segment), m, loc.Offset, false, nil)
+		var why []string
+		switch {
+		case err != nil:
+			fmt.Fprintf(stdout, "  batch header: cannot read it: %v\n", err)
+			return nil
+		case ri.Err != nil:
+			why = []string{ri.Err.Error()}
+		default:
+			why = verify.BatchEntryMismatch(ri, id, 0, loc)
+		}
+		if len(why) == 0 {
+			fmt.Fprintln(stdout, "  batch header and commit: match the index")
+		} else {
+			fmt.Fprintf(stdout, "  batch header and commit: DO NOT MATCH the index: %s\n", strings.Join(why, "; "))
+		}
 		return nil
 	}
 	f, err := s.FS.Open(s.SegmentPath(loc.Segment))
