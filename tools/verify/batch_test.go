@@ -259,3 +259,21 @@ func (fx *batchFixture) unseal(t *testing.T) index.SegmentMeta {
 	_ = ix.Close()
 	return m
 }
+
+// TestVerifyBatchActiveFlippedShard: in a segment left active, a committed batch with a bad
+// shard is passed over by recovery's scan; verify reads it again and reports the indexed block
+// whose shard fails.
+func TestVerifyBatchActiveFlippedShard(t *testing.T) {
+	fx := buildBatchStore(t)
+	fx.unseal(t)
+	id := fx.committed[0][1]
+	loc := locOf(t, fx.fs, id)
+	flipByte(t, fx.fs, fx.path, loc.ShardOffset(3)+5)
+	r := run(t, fx.fs, false)
+	if len(r.Problems) != 1 {
+		t.Fatalf("%d problems, want 1", len(r.Problems))
+	}
+	if p := r.Problems[0]; p.Block != id || p.Offset != loc.Offset || !strings.Contains(p.Msg, "shard 3 checksum") || !strings.Contains(p.Msg, "loads of the block with a bad shard will miss") {
+		t.Errorf("problem %v: want block %s, offset %d, shard 3", p, id, loc.Offset)
+	}
+}

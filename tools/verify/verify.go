@@ -439,17 +439,21 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 					h.SegmentPath(k.seg), k.off, rs.info.Err))
 				continue
 			}
-			what, id := "record", rs.info.ID
+			what, id, miss := "record", rs.info.ID, "it"
 			if hd := rs.info.Header; hd != nil && hd.Kind != 0 {
 				what = fmt.Sprintf("sidecar %d record", hd.Kind)
 			}
 			if b := rs.info.Batch; b != nil {
-				what = fmt.Sprintf("batch record of %d blocks", len(b.Header.IDs))
+				what, miss = fmt.Sprintf("batch record of %d blocks", len(b.Header.IDs)), "its blocks"
 				if len(b.Bad) > 0 {
 					id = b.Header.IDs[b.Bad[0]] // the block whose shard fails
+					miss = "the block with a bad shard"
+					if len(b.Bad) > 1 {
+						miss = fmt.Sprintf("the %d blocks with a bad shard", len(b.Bad))
+					}
 				}
 			}
-			add(k.seg, k.off, id, "invalid %s (indexed: loads of it will miss): %v", what, rs.info.Err)
+			add(k.seg, k.off, id, "invalid %s (indexed: loads of %s will miss): %v", what, miss, rs.info.Err)
 			continue
 		}
 		r.ValidRecords++
