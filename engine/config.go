@@ -38,6 +38,8 @@ import (
 //	      io_engine: auto                    # auto | uring | psync (wins over posix_io_engine)
 //	      queue_depth: 64                    # wins over posix_data_trans_concurrency
 //	      max_staging_bytes: 1GiB
+//	      max_batch_bytes: 64MiB             # one layer-major batch record of a layer-wise dump
+//	      stage_layer_wise: false            # true: layer-wise dumps assemble block records
 //	      posix_capacity_gb: 1024                # UCM: capacity of the store (see Tiers below)
 //	      posix_gc_trigger_threshold_ratio: 0.7  # UCM: reclamation starts above this fill ratio
 //	      posix_gc_recycle_percent: 0.1          # UCM: and frees this share of the capacity
@@ -159,6 +161,9 @@ type ConnectorParams struct {
 	IOEngine        string `yaml:"io_engine"`
 	QueueDepth      int    `yaml:"queue_depth"`
 	MaxStagingBytes Size   `yaml:"max_staging_bytes"`
+	// StageLayerWise and MaxBatchBytes: Options.StageLayerWise and MaxBatchBytes.
+	StageLayerWise bool `yaml:"stage_layer_wise"`
+	MaxBatchBytes  Size `yaml:"max_batch_bytes"`
 	// Compression: "off" (default) or "lz4"; CompressMinSaving: Options.CompressMinSaving.
 	Compression       string  `yaml:"compression"`
 	CompressMinSaving float64 `yaml:"compress_min_saving"`
@@ -516,7 +521,7 @@ func (c *Config) validate() error {
 		p := conn.Config
 		where := fmt.Sprintf("config: ucm_connectors[%d] (%s)", i, conn.Name)
 		switch {
-		case p.BlockSize < 0 || p.SegmentSize < 0 || p.MaxStagingBytes < 0:
+		case p.BlockSize < 0 || p.SegmentSize < 0 || p.MaxStagingBytes < 0 || p.MaxBatchBytes < 0:
 			return fmt.Errorf("%s: sizes must not be negative: %w", where, ErrInvalidArgument)
 		case p.TimeoutMs < 0 || p.SyncIntervalMs < 0 || p.QueueDepth < 0 || p.PosixDataTransConcurrency < 0:
 			return fmt.Errorf("%s: timeout_ms, sync_interval_ms, queue_depth and posix_data_trans_concurrency must not be negative: %w", where, ErrInvalidArgument)
@@ -664,6 +669,8 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	}
 	opts.TaskTimeout = time.Duration(p.TimeoutMs) * time.Millisecond
 	opts.MaxStagingBytes = int64(p.MaxStagingBytes)
+	opts.StageLayerWise = p.StageLayerWise
+	opts.MaxBatchBytes = int64(p.MaxBatchBytes)
 	opts.Compression, _ = ParseCompression(p.Compression) // validated at parse
 	opts.CompressMinSaving = p.CompressMinSaving
 	opts.FileMode, _ = parseMode("file_mode", p.FileMode, false) // validated at parse

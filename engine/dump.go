@@ -131,6 +131,9 @@ func (e *Engine) startTask(ids []BlockID, latency prometheus.Histogram, work fun
 }
 
 func (e *Engine) runDump(t *Task, shard int, src []spans) {
+	if shard != AllShards && e.batchable() && !t.cancelled() && e.dumpLayerBatch(t, shard, src) {
+		return
+	}
 	l := e.opts.Layout
 	want := l.BlockBytes()
 	if shard != AllShards {
@@ -466,6 +469,9 @@ func (e *Engine) janitor() {
 					e.stats.stagingExpired.Add(1)
 				}
 			}
+			e.expireLayerBatchesLocked(now, false, func(id BlockID) error {
+				return blockErr(ErrTimeout, id, "layer-wise batch expired after %v with layers missing", e.opts.TaskTimeout)
+			})
 			e.mu.Unlock()
 		}
 	}

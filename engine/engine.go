@@ -94,6 +94,7 @@ type Engine struct {
 		sync.Mutex
 		inflight     map[BlockID]*inflightDump // whole-record appends in progress
 		staging      map[BlockID]*stagingSlot  // partly dumped blocks
+		batches      map[string]*layerBatch    // layer-wise dumps written as batch records, by block list
 		stagingBytes int64
 		// stagingPeak and stagingPeakBlocks are the highest stagingBytes and staged blocks
 		// since Open (Stats.StagingPeakBytes).
@@ -194,6 +195,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
+	e.mu.batches = map[string]*layerBatch{}
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
 	err := e.open()
 	if err == nil {
@@ -482,6 +484,9 @@ func (e *Engine) Close() error {
 	for id, s := range e.mu.staging {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
 	}
+	e.expireLayerBatchesLocked(time.Now(), true, func(BlockID) error {
+		return fmt.Errorf("engine closed before every layer was dumped: %w", ErrClosed)
+	})
 	e.mu.Unlock()
 	var errs []error
 	for _, w := range e.writers() {

@@ -155,7 +155,9 @@ func TestRoundTripLayouts(t *testing.T) {
 func TestLayerwiseDump(t *testing.T) {
 	_, fs := memFS()
 	l := Layout{Shards: 8, TensorsPerShard: 2, ShardBytes: 8192}
-	e := mustOpen(t, "/store", testOptions(fs, l))
+	opts := testOptions(fs, l)
+	opts.StageLayerWise = true // the staging path (batch records: batchdump_test.go)
+	e := mustOpen(t, "/store", opts)
 	defer e.Close()
 	blocks := ids(0, 10)
 	full := make([][]byte, len(blocks))
@@ -683,6 +685,7 @@ func TestTimingObservers(t *testing.T) {
 	opts := testOptions(fs, l)
 	opts.OnFlight = func(ft wal.FlightTiming) { mu.Lock(); flights = append(flights, ft); mu.Unlock() }
 	opts.OnLoad = func(lt LoadTiming) { mu.Lock(); loads = append(loads, lt); mu.Unlock() }
+	opts.StageLayerWise = true // flights of block records
 	e := mustOpen(t, "/store", opts)
 	defer e.Close()
 	blocks := ids(0, 6)

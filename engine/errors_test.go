@@ -43,6 +43,7 @@ func TestStagingFullIsNoSpace(t *testing.T) {
 	_, fs := memFS()
 	opts := testOptions(fs, mhaLayout)
 	opts.MaxStagingBytes = mhaLayout.RecordBytes() // room for one partly dumped block
+	opts.StageLayerWise = true                     // batch records stage only bounce buffers
 	e := mustOpen(t, "/store", opts)
 	defer e.Close()
 	a, b := blockID(1), blockID(2)

@@ -69,8 +69,10 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 		}
 		last = r
 	}
-	if meta, ok := e.ix.Segment(last.Segment); ok {
-		meta.Size = last.Offset + last.Size()
+	if meta, ok := e.ix.Segment(last.Segment); ok && last.End() > meta.Size {
+		// A batch record (wal.Batch) is published when it commits, possibly after records
+		// placed behind it: the size only grows. (The Writer publishes one group at a time.)
+		meta.Size = last.End()
 		b.SetSegment(meta)
 	}
 	if err := e.ix.Apply(b, sync); err != nil {

@@ -69,6 +69,9 @@ const (
 	DefaultQueueDepth      = 64
 	DefaultTaskTimeout     = 30 * time.Second
 	DefaultMaxStagingBytes = 1 << 30
+	// DefaultMaxBatchBytes bounds one layer-major batch record: a request's layer-wise dump
+	// larger than this is written as several (docs/format.md, "Batch records").
+	DefaultMaxBatchBytes   = 64 << 20
 	DefaultCompactInterval = 30 * time.Second
 	// DefaultCompression is off: measured on KV-shaped bf16, lz4 saves ~10 % at ~260 MB/s per
 	// core, far below a local NVMe's 2.5 GB/s (docs/performance.md, Compression).
@@ -152,6 +155,15 @@ type Options struct {
 	// MaxStagingBytes bounds the memory held by partly dumped (layer-wise or V0-created) blocks
 	// (default 1 GiB); a dump beyond it fails with ErrNoSpace.
 	MaxStagingBytes int64
+	// StageLayerWise makes layer-wise dumps (DumpShard) assemble whole blocks in staging memory
+	// and write one block record each, as before batch records existed, instead of writing a
+	// request's blocks layer-major as batch records (engine/batchdump.go). Segments then do not
+	// carry format.FeatureBatchRecords and stay readable by builds that predate it.
+	StageLayerWise bool
+	// MaxBatchBytes bounds the on-disk size of one batch record (default 64 MiB, and at most
+	// what an empty segment of the first disk tier holds): a layer-wise dump of a larger block
+	// list is written as several batch records.
+	MaxBatchBytes int64
 	// Tiers lists the store's tiers, fastest first: at most one memory tier (first), then one or
 	// more disk tiers, each with its paths, capacity, watermarks and I/O settings (see
 	// tiers.Config and docs/tiers.md). Empty means one disk tier in the store directory with
@@ -262,6 +274,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxStagingBytes == 0 {
 		o.MaxStagingBytes = DefaultMaxStagingBytes
 	}
+	if o.MaxBatchBytes == 0 {
+		o.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if o.CompressMinSaving == 0 {
 		o.CompressMinSaving = DefaultCompressMinSaving
 	}
@@ -340,6 +355,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: shared owner timeout %v below 4 refresh intervals (%v): %w", o.SharedOwnerTimeout, 4*o.SharedRefreshInterval, ErrInvalidArgument)
 	case !(o.CompactLiveRatio > 0 && o.CompactLiveRatio < 1): // NaN fails too
 		return fmt.Errorf("options: compact live ratio %v out of (0, 1): %w", o.CompactLiveRatio, ErrInvalidArgument)
+	case o.MaxBatchBytes < 0:
+		return fmt.Errorf("options: max batch bytes %d: %w", o.MaxBatchBytes, ErrInvalidArgument)
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
 	}

@@ -246,30 +246,34 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 	if row, ok := e.ix.Segment(n); ok {
 		if seg, err := e.acquireSegment(n); err == nil {
 			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
-			if ferr == nil && slices.ContainsFunc(entries, func(fe format.FooterEntry) bool { return fe.Type == format.RecordBatch }) {
-				// A batch record's footer entry names its first block only; the others are
-				// listed by its header.
-				var recs []wal.ScannedRecord
-				if recs, ferr = wal.ReadSealedRecords(seg, row.Size, e.tierOf(n).io); ferr == nil {
-					entries = make([]format.FooterEntry, len(recs))
-					for k, r := range recs {
-						entries[k] = format.FooterEntry{ID: r.Header.ID, Kind: r.Header.Kind, Offset: r.Offset}
+			if ferr == nil {
+				for _, fe := range entries {
+					ids := []BlockID{fe.ID}
+					if fe.Type == format.RecordBatch {
+						bh, err := wal.ReadBatchHeader(seg, fe, e.tierOf(n).io)
+						if err != nil {
+							ferr = err
+							break
+						}
+						ids = bh.IDs
+					}
+					for _, id := range ids {
+						loc, ok, err := e.entry(id, fe.Kind)
+						if err != nil {
+							seg.Release()
+							return nil, err
+						}
+						if ok && loc.Segment == n && loc.Offset == fe.Offset {
+							refs = append(refs, recordRef{id, fe.Kind, loc})
+						}
 					}
 				}
 			}
 			seg.Release()
 			if ferr == nil {
-				for _, fe := range entries {
-					loc, ok, err := e.entry(fe.ID, fe.Kind)
-					if err != nil {
-						return nil, err
-					}
-					if ok && loc.Segment == n && loc.Offset == fe.Offset {
-						refs = append(refs, recordRef{fe.ID, fe.Kind, loc})
-					}
-				}
 				return refs, nil
 			}
+			refs = refs[:0]
 			e.opts.Logger.Warn("ucm: segment footer unreadable; finding its records in the index", "segment", n, "err", ferr)
 		}
 	}

@@ -252,6 +252,12 @@ func (e *Engine) recoverActive(row index.SegmentMeta, wasSealed bool) error {
 	if res.Header.Schema != e.fingerprint || res.Header.Generation != row.Generation {
 		return e.quarantine(row, fmt.Errorf("%s: header does not match the index (schema or generation)", path))
 	}
+	for _, skipped := range res.Skipped {
+		// A layer-wise dump's batch record whose commit never reached the disk (the crash came
+		// before its last layer), or whose bytes no longer check: nothing was acknowledged from
+		// it unless it rotted, and then loads of its blocks report them corrupt.
+		e.opts.Logger.Warn("ucm: recovery passed over a batch record without a valid commit; its extent is dead space", "err", skipped)
+	}
 	if len(res.Records) == 0 {
 		// Nothing in it survived: the dump writer's prepared next segment, or one whose first
 		// records were never made durable. Delete it rather than keep an empty sealed segment.
@@ -392,6 +398,15 @@ func (e *Engine) removeOrphan(n uint64, path string) error {
 	return nil
 }
 
+// scannedLocation is the index location of a record (or block of a batch record) a scan of
+// segment n found, or of a sealed segment's footer listed (wal.ReadSealedRecords).
+func scannedLocation(n uint64, r *wal.ScannedRecord) index.Location {
+	return index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
+		HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
+		Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs,
+		BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
+}
+
 // indexRecords adds to b an entry for every scanned record of segment n whose block the index
 // does not hold at all or holds an older record of, and returns how many it added.
 func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (int, error) {
@@ -419,10 +434,7 @@ func (e *Engine) indexRecords(b *index.Batch, n uint64, res *wal.ScanResult) (in
 		if ok && cur.Seq >= r.Header.Seq {
 			continue
 		}
-		loc := index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
-			Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs,
-			BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
+		loc := scannedLocation(n, r)
 		switch {
 		case r.Header.Kind != 0 && !inSegment[r.Header.ID] && !e.ix.Contains(r.Header.ID):
 			// Its block is in a segment not indexed yet (compaction copied the sidecar ahead of

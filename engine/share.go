@@ -565,9 +565,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 		if r.Header.Kind != 0 {
 			// A sidecar: indexed beside its block, which this segment or an earlier one gave
 			// the foreign index; one whose block is not indexed yet waits for it.
-			loc := index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-				HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
-				StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs}
+			loc := scannedLocation(alias, r)
 			if s.fx.HasSidecar(r.Header.ID, r.Header.Kind) {
 				continue
 			}
@@ -582,9 +580,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 			continue
 		}
 		seen[r.Header.ID] = true
-		b.Put(r.Header.ID, index.Location{Segment: alias, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-			HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs, Compression: r.Header.Compression,
-			StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs, BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos})
+		b.Put(r.Header.ID, scannedLocation(alias, r))
 	}
 	val := make([]byte, foreignSegPrefix, foreignSegPrefix+len(segDir))
 	copy(val, inst[:])

@@ -25,6 +25,9 @@ type Stats struct {
 	DumpTasks    int64
 	DumpedBlocks int64 // blocks written to the log
 	DumpedBytes  int64
+	// BatchRecords counts the layer-major batch records layer-wise dumps committed
+	// (engine/batchdump.go): their blocks are in DumpedBlocks too.
+	BatchRecords int64
 	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
 	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
 	// Compression (Options.Compression, or a disk tier's): CompressedBlocks records were stored
@@ -109,7 +112,7 @@ type counters struct {
 	corruptReads, missingSegmentReads, readErrors, stagingExpired            atomic.Int64
 	lookups, lookupHits                                                      atomic.Int64
 	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
-	relocationsLost                                                          atomic.Int64
+	relocationsLost, batchRecords                                            atomic.Int64
 	compressedBlocks, compressSkipped, storedPayloadBytes                    atomic.Int64
 	dumpedSidecars, sidecarMemoryHits, sidecarDiskReads, sidecarMisses       atomic.Int64
 }
@@ -117,7 +120,7 @@ type counters struct {
 func (c *counters) snapshot() Stats {
 	return Stats{
 		DumpTasks: c.dumpTasks.Load(), DumpedBlocks: c.dumpedBlocks.Load(), DumpedBytes: c.dumpedBytes.Load(),
-		DedupedDumps: c.dedupedDumps.Load(), FailedBlocks: c.failedBlocks.Load(),
+		DedupedDumps: c.dedupedDumps.Load(), FailedBlocks: c.failedBlocks.Load(), BatchRecords: c.batchRecords.Load(),
 		LoadTasks: c.loadTasks.Load(), LoadedBlocks: c.loadedBlocks.Load(), LoadedShards: c.loadedShards.Load(),
 		LoadedBytes: c.loadedBytes.Load(), LoadMisses: c.loadMisses.Load(),
 		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),

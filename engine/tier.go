@@ -387,6 +387,8 @@ func (e *Engine) startWriters() error {
 				// fills. Relocations come in bursts; their writer creates segments as needed.
 				PrepareNext: !relocation,
 				OnFlight:    onFlight,
+				// Layer-wise dumps write batch records through the first tier's dump writer.
+				BatchRecords: !relocation && !e.opts.StageLayerWise,
 			})
 			if err != nil {
 				return err

@@ -63,6 +63,7 @@ type benchConfig struct {
 	order            string // connector, random or both (layerwise_order.go)
 	requestMaxBlocks int    // connector order: longest request, in blocks
 	maxStaging       int64  // Options.MaxStagingBytes (0: the engine's default)
+	stageLayerWise   bool   // Options.StageLayerWise: block records assembled in staging
 	timings          bool   // gather and report the engine's flight and load timings
 }
 
@@ -228,8 +229,10 @@ Workloads:
              flight per request, --concurrency requests at a time. random: groups of --batch
              blocks dumped shard by shard, shards loaded in random order across groups. Each
              order reports its rates and the engine's staging memory high-water mark (bounded
-             by --max-staging); --timings adds where the dump's flights and the load's tasks
-             spent their time and the device queue sampled every millisecond.
+             by --max-staging). A request's layers are written as layer-major batch records
+             (--stage-layer-wise: whole blocks assembled in staging memory, the format before
+             them); --timings adds where the dump's flights and the load's tasks spent their
+             time and the device queue sampled every millisecond.
   lookup     index --blocks blocks (default 1,000,000; a tiny 1 × 4 KiB layout, sync none,
              1024 blocks per task unless set), reopen, then time --batches batches of 1024
              mixed hit/miss exact lookups and as many prefix lookups (p50/p99 per batch).
@@ -345,6 +348,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&cfg.order, "order", orderBoth, "layerwise: connector (requests layer by layer, as UCM's layer-wise connector), random (shards of --batch-block groups in random order) or both (connector, then random, each on a fresh store)")
 	fl.IntVar(&cfg.requestMaxBlocks, "request-max-blocks", 64, "layerwise, connector order: requests are 1..N blocks long, uniformly (with --trace: the trace's request lengths, capped at N)")
 	fl.StringVar(&maxStaging, "max-staging", "0", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
+	fl.BoolVar(&cfg.stageLayerWise, "stage-layer-wise", false, "layerwise: assemble whole blocks in staging memory and write block records (Options.StageLayerWise) instead of layer-major batch records")
 	fl.BoolVar(&cfg.timings, "timings", false, "layerwise: report where the dump's flights and the load's tasks spent their time, and the device queue sampled every millisecond")
 	return cmd
 }
@@ -432,7 +436,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	opts := engine.Options{Layout: l, Schema: benchSchema, SegmentSize: cfg.segmentSize, SyncPolicy: cfg.sync,
 		IOEngine: cfg.ioEngine, DirectIO: cfg.direct, Compression: cfg.compression, QueueDepth: cfg.queueDepth,
 		CompressMinSaving: cfg.minSaving, Tiers: benchTiers(cfg, storeDir), RecycleSegments: cfg.recycle,
-		MaxStagingBytes: cfg.maxStaging}
+		MaxStagingBytes: cfg.maxStaging, StageLayerWise: cfg.stageLayerWise}
 	var timings *timingCollector
 	if cfg.timings {
 		timings = &timingCollector{}

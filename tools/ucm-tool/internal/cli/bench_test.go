@@ -108,11 +108,12 @@ func TestBenchLayerwise(t *testing.T) {
 }
 
 // --order connector --timings: every layer task of every request is one load batch (requests
-// are at most 64 blocks, the engine's batch), and the dump's flights carry every block.
+// are at most 64 blocks, the engine's batch), and with --stage-layer-wise the dump's flights (of
+// block records) carry every block.
 func TestBenchLayerwiseConnectorTimings(t *testing.T) {
 	const shards = 8
 	m := benchJSON(t, "--workload", "layerwise", "--dir", t.TempDir(), "--total", "8MiB", "--block-size", "64KiB", "--shards", "8",
-		"--segment-size", "1MiB", "--order", "connector", "--timings", "--request-max-blocks", "16", "--direct", "off", "--io-engine", "psync")
+		"--segment-size", "1MiB", "--order", "connector", "--timings", "--stage-layer-wise", "--request-max-blocks", "16", "--direct", "off", "--io-engine", "psync")
 	orders := m["layerwise"].([]any)
 	if len(orders) != 1 {
 		t.Fatalf("orders %v, want the connector order alone", orders)

@@ -1,0 +1,370 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
+)
+
+// layerSources returns, for each layer, the shard buffers of blocks: copies on 4 KiB
+// boundaries (a connector's pinned buffers) or one byte off them.
+func layerSources(l Layout, blocks []BlockID, aligned bool) [][][]byte {
+	out := make([][][]byte, l.Shards)
+	for sh := range out {
+		out[sh] = make([][]byte, len(blocks))
+		for i, id := range blocks {
+			src := blockBytes(l, id)[int64(sh)*l.ShardBytes : int64(sh+1)*l.ShardBytes]
+			b := devio.AlignedBuffer(int(l.ShardBytes) + 1)
+			if !aligned {
+				b = b[1:] // never on a 4 KiB boundary
+			}
+			copy(b, src)
+			out[sh][i] = b[:l.ShardBytes]
+		}
+	}
+	return out
+}
+
+// dumpLayers dumps blocks layer by layer, one task per layer over the whole list, the layers in
+// the given order, and returns each task's error.
+func dumpLayers(e *Engine, blocks []BlockID, src [][][]byte, order []int) []error {
+	errs := make([]error, len(order))
+	for k, sh := range order {
+		errs[k] = e.DumpShard(blocks, sh, src[sh]).Wait()
+	}
+	return errs
+}
+
+// checkShards loads every shard of blocks with LoadShard and compares it.
+func checkShards(t *testing.T, e *Engine, blocks []BlockID) {
+	t.Helper()
+	l := e.Layout()
+	for sh := 0; sh < l.Shards; sh++ {
+		dst := make([][]byte, len(blocks))
+		for i := range dst {
+			dst[i] = devio.AlignedBuffer(int(l.ShardBytes))
+		}
+		if err := e.LoadShard(blocks, sh, dst).Wait(); err != nil {
+			t.Fatalf("load shard %d: %v", sh, err)
+		}
+		for i, id := range blocks {
+			if !bytes.Equal(dst[i], blockBytes(l, id)[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes]) {
+				t.Fatalf("block %s shard %d differs", id, sh)
+			}
+		}
+	}
+}
+
+// A layer-wise dump of a list of new blocks, one task per layer in any order, is written as one
+// batch record: nothing is visible before the last layer, every block loads whole and by shard
+// after it, from aligned buffers no staging memory is used, from unaligned ones one layer's
+// bounce buffers; reopened, everything is still there and the accounting is exact.
+func TestLayerBatchDump(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		l       Layout
+		aligned bool
+	}{
+		{"aligned", mhaLayout, true},
+		{"unaligned-callers", mhaLayout, false},
+		{"padded-shards", Layout{Shards: 5, TensorsPerShard: 2, ShardBytes: 5000}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, fs := memFS()
+			opts := testOptions(fs, tc.l)
+			e := mustOpen(t, "/store", opts)
+			blocks := ids(0, 10)
+			src := layerSources(tc.l, blocks, tc.aligned)
+			order := rand.Perm(tc.l.Shards)
+			for k, sh := range order {
+				if k == len(order)-1 {
+					for _, hit := range e.Lookup(blocks) {
+						if hit {
+							t.Fatal("a block is visible before its last layer was dumped")
+						}
+					}
+				}
+				if err := e.DumpShard(blocks, sh, src[sh]).Wait(); err != nil {
+					t.Fatalf("layer %d: %v", sh, err)
+				}
+			}
+			checkBlocks(t, e, blocks)
+			checkShards(t, e, blocks)
+			st := e.Stats()
+			if st.BatchRecords != 1 || st.DumpedBlocks != int64(len(blocks)) || st.StagingBytes != 0 || st.StagingBlocks != 0 {
+				t.Fatalf("stats: %d batch records, %d blocks dumped, staging %d bytes %d blocks", st.BatchRecords, st.DumpedBlocks, st.StagingBytes, st.StagingBlocks)
+			}
+			var wantPeak int64 // zero copy
+			if !tc.aligned || tc.l.ShardStride() != tc.l.ShardBytes {
+				wantPeak = int64(len(blocks)) * tc.l.ShardStride() // one layer's bounce buffers
+			}
+			if st.StagingPeakBytes != wantPeak {
+				t.Fatalf("staging peak %d bytes, want %d", st.StagingPeakBytes, wantPeak)
+			}
+			loc := location(t, e, blocks[3])
+			if !loc.IsBatch() || loc.BatchBlocks != len(blocks) || loc.BatchPos != 3 {
+				t.Fatalf("location %+v", loc)
+			}
+			if err := e.ix.CheckAccounting(); err != nil {
+				t.Fatal(err)
+			}
+			// The same list again: stored, written once.
+			if errs := dumpLayers(e, blocks, src, order); errors.Join(errs...) != nil {
+				t.Fatal(errors.Join(errs...))
+			}
+			if st := e.Stats(); st.BatchRecords != 1 || st.DumpedBlocks != int64(len(blocks)) {
+				t.Fatalf("a repeated dump wrote again: %+v", st)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			e = mustOpen(t, "/store", opts)
+			defer e.Close()
+			checkBlocks(t, e, blocks)
+			checkShards(t, e, blocks)
+			if err := e.ix.CheckAccounting(); err != nil {
+				t.Fatal(err)
+			}
+			if err := fileSizesMatch(fs, e); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A list larger than MaxBatchBytes is written as several batch records, each within the limit.
+func TestLayerBatchChunks(t *testing.T) {
+	_, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	opts.MaxBatchBytes = 6 * mhaLayout.PayloadBytes() // 5 blocks with the header and commit
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	blocks := ids(0, 12)
+	if errs := dumpLayers(e, blocks, layerSources(mhaLayout, blocks, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	if st := e.Stats(); st.BatchRecords != 3 {
+		t.Fatalf("%d batch records for 12 blocks at 5 per record, want 3", st.BatchRecords)
+	}
+	for i, id := range blocks {
+		if loc := location(t, e, id); loc.BatchBlocks != []int{5, 5, 2}[i/5] || loc.BatchPos != i%5 {
+			t.Fatalf("block %d: %+v", i, loc)
+		}
+	}
+	if h := (format.BatchHeader{Layout: mhaLayout, IDs: blocks[:5]}); h.ExtentBytes() > opts.MaxBatchBytes {
+		t.Fatalf("a batch record of %d bytes above MaxBatchBytes %d", h.ExtentBytes(), opts.MaxBatchBytes)
+	}
+	checkBlocks(t, e, blocks)
+	checkShards(t, e, blocks)
+}
+
+// A crash after a batch is committed keeps it; a crash before its last layer loses only it:
+// recovery passes over its extent, keeps the records written after it, and the blocks can be
+// dumped again.
+func TestLayerBatchCrash(t *testing.T) {
+	mem, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	e := mustOpen(t, "/store", opts)
+	done, open := ids(0, 6), ids(10, 16)
+	if errs := dumpLayers(e, done, layerSources(mhaLayout, done, true), []int{3, 2, 1, 0}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	openSrc := layerSources(mhaLayout, open, true)
+	if errs := dumpLayers(e, open, openSrc, []int{0, 1, 2}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	after := ids(20, 23)
+	dumpBlocks(t, e, after)
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{})
+	e.Close()
+
+	opts.FS = crashed
+	e2 := mustOpen(t, "/store", opts)
+	defer e2.Close()
+	if hits := e2.Lookup(append(append(append([]BlockID(nil), done...), open...), after...)); hits[0] != true || hits[6] || !hits[12] {
+		t.Fatalf("after the crash: %v", hits)
+	}
+	checkBlocks(t, e2, done)
+	checkBlocks(t, e2, after)
+	if errs := dumpLayers(e2, open, openSrc, []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	checkBlocks(t, e2, open)
+	if err := e2.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A layer with a wrong-sized buffer fails the whole list: nothing is published, the other
+// layers fail with ErrBlockFailed, and once every layer was tried the blocks can be dumped
+// again.
+func TestLayerBatchFailedLayer(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+	defer e.Close()
+	blocks := ids(0, 4)
+	src := layerSources(mhaLayout, blocks, true)
+	if err := e.DumpShard(blocks, 0, src[0]).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	bad := append([][]byte{make([]byte, 100)}, src[1][1:]...)
+	if err := e.DumpShard(blocks, 1, bad).Wait(); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad layer: %v", err)
+	}
+	for _, sh := range []int{2, 3} {
+		if err := e.DumpShard(blocks, sh, src[sh]).Wait(); !errors.Is(err, ErrBlockFailed) {
+			t.Fatalf("layer %d after a failed layer: %v, want ErrBlockFailed", sh, err)
+		}
+	}
+	for _, hit := range e.Lookup(blocks) {
+		if hit {
+			t.Fatal("a block of a failed batch was published")
+		}
+	}
+	if errs := dumpLayers(e, blocks, src, []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	checkBlocks(t, e, blocks)
+	if st := e.Stats(); st.FailedBlocks != int64(len(blocks)) || st.BatchRecords != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+// A list whose last layers never come is discarded after TaskTimeout: its blocks were never
+// visible, a whole-block dump of them waiting on it gets the timeout, and they can be dumped
+// again; the segment is sealed at Close.
+func TestLayerBatchExpires(t *testing.T) {
+	_, fs := memFS()
+	opts := testOptions(fs, mhaLayout)
+	opts.TaskTimeout = 300 * time.Millisecond
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	blocks := ids(0, 3)
+	src := layerSources(mhaLayout, blocks, true)
+	if err := e.DumpShard(blocks, 0, src[0]).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	whole := e.Dump(blocks[:1], [][]byte{blockBytes(mhaLayout, blocks[0])})
+	if err := whole.Wait(); !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrBlockFailed) {
+		t.Fatalf("whole dump waiting on an expired batch: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); e.Stats().StagingExpired == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the batch did not expire")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dumpBlocks(t, e, blocks)
+	checkBlocks(t, e, blocks)
+}
+
+// Dumps of a block of an open batch by other tasks (a whole-block dump, another list) wait for
+// the batch and share its outcome: the block is written once.
+func TestLayerBatchOverlappingDumps(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", testOptions(fs, mhaLayout))
+	defer e.Close()
+	blocks := ids(0, 4)
+	src := layerSources(mhaLayout, blocks, true)
+	if err := e.DumpShard(blocks, 0, src[0]).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var wholeErr, otherErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		wholeErr = e.Dump(blocks[1:2], [][]byte{blockBytes(mhaLayout, blocks[1])}).Wait()
+	}()
+	go func() {
+		defer wg.Done()
+		other := []BlockID{blocks[2], blockID(99)}
+		osrc := layerSources(mhaLayout, other, true)
+		otherErr = errors.Join(dumpLayers(e, other, osrc, []int{0, 1, 2, 3})...)
+	}()
+	time.Sleep(50 * time.Millisecond) // let them find the open batch
+	if errs := dumpLayers(e, blocks, src, []int{1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	wg.Wait()
+	if wholeErr != nil || otherErr != nil {
+		t.Fatalf("overlapping dumps: whole %v, other list %v", wholeErr, otherErr)
+	}
+	checkBlocks(t, e, append(blocks, blockID(99)))
+	if st := e.Stats(); st.DumpedBlocks != 5 {
+		t.Fatalf("%d blocks written for 5 distinct ones", st.DumpedBlocks)
+	}
+}
+
+// Compaction moves the live blocks of a batch record as block records, byte-identical.
+func TestLayerBatchCompaction(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/a")))
+	defer e.Close()
+	blocks := ids(0, 20)
+	if errs := dumpLayers(e, blocks, layerSources(mhaLayout, blocks, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	dumpBlocks(t, e, ids(100, 140)) // rotate: the batch's segment is sealed
+	b := e.ix.NewBatch()
+	var live []BlockID
+	for i, id := range blocks {
+		if i%4 != 0 {
+			b.Delete(id)
+		} else {
+			live = append(live, id)
+		}
+	}
+	if err := e.ix.Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := e.Compact(0.99, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.SegmentsCompacted == 0 {
+		t.Fatalf("nothing compacted: %+v", rep)
+	}
+	for _, id := range live {
+		if loc := location(t, e, id); loc.IsBatch() {
+			t.Fatalf("block %s still in its batch record after compaction", id)
+		}
+	}
+	checkBlocks(t, e, live)
+	checkShards(t, e, live)
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Another instance on a shared tier indexes a sealed segment's batch records from its footer,
+// batch headers and commit blocks, and loads their blocks whole and by shard.
+func TestLayerBatchShared(t *testing.T) {
+	root := t.TempDir()
+	shared, sharedB := sharedDirs(t)
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	b := mustOpen(t, filepath.Join(root, "b"), sharedOptions(sharedB, time.Hour))
+	defer b.Close()
+	blocks := ids(0, 6)
+	l := a.Layout()
+	if errs := dumpLayers(a, blocks, layerSources(l, blocks, true), rand.Perm(l.Shards)); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	if st := a.Stats(); st.BatchRecords != 1 {
+		t.Fatalf("%d batch records", st.BatchRecords)
+	}
+	if err := a.Close(); err != nil { // seals, publishes
+		t.Fatal(err)
+	}
+	waitFor(t, "A's batch blocks visible in B", func() bool { return allHit(b, blocks) })
+	checkBlocks(t, b, blocks)
+	checkShards(t, b, blocks)
+}
