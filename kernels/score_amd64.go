@@ -8,6 +8,11 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func dotsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
 
+// dotsF16x4AVX2 is dotsF16AVX2 for four runs sharing one run of v (vs = 0).
+//
+//go:noescape
+func dotsF16x4AVX2(out, q *float32, v *byte, d, qs int)
+
 //go:noescape
 func sqDistsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
 
@@ -27,6 +32,16 @@ var (
 
 func dotsF16(out, q []float32, v []byte, d, qs, vs int) {
 	if haveF16FMA && d%8 == 0 {
+		if vs == 0 && len(out) >= 4 { // a group's query heads against one row: convert it once
+			i := 0
+			for ; i+4 <= len(out); i += 4 {
+				dotsF16x4AVX2(&out[i], &q[i*qs], &v[0], d, qs)
+			}
+			if i == len(out) {
+				return
+			}
+			out, q = out[i:], q[i*qs:]
+		}
 		dotsF16AVX2(&out[0], &q[0], &v[0], len(out), d, qs, vs)
 		return
 	}

@@ -329,3 +329,68 @@ ham_sum:
 	MOVQ         BX, minDist+32(FP)
 	MOVQ         R9, total+40(FP)
 	RET
+
+// func dotsF16x4AVX2(out, q *float32, v *byte, d, qs int)
+// Four runs against one run of v (vs = 0: the query heads of a GQA group against their KV
+// head's row): each fp16 vector of v is converted once for the four queries. Two accumulators
+// per query (even and odd 8-element steps); the four sums leave together through a VHADDPS tree.
+TEXT ·dotsF16x4AVX2(SB), NOSPLIT, $0-40
+	MOVQ   out+0(FP), DI
+	MOVQ   q+8(FP), SI
+	MOVQ   v+16(FP), DX
+	MOVQ   d+24(FP), CX
+	MOVQ   qs+32(FP), R8
+	SHLQ   $2, R8
+	LEAQ   (SI)(R8*1), R9
+	LEAQ   (R9)(R8*1), R10
+	LEAQ   (R10)(R8*1), R11
+	XORQ   AX, AX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+x4_16:
+	CMPQ        CX, $16
+	JLT         x4_8
+	VCVTPH2PS   0(DX), Y8
+	VCVTPH2PS   16(DX), Y9
+	VFMADD231PS 0(SI)(AX*1), Y8, Y0
+	VFMADD231PS 0(R9)(AX*1), Y8, Y1
+	VFMADD231PS 0(R10)(AX*1), Y8, Y2
+	VFMADD231PS 0(R11)(AX*1), Y8, Y3
+	VFMADD231PS 32(SI)(AX*1), Y9, Y4
+	VFMADD231PS 32(R9)(AX*1), Y9, Y5
+	VFMADD231PS 32(R10)(AX*1), Y9, Y6
+	VFMADD231PS 32(R11)(AX*1), Y9, Y7
+	ADDQ        $32, DX
+	ADDQ        $64, AX
+	SUBQ        $16, CX
+	JMP         x4_16
+
+x4_8:
+	TESTQ       CX, CX
+	JZ          x4_sum
+	VCVTPH2PS   0(DX), Y8
+	VFMADD231PS 0(SI)(AX*1), Y8, Y0
+	VFMADD231PS 0(R9)(AX*1), Y8, Y1
+	VFMADD231PS 0(R10)(AX*1), Y8, Y2
+	VFMADD231PS 0(R11)(AX*1), Y8, Y3
+
+x4_sum:
+	VADDPS       Y4, Y0, Y0
+	VADDPS       Y5, Y1, Y1
+	VADDPS       Y6, Y2, Y2
+	VADDPS       Y7, Y3, Y3
+	VHADDPS      Y1, Y0, Y0 // per 128-bit lane: a01 a23 b01 b23
+	VHADDPS      Y3, Y2, Y2 // c01 c23 d01 d23
+	VHADDPS      Y2, Y0, Y0 // a b c d of each lane's half
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS       X1, X0, X0
+	VMOVUPS      X0, 0(DI)
+	VZEROUPPER
+	RET

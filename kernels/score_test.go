@@ -18,7 +18,7 @@ type scoreCase struct {
 }
 
 func randScoreCase(r *rand.Rand) scoreCase {
-	c := scoreCase{n: 1 + r.IntN(6), d: []int{1, 3, 8, 16, 24, 32, 40, 64, 128, 136}[r.IntN(10)]}
+	c := scoreCase{n: 1 + r.IntN(13), d: []int{1, 3, 8, 16, 24, 32, 40, 64, 128, 136}[r.IntN(10)]}
 	c.qs = []int{0, c.d, c.d + 8}[r.IntN(3)]
 	c.vs = []int{0, c.d, 2 * c.d}[r.IntN(3)]
 	nq, nv := (c.n-1)*c.qs+c.d, (c.n-1)*c.vs+c.d
