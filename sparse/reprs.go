@@ -158,7 +158,7 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 				groups, n, vs = 1, hq, d // one call over every head
 			}
 			for kv := range groups {
-				out := st.tmp[kv*n : (kv+1)*n]
+				out := st.perHead[kv*n : (kv+1)*n]
 				q := st.q[kv*n*d : (kv+1)*n*d]
 				switch m.rowKind {
 				case rowF16:
@@ -170,7 +170,7 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 				}
 			}
 			sc := scale1(m.rowKind, scale) * m.logitScale()
-			for i, x := range st.tmp[:hq] {
+			for i, x := range st.perHead {
 				st.perHead[i] = x * sc
 			}
 			return 0
