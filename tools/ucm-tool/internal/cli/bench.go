@@ -64,6 +64,7 @@ type benchConfig struct {
 	requestMaxBlocks int    // connector order: longest request, in blocks
 	maxStaging       int64  // Options.MaxStagingBytes (0: the engine's default)
 	stageLayerWise   bool   // Options.StageLayerWise: block records assembled in staging
+	layersInFlight   int    // connector-order loads: layers of a request in flight (0: all)
 	timings          bool   // gather and report the engine's flight and load timings
 }
 
@@ -225,8 +226,10 @@ Workloads:
              of 16 KiB–1 MiB are typical), in two orders (--order, default both, each on a
              fresh store). connector: the blocks are split into requests (1..--request-max-blocks
              long, uniformly, or the --trace's request lengths); a request dumps shard i of all
-             its blocks in one task, i = 0..L-1, and later loads them the same way, one layer in
-             flight per request, --concurrency requests at a time. random: groups of --batch
+             its blocks in one task, i = 0..L-1, and later loads them the same way, every layer's
+             load issued at once and waited for in layer order (as UCM's start_load_kv and
+             wait_for_layer_load; --layers-in-flight N bounds them), --concurrency requests at
+             a time. random: groups of --batch
              blocks dumped shard by shard, shards loaded in random order across groups. Each
              order reports its rates and the engine's staging memory high-water mark (bounded
              by --max-staging). A request's layers are written as layer-major batch records
@@ -348,6 +351,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.StringVar(&cfg.order, "order", orderBoth, "layerwise: connector (requests layer by layer, as UCM's layer-wise connector), random (shards of --batch-block groups in random order) or both (connector, then random, each on a fresh store)")
 	fl.IntVar(&cfg.requestMaxBlocks, "request-max-blocks", 64, "layerwise, connector order: requests are 1..N blocks long, uniformly (with --trace: the trace's request lengths, capped at N)")
 	fl.StringVar(&maxStaging, "max-staging", "0", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
+	fl.IntVar(&cfg.layersInFlight, "layers-in-flight", 0, "layerwise, connector order: layers of a request whose loads are in flight at once, waited for in layer order (0: all, as UCM's start_load_kv issues them; 1: one at a time)")
 	fl.BoolVar(&cfg.stageLayerWise, "stage-layer-wise", false, "layerwise: assemble whole blocks in staging memory and write block records (Options.StageLayerWise) instead of layer-major batch records")
 	fl.BoolVar(&cfg.timings, "timings", false, "layerwise: report where the dump's flights and the load's tasks spent their time, and the device queue sampled every millisecond")
 	return cmd
@@ -415,6 +419,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--memory: only the trace workload takes a memory tier")
 	case cfg.maxStaging < 0:
 		return usageErr("--max-staging %d: want 0 (the default) or more", cfg.maxStaging)
+	case cfg.layersInFlight < 0:
+		return usageErr("--layers-in-flight %d: want 0 (all) or more", cfg.layersInFlight)
 	}
 	if ts := benchTiers(cfg, "bench"); ts != nil {
 		if err := tiers.Validate(ts); err != nil {

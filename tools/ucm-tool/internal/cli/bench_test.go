@@ -135,6 +135,17 @@ func TestBenchLayerwiseConnectorTimings(t *testing.T) {
 	if f, rpf := dt["flights"].(float64), dt["records_per_flight"].(float64); f < 1 || f*rpf < 127.5 || f*rpf > 128.5 {
 		t.Errorf("dump timings %v: want flights carrying the 128 blocks", dt)
 	}
+	if o["layers_in_flight"].(float64) != shards {
+		t.Errorf("layers in flight %v, want every layer (%d) by default", o["layers_in_flight"], shards)
+	}
+	one := benchJSON(t, "--workload", "layerwise", "--dir", t.TempDir(), "--total", "2MiB", "--block-size", "64KiB", "--shards", "8",
+		"--order", "connector", "--layers-in-flight", "1", "--direct", "off", "--io-engine", "psync")
+	if o := one["layerwise"].([]any)[0].(map[string]any); o["layers_in_flight"].(float64) != 1 || one["verified"] != true {
+		t.Errorf("--layers-in-flight 1: %v", one)
+	}
+	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--layers-in-flight", "-1"); code != ExitUsage {
+		t.Errorf("--layers-in-flight -1: exit %d, want %d", code, ExitUsage)
+	}
 	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--order", "sideways"); code != ExitUsage {
 		t.Errorf("--order sideways: exit %d, want %d", code, ExitUsage)
 	}

@@ -10,8 +10,9 @@ const (
 	// orderConnector is UCM's layer-wise vLLM connector's order: the blocks are split into
 	// requests of varying length; after layer i of a request's prefill, shard i of all its new
 	// blocks is dumped in one task (i = 0..L-1); before layer i of a later prefill, shard i of
-	// all its hit blocks is loaded in one task, one layer in flight per request, several
-	// requests at a time.
+	// all its hit blocks is loaded in one task; the loads of every layer are issued before the
+	// prefill (start_load_kv) and waited for in layer order (wait_for_layer_load;
+	// --layers-in-flight bounds how many are in flight), several requests at a time.
 	orderConnector = "connector"
 	// orderRandom is the bench's earlier order: groups of --batch blocks dumped shard by shard,
 	// then every (group, shard) pair loaded in a random order across groups and shards.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -18,7 +19,8 @@ import (
 // Connector order: the blocks are split into requests (lengths from --trace, else uniform on
 // 1..--request-max-blocks); each request dumps shard i of all its blocks in one task, i =
 // 0..L-1, issued back to back and waited for at the end, and later loads shard i of all its
-// blocks in one task, one layer in flight, --concurrency requests at a time.
+// blocks in one task, --layers-in-flight layers in flight (all by default, as UCM's
+// start_load_kv), waited for in layer order, --concurrency requests at a time.
 //
 // Random order: groups of --batch blocks dumped shard by shard (all of a group's shard tasks
 // issued, then waited for), --concurrency groups at a time; then every (group, shard) pair is
@@ -44,6 +46,7 @@ type layerwiseOrder struct {
 	Order string `json:"order"`
 	// Connector order: the requests the blocks were split into.
 	Requests          int     `json:"requests,omitempty"`
+	LayersInFlight    int     `json:"layers_in_flight,omitempty"`
 	MeanRequestBlocks float64 `json:"mean_request_blocks,omitempty"`
 	MaxRequestBlocks  int     `json:"max_request_blocks,omitempty"`
 	DumpMBps          float64 `json:"dump_MBps"`
@@ -200,31 +203,67 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	}
 	defer releaseShards()
 	var mismatch atomic.Pointer[error]
-	loadShards := func(w int, t lwTask) error {
-		rids := ids(lwRequest{first: t.first, n: t.n})
-		dst := shardBufs[w][:t.n]
-		if err := e.LoadShard(rids, t.layer, dst).Wait(); err != nil {
-			return err
-		}
+	check := func(rids []format.BlockID, t lwTask, dst [][]byte) {
 		for j, id := range rids {
 			if err := env.payload.checkStamps(dst[j], id, int64(t.layer)*l.ShardBytes); err != nil {
 				err = fmt.Errorf("shard %d: %w", t.layer, err)
 				mismatch.CompareAndSwap(nil, &err)
 			}
 		}
+	}
+	loadShards := func(w int, t lwTask) error {
+		rids := ids(lwRequest{first: t.first, n: t.n})
+		dst := shardBufs[w][:t.n]
+		if err := e.LoadShard(rids, t.layer, dst).Wait(); err != nil {
+			return err
+		}
+		check(rids, t, dst)
 		return nil
 	}
 	queue = env.sampleQueue(true)
 	var loadTime time.Duration
 	if o.Order == orderConnector {
-		// One layer in flight per request, --concurrency requests at a time.
+		// --layers-in-flight layers of a request in flight (all: UCM's start_load_kv issues
+		// every layer's load before the forward pass), waited for in layer order
+		// (wait_for_layer_load), each layer into its own part of the worker's block buffers;
+		// --concurrency requests at a time.
+		window := cfg.layersInFlight
+		if window <= 0 {
+			window = l.Shards
+		}
+		o.LayersInFlight = window
 		loadTime, err = parallel(len(reqs), cfg.concurrency, func(w, r int) error {
-			for _, t := range reqs[r].layerTasks(l.Shards) {
-				if err := loadShards(w, t); err != nil {
-					return err
+			tasks := reqs[r].layerTasks(l.Shards)
+			rids := ids(reqs[r])
+			pending := make([]*engine.Task, len(tasks))
+			dsts := make([][][]byte, len(tasks))
+			issue := func(k int) {
+				t := tasks[k]
+				dsts[k] = make([][]byte, t.n)
+				for j := range dsts[k] {
+					dsts[k][j] = shardOf(blockBufs[w][j], t.layer)
+				}
+				pending[k] = e.LoadShard(rids, t.layer, dsts[k])
+			}
+			next := 0
+			for ; next < len(tasks) && next < window; next++ {
+				issue(next)
+			}
+			var first error
+			for k, t := range tasks {
+				// Every issued task is waited for, also after a failure: its reads land in
+				// the worker's buffers, which the next request reuses.
+				if err := pending[k].Wait(); err != nil {
+					first = cmp.Or(first, err)
+				} else if first == nil {
+					check(rids, t, dsts[k])
+				}
+				if next < len(tasks) && first == nil {
+					issue(next)
+					next++
 				}
 			}
-			return nil
+			return first
 		})
 	} else {
 		units := randomUnits(len(reqs), l.Shards, cfg.seed)
