@@ -368,3 +368,44 @@ func TestLayerBatchShared(t *testing.T) {
 	checkBlocks(t, b, blocks)
 	checkShards(t, b, blocks)
 }
+
+// Demotion moves the blocks of batch records to the next tier as block records: every block
+// loads whole and by shard, nothing is lost, the accounting is exact.
+func TestLayerBatchDemotion(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("nfs", 0, "/nfs")))
+	defer e.Close()
+	var all []BlockID
+	for r := 0; r < 16; r++ { // 16 requests of 5 blocks: 2.5 MiB into a 1 MiB first tier
+		blocks := ids(r*5, r*5+5)
+		if errs := dumpLayers(e, blocks, layerSources(mhaLayout, blocks, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+		all = append(all, blocks...)
+	}
+	if st := e.Stats(); st.BatchRecords != 16 {
+		t.Fatalf("%d batch records for 16 requests", st.BatchRecords)
+	}
+	waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].space.OverHigh() })
+	if st := e.TierStats(); st[1].Blocks == 0 || e.Stats().EvictedBlocks == 0 {
+		t.Fatalf("nothing demoted: %+v", st)
+	}
+	var low BlockID
+	for _, id := range all {
+		if loc := location(t, e, id); e.tierOf(loc.Segment).pos == 1 {
+			if loc.IsBatch() {
+				t.Fatalf("block %s demoted as part of a batch record: %+v", id, loc)
+			}
+			low = id
+		}
+	}
+	if low == (BlockID{}) {
+		t.Fatal("no block in the second tier")
+	}
+	checkBlocks(t, e, all)
+	checkShards(t, e, all)
+	checkAllIndexed(t, e)
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
