@@ -696,6 +696,11 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	st.StagingBytes = e.mu.stagingBytes
 	st.StagingBlocks = len(e.mu.staging)
+	for _, lb := range e.mu.batches {
+		if !lb.done {
+			st.BatchOpenBlocks += len(lb.ids)
+		}
+	}
 	st.StagingPeakBytes, st.StagingPeakBlocks = e.mu.stagingPeak, e.mu.stagingPeakBlocks
 	e.mu.Unlock()
 	return st

@@ -21,6 +21,10 @@ type Stats struct {
 	// Options.MaxStagingBytes.
 	StagingPeakBytes  int64
 	StagingPeakBlocks int64
+	// BatchOpenBlocks counts the blocks of layer-wise dumps written as batch records
+	// (engine/batchdump.go) whose last layer has not been written: partly dumped, not visible,
+	// held on disk rather than in staging memory.
+	BatchOpenBlocks int
 
 	DumpTasks    int64
 	DumpedBlocks int64 // blocks written to the log

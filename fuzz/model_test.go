@@ -205,8 +205,9 @@ func (r *engineRun) check() {
 		}
 	}
 	st := r.e.Stats()
-	if st.Blocks != int64(want) || st.StagingBlocks != r.m.stagingCount() {
-		r.fatalf("stats: %d blocks, %d staging; model %d, %d", st.Blocks, st.StagingBlocks, want, r.m.stagingCount())
+	if partial := st.StagingBlocks + st.BatchOpenBlocks; st.Blocks != int64(want) || partial != r.m.stagingCount() {
+		r.fatalf("stats: %d blocks, %d partly dumped (%d staged, %d in open batch records); model %d, %d",
+			st.Blocks, partial, st.StagingBlocks, st.BatchOpenBlocks, want, r.m.stagingCount())
 	}
 }
 
