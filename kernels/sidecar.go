@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -678,7 +679,8 @@ func DecodeSidecar(b []byte) (*Sidecar, error) {
 			if err != nil {
 				return nil, fmt.Errorf("sidecar %v: layer %d: %w", h.Kind, l, err)
 			}
-			if hl != h || ll != l {
+			// The bytes too: a ratio of -0 equals 0 but would not encode back to this part.
+			if hl != h || ll != l || !bytes.Equal(part[:scOffLayer], b[:scOffLayer]) {
 				return nil, errorf(ErrCorrupt, "sidecar %v: part %d's header (layer %d) differs from part 0's", h.Kind, l, ll)
 			}
 		}
