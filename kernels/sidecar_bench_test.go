@@ -1,0 +1,56 @@
+package kernels
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkDecodeSidecarPart: verifying (and converting) the ESA mean parts a cold selection
+// step reads, 1,021 blocks × 32 heads × 128 dims (8 MiB), against one copy of the same bytes.
+//
+//	GOMAXPROCS=1 flock /tmp/ucm-bench.lock go test -run '^$' -bench DecodeSidecarPart -benchtime 50x ./kernels/
+func BenchmarkDecodeSidecarPart(b *testing.B) {
+	const blocks = 1021
+	for _, elem := range []DType{Float16, BFloat16} {
+		spec := SidecarSpec{Kind: SidecarESAMean, Layers: 1, Heads: 32, Dim: 128, BlockSize: 128, Elem: elem}
+		p, err := makePayload(spec, Float16, spec.BlockSize, func(l int) []byte {
+			return goldenK(KShape{spec.BlockSize, spec.Heads, spec.Dim}, l)
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pb := spec.PartBytes()
+		parts := make([]byte, blocks*pb)
+		for j := range blocks {
+			copy(parts[j*pb:], p)
+		}
+		values := make([]float32, spec.Heads*spec.Dim)
+		b.Run(fmt.Sprintf("%v-verify", elem), func(b *testing.B) {
+			b.SetBytes(int64(len(parts)))
+			for range b.N {
+				for j := range blocks {
+					if _, _, err := DecodeSidecarPart(parts[j*pb:(j+1)*pb], nil, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%v-convert", elem), func(b *testing.B) {
+			b.SetBytes(int64(len(parts)))
+			for range b.N {
+				for j := range blocks {
+					if _, _, err := DecodeSidecarPart(parts[j*pb:(j+1)*pb], values, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		dst := make([]byte, len(parts))
+		b.Run(fmt.Sprintf("%v-copy", elem), func(b *testing.B) {
+			b.SetBytes(int64(len(parts)))
+			for range b.N {
+				copy(dst, parts)
+			}
+		})
+	}
+}
