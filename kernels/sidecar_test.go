@@ -679,24 +679,24 @@ func TestSignalingNaNAllCodes(t *testing.T) {
 		{Float32, 0, 0, 0}, // not a 16-bit float: nothing is refused
 	} {
 		b := make([]byte, 2*n)
+		for i := range n {
+			binary.LittleEndian.PutUint16(b[2*i:], tc.one)
+		}
 		signaling := 0
-		for c := range 1 << 16 {
-			for pos := range n {
-				for _, later := range []bool{false, true} {
-					if later && pos == n-1 {
-						continue
-					}
-					for i := range n {
-						binary.LittleEndian.PutUint16(b[2*i:], tc.one)
-					}
+		for _, later := range []bool{false, true} {
+			last := n
+			if later {
+				last = n - 1
+				binary.LittleEndian.PutUint16(b[2*last:], tc.signal)
+			}
+			for c := range 1 << 16 {
+				for pos := range last {
 					binary.LittleEndian.PutUint16(b[2*pos:], uint16(c))
-					if later {
-						binary.LittleEndian.PutUint16(b[2*(n-1):], tc.signal)
-					}
 					want := signalingNaNRef(b, tc.elem)
 					if got := signalingNaN(b, tc.elem); got != want {
 						t.Fatalf("%v code %#04x at %d (later signaling NaN %v): %d, want %d", tc.elem, c, pos, later, got, want)
 					}
+					binary.LittleEndian.PutUint16(b[2*pos:], tc.one)
 					if !later && pos == 0 && want == 0 {
 						signaling++
 					}
