@@ -705,6 +705,16 @@ func TestTimingObservers(t *testing.T) {
 	if err := e.LoadShard(blocks, 2, dst).Wait(); err != nil {
 		t.Fatal(err)
 	}
+	// OnFlight runs once a flight is settled, after its records' dumps were answered.
+	waitFor(t, "every flight reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, ft := range flights {
+			n += ft.Records
+		}
+		return n >= len(blocks)
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	records := 0
