@@ -241,6 +241,11 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		}
 	}
 	pooled := e.mooncakeLoad(t, shard, flat, lo, hi, want)
+	// The batch's locations in one index pass (one iterator in key order rather than a point
+	// lookup per block: a layer-wise load asks for the same run of blocks at every layer). If it
+	// fails, each block is looked up on its own below, which reports the error per block.
+	locs, found := make([]index.Location, hi-lo), make([]bool, hi-lo)
+	prefetched := e.ix.GetMany(t.ids[lo:hi], locs, found) == nil
 	for i := lo; i < hi; i++ {
 		if pooled != nil && pooled[i-lo] {
 			served(i)
@@ -278,7 +283,10 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 				continue
 			}
 		}
-		loc, ok, err := e.ix.Get(id)
+		loc, ok, err := locs[i-lo], found[i-lo], error(nil)
+		if !prefetched {
+			loc, ok, err = e.ix.Get(id)
+		}
 		if err == nil && !ok {
 			loc, ok = e.foreignGet(id)
 		}
