@@ -357,17 +357,19 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 		}
 		rs := recs[recKey{loc.Segment, loc.Offset}]
 		if loc.IsBatch() {
+			what = fmt.Sprintf("%s (block %d of a batch record of %d)", what, loc.BatchPos, loc.BatchBlocks)
+		}
+		if rs == nil {
+			add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
+			return false
+		}
+		rs.indexed = true
+		if rs.info.Err != nil {
+			return false // reported with the record
+		}
+		if loc.IsBatch() {
 			// A block of a batch record: the entry must match the batch's header and commit
 			// block, whose shards the segment read checked against the commit's checksums.
-			what = fmt.Sprintf("%s (block %d of a batch record of %d)", what, loc.BatchPos, loc.BatchBlocks)
-			if rs == nil {
-				add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
-				return false
-			}
-			rs.indexed = true
-			if rs.info.Err != nil {
-				return false // reported with the record
-			}
 			why := BatchEntryMismatch(rs.info, id, kind, loc)
 			if kind == 0 && loc.Layout != h.Layout {
 				why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, h.Layout))
@@ -377,14 +379,6 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 				return false
 			}
 			return rs.info.PayloadChecked
-		}
-		if rs == nil {
-			add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
-			return false
-		}
-		rs.indexed = true
-		if rs.info.Err != nil {
-			return false // reported with the record
 		}
 		if why := mismatch(rs.info, id, kind, loc, h.Layout); len(why) > 0 {
 			add(loc.Segment, loc.Offset, id, "%s does not match the record: %s", what, strings.Join(why, "; "))
