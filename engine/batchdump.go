@@ -177,6 +177,7 @@ func (e *Engine) openLayerBatch(ids []BlockID, src []spans) *layerBatch {
 		claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
 	for i, id := range ids {
 		lb.flights[i] = newInflight()
+		lb.flights[i].batch = lb
 		e.mu.inflight[id] = lb.flights[i]
 	}
 	e.mu.batches[key] = lb

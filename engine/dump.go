@@ -24,6 +24,23 @@ type inflightDump struct {
 	done chan struct{}
 	err  error
 	once sync.Once
+	// batch is the layer-wise batch the block is part of (engine/batchdump.go), nil for a
+	// block record on its way.
+	batch *layerBatch
+}
+
+// inflightLocked returns the dump of id in flight that another dump of it must wait for, nil
+// if there is none. A block of an open layer-wise batch is not waited for: its last layers may
+// never come (a connector that gave the request up), and nothing would end the wait before
+// TaskTimeout. The other dump writes the block on its own instead (a block record, or its own
+// staging slot): the batch, if it commits later, indexes its own copy of the same bytes over it.
+// A batch whose commit is under way is waited for.
+func (e *Engine) inflightLocked(id BlockID) *inflightDump {
+	d := e.mu.inflight[id]
+	if d != nil && d.batch != nil && !d.batch.committing {
+		return nil
+	}
+	return d
 }
 
 func newInflight() *inflightDump { return &inflightDump{done: make(chan struct{})} }
@@ -210,7 +227,7 @@ func (e *Engine) runDump(t *Task, shard int, src []spans) {
 // (nothing to do), being dumped (wait for that), or created with Create (fill its slot).
 func (e *Engine) claimWhole(id BlockID, src spans) (rec *wal.Record, flight, wait *inflightDump, err error) {
 	e.mu.Lock()
-	if d := e.mu.inflight[id]; d != nil {
+	if d := e.inflightLocked(id); d != nil {
 		e.mu.Unlock()
 		return nil, nil, d, nil
 	}
@@ -306,7 +323,7 @@ func fillShard(rec *wal.Record, l Layout, sh int, src spans) {
 func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, flight, wait *inflightDump, err error) {
 	l := e.opts.Layout
 	e.mu.Lock()
-	if d := e.mu.inflight[id]; d != nil {
+	if d := e.inflightLocked(id); d != nil {
 		e.mu.Unlock()
 		return nil, nil, d, nil
 	}
@@ -319,7 +336,7 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 		}
 		e.mu.Lock()
 		if s = e.mu.staging[id]; s == nil {
-			if d := e.mu.inflight[id]; d != nil {
+			if d := e.inflightLocked(id); d != nil {
 				e.mu.Unlock()
 				return nil, nil, d, nil
 			}

@@ -697,8 +697,13 @@ func (e *Engine) Stats() Stats {
 	st.StagingBytes = e.mu.stagingBytes
 	st.StagingBlocks = len(e.mu.staging)
 	for _, lb := range e.mu.batches {
-		if !lb.done {
-			st.BatchOpenBlocks += len(lb.ids)
+		if lb.done {
+			continue
+		}
+		for _, id := range lb.ids {
+			if !e.ix.Contains(id) { // not stored meanwhile by a dump of its own
+				st.BatchOpenBlocks++
+			}
 		}
 	}
 	st.StagingPeakBytes, st.StagingPeakBlocks = e.mu.stagingPeak, e.mu.stagingPeakBlocks

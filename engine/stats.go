@@ -22,8 +22,8 @@ type Stats struct {
 	StagingPeakBytes  int64
 	StagingPeakBlocks int64
 	// BatchOpenBlocks counts the blocks of layer-wise dumps written as batch records
-	// (engine/batchdump.go) whose last layer has not been written: partly dumped, not visible,
-	// held on disk rather than in staging memory.
+	// (engine/batchdump.go) whose last layer has not been written and which no other dump has
+	// stored meanwhile: partly dumped, not visible, held on disk rather than in staging memory.
 	BatchOpenBlocks int
 
 	DumpTasks    int64
