@@ -122,7 +122,6 @@ func (w *Writer) placeBatch(b *Batch) error {
 		Seq: b.FirstSeq, HeaderCRC: crc, Type: format.RecordBatch})
 	seg.batches = append(seg.batches, b)
 	seg.openBatches.Add(1)
-	seg.openCount.Add(1)
 	seg.end += size
 	seg.ordinal += uint64(len(b.header.IDs))
 	if w.opts.Sync != SyncAlways {
@@ -258,11 +257,7 @@ func (b *Batch) commit() error {
 	}
 	recs := make([]*Record, n)
 	for k, id := range b.header.IDs {
-		crcs := make([]uint32, l.Shards)
-		for i := range crcs {
-			crcs[i] = b.crcs[i*n+k]
-		}
-		recs[k] = &Record{ID: id, Layout: l, ShardCRCs: crcs, Segment: b.Segment, Offset: b.Offset, Seq: b.FirstSeq + uint64(k),
+		recs[k] = &Record{ID: id, Layout: l, ShardCRCs: c.BlockCRCs(k), Segment: b.Segment, Offset: b.Offset, Seq: b.FirstSeq + uint64(k),
 			HeaderCRC: b.HeaderCRC, BatchBlocks: n, BatchPos: k, BatchExtent: b.header.ExtentBytes()}
 	}
 	w.pubMu.Lock()
@@ -294,7 +289,6 @@ func (w *Writer) release(b *Batch) {
 	w.batchMu.Lock()
 	delete(w.open, b)
 	w.batchMu.Unlock()
-	b.seg.openCount.Add(-1)
 	b.seg.openBatches.Done()
 }
 
@@ -310,6 +304,20 @@ func (w *Writer) abandonOpenBatches() {
 	for _, b := range open {
 		b.AbandonBatch()
 	}
+}
+
+// hasOpenBatches reports whether a batch of seg is neither committed nor abandoned. Called by
+// the seal, once the committer has let go of seg (no batch is placed in it any more).
+func hasOpenBatches(seg *Segment) bool {
+	for _, b := range seg.batches {
+		b.mu.Lock()
+		open := b.state == batchOpen || b.state == batchCommitting
+		b.mu.Unlock()
+		if open {
+			return true
+		}
+	}
+	return false
 }
 
 // committedEntries waits until no batch of seg is open, then returns its footer entries without

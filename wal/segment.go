@@ -111,7 +111,6 @@ type Segment struct {
 	// openBatches counts those neither committed nor abandoned: the seal waits for them.
 	batches     []*Batch
 	openBatches sync.WaitGroup
-	openCount   atomic.Int64 // the batches openBatches waits for
 	// syncs shares fdatasyncs between concurrent batch commits (syncCovering).
 	syncs syncGroup
 	// failed holds the first write or sync error of the segment; appends stop there.

@@ -1027,7 +1027,7 @@ func (w *Writer) sealFlight(f *flight) {
 	w.sealing.Add(1)
 	go func() {
 		seg := f.seg
-		if seg.openCount.Load() > 0 {
+		if hasOpenBatches(seg) {
 			// Batches still open in seg hold its seal, possibly for as long as their layers take
 			// to arrive: make its published records durable now, so that a Sync or Close that
 			// waits for the seals started before it need not wait for the batches.
