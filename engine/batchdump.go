@@ -208,23 +208,17 @@ func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
 	stride := l.ShardStride()
 	shards := make([][]byte, len(src))
 	crcs := make([]uint32, len(src))
-	var bounce [][]byte
-	defer func() {
-		if len(bounce) > 0 {
-			e.mu.Lock()
-			e.mu.stagingBytes -= int64(len(bounce)) * stride
-			e.mu.Unlock()
-			for _, b := range bounce {
-				e.pool.Put(b)
-			}
-		}
-	}()
+	// The caller's buffer is written in place when it is one aligned piece of a shard that
+	// fills its stride; the others go through a bounce buffer, counted as staging memory.
 	var need int64
-	for _, s := range src {
-		if one := s.contiguous(); one == nil || !devio.IsAligned(one) || stride != l.ShardBytes {
+	for i, s := range src {
+		if one := s.contiguous(); one != nil && devio.IsAligned(one) && stride == l.ShardBytes {
+			shards[i] = one
+		} else {
 			need += stride
 		}
 	}
+	var bounce [][]byte
 	if need > 0 {
 		e.mu.Lock()
 		if e.mu.stagingBytes+need > e.opts.MaxStagingBytes {
@@ -235,14 +229,22 @@ func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
 		e.mu.stagingBytes += need
 		e.mu.stagingPeak = max(e.mu.stagingPeak, e.mu.stagingBytes)
 		e.mu.Unlock()
+		defer func() {
+			e.mu.Lock()
+			e.mu.stagingBytes -= need
+			e.mu.Unlock()
+			for _, b := range bounce {
+				e.pool.Put(b)
+			}
+		}()
 	}
 	e.cpu.enter()
 	for i, s := range src {
 		if i > 0 {
 			e.cpu.yield()
 		}
-		if one := s.contiguous(); one != nil && devio.IsAligned(one) && stride == l.ShardBytes {
-			shards[i], crcs[i] = one, format.Checksum(one)
+		if shards[i] != nil {
+			crcs[i] = format.Checksum(shards[i])
 			continue
 		}
 		b := e.pool.Get(int(stride))
