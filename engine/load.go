@@ -242,10 +242,27 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 	}
 	pooled := e.mooncakeLoad(t, shard, flat, lo, hi, want)
 	// The batch's locations in one index pass (one iterator in key order rather than a point
-	// lookup per block: a layer-wise load asks for the same run of blocks at every layer). If it
-	// fails, each block is looked up on its own below, which reports the error per block.
-	locs, found := make([]index.Location, hi-lo), make([]bool, hi-lo)
-	prefetched := e.ix.GetMany(t.ids[lo:hi], locs, found) == nil
+	// lookup per block: a layer-wise load asks for the same run of blocks at every layer),
+	// taken when the first block needs the disk, for it and the blocks after it: blocks served
+	// from a memory tier cost no index lookup. If it fails, each block is looked up on its own,
+	// which reports the error per block.
+	var (
+		locs     []index.Location
+		found    []bool
+		from     = -1 // locs[k] is block from+k's; -1: no pass taken yet
+		indexErr error
+	)
+	locate := func(i int) (index.Location, bool, error) {
+		if from < 0 {
+			from = i
+			locs, found = make([]index.Location, hi-i), make([]bool, hi-i)
+			indexErr = e.ix.GetMany(t.ids[i:hi], locs, found)
+		}
+		if indexErr != nil {
+			return e.ix.Get(t.ids[i])
+		}
+		return locs[i-from], found[i-from], nil
+	}
 	for i := lo; i < hi; i++ {
 		if pooled != nil && pooled[i-lo] {
 			served(i)
@@ -283,10 +300,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 				continue
 			}
 		}
-		loc, ok, err := locs[i-lo], found[i-lo], error(nil)
-		if !prefetched {
-			loc, ok, err = e.ix.Get(id)
-		}
+		loc, ok, err := locate(i)
 		if err == nil && !ok {
 			loc, ok = e.foreignGet(id)
 		}
