@@ -46,6 +46,7 @@ type benchConfig struct {
 
 	fio        bool
 	fioIODepth int
+	fioBracket bool // fio before the first round too: each round's ratios against the mean of fio around it
 	queueDepth int
 	rounds     int    // seq, layerwise: workload (+ fio) runs, medians reported
 	buffers    string // huge or heap: where the tasks' payload buffers live
@@ -145,6 +146,10 @@ type benchResult struct {
 	DumpRatio    float64  `json:"dump_ratio,omitempty"`
 	LoadRatio    float64  `json:"load_ratio,omitempty"`
 	FioNote      string   `json:"fio_note,omitempty"`
+	// FioBefore and FioAfter are fio's figures just before and just after the round
+	// (--fio-bracket): the fio rates above are then their means.
+	FioBefore *fioFigures `json:"fio_before,omitempty"`
+	FioAfter  *fioFigures `json:"fio_after,omitempty"`
 
 	// Compression is the --compression option; CompressRatio the raw block bytes over the stored
 	// payload bytes of the blocks left in the store (compression runs only).
@@ -177,7 +182,8 @@ type benchResult struct {
 	notes              []string
 }
 
-// roundResult is one round of a --rounds run: the workload, then fio, in the same minutes.
+// roundResult is one round of a --rounds run: the workload and fio around it, in the same
+// minutes.
 type roundResult struct {
 	DumpMBps     float64 `json:"dump_MBps,omitempty"`
 	LoadMBps     float64 `json:"load_MBps,omitempty"`
@@ -189,6 +195,9 @@ type roundResult struct {
 	// layerwise: fio's random reads of one shard, and each order's figures.
 	FioRandReadMBps float64          `json:"fio_randread_MBps,omitempty"`
 	Layerwise       []layerwiseOrder `json:"layerwise,omitempty"`
+	// FioBefore and FioAfter: fio just before and just after the round (--fio-bracket).
+	FioBefore *fioFigures `json:"fio_before,omitempty"`
+	FioAfter  *fioFigures `json:"fio_after,omitempty"`
 }
 
 // crashReport is the engine's recovery report for the crash copy, in JSON-friendly units.
@@ -259,7 +268,10 @@ hugetlb pages are reserved (sysctl -w vm.nr_hugepages=160), from huge pages as t
 buffers are, and prints engine/fio ratios against the best of these: seq compares dump with
 fio sequential writes and load with sequential reads; layerwise compares dump with 2 MiB
 sequential writes and load with 2 MiB sequential reads (the disk's sequential speed) and
-with random reads of one shard.
+with random reads of one shard. fio runs after every round and, with --fio-bracket (the
+default), once more before the first: each round is compared with the mean of the fio runs
+just before and just after it, which cancels the drift of a disk whose speed moves from one
+minute to the next (the shared development VMs' moves by a third between rounds).
 
 Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units). MB/s is 10^6 bytes
 per second. Dump time runs from the first dump task to the last one's completion (durable
@@ -339,6 +351,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
 	fl.StringVar(&cfg.buffers, "buffers", "huge", "where the tasks' payload buffers live: huge (host memory in transparent huge pages, as a connector's pinned KV buffers) or heap (Go heap, 4 KiB pages)")
 	fl.IntVar(&cfg.rounds, "rounds", 1, "seq, layerwise: run the workload (then fio, with --fio) this many times and report medians, each ratio taken within its round")
+	fl.BoolVar(&cfg.fioBracket, "fio-bracket", true, "with --fio: also run fio before the first round, and take each round's ratios against the mean of fio just before and just after it")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.StringVar(&capacity, "capacity", "0", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
@@ -469,7 +482,24 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, formatSize(l.BlockBytes()), storeDir)
 	}
-	var rounds []*benchResult
+	var (
+		rounds  []*benchResult
+		lastFio *fioFigures // fio's figures just before the next round (--fio-bracket)
+	)
+	if cfg.fio && cfg.fioBracket {
+		res := newResult()
+		if err := probeIOEngine(env, res); err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("bench %s: %w", cfg.workload, err)}
+		}
+		fig, note, err := measureFio(cfg, res, stderr)
+		if err != nil {
+			return &exitError{code: ExitProblems, err: fmt.Errorf("bench %s: fio: %w", cfg.workload, err)}
+		}
+		if note != "" && !cfg.json {
+			fmt.Fprintf(stderr, "bench: %s\n", note)
+		}
+		lastFio = fig
+	}
 	for r := 0; r < cfg.rounds; r++ {
 		if cfg.rounds > 1 && !cfg.json {
 			fmt.Fprintf(stderr, "bench: round %d of %d ...\n", r+1, cfg.rounds)
@@ -501,8 +531,14 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 			res.CompressRatio = storedRatio(storeDir)
 		}
 		if cfg.fio {
-			if err := runFioComparison(cfg, res, stderr); err != nil {
+			fig, note, err := measureFio(cfg, res, stderr)
+			if err != nil {
 				return &exitError{code: ExitProblems, err: fmt.Errorf("bench %s: fio: %w", cfg.workload, err)}
+			}
+			res.FioNote = note
+			applyFio(res, lastFio, fig)
+			if cfg.fioBracket {
+				lastFio = fig // the next round's "before"
 			}
 		}
 		rounds = append(rounds, res)
@@ -534,12 +570,12 @@ func combineRounds(rounds []*benchResult) *benchResult {
 		return last
 	}
 	res := *last
-	res.Fio = nil // each round's fio figures are in Rounds
+	res.Fio, res.FioBefore, res.FioAfter = nil, nil, nil // each round's fio figures are in Rounds
 	res.Rounds = make([]roundResult, len(rounds))
 	for i, r := range rounds {
 		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, OpenSeconds: r.OpenSeconds,
 			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio,
-			FioRandReadMBps: r.FioRandReadMBps, Layerwise: r.Layerwise}
+			FioRandReadMBps: r.FioRandReadMBps, Layerwise: r.Layerwise, FioBefore: r.FioBefore, FioAfter: r.FioAfter}
 		if !r.Verified && res.Verified {
 			res.Verified, res.mismatch = false, r.mismatch
 		}
@@ -723,7 +759,8 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	for i, rr := range r.Rounds {
 		fio := ""
 		if rr.DumpRatio > 0 || rr.LoadRatio > 0 {
-			fio = fmt.Sprintf("; fio write %.1f, read %.1f MB/s; ratios %.2f, %.2f", rr.FioWriteMBps, rr.FioReadMBps, rr.DumpRatio, rr.LoadRatio)
+			fio = fmt.Sprintf("; fio write %.1f, read %.1f MB/s%s; ratios %.2f, %.2f", rr.FioWriteMBps, rr.FioReadMBps,
+				bracketText(rr.FioBefore, rr.FioAfter), rr.DumpRatio, rr.LoadRatio)
 		}
 		row(fmt.Sprintf("round %d", i+1), "dump %.1f MB/s, load %.1f MB/s%s", rr.DumpMBps, rr.LoadMBps, fio)
 		for _, o := range rr.Layerwise {
@@ -733,6 +770,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	for _, f := range r.Fio {
 		row("fio", "%s bs=%s iodepth=%d mem=%s: %.1f MB/s", f.RW, formatSize(f.BlockSize), f.IODepth, f.Mem, f.MBps)
+	}
+	if t := bracketText(r.FioBefore, r.FioAfter); t != "" {
+		row("fio", "ratios against the%s", t)
 	}
 	if r.FioNote != "" {
 		row("fio", "%s", r.FioNote)
@@ -754,6 +794,32 @@ func elapsed(d time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf(" (%v)", d.Round(time.Millisecond))
+}
+
+// bracketText says what fio did just before and just after a round, when both were measured.
+func bracketText(before, after *fioFigures) string {
+	if before == nil || after == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (means of write %.1f/%.1f, read %.1f/%.1f before/after)",
+		before.WriteMBps, after.WriteMBps, before.ReadMBps, after.ReadMBps)
+}
+
+// probeIOEngine opens the bench store once, empty, to learn the I/O engine and direct flag the
+// workload will run with (fio runs before the first round with the same), and removes it.
+func probeIOEngine(env *benchEnv, res *benchResult) error {
+	if err := os.RemoveAll(env.storeDir); err != nil {
+		return fmt.Errorf("remove the previous bench store %s: %w", env.storeDir, err)
+	}
+	e, _, err := env.open()
+	if err != nil {
+		return err
+	}
+	res.IOEngine, res.Direct = e.IOEngine()
+	if err := e.Close(); err != nil {
+		return err
+	}
+	return os.RemoveAll(env.storeDir)
 }
 
 func ratioText(ratio, fioMBps float64, what string) string {

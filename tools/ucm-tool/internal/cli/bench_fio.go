@@ -87,27 +87,44 @@ func fioDepths(cfg benchConfig) []int {
 	return []int{cfg.fioIODepth, 64}
 }
 
-// runFioComparison runs fio with the bench's parameters on a scratch file in --dir and fills
-// in the fio fields and ratios of res. Without fio it says how to install it and leaves the
-// ratios out.
-func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error {
-	var writeBS, readBS, randBS int64
-	switch cfg.workload {
+// fioFigures is one fio measurement of a --fio comparison: the best rate of each kind of job
+// over the depths and buffer kinds run, and the runs themselves.
+type fioFigures struct {
+	WriteMBps    float64 `json:"write_MBps"`
+	ReadMBps     float64 `json:"read_MBps"`
+	RandReadMBps float64 `json:"randread_MBps,omitempty"`
+	runs         []fioRun
+	note         string // why fio ran from malloc buffers only, when it did
+}
+
+// fioShapes returns the request sizes of fio's write, read and random-read jobs for a workload
+// of res's shape (randBS 0: no random reads), or a note saying why fio does not apply.
+func fioShapes(workload string, res *benchResult) (writeBS, readBS, randBS int64, note string) {
+	switch workload {
 	case "seq":
-		writeBS, readBS = res.BlockBytes, res.BlockBytes
+		return res.BlockBytes, res.BlockBytes, 0, ""
 	case "layerwise":
 		// The disk's sequential speed (issue 17's denominator) and random reads of one shard
 		// (what a load of shards scattered over whole-block records does).
-		writeBS, readBS, randBS = fioSeqBS, fioSeqBS, res.ShardBytes
+		return fioSeqBS, fioSeqBS, res.ShardBytes, ""
 	default:
-		res.FioNote = fmt.Sprintf("--fio applies to the seq and layerwise workloads, not %s", cfg.workload)
-		return nil
+		return 0, 0, 0, fmt.Sprintf("--fio applies to the seq and layerwise workloads, not %s", workload)
+	}
+}
+
+// measureFio runs fio's jobs for a workload of res's shape (block and shard sizes, total bytes,
+// I/O engine and direct flag) on a scratch file in --dir, removed afterwards. It returns nil
+// figures with a note when fio does not apply or is not installed.
+func measureFio(cfg benchConfig, res *benchResult, stderr io.Writer) (*fioFigures, string, error) {
+	writeBS, readBS, randBS, note := fioShapes(cfg.workload, res)
+	if note != "" {
+		return nil, note, nil
 	}
 	bin, err := exec.LookPath("fio")
 	if err != nil {
-		res.FioNote = "fio not found on PATH: install it (apt-get install fio) for engine/fio ratios"
-		fmt.Fprintf(stderr, "bench: %s\n", res.FioNote)
-		return nil
+		note = "fio not found on PATH: install it (apt-get install fio) for engine/fio ratios"
+		fmt.Fprintf(stderr, "bench: %s\n", note)
+		return nil, note, nil
 	}
 	ioengine := "io_uring"
 	if res.IOEngine == "psync" {
@@ -116,9 +133,10 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 	file := filepath.Join(cfg.dir, "bench-fio.dat")
 	defer func() { _ = os.Remove(file) }()
 	size := res.TotalBytes
+	fig := &fioFigures{}
 	mems := fioMems(max(writeBS, readBS, randBS))
 	if len(mems) == 1 {
-		res.FioNote = fioHugeNote
+		fig.note = fioHugeNote
 	}
 	run := func(rw string, bs int64, depth int, mem string) (float64, error) {
 		if !cfg.json {
@@ -129,7 +147,7 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 		if err != nil {
 			return 0, err
 		}
-		res.Fio = append(res.Fio, fioRun{RW: rw, BlockSize: bs, IODepth: depth, Mem: mem, MBps: mb})
+		fig.runs = append(fig.runs, fioRun{RW: rw, BlockSize: bs, IODepth: depth, Mem: mem, MBps: mb})
 		return mb, nil
 	}
 	// A job from huge pages that fails (the reserved pages taken by someone else meanwhile) is
@@ -138,9 +156,9 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 		if mem != "mmaphuge" {
 			return false
 		}
-		res.FioNote = fmt.Sprintf("fio could not run from huge pages (%v): the ratios use its malloc runs only", err)
+		fig.note = fmt.Sprintf("fio could not run from huge pages (%v): the ratios use its malloc runs only", err)
 		if !cfg.json {
-			fmt.Fprintf(stderr, "bench: %s\n", res.FioNote)
+			fmt.Fprintf(stderr, "bench: %s\n", fig.note)
 		}
 		return true
 	}
@@ -151,38 +169,38 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 			// which skip the block allocation and extent conversion every new write pays (on ext4
 			// here 2.8–3.2 GB/s against 1.6–1.9 for the same job on a fresh file).
 			if err := os.Remove(file); err != nil && !os.IsNotExist(err) {
-				return err
+				return nil, "", err
 			}
 			settleFS(cfg.dir)
 			mb, err := run("write", writeBS, d, mem)
 			if err != nil {
 				if !hugeFailed(mem, err) {
-					return err
+					return nil, "", err
 				}
 				// The reads need a whole file: lay it out again from malloc buffers.
 				mems = mems[:1]
 				if err := os.Remove(file); err != nil && !os.IsNotExist(err) {
-					return err
+					return nil, "", err
 				}
 				if _, err := run("write", writeBS, fioDepths(cfg)[0], "malloc"); err != nil {
-					return err
+					return nil, "", err
 				}
 				break
 			}
-			res.FioWriteMBps = max(res.FioWriteMBps, mb)
+			fig.WriteMBps = max(fig.WriteMBps, mb)
 		}
 	}
 	reads := []struct {
 		rw   string
 		bs   int64
 		best *float64
-	}{{"read", readBS, &res.FioReadMBps}}
+	}{{"read", readBS, &fig.ReadMBps}}
 	if randBS > 0 {
 		reads = append(reads, struct {
 			rw   string
 			bs   int64
 			best *float64
-		}{"randread", randBS, &res.FioRandReadMBps})
+		}{"randread", randBS, &fig.RandReadMBps})
 	}
 	for _, rd := range reads {
 	mem:
@@ -193,12 +211,37 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 					if hugeFailed(mem, err) {
 						break mem
 					}
-					return err
+					return nil, "", err
 				}
 				*rd.best = max(*rd.best, mb)
 			}
 		}
 	}
+	return fig, "", nil
+}
+
+// applyFio fills in res's fio fields and ratios from fio measured just before its round
+// (before; nil: not measured) and just after it. With both, each denominator is the mean of
+// the two, so that a disk whose speed drifts during the minutes of a round (as the shared
+// development VMs' do, by a third between rounds) is compared with what it did around the
+// engine's run rather than after it.
+func applyFio(res *benchResult, before, after *fioFigures) {
+	if after == nil {
+		return
+	}
+	res.FioWriteMBps, res.FioReadMBps, res.FioRandReadMBps = after.WriteMBps, after.ReadMBps, after.RandReadMBps
+	res.FioNote = after.note
+	if before != nil {
+		res.FioBefore, res.FioAfter = before, after
+		res.FioWriteMBps = (before.WriteMBps + after.WriteMBps) / 2
+		res.FioReadMBps = (before.ReadMBps + after.ReadMBps) / 2
+		res.FioRandReadMBps = (before.RandReadMBps + after.RandReadMBps) / 2
+		res.Fio = append(res.Fio, before.runs...)
+		if res.FioNote == "" {
+			res.FioNote = before.note
+		}
+	}
+	res.Fio = append(res.Fio, after.runs...)
 	ratio := func(engine, fio float64) float64 {
 		if fio <= 0 {
 			return 0
@@ -212,7 +255,6 @@ func runFioComparison(cfg benchConfig, res *benchResult, stderr io.Writer) error
 		o.DumpRatio, o.LoadRatio = ratio(o.DumpMBps, res.FioWriteMBps), ratio(o.LoadMBps, res.FioReadMBps)
 		o.LoadRandRatio = ratio(o.LoadMBps, res.FioRandReadMBps)
 	}
-	return nil
 }
 
 // fioSeqBS is the request size of fio's sequential jobs in layerwise comparisons: the disk's

@@ -50,7 +50,9 @@ func mustLackKeys(t *testing.T, m map[string]any, keys ...string) {
 }
 
 // fakeFio puts a fio on PATH that prints canned JSON output (and records its job files), with
-// no hugetlb pages free (whatever this machine has) unless the test says otherwise.
+// no hugetlb pages free (whatever this machine has) unless the test says otherwise. It reports
+// writes at 1000 MB/s and reads at 2000; with FAKE_FIO_DRIFT set, every job after the first two
+// of its kind reports three times as much (a disk that sped up after the first measurement).
 func fakeFio(t *testing.T) (jobsLog string) {
 	t.Helper()
 	withHugetlbFree(t, 0)
@@ -59,10 +61,15 @@ func fakeFio(t *testing.T) (jobsLog string) {
 	script := `#!/bin/sh
 for a in "$@"; do case "$a" in --*) ;; *) cat "$a" >> ` + jobsLog + `
   if [ -n "$FAKE_FIO_FAIL_HUGE" ] && grep -q mmaphuge "$a"; then echo "fio: hugetlb mmap: Cannot allocate memory" >&2; exit 1; fi ;; esac; done
+w=1000000000; r=2000000000
+if [ -n "$FAKE_FIO_DRIFT" ]; then
+  [ "$(grep -c 'rw=write' ` + jobsLog + `)" -gt 2 ] && w=3000000000
+  [ "$(grep -c 'rw=read' ` + jobsLog + `)" -gt 2 ] && r=6000000000
+fi
 echo "fio: a warning before the JSON"
-cat <<'JSON'
+cat <<JSON
 {"fio version": "fio-3.33", "jobs": [{"jobname": "ucm-bench", "error": 0,
-  "read": {"bw_bytes": 2000000000}, "write": {"bw_bytes": 1000000000}}]}
+  "read": {"bw_bytes": $r}, "write": {"bw_bytes": $w}}]}
 JSON
 `
 	if err := os.WriteFile(filepath.Join(bin, "fio"), []byte(script), 0o755); err != nil {
@@ -290,8 +297,8 @@ func TestBenchFio(t *testing.T) {
 		m["dump_ratio"] != m["dump_MBps"].(float64)/1000 || m["load_ratio"] != m["load_MBps"].(float64)/2000 {
 		t.Errorf("JSON %v", m)
 	}
-	if runs := m["fio"].([]any); len(runs) != 4 {
-		t.Errorf("%d fio runs, want write and read at depths 8 and 64", len(runs))
+	if runs := m["fio"].([]any); len(runs) != 8 {
+		t.Errorf("%d fio runs, want write and read at depths 8 and 64, before and after the run", len(runs))
 	}
 	b, err := os.ReadFile(jobs)
 	if err != nil {
@@ -329,7 +336,7 @@ func TestBenchFioHugePages(t *testing.T) {
 	jobs := fakeFio(t)
 	withHugetlbFree(t, 1<<30)
 	m := benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
-		"--fio", "--fio-iodepth", "8")
+		"--fio", "--fio-iodepth", "8", "--fio-bracket=false")
 	runs := m["fio"].([]any)
 	mems := map[string]int{}
 	for _, r := range runs {
@@ -345,7 +352,8 @@ func TestBenchFioHugePages(t *testing.T) {
 	mustContain(t, string(b), "iomem=mmaphuge", "iomem=malloc")
 	// Too few free huge pages for 64 buffers of a block: malloc only.
 	withHugetlbFree(t, 64*256<<10)
-	m = benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB", "--fio")
+	m = benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB", "--fio",
+		"--fio-bracket=false")
 	if runs := m["fio"].([]any); len(runs) != 4 {
 		t.Errorf("%d fio runs with too few huge pages, want 4 from malloc", len(runs))
 	}
@@ -358,7 +366,7 @@ func TestBenchFioHugePagesFail(t *testing.T) {
 	withHugetlbFree(t, 1<<30)
 	t.Setenv("FAKE_FIO_FAIL_HUGE", "1")
 	m := benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
-		"--fio", "--fio-iodepth", "8")
+		"--fio", "--fio-iodepth", "8", "--fio-bracket=false")
 	if note, _ := m["fio_note"].(string); !strings.Contains(note, "could not run from huge pages") || !strings.Contains(note, "Cannot allocate memory") {
 		t.Errorf("fio_note %q", note)
 	}
@@ -382,6 +390,47 @@ func TestBenchFioHugePagesFail(t *testing.T) {
 	}
 	b, _ := os.ReadFile(jobs)
 	mustContain(t, string(b), "iomem=mmaphuge")
+}
+
+// fio runs before the first round and after every round; each round's ratios are against the
+// mean of the measurements around it, and a disk that changed speed between them moves the
+// denominator halfway, not all the way.
+func TestBenchFioBracket(t *testing.T) {
+	fakeFio(t)
+	t.Setenv("FAKE_FIO_DRIFT", "1")
+	m := benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "8", "--rounds", "2")
+	rounds := m["rounds"].([]any)
+	if len(rounds) != 2 {
+		t.Fatalf("%d rounds", len(rounds))
+	}
+	for i, want := range []struct{ write, read float64 }{{2000, 4000}, {3000, 6000}} {
+		r := rounds[i].(map[string]any)
+		before, after := r["fio_before"].(map[string]any), r["fio_after"].(map[string]any)
+		if r["fio_write_MBps"] != want.write || r["fio_read_MBps"] != want.read {
+			t.Errorf("round %d: fio write %v, read %v; want the means %v, %v of before %v and after %v", i+1,
+				r["fio_write_MBps"], r["fio_read_MBps"], want.write, want.read, before, after)
+		}
+		if r["dump_ratio"] != r["dump_MBps"].(float64)/want.write || r["load_ratio"] != r["load_MBps"].(float64)/want.read {
+			t.Errorf("round %d: ratios %v, %v not against the means", i+1, r["dump_ratio"], r["load_ratio"])
+		}
+	}
+	// Without bracketing the first round is compared with what fio did after it only.
+	fakeFio(t)
+	m = benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--fio", "--fio-iodepth", "8", "--fio-bracket=false")
+	mustLackKeys(t, m, "fio_before", "fio_after")
+	if m["fio_write_MBps"] != 1000.0 {
+		t.Errorf("unbracketed fio write %v, want the one measurement, 1000", m["fio_write_MBps"])
+	}
+	fakeFio(t) // a fresh job log: the drift starts after the first measurement again
+	out, _, code := run(t, "bench", "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4",
+		"--segment-size", "1MiB", "--fio", "--fio-iodepth", "8")
+	if code != ExitOK {
+		t.Fatalf("exit %d", code)
+	}
+	mustContain(t, out, "ratios against the (means of write 1000.0/3000.0, read 2000.0/6000.0 before/after)",
+		"x fio write (2000.0 MB/s)")
 }
 
 func TestReadHugetlbFree(t *testing.T) {
@@ -571,8 +620,8 @@ func TestBenchRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(b), "rw=write"); n != 3 {
-		t.Errorf("%d fio write jobs, want one per round", n)
+	if n := strings.Count(string(b), "rw=write"); n != 4 {
+		t.Errorf("%d fio write jobs, want one before the first round and one after each", n)
 	}
 	out, _, code := run(t, "bench", "--dir", dir, "--total", "1MiB", "--block-size", "256KiB", "--shards", "4",
 		"--segment-size", "1MiB", "--rounds", "2")
