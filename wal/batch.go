@@ -42,6 +42,7 @@ type Batch struct {
 	state   batchState
 	written []bool   // per layer
 	crcs    []uint32 // layer-major: crcs[i·N + b]
+	origins []*Origin
 }
 
 type batchState uint8
@@ -52,6 +53,24 @@ const (
 	batchCommitted
 	batchAbandoned
 )
+
+// SetOrigins marks the batch as a relocation: block k copies the stored block whose entry
+// pointed at origins[k] when it was read (nil: an ordinary put, as for a dump). Each
+// published Record carries its Origin, so Hooks.Publish moves an entry only if it still
+// points there (Record.Origin). It must be called before CommitBatch, with one origin per
+// block.
+func (b *Batch) SetOrigins(origins []*Origin) error {
+	if len(origins) != len(b.header.IDs) {
+		return fmt.Errorf("wal: batch of %d blocks given %d origins: %w", len(b.header.IDs), len(origins), format.ErrInvalid)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != batchOpen {
+		return fmt.Errorf("wal: batch at %d of segment %d: origins set after commit or abandon: %w", b.Offset, b.Segment, format.ErrInvalid)
+	}
+	b.origins = origins
+	return nil
+}
 
 // Blocks is the number of blocks in the batch.
 func (b *Batch) Blocks() int { return len(b.header.IDs) }
@@ -259,6 +278,9 @@ func (b *Batch) commit() error {
 	for k, id := range b.header.IDs {
 		recs[k] = &Record{ID: id, Layout: l, ShardCRCs: c.BlockCRCs(k), Segment: b.Segment, Offset: b.Offset, Seq: b.FirstSeq + uint64(k),
 			HeaderCRC: b.HeaderCRC, BatchBlocks: n, BatchPos: k, BatchExtent: b.header.ExtentBytes()}
+		if b.origins != nil {
+			recs[k].Origin = b.origins[k]
+		}
 	}
 	w.pubMu.Lock()
 	err := w.opts.Hooks.Publish(recs, durable)

@@ -437,3 +437,41 @@ func TestBatchHoldsItsSegmentsSeal(t *testing.T) {
 		checkScannedBatch(t, fs, path, res.Records[tc.at:tc.at+len(tc.tb.ids)], tc.tb)
 	}
 }
+
+// A relocating batch publishes each block with the origin it copies (so the index moves an
+// entry only if it still points there); origins must come one per block, before the commit.
+func TestBatchOrigins(t *testing.T) {
+	w, hooks, _ := batchWriter(t, vfs.NewMem(), 1<<20)
+	defer w.Close()
+	tb := newTestBatch(3, 3)
+	b := tb.write(t, w)
+	if err := b.SetOrigins([]*Origin{{Segment: 7, Offset: 4096}}); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("one origin for three blocks: %v", err)
+	}
+	origins := []*Origin{{Segment: 7, Offset: 4096}, nil, {Segment: 9, Offset: 8192}}
+	if err := b.SetOrigins(origins); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CommitBatch(); err != nil {
+		t.Fatal(err)
+	}
+	hooks.mu.Lock()
+	pub := hooks.published
+	hooks.mu.Unlock()
+	if len(pub) != 3 {
+		t.Fatalf("%d published, want 3", len(pub))
+	}
+	for k, r := range pub {
+		if r.Origin != origins[k] {
+			t.Errorf("block %d published with origin %+v, want %+v", k, r.Origin, origins[k])
+		}
+	}
+	if err := b.SetOrigins(origins); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("origins after the commit: %v", err)
+	}
+	b2 := newTestBatch(4, 1).write(t, w)
+	b2.AbandonBatch()
+	if err := b2.SetOrigins([]*Origin{nil}); !errors.Is(err, format.ErrInvalid) {
+		t.Fatalf("origins after abandon: %v", err)
+	}
+}
