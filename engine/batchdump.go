@@ -59,11 +59,12 @@ func (e *Engine) batchable() bool {
 	return !e.opts.StageLayerWise && e.mem == nil && e.mc == nil && e.tiers[0].codec == format.CompressionNone
 }
 
-// chunkBlocks is how many blocks of layout l one batch record holds at most: its extent must
-// fit MaxBatchBytes and an empty segment of the first tier. 0 if not even one fits.
-func (e *Engine) chunkBlocks(n int) int {
+// chunkBlocks is how many of n blocks of the store's layout one batch record written into
+// tier t holds at most: its extent must fit MaxBatchBytes and an empty segment of t. 0 if not
+// even one fits.
+func (e *Engine) chunkBlocks(t *diskTier, n int) int {
 	l := e.opts.Layout
-	limit := min(e.opts.MaxBatchBytes, e.tiers[0].segSize-format.SegmentHeaderSize-format.FooterSize(1))
+	limit := min(e.opts.MaxBatchBytes, t.segSize-format.SegmentHeaderSize-format.FooterSize(1))
 	per := min(n, format.MaxBatchBlocks, int(max(limit/(int64(l.Shards)*l.ShardStride()), 0)))
 	for per > 0 {
 		h := format.BatchHeader{Layout: l, IDs: make([]BlockID, per)}
@@ -150,7 +151,7 @@ func (e *Engine) openLayerBatch(ids []BlockID, src []spans) *layerBatch {
 	if len(ids) == 0 {
 		return nil
 	}
-	per := e.chunkBlocks(len(ids))
+	per := e.chunkBlocks(e.tiers[0], len(ids))
 	if per == 0 {
 		return nil
 	}

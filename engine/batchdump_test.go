@@ -5,10 +5,14 @@ import (
 	"errors"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 )
@@ -305,28 +309,43 @@ func TestLayerBatchOverlappingDumps(t *testing.T) {
 	}
 }
 
-// Compaction moves the live blocks of a batch record as block records, byte-identical.
+// Compaction keeps a batch's live blocks layer-major: those of one source batch move together
+// into a new batch record (in their order, shard i of each adjacent to the next), published
+// only once durable; a block whose shard rotted on disk is dropped instead of copied, and a
+// batch with one live block left moves it as a record of its own.
 func TestLayerBatchCompaction(t *testing.T) {
-	_, fs := memFS()
+	mem, fs := memFS()
 	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/a")))
 	defer e.Close()
-	blocks := ids(0, 20)
-	if errs := dumpLayers(e, blocks, layerSources(mhaLayout, blocks, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
-		t.Fatal(errors.Join(errs...))
-	}
-	dumpBlocks(t, e, ids(100, 140)) // rotate: the batch's segment is sealed
-	b := e.ix.NewBatch()
-	var live []BlockID
-	for i, id := range blocks {
-		if i%4 != 0 {
-			b.Delete(id)
-		} else {
-			live = append(live, id)
+	blocks, lone := ids(0, 20), ids(200, 204)
+	for _, list := range [][]BlockID{blocks, lone} {
+		if errs := dumpLayers(e, list, layerSources(mhaLayout, list, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+			t.Fatal(errors.Join(errs...))
 		}
+	}
+	dumpBlocks(t, e, ids(100, 140)) // rotate: the batches' segment is sealed
+	old := location(t, e, blocks[0])
+	// Keep blocks 0, 2, 3 and 5 of the first batch record (the list was cut into records of a
+	// few blocks each) and block 1, whose shard rots below.
+	live, rotten := []BlockID{blocks[0], blocks[2], blocks[3], blocks[5]}, blocks[1]
+	for _, id := range append(live, rotten) {
+		if loc := location(t, e, id); !loc.IsBatch() || loc.Offset != old.Offset || loc.Segment != old.Segment {
+			t.Fatalf("block %s is not in the first batch record: %+v", id, loc)
+		}
+	}
+	b := e.ix.NewBatch()
+	for _, id := range blocks {
+		if !slices.Contains(live, id) && id != rotten {
+			b.Delete(id)
+		}
+	}
+	for _, id := range lone[1:] {
+		b.Delete(id)
 	}
 	if err := e.ix.Apply(b, true); err != nil {
 		t.Fatal(err)
 	}
+	corruptShard(t, e, mem, location(t, e, rotten), 3)
 	rep, err := e.Compact(0.99, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -334,16 +353,32 @@ func TestLayerBatchCompaction(t *testing.T) {
 	if rep.SegmentsCompacted == 0 {
 		t.Fatalf("nothing compacted: %+v", rep)
 	}
-	for _, id := range live {
-		if loc := location(t, e, id); loc.IsBatch() {
-			t.Fatalf("block %s still in its batch record after compaction", id)
+	first := location(t, e, live[0])
+	for k, id := range live {
+		loc := location(t, e, id)
+		if !loc.IsBatch() || loc.Segment == old.Segment || loc.Segment != first.Segment || loc.Offset != first.Offset ||
+			loc.BatchBlocks != len(live) || loc.BatchPos != k {
+			t.Fatalf("block %d (%s) after compaction: %+v, want position %d of one new batch record of %d", k, id, loc, k, len(live))
 		}
 	}
-	checkBlocks(t, e, live)
+	if loc := location(t, e, lone[0]); loc.IsBatch() || loc.Segment == old.Segment {
+		t.Fatalf("the lone live block of a batch after compaction: %+v, want a record of its own", loc)
+	}
+	if _, ok, _ := e.ix.Get(rotten); ok {
+		t.Fatalf("block %s with a rotten shard was copied", rotten)
+	}
+	checkBlocks(t, e, append(live, lone[0]))
 	checkShards(t, e, live)
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
 	}
+	// The relocated batch reopens from its segment like a dumped one.
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 0, "/a")))
+	checkBlocks(t, e, append(live, lone[0]))
+	checkShards(t, e, live)
 }
 
 // Another instance on a shared tier indexes a sealed segment's batch records from its footer,
@@ -370,8 +405,9 @@ func TestLayerBatchShared(t *testing.T) {
 	checkShards(t, b, blocks)
 }
 
-// Demotion moves the blocks of batch records to the next tier as block records: every block
-// loads whole and by shard, nothing is lost, the accounting is exact.
+// Demotion moves the blocks of batch records to the next tier in batch records again (those of
+// one source batch evicted together): every block loads whole and by shard, nothing is lost,
+// the accounting is exact.
 func TestLayerBatchDemotion(t *testing.T) {
 	_, fs := memFS()
 	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 1<<20, "/ssd"), diskTierCfg("nfs", 0, "/nfs")))
@@ -391,21 +427,72 @@ func TestLayerBatchDemotion(t *testing.T) {
 	if st := e.TierStats(); st[1].Blocks == 0 || e.Stats().EvictedBlocks == 0 {
 		t.Fatalf("nothing demoted: %+v", st)
 	}
-	var low BlockID
+	var inBatches, alone int
 	for _, id := range all {
 		if loc := location(t, e, id); e.tierOf(loc.Segment).pos == 1 {
 			if loc.IsBatch() {
-				t.Fatalf("block %s demoted as part of a batch record: %+v", id, loc)
+				inBatches++
+			} else {
+				alone++
 			}
-			low = id
 		}
 	}
-	if low == (BlockID{}) {
-		t.Fatal("no block in the second tier")
+	t.Logf("demoted: %d blocks in batch records, %d as records of their own", inBatches, alone)
+	if inBatches <= alone {
+		// Victims are taken coldest first, a request's blocks together; only a request cut by
+		// the end of an eviction round moves part of its blocks on their own.
+		t.Fatalf("%d blocks demoted in batch records, %d as records of their own: want most kept layer-major", inBatches, alone)
 	}
 	checkBlocks(t, e, all)
 	checkShards(t, e, all)
 	checkAllIndexed(t, e)
+	if err := e.ix.CheckAccounting(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A layer-major relocation whose commit cannot be made durable publishes nothing: compaction
+// fails with ErrIO, every block stays where it was and loads, and the next compaction moves
+// them.
+func TestLayerBatchRelocationFailure(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &segInjector{kind: errorfs.OpFileSyncData, err: syscall.EIO}
+	opts := tierOptions(errorfs.Wrap(mem, inj), diskTierCfg("ssd", 0, "/a"))
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	blocks := ids(0, 6)
+	if errs := dumpLayers(e, blocks, layerSources(mhaLayout, blocks, true), []int{0, 1, 2, 3}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	dumpBlocks(t, e, ids(100, 140)) // rotate: the batch's segment is sealed
+	old := location(t, e, blocks[0])
+	b := e.ix.NewBatch()
+	b.Delete(blocks[0])
+	if err := e.ix.Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	live := blocks[1:]
+	inj.armed.Store(true)
+	if _, err := e.Compact(0.99, nil); !errors.Is(err, ErrIO) || !strings.Contains(err.Error(), "relocate a batch of 5 blocks") {
+		t.Fatalf("compaction with failing syncs: %v, want ErrIO naming the batch relocation", err)
+	}
+	inj.armed.Store(false)
+	for _, id := range live {
+		if loc := location(t, e, id); loc.Segment != old.Segment || loc.Offset != old.Offset {
+			t.Fatalf("block %s moved by a failed relocation: %+v", id, loc)
+		}
+	}
+	checkBlocks(t, e, live)
+	if _, err := e.Compact(0.99, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range live {
+		if loc := location(t, e, id); loc.Segment == old.Segment || !loc.IsBatch() {
+			t.Fatalf("block %s after the second compaction: %+v", id, loc)
+		}
+	}
+	checkBlocks(t, e, live)
+	checkShards(t, e, live)
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
 	}

@@ -183,8 +183,9 @@ func TestBatchBlockCorruptShard(t *testing.T) {
 	}
 }
 
-// TestBatchBlockRelocates: relocation reads a batch block's shards and writes it as a record
-// of its own, which loads the same bytes; a corrupt one is dropped, not copied.
+// TestBatchBlockRelocates: relocation copies the intact blocks of a batch record together into
+// a new batch record, which loads the same bytes; a corrupt one is dropped, not copied; a
+// batch block relocated without its siblings becomes a record of its own.
 func TestBatchBlockRelocates(t *testing.T) {
 	e, mem, batch, locs := batchStore(t, false)
 	corruptShard(t, e, mem, locs[0], 3)
@@ -192,19 +193,35 @@ func TestBatchBlockRelocates(t *testing.T) {
 	for k, id := range batch {
 		refs[k] = recordRef{id: id, loc: locs[k]}
 	}
-	moved, _, _, err := e.relocate(refs, e.tiers[0])
-	if err != nil || moved != 2 {
-		t.Fatalf("relocate: moved %d, %v; want the 2 intact blocks", moved, err)
+	moved, blocks, written, err := e.relocate(refs, e.tiers[0])
+	if err != nil || moved != 2 || blocks != 2 {
+		t.Fatalf("relocate: moved %d (%d blocks), %v; want the 2 intact blocks", moved, blocks, err)
 	}
 	if e.Lookup(batch[:1])[0] {
 		t.Fatal("the corrupt batch block was relocated")
 	}
-	for _, id := range batch[1:] {
-		if loc := location(t, e, id); loc.IsBatch() || loc.Offset == locs[0].Offset {
-			t.Fatalf("block %s still at %+v", id, loc)
+	first := location(t, e, batch[1])
+	h := format.BatchHeader{Layout: e.Layout(), IDs: batch[1:]}
+	if written != h.ExtentBytes() {
+		t.Fatalf("relocation wrote %d bytes, want the new batch record's %d", written, h.ExtentBytes())
+	}
+	for k, id := range batch[1:] {
+		loc := location(t, e, id)
+		if loc.Offset == locs[0].Offset || loc.Offset != first.Offset || loc.BatchBlocks != 2 || loc.BatchPos != k {
+			t.Fatalf("block %s at %+v, want position %d of a new batch record of 2", id, loc, k)
 		}
 		checkBlock(t, e, id)
 	}
+	// One block of that new batch alone: a record of its own.
+	moved, _, _, err = e.relocate([]recordRef{{id: batch[2], loc: location(t, e, batch[2])}}, e.tiers[0])
+	if err != nil || moved != 1 {
+		t.Fatalf("relocate one batch block: moved %d, %v", moved, err)
+	}
+	if loc := location(t, e, batch[2]); loc.IsBatch() {
+		t.Fatalf("a batch block relocated alone is at %+v, want a record of its own", loc)
+	}
+	checkBlock(t, e, batch[2])
+	checkBlock(t, e, batch[1])
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
 	}

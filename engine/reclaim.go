@@ -320,13 +320,23 @@ func (e *Engine) sidecarsOf(refs []recordRef, t *diskTier) []recordRef {
 // relocateBatch bounds the records read and appended together by relocate.
 const relocateBatch = 16
 
-// relocate copies records from where their refs say they are into dst's relocation writer.
-// Each record is read whole and verified (header and every shard checksum) before it is written
-// again; a record that fails is handled like a failed load (dropped from the index, counted).
+// relocate copies records from where their refs say they are into dst's relocation writer:
+// live blocks of one batch record together as a new batch record (relocateBatch), the others
+// record by record. Each record is read whole and verified (header and every shard checksum)
+// before it is written again; a record that fails is handled like a failed load (dropped from
+// the index, counted).
 // The moves are published by the writer's Publish hook with a compare-and-set per entry. It
 // returns how many records were copied (and how many of them are blocks) and the bytes they
 // take in dst.
 func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, written int64, err error) {
+	groups, refs := e.batchGroups(refs, dst)
+	for _, g := range groups {
+		n, w, err := e.relocateBatch(g, dst)
+		moved, blocks, written = moved+n, blocks+n, written+w
+		if err != nil {
+			return moved, blocks, written, err
+		}
+	}
 	for lo := 0; lo < len(refs); lo += relocateBatch {
 		hi := min(len(refs), lo+relocateBatch)
 		recs, err := e.readRecords(refs[lo:hi])
@@ -366,10 +376,10 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 
 // readRecords reads and verifies whole records for relocation; unusable ones are dropped from
 // the index and skipped. The returned records own pooled buffers, the header's and the
-// payload's apart (read by one vectored read; see newRecord). A block of a batch record is
-// read shard by shard (its shards lie N × ShardStride apart) into a payload laid out as a
-// record's, and written as a record of its own: relocation turns batch blocks into type-1
-// records.
+// payload's apart (read by one vectored read; see newRecord). A block of a batch record that
+// does not move with others of its batch (relocateBatch) is read shard by shard (its shards
+// lie N × ShardStride apart) into a payload laid out as a record's, and written as a record of
+// its own.
 func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	l := e.opts.Layout
 	type read struct {

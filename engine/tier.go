@@ -387,8 +387,9 @@ func (e *Engine) startWriters() error {
 				// fills. Relocations come in bursts; their writer creates segments as needed.
 				PrepareNext: !relocation,
 				OnFlight:    onFlight,
-				// Layer-wise dumps write batch records through the first tier's dump writer.
-				BatchRecords: !relocation && !e.opts.StageLayerWise,
+				// Layer-wise dumps write batch records through the first tier's dump writer;
+				// relocation writers keep the blocks of a batch layer-major (relocateBatches).
+				BatchRecords: !e.opts.StageLayerWise,
 			})
 			if err != nil {
 				return err
