@@ -316,7 +316,20 @@ func TestTierPinnedBlocksSurvive(t *testing.T) {
 	}
 	dumpBlocks(t, e, ids)
 	lru := e.tiers[0].lru
-	pinned := []BlockID{ids[0], ids[13]}
+	// Two blocks of two sealed segments: the active one is not compacted, seals complete in the
+	// background, and which blocks land where depends on how the concurrent dumps were placed.
+	var pinned []BlockID
+	waitFor(t, "two sealed segments", func() bool {
+		var segs []uint64
+		pinned = pinned[:0]
+		for _, id := range ids {
+			loc := location(t, e, id)
+			if m, ok := e.ix.Segment(loc.Segment); ok && m.State == index.SegmentSealed && !slices.Contains(segs, loc.Segment) && len(pinned) < 2 {
+				pinned, segs = append(pinned, id), append(segs, loc.Segment)
+			}
+		}
+		return len(pinned) == 2
+	})
 	for _, id := range pinned {
 		lru.Pin(id)
 	}
