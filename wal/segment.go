@@ -126,11 +126,17 @@ type syncGroup struct {
 	syncing bool
 	started uint64 // syncs started
 	done    uint64 // syncs finished (in order: one at a time)
-	err     error  // the last finished sync's error
+	waiters int    // callers waiting for a sync another caller runs
+	err     error  // the first failed sync's error: sticky
 }
 
 // syncCovering makes every write to s that completed before the call durable, sharing the
-// fdatasync with concurrent callers. It returns the error of the sync that covered the call.
+// fdatasync with concurrent callers: a caller that finds a sync under way waits for it and
+// then for the next one (the one under way may have started before its writes completed).
+// Once a sync of s has failed, every call returns that error, also a call whose covering sync
+// came after and succeeded: a successful fdatasync after a failed one does not prove the
+// earlier writes durable (Linux may drop the failed pages' error state), and the segment is
+// failed for good.
 func (s *Segment) syncCovering() error {
 	g := &s.syncs
 	g.mu.Lock()
@@ -141,7 +147,9 @@ func (s *Segment) syncCovering() error {
 	target := g.started + 1 // a sync under way may have started before our writes completed
 	for g.done < target {
 		if g.syncing {
+			g.waiters++
 			g.cond.Wait()
+			g.waiters--
 			continue
 		}
 		g.syncing = true
@@ -150,7 +158,10 @@ func (s *Segment) syncCovering() error {
 		g.mu.Unlock()
 		err := s.file.SyncData()
 		g.mu.Lock()
-		g.syncing, g.done, g.err = false, n, err
+		g.syncing, g.done = false, n
+		if err != nil && g.err == nil {
+			g.err = err
+		}
 		g.cond.Broadcast()
 	}
 	return g.err
