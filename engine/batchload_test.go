@@ -11,6 +11,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // plantBatch writes the blocks ids as one batch record (layer-major: shard i of block b at
@@ -255,5 +256,59 @@ func TestAppendShardReads(t *testing.T) {
 		if a[0].Off+s != b[0].Off {
 			t.Fatalf("shard %d of blocks 0 and 1 of a batch: at %d and %d, not adjacent", i, a[0].Off, b[0].Off)
 		}
+	}
+}
+
+// batchGroups cuts the live blocks of one source batch into even chunks that fit a batch
+// record of the destination, in their source order; a block alone, a sidecar, a record and
+// anything bound for a compressing tier go record by record.
+func TestBatchGroups(t *testing.T) {
+	_, fs := memFS()
+	opts := tierOptions(fs, diskTierCfg("ssd", 0, "/a"))
+	opts.MaxBatchBytes = 4 * (mhaLayout.RecordBytes() + 4096) // about four blocks a record
+	e := mustOpen(t, "/store", opts)
+	defer e.Close()
+	per := e.chunkBlocks(e.tiers[0], 100)
+	if per < 2 || per > 5 {
+		t.Fatalf("%d blocks per record under a %d-byte bound", per, opts.MaxBatchBytes)
+	}
+	n := 2*per + 1 // three chunks of at most per, none of one
+	batch := func(seg uint64, off int64, pos int) index.Location {
+		return index.Location{Segment: seg, Offset: off, Layout: mhaLayout, BatchBlocks: n + 3, BatchPos: pos,
+			ShardCRCs: make([]uint32, mhaLayout.Shards)}
+	}
+	var refs []recordRef
+	for k := n - 1; k >= 0; k-- { // coldest first: not in source order
+		refs = append(refs, recordRef{id: blockID(k), loc: batch(7, 4096, k)})
+	}
+	refs = append(refs,
+		recordRef{id: blockID(100), loc: batch(8, 4096, 0)},                                              // alone of its batch
+		recordRef{id: blockID(101), loc: index.Location{Segment: 7, Offset: 1 << 20, Layout: mhaLayout}}, // a record
+		recordRef{id: blockID(0), kind: 1, loc: index.Location{Segment: 7, Offset: 2 << 20}},             // a sidecar
+	)
+	groups, rest := e.batchGroups(refs, e.tiers[0])
+	if len(rest) != 3 {
+		t.Fatalf("%d refs to copy record by record, want the lone batch block, the record and the sidecar", len(rest))
+	}
+	total := 0
+	for _, g := range groups {
+		if len(g) < minRelocatedBatch || len(g) > per {
+			t.Fatalf("a chunk of %d blocks (at most %d a record)", len(g), per)
+		}
+		for k, r := range g {
+			if r.loc.BatchPos != total+k {
+				t.Fatalf("chunk %v not in source order", g)
+			}
+		}
+		total += len(g)
+	}
+	if total != n || len(groups) != 3 {
+		t.Fatalf("%d blocks in %d chunks, want %d in 3", total, len(groups), n)
+	}
+	opts.Tiers = []tiers.Config{{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/b"}, Compression: "lz4"}}
+	c := mustOpen(t, "/store2", opts)
+	defer c.Close()
+	if groups, rest := c.batchGroups(refs, c.tiers[0]); len(groups) != 0 || len(rest) != len(refs) {
+		t.Fatalf("into a compressing tier: %d chunks, %d refs record by record", len(groups), len(rest))
 	}
 }

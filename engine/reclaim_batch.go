@@ -26,7 +26,7 @@ import (
 const minRelocatedBatch = 2
 
 // batchGroups splits refs into runs of live blocks of one source batch record that
-// relocateBatches copies layer-major into dst, and the rest, which relocate copies record by
+// relocateBatch copies layer-major into dst, and the rest, which relocate copies record by
 // record. Batches are not compressed: into a tier that compresses, every block goes the record
 // way.
 func (e *Engine) batchGroups(refs []recordRef, dst *diskTier) (groups [][]recordRef, rest []recordRef) {
@@ -65,8 +65,11 @@ func (e *Engine) batchGroups(refs []recordRef, dst *diskTier) (groups [][]record
 			rest = append(rest, g...)
 			continue
 		}
-		for lo := 0; lo < len(g); lo += per {
-			groups = append(groups, g[lo:min(len(g), lo+per)])
+		// Even chunks: 5 blocks at 4 a record go as 3 and 2, not 4 and a batch of one.
+		chunks := (len(g) + per - 1) / per
+		size := (len(g) + chunks - 1) / chunks
+		for lo := 0; lo < len(g); lo += size {
+			groups = append(groups, g[lo:min(len(g), lo+size)])
 		}
 	}
 	return groups, rest
