@@ -191,6 +191,12 @@ func CanonicalMethod(name string) (string, error) {
 	if strings.EqualFold(name, OracleKV) {
 		return OracleKV, nil
 	}
+	if strings.HasPrefix(name, ProbePrefix) {
+		if _, err := parseProbe(name); err != nil {
+			return "", err
+		}
+		return name, nil
+	}
 	cfg, err := MethodConfig(name, 0.5, 16, 1, 1)
 	if err != nil {
 		return "", err
@@ -276,6 +282,11 @@ type run struct {
 	res    *Result
 	// oracleKV: the oracle selects per KV head.
 	oracleKV bool
+	// probe: selection by key statistics (probe.go), instead of the oracle.
+	probe      *probeSpec
+	probeCache map[probeKey]*probeStats
+	carried    map[probeKey]map[int]float64 // by layer and KV head: block → attention share
+	hashEnc    *kernels.HashEncoder
 	// init and local are the oracle's windows; denseLayers attend densely.
 	init, local int
 	denseLayers []int
@@ -380,7 +391,16 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	cfg := o.Model.Config()
 	res := Result{Method: name, BlockSize: bs, Budget: budget, MinRecall: 1, LayerRelErr: make([]float64, cfg.Layers)}
 	var mc sparse.MethodConfig
-	if name != Oracle && name != OracleKV {
+	var probe *probeSpec
+	if strings.HasPrefix(name, ProbePrefix) {
+		var err error
+		if probe, err = parseProbe(name); err != nil {
+			return res, err
+		}
+		if bs%probeMerge != 0 || bs < 2 {
+			return res, fmt.Errorf("%w: %s: blocks of %d tokens: probes need a multiple of %d", sparse.ErrInvalid, name, bs, probeMerge)
+		}
+	} else if name != Oracle && name != OracleKV {
 		var err error
 		if mc, err = MethodConfig(name, budget, bs, o.Init, o.Local); err != nil {
 			return res, err
@@ -393,7 +413,8 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var selN int
 	for wi, w := range o.Windows {
 		r := &run{src: &sparse.MapSidecars{}, res: &res, layerErr: make([]float64, cfg.Layers), init: o.Init, local: o.Local,
-			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}, oracleKV: name == OracleKV}
+			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}, oracleKV: name == OracleKV,
+			probe: probe, probeCache: map[probeKey]*probeStats{}}
 		if mc != nil {
 			m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: r.src,
 				Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
@@ -510,7 +531,12 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) [][
 	}
 	if r.method == nil { // the oracle
 		start := time.Now()
-		sel := r.oracleSelect(pos)
+		var sel [][]int
+		if r.probe != nil {
+			sel = r.probeSelect(layer, pos, q)
+		} else {
+			sel = r.oracleSelect(pos)
+		}
 		r.selTime += time.Since(start)
 		r.selN++
 		r.measure(layer, pos, sel)

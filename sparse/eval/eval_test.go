@@ -152,3 +152,93 @@ func TestVariants(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowsB: the second split's windows are in order and overlap none of the first's at the
+// shape the eval uses (8 windows of 1,025 bytes of a 1.2 MB text).
+func TestWindowsB(t *testing.T) {
+	stream := make([]byte, 1202210)
+	a, err := Windows(stream, 1025, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := WindowsB(stream, 1025, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(w []byte) int { return len(stream) - cap(w) } // sub-slices of stream
+	for i, wb := range b {
+		sb := start(wb)
+		if len(wb) != 1025 || sb < 0 || sb+1025 > len(stream) {
+			t.Fatalf("window b%d at %d, %d bytes", i, sb, len(wb))
+		}
+		for j, wa := range a {
+			if sa := start(wa); sa < sb+1025 && sb < sa+1025 {
+				t.Fatalf("window b%d [%d, %d) overlaps a%d [%d, %d)", i, sb, sb+1025, j, sa, sa+1025)
+			}
+		}
+		if i > 0 && sb <= start(b[i-1]) {
+			t.Fatalf("window b%d at %d not after b%d", i, sb, i-1)
+		}
+	}
+	if _, err := WindowsB(stream[:10], 20, 2); err == nil {
+		t.Fatal("a stream shorter than a window accepted")
+	}
+}
+
+// TestProbes: probe names parse (unknown estimators and options refused); the mean-key probe
+// selects as ESA's softmax head score per KV head does (up to the fp16 rounding of the stored
+// mean); pooling the heads' budget keeps as many (head, block) pairs; at a full budget a probe
+// is dense.
+func TestProbes(t *testing.T) {
+	for _, bad := range []string{"probe-nosuch", "probe-mean:Z=1", "probe-rank:R=9", "probe-mean:T=x"} {
+		if _, err := CanonicalMethod(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	for _, good := range []string{"probe-exact", "probe-rank:R=2", "probe-minterp:A=0.5,pool", "probe-outlier:R=3", "probe-gauss:cap,T=2"} {
+		if n, err := CanonicalMethod(good); err != nil || n != good {
+			t.Errorf("%s: %q, %v", good, n, err)
+		}
+	}
+	m := loadModel(t)
+	o := Options{Model: m, Windows: [][]byte{testWindow(t, 180)}, Prefill: 140, BlockSizes: []int{8}, Budgets: []float64{1, 0.3},
+		Methods: []string{"ESA+softmax+kv", "probe-mean", "probe-mean:pool", "probe-exact", "probe-kmeans:R=16,carry=1,cap", "probe-outlier:R=16,qcap",
+			"probe-hash", "probe-rank:R=2,T=2", "probe-minterp:A=0.5"}}
+	if testing.Short() || raceEnabled {
+		o.Windows[0], o.Prefill = o.Windows[0][:140], 110
+	}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]Result{}
+	for _, r := range res[1:] {
+		if r.Budget == 1 {
+			if r.Top1 != 1 || r.KL != 0 || r.Recall != 1 || r.Kept != 1 {
+				t.Fatalf("%s at 100%%: not dense: %+v", r.Method, r)
+			}
+			continue
+		}
+		by[r.Method] = r
+	}
+	esa, mean, pool, exact := by["ESA+softmax+kv"], by["probe-mean"], by["probe-mean:pool"], by["probe-exact"]
+	t.Logf("recall: ESA %.4f, mean %.4f, pooled %.4f, exact %.4f", esa.Recall, mean.Recall, pool.Recall, exact.Recall)
+	if esa.Kept != mean.Kept || math.Abs(esa.Recall-mean.Recall) > 0.01 {
+		t.Fatalf("probe-mean %+v against ESA+softmax+kv %+v", mean, esa)
+	}
+	if math.Abs(pool.Kept-mean.Kept) > 1e-12 {
+		t.Fatalf("pooled kept %v, per head %v", pool.Kept, mean.Kept)
+	}
+	for name, r := range by {
+		if r.Kept != mean.Kept || !(r.Recall > 0 && r.Recall < 1) || math.IsNaN(r.KL) || math.IsNaN(r.PPL) {
+			t.Fatalf("%s: %+v", name, r)
+		}
+	}
+	if !(exact.Recall > mean.Recall) {
+		t.Fatalf("the exact log-sum-exp recalls %v, the mean key %v", exact.Recall, mean.Recall)
+	}
+	if _, err := Run(context.Background(), Options{Model: m, Windows: o.Windows, Prefill: o.Prefill, BlockSizes: []int{6},
+		Budgets: []float64{0.3}, Methods: []string{"probe-mean"}}); err == nil {
+		t.Fatal("a probe over 6-token blocks accepted")
+	}
+}

@@ -28,6 +28,7 @@ type evalSparseOptions struct {
 	blockSizes       []int
 	budgets          []float64
 	methods          []string
+	split            string
 	asJSON           bool
 }
 
@@ -42,7 +43,7 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 
 func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
-		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2}
+		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2, split: "a"}
 	cmd := &cobra.Command{
 		Use:   "sparse",
 		Short: "Decode held-out text with each sparse-attention method against full attention",
@@ -66,10 +67,11 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
-	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(eval.SelectionMethods(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), ESA+int8 (repr_dtype int8), ESA+max (max-pooled keys), any of them +kv (head_select kv: each KV head selects its own blocks), and oracle (oracle+kv per KV head): the blocks of most full-attention mass")
+	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(eval.SelectionMethods(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), ESA+int8 (repr_dtype int8), ESA+max (max-pooled keys), any of them +kv (head_select kv: each KV head selects its own blocks), and oracle (oracle+kv per KV head): the blocks of most full-attention mass; probe-<estimator>[:options] selects from statistics of the keys (sparse/eval ProbePrefix)")
 	f.IntSliceVar(&o.denseLayers, "dense-layers", nil, "layers every method leaves dense (rollback layers)")
 	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
+	f.StringVar(&o.split, "split", o.split, "held-out windows: a (evenly spread, train.py's) or b (the windows between a's, disjoint from them)")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -91,6 +93,8 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return usageErr("--windows %d: want at least 1", o.windows)
 	case o.init < 0 || o.local < 1:
 		return usageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
+	case o.split != "a" && o.split != "b":
+		return usageErr("--split %q: want a or b", o.split)
 	}
 	for _, l := range o.denseLayers {
 		if l < 0 || l >= m.Config().Layers {
@@ -114,7 +118,11 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		}
 		o.methods[i] = n
 	}
-	windows, files, streamLen, err := heldOutWindows(o.corpus, o.context+1, o.windows)
+	cut := eval.Windows
+	if o.split == "b" {
+		cut = eval.WindowsB
+	}
+	windows, files, streamLen, err := heldOutSplit(o.corpus, o.context+1, o.windows, cut)
 	if err != nil {
 		return err
 	}
@@ -132,10 +140,10 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
-			"heldout_bytes": streamLen, "windows": o.windows, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
+			"heldout_bytes": streamLen, "windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
-		man.WeightsSHA256[:12], o.windows, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
+	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows (split %s) of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
+		man.WeightsSHA256[:12], o.windows, o.split, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
@@ -170,6 +178,11 @@ func loadEvalModel(weights string) (*model.Model, *model.Manifest, error) {
 // toolchain's sources when empty): the text every eval command measures on. It returns them
 // with the number of files and bytes of the text, for the report.
 func heldOutWindows(corpus string, size, n int) (windows [][]byte, files, streamLen int, err error) {
+	return heldOutSplit(corpus, size, n, eval.Windows)
+}
+
+// heldOutSplit is heldOutWindows with the windows cut by cut (eval.Windows or eval.WindowsB).
+func heldOutSplit(corpus string, size, n int, cut func([]byte, int, int) ([][]byte, error)) (windows [][]byte, files, streamLen int, err error) {
 	if corpus == "" {
 		root, err := loop.GoRoot()
 		if err != nil {
@@ -181,7 +194,7 @@ func heldOutWindows(corpus string, size, n int) (windows [][]byte, files, stream
 	if err != nil {
 		return nil, 0, 0, usageErr("%v", err)
 	}
-	if windows, err = eval.Windows(stream, size, n); err != nil {
+	if windows, err = cut(stream, size, n); err != nil {
 		return nil, 0, 0, usageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
 	}
 	return windows, files, len(stream), nil

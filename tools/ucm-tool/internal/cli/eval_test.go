@@ -30,11 +30,22 @@ func TestEvalSparse(t *testing.T) {
 	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 {
 		t.Fatalf("eval sparse --json: %+v", r.Results)
 	}
+	// The second split decodes other text: another dense perplexity.
+	out, _, code = run(t, append(args, "--json", "--split", "b")...)
+	var rb struct {
+		Split   string        `json:"split"`
+		Results []eval.Result `json:"results"`
+	}
+	if code != ExitOK || json.Unmarshal([]byte(out), &rb) != nil || rb.Split != "b" || len(rb.Results) != 3 || rb.Results[0].PPL == r.Results[0].PPL {
+		t.Fatalf("eval sparse --split b: exit %d, %+v", code, rb)
+	}
 	for _, bad := range [][]string{
 		{"eval", "sparse", "--weights", "/nonexistent"},
 		{"eval", "sparse", "--weights", testWeights, "--methods", "Blend"},
 		{"eval", "sparse", "--weights", testWeights, "--budgets", "1.5"},
 		{"eval", "sparse", "--weights", testWeights, "--context", "5000"},
+		{"eval", "sparse", "--weights", testWeights, "--split", "c"},
+		{"eval", "sparse", "--weights", testWeights, "--methods", "probe-nosuch"},
 	} {
 		if _, _, code := run(t, bad...); code != ExitUsage {
 			t.Errorf("%v: exit %d, want %d", bad, code, ExitUsage)
