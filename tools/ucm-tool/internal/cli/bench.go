@@ -139,6 +139,11 @@ type benchResult struct {
 	MemoryHits         *int64 `json:"memory_hits,omitempty"`
 	ReloadMisses       int64  `json:"evicted_before_load,omitempty"`
 
+	// seq, layerwise: the process's CPU time (user and system) during the timed dump and
+	// load (the engine and the bench's in-line checks; layerwise: the first order's).
+	DumpCPUSeconds float64 `json:"dump_cpu_s,omitempty"`
+	LoadCPUSeconds float64 `json:"load_cpu_s,omitempty"`
+
 	// --fio.
 	Fio          []fioRun `json:"fio,omitempty"`
 	FioWriteMBps float64  `json:"fio_write_MBps,omitempty"`
@@ -185,13 +190,15 @@ type benchResult struct {
 // roundResult is one round of a --rounds run: the workload and fio around it, in the same
 // minutes.
 type roundResult struct {
-	DumpMBps     float64 `json:"dump_MBps,omitempty"`
-	LoadMBps     float64 `json:"load_MBps,omitempty"`
-	OpenSeconds  float64 `json:"open_s,omitempty"`
-	FioWriteMBps float64 `json:"fio_write_MBps,omitempty"`
-	FioReadMBps  float64 `json:"fio_read_MBps,omitempty"`
-	DumpRatio    float64 `json:"dump_ratio,omitempty"`
-	LoadRatio    float64 `json:"load_ratio,omitempty"`
+	DumpMBps       float64 `json:"dump_MBps,omitempty"`
+	LoadMBps       float64 `json:"load_MBps,omitempty"`
+	DumpCPUSeconds float64 `json:"dump_cpu_s,omitempty"`
+	LoadCPUSeconds float64 `json:"load_cpu_s,omitempty"`
+	OpenSeconds    float64 `json:"open_s,omitempty"`
+	FioWriteMBps   float64 `json:"fio_write_MBps,omitempty"`
+	FioReadMBps    float64 `json:"fio_read_MBps,omitempty"`
+	DumpRatio      float64 `json:"dump_ratio,omitempty"`
+	LoadRatio      float64 `json:"load_ratio,omitempty"`
 	// layerwise: fio's random reads of one shard, and each order's figures.
 	FioRandReadMBps float64          `json:"fio_randread_MBps,omitempty"`
 	Layerwise       []layerwiseOrder `json:"layerwise,omitempty"`
@@ -573,7 +580,8 @@ func combineRounds(rounds []*benchResult) *benchResult {
 	res.Fio, res.FioBefore, res.FioAfter = nil, nil, nil // each round's fio figures are in Rounds
 	res.Rounds = make([]roundResult, len(rounds))
 	for i, r := range rounds {
-		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, OpenSeconds: r.OpenSeconds,
+		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, DumpCPUSeconds: r.DumpCPUSeconds,
+			LoadCPUSeconds: r.LoadCPUSeconds, OpenSeconds: r.OpenSeconds,
 			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio,
 			FioRandReadMBps: r.FioRandReadMBps, Layerwise: r.Layerwise, FioBefore: r.FioBefore, FioAfter: r.FioAfter}
 		if !r.Verified && res.Verified {
@@ -589,6 +597,8 @@ func combineRounds(rounds []*benchResult) *benchResult {
 	}
 	res.DumpMBps = med(func(r roundResult) float64 { return r.DumpMBps })
 	res.LoadMBps = med(func(r roundResult) float64 { return r.LoadMBps })
+	res.DumpCPUSeconds = med(func(r roundResult) float64 { return r.DumpCPUSeconds })
+	res.LoadCPUSeconds = med(func(r roundResult) float64 { return r.LoadCPUSeconds })
 	res.OpenSeconds = med(func(r roundResult) float64 { return r.OpenSeconds })
 	res.FioWriteMBps = med(func(r roundResult) float64 { return r.FioWriteMBps })
 	res.FioReadMBps = med(func(r roundResult) float64 { return r.FioReadMBps })
@@ -613,6 +623,8 @@ func combineRounds(rounds []*benchResult) *benchResult {
 		}
 		o.DumpMBps = of(func(o layerwiseOrder) float64 { return o.DumpMBps })
 		o.LoadMBps = of(func(o layerwiseOrder) float64 { return o.LoadMBps })
+		o.DumpCPUSeconds = of(func(o layerwiseOrder) float64 { return o.DumpCPUSeconds })
+		o.LoadCPUSeconds = of(func(o layerwiseOrder) float64 { return o.LoadCPUSeconds })
 		o.DumpRatio = of(func(o layerwiseOrder) float64 { return o.DumpRatio })
 		o.LoadRatio = of(func(o layerwiseOrder) float64 { return o.LoadRatio })
 		o.LoadRandRatio = of(func(o layerwiseOrder) float64 { return o.LoadRandRatio })
@@ -704,7 +716,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("rounds", "%d (dump, load, open and fio: medians; ratios: median of each round's ratio)", len(r.Rounds))
 	}
 	if r.DumpMBps > 0 {
-		row("dump", "%.1f MB/s%s%s", r.DumpMBps, elapsed(r.dumpTime), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
+		row("dump", "%.1f MB/s%s%s%s", r.DumpMBps, elapsed(r.dumpTime), cpuText(r.DumpCPUSeconds, r.TotalBytes), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
 	}
 	if r.OpenSeconds > 0 {
 		what := "reopen before loading"
@@ -724,7 +736,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("memory", "%.0f bytes/block resident (VmRSS), %.0f bytes/block Go heap, after Open", r.RSSBytesPerBlock, r.HeapBytesPerBlk)
 	}
 	if r.LoadMBps > 0 {
-		row("load", "%.1f MB/s%s%s", r.LoadMBps, elapsed(r.loadTime), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
+		row("load", "%.1f MB/s%s%s%s", r.LoadMBps, elapsed(r.loadTime), cpuText(r.LoadCPUSeconds, r.TotalBytes), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
 	}
 	if r.LookupBatches > 0 {
 		row("lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% hits); %.1f M ids/s",
@@ -794,6 +806,14 @@ func elapsed(d time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf(" (%v)", d.Round(time.Millisecond))
+}
+
+// cpuText gives the CPU time a phase of bytes took, and per GiB; empty when not measured.
+func cpuText(seconds float64, bytes int64) string {
+	if seconds <= 0 || bytes <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; CPU %.2f s, %.2f s/GiB", seconds, seconds/(float64(bytes)/(1<<30)))
 }
 
 // bracketText says what fio did just before and just after a round, when both were measured.

@@ -87,9 +87,9 @@ func TestBenchLayerwise(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, "layerwise", "32 x 8KiB", "blocks      16", "dump", "load", "verified")
+	mustContain(t, out, "layerwise", "32 x 8KiB", "blocks      16", "dump", "load", "verified", "s/GiB")
 	m := benchJSON(t, append(args, "--direct", "off", "--io-engine", "psync")...)
-	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "open_s", "shard_bytes")
+	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "open_s", "shard_bytes", "dump_cpu_s", "load_cpu_s")
 	mustLackKeys(t, m, "hit_rate", "p99_lookup_batch_ms", "fio_write_MBps")
 	if m["workload"] != "layerwise" || m["shard_bytes"] != float64(8<<10) || m["blocks"] != 16.0 {
 		t.Errorf("JSON %v", m)
@@ -292,7 +292,8 @@ func TestBenchFio(t *testing.T) {
 	dir := t.TempDir()
 	m := benchJSON(t, "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
 		"--fio", "--fio-iodepth", "8")
-	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "fio_write_MBps", "fio_read_MBps", "dump_ratio", "load_ratio", "fio")
+	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "fio_write_MBps", "fio_read_MBps", "dump_ratio", "load_ratio", "fio",
+		"dump_cpu_s", "load_cpu_s")
 	if m["fio_write_MBps"] != 1000.0 || m["fio_read_MBps"] != 2000.0 ||
 		m["dump_ratio"] != m["dump_MBps"].(float64)/1000 || m["load_ratio"] != m["load_MBps"].(float64)/2000 {
 		t.Errorf("JSON %v", m)

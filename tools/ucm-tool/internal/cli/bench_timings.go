@@ -217,8 +217,8 @@ func printLayerwiseOrder(row func(k, format string, args ...any), r *benchResult
 	if o.Requests > 0 {
 		row(k, "%d requests of %.1f blocks on average (at most %d)", o.Requests, o.MeanRequestBlocks, o.MaxRequestBlocks)
 	}
-	row(k, "dump %.1f MB/s%s%s", o.DumpMBps, elapsed(o.dumpTime), ratioText(o.DumpRatio, r.FioWriteMBps, "2 MiB write"))
-	row(k, "load %.1f MB/s%s%s%s", o.LoadMBps, elapsed(o.loadTime), ratioText(o.LoadRatio, r.FioReadMBps, "2 MiB read"),
+	row(k, "dump %.1f MB/s%s%s%s", o.DumpMBps, elapsed(o.dumpTime), cpuText(o.DumpCPUSeconds, r.TotalBytes), ratioText(o.DumpRatio, r.FioWriteMBps, "2 MiB write"))
+	row(k, "load %.1f MB/s%s%s%s%s", o.LoadMBps, elapsed(o.loadTime), cpuText(o.LoadCPUSeconds, r.TotalBytes), ratioText(o.LoadRatio, r.FioReadMBps, "2 MiB read"),
 		ratioText(o.LoadRandRatio, r.FioRandReadMBps, "randread"))
 	row(k, "staging peak %s (%d blocks) of %s", humanBytes(o.StagingPeakBytes), o.StagingPeakBlocks, humanBytes(r.MaxStagingBytes))
 	span := func(s spanStats) string {

@@ -51,6 +51,10 @@ type layerwiseOrder struct {
 	MaxRequestBlocks  int     `json:"max_request_blocks,omitempty"`
 	DumpMBps          float64 `json:"dump_MBps"`
 	LoadMBps          float64 `json:"load_MBps"`
+	// The process's CPU time (user and system) during the timed dump and load: what the
+	// engine (with the bench's in-line checks) needs of the machine's cores for those bytes.
+	DumpCPUSeconds float64 `json:"dump_cpu_s,omitempty"`
+	LoadCPUSeconds float64 `json:"load_cpu_s,omitempty"`
 	// Ratios against fio in the same round: dump / 2 MiB sequential write, load / 2 MiB
 	// sequential read (the disk's sequential speed, issue 17's target) and / random reads of
 	// one shard.
@@ -87,11 +91,13 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		res.IOEngine, res.Direct, res.CachesDropped = sub.IOEngine, sub.Direct, sub.CachesDropped
 		o.DumpMBps, o.LoadMBps, o.dumpTime, o.loadTime = sub.DumpMBps, sub.LoadMBps, sub.dumpTime, sub.loadTime
+		o.DumpCPUSeconds, o.LoadCPUSeconds = sub.DumpCPUSeconds, sub.LoadCPUSeconds
 		o.StagingPeakBytes, o.StagingPeakBlocks = sub.StagingPeakBytes, sub.StagingPeakBlocks
 		res.Layerwise = append(res.Layerwise, o)
 		if k == 0 {
 			// The first order's figures are the run's (the connector order by default).
 			res.DumpMBps, res.LoadMBps, res.dumpTime, res.loadTime = o.DumpMBps, o.LoadMBps, o.dumpTime, o.loadTime
+			res.DumpCPUSeconds, res.LoadCPUSeconds = o.DumpCPUSeconds, o.LoadCPUSeconds
 			res.OpenSeconds, res.StagingPeakBytes, res.StagingPeakBlocks = sub.OpenSeconds, o.StagingPeakBytes, o.StagingPeakBlocks
 		}
 		if !sub.Verified {
@@ -158,6 +164,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	defer release()
 	env.takeTimings() // nothing before the timed phase
 	queue := env.sampleQueue(false)
+	cpu := processCPU()
 	dumpTime, err := parallel(len(reqs), cfg.concurrency, func(w, r int) error {
 		req := reqs[r]
 		rids := ids(req)
@@ -181,6 +188,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		return first
 	})
 	dumpQueue := queue.end()
+	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
 		return err
@@ -221,6 +229,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		return nil
 	}
 	queue = env.sampleQueue(true)
+	cpu = processCPU()
 	var loadTime time.Duration
 	if o.Order == orderConnector {
 		// --layers-in-flight layers of a request in flight (all: UCM's start_load_kv issues
@@ -273,6 +282,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		})
 	}
 	loadQueue := queue.end()
+	res.LoadCPUSeconds = (processCPU() - cpu).Seconds()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}

@@ -33,12 +33,14 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	blockBytes := e.Layout().BlockBytes()
 
 	// Phase 1: dump.
+	cpu := processCPU()
 	dumpTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
 		return e.Dump(ids, bufs).Wait()
 	})
+	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
 	// Phase 2: reopen (timed) and load everything back.
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
@@ -49,6 +51,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		res.CachesDropped = dropCaches()
 	}
 	var mismatch atomic.Pointer[error]
+	cpu = processCPU()
 	loadTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
 			return err
@@ -60,6 +63,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		return nil
 	})
+	res.LoadCPUSeconds = (processCPU() - cpu).Seconds()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
