@@ -55,6 +55,9 @@ type Engine struct {
 	io     devio.Backend
 	pool   *devio.BufferPool
 	cpu    cpuGate
+	// runs shares a layer-wise load's index pass with the loads of its other layers
+	// (runcache.go).
+	runs   runCache
 	direct devio.DirectMode // resolved at Open: DirectOn or DirectOff
 
 	instance    format.InstanceID

@@ -256,7 +256,11 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		if from < 0 {
 			from = i
 			locs, found = make([]index.Location, hi-i), make([]bool, hi-i)
-			indexErr = e.ix.GetMany(t.ids[i:hi], locs, found)
+			if shard != AllShards {
+				indexErr = e.locateRun(t.ids[i:hi], locs, found) // shared with the list's other layers
+			} else {
+				indexErr = e.ix.GetMany(t.ids[i:hi], locs, found)
+			}
 		}
 		if indexErr != nil {
 			return e.ix.Get(t.ids[i])

@@ -503,6 +503,7 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 	if err := ix.db.Apply(pb, pebble.NoSync); err != nil {
 		return fmt.Errorf("index: apply: %w", err)
 	}
+	ix.mutations.Add(1) // after the commit: see Mutations
 	if recordBatch {
 		ix.version = indexVersionBatch
 	}

@@ -98,6 +98,8 @@ type Index struct {
 	// version is the index version recorded under MetaIndexVersion (set by init, then by
 	// Apply under applyMu when it records indexVersionBatch).
 	version int
+	// mutations counts the batches committed (see Mutations).
+	mutations atomic.Uint64
 
 	// members is the set of every block id with an entry, kept in memory so that exact and
 	// prefix lookups (a scheduler's hot path) cost a hash probe, not a Pebble seek. It holds
@@ -392,6 +394,13 @@ func decodeSegmentEntry(k, v []byte) (SegmentMeta, error) {
 	}
 	return m, nil
 }
+
+// Mutations counts the batches the index has committed (Apply, DropSegmentEntries), each
+// counted right after it became visible. A lookup made after reading the count n sees every
+// batch counted up to n; while the count is still n no later batch has been counted, so the
+// lookup's result may be reused (it may miss a batch being committed at that very moment, as
+// a lookup made just before that batch would).
+func (ix *Index) Mutations() uint64 { return ix.mutations.Load() }
 
 // Get returns the location of id; ok=false if absent. A stored value that fails to decode
 // returns an error wrapping format.ErrCorrupt naming the block id. The returned location is the
