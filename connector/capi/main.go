@@ -7,12 +7,7 @@ package main
 #include <stddef.h>
 #include <stdint.h>
 
-// Defined in lasterror.c and tasks.c; ucmgo.h is the library's public header.
-void ucmgo_set_error(const char *msg, size_t n);
-typedef struct ucmgo_task ucmgo_task;
-ucmgo_task *ucmgoi_task_new(int64_t store, int64_t id, size_t n);
-void ucmgoi_task_done(ucmgo_task *t, int32_t status, const char *msg, size_t msglen, const uint8_t *failed);
-void ucmgoi_tasks_drop(int64_t store);
+#include "internal.h" // the library's C side: lasterror.c, tasks.c, queue.c
 */
 import "C"
 
@@ -119,14 +114,25 @@ func ucmgo_open(config *C.char) C.int64_t {
 		handles.stores = map[int64]*connector.Store{}
 	}
 	handles.next++
-	handles.stores[handles.next] = s
-	return C.int64_t(handles.next)
+	h := handles.next
+	handles.stores[h] = s
+	if !cfg.Scheduler {
+		// Small loads and dumps on it may take the submission queue (queue.c); when its table
+		// is full they enter Go, as every call did before.
+		drainer.Do(func() { go drain() })
+		C.ucmgoi_store_add(C.int64_t(h), C.int64_t(cfg.Layout.Shards), C.size_t(len(cfg.Tensors)))
+	}
+	return C.int64_t(h)
 }
 
 // ucmgo_close waits for the store's tasks, closes it and frees the handle.
 //
 //export ucmgo_close
 func ucmgo_close(h C.int64_t) C.int32_t {
+	// Calls queued on the store are submitted before it closes, as if they had entered Go.
+	C.ucmgoi_store_drop(h)
+	takeQueue(false)
+	C.ucmgoi_queue_flush()
 	handles.Lock()
 	s, ok := handles.stores[int64(h)]
 	delete(handles.stores, int64(h))
@@ -250,26 +256,27 @@ func joined(tensors [][]byte, shardBytes int64) []byte {
 	return unsafe.Slice((*byte)(base), shardBytes)
 }
 
-func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, perBlock C.size_t) C.int64_t {
+// start checks a load or dump's arguments and starts it on the store: the Go task and its store.
+func start(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, perBlock C.size_t) (*connector.Store, uint64, error) {
 	s, bids, err := storeAndIDs(h, ids, n)
 	if err != nil {
-		return C.int64_t(fail(err))
+		return nil, 0, err
 	}
 	if n > 0 && shards == nil {
-		return C.int64_t(fail(fmt.Errorf("shard indexes: null pointer: %w", engine.ErrInvalidArgument)))
+		return nil, 0, fmt.Errorf("shard indexes: null pointer: %w", engine.ErrInvalidArgument)
 	}
 	idx := make([]int, int(n))
 	if n > 0 {
 		for i, v := range unsafe.Slice((*int64)(unsafe.Pointer(shards)), int(n)) {
 			if v < 0 || v > 1<<30 {
-				return C.int64_t(fail(fmt.Errorf("block %s (position %d): shard index %d out of range: %w", bids[i], i, v, engine.ErrInvalidArgument)))
+				return nil, 0, fmt.Errorf("block %s (position %d): shard index %d out of range: %w", bids[i], i, v, engine.ErrInvalidArgument)
 			}
 			idx[i] = int(v)
 		}
 	}
 	mem, err := spans(s, int(n), addrs, perBlock)
 	if err != nil {
-		return C.int64_t(fail(err))
+		return nil, 0, err
 	}
 	var task uint64
 	if load {
@@ -277,6 +284,11 @@ func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.siz
 	} else {
 		task, err = s.Dump(bids, idx, mem)
 	}
+	return s, task, err
+}
+
+func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, perBlock C.size_t) C.int64_t {
+	s, task, err := start(load, h, ids, shards, n, addrs, perBlock)
 	if err != nil {
 		return C.int64_t(fail(err))
 	}
@@ -284,23 +296,76 @@ func transfer(load bool, h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.siz
 	return C.int64_t(task)
 }
 
-// ucmgo_load starts loading shard shards[i] of block i into the memory at addrs (n ×
-// addrs_per_block pointers). Returns a task handle > 0 or a status < 0.
+// ucmgoi_load is ucmgo_load (queue.c) for a call it does not queue: it starts loading shard
+// shards[i] of block i into the memory at addrs (n × addrs_per_block pointers), or reports what
+// is wrong with the arguments. Returns a task handle > 0 or a status < 0.
 //
-//export ucmgo_load
-func ucmgo_load(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t) C.int64_t {
+//export ucmgoi_load
+func ucmgoi_load(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t) C.int64_t {
 	return transfer(true, h, ids, shards, n, addrs, addrsPerBlock)
 }
 
-// ucmgo_dump starts storing shard shards[i] of block i from the memory at addrs. A block is
-// visible to lookups once all its shards are durable. prerequisite is UCM's device event to
-// wait for before copying: host memory has none to wait for, so it is accepted and unused.
-// Returns a task handle > 0 or a status < 0.
+// ucmgoi_dump is ucmgo_dump (queue.c) for a call it does not queue: it starts storing shard
+// shards[i] of block i from the memory at addrs. prerequisite is UCM's device event to wait for
+// before copying: host memory has none to wait for, so it is accepted and unused. Returns a
+// task handle > 0 or a status < 0.
 //
-//export ucmgo_dump
-func ucmgo_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t, prerequisite C.uint64_t) C.int64_t {
+//export ucmgoi_dump
+func ucmgoi_dump(h C.int64_t, ids *C.uint8_t, shards *C.int64_t, n C.size_t, addrs *unsafe.Pointer, addrsPerBlock C.size_t, prerequisite C.uint64_t) C.int64_t {
 	_ = prerequisite
 	return transfer(false, h, ids, shards, n, addrs, addrsPerBlock)
+}
+
+// drainer starts drain once, at the first open of a store that transfers.
+var drainer sync.Once
+
+// drain submits calls queued in C (queue.c) when no completer takes them: it sleeps in C until
+// one is queued.
+func drain() {
+	for {
+		takeQueue(true)
+	}
+}
+
+// takeQueue submits what is queued, all of it (wait: sleeps in C until there is something, then
+// submits one batch).
+func takeQueue(wait bool) { take(wait, false) }
+
+// take submits queued calls; expecting ends the caller's promise to look (a completer that
+// handed its CPU to a waiter: ucmgoi_task_done returned 1).
+func take(wait, expecting bool) {
+	var batch [64]*C.ucmgo_entry
+	for {
+		k := int(C.ucmgoi_queue_take(&batch[0], C.size_t(len(batch)), cbool(wait), cbool(expecting)))
+		expecting = false
+		for _, e := range batch[:k] {
+			submit(e)
+		}
+		if wait || k < len(batch) {
+			return
+		}
+	}
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// submit starts a queued call on its store and hands its task to the record its waiters
+// use. queue.c queued it only after every check start makes, so it fails only if the store
+// is gone (it is not: ucmgo_close submits what is queued before closing); if it does fail, its
+// wait reports why.
+func submit(e *C.ucmgo_entry) {
+	defer C.ucmgoi_entry_done(e)
+	s, task, err := start(e.load != 0, C.int64_t(e.store), e.ids, e.shards, e.n, (*unsafe.Pointer)(unsafe.Pointer(e.addrs)), e.per)
+	if err != nil {
+		complete(e.task, err, allFailed(int(e.n)))
+		return
+	}
+	notify(e.task, s, task, int(e.n))
 }
 
 // ucmgoi_wait is ucmgo_wait (tasks.c) for a task the C side does not hold: one whose
@@ -355,26 +420,50 @@ func register(h C.int64_t, s *connector.Store, task uint64, n int) {
 	if rec == nil {
 		return
 	}
+	notify(rec, s, task, n)
+}
+
+// notify has the record rec settled when task of s is done: the engine goroutine that completes
+// the task waits for it (which no longer blocks) and fills in rec.
+func notify(rec *C.ucmgo_task, s *connector.Store, task uint64, n int) {
 	err := s.Notify(task, func() {
 		mask := make([]bool, n)
-		status, msg := statusOK, ""
-		if werr := s.Wait(task, mask); werr != nil {
-			status, msg = C.int32_t(connector.StatusOf(werr)), werr.Error()
-			if status == statusOK {
-				status = C.int32_t(connector.StatusError)
-			}
-		}
-		failed := make([]byte, max(n, 1))
-		copyMask(failed, mask)
-		var msgPtr *C.char
-		if msg != "" {
-			b := []byte(msg)
-			msgPtr = (*C.char)(unsafe.Pointer(&b[0]))
-		}
-		C.ucmgoi_task_done(rec, status, msgPtr, C.size_t(len(msg)), (*C.uint8_t)(unsafe.Pointer(&failed[0])))
+		complete(rec, s.Wait(task, mask), mask)
 	})
 	if err != nil { // cannot happen for a task just issued; never leave a waiter hanging
-		C.ucmgoi_task_done(rec, fail(err), nil, 0, nil)
+		complete(rec, err, allFailed(n))
+	}
+}
+
+// allFailed is the failure mask of a task none of whose n blocks was started.
+func allFailed(n int) []bool {
+	mask := make([]bool, n)
+	for i := range mask {
+		mask[i] = true
+	}
+	return mask
+}
+
+// complete fills in rec's result, err (nil for success) and the per-block failures (one entry
+// per block of the task), which wakes its waiters; when it handed the CPU to one of them, it
+// submits what that waiter queued.
+func complete(rec *C.ucmgo_task, err error, mask []bool) {
+	status, msg := statusOK, ""
+	if err != nil {
+		status, msg = C.int32_t(connector.StatusOf(err)), err.Error()
+		if status == statusOK {
+			status = C.int32_t(connector.StatusError)
+		}
+	}
+	failed := make([]byte, max(len(mask), 1))
+	copyMask(failed, mask)
+	var msgPtr *C.char
+	if msg != "" {
+		b := []byte(msg)
+		msgPtr = (*C.char)(unsafe.Pointer(&b[0]))
+	}
+	if C.ucmgoi_task_done(rec, status, msgPtr, C.size_t(len(msg)), (*C.uint8_t)(unsafe.Pointer(&failed[0]))) != 0 {
+		take(false, true)
 	}
 }
 

@@ -25,7 +25,12 @@
  * read from disk straight into them with O_DIRECT; a dump copies them once into the record; any
  * other memory (unaligned) goes through a staging buffer.
  *
- * Threads. Every call may be made from any thread, concurrently.
+ * Threads. Every call may be made from any thread, concurrently. A load or dump of up to 32
+ * blocks whose arguments are valid returns its task at once, without entering Go (its arguments
+ * are copied; it is submitted by a thread already running Go: docs/connector.md, "What the ABI
+ * costs"); wait, check and close treat it as any other task. Every other call, and every call
+ * with a bad argument, is handled in Go before it returns, so that a bad argument is always
+ * reported by the call itself.
  */
 #ifndef UCMGO_H
 #define UCMGO_H

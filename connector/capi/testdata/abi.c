@@ -63,6 +63,70 @@ static void *other_thread(void *arg) {
 	return strstr(ucmgo_last_error(), "null pointer") ? (void *)1 : NULL;
 }
 
+// Small tasks in flight from several threads at once: calls of up to 32 blocks are queued in C
+// and submitted from Go by whichever thread looks first (queue.c); every byte must arrive.
+struct stress {
+	int64_t store;
+	const uint8_t *ids; // N stored blocks
+	int seed, bad;
+};
+
+#define WINDOW 4
+static void *stress_thread(void *arg) {
+	struct stress *st = arg;
+	uint8_t *buf;
+	if (posix_memalign((void **)&buf, 4096, (size_t)WINDOW * 4 * SHARD) != 0) return NULL;
+	int64_t tasks[WINDOW] = {0};
+	int nblk[WINDOW], first[WINDOW], shard[WINDOW];
+	for (int it = 0; it < 200 + WINDOW; it++) {
+		int r = it % WINDOW;
+		if (tasks[r] > 0) {
+			uint8_t failed[4];
+			if (ucmgo_wait(st->store, tasks[r], failed, (size_t)nblk[r]) != UCMGO_OK) st->bad++;
+			for (int j = 0; j < nblk[r]; j++)
+				if (!same(buf + ((size_t)r * 4 + j) * SHARD, SHARD, st->ids + (first[r] + j) * 16, shard[r])) st->bad++;
+			tasks[r] = 0;
+		}
+		if (it >= 200) continue;
+		nblk[r] = 1 + (it + st->seed) % 4, first[r] = (it * 7 + st->seed) % (N - 4), shard[r] = (it + st->seed) % SHARDS;
+		int64_t sh[4];
+		void *at[4];
+		for (int j = 0; j < nblk[r]; j++) sh[j] = shard[r], at[j] = buf + ((size_t)r * 4 + j) * SHARD;
+		memset(buf + (size_t)r * 4 * SHARD, 0, 4 * SHARD);
+		tasks[r] = ucmgo_load(st->store, st->ids + first[r] * 16, sh, (size_t)nblk[r], at, 1);
+		if (tasks[r] <= 0) st->bad++, tasks[r] = 0;
+	}
+	free(buf);
+	return NULL;
+}
+
+// Small loads issued without pause while another thread closes the store: each returns a task or
+// a status, every task returned is settled by the close (a wait reports the store closed), and
+// the close returns.
+struct racer {
+	int64_t store;
+	const uint8_t *ids;
+	uint8_t *buf;
+	int64_t tasks[4096];
+	int n, last;
+};
+
+static void *racer_thread(void *arg) {
+	struct racer *rc = arg;
+	int64_t sh[1] = {0};
+	void *at[1] = {rc->buf};
+	while (rc->n < 4096) {
+		int64_t t = ucmgo_load(rc->store, rc->ids, sh, 1, at, 1);
+		if (t <= 0) {
+			__atomic_store_n(&rc->last, (int)t, __ATOMIC_RELAXED);
+			return NULL;
+		}
+		rc->tasks[rc->n] = t;
+		__atomic_store_n(&rc->n, rc->n + 1, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv) {
 	if (argc != 2) {
 		fprintf(stderr, "usage: abi STORE_DIR\n");
@@ -215,6 +279,17 @@ int main(int argc, char **argv) {
 	CHECK(ucmgo_stats(store, stats, (size_t)need + 1) == need && strstr(stats, "\"instance\"") && strstr(stats, "\"LoadedShards\""), "stats: %s", stats);
 	free(stats);
 
+	struct stress st[4];
+	pthread_t sts[4];
+	for (int i = 0; i < 4; i++) {
+		st[i] = (struct stress){store, ids, i, 0};
+		pthread_create(&sts[i], NULL, stress_thread, &st[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(sts[i], NULL);
+		CHECK(st[i].bad == 0, "stress thread %d: %d failed waits or differing blocks", i, st[i].bad);
+	}
+
 	task = ucmgo_load(store, ids, two, 1, addrs, 2); // never waited for before the close
 	CHECK(task > 0, "load before close");
 	CHECK(ucmgo_close(store) == UCMGO_OK, "close");
@@ -225,6 +300,25 @@ int main(int argc, char **argv) {
 	// Reopened, everything is still there.
 	store = ucmgo_open(config);
 	CHECK(store > 0 && ucmgo_lookup_on_prefix(store, ids, N, &last) == UCMGO_OK && last == N - 1, "after reopen: %lld", (long long)last);
+	// Closed while another thread issues loads.
+	static struct racer rc;
+	rc.store = store, rc.ids = ids, rc.buf = aligned;
+	pthread_t rt;
+	pthread_create(&rt, NULL, racer_thread, &rc);
+	while (__atomic_load_n(&rc.n, __ATOMIC_RELAXED) < 16 && __atomic_load_n(&rc.last, __ATOMIC_RELAXED) == 0) usleep(100);
+	CHECK(ucmgo_close(store) == UCMGO_OK, "close under loads");
+	pthread_join(rt, NULL);
+	CHECK(rc.n > 0, "no load before the close");
+	CHECK(rc.n == 4096 || rc.last < 0, "loads after the close: %d", rc.last);
+	for (int i = 0; i < rc.n; i++) {
+		int32_t st_ = ucmgo_wait(store, rc.tasks[i], NULL, 0);
+		if (st_ != UCMGO_EPARAM || strstr(ucmgo_last_error(), "not open") == NULL) {
+			CHECK(0, "wait on task %d of a closed store: %d", i, st_);
+			break;
+		}
+	}
+	store = ucmgo_open(config);
+	CHECK(store > 0 && ucmgo_lookup_on_prefix(store, ids, N, &last) == UCMGO_OK && last == N - 1, "after the second reopen: %lld", (long long)last);
 	ucmgo_close(store);
 	free(aligned);
 	free(loose);
