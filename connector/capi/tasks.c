@@ -12,7 +12,7 @@
 // kernel. A C or Python caller's thread is asleep in pthread_cond_wait and must be scheduled
 // by the kernel, which on a busy machine lets the waking Go thread, and others, run on first:
 // on two busy vCPUs the woken C caller resumed 115-300 µs after its task was done on average
-// (a third of the wake-ups after more than 200 µs), a goroutine 6-15 µs after, and meanwhile
+// (a fifth to two fifths of the wake-ups after over 200 µs), a goroutine 6-15 µs after; meanwhile
 // its next task is not submitted (docs/connector.md, "What the ABI costs"). So a completer that
 // woke a sleeping waiter yields its CPU once (sched_yield): a waiter queued on the same CPU runs
 // at once, as a goroutine would, and usually queues its next load or dump (queue.c), which the
