@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,7 +143,8 @@ func loadSummary(ls []engine.LoadTiming) *loadTimings {
 	return t
 }
 
-// queueSamples is the device's queue (requests in flight, /sys/dev/block/…/inflight) sampled
+// queueSamples is the device's queue (requests in flight, the in-flight field of
+// /sys/dev/block/…/stat: parseStatInFlight) sampled
 // every millisecond during a timed phase.
 type queueSamples struct {
 	Device  string  `json:"device"`
@@ -158,9 +161,24 @@ type queueSampler struct {
 	stop func() *queueSamples
 }
 
-// sampleQueue starts sampling the queue of the device holding dir every millisecond; reads
-// says whether to count reads (else writes). It returns nil where the device cannot be found.
-func sampleQueue(dir string, reads bool) *queueSampler {
+// parseStatInFlight returns the in-flight field (the ninth) of a block device's stat file
+// (Documentation/block/stat.rst: requests submitted to the device and not yet completed).
+func parseStatInFlight(b []byte) (int, bool) {
+	f := strings.Fields(string(b))
+	if len(f) < 9 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(f[8])
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// sampleQueue starts sampling the queue of the device holding dir every millisecond (reads and
+// writes together: the timed phases do one or the other). It returns nil where the device
+// cannot be found.
+func sampleQueue(dir string) *queueSampler {
 	read, closeFn, name := inflightReader(dir)
 	if read == nil {
 		return nil
@@ -183,13 +201,9 @@ func sampleQueue(dir string, reads bool) *queueSampler {
 				out <- q
 				return
 			case <-t.C:
-				r, w, ok := read()
+				n, ok := read()
 				if !ok {
 					continue
-				}
-				n := w
-				if reads {
-					n = r
 				}
 				q.Samples++
 				sum += n

@@ -6,6 +6,6 @@ package cli
 func settleFS(string) {}
 
 // inflightReader finds no device queue where there is no /sys/dev/block.
-func inflightReader(string) (read func() (reads, writes int, ok bool), closeFn func(), name string) {
+func inflightReader(string) (read func() (int, bool), closeFn func(), name string) {
 	return nil, nil, ""
 }

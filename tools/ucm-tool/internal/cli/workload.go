@@ -91,13 +91,13 @@ func (env *benchEnv) takeTimings() ([]wal.FlightTiming, []engine.LoadTiming) {
 	return env.timings.take()
 }
 
-// sampleQueue starts sampling the device queue of --dir (reads or writes) with --timings; nil
-// (whose end returns nil) without.
-func (env *benchEnv) sampleQueue(reads bool) *queueSampler {
+// sampleQueue starts sampling the device queue of --dir with --timings; nil (whose end returns
+// nil) without.
+func (env *benchEnv) sampleQueue() *queueSampler {
 	if env.timings == nil {
 		return nil
 	}
-	return sampleQueue(env.cfg.dir, reads)
+	return sampleQueue(env.cfg.dir)
 }
 
 // open opens the bench store (creating it the first time) and says how long it took.

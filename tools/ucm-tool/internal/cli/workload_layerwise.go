@@ -163,7 +163,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	}
 	defer release()
 	env.takeTimings() // nothing before the timed phase
-	queue := env.sampleQueue(false)
+	queue := env.sampleQueue()
 	cpu := processCPU()
 	dumpTime, err := parallel(len(reqs), cfg.concurrency, func(w, r int) error {
 		req := reqs[r]
@@ -228,7 +228,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		check(rids, t, dst)
 		return nil
 	}
-	queue = env.sampleQueue(true)
+	queue = env.sampleQueue()
 	cpu = processCPU()
 	var loadTime time.Duration
 	if o.Order == orderConnector {
