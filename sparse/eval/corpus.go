@@ -77,16 +77,7 @@ func HeldOutStream(src string) ([]byte, int, error) {
 // Windows cuts n windows of size bytes spread evenly over stream (train.py's heldout_windows:
 // window i starts at ⌊i·(len − size)/(n − 1)⌋).
 func Windows(stream []byte, size, n int) ([][]byte, error) {
-	if n < 1 || size < 2 || len(stream) < size {
-		return nil, fmt.Errorf("%w: %d windows of %d bytes from %d", sparse.ErrInvalid, n, size, len(stream))
-	}
-	span := len(stream) - size
-	out := make([][]byte, n)
-	for i := range n {
-		s := int(float64(i) * float64(span) / float64(max(1, n-1)))
-		out[i] = stream[s : s+size]
-	}
-	return out, nil
+	return windows(stream, size, n, func(i int, span float64) float64 { return float64(i) * span / float64(max(1, n-1)) })
 }
 
 // WindowsB is the second held-out split: n windows of size bytes, window i starting at
@@ -96,13 +87,18 @@ func Windows(stream []byte, size, n int) ([][]byte, error) {
 // overlaps one of the other, and a choice made on Windows can be checked on text it was not
 // made on.
 func WindowsB(stream []byte, size, n int) ([][]byte, error) {
+	return windows(stream, size, n, func(i int, span float64) float64 { return (float64(i) + 0.5) * span / float64(n) })
+}
+
+// windows cuts n windows of size bytes from stream, window i starting at ⌊start(i, len − size)⌋.
+func windows(stream []byte, size, n int, start func(i int, span float64) float64) ([][]byte, error) {
 	if n < 1 || size < 2 || len(stream) < size {
 		return nil, fmt.Errorf("%w: %d windows of %d bytes from %d", sparse.ErrInvalid, n, size, len(stream))
 	}
-	span := len(stream) - size
+	span := float64(len(stream) - size)
 	out := make([][]byte, n)
 	for i := range n {
-		s := int((float64(i) + 0.5) * float64(span) / float64(n))
+		s := int(start(i, span))
 		out[i] = stream[s : s+size]
 	}
 	return out, nil
