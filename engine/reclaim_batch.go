@@ -112,7 +112,8 @@ func (e *Engine) relocateBatch(group []recordRef, dst *diskTier) (int, int64, er
 			ops = append(ops, devio.Op{File: seg.File(), Buf: shard(i, k), Off: r.loc.ShardOffset(i)})
 		}
 	}
-	_ = e.submit(ops, func(int) *diskTier { return e.tierOf(src.Segment) })
+	from := e.tierOf(src.Segment)
+	_ = e.submit(ops, func(int) *diskTier { return from })
 	var good []int // positions in group of the blocks read whole and verified
 	for k, r := range group {
 		var err error
