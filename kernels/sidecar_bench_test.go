@@ -25,26 +25,21 @@ func BenchmarkDecodeSidecarPart(b *testing.B) {
 			copy(parts[j*pb:], p)
 		}
 		values := make([]float32, spec.Heads*spec.Dim)
-		b.Run(fmt.Sprintf("%v-verify", elem), func(b *testing.B) {
-			b.SetBytes(int64(len(parts)))
-			for range b.N {
-				for j := range blocks {
-					if _, _, err := DecodeSidecarPart(parts[j*pb:(j+1)*pb], nil, nil); err != nil {
-						b.Fatal(err)
+		for _, c := range []struct {
+			name string
+			out  []float32 // nil: verify only
+		}{{"verify", nil}, {"convert", values}} {
+			b.Run(fmt.Sprintf("%v-%s", elem, c.name), func(b *testing.B) {
+				b.SetBytes(int64(len(parts)))
+				for range b.N {
+					for j := range blocks {
+						if _, _, err := DecodeSidecarPart(parts[j*pb:(j+1)*pb], c.out, nil); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-			}
-		})
-		b.Run(fmt.Sprintf("%v-convert", elem), func(b *testing.B) {
-			b.SetBytes(int64(len(parts)))
-			for range b.N {
-				for j := range blocks {
-					if _, _, err := DecodeSidecarPart(parts[j*pb:(j+1)*pb], values, nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-		})
+			})
+		}
 		dst := make([]byte, len(parts))
 		b.Run(fmt.Sprintf("%v-copy", elem), func(b *testing.B) {
 			b.SetBytes(int64(len(parts)))
