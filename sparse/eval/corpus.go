@@ -32,6 +32,18 @@ func IsHeldOut(rel string) bool {
 // outside testdata directories, not a symlink, at most MaxFileBytes, in path order)
 // concatenated, as train.py builds its held-out stream, and how many files it holds.
 func HeldOutStream(src string) ([]byte, int, error) {
+	return corpusStream(src, true)
+}
+
+// TrainStream is HeldOutStream's complement: the corpus files train.py trains on (none held
+// out), concatenated in path order, and how many files it holds. What is fitted for a sparse
+// method (QueryFit) is fitted on it, never on held-out text.
+func TrainStream(src string) ([]byte, int, error) {
+	return corpusStream(src, false)
+}
+
+// corpusStream concatenates the corpus files under src whose IsHeldOut is heldOut.
+func corpusStream(src string, heldOut bool) ([]byte, int, error) {
 	var paths []string
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -54,13 +66,13 @@ func HeldOutStream(src string) ([]byte, int, error) {
 		if err != nil {
 			return err
 		}
-		if rel = filepath.ToSlash(rel); IsHeldOut(rel) {
+		if rel = filepath.ToSlash(rel); IsHeldOut(rel) == heldOut {
 			paths = append(paths, rel)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("held-out corpus under %s: %w", src, err)
+		return nil, 0, fmt.Errorf("corpus under %s (held out: %v): %w", src, heldOut, err)
 	}
 	sort.Strings(paths)
 	var out []byte

@@ -41,6 +41,14 @@ type Options struct {
 	// DenseLayers attend densely under every method (as GSA On-Device's rollback layers, or
 	// Quest leaving its first layers dense); the kept fraction counts them as whole.
 	DenseLayers []int
+	// LayerBudgets, when set, gives the reference selections (oracles and probes, not the
+	// methods) a budget per layer instead of Budgets' (one value per layer; layers left dense
+	// are ignored): to measure what spreading a budget unevenly over layers would be worth.
+	// Results keep Budgets' value as their Budget.
+	LayerBudgets []float64
+	// Fit is the queries fitted on training text (FitQueries), for the probes and methods
+	// that learn their representation from them; nil when none is run.
+	Fit *QueryFit
 	// Progress, when set, is told of each finished run.
 	Progress func(r Result)
 }
@@ -215,6 +223,14 @@ type sidecarSpecer interface{ SidecarSpec() kernels.SidecarSpec }
 func Run(ctx context.Context, o Options) ([]Result, error) {
 	cfg := o.Model.Config()
 	o.Init, o.Local = max(o.Init, 1), max(o.Local, 1)
+	if len(o.LayerBudgets) > 0 && len(o.LayerBudgets) != cfg.Layers {
+		return nil, fmt.Errorf("%w: eval: %d layer budgets for %d layers", sparse.ErrInvalid, len(o.LayerBudgets), cfg.Layers)
+	}
+	for _, b := range o.LayerBudgets {
+		if !(b > 0 && b <= 1) {
+			return nil, fmt.Errorf("%w: eval: layer budget %v: want (0, 1]", sparse.ErrInvalid, b)
+		}
+	}
 	if len(o.Windows) == 0 || o.Prefill < 1 {
 		return nil, fmt.Errorf("%w: eval: %d windows, prefill %d", sparse.ErrInvalid, len(o.Windows), o.Prefill)
 	}
@@ -283,10 +299,12 @@ type run struct {
 	// oracleKV: the oracle selects per KV head.
 	oracleKV bool
 	// probe: selection by key statistics (probe.go), instead of the oracle.
-	probe      *probeSpec
-	probeCache map[probeKey]*probeStats
-	carried    map[probeKey]map[int]float64 // by layer and KV head: block → attention share
-	hashEnc    *kernels.HashEncoder
+	probe        *probeSpec
+	probeCache   map[probeKey]*probeStats
+	fit          *QueryFit
+	layerBudgets []float64
+	carried      map[probeKey]map[int]float64 // by layer and KV head: block → attention share
+	hashEnc      *kernels.HashEncoder
 	// init and local are the oracle's windows; denseLayers attend densely.
 	init, local int
 	denseLayers []int
@@ -400,6 +418,9 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 		if bs%probeMerge != 0 || bs < 2 {
 			return res, fmt.Errorf("%w: %s: blocks of %d tokens: probes need a multiple of %d", sparse.ErrInvalid, name, bs, probeMerge)
 		}
+		if probe.needsFit() && o.Fit == nil {
+			return res, fmt.Errorf("%w: %s: needs queries fitted on training text (Options.Fit)", sparse.ErrInvalid, name)
+		}
 	} else if name != Oracle && name != OracleKV {
 		var err error
 		if mc, err = MethodConfig(name, budget, bs, o.Init, o.Local); err != nil {
@@ -414,7 +435,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	for wi, w := range o.Windows {
 		r := &run{src: &sparse.MapSidecars{}, res: &res, layerErr: make([]float64, cfg.Layers), init: o.Init, local: o.Local,
 			denseLayers: o.DenseLayers, req: sparse.Request{ID: fmt.Sprintf("window-%d", wi)}, oracleKV: name == OracleKV,
-			probe: probe, probeCache: map[probeKey]*probeStats{}}
+			probe: probe, probeCache: map[probeKey]*probeStats{}, fit: o.Fit, layerBudgets: o.LayerBudgets}
 		if mc != nil {
 			m, err := sparse.New(mc, sparse.Env{Role: sparse.RoleWorker, Sidecars: r.src,
 				Shape: sparse.Shape{Layers: cfg.Layers, QHeads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, BlockSize: bs}})
@@ -535,7 +556,7 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) [][
 		if r.probe != nil {
 			sel = r.probeSelect(layer, pos, q)
 		} else {
-			sel = r.oracleSelect(pos)
+			sel = r.oracleSelect(layer, pos)
 		}
 		r.selTime += time.Since(start)
 		r.selN++
@@ -569,6 +590,14 @@ func (r *run) selectBlocks(layer, pos int, q []float32, seq *model.Sequence) [][
 	}
 	r.measure(layer, pos, sel)
 	return sel
+}
+
+// budget is the reference selections' budget in layer (Options.LayerBudgets).
+func (r *run) budget(layer int) float64 {
+	if layer < len(r.layerBudgets) {
+		return r.layerBudgets[layer]
+	}
+	return r.res.Budget
 }
 
 // everyHead is one selection for every KV head.
@@ -628,11 +657,11 @@ func (r *run) fullAttention(layer, pos int, q []float32) {
 // oracleSelect is the best selection full attention allows at the run's budget: the windows
 // and the blocks holding the most attention mass summed over query heads (it reads every K:
 // a reference for the methods, not a method); per KV head over its query heads with oracleKV.
-func (r *run) oracleSelect(pos int) [][]int {
+func (r *run) oracleSelect(layer, pos int) [][]int {
 	cfg := r.m.Config()
 	n, T, G := pos/r.bs+1, pos+1, cfg.Heads/cfg.KVHeads
 	init, local := min(r.init, n), min(r.local, n-min(r.init, n))
-	k := sparse.BudgetBlocks(n, r.res.Budget) - init - local
+	k := sparse.BudgetBlocks(n, r.budget(layer)) - init - local
 	if init+local+max(k, 0) >= n {
 		return nil
 	}

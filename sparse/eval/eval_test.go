@@ -242,3 +242,34 @@ func TestProbes(t *testing.T) {
 		t.Fatal("a probe over 6-token blocks accepted")
 	}
 }
+
+// TestLayerBudgets: the reference selections take a budget per layer: a full budget in every
+// layer is dense whatever Budgets says, a full budget in one layer leaves that layer exact,
+// and a list of the wrong length is refused.
+func TestLayerBudgets(t *testing.T) {
+	m := loadModel(t)
+	o := Options{Model: m, Windows: [][]byte{testWindow(t, 140)}, Prefill: 120, BlockSizes: []int{8}, Budgets: []float64{0.2},
+		Methods: []string{OracleKV, "probe-max"}, LayerBudgets: []float64{1, 1, 1, 1}}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res[1:] {
+		if r.Top1 != 1 || r.KL != 0 || r.Kept != 1 || r.Budget != 0.2 {
+			t.Fatalf("%s with full layer budgets: %+v", r.Method, r)
+		}
+	}
+	o.LayerBudgets = []float64{0.2, 1, 0.2, 0.2}
+	if res, err = Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res[1:] {
+		if r.LayerRelErr[1] > 1e-12 || r.LayerRelErr[0] == 0 || r.Kept == 1 {
+			t.Fatalf("%s with layer 1's budget full: %+v", r.Method, r)
+		}
+	}
+	o.LayerBudgets = []float64{0.2, 0.2}
+	if _, err := Run(context.Background(), o); err == nil {
+		t.Fatal("2 layer budgets for 4 layers accepted")
+	}
+}

@@ -36,6 +36,16 @@ import (
 //	quest      Quest's bound Σ_d max(q_d·lo_d, q_d·hi_d)/√D
 //	minterp    mean + A·(quest − mean) (option A=x)
 //	qinterp    the same from the bounds' midpoint instead of the mean
+//	anchor     log-mean-exp over R anchor keys (Anchors, fitted queries) and the mean of the rest
+//	amax       the largest logit of the R anchor keys
+//	lquest     mean + A·Σ_{i<R} (Quest's bound − mean) along the fitted queries' top R
+//	           principal directions (a learned Quest: per-block min/max of the keys projected)
+//	lowrank    log-mean-exp of the tokens' logits, each token's deviation from the mean key
+//	           kept as R coefficients on the fitted low-rank factors (QueryFit.LowK, LowQ);
+//	           option A>0 scores by the largest such logit instead
+//	qlowrank   the same on the fitted queries' principal directions
+//
+// anchor, amax, lquest, lowrank and qlowrank need Options.Fit (queries fitted on training text).
 //
 // Options: cap (the estimate capped at the exact max), qcap (capped at Quest's bound), T=x (the
 // logits times x before the softmax), pool (the k·KVHeads best (head, block) pairs over every
@@ -57,7 +67,11 @@ func parseProbe(name string) (*probeSpec, error) {
 	ps := &probeSpec{est: est, beta: 1}
 	switch est {
 	case "exact", "max", "mean", "gauss", "diag", "rank", "merge", "mergediag", "quest", "minterp", "qinterp":
-	case "outlier", "norm", "kmeans":
+	case "outlier", "norm", "kmeans", "anchor", "amax":
+		ps.rank = 4
+	case "lquest":
+		ps.rank, ps.alpha = 8, 1
+	case "lowrank", "qlowrank":
 		ps.rank = 4
 	case "hash", "hashrms":
 	default:
@@ -70,7 +84,7 @@ func parseProbe(name string) (*probeSpec, error) {
 		case "":
 		case "R":
 			ps.rank, err = strconv.Atoi(v)
-			if err == nil && (ps.rank < 1 || ps.rank > probeRank && (est == "rank" || ps.rank > 16)) {
+			if err == nil && (ps.rank < 1 || ps.rank > probeRank && (est == "rank" || ps.rank > 16 && est != "lquest" && est != "lowrank" && est != "qlowrank")) {
 				err = fmt.Errorf("want 1…%d (rank), 1…16 (mixtures)", probeRank)
 			}
 		case "T":
@@ -114,6 +128,52 @@ type probeStats struct {
 	codes  [][]byte    // the keys' hash codes (GSA On-Device's sidecar, seed 1, head-dim bits)
 	norms  []float64   // the keys' norms
 	mix    map[string]*mixRows
+	sample [][]float32 // fitted queries of the block's layer and KV head (QueryFit.Sample)
+	basis  [][]float64 // their principal directions (QueryFit.Basis)
+	plo    []float64   // per principal direction, the keys' smallest projection
+	phi    []float64   // and their largest
+	pmu    []float64   // and the mean key's
+	lowK   [][]float64 // fitted low-rank key factors (QueryFit.LowK, or Basis for qlowrank)
+	lowQ   [][]float64 // and query factors
+	lowC   [][]float64 // per key, its deviation from the mean on lowK (lazily)
+}
+
+// lowCoefs computes (once) each key's deviation from the block mean on the low-rank factors.
+func (s *probeStats) lowCoefs() {
+	if s.lowC != nil {
+		return
+	}
+	for _, k := range s.keys {
+		c := make([]float64, len(s.lowK))
+		for i, u := range s.lowK {
+			for d, kd := range k {
+				c[i] += u[d] * (kd - s.mu[d])
+			}
+		}
+		s.lowC = append(s.lowC, c)
+	}
+}
+
+// projBounds computes (once) the keys' projections' bounds on the fitted basis.
+func (s *probeStats) projBounds() {
+	if s.plo != nil {
+		return
+	}
+	n := len(s.basis)
+	s.plo, s.phi, s.pmu = make([]float64, n), make([]float64, n), make([]float64, n)
+	for i, u := range s.basis {
+		s.plo[i], s.phi[i] = math.Inf(1), math.Inf(-1)
+		for _, k := range s.keys {
+			var x float64
+			for d, kd := range k {
+				x += u[d] * kd
+			}
+			s.plo[i], s.phi[i] = min(s.plo[i], x), max(s.phi[i], x)
+		}
+		for d, md := range s.mu {
+			s.pmu[i] += u[d] * md
+		}
+	}
 }
 
 // mixRows are a block's representative rows and their weights (Σ w = 1): the block's logit is
@@ -143,6 +203,23 @@ func (s *probeStats) mixture(kind string, r int) *mixRows {
 	}
 	m := &mixRows{}
 	switch kind {
+	case "anchor", "amax":
+		idx := Anchors(s.keys, s.sample, r)
+		rest := make([]float64, hd)
+		for i, k := range s.keys {
+			if slices.Contains(idx, i) {
+				continue
+			}
+			for d := range hd {
+				rest[d] += k[d] / float64(bs-len(idx))
+			}
+		}
+		for _, i := range idx {
+			m.rows, m.w = append(m.rows, s.keys[i]), append(m.w, 1/float64(bs))
+		}
+		if bs > len(idx) {
+			m.rows, m.w = append(m.rows, rest), append(m.w, float64(bs-len(idx))/float64(bs))
+		}
 	case "outlier", "norm":
 		zero := make([]float64, hd)
 		idx := make([]int, bs)
@@ -311,6 +388,13 @@ func (r *run) stats(layer, b, kv int) *probeStats {
 		s.rows, s.rvar = append(s.rows, row), append(s.rvar, rv)
 	}
 	s.keys = keys
+	if r.fit != nil {
+		s.sample, s.basis = r.fit.Sample[layer][kv], r.fit.Basis[layer][kv]
+		s.lowK, s.lowQ = r.fit.LowK[layer][kv], r.fit.LowQ[layer][kv]
+		if r.probe.est == "qlowrank" {
+			s.lowK, s.lowQ = s.basis, s.basis
+		}
+	}
 	if r.hashEnc == nil {
 		r.hashEnc, _ = kernels.NewHashEncoder(hd, hd&^7, 1)
 	}
@@ -335,7 +419,7 @@ func (r *run) probeSelect(layer, pos int, q []float32) [][]int {
 	cfg := r.m.Config()
 	n, T, G, hd, kvd := pos/r.bs+1, pos+1, cfg.Heads/cfg.KVHeads, cfg.HeadDim, cfg.KVDim()
 	init, local := min(r.init, n), min(r.local, n-min(r.init, n))
-	k := sparse.BudgetBlocks(n, r.res.Budget) - init - local
+	k := sparse.BudgetBlocks(n, r.budget(layer)) - init - local
 	if init+local+max(k, 0) >= n {
 		return nil
 	}
@@ -455,7 +539,54 @@ func (r *run) probeSelect(layer, pos int, q []float32) [][]int {
 						z += math.Exp(x - lmx)
 					}
 					l = lmx + math.Log(z/float64(len(ls)))
-				case "outlier", "norm", "kmeans":
+				case "amax":
+					mr := s.mixture(variant, rank)
+					l = math.Inf(-1)
+					for _, row := range mr.rows[:min(rank, len(mr.rows))] {
+						var x float64
+						for d := range hd {
+							x += float64(qh[d]) * row[d]
+						}
+						l = max(l, x*sc)
+					}
+				case "lowrank", "qlowrank": // log-mean-exp of the low-rank logits
+					s.lowCoefs()
+					qt := make([]float64, rank)
+					for i := range rank {
+						for d := range hd {
+							qt[i] += float64(qh[d]) * s.lowQ[i][d]
+						}
+					}
+					ls := make([]float64, len(s.lowC))
+					lmx := math.Inf(-1)
+					for t, c := range s.lowC {
+						x := m / sc
+						for i := range rank {
+							x += qt[i] * c[i]
+						}
+						ls[t] = x * sc
+						lmx = max(lmx, ls[t])
+					}
+					var z float64
+					for _, x := range ls {
+						z += math.Exp(x - lmx)
+					}
+					l = lmx + math.Log(z/float64(len(ls)))
+					if alpha > 0 { // A>0: the largest low-rank logit instead
+						l = lmx
+					}
+				case "lquest":
+					s.projBounds()
+					var add float64
+					for i := range min(rank, len(s.basis)) {
+						var x float64
+						for d := range hd {
+							x += float64(qh[d]) * s.basis[i][d]
+						}
+						add += max(x*s.plo[i], x*s.phi[i]) - x*s.pmu[i]
+					}
+					l = m + alpha*add*sc
+				case "outlier", "norm", "kmeans", "anchor":
 					mr := s.mixture(variant, rank)
 					lmx := math.Inf(-1)
 					ls := make([]float64, len(mr.rows))
@@ -596,4 +727,15 @@ func (r *run) carryAttention(layer, pos int, q []float32, sel [][]int) {
 		}
 		r.carried[probeKey{layer, 0, g}] = shares
 	}
+}
+
+// needsFit says whether the probe's estimator learns from QueryFit.
+func (ps *probeSpec) needsFit() bool {
+	return ps.est == "anchor" || ps.est == "amax" || ps.est == "lquest" || ps.est == "lowrank" || ps.est == "qlowrank"
+}
+
+// NeedsFit says whether a method name (as Options.Methods holds it) needs Options.Fit.
+func NeedsFit(name string) bool {
+	ps, err := parseProbe(name)
+	return strings.HasPrefix(name, ProbePrefix) && err == nil && ps.needsFit()
 }
