@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -29,6 +30,8 @@ type evalSparseOptions struct {
 	budgets          []float64
 	methods          []string
 	split            string
+	fitWindows       int
+	layerBudgets     []float64
 	asJSON           bool
 }
 
@@ -43,7 +46,7 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 
 func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
-		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2, split: "a"}
+		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2, split: "a", fitWindows: 32}
 	cmd := &cobra.Command{
 		Use:   "sparse",
 		Short: "Decode held-out text with each sparse-attention method against full attention",
@@ -72,6 +75,8 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
 	f.StringVar(&o.split, "split", o.split, "held-out windows: a (evenly spread, train.py's) or b (the windows between a's, disjoint from them)")
+	f.Float64SliceVar(&o.layerBudgets, "layer-budgets", nil, "one budget per layer for the oracles and probes only (not the methods): what an uneven spread of the budget over layers would be worth")
+	f.IntVar(&o.fitWindows, "fit-windows", o.fitWindows, "windows of training text (never held out) the learned representations fit the model's queries on")
 	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -127,7 +132,11 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return err
 	}
 	start := time.Now()
-	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes,
+	fit, err := fitQueries(m, o)
+	if err != nil {
+		return err
+	}
+	res, err := eval.Run(ctx, eval.Options{Model: m, Windows: windows, Prefill: o.prefill, BlockSizes: o.blockSizes, Fit: fit, LayerBudgets: o.layerBudgets,
 		Budgets: o.budgets, Methods: o.methods, Init: o.init, Local: o.local, DenseLayers: o.denseLayers, Progress: func(r eval.Result) {
 			if !o.asJSON {
 				fmt.Fprintf(stderr, "  %s %d-token blocks %.0f%%: %s\n", r.Method, r.BlockSize, 100*r.Budget, time.Since(start).Round(time.Second))
@@ -155,6 +164,32 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
 	return tw.Flush()
+}
+
+// fitQueries fits the model's queries on --fit-windows windows of training text of the
+// model's full context when a method needs them (eval.NeedsFit), else returns nil.
+func fitQueries(m *model.Model, o evalSparseOptions) (*eval.QueryFit, error) {
+	if !slices.ContainsFunc(o.methods, eval.NeedsFit) {
+		return nil, nil
+	}
+	corpus := o.corpus
+	if corpus == "" {
+		root, err := loop.GoRoot()
+		if err != nil {
+			return nil, usageErr("--corpus not given and %v", err)
+		}
+		corpus = filepath.Join(root, "src")
+	}
+	stream, _, err := eval.TrainStream(corpus)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	ctx := m.Config().MaxCtx
+	windows, err := eval.Windows(stream, ctx, o.fitWindows)
+	if err != nil {
+		return nil, usageErr("training text: %v", err)
+	}
+	return eval.FitQueries(m, windows, ctx/2, 1024)
 }
 
 // heldOutFlags registers the --weights and --corpus flags every eval command takes: the model
