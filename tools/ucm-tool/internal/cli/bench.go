@@ -66,6 +66,7 @@ type benchConfig struct {
 	maxStaging       int64  // Options.MaxStagingBytes (0: the engine's default)
 	stageLayerWise   bool   // Options.StageLayerWise: block records assembled in staging
 	layersInFlight   int    // connector-order loads: layers of a request in flight (0: all)
+	hostLayout       string // layerwise: block (a block's shards adjacent) or layer (a layer's shards of a request adjacent)
 	timings          bool   // gather and report the engine's flight and load timings
 }
 
@@ -86,9 +87,11 @@ type benchResult struct {
 	// Buffers is where the tasks' payload buffers live: "huge" (huge-page host memory),
 	// "huge (4 KiB pages: advice refused)" or "heap" (every workload's dumps and loads go
 	// through worker buffers; the field is set by the one that allocated them).
-	Buffers  string  `json:"buffers,omitempty"`
-	DumpMBps float64 `json:"dump_MBps,omitempty"`
-	LoadMBps float64 `json:"load_MBps,omitempty"`
+	Buffers string `json:"buffers,omitempty"`
+	// HostLayout is how a layerwise run's buffers hold the shards (--host-layout).
+	HostLayout string  `json:"host_layout,omitempty"`
+	DumpMBps   float64 `json:"dump_MBps,omitempty"`
+	LoadMBps   float64 `json:"load_MBps,omitempty"`
 	// CachesDropped: without O_DIRECT, the page cache was dropped before loading (root only).
 	CachesDropped bool `json:"caches_dropped,omitempty"`
 
@@ -251,7 +254,9 @@ Workloads:
              by --max-staging). A request's layers are written as layer-major batch records
              (--stage-layer-wise: whole blocks assembled in staging memory, the format before
              them); --timings adds where the dump's flights and the load's tasks spent their
-             time and the device queue sampled every millisecond.
+             time and the device queue sampled every millisecond. The tasks' buffers hold a
+             request's shards of one layer slot after slot (--host-layout layer, as the
+             staging pipeline holds a layer), or a buffer per block (--host-layout block).
   lookup     index --blocks blocks (default 1,000,000; a tiny 1 × 4 KiB layout, sync none,
              1024 blocks per task unless set), reopen, then time --batches batches of 1024
              mixed hit/miss exact lookups and as many prefix lookups (p50/p99 per batch).
@@ -372,6 +377,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.requestMaxBlocks, "request-max-blocks", 64, "layerwise, connector order: requests are 1..N blocks long, uniformly (with --trace: the trace's request lengths, capped at N)")
 	fl.StringVar(&maxStaging, "max-staging", "0", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
 	fl.IntVar(&cfg.layersInFlight, "layers-in-flight", 0, "layerwise, connector order: layers of a request whose loads are in flight at once, waited for in layer order (0: all, as UCM's start_load_kv issues them; 1: one at a time)")
+	fl.StringVar(&cfg.hostLayout, "host-layout", hostLayoutLayer, "layerwise: how the caller's buffers hold the shards: layer (a request's shards of one layer adjacent, slot after slot, as kernels.Pipeline stages a layer) or block (a buffer per block, its shards adjacent: a layer's shards of a request are a block apart)")
 	fl.BoolVar(&cfg.stageLayerWise, "stage-layer-wise", false, "layerwise: assemble whole blocks in staging memory and write block records (Options.StageLayerWise) instead of layer-major batch records")
 	fl.BoolVar(&cfg.timings, "timings", false, "layerwise: report where the dump's flights and the load's tasks spent their time, and the device queue sampled every millisecond")
 	return cmd
@@ -441,6 +447,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--max-staging %d: want 0 (the default) or more", cfg.maxStaging)
 	case cfg.layersInFlight < 0:
 		return usageErr("--layers-in-flight %d: want 0 (all) or more", cfg.layersInFlight)
+	case cfg.hostLayout != hostLayoutBlock && cfg.hostLayout != hostLayoutLayer:
+		return usageErr("--host-layout %q: want %s or %s", cfg.hostLayout, hostLayoutBlock, hostLayoutLayer)
 	}
 	if ts := benchTiers(cfg, "bench"); ts != nil {
 		if err := tiers.Validate(ts); err != nil {
@@ -708,6 +716,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	row("sync", "%s", r.Sync)
 	if r.Buffers != "" {
 		row("buffers", "%s", r.Buffers)
+	}
+	if r.HostLayout != "" {
+		row("layout", "%s (--host-layout)", r.HostLayout)
 	}
 	if r.IndexSeconds > 0 {
 		row("index", "%.2f s to dump %d blocks", r.IndexSeconds, r.Blocks)

@@ -91,7 +91,7 @@ func TestBenchLayerwise(t *testing.T) {
 	m := benchJSON(t, append(args, "--direct", "off", "--io-engine", "psync")...)
 	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "open_s", "shard_bytes", "dump_cpu_s", "load_cpu_s")
 	mustLackKeys(t, m, "hit_rate", "p99_lookup_batch_ms", "fio_write_MBps")
-	if m["workload"] != "layerwise" || m["shard_bytes"] != float64(8<<10) || m["blocks"] != 16.0 {
+	if m["workload"] != "layerwise" || m["shard_bytes"] != float64(8<<10) || m["blocks"] != 16.0 || m["host_layout"] != "layer" {
 		t.Errorf("JSON %v", m)
 	}
 	if _, _, code := run(t, "verify", filepath.Join(dir, "bench-layerwise-256KiB-32")); code != ExitOK {
@@ -112,6 +112,19 @@ func TestBenchLayerwise(t *testing.T) {
 	}
 	if c := orders[0].(map[string]any); c["requests"] == nil || c["mean_request_blocks"] == nil {
 		t.Errorf("connector order without its requests: %v", c)
+	}
+}
+
+// Both host layouts move every byte to its place: the bench's stamp checks and its final
+// byte comparison fail the run (and "verified" is false) if a shard went to another block's
+// or another layer's place, with requests of varying length in both orders.
+func TestBenchLayerwiseHostLayouts(t *testing.T) {
+	for _, layout := range []string{"layer", "block"} {
+		m := benchJSON(t, "--workload", "layerwise", "--dir", t.TempDir(), "--total", "6MiB", "--block-size", "96KiB", "--shards", "6",
+			"--segment-size", "1MiB", "--request-max-blocks", "7", "--concurrency", "3", "--host-layout", layout, "--direct", "off", "--io-engine", "psync")
+		if m["verified"] != true || m["host_layout"] != layout {
+			t.Errorf("--host-layout %s: %v", layout, m)
+		}
 	}
 }
 
@@ -152,6 +165,9 @@ func TestBenchLayerwiseConnectorTimings(t *testing.T) {
 	}
 	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--layers-in-flight", "-1"); code != ExitUsage {
 		t.Errorf("--layers-in-flight -1: exit %d, want %d", code, ExitUsage)
+	}
+	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--host-layout", "diagonal"); code != ExitUsage {
+		t.Errorf("--host-layout diagonal: exit %d, want %d", code, ExitUsage)
 	}
 	if _, _, code := run(t, "bench", "--workload", "layerwise", "--dir", t.TempDir(), "--order", "sideways"); code != ExitUsage {
 		t.Errorf("--order sideways: exit %d, want %d", code, ExitUsage)

@@ -164,13 +164,20 @@ func stamp(id format.BlockID, page int64) [16]byte {
 
 // fill writes block id's bytes into dst (len = block bytes). A buffer that already holds the
 // body (it was filled before) only gets its stamps rewritten.
-func (p *payloadPool) fill(dst []byte, id format.BlockID) {
-	if len(dst) != len(p.body) || len(dst) < 64 || !bytes.Equal(dst[16:64], p.body[16:64]) {
-		copy(dst, p.body)
+func (p *payloadPool) fill(dst []byte, id format.BlockID) { p.fillRange(dst, id, 0) }
+
+// fillRange writes bytes [off, off+len(dst)) of block id into dst, as fill does for a whole
+// block: the body is copied only where dst does not hold it already, the stamps always.
+func (p *payloadPool) fillRange(dst []byte, id format.BlockID, off int64) {
+	end := off + int64(len(dst))
+	if len(dst) < 64 || !bytes.Equal(dst[16:64], p.body[off+16:off+64]) {
+		copy(dst, p.body[off:end])
 	}
-	for off := int64(0); off < int64(len(dst)); off += stampPage {
-		s := stamp(id, off/stampPage)
-		copy(dst[off:], s[:])
+	for page := off / stampPage * stampPage; page < end; page += stampPage {
+		s := stamp(id, page/stampPage)
+		if lo, hi := max(page, off), min(page+int64(len(s)), end); lo < hi {
+			copy(dst[lo-off:hi-off], s[lo-page:hi-page])
+		}
 	}
 }
 

@@ -77,6 +77,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 	if err != nil {
 		return err
 	}
+	res.HostLayout = env.cfg.hostLayout
 	for k, order := range orders {
 		if k > 0 { // each order starts from an empty store, as each round does
 			if err := os.RemoveAll(env.storeDir); err != nil {
@@ -152,11 +153,9 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		}
 		return out
 	}
-	shardOf := func(buf []byte, s int) []byte { return buf[int64(s)*l.ShardBytes : int64(s+1)*l.ShardBytes] }
-
 	// Phase 1: dump each request (group) layer by layer: all its shard tasks issued, then
 	// waited for. Both orders dump this way; they differ in the requests' lengths.
-	blockBufs, release, err := env.workerBuffers(maxN, l.BlockBytes())
+	host, release, err := newHostShards(env, maxN, l)
 	if err != nil {
 		_ = e.Close()
 		return err
@@ -169,13 +168,13 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		req := reqs[r]
 		rids := ids(req)
 		for j, id := range rids {
-			env.payload.fill(blockBufs[w][j], id)
+			host.fill(env.payload, w, j, id)
 		}
 		tasks := make([]*engine.Task, 0, l.Shards)
 		for _, t := range req.layerTasks(l.Shards) {
 			src := make([][]byte, t.n)
 			for j := range src {
-				src[j] = shardOf(blockBufs[w][j], t.layer)
+				src[j] = host.at(w, j, t.layer)
 			}
 			tasks = append(tasks, e.DumpShard(rids, t.layer, src))
 		}
@@ -250,7 +249,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 				t := tasks[k]
 				dsts[k] = make([][]byte, t.n)
 				for j := range dsts[k] {
-					dsts[k][j] = shardOf(blockBufs[w][j], t.layer)
+					dsts[k][j] = host.at(w, j, t.layer)
 				}
 				pending[k] = e.LoadShard(rids, t.layer, dsts[k])
 			}
@@ -303,4 +302,67 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	}
 	res.Verified = true
 	return nil
+}
+
+// Layouts of the caller's buffers in a layer-wise run (--host-layout).
+const (
+	// hostLayoutBlock: a buffer per block, its shards adjacent in layer order, so a layer's
+	// shards of a request are a block's size apart.
+	hostLayoutBlock = "block"
+	// hostLayoutLayer: a request's shards of one layer adjacent in block order, as in a
+	// per-layer KV cache tensor whose slots the request holds in a run.
+	hostLayoutLayer = "layer"
+)
+
+// hostShards is a layer-wise run's caller buffers, shard `layer` of slot j of worker w at
+// at(w, j, layer), in the --host-layout the run asked for.
+type hostShards struct {
+	bufs       [][][]byte // block: [worker][slot] a block each; layer: [worker][0], layer-major
+	slots      int
+	shards     int
+	shardBytes int64
+	layerMajor bool
+}
+
+// newHostShards allocates --concurrency workers' buffers for slots blocks each, holding the
+// payload body (see workerBuffers).
+func newHostShards(env *benchEnv, slots int, l engine.Layout) (hostShards, func(), error) {
+	h := hostShards{slots: slots, shards: l.Shards, shardBytes: l.ShardBytes, layerMajor: env.cfg.hostLayout == hostLayoutLayer}
+	var err error
+	var release func()
+	if !h.layerMajor {
+		h.bufs, release, err = env.workerBuffers(slots, l.BlockBytes())
+		return h, release, err
+	}
+	h.bufs, release, err = env.workerBuffers(1, int64(slots)*l.BlockBytes())
+	if err != nil {
+		return h, nil, err
+	}
+	for w := range h.bufs {
+		for j := 0; j < slots; j++ {
+			h.fill(env.payload, w, j, format.BlockID{})
+		}
+	}
+	return h, release, nil
+}
+
+// at returns shard layer of slot j of worker w.
+func (h hostShards) at(w, j, layer int) []byte {
+	if h.layerMajor {
+		off := (int64(layer)*int64(h.slots) + int64(j)) * h.shardBytes
+		return h.bufs[w][0][off : off+h.shardBytes : off+h.shardBytes]
+	}
+	off := int64(layer) * h.shardBytes
+	return h.bufs[w][j][off : off+h.shardBytes : off+h.shardBytes]
+}
+
+// fill writes block id's bytes into slot j of worker w (payloadPool.fill).
+func (h hostShards) fill(p *payloadPool, w, j int, id format.BlockID) {
+	if !h.layerMajor {
+		p.fill(h.bufs[w][j], id)
+		return
+	}
+	for s := 0; s < h.shards; s++ {
+		p.fillRange(h.at(w, j, s), id, int64(s)*h.shardBytes)
+	}
 }

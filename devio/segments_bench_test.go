@@ -1,0 +1,88 @@
+package devio_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/ucm-go/ucm/devio"
+)
+
+// BenchmarkSegments measures what the device charges for the memory layout of a request
+// (docs/performance.md, "Segments per request"). Every request is 2 MiB of the file, issued by
+// one of 8 concurrent submitters as 128 adjacent ops of 16 KiB (merged into one vectored
+// request) or as one op. The 16 KiB pieces come from memory either scattered, 512 KiB apart in
+// a huge-page region (a layer's shards of a request when each block has its own buffer), or
+// contiguous (a layer's shards laid out slot after slot, as kernels.Pipeline stages them),
+// which the kernel merges into one segment. Run with TMPDIR on the disk under test, e.g.
+// TMPDIR=/var/tmp go test -tags uring -ldflags=-checklinkname=0 -run '^$' -bench Segments ./devio
+func BenchmarkSegments(b *testing.B) {
+	const (
+		request    = 2 << 20
+		piece      = 16 << 10
+		submitters = 8
+		span       = 256 << 20 // the file region the requests cycle over
+	)
+	layouts := []struct {
+		name          string
+		pieces, split int // ops per request; memory distance between pieces
+	}{
+		{"scattered-16KiB", request / piece, 512 << 10},
+		{"contiguous-16KiB", request / piece, piece},
+		{"one-2MiB", 1, request},
+	}
+	for _, dir := range []string{"write", "read"} {
+		for _, lay := range layouts {
+			b.Run(dir+"/"+lay.name, func(b *testing.B) {
+				be := newURing(b, 64)
+				defer be.Close()
+				f := benchFile(b)
+				mem, bufs, err := devio.NewHostBuffers(submitters, lay.pieces*lay.split)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer mem.Close()
+				b.Logf("direct=%v huge=%v", f.Direct(), mem.Huge())
+				ops := func(w int, off int64, write bool) []devio.Op {
+					out := make([]devio.Op, lay.pieces)
+					n := request / lay.pieces
+					for k := range out {
+						out[k] = devio.Op{File: f, Buf: bufs[w][k*lay.split : k*lay.split+n], Off: off + int64(k*n), Write: write}
+					}
+					return out
+				}
+				for off := int64(0); off < span; off += request { // the region exists, and reads read written blocks
+					if err := be.Submit(ops(0, off, true)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.SetBytes(request)
+				b.ResetTimer()
+				var (
+					next sync.Mutex
+					i    int
+					wg   sync.WaitGroup
+				)
+				for w := range submitters {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							next.Lock()
+							k := i
+							i++
+							next.Unlock()
+							if k >= b.N {
+								return
+							}
+							if err := be.Submit(ops(w, int64(k)*request%span, dir == "write")); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+	}
+}
