@@ -243,7 +243,8 @@ def run_tool(args, workload):
            "--batch", str(args.batch), "--concurrency", str(args.concurrency), "--io-engine", args.io_engine,
            "--buffers", "huge", "--json"]
     if workload == "layerwise":
-        cmd += ["--order", "random"]  # shards of --batch-block groups in random order, as here
+        # Shards of --batch-block groups in random order, from a buffer per block, as here.
+        cmd += ["--order", "random", "--host-layout", "block"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
     return {"dump_mbps": r["dump_MBps"], "load_mbps": r["load_MBps"], "io_engine": r.get("io_engine"), "direct": r.get("direct")}
