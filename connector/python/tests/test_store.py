@@ -154,6 +154,53 @@ def test_bad_input(backend):
         assert again.lookup(ids) == [True, True]
 
 
+def test_small_calls_take_every_table_form(backend):
+    """Calls of up to 32 blocks go through the package's fast entry points and larger ones
+    through the declared ones: at 32 and 33 blocks, with the table as a strided numpy view,
+    an int64 array, a 1-D array and lists, every byte loads; a bad table of each form still
+    raises before anything starts, naming what is wrong."""
+    n = 33
+    with UcmGoStore(layerwise_config(backend)) as store:
+        ids = random_ids(n)
+        slab = Slab(n * SHARD)
+        dump_layerwise(store, ids, slab)
+        # Columns 0 and 2 of a wider table: not contiguous, so the fast path must copy it right.
+        wide = np.array([[slab.base + i * SHARD, 0, slab.base + i * SHARD + K] for i in range(n)], dtype=np.uint64)
+        forms = [
+            lambda m: wide[:m, ::2],
+            lambda m: wide[:m, ::2].astype(np.int64),
+            lambda m: np.ascontiguousarray(wide[:m, ::2]).reshape(-1),
+            lambda m: [[int(a) for a in row] for row in wide[:m, ::2]],
+            lambda m: ((slab.base + i * SHARD,) for i in range(m)),  # one address per shard
+        ]
+        for m in (32, 33):
+            for f, form in enumerate(forms):
+                layer = (m + f) % LAYERS
+                slab.zero()
+                task = store.load_data(ids[:m], [layer] * m, form(m))
+                store.wait(task)
+                assert task.failed == [False] * m
+                for i in range(m):
+                    assert slab.read(i * SHARD, SHARD) == expected(ids[i], layer, SHARD), (m, f, i)
+        a = wide[:2, ::2]
+        expect_error(ucmgo.EPARAM, ["address table of shape (3, 2) for 2 blocks"], store.load_data, ids[:2], [0, 0], wide[:3, ::2])
+        expect_error(ucmgo.EPARAM, ["address table of shape (2, 2, 1) for 2 blocks"], store.load_data, ids[:2], [0, 0], a.reshape(2, 2, 1))
+        expect_error(ucmgo.EPARAM, ["3 address lists for 2 blocks"], store.load_data, ids[:2], [0, 0], a.tolist() + [[1, 2]])
+        expect_error(ucmgo.EPARAM, ["block at position 1: 1 addresses, block 0 has 2"], store.load_data, ids[:2], [0, 0], [a.tolist()[0], [1]])
+        expect_error(ucmgo.EPARAM, ["block at position 1: bad address"], store.load_data, ids[:2], [0, 0], [a.tolist()[0], [-1, 5]])
+        expect_error(ucmgo.EPARAM, ["block at position 0: bad address"], store.dump_data, ids[:2], [0, 0], [["x", 5], [1, 2]])
+        expect_error(ucmgo.EPARAM, ["2 block ids but 3 shard"], store.load_data, ids[:2], [0, 0, 0], a)
+        expect_error(ucmgo.EPARAM, ["0 block ids but 1 shard"], store.load_data, [], [0], [])
+        expect_error(ucmgo.EPARAM, ["40 addresses per block"], store.load_data, ids[:2], [0, 0], np.ones((2, 40), dtype=np.uint64))
+        # A dump with UCM's prerequisite event (nothing to wait for on host memory) and a wait
+        # on a small task after its store closed.
+        store.wait(store.dump_data(ids[:2], [0, 0], a, prerequisite_handle=7))
+        task = store.load_data(ids[:2], [0, 0], a)
+        store.close()
+        expect_error(ucmgo.EPARAM, [], store.wait, task)
+        expect_error(ucmgo.EPARAM, ["not open"], store.load_data, ids[:2], [0, 0], a)
+
+
 def test_request_hasher_matches_ucm_vectors():
     """RequestHasher gives UCM's ids: the vectors python3's pickle produced (the same ones the
     Go hasher is tested against), and the meta uses str(dtype) as UCM's connector renders it."""

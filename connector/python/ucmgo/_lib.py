@@ -87,6 +87,38 @@ def get():
     return _lib
 
 
+class TaskHandle(ctypes.c_int64):
+    """A task handle as the fast entry points return it (fast()): ctypes hands back an instance
+    of a c_int64 subclass as it is, so ucmgo_wait takes it back without a conversion."""
+
+
+class Fast:
+    """ucmgo_load, ucmgo_dump and ucmgo_wait declared again without argtypes, for small calls.
+
+    With argtypes, ctypes calls a converter per argument on every call: for the 4-block task of a
+    layer-wise load that is a third of the package's own instructions per load and wait. Without
+    them it passes ctypes instances and bytes (as pointers) as they are. So the caller must pass
+    exactly: handles as c_int64 (TaskHandle for a task), counts as c_size_t, pointers as bytes
+    or None, prerequisite as c_uint64. UcmGoStore does; nothing else should use these."""
+
+    def __init__(self, lib):
+        for name, res in (("ucmgo_load", TaskHandle), ("ucmgo_dump", TaskHandle), ("ucmgo_wait", ctypes.c_int32)):
+            fn = lib._FuncPtr((name, lib))  # a function object of its own: argtypes unset
+            fn.restype = res
+            setattr(self, name, fn)
+
+
+_fast = None
+
+
+def fast() -> Fast:
+    """The fast entry points (Fast), made on first use."""
+    global _fast
+    if _fast is None:
+        _fast = Fast(get())
+    return _fast
+
+
 def last_error() -> str:
     msg = get().ucmgo_last_error()
     return msg.decode("utf-8", "replace") if msg else ""

@@ -3,6 +3,7 @@
 import array
 import ctypes
 import json
+from itertools import chain as _chain
 from abc import ABC, abstractmethod
 from typing import Dict, List, Sequence
 
@@ -12,6 +13,7 @@ try:  # numpy is optional: address tables may be numpy arrays, results stay list
     import numpy as _np
 except ImportError:  # pragma: no cover - exercised only without numpy
     _np = None
+_U64 = _np.dtype(_np.uint64) if _np is not None else None
 
 try:  # UCM's base classes when UCM is installed, so that its factory accepts this store
     from ucm.store.ucmstore_v1 import Task as _UcmTask
@@ -80,28 +82,28 @@ class UcmGoTask(_UcmTask):
     """A transfer in flight. failed is set by wait: one bool per block (True: the block failed
     and must be recomputed), or None before wait."""
 
-    __slots__ = ("task_id", "blocks", "failed", "_keep")
+    __slots__ = ("task_id", "blocks", "failed", "_keep", "_handle")
 
-    def __init__(self, task_id: int, blocks: int, keep):
+    def __init__(self, task_id: int, blocks: int, keep, handle=None):
         self.task_id = task_id
         self.blocks = blocks
         self.failed = None
-        self._keep = keep  # the address table and tensors stay alive until wait
+        self._keep = keep  # the tensors stay alive until wait
+        self._handle = handle  # task_id as a _lib.TaskHandle when the fast entry points made it
 
     def __repr__(self):
         return "UcmGoTask(%d, blocks=%d)" % (self.task_id, self.blocks)
 
 
 def _ids(block_ids: Sequence[bytes]):
-    """Joins the ids into one buffer, checking each is 16 raw bytes."""
-    if not block_ids:
-        return None  # ctypes passes a bytes object's buffer
+    """Joins the ids into one buffer, checking each is 16 raw bytes (None for no ids)."""
     try:  # the common case at C speed: a per-task cost of the connector's hot path
         joined = b"".join(block_ids)
-        if len(joined) == _lib.ID_BYTES * len(block_ids) and set(map(len, block_ids)) == {_lib.ID_BYTES}:
-            return joined
     except TypeError:
-        pass
+        joined = None
+    # Equal lengths adding up to 16 bytes per id: each is 16 bytes.
+    if joined is not None and len(joined) == _lib.ID_BYTES * len(block_ids) and len(set(map(len, block_ids))) <= 1:
+        return joined or None  # ctypes passes a bytes object's buffer
     for i, b in enumerate(block_ids):  # name the first bad id
         if not isinstance(b, (bytes, bytearray)) or len(b) != _lib.ID_BYTES:
             raise UcmGoError(
@@ -109,6 +111,15 @@ def _ids(block_ids: Sequence[bytes]):
                 "block id at position %d: want %d raw bytes, got %r" % (i, _lib.ID_BYTES, type(b).__name__ if not isinstance(b, (bytes, bytearray)) else len(b)),
             )
     raise UcmGoError(_lib.EPARAM, "block ids: want %d raw bytes each" % _lib.ID_BYTES)  # not reached
+
+
+# Small calls (up to the 32 blocks the library queues without entering Go, queue.c) take the
+# fast entry points (_lib.Fast): their counts as c_size_t objects made once, their failure
+# masks from array types made once.
+_SMALL = 32
+_SIZES = [ctypes.c_size_t(n) for n in range(_SMALL + 1)]
+_MASKS = [ctypes.c_uint8 * max(n, 1) for n in range(_SMALL + 1)]
+_NO_EVENT = ctypes.c_uint64(0)
 
 
 def _jsonable(v):
@@ -142,6 +153,8 @@ class UcmGoStore(UcmKVStoreBaseV1):
         if h <= 0:
             raise UcmGoError(h, _lib.last_error())
         self._h = h
+        self._h64 = ctypes.c_int64(h)  # for the fast entry points
+        self._fast = _lib.fast()
         self._layout = self.stats()
         self.shard_size = int(self._layout["layout"]["ShardBytes"])
         self.shards = int(self._layout["layout"]["Shards"])
@@ -156,6 +169,7 @@ class UcmGoStore(UcmKVStoreBaseV1):
     def close(self) -> None:
         """Waits for the store's tasks and closes it. Idempotent."""
         h, self._h = getattr(self, "_h", 0), 0
+        self._h64 = ctypes.c_int64(0)
         if h:
             self._check(self._lib.ucmgo_close(h))
 
@@ -215,44 +229,68 @@ class UcmGoStore(UcmKVStoreBaseV1):
             raise UcmGoError(_lib.EPARAM, "shard index out of range: %s" % e) from None
 
     def _addr_table(self, addrs, n):
-        """Returns (buffer, per_block, keep) for an address table: a list of lists of ints or a
-        numpy array of shape (n, k)."""
+        """Returns (table, per_block) for an address table, a list of lists of ints or a numpy
+        array of shape (n, k): table is the n × k addresses as bytes (ctypes passes a bytes
+        object's buffer; the library copies what it keeps), or None for no blocks."""
         if _np is not None and isinstance(addrs, _np.ndarray):
+            shape = addrs.shape
+            if addrs.dtype is _U64 and len(shape) == 2 and shape[0] == n and n:
+                # The connector's own case, a slice of its uint64 table per layer: one copy
+                # of n × k words, no numpy object made.
+                return addrs.tobytes(), shape[1]
             table = _np.ascontiguousarray(addrs, dtype=_np.uint64)
             if table.ndim == 1:
                 table = table.reshape(n, -1) if n else table.reshape(0, 0)
             if table.ndim != 2 or table.shape[0] != n:
                 raise UcmGoError(_lib.EPARAM, "address table of shape %s for %d blocks" % (addrs.shape, n))
-            return ctypes.c_void_p(table.ctypes.data) if n else None, table.shape[1] if n else 0, table
-        rows = list(addrs)
+            return (table.tobytes(), table.shape[1]) if n else (None, 0)
+        rows = addrs if isinstance(addrs, list) else list(addrs)
         if len(rows) != n:
             raise UcmGoError(_lib.EPARAM, "%d address lists for %d blocks" % (len(rows), n))
-        k = len(rows[0]) if n else 0
+        if not n:
+            return None, 0
+        k = len(rows[0])
+        if len(set(map(len, rows))) == 1:
+            try:  # every address at C speed; a bad one is named by the loop below
+                return array.array("Q", _chain.from_iterable(rows)).tobytes(), k
+            except (OverflowError, TypeError):
+                pass
         flat = array.array("Q")
         for i, row in enumerate(rows):
             if len(row) != k:
                 raise UcmGoError(_lib.EPARAM, "block at position %d: %d addresses, block 0 has %d" % (i, len(row), k))
             try:
                 flat.extend(int(a) for a in row)
-            except (OverflowError, TypeError) as e:
+            except (OverflowError, TypeError, ValueError) as e:  # ValueError: int("x")
                 raise UcmGoError(_lib.EPARAM, "block at position %d: bad address: %s" % (i, e)) from None
-        if not n:
-            return None, 0, flat
-        ptr, _ = flat.buffer_info()
-        return ctypes.c_void_p(ptr), k, flat
+        return flat.tobytes(), k
 
     def _transfer(self, load: bool, block_ids, shard_index, addrs, prerequisite=0, tensors=None):
         n = len(block_ids)
         ids = _ids(block_ids)
         shards = self._shards(shard_index, n)
-        table, k, keep = self._addr_table(addrs, n)
-        sptr = ctypes.c_void_p(shards.buffer_info()[0]) if n else None
+        shards = shards.tobytes() if n else None
+        table, k = self._addr_table(addrs, n)
+        if 0 < n <= _SMALL and k <= _SMALL:
+            # A small call through the fast entry points (_lib.Fast: every argument a ctypes
+            # object or bytes), which return the task handle as a TaskHandle for wait.
+            f = self._fast
+            if load:
+                h = f.ucmgo_load(self._h64, ids, shards, _SIZES[n], table, _SIZES[k])
+            else:
+                ev = ctypes.c_uint64(int(prerequisite)) if prerequisite else _NO_EVENT
+                h = f.ucmgo_dump(self._h64, ids, shards, _SIZES[n], table, _SIZES[k], ev)
+            t = h.value
+            if t < 0:
+                raise UcmGoError(t, _lib.last_error())
+            return UcmGoTask(t, n, tensors, h)
         if load:
-            t = self._lib.ucmgo_load(self._h, ids, sptr, n, table, k)
+            t = self._lib.ucmgo_load(self._h, ids, shards, n, table, k)
         else:
-            t = self._lib.ucmgo_dump(self._h, ids, sptr, n, table, k, int(prerequisite or 0))
-        self._check(t)
-        return UcmGoTask(t, n, (ids, shards, keep, tensors))
+            t = self._lib.ucmgo_dump(self._h, ids, shards, n, table, k, int(prerequisite or 0))
+        if t < 0:
+            raise UcmGoError(t, _lib.last_error())
+        return UcmGoTask(t, n, tensors)
 
     def load_data(self, block_ids: List[bytes], shard_index: List[int], dst_addr) -> UcmGoTask:
         """Loads shard shard_index[i] of block i into the host addresses dst_addr[i] (one per
@@ -270,7 +308,8 @@ class UcmGoStore(UcmKVStoreBaseV1):
         for i, row in enumerate(tensors):
             out = []
             for j, t in enumerate(row):
-                dev = getattr(getattr(t, "device", None), "type", "cpu")
+                cpu = getattr(t, "is_cpu", None)  # a torch tensor's: cheaper than device.type
+                dev = "cpu" if cpu else getattr(getattr(t, "device", None), "type", "cpu")
                 if dev != "cpu":
                     raise UcmGoError(_lib.EPARAM, "block at position %d, tensor %d: on %s; UCM-Go moves host memory (CPU tensors)" % (i, j, dev))
                 if not t.is_contiguous():
@@ -294,13 +333,19 @@ class UcmGoStore(UcmKVStoreBaseV1):
     def wait(self, task: UcmGoTask) -> None:
         """Blocks until the task is done; raises UcmGoError when a block failed (task.failed says
         which). Consumes the task, as UCM's stores do: a second wait raises (ENOOBJ)."""
-        mask = (ctypes.c_uint8 * max(task.blocks, 1))()
-        status = self._lib.ucmgo_wait(self._h, task.task_id, mask, task.blocks)
-        if status == 0:
-            task.failed = [False] * task.blocks
-        elif status != _lib.ENOOBJ or task.failed is None:
-            task.failed = [b != 0 for b in bytes(mask)[: task.blocks]]
+        n = task.blocks
+        if task._handle is not None:  # a small task from the fast entry points
+            mask = _MASKS[n]()
+            status = self._fast.ucmgo_wait(self._h64, task._handle, mask, _SIZES[n])
+        else:
+            mask = (ctypes.c_uint8 * max(n, 1))()
+            status = self._lib.ucmgo_wait(self._h, task.task_id, mask, n)
         task._keep = None
+        if status == 0:
+            task.failed = [False] * n
+            return
+        if status != _lib.ENOOBJ or task.failed is None:
+            task.failed = [b != 0 for b in bytes(mask)[:n]]
         self._check(status)
 
     def check(self, task: UcmGoTask) -> bool:
