@@ -248,16 +248,18 @@ func TestFitProbes(t *testing.T) {
 	}
 	full := "probe-lowrank:R=" + strconv.Itoa(cfg.HeadDim)
 	o := Options{Model: m, Windows: [][]byte{testWindow(t, 140)}, Prefill: 100, BlockSizes: []int{8}, Budgets: []float64{0.4},
-		Methods: []string{"probe-exact", full, "probe-anchor:R=2", "probe-lquest:R=4", "probe-qlowrank:R=4"}, Fit: f}
+		Methods: []string{"probe-exact", full, "probe-qlowrank:R=" + strconv.Itoa(cfg.HeadDim) + ",C=1", "probe-anchor:R=2", "probe-lquest:R=4", "probe-qlowrank:R=4,C=1"}, Fit: f}
 	res, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	exact, lr := res[1], res[2]
-	if math.Abs(exact.Recall-lr.Recall) > 1e-9 || exact.Top1 != lr.Top1 || math.Abs(exact.KL-lr.KL) > 1e-12 {
-		t.Fatalf("%s: %+v, probe-exact: %+v", full, lr, exact)
+	exact := res[1]
+	for _, lr := range res[2:4] { // full rank: every token's logit, no residual left
+		if math.Abs(exact.Recall-lr.Recall) > 1e-9 || exact.Top1 != lr.Top1 || math.Abs(exact.KL-lr.KL) > 1e-12 {
+			t.Fatalf("%s: %+v, probe-exact: %+v", lr.Method, lr, exact)
+		}
 	}
-	for _, r := range res[3:] {
+	for _, r := range res[4:] {
 		if !(r.Recall > 0 && r.Recall < 1 && r.Top1 > 0.3) {
 			t.Fatalf("%s: %+v", r.Method, r)
 		}

@@ -43,7 +43,9 @@ import (
 //	lowrank    log-mean-exp of the tokens' logits, each token's deviation from the mean key
 //	           kept as R coefficients on the fitted low-rank factors (QueryFit.LowK, LowQ);
 //	           option A>0 scores by the largest such logit instead
-//	qlowrank   the same on the fitted queries' principal directions
+//	qlowrank   the same on the fitted queries' principal directions; option C=c adds to each
+//	           token's logit c × half the variance of q⊥·r/√D for its residual r off the R
+//	           directions taken in a random direction (‖q⊥‖²‖r‖²/(D−R)/D: one more value a token)
 //
 // anchor, amax, lquest, lowrank and qlowrank need Options.Fit (queries fitted on training text).
 //
@@ -59,6 +61,7 @@ type probeSpec struct {
 	beta, alpha            float64
 	pool, capMax, capQuest bool
 	carry                  float64
+	resid                  float64
 }
 
 // parseProbe parses a probe name (with ProbePrefix); unknown estimators and options are errors.
@@ -93,6 +96,8 @@ func parseProbe(name string) (*probeSpec, error) {
 			ps.alpha, err = strconv.ParseFloat(v, 64)
 		case "carry":
 			ps.carry, err = strconv.ParseFloat(v, 64)
+		case "C":
+			ps.resid, err = strconv.ParseFloat(v, 64)
 		case "pool":
 			ps.pool = true
 		case "cap":
@@ -136,6 +141,7 @@ type probeStats struct {
 	lowK   [][]float64 // fitted low-rank key factors (QueryFit.LowK, or Basis for qlowrank)
 	lowQ   [][]float64 // and query factors
 	lowC   [][]float64 // per key, its deviation from the mean on lowK (lazily)
+	lowR   [][]float64 // per key and rank r, ‖deviation‖² − Σ_{i<r} coefficient² (qlowrank)
 }
 
 // lowCoefs computes (once) each key's deviation from the block mean on the low-rank factors.
@@ -145,12 +151,19 @@ func (s *probeStats) lowCoefs() {
 	}
 	for _, k := range s.keys {
 		c := make([]float64, len(s.lowK))
+		var nn float64
+		for d, kd := range k {
+			nn += (kd - s.mu[d]) * (kd - s.mu[d])
+		}
+		rr := make([]float64, len(s.lowK)+1)
+		rr[0] = nn
 		for i, u := range s.lowK {
 			for d, kd := range k {
 				c[i] += u[d] * (kd - s.mu[d])
 			}
+			rr[i+1] = max(rr[i]-c[i]*c[i], 0)
 		}
-		s.lowC = append(s.lowC, c)
+		s.lowC, s.lowR = append(s.lowC, c), append(s.lowR, rr)
 	}
 }
 
@@ -557,6 +570,16 @@ func (r *run) probeSelect(layer, pos int, q []float32) [][]int {
 							qt[i] += float64(qh[d]) * s.lowQ[i][d]
 						}
 					}
+					var qperp float64 // ‖q‖² off the first rank directions (orthonormal: qlowrank)
+					if ps.resid > 0 {
+						for _, x := range qh {
+							qperp += float64(x) * float64(x)
+						}
+						for _, x := range qt {
+							qperp -= x * x
+						}
+						qperp = max(qperp, 0)
+					}
 					ls := make([]float64, len(s.lowC))
 					lmx := math.Inf(-1)
 					for t, c := range s.lowC {
@@ -565,6 +588,9 @@ func (r *run) probeSelect(layer, pos int, q []float32) [][]int {
 							x += qt[i] * c[i]
 						}
 						ls[t] = x * sc
+						if ps.resid > 0 && hd > rank { // C·half the variance of q⊥·r for a residual r of random direction
+							ls[t] += ps.resid * qperp * s.lowR[t][rank] * sc * sc / float64(2*(hd-rank))
+						}
 						lmx = max(lmx, ls[t])
 					}
 					var z float64
