@@ -269,9 +269,10 @@ func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
 // completes with each block's outcome, and ends lb.
 func (e *Engine) commitLayerBatch(lb *layerBatch, t *Task) {
 	errs := make([]error, len(lb.ids))
-	for c, b := range lb.chunks {
-		if err := b.CommitBatch(); err != nil {
-			for k := c * lb.per; k < c*lb.per+b.Blocks(); k++ {
+	// The chunks together: one commit submission and one flush per segment, not one each.
+	for c, err := range wal.CommitBatches(lb.chunks) {
+		if err != nil {
+			for k := c * lb.per; k < c*lb.per+lb.chunks[c].Blocks(); k++ {
 				errs[k] = blockErr(wrapIO(err), lb.ids[k], "dump")
 			}
 		}

@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -217,26 +218,145 @@ func (b *Batch) unclaim(i int) {
 // fdatasync serves the commits of concurrent batches of the segment) and
 // publishes its N blocks with Hooks.Publish, each as a Record with BatchBlocks and BatchPos
 // set. On error nothing is published and the batch is abandoned.
-func (b *Batch) CommitBatch() error {
+func (b *Batch) CommitBatch() error { return CommitBatches([]*Batch{b})[0] }
+
+// CommitBatches commits batches of one Writer as CommitBatch commits each, together: their
+// commit blocks go out in one submission, each segment they lie in is synced once, and the
+// blocks of each segment are published in one Hooks.Publish call. So the chunks of a long
+// list wait for one device flush, not one each in turn. errs[k] is bs[k]'s outcome, what
+// CommitBatch would return for it; a batch that fails (not fully written, abandoned, a failed
+// segment) is abandoned and fails alone, except that a failed sync or publish fails every
+// batch of that segment.
+func CommitBatches(bs []*Batch) (errs []error) {
+	errs = make([]error, len(bs))
+	var live []*Batch // batches being committed, with their index in bs
+	pos := make(map[*Batch]int, len(bs))
+	for k, b := range bs {
+		if err := b.beginCommit(bs[0].w); err != nil {
+			errs[k] = err
+			continue
+		}
+		live = append(live, b)
+		pos[b] = k
+	}
+	defer func() {
+		for _, b := range live {
+			b.endCommit(errs[pos[b]])
+		}
+	}()
+	// In file order, so that each segment's publish ends with its farthest record.
+	sort.Slice(live, func(i, j int) bool {
+		if live[i].Segment != live[j].Segment {
+			return live[i].Segment < live[j].Segment
+		}
+		return live[i].Offset < live[j].Offset
+	})
+	var (
+		ops    []devio.Op
+		owners []*Batch
+		crcs   = make(map[*Batch]format.BatchCommit, len(live))
+	)
+	for _, b := range live {
+		<-b.placed.settled // the header is written; the sync below makes it durable with the runs
+		if err := b.seg.failure(); err != nil {
+			errs[pos[b]] = fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			continue
+		}
+		n, l := len(b.header.IDs), b.header.Layout
+		c := format.BatchCommit{Segment: b.Segment, Generation: b.seg.Generation, FirstSeq: b.FirstSeq, Blocks: n, Shards: l.Shards,
+			HeaderCRC: b.HeaderCRC, ShardCRCs: b.crcs}
+		buf := devio.AlignedBuffer(int(format.BatchCommitSize(n, l.Shards)))
+		if err := format.EncodeBatchCommit(buf, &c); err != nil {
+			errs[pos[b]] = fmt.Errorf("wal: commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			continue
+		}
+		crcs[b] = c
+		ops = append(ops, devio.Op{File: b.seg.file, Buf: buf, Off: b.Offset + b.header.CommitOffset(), Write: true})
+		owners = append(owners, b)
+	}
+	if len(ops) == 0 {
+		return errs
+	}
+	w := owners[0].w
+	_ = w.opts.Backend.Submit(ops) // each op's outcome is its own
+	for k, b := range owners {
+		if err := ops[k].Err; err != nil {
+			err = fmt.Errorf("wal: write commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			w.markFailed(b.seg, err)
+			errs[pos[b]] = err
+		}
+	}
+	durable := w.opts.Sync != SyncNone
+	for lo := 0; lo < len(owners); {
+		hi := lo + 1
+		for hi < len(owners) && owners[hi].seg == owners[lo].seg {
+			hi++
+		}
+		group := owners[lo:hi]
+		lo = hi
+		var ok []*Batch
+		for _, b := range group {
+			if errs[pos[b]] == nil {
+				ok = append(ok, b)
+			}
+		}
+		if len(ok) == 0 {
+			continue
+		}
+		seg := ok[0].seg
+		var err error
+		if durable {
+			if err = seg.syncCovering(); err != nil {
+				w.markFailed(seg, fmt.Errorf("wal: sync of segment %d: %w", seg.Number, err))
+				err = fmt.Errorf("sync: %w", err)
+			}
+		}
+		if err == nil {
+			var recs []*Record
+			for _, b := range ok {
+				recs = append(recs, b.records(crcs[b])...)
+			}
+			w.pubMu.Lock()
+			perr := w.opts.Hooks.Publish(recs, durable)
+			w.pubMu.Unlock()
+			if perr != nil {
+				err = fmt.Errorf("publish to index: %w", perr)
+			}
+		}
+		if err != nil {
+			for _, b := range ok {
+				errs[pos[b]] = fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			}
+		}
+	}
+	return errs
+}
+
+// beginCommit moves an open, fully written batch of Writer w to committing.
+func (b *Batch) beginCommit(w *Writer) error {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	switch b.state {
 	case batchAbandoned:
-		b.mu.Unlock()
 		return ErrBatchAbandoned
 	case batchOpen:
 	default:
-		b.mu.Unlock()
 		return fmt.Errorf("wal: batch at %d of segment %d committed twice: %w", b.Offset, b.Segment, format.ErrInvalid)
+	}
+	if b.w != w {
+		return fmt.Errorf("wal: batch at %d of segment %d: committed with another writer's batches: %w", b.Offset, b.Segment, format.ErrInvalid)
 	}
 	for i, ok := range b.written {
 		if !ok {
-			b.mu.Unlock()
 			return fmt.Errorf("wal: batch at %d of segment %d: commit with layer %d not written: %w", b.Offset, b.Segment, i, format.ErrInvalid)
 		}
 	}
 	b.state = batchCommitting
-	b.mu.Unlock()
-	err := b.commit()
+	return nil
+}
+
+// endCommit settles a committing batch: committed when err is nil, else abandoned.
+func (b *Batch) endCommit(err error) {
 	b.mu.Lock()
 	if err != nil {
 		b.state = batchAbandoned
@@ -245,35 +365,11 @@ func (b *Batch) CommitBatch() error {
 	}
 	b.mu.Unlock()
 	b.w.release(b)
-	return err
 }
 
-func (b *Batch) commit() error {
-	w, seg := b.w, b.seg
-	<-b.placed.settled // the header is written; the sync below makes it durable with the runs
-	if err := seg.failure(); err != nil {
-		return fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
-	}
+// records are the Records Publish gets for a committed batch, one per block.
+func (b *Batch) records(c format.BatchCommit) []*Record {
 	n, l := len(b.header.IDs), b.header.Layout
-	c := format.BatchCommit{Segment: b.Segment, Generation: seg.Generation, FirstSeq: b.FirstSeq, Blocks: n, Shards: l.Shards,
-		HeaderCRC: b.HeaderCRC, ShardCRCs: b.crcs}
-	buf := devio.AlignedBuffer(int(format.BatchCommitSize(n, l.Shards)))
-	if err := format.EncodeBatchCommit(buf, &c); err != nil {
-		return fmt.Errorf("wal: commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
-	}
-	if err := w.opts.Backend.Submit([]devio.Op{{File: seg.file, Buf: buf, Off: b.Offset + b.header.CommitOffset(), Write: true}}); err != nil {
-		err = fmt.Errorf("wal: write commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
-		w.markFailed(seg, err)
-		return err
-	}
-	durable := w.opts.Sync != SyncNone
-	if durable {
-		if err := seg.syncCovering(); err != nil {
-			err = fmt.Errorf("wal: sync batch at %d of segment %d: %w", b.Offset, b.Segment, err)
-			w.markFailed(seg, err)
-			return err
-		}
-	}
 	recs := make([]*Record, n)
 	for k, id := range b.header.IDs {
 		recs[k] = &Record{ID: id, Layout: l, ShardCRCs: c.BlockCRCs(k), Segment: b.Segment, Offset: b.Offset, Seq: b.FirstSeq + uint64(k),
@@ -282,13 +378,7 @@ func (b *Batch) commit() error {
 			recs[k].Origin = b.origins[k]
 		}
 	}
-	w.pubMu.Lock()
-	err := w.opts.Hooks.Publish(recs, durable)
-	w.pubMu.Unlock()
-	if err != nil {
-		return fmt.Errorf("wal: publish batch at %d of segment %d to index: %w", b.Offset, b.Segment, err)
-	}
-	return nil
+	return recs
 }
 
 // AbandonBatch gives the batch up: nothing of it is published, its extent stays as dead bytes

@@ -3,6 +3,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -473,5 +474,75 @@ func TestBatchOrigins(t *testing.T) {
 	b2.AbandonBatch()
 	if err := b2.SetOrigins([]*Origin{nil}); !errors.Is(err, format.ErrInvalid) {
 		t.Fatalf("origins after abandon: %v", err)
+	}
+}
+
+// CommitBatches commits the chunks of a list together: the committed ones are published in one
+// Publish call per segment, in file order, and recovery finds them committed; a batch that
+// cannot commit (abandoned, a layer missing) fails alone, and one with a layer missing stays
+// open so that it can be finished and committed later, as with CommitBatch.
+func TestCommitBatches(t *testing.T) {
+	fs := vfs.NewMem()
+	w, h, be := batchWriter(t, fs, 1<<20)
+	a, b, gone, part := newTestBatch(1, 3), newTestBatch(2, 2), newTestBatch(3, 2), newTestBatch(4, 2)
+	ba, bb, bgone, bpart := a.write(t, w), b.write(t, w), gone.write(t, w), part.write(t, w, 0)
+	bgone.AbandonBatch()
+	groups := h.groups
+	errs := CommitBatches([]*Batch{bb, bgone, ba, bpart})
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], ErrBatchAbandoned) || !errors.Is(errs[3], format.ErrInvalid) {
+		t.Fatalf("errs %v: want nil, abandoned, nil, invalid (a layer not written)", errs)
+	}
+	if h.groups != groups+1 || len(h.published) != 5 {
+		t.Fatalf("%d publish calls with %d records, want 1 with the 5 blocks of both batches", h.groups-groups, len(h.published))
+	}
+	for k, id := range append(append([]format.BlockID(nil), a.ids...), b.ids...) { // file order
+		if h.published[k].ID != id {
+			t.Fatalf("published %d: %s, want %s", k, h.published[k].ID, id)
+		}
+	}
+	if errs := CommitBatches([]*Batch{ba}); !errors.Is(errs[0], format.ErrInvalid) {
+		t.Errorf("second commit: %v, want ErrInvalid", errs[0])
+	}
+	for i := 1; i < testLayout.Shards; i++ {
+		if err := bpart.WriteRun(i, part.runs[i], part.crcs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bpart.CommitBatch(); err != nil {
+		t.Fatalf("the batch finished after a failed commit: %v", err)
+	}
+	stopUnsealed(w)
+	path := SegmentPath("/segs", h.created[0])
+	res, err := RecoverSegment(fs, path, h.created[0], devio.DirectOff, be, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 7 || len(res.Skipped) != 1 {
+		t.Fatalf("recover: %d records, skipped %v; want the 7 blocks of the 3 committed batches, the abandoned one skipped", len(res.Records), res.Skipped)
+	}
+	checkScannedBatch(t, fs, path, res.Records[:3], a)
+	checkScannedBatch(t, fs, path, res.Records[3:5], b)
+}
+
+// A failed commit write fails the segment: every batch of the list in it fails, none is
+// published, and the segment takes no more writes.
+func TestCommitBatchesWriteFailure(t *testing.T) {
+	var failCommits atomic.Bool
+	w, h, _, _ := newFailingWriter(t, 1<<20, func(op *devio.Op) bool { return failCommits.Load() && len(op.Buf) < int(testLayout.ShardStride()) })
+	w.opts.BatchRecords = true
+	a, b := newTestBatch(1, 2), newTestBatch(2, 2)
+	ba, bb := a.write(t, w), b.write(t, w)
+	failCommits.Store(true)
+	errs := CommitBatches([]*Batch{ba, bb})
+	for k, err := range errs {
+		if err == nil {
+			t.Errorf("batch %d committed after its commit write failed", k)
+		}
+	}
+	if len(h.published) != 0 {
+		t.Fatalf("%d records published after a failed commit", len(h.published))
+	}
+	if err := bb.CommitBatch(); !errors.Is(err, ErrBatchAbandoned) {
+		t.Errorf("a failed batch committed again: %v, want ErrBatchAbandoned", err)
 	}
 }
