@@ -2,6 +2,7 @@ package devio_test
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ucm-go/ucm/devio"
@@ -58,8 +59,7 @@ func BenchmarkSegments(b *testing.B) {
 				b.SetBytes(request)
 				b.ResetTimer()
 				var (
-					next sync.Mutex
-					i    int
+					next atomic.Int64
 					wg   sync.WaitGroup
 				)
 				for w := range submitters {
@@ -67,10 +67,7 @@ func BenchmarkSegments(b *testing.B) {
 					go func() {
 						defer wg.Done()
 						for {
-							next.Lock()
-							k := i
-							i++
-							next.Unlock()
+							k := int(next.Add(1) - 1)
 							if k >= b.N {
 								return
 							}

@@ -228,82 +228,79 @@ func (b *Batch) CommitBatch() error { return CommitBatches([]*Batch{b})[0] }
 // segment) is abandoned and fails alone, except that a failed sync or publish fails every
 // batch of that segment.
 func CommitBatches(bs []*Batch) (errs []error) {
+	// A batch being committed: bs[k], and its commit block once encoded.
+	type committing struct {
+		b *Batch
+		k int
+		c format.BatchCommit
+	}
 	errs = make([]error, len(bs))
-	var live []*Batch // batches being committed, with their index in bs
-	pos := make(map[*Batch]int, len(bs))
+	var live []*committing
 	for k, b := range bs {
 		if err := b.beginCommit(bs[0].w); err != nil {
 			errs[k] = err
 			continue
 		}
-		live = append(live, b)
-		pos[b] = k
+		live = append(live, &committing{b: b, k: k})
 	}
 	defer func() {
-		for _, b := range live {
-			b.endCommit(errs[pos[b]])
+		for _, it := range live {
+			it.b.endCommit(errs[it.k])
 		}
 	}()
 	// In file order, so that each segment's publish ends with its farthest record.
 	sort.Slice(live, func(i, j int) bool {
-		if live[i].Segment != live[j].Segment {
-			return live[i].Segment < live[j].Segment
+		if live[i].b.Segment != live[j].b.Segment {
+			return live[i].b.Segment < live[j].b.Segment
 		}
-		return live[i].Offset < live[j].Offset
+		return live[i].b.Offset < live[j].b.Offset
 	})
 	var (
 		ops    []devio.Op
-		owners []*Batch
-		crcs   = make(map[*Batch]format.BatchCommit, len(live))
+		owners []*committing // owners[i] wrote ops[i]
 	)
-	for _, b := range live {
+	for _, it := range live {
+		b := it.b
 		<-b.placed.settled // the header is written; the sync below makes it durable with the runs
 		if err := b.seg.failure(); err != nil {
-			errs[pos[b]] = fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			errs[it.k] = fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
 			continue
 		}
 		n, l := len(b.header.IDs), b.header.Layout
-		c := format.BatchCommit{Segment: b.Segment, Generation: b.seg.Generation, FirstSeq: b.FirstSeq, Blocks: n, Shards: l.Shards,
+		it.c = format.BatchCommit{Segment: b.Segment, Generation: b.seg.Generation, FirstSeq: b.FirstSeq, Blocks: n, Shards: l.Shards,
 			HeaderCRC: b.HeaderCRC, ShardCRCs: b.crcs}
 		buf := devio.AlignedBuffer(int(format.BatchCommitSize(n, l.Shards)))
-		if err := format.EncodeBatchCommit(buf, &c); err != nil {
-			errs[pos[b]] = fmt.Errorf("wal: commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+		if err := format.EncodeBatchCommit(buf, &it.c); err != nil {
+			errs[it.k] = fmt.Errorf("wal: commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
 			continue
 		}
-		crcs[b] = c
 		ops = append(ops, devio.Op{File: b.seg.file, Buf: buf, Off: b.Offset + b.header.CommitOffset(), Write: true})
-		owners = append(owners, b)
+		owners = append(owners, it)
 	}
 	if len(ops) == 0 {
 		return errs
 	}
-	w := owners[0].w
+	w := owners[0].b.w
 	_ = w.opts.Backend.Submit(ops) // each op's outcome is its own
-	for k, b := range owners {
-		if err := ops[k].Err; err != nil {
-			err = fmt.Errorf("wal: write commit of batch at %d of segment %d: %w", b.Offset, b.Segment, err)
-			w.markFailed(b.seg, err)
-			errs[pos[b]] = err
-		}
-	}
-	durable := w.opts.Sync != SyncNone
-	for lo := 0; lo < len(owners); {
-		hi := lo + 1
-		for hi < len(owners) && owners[hi].seg == owners[lo].seg {
-			hi++
-		}
-		group := owners[lo:hi]
-		lo = hi
-		var ok []*Batch
-		for _, b := range group {
-			if errs[pos[b]] == nil {
-				ok = append(ok, b)
-			}
-		}
-		if len(ok) == 0 {
+	var written []*committing
+	for i, it := range owners {
+		if err := ops[i].Err; err != nil {
+			err = fmt.Errorf("wal: write commit of batch at %d of segment %d: %w", it.b.Offset, it.b.Segment, err)
+			w.markFailed(it.b.seg, err)
+			errs[it.k] = err
 			continue
 		}
-		seg := ok[0].seg
+		written = append(written, it)
+	}
+	durable := w.opts.Sync != SyncNone
+	for lo := 0; lo < len(written); {
+		seg := written[lo].b.seg
+		hi := lo + 1
+		for hi < len(written) && written[hi].b.seg == seg {
+			hi++
+		}
+		group := written[lo:hi]
+		lo = hi
 		var err error
 		if durable {
 			if err = seg.syncCovering(); err != nil {
@@ -313,8 +310,8 @@ func CommitBatches(bs []*Batch) (errs []error) {
 		}
 		if err == nil {
 			var recs []*Record
-			for _, b := range ok {
-				recs = append(recs, b.records(crcs[b])...)
+			for _, it := range group {
+				recs = append(recs, it.b.records(it.c)...)
 			}
 			w.pubMu.Lock()
 			perr := w.opts.Hooks.Publish(recs, durable)
@@ -324,8 +321,8 @@ func CommitBatches(bs []*Batch) (errs []error) {
 			}
 		}
 		if err != nil {
-			for _, b := range ok {
-				errs[pos[b]] = fmt.Errorf("wal: batch at %d of segment %d: %w", b.Offset, b.Segment, err)
+			for _, it := range group {
+				errs[it.k] = fmt.Errorf("wal: batch at %d of segment %d: %w", it.b.Offset, it.b.Segment, err)
 			}
 		}
 	}
