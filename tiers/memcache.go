@@ -320,6 +320,49 @@ func (c *MemCache) RemoveSidecar(id ID, kind format.SidecarKind) {
 	}
 }
 
+// PruneSidecars drops the cached sidecars, of blocks ids (of every block when ids is nil), for
+// which keep(id, kind) reports false, and returns how many it dropped. keep is called without
+// the cache's mutex held, on the sidecars cached at the call; one cached again meanwhile may be
+// dropped too (a later Get misses, never reads stale bytes).
+func (c *MemCache) PruneSidecars(ids []ID, keep func(ID, format.SidecarKind) bool) int {
+	var cached []memKey
+	add := func(id ID, kinds uint64) {
+		for ; kinds != 0; kinds &= kinds - 1 {
+			cached = append(cached, memKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))})
+		}
+	}
+	c.mu.Lock()
+	if ids == nil {
+		for id, kinds := range c.sidecars {
+			add(id, kinds)
+		}
+	} else {
+		for _, id := range ids {
+			add(id, c.sidecars[id])
+		}
+	}
+	c.mu.Unlock()
+	drop := cached[:0]
+	for _, k := range cached {
+		if !keep(k.id, k.kind) {
+			drop = append(drop, k)
+		}
+	}
+	if len(drop) == 0 {
+		return 0
+	}
+	n := 0
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range drop {
+		if e := c.entries[k]; e != nil {
+			c.unlinkLocked(e)
+			n++
+		}
+	}
+	return n
+}
+
 // Stats returns a consistent snapshot of the cache's counters.
 func (c *MemCache) Stats() MemCacheStats {
 	c.mu.Lock()

@@ -435,6 +435,39 @@ func TestMemCacheSidecars(t *testing.T) {
 	}
 }
 
+// PruneSidecars drops exactly the cached sidecars keep rejects, of the blocks named or of
+// every block, and leaves blocks alone.
+func TestMemCachePruneSidecars(t *testing.T) {
+	c := NewMemCache(1 << 20)
+	side := fill(256, 9)
+	crcs := []uint32{format.Checksum(side)}
+	for n := 1; n <= 3; n++ {
+		put(c, bid(n), fill(64, byte(n)))
+		c.PutSidecar(bid(n), 2, side, crcs)
+		c.PutSidecar(bid(n), 5, side, crcs)
+	}
+	cached := func(n int, kind format.SidecarKind) bool {
+		ok, err := c.GetSidecar(bid(n), kind, 0, make([]byte, 256))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	// Of block 1 only: its kind 5 goes, block 2's kind 5 stays although keep rejects it.
+	notFive := func(_ ID, kind format.SidecarKind) bool { return kind != 5 }
+	if n := c.PruneSidecars([]ID{bid(1), bid(9)}, notFive); n != 1 || cached(1, 5) || !cached(1, 2) || !cached(2, 5) {
+		t.Fatalf("pruned %d of block 1", n)
+	}
+	// Of every block: block 3's sidecars go, the rest stay.
+	notThree := func(id ID, _ format.SidecarKind) bool { return id != bid(3) }
+	if n := c.PruneSidecars(nil, notThree); n != 2 || cached(3, 2) || cached(3, 5) || !cached(2, 2) || !cached(2, 5) {
+		t.Fatalf("pruned %d of every block", n)
+	}
+	if st := c.Stats(); st.Blocks != 3 || st.Sidecars != 3 || st.Bytes != 3*64+3*256 {
+		t.Fatalf("after pruning: %+v", st)
+	}
+}
+
 // GetSidecars answers like GetSidecar for each block, across several lock batches: hits copied
 // and found, misses (absent, another kind, parts of another size) left alone, blocks already
 // found skipped, corrupt parts dropped and reported by block.
