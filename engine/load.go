@@ -694,12 +694,14 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
 	if !e.opts.ReadOnly && isForeign(loc.Segment) {
 		// Another instance's block: forget this copy here; its owner's files are not ours.
+		// Its sidecars leave the foreign index with it, and the memory tier after.
 		if e.share != nil && e.share.fx != nil {
 			b := e.share.fx.NewBatch()
 			b.DeleteIf(id, loc)
 			if err := e.share.fx.Apply(b, false); err != nil {
 				e.opts.Logger.Error("ucm: could not drop broken foreign block", "block", id, "err", err)
 			}
+			e.uncacheUnindexedSidecars([]BlockID{id})
 		}
 	} else if !e.opts.ReadOnly {
 		b := e.ix.NewBatch()

@@ -529,9 +529,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 		}
 	}
 	s.mu.Unlock()
-	for _, alias := range gone {
-		e.dropForeign(alias)
-	}
+	e.dropForeign(gone...)
 	return read, nil
 }
 
@@ -644,9 +642,22 @@ func (e *Engine) indexPendingSidecars() {
 	}
 }
 
-// dropForeign forgets a foreign segment: its entries, row and alias; an open file is closed
-// once its readers are done.
-func (e *Engine) dropForeign(alias uint64) {
+// dropForeign forgets foreign segments: their entries, rows and aliases; an open file is
+// closed once its readers are done. The sidecars of theirs the memory tier cached go too: it
+// serves sidecars without asking the index. (Blocks copied there stay: docs/sharing.md.)
+func (e *Engine) dropForeign(aliases ...uint64) {
+	dropped := false
+	for _, alias := range aliases {
+		dropped = e.dropForeignSegment(alias) || dropped
+	}
+	if dropped {
+		e.uncacheUnindexedSidecars(nil)
+	}
+}
+
+// dropForeignSegment forgets one foreign segment for dropForeign and reports whether it was
+// known.
+func (e *Engine) dropForeignSegment(alias uint64) bool {
 	s := e.share
 	s.mu.Lock()
 	fs, ok := s.segs[alias]
@@ -658,7 +669,7 @@ func (e *Engine) dropForeign(alias uint64) {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return
+		return false
 	}
 	if _, err := s.fx.DropSegmentEntries(alias, 0, false); err != nil {
 		e.opts.Logger.Error("ucm: could not drop a foreign segment's entries", "segment", fs.number, "err", err)
@@ -677,6 +688,7 @@ func (e *Engine) dropForeign(alias uint64) {
 		seg.Retire(func() {})
 	}
 	s.dropped.Add(1)
+	return true
 }
 
 // foreignSegment returns the foreign segment an alias stands for.

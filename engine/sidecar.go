@@ -127,6 +127,16 @@ func (e *Engine) cacheSidecar(id BlockID, kind SidecarKind, data []byte, crcs []
 	}
 }
 
+// uncacheUnindexedSidecars drops from the memory tier the cached sidecars, of blocks ids (of
+// every block when ids is nil), that neither index holds any more. Removals from the foreign
+// index call it after deleting the entries (the order cacheSidecar relies on); they do not
+// drop every cached sidecar of the blocks, which this instance may hold in its own index too.
+func (e *Engine) uncacheUnindexedSidecars(ids []BlockID) {
+	if e.mem != nil {
+		e.mem.PruneSidecars(ids, e.hasSidecar)
+	}
+}
+
 // awaitBlock returns nil once block id is stored: at once if it is, after its dump if one is
 // in flight or in assembly (at most until the task's deadline), ErrNotFound if it is not.
 func (e *Engine) awaitBlock(t *Task, id BlockID) error {

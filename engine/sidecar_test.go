@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
+	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
@@ -429,6 +430,96 @@ func TestSidecarsShared(t *testing.T) {
 	checkSidecars(t, b, 8, aIDs, want)
 	if err := b.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSidecarsSharedForgottenInMemory: the memory tier serves sidecars without asking the
+// index, so another instance's sidecars cached there must go when their entries leave the
+// foreign index: the owner retired the segment (the refresh drops it), or a load found the
+// block damaged (dropBroken; a segment found gone takes the same path). Afterwards the sidecars are misses, as HasSidecars says, not hits
+// served from memory for blocks no longer stored. Blocks copied into the memory tier from the
+// foreign segment stay served there: verified bytes of a content-addressed block
+// (docs/sharing.md).
+func TestSidecarsSharedForgottenInMemory(t *testing.T) {
+	for _, how := range []string{"retired", "corrupt"} {
+		t.Run(how, func(t *testing.T) {
+			root := t.TempDir()
+			shared, sharedB := sharedDirs(t)
+			a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+			defer func() { _ = a.Close() }()
+			aIDs := ids(0, 12)
+			side, copied := aIDs[:8], aIDs[8:]
+			dumpBlocks(t, a, aIDs)
+			dumpSidecars(t, a, 8, side)
+			// Seal and publish A's segments by reopening it.
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			a = mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+			// B: a memory tier in front of the shared tier alone, so nothing is promoted into a
+			// tier of its own and the foreign index is the only one holding A's blocks.
+			o := sharedOptions(sharedB, time.Hour)
+			o.Tiers = []tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: 8 << 20}, o.Tiers[0]}
+			b := mustOpen(t, filepath.Join(root, "b"), o)
+			defer b.Close()
+			waitFor(t, "A's blocks and sidecars visible in B", func() bool {
+				return allHit(b, aIDs) && countTrue(b.HasSidecars(8, side)) == len(side)
+			})
+			checkSidecars(t, b, 8, side, nil)
+			checkBlocks(t, b, copied)
+			if st := b.mem.Stats(); st.Sidecars != len(side) || st.Blocks != len(copied) {
+				t.Fatalf("B's memory tier holds %d sidecars and %d blocks, want %d and %d", st.Sidecars, st.Blocks, len(side), len(copied))
+			}
+
+			switch how {
+			case "retired":
+				// A retires everything; B drops the segments at its next refresh.
+				if _, err := a.Evict("shared", 0); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, "A's retired blocks gone from B", func() bool {
+					return b.LookupPrefix(aIDs) == 0 && countTrue(b.HasSidecars(8, side)) == 0
+				})
+			case "corrupt":
+				// A's blocks damaged in place (a file B has open, so deleting it would not do):
+				// B's loads find them corrupt and drop them, with their sidecars, from its
+				// foreign index.
+				for _, id := range side {
+					loc, ok := b.foreignGet(id)
+					fs, known := b.foreignSegment(loc.Segment)
+					if !ok || !known {
+						t.Fatalf("block %s not in B's foreign index", id)
+					}
+					f, err := os.OpenFile(wal.SegmentPath(fs.dir, fs.number), os.O_WRONLY, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, err = f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), loc.ShardOffset(0))
+					if cerr := f.Close(); err == nil {
+						err = cerr
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				dst := make([][]byte, len(side))
+				for i := range dst {
+					dst[i] = devio.AlignedBuffer(int(b.Layout().BlockBytes()))
+				}
+				task := b.Load(side, dst)
+				_ = task.Wait()
+				for i, err := range task.BlockErrors() {
+					if !errors.Is(err, ErrCorrupt) {
+						t.Fatalf("load of %s, its bytes damaged: %v, want ErrCorrupt", side[i], err)
+					}
+				}
+				if n := countTrue(b.HasSidecars(8, side)); n != 0 {
+					t.Fatalf("%d sidecars still indexed after their blocks were dropped", n)
+				}
+			}
+			checkSidecars(t, b, 8, side, make([]bool, len(side)))
+			checkBlocks(t, b, copied)
+		})
 	}
 }
 
