@@ -187,7 +187,7 @@ type Options struct {
 	// negative: only under capacity pressure and by Compact).
 	CompactInterval time.Duration
 	// RecycleSegments is how many retired segment files each segment directory keeps for reuse
-	// by new segments instead of deleting them (default 4; negative: none). Reusing a file
+	// by new segments instead of deleting them (default 4, at most MaxRecycleSegments; negative: none). Reusing a file
 	// skips the file system's block allocation and, on ext4 and XFS, the journal commit an
 	// fdatasync pays for writes into new blocks (docs/tiers.md). Kept files count in their
 	// tier's used bytes until reused or deleted, which happens as soon as a segment needs their
@@ -341,8 +341,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
 	case o.IndexReserve > 1<<30:
 		return fmt.Errorf("options: index reserve %d above 1 GiB: %w", o.IndexReserve, ErrInvalidArgument)
-	case o.RecycleSegments > 1024:
-		return fmt.Errorf("options: recycle segments %d above 1024: %w", o.RecycleSegments, ErrInvalidArgument)
+	case o.RecycleSegments > MaxRecycleSegments:
+		return fmt.Errorf("options: recycle segments %d above %d: %w", o.RecycleSegments, MaxRecycleSegments, ErrInvalidArgument)
 	case o.Compression < CompressionOff || o.Compression > CompressionLZ4:
 		return fmt.Errorf("options: compression %d: %w", int(o.Compression), ErrInvalidArgument)
 	case !(o.CompressMinSaving > 0 && o.CompressMinSaving <= 1): // NaN fails too

@@ -32,6 +32,9 @@ import (
 // reuse (Options.RecycleSegments).
 const DefaultRecycleSegments = 4
 
+// MaxRecycleSegments bounds Options.RecycleSegments.
+const MaxRecycleSegments = 1024
+
 // pooledFile is a recycled segment file waiting for reuse.
 type pooledFile struct {
 	path string

@@ -683,3 +683,35 @@ func TestBenchLayerwiseTraceLengths(t *testing.T) {
 		t.Fatalf("connector order from the trace: %v; want 4 requests of 3 and 5 blocks", o)
 	}
 }
+
+// --recycled: the timed dump writes into the segment files an untimed fill left behind (every
+// one of its segments reuses a file), the fill's blocks do not count as the dump's, every
+// byte still verifies, and fio overwrites a file it wrote first (one more, untimed, write job
+// per measurement) instead of writing a new one.
+func TestBenchRecycled(t *testing.T) {
+	jobs := fakeFio(t)
+	dir := t.TempDir()
+	for _, workload := range []string{"seq", "layerwise"} {
+		_ = os.Remove(jobs)
+		m := benchJSON(t, "--workload", workload, "--order", "connector", "--dir", dir, "--total", "4MiB", "--block-size", "256KiB",
+			"--shards", "4", "--segment-size", "1MiB", "--recycled", "--fio", "--fio-iodepth", "8")
+		if m["recycled"] != true {
+			t.Errorf("%s: recycled = %v", workload, m["recycled"])
+		}
+		if n, _ := m["segments_recycled"].(float64); n < 4 {
+			t.Errorf("%s: %v segments of the timed dump reused a file, want every one of its 4 or more", workload, m["segments_recycled"])
+		}
+		if runs := m["fio"].([]any); len(runs) != 8 && workload == "seq" {
+			t.Errorf("%s: %d timed fio runs, want 8", workload, len(runs))
+		}
+		b, err := os.ReadFile(jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(b), "rw=write"); n != 6 {
+			t.Errorf("%s: %d fio write jobs, want 2 measurements × (1 untimed layout + depths 8 and 64)", workload, n)
+		}
+	}
+	m := benchJSON(t, "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB")
+	mustLackKeys(t, m, "recycled", "segments_recycled")
+}

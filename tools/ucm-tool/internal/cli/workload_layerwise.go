@@ -100,6 +100,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 			res.DumpMBps, res.LoadMBps, res.dumpTime, res.loadTime = o.DumpMBps, o.LoadMBps, o.dumpTime, o.loadTime
 			res.DumpCPUSeconds, res.LoadCPUSeconds = o.DumpCPUSeconds, o.LoadCPUSeconds
 			res.OpenSeconds, res.StagingPeakBytes, res.StagingPeakBlocks = sub.OpenSeconds, o.StagingPeakBytes, o.StagingPeakBlocks
+			res.Recycled, res.SegmentsRecycled = sub.Recycled, sub.SegmentsRecycled
 		}
 		if !sub.Verified {
 			res.Verified, res.mismatch = false, fmt.Sprintf("%s order: %s", order, sub.mismatch)
@@ -114,7 +115,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 // o's order-specific fields.
 func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error {
 	cfg := env.cfg
-	e, _, err := env.open()
+	e, recycledBefore, err := env.openForDump(res)
 	if err != nil {
 		return err
 	}
@@ -188,6 +189,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	})
 	dumpQueue := queue.end()
 	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
+	env.countRecycled(e, res, recycledBefore)
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
 		return err

@@ -294,7 +294,7 @@ func loadAll(env *benchEnv, e *engine.Engine, shard int) (time.Duration, error) 
 		size = l.ShardBytes
 	}
 	var mismatch atomic.Pointer[error]
-	d, err := runTasks(env, size, func(ids []format.BlockID, bufs [][]byte) error {
+	d, err := runTasks(env, 0, size, func(ids []format.BlockID, bufs [][]byte) error {
 		if shard >= 0 {
 			if err := e.LoadShard(ids, shard, bufs).Wait(); err != nil {
 				return err
@@ -336,7 +336,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return run, err
 	}
 	start := time.Now()
-	dumpTime, err := runTasks(env, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}

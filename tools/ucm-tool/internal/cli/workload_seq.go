@@ -24,7 +24,7 @@ func (seqWorkload) defaults() map[string]string { return nil }
 func (seqWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) { return totalBlocks(cfg, l) }
 
 func (seqWorkload) run(env *benchEnv, res *benchResult) error {
-	e, _, err := env.open()
+	e, recycledBefore, err := env.openForDump(res)
 	if err != nil {
 		return err
 	}
@@ -34,13 +34,14 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 
 	// Phase 1: dump.
 	cpu := processCPU()
-	dumpTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+	dumpTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
 		return e.Dump(ids, bufs).Wait()
 	})
 	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
+	env.countRecycled(e, res, recycledBefore)
 	// Phase 2: reopen (timed) and load everything back.
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
 	if err != nil {
@@ -52,7 +53,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	var mismatch atomic.Pointer[error]
 	cpu = processCPU()
-	loadTime, err := runTasks(env, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+	loadTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
 			return err
 		}
@@ -81,10 +82,11 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	return nil
 }
 
-// runTasks runs fn over every block in batches, with cfg.concurrency batches in flight, each
-// worker owning batch aligned buffers of blockBytes; it returns the wall time of the whole run.
+// runTasks runs fn over every block in batches (the bench's blocks first, first+1, ...: 0 for
+// the workload's own), with cfg.concurrency batches in flight, each worker owning batch
+// aligned buffers of blockBytes; it returns the wall time of the whole run.
 // The first error stops new batches.
-func runTasks(env *benchEnv, blockBytes int64, fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
+func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
 	cfg := env.cfg
 	var (
 		next     atomic.Int64
@@ -100,7 +102,7 @@ func runTasks(env *benchEnv, blockBytes int64, fn func(ids []format.BlockID, buf
 	defer release()
 	ids := make([]format.BlockID, env.blocks)
 	for i := range ids {
-		ids[i] = blockID(i)
+		ids[i] = blockID(first + i)
 	}
 	start := time.Now()
 	for w := 0; w < cfg.concurrency; w++ {
