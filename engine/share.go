@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,10 +43,12 @@ const foreignAlias = 1 << 63
 
 func isForeign(n uint64) bool { return n&foreignAlias != 0 }
 
-// Foreign-index meta keys: the alias of every indexed foreign segment, and the next alias.
+// Foreign-index meta keys: the alias of every indexed foreign segment, the next alias, and the
+// other copies of indexed blocks and sidecars (copyKey).
 const (
 	metaForeignSeg   = "share.seg."
 	metaForeignNext  = "share.next_alias"
+	metaForeignCopy  = "share.copy."
 	foreignSegPrefix = 16 + 8 + 8 // instance, number, generation; the directory follows
 )
 
@@ -535,7 +538,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 
 // indexForeign indexes published segment ent of instance inst, in segDir of shared tier t:
 // its header must name the segment, the instance and this store's schema, its footer and every
-// record header must check. Blocks the foreign index already holds keep their entry.
+// record header must check. Blocks and sidecars the foreign index already holds keep their
+// entry; this segment's copy of them is remembered (copyKey) for when that entry's segment is
+// dropped.
 func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
 	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.direct, t.io)
@@ -560,11 +565,13 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	var pending []pendingSidecar
 	for i := range recs {
 		r := &recs[i]
+		loc := scannedLocation(alias, r)
 		if r.Header.Kind != 0 {
 			// A sidecar: indexed beside its block, which this segment or an earlier one gave
-			// the foreign index; one whose block is not indexed yet waits for it.
-			loc := scannedLocation(alias, r)
+			// the foreign index; one whose block is not indexed yet waits for it. One the
+			// foreign index holds in another segment is remembered as a copy.
 			if s.fx.HasSidecar(r.Header.ID, r.Header.Kind) {
+				b.SetMeta(copyKey(r.Header.ID, r.Header.Kind, alias), index.EncodeLocation(nil, loc))
 				continue
 			}
 			if seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
@@ -574,11 +581,15 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 			}
 			continue
 		}
-		if (r.Header.Layout != e.opts.Layout && !e.opts.LookupOnly) || seen[r.Header.ID] || s.fx.Contains(r.Header.ID) {
+		if (r.Header.Layout != e.opts.Layout && !e.opts.LookupOnly) || seen[r.Header.ID] {
 			continue
 		}
 		seen[r.Header.ID] = true
-		b.Put(r.Header.ID, scannedLocation(alias, r))
+		if s.fx.Contains(r.Header.ID) {
+			b.SetMeta(copyKey(r.Header.ID, 0, alias), index.EncodeLocation(nil, loc))
+			continue
+		}
+		b.Put(r.Header.ID, loc)
 	}
 	val := make([]byte, foreignSegPrefix, foreignSegPrefix+len(segDir))
 	copy(val, inst[:])
@@ -642,22 +653,139 @@ func (e *Engine) indexPendingSidecars() {
 	}
 }
 
-// dropForeign forgets foreign segments: their entries, rows and aliases; an open file is
-// closed once its readers are done. The sidecars of theirs the memory tier cached go too: it
-// serves sidecars without asking the index. (Blocks copied there stay: docs/sharing.md.)
+// dropForeign forgets foreign segments: their entries, rows, aliases and remembered copies; an
+// open file is closed once its readers are done. First every entry of theirs that a segment
+// still indexed holds a copy of moves to that copy (promoteCopies). The sidecars of theirs the
+// memory tier cached go too: it serves sidecars without asking the index. (Blocks copied there
+// stay: docs/sharing.md.) Only the sharer calls it, as it alone indexes segments: a copy it
+// promotes is in a segment that stays indexed until its own next drop.
 func (e *Engine) dropForeign(aliases ...uint64) {
-	dropped := false
+	s := e.share
+	drop := map[uint64]bool{}
+	s.mu.Lock()
 	for _, alias := range aliases {
-		dropped = e.dropForeignSegment(alias) || dropped
+		if _, ok := s.segs[alias]; ok {
+			drop[alias] = true
+		}
 	}
-	if dropped {
-		e.uncacheUnindexedSidecars(nil)
+	s.mu.Unlock()
+	if len(drop) == 0 {
+		return
+	}
+	e.promoteCopies(drop)
+	for _, alias := range aliases {
+		e.dropForeignSegment(alias)
+	}
+	e.uncacheUnindexedSidecars(nil)
+}
+
+// copyKey is the foreign-index meta key remembering that foreign segment alias holds a copy of
+// block id (kind 0) or of its sidecar of kind, which another segment's entry stands for; the
+// value is the copy's location. A key lives as long as its segment is indexed: written in the
+// batch that indexes it, deleted when it is dropped (or found stale at a later drop). Keys sort by
+// block, then kind (the block first), then alias.
+func copyKey(id BlockID, kind SidecarKind, alias uint64) string {
+	return fmt.Sprintf("%s%s%02x%016x", metaForeignCopy, id, kind, alias)
+}
+
+// parseCopyKey is copyKey's inverse.
+func parseCopyKey(key string) (id BlockID, kind SidecarKind, alias uint64, err error) {
+	rest := strings.TrimPrefix(key, metaForeignCopy)
+	if len(rest) != 2*len(id)+2+16 {
+		return id, 0, 0, fmt.Errorf("foreign index key %q: %w", key, ErrCorrupt)
+	}
+	id, err = format.ParseBlockID(rest[:2*len(id)])
+	k, kerr := strconv.ParseUint(rest[2*len(id):2*len(id)+2], 16, 8)
+	alias, aerr := strconv.ParseUint(rest[2*len(id)+2:], 16, 64)
+	if err != nil || kerr != nil || aerr != nil || !isForeign(alias) || (k != 0 && !format.ValidSidecarKind(SidecarKind(k))) {
+		return id, 0, 0, fmt.Errorf("foreign index key %q: %w", key, ErrCorrupt)
+	}
+	return id, SidecarKind(k), alias, nil
+}
+
+// promoteCopies prepares the drop of the foreign segments in drop: every block or sidecar whose
+// entry points into one of them, or has no entry any more (a load found its copy broken), and
+// that a segment staying indexed holds a copy of, gets that copy as its entry (the most
+// recently indexed copy when several are). Its owner moved it there (compaction, demotion) or
+// another owner stored the same block (content-addressed: the same bytes); either way the
+// location was checked against the copy's footer when its segment was indexed, and a load
+// checks its bytes as any other. The dropped segments' own copies are forgotten, with any key
+// left stale. One batch; a crash before it leaves the segments indexed, to be dropped (and
+// this redone) at the next refresh.
+func (e *Engine) promoteCopies(drop map[uint64]bool) {
+	s := e.share
+	type copied struct {
+		id   BlockID
+		kind SidecarKind
+	}
+	type copyLoc struct {
+		alias uint64
+		val   []byte // the encoded location
+	}
+	s.mu.Lock()
+	indexed := make(map[uint64]bool, len(s.segs))
+	for alias := range s.segs {
+		indexed[alias] = !drop[alias]
+	}
+	s.mu.Unlock()
+	b := s.fx.NewBatch()
+	var order []copied
+	best := map[copied]copyLoc{}
+	err := s.fx.MetaRange(metaForeignCopy, func(key string, val []byte) bool {
+		id, kind, alias, err := parseCopyKey(key)
+		if err != nil || !indexed[alias] {
+			b.DeleteMeta(key) // a dropped segment's copy (or a leftover)
+			return true
+		}
+		k := copied{id, kind}
+		if _, ok := best[k]; !ok {
+			order = append(order, k)
+		}
+		best[k] = copyLoc{alias, bytes.Clone(val)} // keys sort by alias: the newest wins
+		return true
+	})
+	if err != nil {
+		e.opts.Logger.Error("ucm: could not read the copies of foreign blocks; their entries go with their segment", "err", err)
+		return
+	}
+	for _, k := range order { // blocks before their sidecars
+		var cur index.Location
+		var ok bool
+		var err error
+		if k.kind == 0 {
+			cur, ok, err = s.fx.Get(k.id)
+		} else {
+			cur, ok, err = s.fx.GetSidecar(k.id, k.kind)
+		}
+		if err != nil || (ok && !drop[cur.Segment]) {
+			continue
+		}
+		c := best[k]
+		loc, err := index.DecodeLocation(c.val)
+		if err == nil && (loc.Segment != c.alias || (k.kind != 0 && loc.IsBatch())) {
+			err = fmt.Errorf("%w: location in segment %#x, batch %d, for a copy in segment %#x", ErrCorrupt, loc.Segment, loc.BatchBlocks, c.alias)
+		}
+		if err != nil {
+			e.opts.Logger.Warn("ucm: a remembered copy of a foreign block is invalid; forgotten", "block", k.id, "kind", k.kind, "err", err)
+			b.DeleteMeta(copyKey(k.id, k.kind, c.alias))
+			continue
+		}
+		if k.kind == 0 {
+			b.Put(k.id, loc)
+		} else {
+			b.PutSidecar(k.id, k.kind, loc) // only beside its block
+		}
+	}
+	if b.Len() == 0 {
+		return
+	}
+	if err := s.fx.Apply(b, false); err != nil {
+		e.opts.Logger.Error("ucm: could not move foreign entries to their other copies; they go with their segment", "err", err)
 	}
 }
 
-// dropForeignSegment forgets one foreign segment for dropForeign and reports whether it was
-// known.
-func (e *Engine) dropForeignSegment(alias uint64) bool {
+// dropForeignSegment forgets one foreign segment for dropForeign.
+func (e *Engine) dropForeignSegment(alias uint64) {
 	s := e.share
 	s.mu.Lock()
 	fs, ok := s.segs[alias]
@@ -669,7 +797,7 @@ func (e *Engine) dropForeignSegment(alias uint64) bool {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return false
+		return
 	}
 	if _, err := s.fx.DropSegmentEntries(alias, 0, false); err != nil {
 		e.opts.Logger.Error("ucm: could not drop a foreign segment's entries", "segment", fs.number, "err", err)
@@ -688,7 +816,6 @@ func (e *Engine) dropForeignSegment(alias uint64) bool {
 		seg.Retire(func() {})
 	}
 	s.dropped.Add(1)
-	return true
 }
 
 // foreignSegment returns the foreign segment an alias stands for.
