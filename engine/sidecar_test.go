@@ -473,12 +473,13 @@ func TestSidecarsSharedForgottenInMemory(t *testing.T) {
 
 			switch how {
 			case "retired":
-				// A retires everything; B drops the segments at its next refresh.
+				// A retires everything; B drops the segments at its next refresh, and the cached
+				// sidecars right after their entries (waited for: the index shows the drop first).
 				if _, err := a.Evict("shared", 0); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, "A's retired blocks gone from B", func() bool {
-					return b.LookupPrefix(aIDs) == 0 && countTrue(b.HasSidecars(8, side)) == 0
+				waitFor(t, "A's retired blocks and their cached sidecars gone from B", func() bool {
+					return b.LookupPrefix(aIDs) == 0 && countTrue(b.HasSidecars(8, side)) == 0 && b.mem.Stats().Sidecars == 0
 				})
 			case "corrupt":
 				// A's blocks damaged in place (a file B has open, so deleting it would not do):
