@@ -123,7 +123,8 @@ const recycledFirst = 1 << 40
 // with as many other blocks (untimed) and evicts them all, so that the timed dump writes into
 // the segment files they leave (engine.Options.RecycleSegments), as a store at capacity does:
 // their blocks are allocated and written, where a new file's writes pay for block allocation
-// and, on ext4 and XFS, for converting unwritten extents in the journal.
+// and for converting unwritten extents (on ext4 and XFS in the journal; on ext4 without one,
+// by synchronous metadata writes in the next fdatasync: docs/performance.md).
 func (env *benchEnv) openForDump(res *benchResult) (*engine.Engine, int64, error) {
 	env.filled = 0
 	e, _, err := env.open()
