@@ -122,19 +122,7 @@ func TestSharedTierForeignMovedBlock(t *testing.T) {
 			if c.damage {
 				// Damaged in place (a file B has open): B's load drops its entry; the block is a
 				// miss until the damaged segment is dropped and the copy takes its place.
-				loc, _ := b.foreignGet(x)
-				fs, _ := b.foreignSegment(loc.Segment)
-				f, err := os.OpenFile(wal.SegmentPath(fs.dir, fs.number), os.O_WRONLY, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, err = f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), loc.ShardOffset(0))
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
+				damageForeignBlock(t, b, x)
 				if _, err := loadOne(b, x); !errors.Is(err, ErrCorrupt) {
 					t.Fatalf("load of the damaged copy: %v, want ErrCorrupt", err)
 				}
@@ -185,5 +173,27 @@ func TestSharedTierForeignMovedBlock(t *testing.T) {
 				return !b.Lookup(side)[0] && countTrue(b.HasSidecars(8, side)) == 0
 			})
 		})
+	}
+}
+
+// damageForeignBlock overwrites the start of block id's first shard in the segment file of
+// another instance that e's foreign index points at, in place (a file e may have open).
+func damageForeignBlock(t *testing.T, e *Engine, id BlockID) {
+	t.Helper()
+	loc, ok := e.foreignGet(id)
+	fs, known := e.foreignSegment(loc.Segment)
+	if !ok || !known {
+		t.Fatalf("block %s not in the foreign index", id)
+	}
+	f, err := os.OpenFile(wal.SegmentPath(fs.dir, fs.number), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), loc.ShardOffset(0))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }

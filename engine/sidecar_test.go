@@ -486,22 +486,7 @@ func TestSidecarsSharedForgottenInMemory(t *testing.T) {
 				// B's loads find them corrupt and drop them, with their sidecars, from its
 				// foreign index.
 				for _, id := range side {
-					loc, ok := b.foreignGet(id)
-					fs, known := b.foreignSegment(loc.Segment)
-					if !ok || !known {
-						t.Fatalf("block %s not in B's foreign index", id)
-					}
-					f, err := os.OpenFile(wal.SegmentPath(fs.dir, fs.number), os.O_WRONLY, 0)
-					if err != nil {
-						t.Fatal(err)
-					}
-					_, err = f.WriteAt(bytes.Repeat([]byte{0xa5}, 64), loc.ShardOffset(0))
-					if cerr := f.Close(); err == nil {
-						err = cerr
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
+					damageForeignBlock(t, b, id)
 				}
 				dst := make([][]byte, len(side))
 				for i := range dst {
