@@ -37,10 +37,10 @@ run: build
 # Retrains the small model (connector/model; docs/model.md): Debian's python3-torch, and
 # libopenblas0-pthread for speed (train.py uses it without touching the system's BLAS). CI never
 # trains; the weights, manifest and golden fixture it rewrites are committed.
-MODEL_MINUTES ?= 48
+MODEL_MINUTES ?= 95
 train-model:
-	/usr/bin/python3 connector/model/train.py --steps 5000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
-		--short-ctx 256 --long-frac 0.2 --lr 3e-3 --warmup 30 --log-every 20 --eval-windows 96
+	/usr/bin/python3 connector/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
+		--short-ctx 256 --long-frac 0.3 --lr 3e-3 --warmup 50 --log-every 50 --eval-windows 96
 
 bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
