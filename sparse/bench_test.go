@@ -115,6 +115,7 @@ func benchSelect(b *testing.B, benchShape Shape) {
 		{NameESA, NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", false},
 		{"ESA-int8", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, repr_dtype: int8}", false},
 		{"ESA-softmax", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax}", false},
+		{"ESA-softmax-kv", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax, head_select: kv}", false},
 		{NameGSA, NameGSA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, min_blocks: 0}", false},
 		{NameKVStar, NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1}", false},
 		{"KVStar-softmax", NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1, head_score: softmax}", false},
@@ -147,7 +148,13 @@ func benchSelect(b *testing.B, benchShape Shape) {
 				if err := m.AttentionBegin(a); err != nil {
 					b.Fatal(err)
 				}
-				if len(a.Selected) != 102 {
+				// head_select kv: every KV head keeps its own 102 (Selected is their union).
+				for h, sel := range a.HeadSelected {
+					if len(sel) != 102 {
+						b.Fatalf("KV head %d: %d selected", h, len(sel))
+					}
+				}
+				if a.HeadSelected == nil && len(a.Selected) != 102 {
 					b.Fatalf("%d selected", len(a.Selected))
 				}
 			}
