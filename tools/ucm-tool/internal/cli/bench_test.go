@@ -685,9 +685,9 @@ func TestBenchLayerwiseTraceLengths(t *testing.T) {
 }
 
 // --recycled: the timed dump writes into the segment files an untimed fill left behind (every
-// new segment but the one prepared before the eviction reuses a file), the fill's blocks do not count as the dump's, every
-// byte still verifies, and fio overwrites a file it wrote first (one more, untimed, write job
-// per measurement) instead of writing a new one.
+// new segment but the one prepared before the eviction reuses a file), the fill's blocks do
+// not count as the dump's, every byte still verifies, and fio overwrites a file it wrote first
+// (one more, untimed, write job per measurement) instead of writing a new one.
 func TestBenchRecycled(t *testing.T) {
 	jobs := fakeFio(t)
 	dir := t.TempDir()
