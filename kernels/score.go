@@ -161,3 +161,92 @@ func hammingRowsGo(q, codes []byte, rows int) (minDist, total int) {
 	}
 	return minDist, total
 }
+
+// HammingTable holds a set of n query codes of w bytes each as per-byte lookup tables, so that
+// the sum over the set of the Hamming distances to one key code, Σ_i Hamming(q_i, k), costs w
+// table lookups rather than n·w/8 popcounts. It is GSA On-Device's MLA distance: the query
+// heads (after reduction_head_num) are hashed one by one and all compared with the single
+// latent head's code of each token.
+//
+// For bit j let c_j be the number of queries with bit j set; then Σ_i [q_ij ≠ k_j] is n − c_j
+// when k_j is 1 and c_j when it is 0, so the sum is Σ_j c_j + Σ_{j: k_j = 1} (n − 2c_j): a base
+// plus, for each byte of k, a precomputed sum over that byte's set bits. The zero value is an
+// empty table; Reset fills it (reusing its storage).
+type HammingTable struct {
+	w, n, base int
+	// tab[p][v] is byte position p's sum for byte value v, |·| ≤ 8·n ≤ 8·MaxHeads: int16
+	// keeps a 576-bit code's tables (36 KiB) in a first-level cache.
+	tab [][256]int16
+}
+
+// MaxHammingTableBytes bounds the code width a HammingTable takes (a 64 Ki-bit code: 4 MiB of
+// tables).
+const MaxHammingTableBytes = 8192
+
+// Reset makes t the table of the n codes of w = len(q)/n bytes in q (code i at q[i·w:]). n
+// must be in [1, MaxHeads], len(q) a nonzero multiple of n and w ≤ MaxHammingTableBytes;
+// otherwise it returns ErrInvalid and t is emptied.
+func (t *HammingTable) Reset(q []byte, n int) error {
+	t.w, t.n, t.base = 0, 0, 0
+	if n < 1 || n > MaxHeads || len(q) == 0 || len(q)%n != 0 || len(q)/n > MaxHammingTableBytes {
+		return errorf(ErrInvalid, "hamming table: %d bytes of codes for %d queries (at most %d queries of %d bytes)", len(q), n, MaxHeads, MaxHammingTableBytes)
+	}
+	w := len(q) / n
+	if cap(t.tab) < w {
+		t.tab = make([][256]int16, w)
+	}
+	t.tab = t.tab[:w]
+	var weight [8]int16
+	for p := range w {
+		for b := range weight {
+			c := 0
+			for i := range n {
+				c += int(q[i*w+p]>>b) & 1
+			}
+			t.base += c
+			weight[b] = int16(n - 2*c)
+		}
+		tab := &t.tab[p]
+		tab[0] = 0
+		for v := 1; v < 256; v++ { // v's lowest set bit plus the rest of v
+			tab[v] = weight[bits.TrailingZeros8(uint8(v))] + tab[v&(v-1)]
+		}
+	}
+	t.w, t.n = w, n
+	return nil
+}
+
+// Width is the bytes of one code (0 for an empty table).
+func (t *HammingTable) Width() int { return t.w }
+
+// Rows returns the smallest and the total over rows consecutive key codes of t.Width() bytes
+// in codes of Σ_i Hamming(q_i, k_row): HammingRows with the whole query set in place of one
+// code. It returns ErrInvalid for an empty table or codes shorter than rows·Width().
+func (t *HammingTable) Rows(codes []byte, rows int) (minDist, total int, err error) {
+	if t.w == 0 || rows < 0 || rows*t.w > len(codes) {
+		return 0, 0, errorf(ErrInvalid, "hamming table: %d rows of %d bytes in %d", rows, t.w, len(codes))
+	}
+	if rows == 0 {
+		return 0, 0, nil
+	}
+	w := t.w
+	minDist = t.n*8*w + 1
+	for r := range rows {
+		row := codes[r*w : (r+1)*w]
+		tab := t.tab[:len(row)]
+		// Two accumulators over alternate bytes: the table loads are independent.
+		var d0, d1 int32
+		p := 0
+		for ; p+1 < len(row); p += 2 {
+			d0 += int32(tab[p][row[p]])
+			d1 += int32(tab[p+1][row[p+1]])
+		}
+		if p < len(row) {
+			d0 += int32(tab[p][row[p]])
+		}
+		d := t.base + int(d0+d1)
+		total += d
+		minDist = min(minDist, d)
+	}
+	return minDist, total, nil
+}

@@ -246,3 +246,90 @@ func BenchmarkScoreKernels(b *testing.B) {
 		}
 	})
 }
+
+// TestHammingTable: the table's per-row sums over a query set equal Σ_i Hamming(q_i, row) by
+// the bit loop of Hamming, and with one query HammingRows; bad shapes are ErrInvalid.
+func TestHammingTable(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var tab HammingTable
+	for it := range 300 {
+		n, w, rows := 1+r.IntN(20), 1+r.IntN(80), r.IntN(12)
+		q := make([]byte, n*w)
+		for i := range q {
+			q[i] = byte(r.Uint32())
+		}
+		codes := make([]byte, rows*w+r.IntN(3))
+		for i := range codes {
+			codes[i] = byte(r.Uint32())
+		}
+		if it%5 == 0 && rows > 0 {
+			copy(codes, q[:w]) // a row equal to one query
+		}
+		if err := tab.Reset(q, n); err != nil || tab.Width() != w {
+			t.Fatalf("case %d: reset: %v, width %d", it, err, tab.Width())
+		}
+		wantMin, wantTotal := 0, 0
+		for j := range rows {
+			d := 0
+			for i := range n {
+				d += Hamming(q[i*w:(i+1)*w], codes[j*w:(j+1)*w])
+			}
+			wantTotal += d
+			if j == 0 || d < wantMin {
+				wantMin = d
+			}
+		}
+		gotMin, gotTotal, err := tab.Rows(codes, rows)
+		if err != nil || gotMin != wantMin || gotTotal != wantTotal {
+			t.Fatalf("case %d (n %d w %d rows %d): %d, %d, %v; want %d, %d", it, n, w, rows, gotMin, gotTotal, err, wantMin, wantTotal)
+		}
+		if n == 1 {
+			m, tot, _ := HammingRows(q, codes, rows)
+			if m != gotMin || tot != gotTotal {
+				t.Fatalf("case %d: one query: %d, %d; HammingRows %d, %d", it, gotMin, gotTotal, m, tot)
+			}
+		}
+	}
+	for _, c := range []struct {
+		q []byte
+		n int
+	}{{nil, 1}, {make([]byte, 5), 2}, {make([]byte, 4), 0}, {make([]byte, 2*(MaxHeads+1)), MaxHeads + 1}, {make([]byte, MaxHammingTableBytes+1), 1}} {
+		if err := tab.Reset(c.q, c.n); !errors.Is(err, ErrInvalid) || tab.Width() != 0 {
+			t.Fatalf("reset %d bytes for %d: %v, width %d; want ErrInvalid and an empty table", len(c.q), c.n, err, tab.Width())
+		}
+	}
+	if _, _, err := tab.Rows(make([]byte, 8), 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("rows on an empty table: %v", err)
+	}
+	_ = tab.Reset(make([]byte, 8), 2)
+	if _, _, err := tab.Rows(make([]byte, 7), 2); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("rows beyond the codes: %v", err)
+	}
+}
+
+// BenchmarkHammingTable: MLA's distance over a 128K-token layer (1,024 blocks of 128 tokens,
+// 72-byte codes: 512 + 64 bits) against 64 query codes.
+func BenchmarkHammingTable(b *testing.B) {
+	const w, heads, tokens = 72, 64, 1024 * 128
+	r := rand.New(rand.NewPCG(1, 2))
+	q := make([]byte, heads*w)
+	codes := make([]byte, tokens*w)
+	for i := range q {
+		q[i] = byte(r.Uint32())
+	}
+	for i := range codes {
+		codes[i] = byte(r.Uint32())
+	}
+	var t HammingTable
+	if err := t.Reset(q, heads); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(codes)))
+	for range b.N {
+		for j := range 1024 {
+			if _, _, err := t.Rows(codes[j*128*w:], 128); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -24,17 +24,11 @@ var benchShapes = []struct {
 
 const benchBlocks = 1024
 
-// benchSidecars stores synthetic sidecars of the real shape (random values, random codes) for
-// benchBlocks blocks, encoded as the writers encode them.
-func benchSidecars(b *testing.B, s Shape, kind kernels.SidecarKind) (*MapSidecars, []engine.BlockID) {
+// benchSidecars fills src with synthetic sidecars of spec (random values, random codes) for
+// benchBlocks blocks, encoded as the writers encode them, and returns their ids.
+func benchSidecars(b *testing.B, src *MapSidecars, spec kernels.SidecarSpec) []engine.BlockID {
 	b.Helper()
-	spec := kernels.SidecarSpec{Kind: kind, Layers: s.Layers, Heads: s.KVHeads, Dim: s.HeadDim, BlockSize: s.BlockSize, Elem: kernels.Float16}
-	switch kind {
-	case kernels.SidecarKVStar:
-		spec.PruneRatio, spec.Merge = 0.5, 4
-	case kernels.SidecarHash:
-		spec.Elem, spec.HashBits, spec.Seed = 0, s.HeadDim, 1
-	}
+	kind, s := spec.Kind, spec
 	h := kernels.SidecarHeader{SidecarSpec: spec, Input: kernels.Float16, Tokens: s.BlockSize}
 	if kind == kernels.SidecarHash {
 		encs, err := spec.HashEncoders()
@@ -44,7 +38,6 @@ func benchSidecars(b *testing.B, s Shape, kind kernels.SidecarKind) (*MapSidecar
 		h.Fingerprint = kernels.HashFingerprint(encs...)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	src := &MapSidecars{}
 	ids := make([]engine.BlockID, benchBlocks)
 	for i := range ids {
 		ids[i] = md5.Sum(fmt.Appendf(nil, "bench %d", i))
@@ -86,7 +79,7 @@ func benchSidecars(b *testing.B, s Shape, kind kernels.SidecarKind) (*MapSidecar
 			b.Fatal(err)
 		}
 	}
-	return src, ids
+	return ids
 }
 
 // BenchmarkSelect1024: one layer's selection over 1,024 blocks × 32 heads × 128 dims at a 10 %
@@ -100,30 +93,40 @@ func benchSidecars(b *testing.B, s Shape, kind kernels.SidecarKind) (*MapSidecar
 //	GOMAXPROCS=1 go test -run '^$' -bench Select1024 -benchtime 20x ./sparse/
 func BenchmarkSelect1024(b *testing.B) {
 	for _, sh := range benchShapes {
-		b.Run(sh.name, func(b *testing.B) { benchSelect(b, sh.shape) })
+		b.Run(sh.name, func(b *testing.B) { benchSelect(b, sh.shape, benchCases) })
 	}
+	// DeepSeek-V2's MLA: 128 query heads on one latent head of 512 + 64, UCM's configuration
+	// (hash bits = widths, reduction_head_num 2: 64 hashed query heads).
+	b.Run("mla", func(b *testing.B) {
+		benchSelect(b, Shape{Layers: 1, QHeads: 128, KVHeads: 1, HeadDim: 576, BlockSize: 128}, []selectCase{
+			{"GSAOnDevice-r2", NameGSAOnDevice, "{sink_token: 128, recent_token: 256, budget: 0.1, kv_lora_rank: 512, qk_rope_head_dim: 64, reduction_head_num: 2}", false},
+		})
+	})
 }
 
-func benchSelect(b *testing.B, benchShape Shape) {
-	for _, c := range []struct {
-		name, method string
-		kind         kernels.SidecarKind
-		conf         string
-		cold         bool
-	}{
-		{NameQuest, NameQuest, kernels.SidecarQuest, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", false},
-		{NameESA, NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", false},
-		{"ESA-int8", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, repr_dtype: int8}", false},
-		{"ESA-softmax", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax}", false},
-		{"ESA-softmax-kv", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax, head_select: kv}", false},
-		{NameGSA, NameGSA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, min_blocks: 0}", false},
-		{NameKVStar, NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1}", false},
-		{"KVStar-softmax", NameKVStar, kernels.SidecarKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1, head_score: softmax}", false},
-		{NameGSAOnDevice, NameGSAOnDevice, kernels.SidecarHash, "{sink_token: 128, recent_token: 256, budget: 0.1, hash_bits: 128}", false},
-		{"ESA-cold", NameESA, kernels.SidecarESAMean, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", true},
-	} {
+// selectCase is one method configuration of BenchmarkSelect1024; cold runs without a pool.
+type selectCase struct {
+	name, method, conf string
+	cold               bool
+}
+
+var benchCases = []selectCase{
+	{NameQuest, NameQuest, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", false},
+	{NameESA, NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", false},
+	{"ESA-int8", NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, repr_dtype: int8}", false},
+	{"ESA-softmax", NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax}", false},
+	{"ESA-softmax-kv", NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, head_score: softmax, head_select: kv}", false},
+	{NameGSA, NameGSA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, min_blocks: 0}", false},
+	{NameKVStar, NameKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1}", false},
+	{"KVStar-softmax", NameKVStar, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1, retrieval_stride: 1, head_score: softmax}", false},
+	{NameGSAOnDevice, NameGSAOnDevice, "{sink_token: 128, recent_token: 256, budget: 0.1, hash_bits: 128}", false},
+	{"ESA-cold", NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.1}", true},
+}
+
+func benchSelect(b *testing.B, benchShape Shape, cases []selectCase) {
+	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			src, ids := benchSidecars(b, benchShape, c.kind)
+			src := &MapSidecars{}
 			env := Env{Role: RoleWorker, Shape: benchShape, Sidecars: src}
 			if c.cold {
 				env.ReprPoolBytes = -1
@@ -137,6 +140,7 @@ func benchSelect(b *testing.B, benchShape Shape) {
 				b.Fatal(err)
 			}
 			m := mm.(*blockMethod)
+			ids := benchSidecars(b, src, m.spec)
 			q := randomQuery(rand.New(rand.NewPCG(3, 4)), benchShape)
 			table := make([]int, benchBlocks)
 			for i := range table {

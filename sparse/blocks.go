@@ -36,9 +36,11 @@ type SelectStats struct {
 
 // stepState is one selection's query state and scratch.
 type stepState struct {
-	q      []float32 // the token's queries, [QHeads][HeadDim]
-	qr     []float32 // GQA-reduced queries, [KVHeads][HeadDim]
-	codes  []byte    // query hash codes, [KVHeads][code bytes]
+	q     []float32 // the token's queries, [QHeads][HeadDim]
+	qr    []float32 // GQA-reduced queries, [KVHeads][HeadDim]
+	codes []byte    // query hash codes, [KVHeads][code bytes] (MLA: [QHeads/r][code bytes])
+	// mla is the MLA query codes as lookup tables (GSA On-Device on MLA).
+	mla    kernels.HammingTable
 	vals   []float32 // a part's values
 	ch     []uint16  // a part's channels
 	scores []float64
@@ -116,15 +118,18 @@ func (m *blockMethod) softmaxScores(st *stepState) {
 // blockMethod is the shared implementation; see the constructors in methods.go.
 type blockMethod struct {
 	Base
-	name     string
-	shape    Shape
-	src      SidecarSource
-	spec     kernels.SidecarSpec
-	encs     []*kernels.HashEncoder // GSA On-Device
-	fp       uint32
-	keep     func(n, seqLen int) (init, local, k int)
-	stride   int
-	rollback map[int]bool
+	name  string
+	shape Shape
+	src   SidecarSource
+	spec  kernels.SidecarSpec
+	encs  []*kernels.HashEncoder // GSA On-Device
+	// mlaReduce > 0: GSA On-Device on MLA, the query heads reduced by this reduction_head_num,
+	// hashed one by one and compared with the single latent head (hashPrepare).
+	mlaReduce int
+	fp        uint32
+	keep      func(n, seqLen int) (init, local, k int)
+	stride    int
+	rollback  map[int]bool
 	// lag: a step attends the selection retrieved at the previous step (retrieval_lag 1).
 	lag bool
 	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
@@ -446,15 +451,35 @@ func (m *blockMethod) reduceQuery(st *stepState) error {
 	return kernels.ReduceGQA(st.qr, st.q, s.QHeads, s.KVHeads, s.HeadDim)
 }
 
-// hashPrepare reduces the query over GQA groups and hashes each KV head's query.
+// hashPrepare reduces the query over GQA groups and hashes each KV head's query; on MLA it
+// reduces the query heads by reduction_head_num (strided), hashes each of them and makes the
+// codes st.mla's tables.
 func (m *blockMethod) hashPrepare(st *stepState) error {
-	if err := m.reduceQuery(st); err != nil {
+	heads, d := m.shape.KVHeads, m.shape.HeadDim
+	if m.mlaReduce > 0 {
+		heads = m.shape.QHeads / m.mlaReduce
+		st.qr = reuse.Grow(st.qr, heads*d)
+		if err := kernels.ReduceStrided(st.qr, st.q, m.shape.QHeads, m.mlaReduce, d); err != nil {
+			return err
+		}
+	} else if err := m.reduceQuery(st); err != nil {
 		return err
 	}
 	c := kernels.HashCodeBytes(m.encs...)
-	st.codes = reuse.Grow(st.codes, m.shape.KVHeads*c)
+	st.codes = reuse.Grow(st.codes, heads*c)
+	if err := m.hashHeads(st, heads, c); err != nil {
+		return err
+	}
+	if m.mlaReduce > 0 {
+		return st.mla.Reset(st.codes, heads)
+	}
+	return nil
+}
+
+// hashHeads hashes each of the heads queries of st.qr into c code bytes of st.codes.
+func (m *blockMethod) hashHeads(st *stepState, heads, c int) error {
 	d := m.shape.HeadDim
-	for hd := range m.shape.KVHeads {
+	for hd := range heads {
 		x := st.qr[hd*d : (hd+1)*d]
 		out := st.codes[hd*c : (hd+1)*c]
 		for _, e := range m.encs {
@@ -594,7 +619,7 @@ func init() {
 	})
 	register(NameGSAOnDevice, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &GSAOnDeviceConfig{TopKTokens: 4096, SinkTokens: 64, RecentTokens: 512, HashSeed: 1, BlockDist: "min"}
+			c := &GSAOnDeviceConfig{TopKTokens: 4096, SinkTokens: 64, RecentTokens: 512, HashSeed: 1, BlockDist: "min", ReductionHeads: 1}
 			fs := []field{
 				intField(&c.TopKTokens, "hash_topk_tokens", "topk_tokens"),
 				intField(&c.SinkTokens, "sink_token"),
@@ -605,16 +630,20 @@ func init() {
 				floatField(&c.Budget, "budget"),
 				stringField(&c.BlockDist, "block_dist"),
 				stringField(&c.HeadSelect, "head_select"),
-				ignoredField("skip_hash_layers", "reduction_head_num"),
+				intField(&c.KVLoraRank, "kv_lora_rank"),
+				intField(&c.QKRopeHeadDim, "qk_rope_head_dim"),
+				intField(&c.HashBitsKVLora, "hash_bits_kv_lora"),
+				intField(&c.HashBitsQKRope, "hash_bits_qk_rope"),
+				intField(&c.ReductionHeads, "reduction_head_num", "vllm_hash_attention_reduction_head_num"),
+				ignoredField("skip_hash_layers"),
 			}
 			return c, parseFields(key, node, fs)
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*GSAOnDeviceConfig)
-			spec := kernels.SidecarSpec{Kind: kernels.SidecarHash, Layers: env.Shape.Layers, Heads: env.Shape.KVHeads,
-				Dim: env.Shape.HeadDim, BlockSize: env.Shape.BlockSize, HashBits: c.HashBits, Seed: c.HashSeed}
-			if spec.HashBits == 0 {
-				spec.HashBits = env.Shape.HeadDim &^ 7
+			spec, err := c.HashSpec(env.Shape)
+			if err != nil {
+				return nil, err
 			}
 			m, err := newBlockMethod(NameGSAOnDevice, env, spec, 1)
 			if err != nil {
@@ -632,7 +661,11 @@ func init() {
 			m.keep = func(n, seqLen int) (int, int, int) { return c.Keep(n, seqLen, bs) }
 			m.prepare = m.hashPrepare
 			m.meanDist = c.BlockDist == "mean"
-			m.perKV = c.HeadSelect == "kv"
+			// MLA has one KV head: selecting per KV head is selecting per layer.
+			m.perKV = c.HeadSelect == "kv" && !c.MLA()
+			if c.MLA() {
+				m.mlaReduce = c.ReductionHeads
+			}
 			return m, nil
 		},
 	})

@@ -1,6 +1,7 @@
 package sparse
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -672,7 +673,25 @@ type GSAOnDeviceConfig struct {
 	// BlockDist is how token distances make a block's: "min" (default) or "mean" (UCM-Go key
 	// block_dist; spec §4 [DECISION]).
 	BlockDist string
+	// KVLoraRank and QKRopeHeadDim, both > 0, make the model MLA (DeepSeek-V2: kv_lora_rank,
+	// qk_rope_head_dim): one latent KV head of kv_lora_rank + qk_rope_head_dim elements (the
+	// shape's head dim), whose two parts are hashed by two encoders, and query heads of the same
+	// width (q_nope absorbed into the latent space, then q_pe). Both 0 (default): GQA.
+	KVLoraRank, QKRopeHeadDim int
+	// HashBitsKVLora and HashBitsQKRope are MLA's two encoders' bits (hash_bits_kv_lora,
+	// hash_bits_qk_rope); 0 takes the part's width rounded down to a multiple of 8 (UCM's
+	// default is the width). With MLA, hash_bits when given must be their sum.
+	HashBitsKVLora, HashBitsQKRope int
+	// ReductionHeads is MLA's query-head reduction r (reduction_head_num, or UCM's
+	// vllm_hash_attention_reduction_head_num; default 1): the H query heads are averaged in r
+	// strided groups, head j of H/r the mean of heads j + i·H/r, before hashing. A token's
+	// distance is the sum over the H/r hashed heads of their Hamming distance to its latent
+	// code. GQA reduces over groups instead and ignores it.
+	ReductionHeads int
 }
+
+// MLA reports whether the configuration is for an MLA model (kv_lora_rank set).
+func (c *GSAOnDeviceConfig) MLA() bool { return c.KVLoraRank > 0 }
 
 // Method returns NameGSAOnDevice.
 func (*GSAOnDeviceConfig) Method() string { return NameGSAOnDevice }
@@ -694,8 +713,55 @@ func (c *GSAOnDeviceConfig) Validate() error {
 		return configErr(p+".budget", "%v: want a fraction in (0, 1], or 0 for hash_topk_tokens", c.Budget)
 	case c.BlockDist != "min" && c.BlockDist != "mean":
 		return configErr(p+".block_dist", "%q: want min or mean", c.BlockDist)
+	case c.KVLoraRank < 0 || c.KVLoraRank > kernels.MaxDim:
+		return configErr(p+".kv_lora_rank", "%d: want a width in [0, %d]", c.KVLoraRank, kernels.MaxDim)
+	case c.QKRopeHeadDim < 0 || c.QKRopeHeadDim > kernels.MaxDim:
+		return configErr(p+".qk_rope_head_dim", "%d: want a width in [0, %d]", c.QKRopeHeadDim, kernels.MaxDim)
+	case (c.KVLoraRank > 0) != (c.QKRopeHeadDim > 0):
+		return configErr(p+".qk_rope_head_dim", "%d with kv_lora_rank %d: MLA needs both, GQA neither", c.QKRopeHeadDim, c.KVLoraRank)
+	case c.HashBitsKVLora < 0 || c.HashBitsKVLora%8 != 0 || c.HashBitsKVLora > c.KVLoraRank:
+		return configErr(p+".hash_bits_kv_lora", "%d: want a multiple of 8 up to kv_lora_rank %d (0: the rank)", c.HashBitsKVLora, c.KVLoraRank)
+	case c.HashBitsQKRope < 0 || c.HashBitsQKRope%8 != 0 || c.HashBitsQKRope > c.QKRopeHeadDim:
+		return configErr(p+".hash_bits_qk_rope", "%d: want a multiple of 8 up to qk_rope_head_dim %d (0: the dim)", c.HashBitsQKRope, c.QKRopeHeadDim)
+	case c.ReductionHeads < 1 || c.ReductionHeads > kernels.MaxHeads:
+		return configErr(p+".reduction_head_num", "%d: want a head count in [1, %d]", c.ReductionHeads, kernels.MaxHeads)
+	case c.MLA() && c.HashBits != 0 && c.HashBits != c.mlaBits(0)+c.mlaBits(1):
+		return configErr(p+".hash_bits", "%d: with MLA it is hash_bits_kv_lora + hash_bits_qk_rope = %d", c.HashBits, c.mlaBits(0)+c.mlaBits(1))
 	}
 	return checkHeadSelect(p, c.HeadSelect)
+}
+
+// mlaBits is MLA encoder i's bits (0: the latent part, 1: the RoPE part) with defaults applied.
+func (c *GSAOnDeviceConfig) mlaBits(i int) int {
+	if i == 0 {
+		return cmp.Or(c.HashBitsKVLora, c.KVLoraRank&^7)
+	}
+	return cmp.Or(c.HashBitsQKRope, c.QKRopeHeadDim&^7)
+}
+
+// HashSpec is the hash sidecar the configuration reads for a model of shape s: one encoder of
+// hash_bits over each KV head (GQA), or MLA's two encoders over the single latent head. It
+// returns a *ConfigError naming the key when the configuration does not fit the shape.
+func (c *GSAOnDeviceConfig) HashSpec(s Shape) (kernels.SidecarSpec, error) {
+	p := "ucm_sparse_config." + NameGSAOnDevice
+	spec := kernels.SidecarSpec{Kind: kernels.SidecarHash, Layers: s.Layers, Heads: s.KVHeads, Dim: s.HeadDim,
+		BlockSize: s.BlockSize, HashBits: c.HashBits, Seed: c.HashSeed}
+	if !c.MLA() {
+		if spec.HashBits == 0 {
+			spec.HashBits = s.HeadDim &^ 7
+		}
+		return spec, nil
+	}
+	switch {
+	case s.KVHeads != 1:
+		return spec, configErr(p+".kv_lora_rank", "%d: MLA has one latent KV head, the model has %d", c.KVLoraRank, s.KVHeads)
+	case c.KVLoraRank+c.QKRopeHeadDim != s.HeadDim:
+		return spec, configErr(p+".kv_lora_rank", "%d + qk_rope_head_dim %d: not the model's head dim %d", c.KVLoraRank, c.QKRopeHeadDim, s.HeadDim)
+	case s.QHeads%c.ReductionHeads != 0:
+		return spec, configErr(p+".reduction_head_num", "%d: does not divide the %d query heads", c.ReductionHeads, s.QHeads)
+	}
+	spec.HashBits, spec.RopeDim, spec.RopeBits = c.mlaBits(0), c.QKRopeHeadDim, c.mlaBits(1)
+	return spec, nil
 }
 
 // Keep is GSA On-Device's split of a context of n blocks and seqLen tokens (blocks of bs

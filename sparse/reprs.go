@@ -242,7 +242,14 @@ func (m *blockMethod) scoreRow(st *stepState, row []byte, aux int32, scale float
 		if st.perKV != nil {
 			return m.hashRowPerKV(st, row, int(aux))
 		}
-		minD, total, err := kernels.HammingRows(st.codes, row, int(aux))
+		var minD, total int
+		var err error
+		if m.mlaReduce > 0 {
+			w = st.mla.Width()
+			minD, total, err = st.mla.Rows(row, int(aux))
+		} else {
+			minD, total, err = kernels.HammingRows(st.codes, row, int(aux))
+		}
 		if err != nil || aux < 1 || int(aux)*w > len(row) {
 			return math.NaN()
 		}
