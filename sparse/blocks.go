@@ -29,6 +29,8 @@ type SelectStats struct {
 	Candidates, Missing int64
 	// Held is the selections reused within a retrieval stride instead of recomputed.
 	Held int64
+	// Reused is the decode calls of skip-hash layers that took an earlier layer's selection.
+	Reused int64
 	// Uncached is the candidates scored without a representation-pool entry (the pool full, or
 	// no pool): loaded and verified at every step.
 	Uncached int64
@@ -130,6 +132,10 @@ type blockMethod struct {
 	keep      func(n, seqLen int) (init, local, k int)
 	stride    int
 	rollback  map[int]bool
+	// skipHash layers reuse the selection of the nearest earlier layer of the same decode step
+	// (GSA On-Device's skip_hash_layers); lastSel is that selection, by request ID.
+	skipHash map[int]bool
+	lastSel  map[string]*stepSel
 	// lag: a step attends the selection retrieved at the previous step (retrieval_lag 1).
 	lag bool
 	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
@@ -153,7 +159,15 @@ type blockMethod struct {
 	states sync.Pool // *stepState
 	mu     sync.Mutex
 	held   map[string]*heldSel // by request ID and layer
-	stats  struct{ selections, dense, candidates, missing, held, uncached atomic.Int64 }
+	stats  struct{ selections, dense, candidates, missing, held, reused, uncached atomic.Int64 }
+}
+
+// stepSel is the latest selection of a request's decode step: its step, context blocks and
+// blocks (with head_select kv, per KV head too).
+type stepSel struct {
+	step, n int
+	sel     []int
+	heads   [][]int
 }
 
 // heldSel is a selection kept for a retrieval stride, and the queries gathered meanwhile.
@@ -170,7 +184,7 @@ func (m *blockMethod) Name() string { return m.name }
 // Stats returns the method's counters.
 func (m *blockMethod) Stats() SelectStats {
 	return SelectStats{Selections: m.stats.selections.Load(), Dense: m.stats.dense.Load(), Candidates: m.stats.candidates.Load(),
-		Missing: m.stats.missing.Load(), Held: m.stats.held.Load(), Uncached: m.stats.uncached.Load()}
+		Missing: m.stats.missing.Load(), Held: m.stats.held.Load(), Reused: m.stats.reused.Load(), Uncached: m.stats.uncached.Load()}
 }
 
 // SidecarSpec is the representation the method reads; parts of another spec are misses.
@@ -189,6 +203,7 @@ func (m *blockMethod) RequestFinished(reqID string) {
 			delete(m.held, k)
 		}
 	}
+	delete(m.lastSel, reqID)
 	for k := range m.access {
 		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
 			delete(m.access, k)
@@ -235,9 +250,15 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 		plan.next = all
 		return m.attendLoaded(a, all, plan)
 	}
-	sel, heads, err := m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k, plan)
-	if err != nil {
-		return err
+	sel, heads, reused := m.reuseSelection(a, n)
+	if !reused {
+		var err error
+		if sel, heads, err = m.selectBlocks(a, a.Q[len(a.Q)-qd:], n, init, local, k, plan); err != nil {
+			return err
+		}
+		m.recordSelection(a, n, sel, heads)
+	} else if plan != nil {
+		plan.next = sel
 	}
 	m.stats.selections.Add(1)
 	if m.accessScore {
@@ -255,6 +276,40 @@ func (m *blockMethod) AttentionBegin(a *Attention) error {
 	}
 	a.HeadSelected = heads
 	return nil
+}
+
+// reuseSelection is, for a skip-hash layer, the selection an earlier layer of the same decode
+// step of the request computed over the same n blocks; false when there is none (or the layer
+// selects for itself).
+func (m *blockMethod) reuseSelection(a *Attention, n int) ([]int, [][]int, bool) {
+	if !m.skipHash[a.Layer] {
+		return nil, nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	last := m.lastSel[a.Request.ID]
+	if last == nil || last.step != a.Step || last.n != n {
+		return nil, nil, false
+	}
+	m.stats.reused.Add(1)
+	heads := make([][]int, len(last.heads))
+	for i, h := range last.heads {
+		heads[i] = slices.Clone(h)
+	}
+	if len(heads) == 0 {
+		heads = nil
+	}
+	return slices.Clone(last.sel), heads, true
+}
+
+// recordSelection keeps a computed selection for the skip-hash layers after this one.
+func (m *blockMethod) recordSelection(a *Attention, n int, sel []int, heads [][]int) {
+	if m.lastSel == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lastSel[a.Request.ID] = &stepSel{step: a.Step, n: n, sel: slices.Clone(sel), heads: heads}
 }
 
 func (m *blockMethod) state() *stepState {
@@ -626,7 +681,7 @@ func init() {
 				intField(&c.RecentTokens, "recent_token"),
 				intField(&c.HashBits, "hash_bits"),
 				uintField(&c.HashSeed, "hash_seed"),
-				intsField(&c.RollbackLayers, "rollback_layers"),
+				intsField(&c.RollbackLayers, "rollback_layers", "vllm_hash_attention_rollback_layers"),
 				floatField(&c.Budget, "budget"),
 				stringField(&c.BlockDist, "block_dist"),
 				stringField(&c.HeadSelect, "head_select"),
@@ -635,7 +690,7 @@ func init() {
 				intField(&c.HashBitsKVLora, "hash_bits_kv_lora"),
 				intField(&c.HashBitsQKRope, "hash_bits_qk_rope"),
 				intField(&c.ReductionHeads, "reduction_head_num", "vllm_hash_attention_reduction_head_num"),
-				ignoredField("skip_hash_layers"),
+				layersField(&c.SkipHashLayers, "skip_hash_layers", "vllm_hash_attention_skip_layers"),
 			}
 			return c, parseFields(key, node, fs)
 		},
@@ -656,6 +711,12 @@ func init() {
 			m.rollback = map[int]bool{}
 			for _, l := range c.RollbackLayers {
 				m.rollback[l] = true
+			}
+			if len(c.SkipHashLayers) > 0 {
+				m.skipHash, m.lastSel = map[int]bool{}, map[string]*stepSel{}
+				for _, l := range c.SkipHashLayers {
+					m.skipHash[l] = true
+				}
 			}
 			bs := env.Shape.BlockSize
 			m.keep = func(n, seqLen int) (int, int, int) { return c.Keep(n, seqLen, bs) }

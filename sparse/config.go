@@ -365,6 +365,28 @@ func stringField(dst *string, keys ...string) field {
 	}}
 }
 
+// layersField takes a set of layers as a list of indices ([6, 7, 10]) or as UCM's list of
+// one boolean per layer ([true, false, ...]: the indices of the true ones).
+func layersField(dst *[]int, keys ...string) field {
+	ints := intsField(dst, keys...)
+	return field{keys: keys, set: func(key string, v *yaml.Node) error {
+		var flags []bool
+		if v.Kind == yaml.SequenceNode && len(v.Content) > 0 && v.Content[0].Tag == "!!bool" {
+			if v.Decode(&flags) != nil || len(flags) > 1<<16 {
+				return configErr(key, "want a list of layer indices, or of one boolean per layer")
+			}
+			*dst = (*dst)[:0]
+			for l, f := range flags {
+				if f {
+					*dst = append(*dst, l)
+				}
+			}
+			return nil
+		}
+		return ints.set(key, v)
+	}}
+}
+
 func intsField(dst *[]int, keys ...string) field {
 	return field{keys: keys, set: func(key string, v *yaml.Node) error {
 		var x []int64
@@ -665,6 +687,11 @@ type GSAOnDeviceConfig struct {
 	HashSeed uint64
 	// RollbackLayers attend densely (rollback_layers).
 	RollbackLayers []int
+	// SkipHashLayers reuse, at a decode step, the selection the nearest earlier layer of the
+	// same step computed, instead of hashing their own query (skip_hash_layers, or UCM's
+	// vllm_hash_attention_skip_layers; a list of layer indices, or UCM's one boolean per
+	// layer). A skip layer with no earlier selection at that step selects for itself.
+	SkipHashLayers []int
 	// HeadSelect is as WindowConfig's (UCM-Go key head_select).
 	HeadSelect string
 	// Budget, when > 0, replaces TopKTokens: the fraction of all blocks kept, windows included

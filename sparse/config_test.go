@@ -145,6 +145,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"GSAOnDevice: {kv_lora_rank: 512, qk_rope_head_dim: 64, hash_bits_kv_lora: 520}", "ucm_sparse_config.GSAOnDevice.hash_bits_kv_lora"},
 		{"GSAOnDevice: {kv_lora_rank: 512, qk_rope_head_dim: 64, hash_bits_qk_rope: 60}", "ucm_sparse_config.GSAOnDevice.hash_bits_qk_rope"},
 		{"GSAOnDevice: {kv_lora_rank: 512, qk_rope_head_dim: 64, hash_bits: 512}", "ucm_sparse_config.GSAOnDevice.hash_bits"},
+		{"GSAOnDevice: {skip_hash_layers: [true, 3]}", "ucm_sparse_config.GSAOnDevice.skip_hash_layers"},
+		{"GSAOnDevice: {skip_hash_layers: [1], vllm_hash_attention_skip_layers: [1]}", "ucm_sparse_config.GSAOnDevice.vllm_hash_attention_skip_layers"},
 		{"GSAOnDevice: {reduction_head_num: 0}", "ucm_sparse_config.GSAOnDevice.reduction_head_num"},
 		{"GSAOnDevice: {reduction_head_num: 2, vllm_hash_attention_reduction_head_num: 2}", "ucm_sparse_config.GSAOnDevice.vllm_hash_attention_reduction_head_num"},
 		{"Quest: {sparse_ratio: .nan}", "ucm_sparse_config.Quest.sparse_ratio"},

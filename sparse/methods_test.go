@@ -491,6 +491,49 @@ func TestRollbackLayersAndPrefillAreDense(t *testing.T) {
 	}
 }
 
+// TestSkipHashLayers: a skip-hash layer attends the selection its step's earlier layer
+// computed, not its own; without one at that step (a new step starting at the skip layer) it
+// selects for itself. UCM's per-layer booleans name the same layers as indices do.
+func TestSkipHashLayers(t *testing.T) {
+	f := newFixture(t, testShape, 40, 17)
+	for _, conf := range []string{"skip_hash_layers: [1]", "vllm_hash_attention_skip_layers: [false, true]"} {
+		m := newMethod(t, NameGSAOnDevice, f.src, "{hash_topk_tokens: 64, sink_token: 8, recent_token: 16, "+conf+"}", testShape)
+		plain := newMethod(t, NameGSAOnDevice, f.src, "{hash_topk_tokens: 64, sink_token: 8, recent_token: 16}", testShape)
+		r := rand.New(rand.NewPCG(5, 6))
+		differ := 0
+		for step := range 20 {
+			q0, q1 := randomQuery(r, testShape), randomQuery(r, testShape)
+			sel := func(m SparseMethod, layer int, q []float32) []int {
+				a := f.decodeCall(40, 0, layer, step, q)
+				if err := m.AttentionBegin(a); err != nil {
+					t.Fatal(err)
+				}
+				return a.Selected
+			}
+			if step%5 == 4 { // the step starts at the skip layer: it selects for itself
+				if got, own := sel(m, 1, q1), sel(plain, 1, q1); !slices.Equal(got, own) {
+					t.Fatalf("%s step %d: skip layer first selected %v, its own selection is %v", conf, step, got, own)
+				}
+				continue
+			}
+			first, own := sel(m, 0, q0), sel(plain, 1, q1)
+			if got := sel(m, 1, q1); !slices.Equal(got, first) {
+				t.Fatalf("%s step %d: skip layer selected %v, layer 0 %v", conf, step, got, first)
+			}
+			if !slices.Equal(own, first) {
+				differ++
+			}
+		}
+		if st := m.(*blockMethod).Stats(); st.Reused != 16 || differ == 0 {
+			t.Fatalf("%s: %d reused (want 16), %d steps where the layers' own selections differ", conf, st.Reused, differ)
+		}
+		m.RequestFinished("r")
+		if len(m.(*blockMethod).lastSel) != 0 {
+			t.Fatal("RequestFinished kept the request's last selection")
+		}
+	}
+}
+
 // TestSelectionReadsNoBlock: selection through a real engine loads sidecar parts only: the
 // engine's whole-block and shard load counters do not move, and the selection equals the one
 // from the same sidecars in memory.
