@@ -405,11 +405,6 @@ func intsField(dst *[]int, keys ...string) field {
 	}}
 }
 
-// ignoredField accepts a key UCM defines for a part not built here (recorded nowhere).
-func ignoredField(keys ...string) field {
-	return field{keys: keys, set: func(string, *yaml.Node) error { return nil }}
-}
-
 // short is a value's text for an error message, bounded.
 func short(v *yaml.Node) string {
 	s := v.Value
