@@ -138,6 +138,9 @@ type blockMethod struct {
 	lastSel  map[string]*stepSel
 	// lag: a step attends the selection retrieved at the previous step (retrieval_lag 1).
 	lag bool
+	// workers, with lag, bounds the retrievals running in the background (ESA's asynchronous
+	// retrieval engine, retrieval_workers); nil: each step retrieves synchronously.
+	workers chan struct{}
 	// softmaxHeads: score blocks by Σ over query heads of their softmax share (head_score).
 	softmaxHeads bool
 	prepare      func(st *stepState) error
@@ -173,8 +176,9 @@ type stepSel struct {
 // heldSel is a selection kept for a retrieval stride, and the queries gathered meanwhile.
 type heldSel struct {
 	group    int
-	middle   []int   // selected candidates
-	middleKV [][]int // per KV head (head_select kv)
+	pending  *retrieval // the retrieval submitted at step group (asynchronous lag)
+	middle   []int      // selected candidates
+	middleKV [][]int    // per KV head (head_select kv)
 	qsum     []float64
 	qn       int
 }
@@ -191,18 +195,28 @@ func (m *blockMethod) Stats() SelectStats {
 func (m *blockMethod) SidecarSpec() kernels.SidecarSpec { return m.spec }
 
 // RequestFinished forgets the request's held selections, access counts and prefetch tasks,
-// and drops its references on the representation pool's entries.
+// waits for its background retrievals and drops its references on the representation pool's
+// entries.
 func (m *blockMethod) RequestFinished(reqID string) {
+	m.mu.Lock()
+	var pending []*retrieval
+	for k, h := range m.held {
+		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
+			if h.pending != nil {
+				pending = append(pending, h.pending)
+			}
+			delete(m.held, k)
+		}
+	}
+	m.mu.Unlock()
+	for _, t := range pending { // their pool references are the request's too
+		<-t.done
+	}
 	if m.pool != nil {
 		m.pool.finish(reqID)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for k := range m.held {
-		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
-			delete(m.held, k)
-		}
-	}
 	delete(m.lastSel, reqID)
 	for k := range m.access {
 		if len(k) > len(reqID) && k[:len(reqID)] == reqID && k[len(reqID)] == 0 {
@@ -368,32 +382,12 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		h.group, h.qn = group, 0
 		clear(h.qsum)
 	}
-	st.q = append(st.q[:0], q...)
-	if err := m.prepare(st); err != nil {
-		return nil, nil, err
-	}
-	st.scores = reuse.Grow(st.scores, n)
-	// Candidates with a stored id are scored from their rows; the rest (not stored yet) are
-	// misses. The access-count score (GSA 002) reads no representation.
-	st.pos = st.pos[:0]
-	for i := init; i < n-local && !m.accessScore; i++ {
-		if i < len(a.Request.BlockIDs) {
-			st.pos = append(st.pos, i)
-		} else {
-			st.scores[i] = math.Inf(1)
-			m.stats.missing.Add(1)
+	if m.workers != nil {
+		if sel, ok, err := m.laggedAsync(h, a, q, n, init, local, k); ok || err != nil {
+			return sel, nil, err
 		}
 	}
-	m.stats.candidates.Add(int64(n - local - init))
-	if m.perKV {
-		st.kvScores = resize(st.kvScores, m.shape.KVHeads*n)
-		for i := range st.kvScores {
-			st.kvScores[i] = math.Inf(1)
-		}
-	}
-	if m.accessScore {
-		m.accessScores(a, st.scores[:n], n)
-	} else if err := m.scoreCandidates(st, a); err != nil {
+	if err := m.scoreAll(st, a, q, n, init, local); err != nil {
 		return nil, nil, err
 	}
 	if m.perKV {
@@ -437,6 +431,99 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		h.addQuery(a.Q[len(a.Q)-len(q):])
 	}
 	return sel, nil, nil
+}
+
+// retrieval is one background retrieval of ESA's asynchronous engine: the selected candidates
+// of a step, or its error, once done is closed.
+type retrieval struct {
+	done   chan struct{}
+	middle []int
+	err    error
+}
+
+// laggedAsync is retrieval_lag 1 with the asynchronous engine: the step attends the selection
+// of the retrieval the previous step submitted (waiting for it if it is still running) and
+// submits its own query's retrieval, which runs in the background on one of the workers while
+// the step attends, and serves the next step. The first step of a request and layer has none
+// to attend: false, and the caller retrieves synchronously (as the synchronous lag does). Its
+// results equal the synchronous lag's.
+func (m *blockMethod) laggedAsync(h *heldSel, a *Attention, q []float32, n, init, local, k int) ([]int, bool, error) {
+	if h.group < 0 {
+		return nil, false, nil
+	}
+	if t := h.pending; t != nil {
+		<-t.done
+		h.pending = nil
+		if t.err != nil {
+			step := h.group
+			h.group = -1 // start over: the next step retrieves synchronously
+			return nil, false, fmt.Errorf("%s: layer %d: background retrieval of step %d: %w", m.name, a.Layer, step, t.err)
+		}
+		h.middle = t.middle
+	}
+	prev := h.middle
+	t := &retrieval{done: make(chan struct{})}
+	h.pending, h.group = t, a.Step
+	// The worker gets its own copies: the caller may reuse the query and grow the block list.
+	req := *a.Request
+	req.BlockIDs = slices.Clone(req.BlockIDs)
+	call := &Attention{Layer: a.Layer, LayerName: a.LayerName, Phase: a.Phase, Step: a.Step, Request: &req, SeqLen: a.SeqLen}
+	go m.retrieve(t, call, slices.Clone(q), n, init, local, k)
+	m.stats.held.Add(1)
+	return heldSelection(prev, n, init, local), true, nil
+}
+
+// retrieve runs one background retrieval on a worker: score, take the top-K, and queue the
+// selected blocks for prefetch at once (they serve the next step).
+func (m *blockMethod) retrieve(t *retrieval, a *Attention, q []float32, n, init, local, k int) {
+	defer close(t.done)
+	m.workers <- struct{}{}
+	defer func() { <-m.workers }()
+	st := m.state()
+	defer m.states.Put(st)
+	if t.err = m.scoreAll(st, a, q, n, init, local); t.err != nil {
+		return
+	}
+	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
+	t.middle = slices.Clone(st.sel[init : len(st.sel)-local])
+	if m.pf != nil && m.pf.ahead > 0 {
+		plan := &prefetchPlan{}
+		m.planFrom(plan, st, st.scores[:n], st.sel, n, init, local, k)
+		m.submitPlan(a, plan)
+	}
+}
+
+// scoreAll scores the candidates init … n−local of a decode step for query q into st.scores
+// (and, with head_select kv, st.kvScores).
+func (m *blockMethod) scoreAll(st *stepState, a *Attention, q []float32, n, init, local int) error {
+	st.q = append(st.q[:0], q...)
+	if err := m.prepare(st); err != nil {
+		return err
+	}
+	st.scores = reuse.Grow(st.scores, n)
+	// Candidates with a stored id are scored from their rows; the rest (not stored yet) are
+	// misses. The access-count score (GSA 002) reads no representation.
+	st.pos = st.pos[:0]
+	for i := init; i < n-local && !m.accessScore; i++ {
+		if i < len(a.Request.BlockIDs) {
+			st.pos = append(st.pos, i)
+		} else {
+			st.scores[i] = math.Inf(1)
+			m.stats.missing.Add(1)
+		}
+	}
+	m.stats.candidates.Add(int64(n - local - init))
+	if m.perKV {
+		st.kvScores = resize(st.kvScores, m.shape.KVHeads*n)
+		for i := range st.kvScores {
+			st.kvScores[i] = math.Inf(1)
+		}
+	}
+	if m.accessScore {
+		m.accessScores(a, st.scores[:n], n)
+		return nil
+	}
+	return m.scoreCandidates(st, a)
 }
 
 func (h *heldSel) addQuery(q []float32) {
@@ -604,9 +691,9 @@ func init() {
 	})
 	register(NameESA, factory{
 		parse: func(key string, node *yaml.Node) (MethodConfig, error) {
-			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum", ReprDType: "fp16", PrefetchConfig: defaultPrefetch()}
+			c := &ESAConfig{WindowConfig: windowDefaults(1, 2, 0.3, 1), Pool: "mean", HeadScore: "sum", ReprDType: "fp16", RetrievalWorkers: 4, PrefetchConfig: defaultPrefetch()}
 			return c, parseFields(key, node, append(append(c.fields(), stringField(&c.Pool, "pool"), stringField(&c.HeadScore, "head_score"),
-				intField(&c.RetrievalLag, "retrieval_lag"), stringField(&c.ReprDType, "repr_dtype")), c.prefetchFields()...))
+				intField(&c.RetrievalLag, "retrieval_lag"), intField(&c.RetrievalWorkers, "retrieval_workers"), stringField(&c.ReprDType, "repr_dtype")), c.prefetchFields()...))
 		},
 		build: func(cfg MethodConfig, env Env) (SparseMethod, error) {
 			c := cfg.(*ESAConfig)
@@ -623,6 +710,9 @@ func init() {
 			m.prepare = m.reduceQuery
 			m.softmaxHeads = c.HeadScore == "softmax"
 			m.lag = c.RetrievalLag == 1
+			if m.lag && c.RetrievalWorkers > 0 {
+				m.workers = make(chan struct{}, c.RetrievalWorkers)
+			}
 			if c.ReprDType == "int8" {
 				m.setRows(true, env)
 			}

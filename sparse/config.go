@@ -553,6 +553,11 @@ type ESAConfig struct {
 	// blocks retrieved at the previous step, as ESA's asynchronous retrieval engine makes it;
 	// UCM-Go key retrieval_lag). 1 needs retrieval_stride 1.
 	RetrievalLag int
+	// RetrievalWorkers is, with retrieval_lag 1, the retrievals that run in the background at
+	// once (ESA's asynchronous engine: step N's retrieval runs while step N attends, and serves
+	// step N+1; default 4, UCM's); 0 retrieves synchronously within the step, with the same
+	// selections (UCM-Go key retrieval_workers).
+	RetrievalWorkers int
 	// ReprDType is how the representation pool keeps the representations: "fp16" (the default,
 	// or empty: as stored) or "int8" (symmetric per-tensor quantization, one scale per block
 	// and layer: spec §2's int8 storage; UCM-Go key repr_dtype).
@@ -573,6 +578,9 @@ func (c *ESAConfig) Validate() error {
 	}
 	if err := checkHeadScore(p, c.HeadScore); err != nil {
 		return err
+	}
+	if c.RetrievalWorkers < 0 || c.RetrievalWorkers > 256 {
+		return configErr(p+".retrieval_workers", "%d: want a worker count in [0, 256]", c.RetrievalWorkers)
 	}
 	if c.RetrievalLag != 0 && (c.RetrievalLag != 1 || c.RetrievalStride != 1) {
 		return configErr(p+".retrieval_lag", "%d: want 0, or 1 with retrieval_stride 1", c.RetrievalLag)

@@ -3,10 +3,13 @@ package sparse
 import (
 	"crypto/md5"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ucm-go/ucm/engine"
@@ -757,17 +760,24 @@ func TestRetrievalLag(t *testing.T) {
 	f := newFixture(t, testShape, 40, 29)
 	conf := "{init_window_sz: 1, local_window_sz: 2, budget: 0.25%s}"
 	sync := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ""), testShape)
-	lagged := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ", retrieval_lag: 1"), testShape)
+	lagged := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ", retrieval_lag: 1, retrieval_workers: 0"), testShape)
+	async := newMethod(t, NameESA, f.src, fmt.Sprintf(conf, ", retrieval_lag: 1"), testShape)
+	if async.(*blockMethod).workers == nil || lagged.(*blockMethod).workers != nil {
+		t.Fatal("retrieval_lag 1 should retrieve in the background by default, and synchronously with retrieval_workers 0")
+	}
 	r := rand.New(rand.NewPCG(30, 31))
 	var prev []int
 	for step := range 12 {
 		q := randomQuery(r, testShape)
-		a, b := f.decodeCall(32, 0, 1, step, q), f.decodeCall(32, 0, 1, step, q)
-		if err := sync.AttentionBegin(a); err != nil {
-			t.Fatal(err)
-		}
-		if err := lagged.AttentionBegin(b); err != nil {
-			t.Fatal(err)
+		n := 30 + step/4 // the context grows
+		a, b, c := f.decodeCall(n, 0, 1, step, q), f.decodeCall(n, 0, 1, step, q), f.decodeCall(n, 0, 1, step, q)
+		for _, x := range []struct {
+			m SparseMethod
+			a *Attention
+		}{{sync, a}, {lagged, b}, {async, c}} {
+			if err := x.m.AttentionBegin(x.a); err != nil {
+				t.Fatal(err)
+			}
 		}
 		want := prev
 		if step == 0 {
@@ -776,10 +786,66 @@ func TestRetrievalLag(t *testing.T) {
 		if !slices.Equal(b.Selected, want) {
 			t.Fatalf("step %d: lagged %v, synchronous one step before %v", step, b.Selected, want)
 		}
-		prev = a.Selected
+		if !slices.Equal(c.Selected, b.Selected) { // spec §10: async result equals sync result
+			t.Fatalf("step %d: asynchronous %v, synchronous lag %v", step, c.Selected, b.Selected)
+		}
+		prev = heldSelection(a.Selected[1:len(a.Selected)-2], n+(step+1)/4-step/4, 1, 2)
+	}
+	if st := async.(*blockMethod).Stats(); st.Held != 11 {
+		t.Fatalf("asynchronous engine: %d steps attended the previous retrieval, want 11", st.Held)
+	}
+	async.RequestFinished("r") // waits for the last retrieval
+	if len(async.(*blockMethod).held) != 0 {
+		t.Fatal("RequestFinished kept the request's retrieval state")
 	}
 	node := sparseBlock(t, "ucm_sparse_config:\n  ESA: {retrieval_lag: 1, retrieval_stride: 4}\n")["ESA"]
 	if _, err := ParseMethodConfig(NameESA, &node); !isConfigErr(err, "ucm_sparse_config.ESA.retrieval_lag") {
 		t.Fatalf("lag with a stride: %v", err)
 	}
+}
+
+// failingSource fails every load while fail is set.
+type failingSource struct {
+	SidecarSource
+	fail atomic.Bool
+}
+
+var errSidecarStore = errors.New("sidecar store unavailable")
+
+func (f *failingSource) LoadSidecars(kind engine.SidecarKind, part int, ids []engine.BlockID, dst []byte) ([]bool, error) {
+	if f.fail.Load() {
+		return nil, errSidecarStore
+	}
+	return f.SidecarSource.LoadSidecars(kind, part, ids, dst)
+}
+
+// TestAsyncRetrievalError: a background retrieval that fails reports its error at the next
+// step (naming the layer and the step it served), and the step after retrieves again.
+func TestAsyncRetrievalError(t *testing.T) {
+	f := newFixture(t, testShape, 40, 31)
+	src := &failingSource{SidecarSource: f.src}
+	m := newMethodEnv(t, NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.25, retrieval_lag: 1}", Env{Role: RoleWorker, Shape: testShape, Sidecars: src, ReprPoolBytes: -1})
+	r := rand.New(rand.NewPCG(32, 33))
+	step := func(i int) error { return m.AttentionBegin(f.decodeCall(32, 0, 1, i, randomQuery(r, testShape))) }
+	if err := step(0); err != nil { // synchronous: the first step
+		t.Fatal(err)
+	}
+	if err := step(1); err != nil { // submits step 1's retrieval
+		t.Fatal(err)
+	}
+	waitRetrievals(m)
+	src.fail.Store(true)
+	if err := step(2); err != nil { // attends step 1's; step 2's retrieval fails in the background
+		t.Fatal(err)
+	}
+	waitRetrievals(m)
+	src.fail.Store(false)
+	err := step(3)
+	if !errors.Is(err, errSidecarStore) || !strings.Contains(err.Error(), "layer 1: background retrieval of step 2") {
+		t.Fatalf("step 3: %v; want the background retrieval's error naming layer 1 and step 2", err)
+	}
+	if err := step(4); err != nil {
+		t.Fatalf("step 4 after the failure: %v", err)
+	}
+	m.RequestFinished("r")
 }

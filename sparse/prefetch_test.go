@@ -588,11 +588,19 @@ func checkKV(t *testing.T, f *fixture, a *Attention) {
 // TestLagPrefetchesAhead: with ESA's retrieval lag the blocks a step attends were retrieved
 // the step before; the prefetch engine loads them between the two steps, so every step after
 // the first finds them resident: each attended block's load is issued before the step begins
-// (the loader's log, with the test's markers), and only the first step loads on demand.
+// (the loader's log, with the test's markers), and only the first step loads on demand. With
+// the asynchronous engine the retrieval itself runs after the step began, and queues its
+// prefetch as it finishes, during the rest of the step.
 func TestLagPrefetchesAhead(t *testing.T) {
+	for _, workers := range []int{0, 4} {
+		t.Run(fmt.Sprintf("retrieval_workers=%d", workers), func(t *testing.T) { testLagPrefetchesAhead(t, workers) })
+	}
+}
+
+func testLagPrefetchesAhead(t *testing.T, workers int) {
 	f := newFixture(t, testShape, 32, 41)
 	fb := newFakeBlocks()
-	m := newLoadingMethod(t, NameESA, "{init_window_sz: 1, local_window_sz: 2, budget: 0.25, retrieval_lag: 1, prefetch_cache_size: 200}", f, fb)
+	m := newLoadingMethod(t, NameESA, fmt.Sprintf("{init_window_sz: 1, local_window_sz: 2, budget: 0.25, retrieval_lag: 1, prefetch_cache_size: 200, retrieval_workers: %d}", workers), f, fb)
 	p := m.(*blockMethod).Prefetcher()
 	r := rand.New(rand.NewPCG(42, 43))
 	for step := range 10 {
@@ -621,14 +629,31 @@ func TestLagPrefetchesAhead(t *testing.T) {
 		if a.KV != nil || a.Selected != nil {
 			t.Fatal("AttentionFinished kept the shards")
 		}
-		// The model computes the rest of the step; the prefetch of the next step's blocks runs
-		// meanwhile (002's worker waits for it before the next attention).
+		// The model computes the rest of the step; the retrieval and the prefetch of the next
+		// step's blocks run meanwhile (002's worker waits for the prefetch before the next
+		// attention).
+		waitRetrievals(m.(*blockMethod))
 		if !p.WaitForCompletion("r", 0) || p.Err("r") != nil {
 			t.Fatal(p.Err("r"))
 		}
 	}
 	if st := p.Stats(); st.Prefetched == 0 || st.Hits == 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// waitRetrievals waits for m's background retrievals (none without the asynchronous engine).
+func waitRetrievals(m *blockMethod) {
+	m.mu.Lock()
+	var pending []*retrieval
+	for _, h := range m.held {
+		if h.pending != nil {
+			pending = append(pending, h.pending)
+		}
+	}
+	m.mu.Unlock()
+	for _, t := range pending {
+		<-t.done
 	}
 }
 
