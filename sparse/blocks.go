@@ -3,6 +3,7 @@ package sparse
 import (
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,7 @@ type stepState struct {
 	ch     []uint16  // a part's channels
 	scores []float64
 	idx    []int
+	keys   []uint64 // selectTopK's scratch
 	sel    []int
 	ids    []engine.BlockID
 	pos    []int
@@ -103,17 +105,33 @@ func (m *blockMethod) softmaxScores(st *stepState) {
 		}
 		var sum float32
 		for h, e := range heads[j*hq : (j+1)*hq] {
-			share := e * z[h]
-			sum += share
-			if m.perKV { // head_select kv: the shares of the KV head's query heads
-				k := (h/g)*n + i
-				if math.IsInf(st.kvScores[k], 1) {
-					st.kvScores[k] = 0
-				}
-				st.kvScores[k] += float64(share)
-			}
+			sum += e * z[h]
 		}
 		st.scores[i] = float64(sum)
+	}
+	if !m.perKV {
+		return
+	}
+	// head_select kv: each KV head's score is the sum of its query heads' shares. The
+	// candidates go in tiles, so that a tile's rows of st.heads stay in the first-level cache
+	// while every KV head's row of st.kvScores is written in order.
+	const tile = 64
+	for j0 := 0; j0 < len(st.pos); j0 += tile {
+		pos := st.pos[j0:min(j0+tile, len(st.pos))]
+		for kv := range m.shape.KVHeads {
+			row, zg := st.kvScores[kv*n:(kv+1)*n], z[kv*g:(kv+1)*g]
+			for x, i := range pos {
+				if math.IsInf(st.scores[i], 1) {
+					continue
+				}
+				j := j0 + x
+				var s float64
+				for h, e := range heads[j*hq+kv*g : j*hq+(kv+1)*g] {
+					s += float64(e * zg[h])
+				}
+				row[i] = s
+			}
+		}
 	}
 }
 
@@ -393,7 +411,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 	if m.perKV {
 		heads := make([][]int, m.shape.KVHeads)
 		for kv := range heads {
-			st.sel = selectTopK(st.sel, st.idx, st.kvScores[kv*n:(kv+1)*n], init, local, k)
+			st.sel = selectTopK(st.sel, &st.keys, st.kvScores[kv*n:(kv+1)*n], init, local, k)
 			heads[kv] = slices.Clone(st.sel)
 		}
 		if h != nil {
@@ -409,7 +427,7 @@ func (m *blockMethod) selectBlocks(a *Attention, q []float32, n, init, local, k 
 		}
 		return sel, heads, nil
 	}
-	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
+	st.sel = selectTopK(st.sel, &st.keys, st.scores[:n], init, local, k)
 	sel := append([]int(nil), st.sel...)
 	if plan != nil {
 		m.planFrom(plan, st, st.scores[:n], sel, n, init, local, k)
@@ -484,7 +502,7 @@ func (m *blockMethod) retrieve(t *retrieval, a *Attention, q []float32, n, init,
 	if t.err = m.scoreAll(st, a, q, n, init, local); t.err != nil {
 		return
 	}
-	st.sel = selectTopK(st.sel, st.idx, st.scores[:n], init, local, k)
+	st.sel = selectTopK(st.sel, &st.keys, st.scores[:n], init, local, k)
 	t.middle = slices.Clone(st.sel[init : len(st.sel)-local])
 	if m.pf != nil && m.pf.ahead > 0 {
 		plan := &prefetchPlan{}
@@ -564,14 +582,29 @@ func heldHeads(middle [][]int, n, init, local int) ([]int, [][]int) {
 	return unionSorted(heads), heads
 }
 
-// unionSorted is the ascending union of ascending lists.
+// unionSorted is the ascending union of ascending lists of non-negative blocks: marked in a
+// bitmap, then collected in order (O(blocks + entries), no sort).
 func unionSorted(lists [][]int) []int {
-	var out []int
+	n, total := 0, 0
 	for _, l := range lists {
-		out = append(out, l...)
+		if len(l) > 0 {
+			n = max(n, l[len(l)-1]+1)
+		}
+		total += len(l)
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	mark := make([]uint64, (n+63)/64)
+	for _, l := range lists {
+		for _, b := range l {
+			mark[b/64] |= 1 << (b % 64)
+		}
+	}
+	out := make([]int, 0, min(n, total))
+	for w, bitsOf := range mark {
+		for ; bitsOf != 0; bitsOf &= bitsOf - 1 {
+			out = append(out, w*64+mathbits.TrailingZeros64(bitsOf))
+		}
+	}
+	return out
 }
 
 // scorePart verifies one candidate's part and scores it from a scratch row; false when the

@@ -3,6 +3,7 @@ package sparse
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 )
 
@@ -31,8 +32,8 @@ func SelectTopK(scores []float64, init, local, k int) []int {
 	return selectTopK(nil, nil, scores, init, local, k)
 }
 
-// selectTopK is SelectTopK appending to dst[:0] with idx as scratch.
-func selectTopK(dst, idx []int, scores []float64, init, local, k int) []int {
+// selectTopK is SelectTopK appending to dst[:0], with *keys (when not nil) as scratch.
+func selectTopK(dst []int, keys *[]uint64, scores []float64, init, local, k int) []int {
 	n := len(scores)
 	init, local, k = max(init, 0), max(local, 0), max(k, 0)
 	s, e := init, n-local
@@ -52,18 +53,114 @@ func selectTopK(dst, idx []int, scores []float64, init, local, k int) []int {
 			dst = append(dst, i)
 		}
 	} else if k > 0 {
-		idx = idx[:0]
-		for i := s; i < e; i++ {
-			idx = append(idx, i)
+		var scratch []uint64
+		if keys == nil {
+			keys = &scratch
 		}
-		top := topK(idx, scores, k)
-		slices.Sort(top)
-		dst = append(dst, top...)
+		dst = appendTopK(dst, keys, scores, s, e, k)
 	}
 	for i := e; i < n; i++ {
 		dst = append(dst, i)
 	}
 	return dst
+}
+
+// orderKey maps a score to a key whose unsigned order is better's order of scores: NaN lowest,
+// −0 equal to +0, otherwise the order of the float64 values.
+func orderKey(x float64) uint64 {
+	b := math.Float64bits(x + 0)              // −0 + 0 = +0
+	key := b ^ (uint64(int64(b)>>63) | 1<<63) // negative: all bits flipped; else the sign set
+	if x != x {
+		key = 0
+	}
+	return key
+}
+
+// appendTopK appends to dst, ascending, the k (0 < k < e − s) best blocks of s … e−1 by
+// scores (ties to the lower index). It finds the k-th best key by a radix select (O(m) for m =
+// e − s blocks) and then scans the keys in block order, so the result needs no sort: the blocks
+// with a better key, and the lowest-indexed ones with the k-th key itself. *keys is scratch.
+func appendTopK(dst []int, keys *[]uint64, scores []float64, s, e, k int) []int {
+	m := e - s
+	buf := *keys
+	if cap(buf) < 2*m {
+		buf = make([]uint64, 2*m)
+	}
+	*keys = buf
+	ks, work := buf[:m], buf[m:2*m]
+	and, or := ^uint64(0), uint64(0)
+	for i, x := range scores[s:e] {
+		key := orderKey(x)
+		ks[i] = key
+		and, or = and&key, or|key
+	}
+	t, above := kthLargest(ks, work, and, or, k)
+	ties := k - above
+	for i, key := range ks {
+		switch {
+		case key > t:
+			dst = append(dst, s+i)
+		case key == t && ties > 0:
+			dst = append(dst, s+i)
+			ties--
+		}
+	}
+	return dst
+}
+
+// kthLargest returns the k-th largest t of the keys src (1 ≤ k ≤ len(src); and, or: the AND
+// and the OR of them all) and how many keys are larger than t, using work (len(src)) as
+// scratch: a radix select. Each round takes radixBits bits from the highest one in which the
+// remaining keys differ, counts the keys by them, finds the value holding the k-th largest
+// (the keys of higher values are all larger than t), and keeps only the keys with it (without
+// a branch): at most six rounds over shrinking data, whatever the distribution; the last few
+// keys are sorted.
+// radixBits is the bits kthLargest counts by in a round: 2,048 counters (8 KiB) split a
+// thousand scores' keys into buckets of a few keys in one round.
+const radixBits = 11
+
+func kthLargest(src, work []uint64, and, or uint64, k int) (t uint64, above int) {
+	a := src
+	for and != or {
+		if len(a) <= 32 && len(a) < len(src) { // a few left: sort them
+			slices.Sort(a)
+			t = a[len(a)-k]
+			for _, x := range a[len(a)-k+1:] {
+				above += b2i(x > t)
+			}
+			return t, above
+		}
+		// The radixBits bits from the highest one that differs.
+		shift := max(63-bits.LeadingZeros64(and^or)-(radixBits-1), 0)
+		const mask = 1<<radixBits - 1
+		var count [1 << radixBits]int32
+		for _, x := range a {
+			count[x>>shift&mask]++
+		}
+		d := mask
+		for ; d > 0 && int(count[d]) < k; d-- {
+			k -= int(count[d])
+			above += int(count[d])
+		}
+		// Keep the keys with byte d, from src into work in the first round, then in place.
+		j := 0
+		and, or = ^uint64(0), 0
+		for _, x := range a {
+			work[j] = x
+			keep := -uint64(b2i(int(x>>shift&mask) == d)) // all ones or zero
+			and, or = and&(x|^keep), or|(x&keep)
+			j += int(keep & 1)
+		}
+		a = work[:j]
+	}
+	return and, above
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // topK reorders idx so that its first k entries are the k best blocks by scores, and returns

@@ -41,6 +41,10 @@ func randomScores(r *rand.Rand, n int) []float64 {
 			s[i] = math.NaN()
 		case 1:
 			s[i] = math.Inf(1 - 2*r.IntN(2))
+		case 2:
+			s[i] = math.Copysign(0, -1) // ties with +0
+		case 3:
+			s[i] = r.NormFloat64()
 		default:
 			s[i] = float64(r.IntN(6))
 		}
@@ -101,6 +105,27 @@ func TestSelectTopKProperties(t *testing.T) {
 		if got := SelectTopK(moved, init, local, k); !slices.Equal(got, sel) {
 			t.Fatalf("window scores changed the selection: %v → %v", sel, got)
 		}
+	}
+}
+
+// TestSelectTopKLarge: long contexts (the selection's quickselect path, sorted runs and
+// all-equal runs included) against the brute force.
+func TestSelectTopKLarge(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for it := range 200 {
+		n := 17 + r.IntN(3000)
+		scores := randomScores(r, n)
+		switch it % 4 {
+		case 1: // ascending: a bad case for naive pivots
+			for i := range scores {
+				scores[i] = float64(i)
+			}
+		case 2: // one value
+			for i := range scores {
+				scores[i] = -7
+			}
+		}
+		checkSelection(t, scores, r.IntN(4), 1+r.IntN(4), r.IntN(n))
 	}
 }
 
@@ -236,4 +261,41 @@ func FuzzSelectTopK(f *testing.F) {
 		}
 		checkSelection(t, scores, int(init%16), int(local%16), int(k))
 	})
+}
+
+// BenchmarkTopK: one KV head's top-K of a 1,024-block context at a 10 % budget (the 99 best of
+// 1,021 candidates), on softmax-share-like scores.
+func BenchmarkTopK(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	scores := make([]float64, 1024)
+	for i := range scores {
+		scores[i] = math.Exp(r.NormFloat64()*3) / 1024
+	}
+	var dst []int
+	var keys []uint64
+	for range b.N {
+		dst = selectTopK(dst, &keys, scores, 1, 2, 99)
+	}
+}
+
+// TestUnionSorted: the union of ascending lists is their sorted, deduplicated concatenation.
+func TestUnionSorted(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 300 {
+		lists := make([][]int, r.IntN(6))
+		var all []int
+		for i := range lists {
+			for b := range r.IntN(300) {
+				if r.IntN(3) == 0 {
+					lists[i] = append(lists[i], b)
+				}
+			}
+			all = append(all, lists[i]...)
+		}
+		slices.Sort(all)
+		want := slices.Compact(all)
+		if got := unionSorted(lists); !slices.Equal(got, want) && len(got)+len(want) > 0 {
+			t.Fatalf("union of %v: %v, want %v", lists, got, want)
+		}
+	}
 }
