@@ -617,18 +617,30 @@ func FuzzScorePart(f *testing.F) {
 	for i, n := range names {
 		methods[i] = newMethod(f, n, fx.src, methodConfigs[n], testShape).(*blockMethod)
 	}
-	q := randomQuery(rand.New(rand.NewPCG(1, 1)), testShape)
+	queries := make([][]float32, len(names))
+	for i := range queries {
+		queries[i] = randomQuery(rand.New(rand.NewPCG(1, 1)), testShape)
+	}
+	// GSA On-Device on MLA: its own shape, two-encoder codes.
+	mla := newMethod(f, NameGSAOnDevice, &MapSidecars{}, mlaConf, mlaShape).(*blockMethod)
+	_, mp := mlaSidecars(f, newFixture(f, mlaShape, 2, 5), mla.SidecarSpec())
+	pb := len(mp[0]) / mlaShape.Layers
+	f.Add(uint8(len(methods)), uint16(0), byte(0), mp[0][:pb])
+	f.Add(uint8(len(methods)), uint16(90), byte(0x11), mp[1][pb:])
+	methods = append(methods, mla)
+	queries = append(queries, randomQuery(rand.New(rand.NewPCG(1, 1)), mlaShape))
 	f.Fuzz(func(t *testing.T, which uint8, at uint16, flip byte, part []byte) {
-		m := methods[int(which)%len(methods)]
+		i := int(which) % len(methods)
+		m := methods[i]
 		part = slices.Clone(part)
 		if len(part) > 0 {
 			part[int(at)%len(part)] ^= flip
 		}
-		st := &stepState{q: slices.Clone(q)}
+		st := &stepState{q: slices.Clone(queries[i])}
 		if err := m.prepare(st); err != nil {
 			t.Fatal(err)
 		}
-		for layer := range testShape.Layers {
+		for layer := range m.shape.Layers {
 			if s, ok := m.scorePart(st, layer, part); ok && math.IsNaN(s) {
 				t.Fatalf("layer %d: NaN score accepted", layer)
 			}
