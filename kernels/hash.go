@@ -38,6 +38,7 @@ type HashEncoder struct {
 	inputDim, hashBits int
 	seed               uint64
 	wt                 []float32 // Wᵀ: [hashBits][inputDim], row j is column j of W
+	w                  []float32 // W: [inputDim][hashBits], for the SIMD kernel (hash_amd64.s)
 	fp                 uint32
 }
 
@@ -67,6 +68,7 @@ func NewHashEncoder(inputDim, hashBits int, seed uint64) (*HashEncoder, error) {
 			e.wt[j*n+i] = float32(sign * q[i*m+j])
 		}
 	}
+	e.w = e.Weights()
 	var buf [4]byte
 	crc := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	for _, w := range e.wt {
@@ -241,8 +243,16 @@ func (e *HashEncoder) Hash(dst []byte, x []float32) error {
 }
 
 func (e *HashEncoder) hash(dst []byte, x []float32) {
-	// Four projections per pass over x: more accumulators spill registers and run slower.
-	for b := range dst {
+	// With AVX2, 32 projections per pass over x, lane-parallel across projections: each one's
+	// sum is the same sequence of float32 multiplies and adds as below, so the bits are equal.
+	// The portable loop takes the rest: four projections per pass (more accumulators spill
+	// registers and run slower in Go).
+	e.hashBytes(dst, x, e.hashSigns(dst, x))
+}
+
+// hashBytes is the portable hash of code bytes from … len(dst)−1.
+func (e *HashEncoder) hashBytes(dst []byte, x []float32, from int) {
+	for b := from; b < len(dst); b++ {
 		var code byte
 		for k := 0; k < 8; k += 4 {
 			p0, p1, p2, p3 := e.dot4(x, 8*b+k)
