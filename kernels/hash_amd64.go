@@ -3,7 +3,8 @@ package kernels
 import "golang.org/x/sys/cpu"
 
 // projSignsAVX2 writes the signs of chunks × 32 projections of x (n values) through W
-// (row-major, stride floats a row), 4 bytes a chunk (hash_amd64.s). n ≥ 1, chunks ≥ 1.
+// (row-major, stride floats a row), 4 bytes a chunk, two chunks a pass (hash_amd64.s). n ≥ 1,
+// chunks ≥ 1.
 //
 //go:noescape
 func projSignsAVX2(dst *byte, x, w *float32, n, stride, chunks int)

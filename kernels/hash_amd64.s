@@ -2,10 +2,19 @@
 
 // func projSignsAVX2(dst *byte, x, w *float32, n, stride, chunks int)
 //
-// The hash projection's signs, 32 projections (one chunk) at a time: for chunk c, columns
-// 32c … 32c+31 of W (row-major [n][stride] float32), p_j = Σ_i x_i·W[i][j] accumulated in
-// index order with a multiply then an add (never fused), exactly as the scalar loop of
-// hash.go rounds; the four bytes at dst+4c get bit l of byte k set iff p_{32c+8k+l} > 0.
+// The hash projection's signs, 32 projections (one chunk) at a time, two chunks a pass while
+// two are left: for chunk c, columns 32c … 32c+31 of W (row-major [n][stride] float32),
+// p_j = Σ_i x_i·W[i][j] accumulated in index order with a multiply then an add (never fused),
+// exactly as the scalar loop of hash.go rounds; the four bytes at dst+4c get bit l of byte k
+// set iff p_{32c+8k+l} > 0. Eight accumulators per pass keep two adds in flight per cycle
+// (each lane's add waits for its previous one: four accumulators would be latency-bound).
+
+// SIGNS(Y, k): byte k of dst gets the signs of Y's lanes (> 0; false for NaN).
+#define SIGNS(Y, k) \
+	VCMPPS    $0x1e, Y15, Y, Y \
+	VMOVMSKPS Y, AX \
+	MOVB      AX, k(DI)
+
 TEXT ·projSignsAVX2(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -16,7 +25,60 @@ TEXT ·projSignsAVX2(SB), NOSPLIT, $0-48
 	SHLQ $2, R8
 	VXORPS Y15, Y15, Y15
 
-proj_chunk:
+proj_pair:
+	CMPQ   R9, $2
+	JLT    proj_one
+	MOVQ   SI, R10
+	MOVQ   DX, R11
+	MOVQ   CX, R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+proj_pair_row:
+	VBROADCASTSS 0(R10), Y8
+	VMULPS       0(R11), Y8, Y9
+	VMULPS       32(R11), Y8, Y10
+	VMULPS       64(R11), Y8, Y11
+	VMULPS       96(R11), Y8, Y12
+	VADDPS       Y9, Y0, Y0
+	VADDPS       Y10, Y1, Y1
+	VADDPS       Y11, Y2, Y2
+	VADDPS       Y12, Y3, Y3
+	VMULPS       128(R11), Y8, Y9
+	VMULPS       160(R11), Y8, Y10
+	VMULPS       192(R11), Y8, Y11
+	VMULPS       224(R11), Y8, Y12
+	VADDPS       Y9, Y4, Y4
+	VADDPS       Y10, Y5, Y5
+	VADDPS       Y11, Y6, Y6
+	VADDPS       Y12, Y7, Y7
+	ADDQ         $4, R10
+	ADDQ         R8, R11
+	DECQ         R12
+	JNZ          proj_pair_row
+
+	SIGNS(Y0, 0)
+	SIGNS(Y1, 1)
+	SIGNS(Y2, 2)
+	SIGNS(Y3, 3)
+	SIGNS(Y4, 4)
+	SIGNS(Y5, 5)
+	SIGNS(Y6, 6)
+	SIGNS(Y7, 7)
+	ADDQ $8, DI
+	ADDQ $256, DX
+	SUBQ $2, R9
+	JMP  proj_pair
+
+proj_one:
+	TESTQ  R9, R9
+	JZ     proj_done
 	MOVQ   SI, R10
 	MOVQ   DX, R11
 	MOVQ   CX, R12
@@ -25,36 +87,26 @@ proj_chunk:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 
-proj_row:
-	VBROADCASTSS 0(R10), Y4
-	VMULPS       0(R11), Y4, Y5
-	VMULPS       32(R11), Y4, Y6
-	VMULPS       64(R11), Y4, Y7
-	VMULPS       96(R11), Y4, Y8
-	VADDPS       Y5, Y0, Y0
-	VADDPS       Y6, Y1, Y1
-	VADDPS       Y7, Y2, Y2
-	VADDPS       Y8, Y3, Y3
+proj_one_row:
+	VBROADCASTSS 0(R10), Y8
+	VMULPS       0(R11), Y8, Y9
+	VMULPS       32(R11), Y8, Y10
+	VMULPS       64(R11), Y8, Y11
+	VMULPS       96(R11), Y8, Y12
+	VADDPS       Y9, Y0, Y0
+	VADDPS       Y10, Y1, Y1
+	VADDPS       Y11, Y2, Y2
+	VADDPS       Y12, Y3, Y3
 	ADDQ         $4, R10
 	ADDQ         R8, R11
 	DECQ         R12
-	JNZ          proj_row
+	JNZ          proj_one_row
 
-	VCMPPS    $0x1e, Y15, Y0, Y0 // GT_OQ: p > 0 (false for NaN)
-	VCMPPS    $0x1e, Y15, Y1, Y1
-	VCMPPS    $0x1e, Y15, Y2, Y2
-	VCMPPS    $0x1e, Y15, Y3, Y3
-	VMOVMSKPS Y0, AX
-	MOVB      AX, 0(DI)
-	VMOVMSKPS Y1, AX
-	MOVB      AX, 1(DI)
-	VMOVMSKPS Y2, AX
-	MOVB      AX, 2(DI)
-	VMOVMSKPS Y3, AX
-	MOVB      AX, 3(DI)
-	ADDQ      $4, DI
-	ADDQ      $128, DX
-	DECQ      R9
-	JNZ       proj_chunk
+	SIGNS(Y0, 0)
+	SIGNS(Y1, 1)
+	SIGNS(Y2, 2)
+	SIGNS(Y3, 3)
+
+proj_done:
 	VZEROUPPER
 	RET
