@@ -108,17 +108,16 @@ func appendTopK(dst []int, keys *[]uint64, scores []float64, s, e, k int) []int 
 	return dst
 }
 
-// kthLargest returns the k-th largest t of the keys src (1 ≤ k ≤ len(src); and, or: the AND
-// and the OR of them all) and how many keys are larger than t, using work (len(src)) as
-// scratch: a radix select. Each round takes radixBits bits from the highest one in which the
-// remaining keys differ, counts the keys by them, finds the value holding the k-th largest
-// (the keys of higher values are all larger than t), and keeps only the keys with it (without
-// a branch): at most six rounds over shrinking data, whatever the distribution; the last few
-// keys are sorted.
 // radixBits is the bits kthLargest counts by in a round: 2,048 counters (8 KiB) split a
 // thousand scores' keys into buckets of a few keys in one round.
 const radixBits = 11
 
+// kthLargest returns the k-th largest t of the keys src (1 ≤ k ≤ len(src); and, or: the AND
+// and the OR of them all) and how many keys are larger than t, using work (len(src)) as
+// scratch: a radix select. Each round takes radixBits bits from the highest one in which the
+// remaining keys differ, counts the keys by them, finds the value holding the k-th largest
+// (the keys of higher values are all larger than t), and keeps only the keys with it: at most
+// six rounds over shrinking data, whatever the distribution; the last few keys are sorted.
 func kthLargest(src, work []uint64, and, or uint64, k int) (t uint64, above int) {
 	a := src
 	for and != or {
@@ -142,14 +141,16 @@ func kthLargest(src, work []uint64, and, or uint64, k int) (t uint64, above int)
 			k -= int(count[d])
 			above += int(count[d])
 		}
-		// Keep the keys with byte d, from src into work in the first round, then in place.
+		// Keep the keys with digit d, from src into work in the first round, then in place
+		// (a branch: the kept keys are usually a few of many, so it is well predicted).
 		j := 0
 		and, or = ^uint64(0), 0
 		for _, x := range a {
-			work[j] = x
-			keep := -uint64(b2i(int(x>>shift&mask) == d)) // all ones or zero
-			and, or = and&(x|^keep), or|(x&keep)
-			j += int(keep & 1)
+			if int(x>>shift&mask) == d {
+				work[j] = x
+				and, or = and&x, or|x
+				j++
+			}
 		}
 		a = work[:j]
 	}
