@@ -177,6 +177,16 @@ type HammingTable struct {
 	// tab[p][v] is byte position p's sum for byte value v, |·| ≤ 8·n ≤ 8·MaxHeads: int16
 	// keeps a 576-bit code's tables (36 KiB) in a first-level cache.
 	tab [][256]int16
+	// With AVX-512 VPOPCNTDQ and codes of at least 32 bytes, Rows counts by bit planes
+	// instead (hammingPlanesAVX512): Σ_j k_j·c_j = Σ_b 2^b·popcount(k AND plane_b), plane_b
+	// holding bit b of every c_j, so a token costs (planes + 1) popcounts per 256 bits.
+	// planes is [nplanes+1][chunks][4] words, the last plane the mask of the bits that count
+	// (the last chunk is the code's last 32 bytes and may overlap the one before); out holds
+	// the kernel's per-row results.
+	planes          []uint64
+	chunks, nplanes int
+	out             []int32
+	counts          []int32
 }
 
 // MaxHammingTableBytes bounds the code width a HammingTable takes (a 64 Ki-bit code: 4 MiB of
@@ -196,13 +206,19 @@ func (t *HammingTable) Reset(q []byte, n int) error {
 		t.tab = make([][256]int16, w)
 	}
 	t.tab = t.tab[:w]
+	t.counts = resizeInt32(t.counts, 8*w)
+	clear(t.counts)
+	for i := range n {
+		for j, v := range q[i*w : (i+1)*w] {
+			for ; v != 0; v &= v - 1 {
+				t.counts[8*j+bits.TrailingZeros8(v)]++
+			}
+		}
+	}
 	var weight [8]int16
 	for p := range w {
 		for b := range weight {
-			c := 0
-			for i := range n {
-				c += int(q[i*w+p]>>b) & 1
-			}
+			c := int(t.counts[8*p+b])
 			t.base += c
 			weight[b] = int16(n - 2*c)
 		}
@@ -213,7 +229,54 @@ func (t *HammingTable) Reset(q []byte, n int) error {
 		}
 	}
 	t.w, t.n = w, n
+	t.setPlanes()
 	return nil
+}
+
+// setPlanes builds the bit planes of t.counts when the planes kernel can take t's codes.
+func (t *HammingTable) setPlanes() {
+	t.chunks = 0
+	if !haveHammingPlanes || t.w < 32 {
+		return
+	}
+	t.chunks, t.nplanes = (t.w+31)/32, bits.Len(uint(t.n))
+	size := t.chunks * 4
+	t.planes = resizeWords(t.planes, (t.nplanes+1)*size)
+	clear(t.planes)
+	last := t.chunks - 1
+	for c := range t.chunks {
+		first := 256 * c // the chunk's first bit of the code
+		if c == last {
+			first = 8 * (t.w - 32)
+		}
+		for p := range 256 {
+			j := first + p
+			if c == last && j < 256*last { // counted by the chunk before
+				continue
+			}
+			word, bit := c*4+p/64, uint64(1)<<(p%64)
+			t.planes[t.nplanes*size+word] |= bit // the mask
+			for b := range t.nplanes {
+				if t.counts[j]>>b&1 != 0 {
+					t.planes[b*size+word] |= bit
+				}
+			}
+		}
+	}
+}
+
+func resizeWords(s []uint64, n int) []uint64 {
+	if cap(s) < n {
+		return make([]uint64, n)
+	}
+	return s[:n]
+}
+
+func resizeInt32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
 }
 
 // Width is the bytes of one code (0 for an empty table).
@@ -231,6 +294,16 @@ func (t *HammingTable) Rows(codes []byte, rows int) (minDist, total int, err err
 	}
 	w := t.w
 	minDist = t.n*8*w + 1
+	if t.chunks > 0 {
+		t.out = resizeInt32(t.out, rows)
+		hammingPlanesAVX512(&codes[0], &t.planes[0], &t.out[0], w, t.chunks, t.nplanes, rows, t.n)
+		for _, v := range t.out {
+			d := t.base + int(v)
+			total += d
+			minDist = min(minDist, d)
+		}
+		return minDist, total, nil
+	}
 	for r := range rows {
 		row := codes[r*w : (r+1)*w]
 		tab := t.tab[:len(row)]

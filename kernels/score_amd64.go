@@ -25,9 +25,17 @@ func dotsInt8AVX2(out, q *float32, v *int8, n, d, qs, vs int)
 //go:noescape
 func hammingRowsAVX512(q, codes *byte, w, rows int) (minDist, total int)
 
+// hammingPlanesAVX512 writes n·ones − 2·dot of each of rows key codes (score_amd64.s).
+//
+//go:noescape
+func hammingPlanesAVX512(codes *byte, planes *uint64, out *int32, w, chunks, nplanes, rows, n int)
+
 var (
 	haveF16FMA   = cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C
 	havePopcnt32 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPOPCNTDQ
+	// haveHammingPlanes enables HammingTable's planes kernel (a variable so tests can
+	// compare it with the tables).
+	haveHammingPlanes = havePopcnt32
 )
 
 func dotsF16(out, q []float32, v []byte, d, qs, vs int) {

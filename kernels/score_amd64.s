@@ -394,3 +394,83 @@ x4_sum:
 	VMOVUPS      X0, 0(DI)
 	VZEROUPPER
 	RET
+
+// func hammingPlanesAVX512(codes *byte, planes *uint64, out *int32, w, chunks, nplanes, rows, n int)
+//
+// HammingTable's sums by bit planes (score.go): rows key codes of w bytes (w ≥ 32) at codes;
+// planes is [nplanes+1][chunks][4] uint64: plane b holds bit b of every bit's query count, the
+// last plane the mask of key bits that count. Chunk c of a row is its 32 bytes at 32c, except
+// the last chunk, which is the row's last 32 bytes (w−32: it overlaps the one before when w is
+// not a multiple of 32, and the mask and planes are zero there). Per row: ones = Σ
+// popcount(k AND mask), dot = Σ_b 2^b·popcount(k AND plane_b) (VPOPCNTQ), and
+// out = n·ones − 2·dot.
+TEXT ·hammingPlanesAVX512(SB), NOSPLIT, $0-64
+	MOVQ codes+0(FP), SI
+	MOVQ planes+8(FP), R8
+	MOVQ out+16(FP), DI
+	MOVQ w+24(FP), R9
+	MOVQ chunks+32(FP), R10
+	MOVQ nplanes+40(FP), DX
+	MOVQ rows+48(FP), CX
+	MOVQ n+56(FP), R15
+	MOVQ R10, R11
+	SHLQ $5, R11        // a plane's bytes: chunks × 32
+	LEAQ -32(R9), R13   // the last chunk's offset in a row
+
+hp_row:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	XORQ  R12, R12      // chunk c
+
+hp_chunk:
+	MOVQ    R12, BX
+	SHLQ    $5, BX      // 32c
+	LEAQ    1(R12), AX
+	CMPQ    AX, R10
+	CMOVQEQ R13, BX     // the last chunk: w − 32
+	VMOVDQU (SI)(BX*1), Y2
+	MOVQ    R12, R14
+	SHLQ    $5, R14
+	ADDQ    R8, R14     // plane 0, chunk c
+	XORQ    AX, AX      // plane b
+
+hp_plane:
+	CMPQ     AX, DX
+	JGE      hp_mask
+	VPAND    (R14), Y2, Y4
+	VPOPCNTQ Y4, Y4
+	VMOVQ    AX, X5
+	VPSLLQ   X5, Y4, Y4
+	VPADDQ   Y4, Y1, Y1
+	ADDQ     R11, R14
+	INCQ     AX
+	JMP      hp_plane
+
+hp_mask:
+	VPAND    (R14), Y2, Y4
+	VPOPCNTQ Y4, Y4
+	VPADDQ   Y4, Y0, Y0
+	INCQ     R12
+	CMPQ     R12, R10
+	JLT      hp_chunk
+
+	VEXTRACTI128 $1, Y0, X2
+	VPADDQ       X2, X0, X0
+	VPSHUFD      $0x4e, X0, X2
+	VPADDQ       X2, X0, X0
+	VMOVQ        X0, AX     // ones
+	VEXTRACTI128 $1, Y1, X2
+	VPADDQ       X2, X1, X1
+	VPSHUFD      $0x4e, X1, X2
+	VPADDQ       X2, X1, X1
+	VMOVQ        X1, BX     // dot
+	IMULQ        R15, AX
+	SHLQ         $1, BX
+	SUBQ         BX, AX
+	MOVL         AX, (DI)
+	ADDQ         $4, DI
+	ADDQ         R9, SI
+	DECQ         CX
+	JNZ          hp_row
+	VZEROUPPER
+	RET

@@ -11,3 +11,10 @@ func questF16(out, q []float32, lo, hi []byte, d, qs, vs int) { questF16Go(out, 
 func dotsInt8(out, q []float32, v []int8, d, qs, vs int) { dotsInt8Go(out, q, v, d, qs, vs) }
 
 func hammingRows(q, codes []byte, rows int) (int, int) { return hammingRowsGo(q, codes, rows) }
+
+// haveHammingPlanes is false: HammingTable uses its tables.
+var haveHammingPlanes = false
+
+func hammingPlanesAVX512(codes *byte, planes *uint64, out *int32, w, chunks, nplanes, rows, n int) {
+	panic("kernels: no planes kernel on this architecture")
+}

@@ -333,3 +333,44 @@ func BenchmarkHammingTable(b *testing.B) {
 		}
 	}
 }
+
+// TestHammingTablePlanes: where the CPU has the planes kernel, its sums equal the tables' for
+// query sets up to MaxHeads (eleven planes) and code widths that are and are not multiples of
+// 32 bytes (the last chunk overlapping the one before).
+func TestHammingTablePlanes(t *testing.T) {
+	if !haveHammingPlanes {
+		t.Skip("no AVX-512 VPOPCNTDQ")
+	}
+	defer func() { haveHammingPlanes = true }()
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{1, 2, 63, 64, 65, 1024} {
+		for _, w := range []int{32, 40, 64, 72, 96, 200} {
+			q := make([]byte, n*w)
+			for i := range q {
+				q[i] = byte(r.Uint32())
+			}
+			const rows = 37
+			codes := make([]byte, rows*w)
+			for i := range codes {
+				codes[i] = byte(r.Uint32())
+			}
+			copy(codes[5*w:], q[:w])
+			var planes, tables HammingTable
+			haveHammingPlanes = true
+			if err := planes.Reset(q, n); err != nil || planes.chunks == 0 {
+				t.Fatalf("n %d w %d: %v, chunks %d", n, w, err, planes.chunks)
+			}
+			haveHammingPlanes = false
+			if err := tables.Reset(q, n); err != nil {
+				t.Fatal(err)
+			}
+			for k := 1; k <= rows; k += 9 {
+				pm, pt, err1 := planes.Rows(codes, k)
+				tm, tt, err2 := tables.Rows(codes, k)
+				if err1 != nil || err2 != nil || pm != tm || pt != tt {
+					t.Fatalf("n %d w %d rows %d: planes %d, %d (%v); tables %d, %d (%v)", n, w, k, pm, pt, err1, tm, tt, err2)
+				}
+			}
+		}
+	}
+}
