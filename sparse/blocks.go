@@ -115,21 +115,31 @@ func (m *blockMethod) softmaxScores(st *stepState) {
 	// head_select kv: each KV head's score is the sum of its query heads' shares. The
 	// candidates go in tiles, so that a tile's rows of st.heads stay in the first-level cache
 	// while every KV head's row of st.kvScores is written in order.
+	scored := st.idx[:0] // the candidates' indexes j into st.pos that were scored
+	for j, i := range st.pos {
+		if !math.IsInf(st.scores[i], 1) {
+			scored = append(scored, j)
+		}
+	}
+	st.idx = scored
 	const tile = 64
-	for j0 := 0; j0 < len(st.pos); j0 += tile {
-		pos := st.pos[j0:min(j0+tile, len(st.pos))]
+	for t0 := 0; t0 < len(scored); t0 += tile {
+		js := scored[t0:min(t0+tile, len(scored))]
 		for kv := range m.shape.KVHeads {
 			row, zg := st.kvScores[kv*n:(kv+1)*n], z[kv*g:(kv+1)*g]
-			for x, i := range pos {
-				if math.IsInf(st.scores[i], 1) {
-					continue
+			if g == 1 {
+				zk := zg[0]
+				for _, j := range js {
+					row[st.pos[j]] = float64(heads[j*hq+kv] * zk)
 				}
-				j := j0 + x
+				continue
+			}
+			for _, j := range js {
 				var s float64
 				for h, e := range heads[j*hq+kv*g : j*hq+(kv+1)*g] {
 					s += float64(e * zg[h])
 				}
-				row[i] = s
+				row[st.pos[j]] = s
 			}
 		}
 	}
