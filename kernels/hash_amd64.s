@@ -9,6 +9,18 @@
 // set iff p_{32c+8k+l} > 0. Eight accumulators per pass keep two adds in flight per cycle
 // (each lane's add waits for its previous one: four accumulators would be latency-bound).
 
+// MULADD4(off, A, B, C, D): the four accumulators add x_i (in Y8) times W's 32 floats at
+// R11+off, multiplied then added (never fused).
+#define MULADD4(off, A, B, C, D) \
+	VMULPS off+0(R11), Y8, Y9 \
+	VMULPS off+32(R11), Y8, Y10 \
+	VMULPS off+64(R11), Y8, Y11 \
+	VMULPS off+96(R11), Y8, Y12 \
+	VADDPS Y9, A, A \
+	VADDPS Y10, B, B \
+	VADDPS Y11, C, C \
+	VADDPS Y12, D, D
+
 // SIGNS(Y, k): byte k of dst gets the signs of Y's lanes (> 0; false for NaN).
 #define SIGNS(Y, k) \
 	VCMPPS    $0x1e, Y15, Y, Y \
@@ -42,22 +54,8 @@ proj_pair:
 
 proj_pair_row:
 	VBROADCASTSS 0(R10), Y8
-	VMULPS       0(R11), Y8, Y9
-	VMULPS       32(R11), Y8, Y10
-	VMULPS       64(R11), Y8, Y11
-	VMULPS       96(R11), Y8, Y12
-	VADDPS       Y9, Y0, Y0
-	VADDPS       Y10, Y1, Y1
-	VADDPS       Y11, Y2, Y2
-	VADDPS       Y12, Y3, Y3
-	VMULPS       128(R11), Y8, Y9
-	VMULPS       160(R11), Y8, Y10
-	VMULPS       192(R11), Y8, Y11
-	VMULPS       224(R11), Y8, Y12
-	VADDPS       Y9, Y4, Y4
-	VADDPS       Y10, Y5, Y5
-	VADDPS       Y11, Y6, Y6
-	VADDPS       Y12, Y7, Y7
+	MULADD4(0, Y0, Y1, Y2, Y3)
+	MULADD4(128, Y4, Y5, Y6, Y7)
 	ADDQ         $4, R10
 	ADDQ         R8, R11
 	DECQ         R12
@@ -89,14 +87,7 @@ proj_one:
 
 proj_one_row:
 	VBROADCASTSS 0(R10), Y8
-	VMULPS       0(R11), Y8, Y9
-	VMULPS       32(R11), Y8, Y10
-	VMULPS       64(R11), Y8, Y11
-	VMULPS       96(R11), Y8, Y12
-	VADDPS       Y9, Y0, Y0
-	VADDPS       Y10, Y1, Y1
-	VADDPS       Y11, Y2, Y2
-	VADDPS       Y12, Y3, Y3
+	MULADD4(0, Y0, Y1, Y2, Y3)
 	ADDQ         $4, R10
 	ADDQ         R8, R11
 	DECQ         R12
