@@ -3,6 +3,8 @@ package kernels
 import (
 	"encoding/binary"
 	"math/bits"
+
+	"github.com/ucm-go/ucm/internal/reuse"
 )
 
 // Scoring kernels of sparse-attention selection: the inner loops that read stored block
@@ -175,14 +177,15 @@ func hammingRowsGo(q, codes []byte, rows int) (minDist, total int) {
 type HammingTable struct {
 	w, n, base int
 	// tab[p][v] is byte position p's sum for byte value v, |·| ≤ 8·n ≤ 8·MaxHeads: int16
-	// keeps a 576-bit code's tables (36 KiB) in a first-level cache.
+	// keeps a 576-bit code's tables (36 KiB) in a first-level cache. Built only when the
+	// planes below are not.
 	tab [][256]int16
 	// With AVX-512 VPOPCNTDQ and codes of at least 32 bytes, Rows counts by bit planes
 	// instead (hammingPlanesAVX512): Σ_j k_j·c_j = Σ_b 2^b·popcount(k AND plane_b), plane_b
 	// holding bit b of every c_j, so a token costs (planes + 1) popcounts per 256 bits.
 	// planes is [nplanes+1][chunks][4] words, the last plane the mask of the bits that count
 	// (the last chunk is the code's last 32 bytes and may overlap the one before); out holds
-	// the kernel's per-row results.
+	// the kernel's per-row results; counts is c_j for every bit j.
 	planes          []uint64
 	chunks, nplanes int
 	out             []int32
@@ -202,12 +205,7 @@ func (t *HammingTable) Reset(q []byte, n int) error {
 		return errorf(ErrInvalid, "hamming table: %d bytes of codes for %d queries (at most %d queries of %d bytes)", len(q), n, MaxHeads, MaxHammingTableBytes)
 	}
 	w := len(q) / n
-	if cap(t.tab) < w {
-		t.tab = make([][256]int16, w)
-	}
-	t.tab = t.tab[:w]
-	t.counts = resizeInt32(t.counts, 8*w)
-	clear(t.counts)
+	t.counts = reuse.Grow(t.counts, 8*w)
 	for i := range n {
 		for j, v := range q[i*w : (i+1)*w] {
 			for ; v != 0; v &= v - 1 {
@@ -215,12 +213,21 @@ func (t *HammingTable) Reset(q []byte, n int) error {
 			}
 		}
 	}
+	for _, c := range t.counts {
+		t.base += int(c)
+	}
+	t.w, t.n = w, n
+	if t.setPlanes() {
+		return nil
+	}
+	if cap(t.tab) < w {
+		t.tab = make([][256]int16, w)
+	}
+	t.tab = t.tab[:w]
 	var weight [8]int16
 	for p := range w {
 		for b := range weight {
-			c := int(t.counts[8*p+b])
-			t.base += c
-			weight[b] = int16(n - 2*c)
+			weight[b] = int16(n - 2*int(t.counts[8*p+b]))
 		}
 		tab := &t.tab[p]
 		tab[0] = 0
@@ -228,21 +235,19 @@ func (t *HammingTable) Reset(q []byte, n int) error {
 			tab[v] = weight[bits.TrailingZeros8(uint8(v))] + tab[v&(v-1)]
 		}
 	}
-	t.w, t.n = w, n
-	t.setPlanes()
 	return nil
 }
 
-// setPlanes builds the bit planes of t.counts when the planes kernel can take t's codes.
-func (t *HammingTable) setPlanes() {
+// setPlanes builds the bit planes of t.counts when the planes kernel can take t's codes, and
+// reports whether it did (else Rows uses the byte tables).
+func (t *HammingTable) setPlanes() bool {
 	t.chunks = 0
 	if !haveHammingPlanes || t.w < 32 {
-		return
+		return false
 	}
 	t.chunks, t.nplanes = (t.w+31)/32, bits.Len(uint(t.n))
 	size := t.chunks * 4
-	t.planes = resizeWords(t.planes, (t.nplanes+1)*size)
-	clear(t.planes)
+	t.planes = reuse.Grow(t.planes, (t.nplanes+1)*size)
 	last := t.chunks - 1
 	for c := range t.chunks {
 		first := 256 * c // the chunk's first bit of the code
@@ -263,20 +268,7 @@ func (t *HammingTable) setPlanes() {
 			}
 		}
 	}
-}
-
-func resizeWords(s []uint64, n int) []uint64 {
-	if cap(s) < n {
-		return make([]uint64, n)
-	}
-	return s[:n]
-}
-
-func resizeInt32(s []int32, n int) []int32 {
-	if cap(s) < n {
-		return make([]int32, n)
-	}
-	return s[:n]
+	return true
 }
 
 // Width is the bytes of one code (0 for an empty table).
@@ -295,7 +287,7 @@ func (t *HammingTable) Rows(codes []byte, rows int) (minDist, total int, err err
 	w := t.w
 	minDist = t.n*8*w + 1
 	if t.chunks > 0 {
-		t.out = resizeInt32(t.out, rows)
+		t.out = reuse.Grow(t.out, rows)
 		hammingPlanesAVX512(&codes[0], &t.planes[0], &t.out[0], w, t.chunks, t.nplanes, rows, t.n)
 		for _, v := range t.out {
 			d := t.base + int(v)
