@@ -334,12 +334,9 @@ func (m *blockMethod) reuseSelection(a *Attention, n int) ([]int, [][]int, bool)
 		return nil, nil, false
 	}
 	m.stats.reused.Add(1)
-	heads := make([][]int, len(last.heads))
-	for i, h := range last.heads {
-		heads[i] = slices.Clone(h)
-	}
-	if len(heads) == 0 {
-		heads = nil
+	var heads [][]int // nil unless the layer selected per KV head
+	for _, h := range last.heads {
+		heads = append(heads, slices.Clone(h))
 	}
 	return slices.Clone(last.sel), heads, true
 }

@@ -82,10 +82,7 @@ func orderKey(x float64) uint64 {
 // with a better key, and the lowest-indexed ones with the k-th key itself. *keys is scratch.
 func appendTopK(dst []int, keys *[]uint64, scores []float64, s, e, k int) []int {
 	m := e - s
-	buf := *keys
-	if cap(buf) < 2*m {
-		buf = make([]uint64, 2*m)
-	}
+	buf := resize(*keys, 2*m)
 	*keys = buf
 	ks, work := buf[:m], buf[m:2*m]
 	and, or := ^uint64(0), uint64(0)
@@ -125,7 +122,9 @@ func kthLargest(src, work []uint64, and, or uint64, k int) (t uint64, above int)
 			slices.Sort(a)
 			t = a[len(a)-k]
 			for _, x := range a[len(a)-k+1:] {
-				above += b2i(x > t)
+				if x > t {
+					above++
+				}
 			}
 			return t, above
 		}
@@ -155,13 +154,6 @@ func kthLargest(src, work []uint64, and, or uint64, k int) (t uint64, above int)
 		a = work[:j]
 	}
 	return and, above
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // topK reorders idx so that its first k entries are the k best blocks by scores, and returns
