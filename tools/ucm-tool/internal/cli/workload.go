@@ -138,6 +138,12 @@ func (env *benchEnv) openForDump(res *benchResult) (*engine.Engine, int64, error
 		return e.Dump(ids, bufs).Wait()
 	})
 	if err == nil {
+		// Segments are sealed in the background once their records are published, and only
+		// sealed ones are retired: Sync waits for the seals, so that the eviction retires
+		// every segment the fill filled and the timed dump finds all their files pooled.
+		err = e.Sync()
+	}
+	if err == nil {
 		_, err = e.Evict("", 0)
 	}
 	if err != nil {
