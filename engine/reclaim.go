@@ -661,7 +661,10 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 
 // Evict frees space in the disk tier named tier (the first disk tier when empty) until its
 // segment files hold at most toBytes, by the same policy as automatic reclamation. It returns what it did;
-// fewer bytes are freed when the remaining blocks are pinned or the store is empty.
+// fewer bytes are freed when the remaining blocks are pinned or the store is empty. Only sealed
+// segments are retired: the active segment, and one whose background seal has not finished,
+// keep their files (their evicted blocks are gone from the index) until a later reclamation
+// finds them sealed and empty. Sync first waits for the seals under way.
 func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	if !e.enter() {
 		return ReclaimReport{}, ErrClosed
