@@ -17,7 +17,7 @@
 # one question: does the engine keep a steady device busy with its access pattern and its
 # durability? The loop driver copies with the CPU (about 2.4 GB/s on a 2-vCPU VM), so keep MBPS
 # well below what an unthrottled fio gets from it, or the copy competes with the engine for CPU.
-set -euo pipefail
+set -Eeuo pipefail
 
 NAME=ucm-stabledev
 BASE=/mnt/$NAME
@@ -55,6 +55,7 @@ up() {
 	local mbps=${1:-1000} size=${2:-8G}
 	[ "$(id -u)" = 0 ] || die "up needs root (tmpfs, loop device, mkfs, cgroup)"
 	[ ! -e "$STATE" ] || die "already up ($(cat "$STATE")); run down first"
+	trap down ERR # a failure half way leaves nothing mounted or attached
 	mkdir -p "$RAM" "$MOUNT"
 	mount -t tmpfs -o size="$size" "$NAME" "$RAM"
 	# Leave tmpfs a little room for its own metadata: the file takes 15/16 of it.
@@ -71,6 +72,7 @@ up() {
 	mkdir -p "$dir"
 	cap "$dir" "$dev" $((mbps * 1000000))
 	echo "loop=$loop dev=$dev cgroup=$dir mbps=$mbps" > "$STATE"
+	trap - ERR
 	echo "stabledev: $MOUNT (ext4 on $loop over tmpfs), capped at $mbps MB/s for: $0 run CMD..."
 }
 
@@ -82,18 +84,16 @@ run() {
 	exec "$@"
 }
 
-down() {
-	if [ -e "$STATE" ]; then
-		local loop dir
-		loop=$(sed -n 's/.*loop=\([^ ]*\).*/\1/p' "$STATE")
-		dir=$(sed -n 's/.*cgroup=\([^ ]*\).*/\1/p' "$STATE")
-		umount "$MOUNT" 2>/dev/null || true
-		losetup -d "$loop" 2>/dev/null || true
-		rmdir "$dir" 2>/dev/null || true
-		rm -f "$STATE"
+down() { # undoes whatever up did, also when up failed half way
+	umount "$MOUNT" 2>/dev/null || true
+	if [ -e "$RAM/disk" ]; then
+		losetup -j "$RAM/disk" | cut -d: -f1 | while read -r loop; do losetup -d "$loop" || true; done
 	fi
+	local dir
+	if dir=$(cgroup_dir 2>/dev/null); then rmdir "$dir" 2>/dev/null || true; fi
 	umount "$RAM" 2>/dev/null || true
 	rmdir "$MOUNT" "$RAM" 2>/dev/null || true
+	rm -f "$STATE"
 }
 
 case "${1:-}" in
