@@ -496,6 +496,9 @@ func (e *Engine) Close() error {
 		errs = append(errs, w.Close())
 	}
 	e.publishShared() // the segments the writers just sealed
+	if e.share != nil {
+		e.closePublogs()
+	}
 	err := errors.Join(errs...)
 	e.release()
 	if err != nil {
@@ -688,6 +691,10 @@ func (e *Engine) Stats() Stats {
 			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
 			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
 			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load()}
+		st.Sharing.LogRecords = s.ov.records.Load()
+		s.logs.mu.Lock()
+		st.Sharing.LogAppendErrors = s.logs.appendErrors
+		s.logs.mu.Unlock()
 		if n := st.Sharing.VisibilitySamples; n > 0 {
 			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)
 		}

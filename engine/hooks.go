@@ -50,10 +50,17 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	b := e.ix.NewBatch()
 	var last *wal.Record
 	moved := make([]*bool, len(recs))
+	var locs []index.Location // for the publication log
+	if e.share != nil {
+		locs = make([]index.Location, len(recs))
+	}
 	sync := false
 	for k, r := range recs {
 		loc := index.Location{Segment: r.Segment, Offset: r.Offset, Layout: r.Layout, Seq: r.Seq, HeaderCRC: r.HeaderCRC, ShardCRCs: r.ShardCRCs,
 			Compression: r.Compression, StoredLens: r.StoredLens, StoredCRCs: r.StoredCRCs, BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
+		if locs != nil {
+			locs[k] = loc
+		}
 		switch {
 		case r.Kind != 0 && r.Origin != nil:
 			moved[k] = b.PutSidecarIf(r.ID, r.Kind, index.Location{Segment: r.Origin.Segment, Offset: r.Origin.Offset}, loc)
@@ -77,6 +84,10 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	}
 	if err := e.ix.Apply(b, sync); err != nil {
 		return err
+	}
+	if locs != nil {
+		// Before the dump completes: other instances find the blocks from now on.
+		e.appendPublog(recs, locs)
 	}
 	// Recency: a dumped block is the newest of its tier; a block moved to another tier leaves
 	// the old tier's list; compaction within a tier keeps the block's recency.

@@ -56,6 +56,11 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 	for k, i := range miss {
 		hits[i] = subHits[k]
 	}
+	if !e.overlayHas(ids, hits) {
+		// Blocks another instance on this host dumped since: its publication log has them.
+		e.tailPublogs(true)
+		e.overlayHas(ids, hits)
+	}
 }
 
 // LookupPrefix returns the length of the leading run of stored blocks in ids: the number of
@@ -84,6 +89,9 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 			}
 			n += own
 		}
+	}
+	if e.share != nil && e.share.fx != nil && n < len(ids) {
+		n = e.publishedPrefix(ids, n)
 	}
 	n = e.mooncakePrefix(ids, n)
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
@@ -306,7 +314,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		}
 		loc, ok, err := locate(i)
 		if err == nil && !ok {
-			loc, ok = e.foreignGet(id)
+			loc, ok = e.foreignGetTailing(id)
 		}
 		if err != nil || !ok {
 			if err == nil {
@@ -692,7 +700,9 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 		e.stats.corruptReads.Add(1)
 	}
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
-	if !e.opts.ReadOnly && isForeign(loc.Segment) {
+	if !e.opts.ReadOnly && isOverlay(loc.Segment) {
+		e.dropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
+	} else if !e.opts.ReadOnly && isForeign(loc.Segment) {
 		// Another instance's block: forget this copy here; its owner's files are not ours.
 		// Its sidecars leave the foreign index with it, and the memory tier after.
 		if e.share != nil && e.share.fx != nil {

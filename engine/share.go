@@ -102,6 +102,10 @@ type sharing struct {
 	// they are unlinked (finish runs the unlink).
 	grace map[uint64]*graceEntry
 
+	// Publication logs: this instance's (logs) and what the others' announced (ov).
+	logs publogs
+	ov   overlay
+
 	refreshes, refreshErrors     atomic.Int64
 	segmentsIndexed, dropped     atomic.Int64
 	foreignHits                  atomic.Int64
@@ -415,6 +419,7 @@ func (e *Engine) publishShared() {
 		s.mu.Lock()
 		s.lastPub[n.dir], s.lastSeq[n.dir], s.lastWrite[n.dir] = body, m.Sequence, time.Now()
 		s.mu.Unlock()
+		e.prunePublogs(n.dir, n.list)
 	}
 }
 
@@ -429,6 +434,8 @@ func (e *Engine) refreshShared() {
 		return
 	}
 	s.refreshes.Add(1)
+	e.syncPublogs()
+	defer e.tailPublogs(false)
 	for _, t := range e.tiers {
 		if !t.cfg.Shared {
 			continue
@@ -506,6 +513,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 			gen := s.segs[alias].generation
 			s.mu.Unlock()
 			if known && gen == ent.Generation {
+				e.forgetOverlay(k) // learned from its log after it was indexed
 				continue
 			}
 			if known {
@@ -516,6 +524,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 				e.opts.Logger.Warn("ucm: could not index another instance's segment; skipped", "dir", segDir, "segment", ent.Number, "err", err)
 				continue
 			}
+			e.forgetOverlay(k) // the foreign index holds it now
 			if ent.Sealed > 0 {
 				s.visibleAt.Add(time.Now().UnixNano() - ent.Sealed)
 				s.visibleSamples.Add(1)
@@ -823,6 +832,9 @@ func (e *Engine) foreignSegment(alias uint64) (foreignSeg, bool) {
 	if e.share == nil {
 		return foreignSeg{}, false
 	}
+	if isOverlay(alias) {
+		return e.overlaySegment(alias)
+	}
 	e.share.mu.Lock()
 	defer e.share.mu.Unlock()
 	fs, ok := e.share.segs[alias]
@@ -848,12 +860,33 @@ func (e *Engine) foreignGet(id BlockID) (index.Location, bool) {
 		e.opts.Logger.Warn("ucm: foreign index read failed; a miss", "block", id, "err", err)
 		return loc, false
 	}
+	if !ok {
+		loc, ok = e.overlayGet(id)
+	}
+	return loc, ok
+}
+
+// foreignGetTailing is foreignGet for a load: on a miss it first reads what the instances on
+// this host appended to their publication logs.
+func (e *Engine) foreignGetTailing(id BlockID) (index.Location, bool) {
+	loc, ok := e.foreignGet(id)
+	if !ok && e.share != nil && e.share.fx != nil {
+		e.tailPublogs(true)
+		loc, ok = e.overlayGet(id)
+	}
 	return loc, ok
 }
 
 // foreignContains reports whether the foreign index holds id.
 func (e *Engine) foreignContains(id BlockID) bool {
-	return e.share != nil && e.share.fx != nil && e.share.fx.Contains(id)
+	if e.share == nil || e.share.fx == nil {
+		return false
+	}
+	if e.share.fx.Contains(id) {
+		return true
+	}
+	_, ok := e.overlayGet(id)
+	return ok
 }
 
 // retireShared delays the unlink of a retired segment of a shared tier that was published:
@@ -895,6 +928,7 @@ func (e *Engine) closeSharing() {
 	if s == nil {
 		return
 	}
+	e.closeOverlay()
 	s.mu.Lock()
 	var pending []*graceEntry
 	for n, g := range s.grace {

@@ -107,6 +107,10 @@ type SharingStats struct {
 	// the memory tier after a load (CopiedToMemory), copied into this instance's own first disk
 	// tier by promotion after a hit or Prefetch (CopiedToDisk).
 	CopiedToMemory, CopiedToDisk int64
+	// LogRecords counts the blocks this instance learned from other instances' publication
+	// logs before their segment was published; LogAppendErrors the appends to its own logs that
+	// failed (those blocks became visible with their segment's manifest instead).
+	LogRecords, LogAppendErrors int64
 }
 
 // counters are the engine's live counters.

@@ -23,6 +23,7 @@ import (
 //	<path>/instances/<instance id, 32 hex digits>/LOCK       held by the owner while it runs
 //	<path>/instances/<instance id>/MANIFEST-<sequence>       the owner's published segments
 //	<path>/instances/<instance id>/segments/<n>.seg          the owner's segment files
+//	<path>/instances/<instance id>/PUBLOG-<sequence>         the owner's publication log
 //
 // Each manifest is a new file whose name carries its sequence (20 decimal digits, so names
 // sort in sequence order), never a file renamed over another: a network file system client
@@ -34,6 +35,8 @@ const (
 	InstancesDir = "instances"
 	// ManifestPrefix starts the name of a namespace's manifests (format.Manifest).
 	ManifestPrefix = "MANIFEST-"
+	// PublogPrefix starts the name of a namespace's publication logs (format.PublogHeader).
+	PublogPrefix = "PUBLOG-"
 	// manifestTempSuffix marks a manifest being written, before it is renamed to its name.
 	manifestTempSuffix = ".tmp"
 )
@@ -60,6 +63,33 @@ func manifestNames(fs vfs.FS, nsDir string) ([]uint64, error) {
 	var seqs []uint64
 	for _, n := range names {
 		if seq, ok := parseManifestName(n); ok {
+			seqs = append(seqs, seq)
+		}
+	}
+	slices.Sort(seqs)
+	return seqs, nil
+}
+
+// PublogName is the file name of a namespace's publication log with sequence seq.
+func PublogName(seq uint64) string { return fmt.Sprintf("%s%020d", PublogPrefix, seq) }
+
+// PublogNames returns the sequences of the publication logs in nsDir, in increasing order (one
+// directory listing); none and no error for a namespace that does not exist.
+func PublogNames(fs vfs.FS, nsDir string) ([]uint64, error) {
+	names, err := fs.List(nsDir)
+	if err != nil {
+		if oserror.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("publication logs of %s: %w", nsDir, err)
+	}
+	var seqs []uint64
+	for _, n := range names {
+		digits, found := strings.CutPrefix(n, PublogPrefix)
+		if !found || len(digits) != 20 {
+			continue
+		}
+		if seq, err := strconv.ParseUint(digits, 10, 64); err == nil {
 			seqs = append(seqs, seq)
 		}
 	}

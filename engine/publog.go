@@ -1,0 +1,711 @@
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// Publication logs (docs/sharing.md "Read your writes", format/publog.go). A block dumped into
+// a shared tier is durable and in its owner's index when its dump completes, but the other
+// instances learn of it from a manifest only once its segment is sealed and the manifest
+// read: a second or more later. So each instance also appends, before its dump completes, the
+// location of every record it indexes in a shared tier to a publication log in its namespace,
+// and every instance tails the others' logs: on a lookup or load that misses, the logs written
+// on this host (one page cache: what was appended is readable at once) and every refresh
+// interval all of them. What a log announces is kept in memory (the overlay), never in the
+// foreign index, and only until the segment is listed in a manifest and indexed from its
+// footer like any other; a load through it is checked like any foreign load.
+
+const (
+	// overlayAlias marks, with foreignAlias, the aliases of segments known only from a
+	// publication log. They are never written to the foreign index.
+	overlayAlias = 1 << 62
+	// publogRotateBytes: a log longer than this is continued in a new one at the next append.
+	publogRotateBytes = 64 << 20
+	// publogReadMax bounds one read of a log's tail (an entry is at most MaxPublogBody bytes).
+	publogReadMax = 2 * format.MaxPublogBody
+	// publogEntryRecords bounds the records of one entry.
+	publogEntryRecords = 1024
+)
+
+func isOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
+
+var (
+	hostOnce sync.Once
+	hostID   [16]byte
+)
+
+// thisHost identifies the running kernel: its boot id, so that two processes compare equal
+// exactly when they share a page cache. Without one, a random id: never equal to another's.
+func thisHost() [16]byte {
+	hostOnce.Do(func() {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err == nil {
+			if n, err := hex.Decode(hostID[:], []byte(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))); err == nil && n == len(hostID) {
+				return
+			}
+		}
+		_, _ = rand.Read(hostID[:])
+	})
+	return hostID
+}
+
+// publogWriter is this instance's publication log in one of its namespaces. It names only
+// segments not yet listed in the namespace's manifest: when a manifest lists some of them, the
+// log is continued in a new one that repeats what it said of the others (pending), so that a
+// reader starting at the newest log learns every unlisted block and nothing of a segment that
+// was listed, and may since have been retired.
+type publogWriter struct {
+	nsDir   string
+	f       vfs.File
+	seq     uint64
+	size    int64
+	dirty   bool                   // appended to since the last sync
+	pending map[uint64]*pendingLog // own unlisted segments this log names
+	retired []string               // earlier logs, deleted at the next manifest publication
+	buf     []byte
+}
+
+// pendingLog is what a log said of one unlisted segment.
+type pendingLog struct {
+	gen  uint64
+	recs []format.PublogRecord
+}
+
+// publogs is the writing side: one log per own namespace of a shared tier.
+type publogs struct {
+	mu           sync.Mutex
+	w            map[string]*publogWriter // namespace dir → its log
+	appendErrors int64
+	warned       bool
+}
+
+// appendPublog announces recs (just indexed; locs their locations) in the publication logs of
+// the shared tiers holding them. A failure is logged and counted, never the dump's: the
+// manifest publishes the block when its segment is sealed.
+func (e *Engine) appendPublog(recs []*wal.Record, locs []index.Location) {
+	s := e.share
+	if s == nil || e.opts.ReadOnly {
+		return
+	}
+	type group struct {
+		nsDir string
+		gen   uint64
+		recs  []format.PublogRecord
+	}
+	var groups map[uint64]*group
+	for k, r := range recs {
+		g := groups[r.Segment]
+		if g == nil {
+			h, ok := e.home(r.Segment)
+			if !ok || !h.tier.cfg.Shared {
+				continue
+			}
+			meta, ok := e.ix.Segment(r.Segment)
+			if !ok {
+				continue
+			}
+			if groups == nil {
+				groups = map[uint64]*group{}
+			}
+			g = &group{nsDir: filepath.Dir(h.dir), gen: meta.Generation}
+			groups[r.Segment] = g
+		}
+		g.recs = append(g.recs, format.PublogRecord{ID: r.ID, Kind: r.Kind, Location: index.EncodeLocation(nil, locs[k])})
+	}
+	if len(groups) == 0 {
+		return
+	}
+	p := &s.logs
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n, g := range groups {
+		if err := e.appendPublogLocked(g.nsDir, n, g.gen, g.recs); err != nil {
+			p.appendErrors++
+			if !p.warned {
+				p.warned = true
+				e.opts.Logger.Warn("ucm: could not append to the publication log; other instances see new blocks when their segment is published", "dir", g.nsDir, "err", err)
+			}
+		}
+	}
+}
+
+func (e *Engine) appendPublogLocked(nsDir string, number, gen uint64, recs []format.PublogRecord) error {
+	p := &e.share.logs
+	w := p.w[nsDir]
+	if w == nil || w.f == nil || w.size >= publogRotateBytes {
+		nw, err := e.startPublog(nsDir, w)
+		if err != nil {
+			return err
+		}
+		w = nw
+	}
+	if err := w.write(number, gen, recs); err != nil {
+		return err
+	}
+	pl := w.pending[number]
+	if pl == nil || pl.gen != gen {
+		pl = &pendingLog{gen: gen}
+		w.pending[number] = pl
+	}
+	pl.recs = append(pl.recs, recs...)
+	return nil
+}
+
+// write appends the entries announcing recs of segment (number, gen), in one write: a reader
+// sees a prefix of it at worst, which it reads as incomplete.
+func (w *publogWriter) write(number, gen uint64, recs []format.PublogRecord) error {
+	buf := w.buf[:0]
+	for len(recs) > 0 {
+		k := min(len(recs), publogEntryRecords)
+		var err error
+		if buf, err = format.AppendPublogRecords(buf, number, gen, recs[:k]); err != nil {
+			return err
+		}
+		recs = recs[k:]
+	}
+	w.buf = buf
+	if _, err := w.f.WriteAt(buf, w.size); err != nil {
+		// What was written of it is torn: readers stop there. Start a new log next time.
+		_ = w.f.Close()
+		w.f = nil
+		return fmt.Errorf("publication log %s: %w", filepath.Join(w.nsDir, tiers.PublogName(w.seq)), err)
+	}
+	w.size += int64(len(buf))
+	w.dirty = true
+	return nil
+}
+
+// startPublog creates a new log in nsDir, continuing prev (if any) into it, and makes the
+// earlier logs retired ones.
+func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, error) {
+	p := &e.share.logs
+	seqs, err := tiers.PublogNames(e.fs, nsDir)
+	if err != nil {
+		return nil, err
+	}
+	seq := uint64(time.Now().UnixNano())
+	if len(seqs) > 0 && seqs[len(seqs)-1] >= seq {
+		seq = seqs[len(seqs)-1] + 1
+	}
+	path := filepath.Join(nsDir, tiers.PublogName(seq))
+	f, err := e.fs.Create(path, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return nil, fmt.Errorf("publication log %s: %w", path, err)
+	}
+	hdr := format.EncodePublogHeader(format.PublogHeader{Instance: e.instance, Host: thisHost(), Sequence: seq, Schema: e.fingerprint})
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		_ = f.Close()
+		_ = e.fs.Remove(path)
+		return nil, fmt.Errorf("publication log %s: %w", path, err)
+	}
+	w := &publogWriter{nsDir: nsDir, f: f, seq: seq, size: int64(len(hdr)), dirty: true, pending: map[uint64]*pendingLog{}}
+	if prev == nil {
+		// Logs of an earlier run: what they name was recovered and is published at Open.
+		for _, old := range seqs {
+			w.retired = append(w.retired, filepath.Join(nsDir, tiers.PublogName(old)))
+		}
+	} else {
+		// What the old log said of unlisted segments, again, before readers are sent here.
+		for n, pl := range prev.pending {
+			if err := w.write(n, pl.gen, pl.recs); err != nil {
+				_ = e.fs.Remove(path)
+				return nil, err
+			}
+		}
+		w.pending = prev.pending
+		w.retired = prev.retired
+		if prev.f != nil {
+			if _, err := prev.f.WriteAt(format.AppendPublogNext(nil, seq), prev.size); err == nil {
+				_ = prev.f.Sync()
+			}
+			_ = prev.f.Close()
+		}
+		w.retired = append(w.retired, filepath.Join(nsDir, tiers.PublogName(prev.seq)))
+	}
+	if p.w == nil {
+		p.w = map[string]*publogWriter{}
+	}
+	p.w[nsDir] = w
+	return w, nil
+}
+
+// syncPublogs flushes the logs appended to since the last call (the sharer's tick), so that a
+// network file system's client passes them on to other hosts within one interval.
+func (e *Engine) syncPublogs() {
+	p := &e.share.logs
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.w {
+		if w.f != nil && w.dirty {
+			w.dirty = false
+			_ = w.f.Sync()
+		}
+	}
+}
+
+// prunePublogs runs after a manifest of namespace nsDir was published with listed: the
+// earlier logs are deleted (their readers were sent on, and what they named is listed or in
+// the current log), and when the manifest lists a segment the current log names (or one it
+// names is no longer this instance's), the log is continued in a new one without it.
+func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
+	p := &e.share.logs
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.w[nsDir]
+	if w == nil {
+		return
+	}
+	for _, path := range w.retired {
+		if err := e.fs.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.opts.Logger.Warn("ucm: could not delete a publication log", "path", path, "err", err)
+		}
+	}
+	w.retired = nil
+	in := make(map[uint64]bool, len(listed))
+	for _, ent := range listed {
+		in[ent.Number] = true
+	}
+	changed := false
+	for n := range w.pending {
+		if meta, own := e.ix.Segment(n); in[n] || !own || meta.State == index.SegmentDeleting {
+			delete(w.pending, n)
+			changed = true
+		}
+	}
+	if changed && w.f != nil {
+		if _, err := e.startPublog(nsDir, w); err != nil {
+			p.appendErrors++
+			e.opts.Logger.Warn("ucm: could not continue the publication log", "dir", nsDir, "err", err)
+		}
+	}
+}
+
+// closePublogs closes this instance's logs (Close). They stay: readers use them until the
+// segments they name are listed, and the next Open deletes them.
+func (e *Engine) closePublogs() {
+	p := &e.share.logs
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.w {
+		if w.f != nil {
+			_ = w.f.Sync()
+			_ = w.f.Close()
+			w.f = nil
+		}
+	}
+}
+
+// publogTail is this instance's reading position in another instance's publication log.
+type publogTail struct {
+	inst     format.InstanceID
+	nsDir    string
+	tier     *diskTier
+	f        vfs.File // nil until a log is found
+	seq      uint64
+	off      int64
+	sameHost bool
+	ignored  bool      // another schema's log
+	stuck    bool      // stopped at a damaged entry: read the next log when one appears
+	nsMod    time.Time // the namespace directory's modification time when last listed
+}
+
+// overlaySeg is a segment known only from a publication log.
+type overlaySeg struct {
+	seg foreignSeg
+	ids []BlockID
+}
+
+// overlay holds what the publication logs announced of segments the foreign index does not
+// hold yet.
+type overlay struct {
+	mu      sync.Mutex // held while tailing
+	tails   map[string]*publogTail
+	rootMod map[string]time.Time
+	next    uint64
+	records atomic.Int64 // blocks learned from the logs
+
+	emu    sync.RWMutex // guards what follows; taken last, never held across another lock
+	blocks map[BlockID]index.Location
+	segs   map[uint64]*overlaySeg
+	byKey  map[foreignKey]uint64
+}
+
+// overlayGet returns the location a publication log gave block id.
+func (e *Engine) overlayGet(id BlockID) (index.Location, bool) {
+	ov := &e.share.ov
+	ov.emu.RLock()
+	defer ov.emu.RUnlock()
+	loc, ok := ov.blocks[id]
+	return loc, ok
+}
+
+// overlayHas sets hits[i] for the ids of misses the overlay holds and reports whether every
+// one is now a hit.
+func (e *Engine) overlayHas(ids []BlockID, hits []bool) bool {
+	ov := &e.share.ov
+	ov.emu.RLock()
+	defer ov.emu.RUnlock()
+	all := true
+	for i, h := range hits {
+		if !h {
+			_, hits[i] = ov.blocks[ids[i]]
+			all = all && hits[i]
+		}
+	}
+	return all
+}
+
+// overlaySegment returns the segment an overlay alias stands for.
+func (e *Engine) overlaySegment(alias uint64) (foreignSeg, bool) {
+	ov := &e.share.ov
+	ov.emu.RLock()
+	defer ov.emu.RUnlock()
+	if o := ov.segs[alias]; o != nil {
+		return o.seg, true
+	}
+	return foreignSeg{}, false
+}
+
+// forgetOverlay drops the overlay's segment k (indexed from a manifest now, gone, or replaced)
+// with its entries, and closes its open file once its readers are done.
+func (e *Engine) forgetOverlay(k foreignKey) {
+	ov := &e.share.ov
+	ov.emu.Lock()
+	alias, ok := ov.byKey[k]
+	if ok {
+		o := ov.segs[alias]
+		for _, id := range o.ids {
+			if loc, ok := ov.blocks[id]; ok && loc.Segment == alias {
+				delete(ov.blocks, id)
+			}
+		}
+		delete(ov.segs, alias)
+		delete(ov.byKey, k)
+	}
+	ov.emu.Unlock()
+	if !ok {
+		return
+	}
+	e.segMu.Lock()
+	seg := e.segs[alias]
+	delete(e.segs, alias)
+	e.segMu.Unlock()
+	if seg != nil {
+		seg.Retire(func() {})
+	}
+}
+
+// dropOverlayBlock forgets id's overlay entry at loc (a load found it unusable); the whole
+// segment when it is gone.
+func (e *Engine) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
+	ov := &e.share.ov
+	ov.emu.Lock()
+	if cur, ok := ov.blocks[id]; ok && cur.Segment == loc.Segment && cur.Offset == loc.Offset {
+		delete(ov.blocks, id)
+	}
+	o := ov.segs[loc.Segment]
+	ov.emu.Unlock()
+	if gone && o != nil {
+		e.forgetOverlay(foreignKey{o.seg.inst, o.seg.number})
+	}
+}
+
+// tailPublogs reads what the other instances appended to their publication logs. onMiss (a
+// lookup or load missed): only logs written on this host, and a namespace or root directory
+// is listed again only when its modification time changed; otherwise (the sharer's tick)
+// every log, every directory listed.
+func (e *Engine) tailPublogs(onMiss bool) {
+	s := e.share
+	if s == nil || e.opts.ReadOnly {
+		return
+	}
+	ov := &s.ov
+	ov.mu.Lock()
+	defer ov.mu.Unlock()
+	for _, t := range e.tiers {
+		if !t.cfg.Shared {
+			continue
+		}
+		for _, root := range t.cfg.Paths {
+			e.discoverPublogs(t, root, onMiss)
+		}
+	}
+	for _, tl := range ov.tails {
+		if onMiss && tl.f != nil && !tl.sameHost {
+			continue
+		}
+		e.findPublog(tl, onMiss)
+		if tl.f != nil && !tl.ignored {
+			e.readPublog(tl)
+		}
+	}
+}
+
+// discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
+func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
+	ov := &e.share.ov
+	dir := filepath.Join(root, tiers.InstancesDir)
+	st, err := e.fs.Stat(dir)
+	if err != nil {
+		return
+	}
+	if onMiss && st.ModTime().Equal(ov.rootMod[root]) {
+		return
+	}
+	insts, err := tiers.ListNamespaces(e.fs, root)
+	if err != nil {
+		return
+	}
+	if ov.rootMod == nil {
+		ov.rootMod = map[string]time.Time{}
+		ov.tails = map[string]*publogTail{}
+	}
+	ov.rootMod[root] = st.ModTime()
+	present := map[string]bool{}
+	for _, inst := range insts {
+		if inst == e.instance {
+			continue
+		}
+		nsDir := tiers.NamespaceDir(root, inst)
+		present[nsDir] = true
+		if ov.tails[nsDir] == nil {
+			ov.tails[nsDir] = &publogTail{inst: inst, nsDir: nsDir, tier: t}
+		}
+	}
+	prefix := dir + string(filepath.Separator)
+	for nsDir, tl := range ov.tails {
+		if strings.HasPrefix(nsDir, prefix) && !present[nsDir] {
+			// The namespace is gone: so is every segment its log named.
+			if tl.f != nil {
+				_ = tl.f.Close()
+			}
+			delete(ov.tails, nsDir)
+			e.forgetOverlayOf(tl.inst)
+		}
+	}
+}
+
+// forgetOverlayOf drops the overlay's segments of instance inst.
+func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
+	ov := &e.share.ov
+	var keys []foreignKey
+	ov.emu.RLock()
+	for k := range ov.byKey {
+		if k.inst == inst {
+			keys = append(keys, k)
+		}
+	}
+	ov.emu.RUnlock()
+	for _, k := range keys {
+		e.forgetOverlay(k)
+	}
+}
+
+// findPublog moves tl to the newest log of its namespace when there is a newer one than the
+// one it reads (the writer restarted, or tl has none yet). onMiss: only when the namespace
+// directory changed since it was last listed.
+func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
+	if tl.f != nil && !tl.stuck && onMiss {
+		st, err := e.fs.Stat(tl.nsDir)
+		if err != nil || st.ModTime().Equal(tl.nsMod) {
+			return
+		}
+	}
+	st, err := e.fs.Stat(tl.nsDir)
+	if err != nil {
+		return
+	}
+	seqs, err := tiers.PublogNames(e.fs, tl.nsDir)
+	if err != nil || len(seqs) == 0 {
+		return
+	}
+	tl.nsMod = st.ModTime()
+	newest := seqs[len(seqs)-1]
+	if tl.f != nil && newest <= tl.seq {
+		return
+	}
+	if tl.f != nil && !tl.ignored && !tl.stuck {
+		e.readPublog(tl) // what the older log still holds, first
+		if tl.seq >= newest {
+			return // it continued into the newest
+		}
+	}
+	e.openPublog(tl, newest)
+}
+
+// openPublog makes tl read log seq of its namespace from its start.
+func (e *Engine) openPublog(tl *publogTail, seq uint64) {
+	path := filepath.Join(tl.nsDir, tiers.PublogName(seq))
+	f, err := e.fs.Open(path)
+	if err != nil {
+		return
+	}
+	hdr := make([]byte, format.PublogHeaderSize)
+	n, err := f.ReadAt(hdr, 0)
+	if n < len(hdr) {
+		_ = f.Close()
+		return // not written yet: the next tail tries again
+	}
+	h, err := format.DecodePublogHeader(hdr)
+	if err == nil && h.Instance != tl.inst {
+		err = fmt.Errorf("%w: written by instance %x", format.ErrCorrupt, h.Instance)
+	}
+	if err != nil {
+		_ = f.Close()
+		e.opts.Logger.Warn("ucm: publication log unreadable; its blocks are seen when their segment is published", "path", path, "err", err)
+		return
+	}
+	if tl.f != nil {
+		_ = tl.f.Close()
+	}
+	tl.f, tl.seq, tl.off, tl.stuck = f, seq, format.PublogHeaderSize, false
+	tl.sameHost = h.Host == thisHost()
+	tl.ignored = h.Schema != e.fingerprint && !e.opts.LookupOnly
+}
+
+// readPublog reads tl's log from its position to its end and adds what it announces to the
+// overlay, following continuations.
+func (e *Engine) readPublog(tl *publogTail) {
+	for tl.f != nil && !tl.stuck {
+		st, err := tl.f.Stat()
+		if err != nil || st.Size() <= tl.off {
+			return
+		}
+		buf := make([]byte, min(st.Size()-tl.off, publogReadMax))
+		n, _ := tl.f.ReadAt(buf, tl.off)
+		buf = buf[:n]
+		used := 0
+		var next uint64
+		for used < len(buf) {
+			ent, size, err := format.DecodePublogEntry(buf[used:])
+			if errors.Is(err, format.ErrShortPublogEntry) {
+				break
+			}
+			if err != nil {
+				tl.stuck = true
+				e.opts.Logger.Warn("ucm: publication log damaged; what follows is seen when its segment is published",
+					"path", filepath.Join(tl.nsDir, tiers.PublogName(tl.seq)), "offset", tl.off+int64(used), "err", err)
+				break
+			}
+			used += size
+			if ent.Type == format.PublogNext {
+				next = ent.Next
+				break
+			}
+			e.applyPublogEntry(tl, &ent)
+		}
+		tl.off += int64(used)
+		if next != 0 {
+			e.openPublog(tl, next)
+			if tl.seq != next {
+				return
+			}
+			continue
+		}
+		if used == 0 {
+			return
+		}
+	}
+}
+
+// applyPublogEntry adds the blocks of one entry to the overlay, unless the foreign index holds
+// their segment already.
+func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
+	s := e.share
+	k := foreignKey{tl.inst, ent.Segment}
+	s.mu.Lock()
+	alias, indexed := s.aliases[k]
+	indexed = indexed && s.segs[alias].generation == ent.Generation
+	s.mu.Unlock()
+	if indexed {
+		return
+	}
+	ov := &s.ov
+	ov.emu.Lock()
+	defer ov.emu.Unlock()
+	if ov.blocks == nil {
+		ov.blocks, ov.segs, ov.byKey = map[BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
+	}
+	alias, ok := ov.byKey[k]
+	o := ov.segs[alias]
+	if ok && o.seg.generation != ent.Generation {
+		// The number was reused for another file: what was learned of the old one is stale.
+		for _, id := range o.ids {
+			if loc, ok := ov.blocks[id]; ok && loc.Segment == alias {
+				delete(ov.blocks, id)
+			}
+		}
+		delete(ov.segs, alias)
+		ok = false
+	}
+	if !ok {
+		ov.next++
+		alias = foreignAlias | overlayAlias | ov.next
+		o = &overlaySeg{seg: foreignSeg{inst: tl.inst, number: ent.Segment, generation: ent.Generation, dir: filepath.Join(tl.nsDir, SegmentDir), tier: tl.tier}}
+		ov.segs[alias] = o
+		ov.byKey[k] = alias
+	}
+	for _, r := range ent.Records {
+		if r.Kind != 0 {
+			continue // sidecars are seen with their segment's manifest
+		}
+		loc, err := index.DecodeLocation(r.Location)
+		if err != nil || (loc.Layout != e.opts.Layout && !e.opts.LookupOnly) {
+			continue
+		}
+		loc.Segment = alias
+		if _, known := ov.blocks[r.ID]; !known {
+			ov.blocks[r.ID] = loc
+			o.ids = append(o.ids, r.ID)
+			ov.records.Add(1)
+		}
+	}
+}
+
+// closeOverlay closes the logs being tailed (Close).
+func (e *Engine) closeOverlay() {
+	ov := &e.share.ov
+	ov.mu.Lock()
+	defer ov.mu.Unlock()
+	for _, tl := range ov.tails {
+		if tl.f != nil {
+			_ = tl.f.Close()
+			tl.f = nil
+		}
+	}
+}
+
+// publishedPrefix extends the leading run ids[:n] of stored blocks over the blocks the
+// publication logs announced, and over own and foreign ones after them, reading this host's
+// logs once at the first miss.
+func (e *Engine) publishedPrefix(ids []BlockID, n int) int {
+	tailed := false
+	for n < len(ids) {
+		id := ids[n]
+		if _, ok := e.overlayGet(id); ok || e.ix.Contains(id) || e.share.fx.Contains(id) {
+			n++
+			continue
+		}
+		if tailed {
+			break
+		}
+		e.tailPublogs(true)
+		tailed = true
+	}
+	return n
+}
