@@ -40,7 +40,17 @@ const (
 	publogReadMax = 2 * format.MaxPublogBody
 	// publogEntryRecords bounds the records of one entry.
 	publogEntryRecords = 1024
+	// racyDirWindow: a directory listed less than this after its modification time may have
+	// changed again within the same time stamp (file times tick coarsely; a network file
+	// system's come from the server's clock), so an unchanged time says nothing until then.
+	racyDirWindow = 2 * time.Second
 )
+
+// dirUnchanged reports whether a directory whose modification time is now mod was listed
+// entire after it last changed: listed at listedAt, when its time was seen.
+func dirUnchanged(mod, seen, listedAt time.Time) bool {
+	return mod.Equal(seen) && listedAt.Sub(mod) > racyDirWindow
+}
 
 func isOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
 
@@ -76,8 +86,22 @@ type publogWriter struct {
 	size    int64
 	dirty   bool                   // appended to since the last sync
 	pending map[uint64]*pendingLog // own unlisted segments this log names
-	retired []string               // earlier logs, deleted at the next manifest publication
+	retired []retiredLog           // earlier logs, deleted once readers had time to follow
 	buf     []byte
+}
+
+// retiredLog is an earlier log of this instance, continued in a newer one (or left by an
+// earlier run) at a time: deleted at a manifest publication after the retention.
+type retiredLog struct {
+	path string
+	at   time.Time
+}
+
+// publogRetention is how long a retired log stays: a reader that has not followed it to its
+// continuation yet does within it, and one that never does has read the manifest listing what
+// it named by then (a refresh interval), as every reader does within its retire grace.
+func (e *Engine) publogRetention() time.Duration {
+	return max(e.opts.SharedRetireGrace, 2*e.opts.SharedRefreshInterval, time.Second)
 }
 
 // pendingLog is what a log said of one unlisted segment.
@@ -217,7 +241,7 @@ func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, e
 	if prev == nil {
 		// Logs of an earlier run: what they name was recovered and is published at Open.
 		for _, old := range seqs {
-			w.retired = append(w.retired, filepath.Join(nsDir, tiers.PublogName(old)))
+			w.retired = append(w.retired, retiredLog{filepath.Join(nsDir, tiers.PublogName(old)), time.Now()})
 		}
 	} else {
 		// What the old log said of unlisted segments, again, before readers are sent here.
@@ -235,7 +259,7 @@ func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, e
 			}
 			_ = prev.f.Close()
 		}
-		w.retired = append(w.retired, filepath.Join(nsDir, tiers.PublogName(prev.seq)))
+		w.retired = append(w.retired, retiredLog{filepath.Join(nsDir, tiers.PublogName(prev.seq)), time.Now()})
 	}
 	if p.w == nil {
 		p.w = map[string]*publogWriter{}
@@ -259,8 +283,8 @@ func (e *Engine) syncPublogs() {
 }
 
 // prunePublogs runs after a manifest of namespace nsDir was published with listed: the
-// earlier logs are deleted (their readers were sent on, and what they named is listed or in
-// the current log), and when the manifest lists a segment the current log names (or one it
+// earlier logs retired for longer than the retention are deleted (their readers were sent on,
+// and what they named is listed or in the current log), and when the manifest lists a segment the current log names (or one it
 // names is no longer this instance's), the log is continued in a new one without it.
 func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	p := &e.share.logs
@@ -270,12 +294,17 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	if w == nil {
 		return
 	}
-	for _, path := range w.retired {
-		if err := e.fs.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			e.opts.Logger.Warn("ucm: could not delete a publication log", "path", path, "err", err)
+	keep := w.retired[:0]
+	for _, r := range w.retired {
+		if time.Since(r.at) < e.publogRetention() {
+			keep = append(keep, r)
+			continue
+		}
+		if err := e.fs.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			e.opts.Logger.Warn("ucm: could not delete a publication log", "path", r.path, "err", err)
 		}
 	}
-	w.retired = nil
+	w.retired = keep
 	in := make(map[uint64]bool, len(listed))
 	for _, ent := range listed {
 		in[ent.Number] = true
@@ -322,6 +351,7 @@ type publogTail struct {
 	ignored  bool      // another schema's log
 	stuck    bool      // stopped at a damaged entry: read the next log when one appears
 	nsMod    time.Time // the namespace directory's modification time when last listed
+	nsListed time.Time // when that listing started
 }
 
 // overlaySeg is a segment known only from a publication log.
@@ -336,6 +366,7 @@ type overlay struct {
 	mu      sync.Mutex // held while tailing
 	tails   map[string]*publogTail
 	rootMod map[string]time.Time
+	listed  map[string]time.Time // when each root's instances directory was last listed
 	next    uint64
 	records atomic.Int64 // blocks learned from the logs
 
@@ -460,11 +491,12 @@ func (e *Engine) tailPublogs(onMiss bool) {
 func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
 	ov := &e.share.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
+	now := time.Now()
 	st, err := e.fs.Stat(dir)
 	if err != nil {
 		return
 	}
-	if onMiss && st.ModTime().Equal(ov.rootMod[root]) {
+	if onMiss && dirUnchanged(st.ModTime(), ov.rootMod[root], ov.listed[root]) {
 		return
 	}
 	insts, err := tiers.ListNamespaces(e.fs, root)
@@ -472,10 +504,10 @@ func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
 		return
 	}
 	if ov.rootMod == nil {
-		ov.rootMod = map[string]time.Time{}
+		ov.rootMod, ov.listed = map[string]time.Time{}, map[string]time.Time{}
 		ov.tails = map[string]*publogTail{}
 	}
-	ov.rootMod[root] = st.ModTime()
+	ov.rootMod[root], ov.listed[root] = st.ModTime(), now
 	present := map[string]bool{}
 	for _, inst := range insts {
 		if inst == e.instance {
@@ -520,21 +552,16 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 // one it reads (the writer restarted, or tl has none yet). onMiss: only when the namespace
 // directory changed since it was last listed.
 func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
-	if tl.f != nil && !tl.stuck && onMiss {
-		st, err := e.fs.Stat(tl.nsDir)
-		if err != nil || st.ModTime().Equal(tl.nsMod) {
-			return
-		}
-	}
+	now := time.Now()
 	st, err := e.fs.Stat(tl.nsDir)
-	if err != nil {
+	if err != nil || (onMiss && !tl.stuck && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
 		return
 	}
 	seqs, err := tiers.PublogNames(e.fs, tl.nsDir)
 	if err != nil || len(seqs) == 0 {
 		return
 	}
-	tl.nsMod = st.ModTime()
+	tl.nsMod, tl.nsListed = st.ModTime(), now
 	newest := seqs[len(seqs)-1]
 	if tl.f != nil && newest <= tl.seq {
 		return

@@ -161,3 +161,33 @@ func writeLog(t *testing.T, nsDir string, seq uint64, src []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestPublogRotationUnderLoad: the writer seals a small segment every few dumps, so its log is
+// continued in a new one at nearly every manifest; a reader that never reads manifests (its
+// refresh is an hour away) still finds every block right after its dump, through the
+// continuations, and the writer keeps only a few logs on disk.
+func TestPublogRotationUnderLoad(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	oa := sharedOptions(shared, time.Second)
+	oa.SharedSealAge = 50 * time.Millisecond
+	oa.SharedRefreshInterval = 20 * time.Millisecond
+	a := mustOpen(t, filepath.Join(root, "a"), oa)
+	defer a.Close()
+	b := mustOpen(t, filepath.Join(root, "b"), logOnlyOptions(shared))
+	defer b.Close()
+	for lo := 0; lo < 1600; lo += 4 {
+		batch := ids(lo, lo+4)
+		dumpBlocks(t, a, batch)
+		if !allHit(b, batch) {
+			t.Fatalf("blocks %d..%d not found right after their dump (hits %v)", lo, lo+4, b.Lookup(batch))
+		}
+	}
+	if a.Stats().Sharing.ManifestsPublished < 10 {
+		t.Fatalf("only %d manifests published: the test did not rotate the log", a.Stats().Sharing.ManifestsPublished)
+	}
+	seqs, err := tiers.PublogNames(vfs.Default, tiers.NamespaceDir(shared, a.instance))
+	if err != nil || len(seqs) == 0 || len(seqs) > 200 {
+		t.Fatalf("%d logs on disk (%v): retired logs are not deleted", len(seqs), err)
+	}
+}
