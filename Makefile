@@ -3,8 +3,8 @@
 #               loop, with and without an embedded default store under ./ucm-data/chat
 #   make test   the whole test suite: lint, go test -race with both I/O backends (including the
 #               power-loss simulation, fault injection, 20 kill -9 cycles and 10 more on a tiered
-#               store), the sharing kill test on a GlusterFS volume mounted twice, a 10 s fuzz
-#               smoke per target
+#               store), the sharing kill test on a GlusterFS volume mounted twice, Prometheus
+#               evaluating the dashboards' queries against a store, a 10 s fuzz smoke per target
 
 GO          ?= go
 # The io_uring backend (github.com/iceber/iouring-go) links into syscall internals:
@@ -17,7 +17,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model test test-python lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model test test-python test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -45,7 +45,7 @@ train-model:
 bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit test-python test-gluster fuzz-smoke
+test: lint unit test-python test-prometheus test-gluster fuzz-smoke
 
 # The Python package (connector/python/ucmgo) against the library `make lib` builds, with
 # Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
@@ -54,8 +54,28 @@ test-python: lib build
 	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests
 
 unit:
-	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) ./...
+	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
 	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
+
+# A real Prometheus (Debian's prometheus package, which .ci/run installs) scrapes a worker's and
+# a device-less store's endpoints while a workload runs, and every PromQL expression and
+# template query of docs/grafana-ucmgo.json, and the series UCM's dashboard charts
+# (connector/testdata/ucm-dashboard-series.txt), must return series through its HTTP API. UCM's
+# dashboard itself is evaluated too when UCM_GRAFANA_JSON names it, or UCM_MIRROR names a git
+# mirror of UCM to take examples/metrics/grafana.json from (it is never committed here).
+# Without a prometheus binary the test is skipped, and says so loudly.
+test-prometheus:
+	@if ! command -v prometheus >/dev/null 2>&1; then \
+		echo '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'; \
+		echo '!!! test-prometheus SKIPPED: no prometheus binary (apt-get install prometheus) !!!'; \
+		echo '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'; \
+	fi
+	@set -e; dash="$(UCM_GRAFANA_JSON)"; tmp=""; \
+	if [ -z "$$dash" ] && [ -n "$(UCM_MIRROR)" ]; then \
+		tmp=$$(mktemp); dash=$$tmp; git --git-dir="$(UCM_MIRROR)" show HEAD:examples/metrics/grafana.json > "$$tmp"; \
+	fi; \
+	rc=0; UCM_GRAFANA_JSON="$$dash" $(GO) test -count=1 -timeout 5m $(BUILDFLAGS) -run '^TestPrometheusDashboards$$' -v ./connector/ || rc=$$?; \
+	if [ -n "$$tmp" ]; then rm -f "$$tmp"; fi; exit $$rc
 
 # The sharing tests on a real GlusterFS volume mounted twice (two "hosts"): the harness starts
 # glusterd, creates and mounts the volume and tears it all down, also on failure (needs root,

@@ -36,9 +36,20 @@ type StoreConfig struct {
 	Instance string
 	// MetricsListen is the address the metrics endpoint listens on ("" off): metrics_address
 	// (or UCM_METRICS_ADDRESS; default 127.0.0.1) and metrics_port (or UCM_METRICS_PORT, or
-	// DefaultMetricsPort with UCM_METRICS_ENABLE), plus 1 + device_id for a worker, so that the
-	// scheduler and every worker process of a host serve their own.
+	// DefaultMetricsPort with UCM_METRICS_ENABLE), plus 1 + device_id for a store with a
+	// device (device_id >= 0), so that the scheduler and every worker process of a host serve
+	// their own. A store without a device (device_id absent or negative: UCM's scheduler,
+	// also when it is given a transfer shape) serves on metrics_port itself, never on a
+	// worker's port.
 	MetricsListen string
+	// MetricsFrom says how MetricsListen's port was derived, for error messages.
+	MetricsFrom string
+	// WorkerID is the worker_id label of every metric series of the store, with the meaning
+	// UCM's connector gives it: the worker's rank (device_id: the local rank UCM's connector
+	// passes, which is the rank on a one-host deployment) for a store with a device, and the
+	// engine id (unique_id, which UCM's connector sets to vLLM's engine_id) for one without;
+	// "scheduler" when neither is given.
+	WorkerID string
 	// ModelName is the model_name label of the ucm: metrics: model_name, else model, else
 	// DefaultModel.
 	ModelName string
@@ -257,13 +268,23 @@ func (sc *StoreConfig) deriveMetrics(device int, getenv func(string) string) err
 		addr = "127.0.0.1"
 	}
 	if port > 0 {
-		if !sc.Scheduler {
-			port += 1 + max(device, 0)
+		sc.MetricsFrom = fmt.Sprintf("metrics_port %d: a store without a device", port)
+		if device >= 0 {
+			sc.MetricsFrom = fmt.Sprintf("metrics_port %d + 1 + device_id %d", port, device)
+			port += 1 + device
 		}
 		if port > 65535 {
-			return fmt.Errorf("metrics port %d (metrics_port + 1 + device_id) above 65535: %w", port, engine.ErrInvalidArgument)
+			return fmt.Errorf("metrics port %d (%s) above 65535: %w", port, sc.MetricsFrom, engine.ErrInvalidArgument)
 		}
 		sc.MetricsListen = net.JoinHostPort(addr, strconv.Itoa(port))
+	}
+	switch {
+	case device >= 0:
+		sc.WorkerID = strconv.Itoa(device)
+	case p.UniqueID != "":
+		sc.WorkerID = p.UniqueID
+	default:
+		sc.WorkerID = "scheduler"
 	}
 	sc.ModelName = p.ModelName
 	if sc.ModelName == "" {

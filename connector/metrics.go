@@ -6,12 +6,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/ucm-go/ucm/engine"
 	"gopkg.in/yaml.v3"
 )
@@ -104,50 +107,83 @@ func names(specs []histogramSpec) []string {
 	return out
 }
 
-// The process's metrics: one registry (UCM's histograms, each store's engine families labelled
-// with its instance, Go and process collectors) and at most one endpoint per address.
+// The process's metrics. Every store has its own registry (its ucm: histograms and its
+// engine's families, every series labelled with the store's instance and worker_id), so a
+// store's numbers are counted once, by it. An endpoint (one per listen address in the process)
+// serves the registries of the stores bound to it and the process's Go and process
+// collectors; two endpoints of one process serve different stores.
 var metricsState struct {
 	sync.Mutex
-	registry   *prometheus.Registry
-	histograms map[string]*prometheus.HistogramVec // by full name
-	servers    map[string]*metricsServer           // by listen address
+	process *prometheus.Registry       // Go runtime and process collectors
+	servers map[string]*metricsServer  // by listen address
+	stores  map[*storeMetrics]struct{} // every open store's metrics
+	labels  map[string]struct{}        // store label values in use
 }
 
+// metricsServer is one endpoint and the stores it serves.
 type metricsServer struct {
-	srv   *http.Server
-	users int
+	srv    *http.Server
+	stores []*storeMetrics
 }
 
-// Gatherer returns the process's metrics registry: what the endpoint serves, for embedders that
-// export metrics their own way.
-func Gatherer() prometheus.Gatherer {
-	metricsState.Lock()
-	defer metricsState.Unlock()
-	initRegistryLocked()
-	return metricsState.registry
-}
+// ErrMetricsAddrInUse: the address a store's metrics endpoint derives from its configuration
+// is held by another process (or by something else in this one than a UCM-Go endpoint). The
+// store is not opened: a metrics endpoint silently moved elsewhere is one no scrape
+// configuration names. The error also wraps the listen error (syscall.EADDRINUSE).
+var ErrMetricsAddrInUse = errors.New("ucmgo: metrics address already in use")
 
-func initRegistryLocked() {
-	if metricsState.registry != nil {
+func initMetricsLocked() {
+	if metricsState.process != nil {
 		return
 	}
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metricsState.registry = r
-	metricsState.histograms = map[string]*prometheus.HistogramVec{}
+	metricsState.process = r
 	metricsState.servers = map[string]*metricsServer{}
+	metricsState.stores = map[*storeMetrics]struct{}{}
+	metricsState.labels = map[string]struct{}{}
 }
 
-// storeMetrics records one store's observations.
+// Gatherer returns the metrics of every store open in the process and the process's Go and
+// process collectors (what an endpoint serving all of them would serve), for embedders that
+// export metrics their own way. Store.Gatherer is one store's.
+func Gatherer() prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		metricsState.Lock()
+		initMetricsLocked()
+		gs := prometheus.Gatherers{metricsState.process}
+		for m := range metricsState.stores {
+			gs = append(gs, m.registry)
+		}
+		metricsState.Unlock()
+		return gs.Gather()
+	})
+}
+
+// endpointGatherer gathers what one endpoint serves: its stores' registries at the time of the
+// scrape and the process collectors.
+type endpointGatherer struct{ srv *metricsServer }
+
+func (g endpointGatherer) Gather() ([]*dto.MetricFamily, error) {
+	metricsState.Lock()
+	gs := prometheus.Gatherers{metricsState.process}
+	for _, m := range g.srv.stores {
+		gs = append(gs, m.registry)
+	}
+	metricsState.Unlock()
+	return gs.Gather()
+}
+
+// storeMetrics records one store's observations into the store's own registry.
 type storeMetrics struct {
-	model  string
-	hist   map[string]prometheus.Observer // by UCM name (without prefix)
-	engine prometheus.Collector
-	listen string
+	registry *prometheus.Registry
+	hist     map[string]prometheus.Observer // by UCM name (without prefix)
+	label    string                         // the store label's value
+	listen   string
 }
 
-// openMetrics registers a store's metrics, and starts the endpoint its configuration asks for
-// (an address already served by this process is shared).
+// openMetrics makes a store's registry and binds it to the endpoint its configuration asks
+// for, starting the endpoint unless this process already serves that address.
 func openMetrics(cfg *StoreConfig, eng *engine.Engine) (*storeMetrics, error) {
 	prefix, specs, err := histogramSpecs(cfg.Config.MetricsConfigPath)
 	if err != nil {
@@ -155,63 +191,67 @@ func openMetrics(cfg *StoreConfig, eng *engine.Engine) (*storeMetrics, error) {
 	}
 	metricsState.Lock()
 	defer metricsState.Unlock()
-	initRegistryLocked()
-	m := &storeMetrics{model: cfg.ModelName, hist: map[string]prometheus.Observer{}}
+	initMetricsLocked()
+	m := &storeMetrics{registry: prometheus.NewRegistry(), hist: map[string]prometheus.Observer{}}
+	// The store label is the instance name; stores of one process on different
+	// storage_backends may share one, and their series must still differ.
+	m.label = cfg.Instance
+	for k := 2; ; k++ {
+		if _, taken := metricsState.labels[m.label]; !taken {
+			break
+		}
+		m.label = fmt.Sprintf("%s-%d", cfg.Instance, k)
+	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"store": m.label, "worker_id": cfg.WorkerID}, m.registry)
 	for _, spec := range specs {
 		full := prefix + spec.name
-		vec, ok := metricsState.histograms[full]
-		if !ok {
-			vec = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: full, Help: spec.help, Buckets: spec.buckets}, []string{"model_name"})
-			if err := metricsState.registry.Register(vec); err != nil {
-				return nil, fmt.Errorf("metrics: %s: %v: %w", full, err, engine.ErrInvalidArgument)
-			}
-			metricsState.histograms[full] = vec
+		vec := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: full, Help: spec.help, Buckets: spec.buckets}, []string{"model_name"})
+		if err := reg.Register(vec); err != nil {
+			return nil, fmt.Errorf("metrics: %s: %v: %w", full, err, engine.ErrInvalidArgument)
 		}
 		m.hist[spec.name] = vec.WithLabelValues(cfg.ModelName)
 	}
-	m.engine = eng.Collector()
-	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"store": cfg.Instance}, metricsState.registry)
-	if err := wrapped.Register(m.engine); err != nil {
+	if err := reg.Register(eng.Collector()); err != nil {
 		return nil, fmt.Errorf("metrics: engine families of %s: %v: %w", cfg.Instance, err, engine.ErrInvalidArgument)
 	}
-	m.engine = wrappedCollector{m.engine, wrapped}
 	if cfg.MetricsListen != "" {
 		srv, ok := metricsState.servers[cfg.MetricsListen]
 		if !ok {
 			ln, err := net.Listen("tcp", cfg.MetricsListen)
 			if err != nil {
-				metricsState.registry.Unregister(m.engine)
-				return nil, fmt.Errorf("metrics endpoint %s: %w", cfg.MetricsListen, err)
+				if errors.Is(err, syscall.EADDRINUSE) {
+					err = fmt.Errorf("%w: %w", ErrMetricsAddrInUse, err)
+				}
+				return nil, fmt.Errorf("metrics endpoint %s of store %s (%s; set another metrics_port, or turn the endpoint off): %w",
+					cfg.MetricsListen, cfg.Instance, cfg.MetricsFrom, err)
 			}
+			srv = &metricsServer{}
 			mux := http.NewServeMux()
-			mux.Handle("/metrics", promhttp.HandlerFor(metricsState.registry, promhttp.HandlerOpts{}))
-			srv = &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+			mux.Handle("/metrics", promhttp.HandlerFor(endpointGatherer{srv}, promhttp.HandlerOpts{}))
+			srv.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 			go func() { _ = srv.srv.Serve(ln) }()
 			metricsState.servers[cfg.MetricsListen] = srv
 		}
-		srv.users++
+		srv.stores = append(srv.stores, m)
 		m.listen = cfg.MetricsListen
 	}
+	metricsState.labels[m.label] = struct{}{}
+	metricsState.stores[m] = struct{}{}
 	return m, nil
 }
 
-// wrappedCollector remembers the registerer a collector went through, to unregister it.
-type wrappedCollector struct {
-	prometheus.Collector
-	reg prometheus.Registerer
-}
-
+// close unbinds the store from its endpoint, stopping the endpoint when it was its last store.
 func (m *storeMetrics) close() {
 	metricsState.Lock()
 	defer metricsState.Unlock()
-	if w, ok := m.engine.(wrappedCollector); ok {
-		w.reg.Unregister(w.Collector)
-	}
+	delete(metricsState.stores, m)
+	delete(metricsState.labels, m.label)
 	if m.listen == "" {
 		return
 	}
 	if srv := metricsState.servers[m.listen]; srv != nil {
-		if srv.users--; srv.users == 0 {
+		srv.stores = slices.DeleteFunc(srv.stores, func(o *storeMetrics) bool { return o == m })
+		if len(srv.stores) == 0 {
 			_ = srv.srv.Close()
 			delete(metricsState.servers, m.listen)
 		}
@@ -252,6 +292,10 @@ func (m *storeMetrics) transfer(load bool, blocks int, bytes int64, d time.Durat
 
 // errMetricsOff is returned by MetricsAddr for a store without an endpoint.
 var errMetricsOff = errors.New("ucmgo: metrics endpoint off")
+
+// Gatherer returns the store's own metrics: its ucm: histograms and its engine's families,
+// labelled store and worker_id (what its endpoint serves of it).
+func (s *Store) Gatherer() prometheus.Gatherer { return s.metrics.registry }
 
 // MetricsAddr returns the address the store's metrics endpoint listens on.
 func (s *Store) MetricsAddr() (string, error) {

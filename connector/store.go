@@ -112,9 +112,8 @@ func (s *Store) Close() error {
 		s.settle(t) // no I/O may use the caller's memory or staging once Close returns
 	}
 	s.wg.Wait()
-	err := s.eng.Close()
-	s.metrics.close()
-	return err
+	s.metrics.close() // no scrape collects from a closed engine
+	return s.eng.Close()
 }
 
 func (s *Store) check() error {

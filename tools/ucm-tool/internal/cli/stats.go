@@ -130,9 +130,25 @@ the index's exact accounting, then a table of the tiers: name, kind, capacity, u
 (a memory tier is empty offline: its hits and misses are 0).
 
 Like verify, a store left by a crash is recovered first (--no-recover: report what
-recovery will do instead, without changing anything).`,
+recovery will do instead, without changing anything).
+
+With --config and no --instance, when storage_backends is shared by processes (the
+connector's layout: an instance store per process under <storage_backends[0]>/stores/),
+stats lists every instance store — name, state, blocks, file, live and dead bytes,
+segments — and their total, changing nothing: a stopped instance is read from its index
+(not recovered), a running one (its process holds the store) from the segments it
+published in its manifests, which leave out its active segment and its live/dead split.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				backends, names, ok, err := tc.sharedInstances()
+				if err != nil {
+					return err
+				}
+				if ok {
+					return runInstanceStats(backends, names, asJSON, stdout)
+				}
+			}
 			dir, err := tc.storeDir(args)
 			if err != nil {
 				return err
