@@ -347,10 +347,7 @@ func cacheCapacity(p ConnectorParams) int64 {
 // the connector's store_pipeline ignores), so that an opener can log them once. Connector keys
 // are named ucm_connectors[i].<key>.
 func (c *Config) Unused() []string {
-	var out []string
-	for _, k := range sortedKeys(c.Other) {
-		out = append(out, k)
-	}
+	out := sortedKeys(c.Other)
 	for i, conn := range c.Connectors {
 		p := conn.Config
 		pre := fmt.Sprintf("ucm_connectors[%d].", i)
