@@ -279,8 +279,8 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// Without /dev/shm a Cache|Empty store is refused with a clear error; with UCMGO_SHM_DIR it
-// opens there.
+// Without /dev/shm a Cache|Empty store is refused with a clear error naming UCMGO_SHM_DIR; an
+// Empty store opens in the temporary directory instead.
 func TestPipelineCacheEmptyNoShm(t *testing.T) {
 	prev := shmBase
 	shmBase = filepath.Join(t.TempDir(), "no-shm")
@@ -291,6 +291,25 @@ func TestPipelineCacheEmptyNoShm(t *testing.T) {
 	}
 	if _, err := Open(cfg); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), "UCMGO_SHM_DIR") {
 		t.Fatalf("open without /dev/shm: %v", err)
+	}
+	// An Empty store needs no tmpfs: its empty index goes to the temporary directory.
+	t.Setenv("TMPDIR", t.TempDir())
+	cfg, err = ParseStoreConfig(`{"store_pipeline": "Empty"}`, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Empty without /dev/shm: %v", err)
+	}
+	if !strings.HasPrefix(s.shm.path, filepath.Join(os.TempDir(), "ucmgo", shmEmptyPrefix)) {
+		t.Fatalf("Empty store in %s", s.shm.path)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(os.TempDir(), "ucmgo")); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
 	}
 }
 

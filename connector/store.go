@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +97,12 @@ func openShm(cfg *StoreConfig) (*shmDir, *engine.Config, error) {
 	p := cfg.Params
 	root := cfg.ShmDir
 	if root == DefaultShmDir {
-		if st, err := os.Stat(shmBase); err != nil || !st.IsDir() {
+		st, err := os.Stat(shmBase)
+		switch {
+		case (err != nil || !st.IsDir()) && p.KeepsNothing():
+			// An Empty store's directory holds an index that stays empty: any will do.
+			root = filepath.Join(os.TempDir(), "ucmgo")
+		case err != nil || !st.IsDir():
 			return nil, nil, fmt.Errorf("store_pipeline %q: %s does not exist (the store lives on tmpfs): mount it or set UCMGO_SHM_DIR to a tmpfs directory: %w",
 				p.StorePipeline, shmBase, engine.ErrInvalidArgument)
 		}

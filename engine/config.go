@@ -123,7 +123,7 @@ type ConnectorParams struct {
 	// "Cache|Posix" or "Cache|Ds3fs" (a memory tier in front: cache_buffer_capacity_gb, by
 	// default a quarter of the host's memory, at most UCM's 256 GiB), "Empty" (a store that
 	// keeps nothing: PipelineEmpty) or "Cache|Empty" (a host-memory cache alone, on tmpfs:
-	// PipelineCacheEmpty). Empty: as Posix.
+	// PipelineCacheEmpty). Absent: as Posix.
 	StorePipeline string `yaml:"store_pipeline"`
 	// Keys UCM's connector adds to the store's configuration (ucm_connector.py _create_store):
 	// the transfer shape (tensor_size or tensor_size_list: bytes behind each address of a
