@@ -53,6 +53,9 @@ type StoreConfig struct {
 	// ModelName is the model_name label of the ucm: metrics: model_name, else model, else
 	// DefaultModel.
 	ModelName string
+	// ShmDir is the directory under which Empty and Cache|Empty stores keep their files
+	// (store_pipeline; Open): UCMGO_SHM_DIR, else DefaultShmDir.
+	ShmDir string
 }
 
 // DefaultMetricsPort is the metrics port when UCM_METRICS_ENABLE turns the endpoint on without
@@ -67,10 +70,18 @@ const (
 	DefaultKVLayout = "ucm"
 )
 
-// configKeys are top-level keys of a full UCM configuration; a document with none of them is a
-// flat ucm_connector_config mapping, as UCM's store factory hands it to a store.
-var configKeys = []string{"ucm_connectors", "ucm_sparse_config", "metrics_config_path", "load_only_first_rank",
-	"enable_prefix_cache", "enable_event_sync", "use_layerwise", "hit_ratio"}
+// configKeys are top-level keys of a full UCM configuration (engine.UCMKeys of the top level);
+// a document with none of them is a flat ucm_connector_config mapping, as UCM's store factory
+// hands it to a store.
+var configKeys = func() []string {
+	var out []string
+	for _, k := range engine.UCMKeys {
+		if k.Scope == engine.ScopeTop {
+			out = append(out, k.Name)
+		}
+	}
+	return out
+}()
 
 // ParseStoreConfig reads a store configuration from text: a YAML (or JSON) document, or the
 // path of a file holding one; empty text reads the file UCM_CONFIG_FILE names. The document is
@@ -232,7 +243,11 @@ func (sc *StoreConfig) derive(getenv func(string) string) error {
 	if err := sc.deriveMetrics(device, getenv); err != nil {
 		return err
 	}
-	if len(p.StorageBackends) == 0 && len(p.Tiers) == 0 {
+	sc.ShmDir = getenv("UCMGO_SHM_DIR")
+	if sc.ShmDir == "" {
+		sc.ShmDir = DefaultShmDir
+	}
+	if len(p.StorageBackends) == 0 && len(p.Tiers) == 0 && !p.KeepsNothing() && !p.CacheOnly() {
 		return fmt.Errorf("storage_backends is empty (and UCM_STORAGE_PATH not set): %w", engine.ErrInvalidArgument)
 	}
 	return nil

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // maxInstanceRetries bounds the suffixes tried when another live process holds the instance
@@ -40,6 +43,11 @@ type Store struct {
 	next   uint64
 	closed atomic.Bool
 	wg     sync.WaitGroup // prefetches in flight
+
+	// empty: store_pipeline "Empty" (keeps nothing); shm: the directory of an Empty or
+	// Cache|Empty store, released at Close.
+	empty bool
+	shm   *shmDir
 }
 
 // Open opens the store a configuration describes (ParseStoreConfig): the process's instance
@@ -47,7 +55,80 @@ type Store struct {
 // process configured with them sees the blocks of the others (docs/sharing.md). A worker whose
 // instance name another live process holds retries with a numbered suffix. The scheduler's
 // store (no transfer shape) is lookup-only.
+//
+// store_pipeline "Empty" opens a store that keeps nothing (an empty, lookup-only index in a
+// private directory under ShmDir, removed at Close): dumps complete and store nothing, lookups
+// are false, loads fail per block with engine.ErrNotFound, as a miss does. "Cache|Empty" opens
+// a host-memory cache: a disk tier on tmpfs (ShmDir, by default /dev/shm/ucmgo) of
+// cache_buffer_capacity_gb, synced never. Shared (engine.ConnectorParams.SharedCache), every
+// store of the unique_id, in this process or another, is an instance on
+// <ShmDir>/cache-<unique_id> and sees the blocks of the others; private, the store has a
+// directory of its own. The last store to close removes the directory; a crashed set's is
+// removed by the next Empty or Cache|Empty store opened under ShmDir.
 func Open(cfg *StoreConfig) (*Store, error) {
+	p := cfg.Params
+	var (
+		shm     *shmDir
+		openCfg = cfg.Config
+		shared  = true
+	)
+	if p.KeepsNothing() || p.CacheOnly() {
+		var err error
+		shm, openCfg, err = openShm(cfg)
+		if err != nil {
+			return nil, err
+		}
+		shared = p.SharedCache()
+	}
+	s, err := openEngine(cfg, openCfg, shared)
+	if err != nil {
+		if _, rerr := shm.release(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	s.shm, s.empty = shm, p.KeepsNothing()
+	return s, nil
+}
+
+// openShm takes a share of the directory of an Empty or Cache|Empty store and returns the
+// configuration with that directory as storage_backends.
+func openShm(cfg *StoreConfig) (*shmDir, *engine.Config, error) {
+	p := cfg.Params
+	root := cfg.ShmDir
+	if root == DefaultShmDir {
+		st, err := os.Stat(shmBase)
+		switch {
+		case (err != nil || !st.IsDir()) && p.KeepsNothing():
+			// An Empty store's directory holds an index that stays empty: any will do.
+			root = filepath.Join(os.TempDir(), "ucmgo")
+		case err != nil || !st.IsDir():
+			return nil, nil, fmt.Errorf("store_pipeline %q: %s does not exist (the store lives on tmpfs): mount it or set UCMGO_SHM_DIR to a tmpfs directory: %w",
+				p.StorePipeline, shmBase, engine.ErrInvalidArgument)
+		}
+	}
+	prefix := shmPrivatePrefix
+	switch {
+	case p.KeepsNothing():
+		prefix = shmEmptyPrefix
+	case p.SharedCache():
+		prefix = shmSharedPrefix
+	}
+	shm, err := acquireShmDir(root, shmName(prefix, p.UniqueID))
+	if err != nil {
+		return nil, nil, fmt.Errorf("store_pipeline %q: %w", p.StorePipeline, err)
+	}
+	c := *cfg.Config
+	c.Connectors = append([]engine.ConnectorConfig(nil), c.Connectors...)
+	c.Connectors[0].Config.StorageBackends = engine.Paths{shm.path}
+	return shm, &c, nil
+}
+
+// openEngine opens the engine of a store on the configuration c (cfg's, or with the directory
+// of an Empty or Cache|Empty store): an instance of the shared backends (shared), or the store
+// directory itself.
+func openEngine(cfg *StoreConfig, c *engine.Config, shared bool) (*Store, error) {
+	p := c.Connectors[0].Config
 	name := cfg.Instance
 	var (
 		eng *engine.Engine
@@ -57,18 +138,32 @@ func Open(cfg *StoreConfig) (*Store, error) {
 		if try > 1 {
 			name = fmt.Sprintf("%s-%d", cfg.Instance, try)
 		}
-		dir, opts, derr := cfg.Config.InstanceStore(name)
+		var (
+			dir  string
+			opts engine.Options
+			derr error
+		)
+		if shared {
+			dir, opts, derr = c.InstanceStore(name)
+		} else {
+			dir, opts, derr = c.StoreOptions()
+		}
 		if derr != nil {
 			return nil, derr
 		}
-		opts.Layout, opts.Schema, opts.LookupOnly = cfg.Layout, cfg.Schema, cfg.Scheduler
+		// An Empty store's engine is an index that stays empty (the store routes no transfer to
+		// it), in a directory of its own: never lookup-only, which needs a shared tier.
+		opts.Layout, opts.Schema, opts.LookupOnly = cfg.Layout, cfg.Schema, cfg.Scheduler && !p.KeepsNothing()
 		if !cfg.Scheduler {
 			if err := cfg.Config.CheckBlockSize(cfg.Layout); err != nil {
 				return nil, err
 			}
 		}
+		if p.CacheOnly() {
+			boundCache(opts.Tiers, p.StorageBackends[0])
+		}
 		eng, err = engine.Open(dir, opts)
-		if !errors.Is(err, engine.ErrLocked) {
+		if !shared || !errors.Is(err, engine.ErrLocked) {
 			break
 		}
 	}
@@ -88,6 +183,19 @@ func Open(cfg *StoreConfig) (*Store, error) {
 	}
 	s.metrics = m
 	return s, nil
+}
+
+// boundCache lowers the capacity of a Cache|Empty store's tier to the size of the tmpfs under
+// it: past that, dumps would fail with ENOSPC instead of evicting.
+func boundCache(ts []tiers.Config, dir string) {
+	size := tmpfsBytes(dir)
+	for i := range ts {
+		if size > 0 && ts[i].Capacity > size {
+			slog.Default().Warn("ucmgo: cache_buffer_capacity_gb exceeds the tmpfs under the cache; bounded by it",
+				"dir", dir, "capacity", ts[i].Capacity, "tmpfs", size)
+			ts[i].Capacity = size
+		}
+	}
 }
 
 // Config returns the configuration the store was opened with (Instance is the name it got).
@@ -113,7 +221,11 @@ func (s *Store) Close() error {
 	}
 	s.wg.Wait()
 	s.metrics.close() // no scrape collects from a closed engine
-	return s.eng.Close()
+	err := s.eng.Close()
+	if _, rerr := s.shm.release(); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return err
 }
 
 func (s *Store) check() error {
@@ -157,7 +269,7 @@ func (s *Store) Prefetch(ids []engine.BlockID) error {
 	if err := s.check(); err != nil {
 		return err
 	}
-	if s.cfg.Scheduler {
+	if s.cfg.Scheduler || s.empty {
 		return nil
 	}
 	t := s.eng.Prefetch(ids)
@@ -174,6 +286,9 @@ func (s *Store) Create(ids []engine.BlockID) ([]error, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
+	if s.empty {
+		return make([]error, len(ids)), nil // reserves nothing: Commit publishes nothing
+	}
 	return s.eng.Create(ids), nil
 }
 
@@ -181,6 +296,9 @@ func (s *Store) Create(ids []engine.BlockID) ([]error, error) {
 func (s *Store) Commit(ids []engine.BlockID, ok bool) error {
 	if err := s.check(); err != nil {
 		return err
+	}
+	if s.empty {
+		return nil
 	}
 	return s.eng.Commit(ids, ok)
 }
@@ -262,6 +380,18 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		}
 	}
 	t := &Task{load: load, ids: ids, start: time.Now(), done: make(chan struct{}), bytes: int64(len(ids)) * l.ShardBytes}
+	if s.empty {
+		// UCM's Empty store: a dump stores nothing and succeeds; a load finds nothing, and
+		// fails per block as a miss does (UCM's reports success and leaves the memory as it
+		// was, which a caller cannot tell from a hit).
+		t.errs = make([]error, len(ids))
+		if load {
+			for i, id := range ids {
+				t.errs[i] = fmt.Errorf("block %s: the Empty store keeps nothing: %w", id, engine.ErrNotFound)
+			}
+		}
+		return s.register(t), nil
+	}
 	whole := l.Shards == 1
 	// One engine task per shard index named (a layer-wise call names one).
 	groups := map[int][]int{}
@@ -295,12 +425,17 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		members = append(members, pos)
 	}
 	t.parts, t.members = parts, members
+	return s.register(t), nil
+}
+
+// register gives a task its handle.
+func (s *Store) register(t *Task) uint64 {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.next++
 	t.id = s.next
 	s.tasks[t.id] = t
-	s.mu.Unlock()
-	return t.id, nil
+	return t.id
 }
 
 // checkSpans: one span of the shard, or one span per tensor of the configured sizes.
@@ -324,7 +459,9 @@ func (s *Store) checkSpans(spans [][]byte) error {
 // outcomes back to call order and records the metrics; once per task.
 func (s *Store) settle(t *Task) {
 	t.settled.Do(func() {
-		t.errs = make([]error, len(t.ids))
+		if t.errs == nil {
+			t.errs = make([]error, len(t.ids))
+		}
 		for k, et := range t.parts {
 			err := et.Wait()
 			be := et.BlockErrors()

@@ -69,10 +69,10 @@ import (
 // The store directory (index, lock) is the first of storage_backends, or, when it is empty and
 // tiers are given, the first path of the first disk tier.
 //
-// Unknown keys are errors naming the key (a typo must not silently select a default). UCM keys
-// that belong to other parts of the engine (stream_number, buffer_number, cache keys) are
-// accepted and recorded; UCM connector keys that select nothing here (enable_event_sync,
-// use_layerwise, ...) are accepted and named by Unused, for the opener to log once.
+// Every key UCM's stores, pipeline, connectors and examples pass is accepted (UCMKeys lists
+// them, with what UCM means and what UCM-Go does with each); those that select nothing here
+// are named by Unused, for the opener to log once. Any other key is an error naming the key,
+// its line and the closest known key (a typo must not silently select a default).
 // Environment overrides (ApplyEnv): UCM_STORAGE_PATH, UCM_BLOCK_SIZE, UCM_IO_DIRECT,
 // UCM_LOG_LEVEL, UCM_COMPRESSION, ENABLE_SPARSE, UCM_SPARSE_TYPE.
 type Config struct {
@@ -81,13 +81,10 @@ type Config struct {
 	// MetricsConfigPath is UCM's metrics configuration file (metrics_configs.yaml): the
 	// connector exports the ucm: histograms it lists with its buckets (connector.Metrics).
 	MetricsConfigPath string `yaml:"metrics_config_path"`
-	// UCM connector keys that select nothing in the store (its connector's business): accepted
-	// so that UCM's own files load, and named by Unused.
-	LoadOnlyFirstRank bool     `yaml:"load_only_first_rank"`
-	EnablePrefixCache *bool    `yaml:"enable_prefix_cache"`
-	EnableEventSync   *bool    `yaml:"enable_event_sync"`
-	UseLayerwise      *bool    `yaml:"use_layerwise"`
-	HitRatio          *float64 `yaml:"hit_ratio"`
+	// Other holds the top-level UCM keys with no effect in the store (UCMKeys: enable_event_sync,
+	// use_layerwise, hit_ratio, ...): accepted, type-checked, and named by Unused. Any other
+	// key is an error naming it.
+	Other map[string]yaml.Node `yaml:",inline"`
 	// EnableSparse and SparseType are read from ENABLE_SPARSE and UCM_SPARSE_TYPE (ApplyEnv):
 	// the sparse method UCM's connector would enable, for the sparse package.
 	EnableSparse bool   `yaml:"-"`
@@ -113,34 +110,32 @@ type ConnectorParams struct {
 	PosixIOEngine             string `yaml:"posix_io_engine"`
 	PosixDataTransConcurrency int    `yaml:"posix_data_trans_concurrency"`
 	TimeoutMs                 int    `yaml:"timeout_ms"`
-	// UCM keys accepted for the staging parts (not used by the core engine yet), and UCM's
-	// capacity and GC keys (see Config: they make the default disk tier).
-	StreamNumber                 int     `yaml:"stream_number"`
-	BufferNumber                 int     `yaml:"buffer_number"`
+	// UCM's capacity and GC keys (see Config: they make the default disk tier).
 	PosixCapacityGB              float64 `yaml:"posix_capacity_gb"`
-	PosixGCEnable                bool    `yaml:"posix_gc_enable"`
 	PosixGCTriggerThresholdRatio float64 `yaml:"posix_gc_trigger_threshold_ratio"`
 	PosixGCRecyclePercent        float64 `yaml:"posix_gc_recycle_percent"`
 	PosixGCCheckIntervalSec      int     `yaml:"posix_gc_check_interval_sec"`
 	CacheBufferCapacityGB        float64 `yaml:"cache_buffer_capacity_gb"`
-	CacheStreamNumber            int     `yaml:"cache_stream_number"`
+	// UseDirect is io_direct's older name (UCM's V0 stores and its sparse and blend examples):
+	// it counts when io_direct is absent.
+	UseDirect *bool `yaml:"use_direct"`
 	// StorePipeline is UCM's store_pipeline: "Posix" or "Ds3fs" (a disk tier on the path),
 	// "Cache|Posix" or "Cache|Ds3fs" (a memory tier in front: cache_buffer_capacity_gb, by
-	// default a quarter of the host's memory, at most UCM's 256 GiB). Empty: as Posix.
+	// default a quarter of the host's memory, at most UCM's 256 GiB), "Empty" (a store that
+	// keeps nothing: PipelineEmpty) or "Cache|Empty" (a host-memory cache alone, on tmpfs:
+	// PipelineCacheEmpty). Absent: as Posix.
 	StorePipeline string `yaml:"store_pipeline"`
 	// Keys UCM's connector adds to the store's configuration (ucm_connector.py _create_store):
 	// the transfer shape (tensor_size or tensor_size_list: bytes behind each address of a
 	// shard; shard_size; block_size) and the worker's identity. The connector package turns
 	// them into the store's Layout; device_id < 0 or absent is the scheduler, which only looks
-	// up. local_rank_size, share_buffer_enable and cpu_affinity_cores are accepted and unused.
+	// up. unique_id and share_buffer_enable name and share a Cache|Empty store (SharedCache).
 	UniqueID          string  `yaml:"unique_id"`
 	DeviceID          *int    `yaml:"device_id"`
 	TensorSize        Size    `yaml:"tensor_size"`
 	TensorSizeList    []int64 `yaml:"tensor_size_list"`
 	ShardSize         Size    `yaml:"shard_size"`
-	LocalRankSize     int     `yaml:"local_rank_size"`
 	ShareBufferEnable *bool   `yaml:"share_buffer_enable"`
-	CPUAffinityCores  []int   `yaml:"cpu_affinity_cores"`
 	// UCM-Go connector keys: what the KV bytes are (the store's Schema: model, kv_dtype,
 	// tp_size, block_tokens, kv_layout; a store refuses bytes written under another one), the
 	// process's instance name on shared backends, and the metrics endpoint (metrics_port: 0 off;
@@ -172,6 +167,10 @@ type ConnectorParams struct {
 	DirMode  string `yaml:"dir_mode"`
 	// Tiers is Options.Tiers (see Config).
 	Tiers TierList `yaml:"tiers"`
+	// Other holds the UCM keys with no effect in UCM-Go (UCMKeys: posix_lookup_concurrency,
+	// waiting_queue_depth, cpu_affinity_cores, ...): accepted, type-checked, and named by
+	// Unused. Any other key is an error naming it (and the closest known key).
+	Other map[string]yaml.Node `yaml:",inline"`
 }
 
 // parseMode parses an octal permission string ("0640"); "" is 0 (the default).
@@ -277,6 +276,16 @@ func connectorTiers(p ConnectorParams) []tiers.Config {
 	if len(p.Tiers) > 0 {
 		return p.Tiers
 	}
+	switch {
+	case p.KeepsNothing():
+		return nil
+	case p.CacheOnly():
+		if len(p.StorageBackends) == 0 {
+			return nil // the opener names the tmpfs directory
+		}
+		return []tiers.Config{{Name: defaultMemoryTierKey, Kind: tiers.KindDisk, Paths: append([]string(nil), p.StorageBackends...),
+			Capacity: cacheCapacity(p)}}
+	}
 	var out []tiers.Config
 	if p.CacheBufferCapacityGB > 0 || strings.HasPrefix(p.StorePipeline, "Cache|") {
 		// UCM's Cache|Posix pipeline: a memory tier in front.
@@ -292,7 +301,32 @@ func connectorTiers(p ConnectorParams) []tiers.Config {
 
 // storePipelines are the values of UCM's store_pipeline the store serves ("Ds3fs" is a disk
 // tier on a 3FS mount, as Posix is on any other).
-var storePipelines = []string{"Posix", "Ds3fs", "Cache|Posix", "Cache|Ds3fs"}
+var storePipelines = []string{"Posix", "Ds3fs", "Cache|Posix", "Cache|Ds3fs", PipelineEmpty, PipelineCacheEmpty}
+
+// The store pipelines that keep no bytes on storage_backends.
+const (
+	// PipelineEmpty is UCM's Empty store: it keeps nothing. Dumps complete and store nothing,
+	// lookups are false, loads fail per block as a miss does (the connector serves it).
+	PipelineEmpty = "Empty"
+	// PipelineCacheEmpty is UCM's host-memory cache alone: the opener puts the store on tmpfs
+	// and names that directory as storage_backends; connectorTiers makes it one disk tier of
+	// cache_buffer_capacity_gb, synced never (SharedCache says whether other processes share
+	// it).
+	PipelineCacheEmpty = "Cache|Empty"
+)
+
+// KeepsNothing reports whether the connector is UCM's Empty store.
+func (p ConnectorParams) KeepsNothing() bool { return p.StorePipeline == PipelineEmpty }
+
+// CacheOnly reports whether the connector is UCM's Cache|Empty: a host-memory cache alone.
+func (p ConnectorParams) CacheOnly() bool { return p.StorePipeline == PipelineCacheEmpty }
+
+// SharedCache reports whether a Cache|Empty store is shared by the processes of its unique_id,
+// as UCM's cache store's buffer is: share_buffer_enable true or absent (the cache store's
+// default), and a unique_id to name it.
+func (p ConnectorParams) SharedCache() bool {
+	return p.CacheOnly() && (p.ShareBufferEnable == nil || *p.ShareBufferEnable) && p.UniqueID != ""
+}
 
 // cacheCapacity is the memory tier's capacity for UCM's Cache pipeline: cache_buffer_capacity_gb,
 // or, absent, UCM's 256 GiB default bounded by a quarter of the host's memory (a lazily filled
@@ -309,32 +343,48 @@ func cacheCapacity(p ConnectorParams) int64 {
 	return capacity
 }
 
-// Unused names the keys given that select nothing in UCM-Go (UCM connector keys whose work is
-// the inference engine's, or UCM staging keys), so that an opener can log them once.
+// Unused names the keys given that select nothing in UCM-Go (UCMKeys with no effect, and those
+// the connector's store_pipeline ignores), so that an opener can log them once. Connector keys
+// are named ucm_connectors[i].<key>.
 func (c *Config) Unused() []string {
-	var out []string
-	add := func(given bool, key string) {
-		if given {
-			out = append(out, key)
-		}
-	}
-	add(c.LoadOnlyFirstRank, "load_only_first_rank")
-	add(c.EnablePrefixCache != nil, "enable_prefix_cache")
-	add(c.EnableEventSync != nil, "enable_event_sync")
-	add(c.UseLayerwise != nil, "use_layerwise")
-	add(c.HitRatio != nil, "hit_ratio")
+	out := sortedKeys(c.Other)
 	for i, conn := range c.Connectors {
 		p := conn.Config
 		pre := fmt.Sprintf("ucm_connectors[%d].", i)
-		add(p.StreamNumber != 0, pre+"stream_number")
-		add(p.BufferNumber != 0, pre+"buffer_number")
-		add(p.CacheStreamNumber != 0, pre+"cache_stream_number")
-		add(p.PosixGCEnable, pre+"posix_gc_enable")
-		add(p.LocalRankSize != 0, pre+"local_rank_size")
-		add(p.ShareBufferEnable != nil, pre+"share_buffer_enable")
-		add(len(p.CPUAffinityCores) > 0, pre+"cpu_affinity_cores")
-		add(conn.ModulePath != "", pre+"ucm_connector_module_path")
+		add := func(given bool, key string) {
+			if given {
+				out = append(out, pre+key)
+			}
+		}
+		add(conn.ModulePath != "", "ucm_connector_module_path")
+		for _, k := range sortedKeys(p.Other) {
+			add(true, k)
+		}
+		shared := p.SharedCache()
+		add(p.UniqueID != "" && !shared, "unique_id")
+		add(p.ShareBufferEnable != nil && !p.CacheOnly(), "share_buffer_enable")
+		if p.KeepsNothing() || p.CacheOnly() {
+			// Nothing is stored on storage_backends, and tmpfs has no O_DIRECT.
+			add(len(p.StorageBackends) > 0, "storage_backends")
+			add(p.IODirect != nil, "io_direct")
+			add(p.UseDirect != nil, "use_direct")
+			add(p.PosixCapacityGB != 0, "posix_capacity_gb")
+			add(p.PosixGCTriggerThresholdRatio != 0, "posix_gc_trigger_threshold_ratio")
+			add(p.PosixGCRecyclePercent != 0, "posix_gc_recycle_percent")
+		} else {
+			add(p.UseDirect != nil && p.IODirect != nil, "use_direct")
+		}
+		add(p.KeepsNothing() && p.CacheBufferCapacityGB != 0, "cache_buffer_capacity_gb")
 	}
+	return out
+}
+
+func sortedKeys(m map[string]yaml.Node) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -427,11 +477,26 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w: %s", ErrInvalidArgument, quoteLines(err.Error(), data))
 	}
+	if err := checkExtraKeys(ScopeTop, "", c.Other, topFields, data); err != nil {
+		return nil, err
+	}
+	for i, conn := range c.Connectors {
+		where := fmt.Sprintf("ucm_connectors[%d].ucm_connector_config: ", i)
+		if err := checkExtraKeys(ScopeConnector, where, conn.Config.Other, connectorFields, data); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
 }
+
+// The YAML keys of the top level and of ucm_connector_config (for suggestions).
+var (
+	topFields       = yamlFields(Config{})
+	connectorFields = yamlFields(ConnectorParams{})
+)
 
 var yamlLine = regexp.MustCompile(`line (\d+):`)
 
@@ -571,7 +636,7 @@ func validateTiers(p ConnectorParams) error {
 		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, ErrInvalidArgument)
 	case p.CacheBufferCapacityGB < 0 || math.IsNaN(p.CacheBufferCapacityGB) || math.IsInf(p.CacheBufferCapacityGB, 0):
 		return fmt.Errorf("cache_buffer_capacity_gb %v: want > 0 (absent or 0: no memory tier): %w", p.CacheBufferCapacityGB, ErrInvalidArgument)
-	case len(p.Tiers) > 0 && strings.HasPrefix(p.StorePipeline, "Cache|"):
+	case len(p.Tiers) > 0 && (strings.HasPrefix(p.StorePipeline, "Cache|") || p.KeepsNothing()):
 		return fmt.Errorf("store_pipeline %q and tiers both given: put the memory tier in the tier list: %w", p.StorePipeline, ErrInvalidArgument)
 	case len(p.Tiers) > 0 && p.CacheBufferCapacityGB > 0:
 		return fmt.Errorf("cache_buffer_capacity_gb and tiers both given: put the memory tier in the tier list: %w", ErrInvalidArgument)
@@ -650,10 +715,16 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	opts.Tiers = connectorTiers(p)
 	opts.CompactInterval = time.Duration(p.PosixGCCheckIntervalSec) * time.Second
 	opts.IOEngine, _ = connectorIOEngine(p) // validated at parse
+	direct := p.IODirect
+	if direct == nil {
+		direct = p.UseDirect
+	}
 	switch {
-	case p.IODirect == nil:
+	case p.CacheOnly():
+		opts.DirectIO = devio.DirectOff // tmpfs
+	case direct == nil:
 		opts.DirectIO = devio.DirectAuto
-	case *p.IODirect:
+	case *direct:
 		opts.DirectIO = devio.DirectOn
 	default:
 		opts.DirectIO = devio.DirectOff
@@ -661,6 +732,8 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	opts.SegmentSize = int64(p.SegmentSize)
 	if p.SyncPolicy != "" {
 		opts.SyncPolicy, _ = wal.ParseSyncPolicy(p.SyncPolicy)
+	} else if p.CacheOnly() {
+		opts.SyncPolicy = wal.SyncNone // a memory cache: nothing survives a reboot anyway
 	}
 	opts.SyncInterval = time.Duration(p.SyncIntervalMs) * time.Millisecond
 	opts.QueueDepth = p.QueueDepth

@@ -52,7 +52,7 @@ func TestParseConfigUCMKeys(t *testing.T) {
 		opts.SyncInterval.Milliseconds() != 50 || opts.Compression != CompressionLZ4 || opts.CompressMinSaving != 0.05 {
 		t.Fatalf("options %+v", opts)
 	}
-	if _, ok := c.SparseConfig["ESA"]; !ok || !c.LoadOnlyFirstRank {
+	if _, ok := c.SparseConfig["ESA"]; !ok || c.Other["load_only_first_rank"].Value != "true" {
 		t.Fatal("sparse config / load_only_first_rank lost")
 	}
 	if err := c.CheckBlockSize(Layout{Shards: 32, TensorsPerShard: 2, ShardBytes: 64 << 10}); err != nil {
