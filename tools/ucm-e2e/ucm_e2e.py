@@ -80,17 +80,8 @@ class Runner:
             except ProcessLookupError:
                 break
             left = True
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                p.poll()  # reap the leader, or it stays in the group as a zombie
-                try:
-                    os.killpg(p.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
-            else:
-                continue
-            break
+            if group_gone(p.pid, 5.0, p):
+                break
         try:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -117,6 +108,9 @@ class Runner:
                 pump.start()
             try:
                 code = self.proc.wait(timeout=self.timeout)
+                # multiprocessing's resource tracker leaves when its pipe closes: give whatever
+                # of the group is left a moment to leave on its own
+                group_gone(self.proc.pid, 3.0)
             except subprocess.TimeoutExpired:
                 timed_out, code = True, None
             finally:
@@ -145,6 +139,22 @@ class Runner:
         if not self.keep:
             for d in self.dirs:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def group_gone(pgid, seconds, leader=None):
+    """Waits up to seconds for process group pgid to be empty; True when it is. leader, if
+    given, is reaped meanwhile (a zombie leader keeps its group alive)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if leader is not None:
+            leader.poll()
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def copy_lines(src, out):
