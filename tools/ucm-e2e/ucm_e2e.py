@@ -202,6 +202,7 @@ def main(argv=None):
     if names and not a.mirror:
         ap.error("MIRROR is required to run UCM's scripts")
 
+    os.makedirs(a.base, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ucm-e2e-", dir=a.base))
     runner = None
 
