@@ -51,7 +51,7 @@ test: lint unit test-python test-prometheus test-gluster fuzz-smoke
 # Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
 PYTHON ?= /usr/bin/python3
 test-python: lib build
-	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests
+	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests tools/ucm-e2e
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
