@@ -548,9 +548,9 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 	}
 }
 
-// findPublog moves tl to the newest log of its namespace when there is a newer one than the
-// one it reads (the writer restarted, or tl has none yet). onMiss: only when the namespace
-// directory changed since it was last listed.
+// findPublog reads the logs of tl's namespace newer than the one it reads (the writer
+// restarted, or tl has none yet), oldest first, and leaves tl on the newest. onMiss: only when
+// the namespace directory changed since it was last listed.
 func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
 	now := time.Now()
 	st, err := e.fs.Stat(tl.nsDir)
@@ -562,17 +562,22 @@ func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
 		return
 	}
 	tl.nsMod, tl.nsListed = st.ModTime(), now
-	newest := seqs[len(seqs)-1]
-	if tl.f != nil && newest <= tl.seq {
+	if tl.f != nil && seqs[len(seqs)-1] <= tl.seq {
 		return
 	}
 	if tl.f != nil && !tl.ignored && !tl.stuck {
-		e.readPublog(tl) // what the older log still holds, first
-		if tl.seq >= newest {
-			return // it continued into the newest
+		e.readPublog(tl) // what the current log still holds, first: it may continue into newer ones
+	}
+	// Every newer log still on disk, oldest first: one retired since it was written still names
+	// blocks of segments listed since, whose manifest this instance may not have read yet.
+	for _, seq := range seqs {
+		if tl.f != nil && seq <= tl.seq {
+			continue
+		}
+		if e.openPublog(tl, seq); tl.seq == seq && !tl.ignored {
+			e.readPublog(tl)
 		}
 	}
-	e.openPublog(tl, newest)
 }
 
 // openPublog makes tl read log seq of its namespace from its start.
