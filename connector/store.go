@@ -43,10 +43,12 @@ type Store struct {
 }
 
 // Open opens the store a configuration describes (ParseStoreConfig): the process's instance
-// under <storage_backends[0]>/stores/<instance>, the backends as a shared tier so that every
-// process configured with them sees the blocks of the others (docs/sharing.md). A worker whose
-// instance name another live process holds retries with a numbered suffix. The scheduler's
-// store (no transfer shape) is lookup-only.
+// under <storage_backends[0]>/stores/<layout namespace>/<instance> (engine.Config.InstanceStore:
+// one namespace per schema and layout, so a new block size or tensor shape on the same
+// backends opens its own store and the old layout's blocks stay for it), the backends as a
+// shared tier so that every process configured with them sees the blocks of the others of its
+// layout (docs/sharing.md). A worker whose instance name another live process holds retries
+// with a numbered suffix. The scheduler's store (no transfer shape) is lookup-only.
 func Open(cfg *StoreConfig) (*Store, error) {
 	name := cfg.Instance
 	var (
@@ -57,11 +59,15 @@ func Open(cfg *StoreConfig) (*Store, error) {
 		if try > 1 {
 			name = fmt.Sprintf("%s-%d", cfg.Instance, try)
 		}
-		dir, opts, derr := cfg.Config.InstanceStore(name)
+		dir, opts, derr := cfg.Config.InstanceStore(name, cfg.Schema, cfg.Layout)
+		if errors.Is(derr, engine.ErrLocked) {
+			err = derr // a store of this name left from before layout namespaces, in use
+			continue
+		}
 		if derr != nil {
 			return nil, derr
 		}
-		opts.Layout, opts.Schema, opts.LookupOnly = cfg.Layout, cfg.Schema, cfg.Scheduler
+		opts.LookupOnly = cfg.Scheduler
 		if !cfg.Scheduler {
 			if err := cfg.Config.CheckBlockSize(cfg.Layout); err != nil {
 				return nil, err
