@@ -126,7 +126,8 @@ func (c *Config) InstanceStores(name string) ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("config: no store of instance %q under %s: %w", name, root, ErrNotFound)
+		return nil, fmt.Errorf("config: no store of instance %q (looked for %s and %s): %w", name,
+			filepath.Join(root, "*", name), filepath.Join(root, name), ErrNotFound)
 	}
 	slices.Sort(out)
 	return out, nil
