@@ -17,7 +17,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model test test-python test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model test test-python test-pip test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -45,13 +45,20 @@ train-model:
 bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit test-python test-prometheus test-gluster fuzz-smoke
+test: lint unit test-python test-pip test-prometheus test-gluster fuzz-smoke
 
 # The Python package (connector/python/ucmgo) against the library `make lib` builds, with
 # Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
 PYTHON ?= /usr/bin/python3
 test-python: lib build
 	UCMGO_LIB=$(LIB)/libucmgo.so $(PYTHON) -m pytest -q -p no:cacheprovider connector/python/tests tools/ucm-e2e
+
+# The package as a user installs it: `pip install ./connector/python` (and `pip install -e`) into
+# fresh venvs of Debian's python3 (python3-venv, python3-pip) with no package index reachable,
+# then `import ucmgo`, UCM's factory, a dump and a load outside the repository with no
+# PYTHONPATH or UCMGO_LIB (connector/python/tests/pip_install.sh; docs/connector.md).
+test-pip:
+	PYTHON=$(PYTHON) bash connector/python/tests/pip_install.sh
 
 unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...

@@ -31,7 +31,7 @@ type StoreConfig struct {
 	// which only looks up. Its store is lookup-only (engine.Options.LookupOnly).
 	Scheduler bool
 	// Instance is the process's instance name on the shared storage_backends (the store
-	// directory <backend>/stores/<Instance>): the instance key, else <host>-rank<device_id>
+	// directory <backend>/stores/<layout namespace>/<Instance>): the instance key, else <host>-rank<device_id>
 	// for a worker and <host>-scheduler for the scheduler.
 	Instance string
 	// MetricsListen is the address the metrics endpoint listens on ("" off): metrics_address

@@ -51,10 +51,12 @@ type Store struct {
 }
 
 // Open opens the store a configuration describes (ParseStoreConfig): the process's instance
-// under <storage_backends[0]>/stores/<instance>, the backends as a shared tier so that every
-// process configured with them sees the blocks of the others (docs/sharing.md). A worker whose
-// instance name another live process holds retries with a numbered suffix. The scheduler's
-// store (no transfer shape) is lookup-only.
+// under <storage_backends[0]>/stores/<layout namespace>/<instance> (engine.Config.InstanceStore:
+// one namespace per schema and layout, so a new block size or tensor shape on the same
+// backends opens its own store and the old layout's blocks stay for it), the backends as a
+// shared tier so that every process configured with them sees the blocks of the others of its
+// layout (docs/sharing.md). A worker whose instance name another live process holds retries
+// with a numbered suffix. The scheduler's store (no transfer shape) is lookup-only.
 //
 // store_pipeline "Empty" opens a store that keeps nothing (an empty, lookup-only index in a
 // private directory under ShmDir, removed at Close): dumps complete and store nothing, lookups
@@ -144,7 +146,11 @@ func openEngine(cfg *StoreConfig, c *engine.Config, shared bool) (*Store, error)
 			derr error
 		)
 		if shared {
-			dir, opts, derr = c.InstanceStore(name)
+			dir, opts, derr = c.InstanceStore(name, cfg.Schema, cfg.Layout)
+			if errors.Is(derr, engine.ErrLocked) {
+				err = derr // a store of this name left from before layout namespaces, in use
+				continue
+			}
 		} else {
 			dir, opts, derr = c.StoreOptions()
 		}

@@ -1,32 +1,64 @@
 package engine
 
 import (
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // StoresDir is the directory under the first storage backend that holds the store directories
-// (index, lock) of the instances sharing it (InstanceStore).
+// (index, lock) of the instances sharing it (InstanceStore), one subdirectory per layout
+// namespace (LayoutNamespace).
 const StoresDir = "stores"
+
+// LayoutNamespace returns the name of the directory under StoresDir that holds the instance
+// stores of one schema and layout: the first 8 bytes of Schema.Fingerprint(l) in hex (16
+// digits). Two configurations share a namespace only if their fingerprints agree in those
+// bytes; a store still checks the whole fingerprint at Open (ErrSchemaMismatch), so even a
+// collision never serves bytes of another layout.
+func LayoutNamespace(s Schema, l Layout) string {
+	fp := s.Fingerprint(l)
+	return hex.EncodeToString(fp[:8])
+}
 
 // InstanceStore is StoreOptions for one of several processes configured with the same
 // storage_backends, as UCM's stores are used: vLLM's tensor-parallel workers on one host, and
 // hosts sharing a file system. Where StoreOptions makes storage_backends[0] the store directory
 // (one process only: a second one gets ErrLocked), InstanceStore makes the storage backends a
 // shared disk tier (docs/sharing.md) and gives the process its own store directory,
-// <storage_backends[0]>/stores/<name>. name identifies the process across restarts (a worker
-// that comes back with the same name finds its own blocks); it must be one path element.
+// <storage_backends[0]>/stores/<LayoutNamespace(s, l)>/<name>, with opts.Schema and
+// opts.Layout set to s and l. name identifies the process across restarts (a worker that comes
+// back with the same name and layout finds its own blocks); it must be one path element.
+//
+// Each schema and layout has its own namespace: a process started with another block size or
+// tensor sizes (another model, another TP size) under the same name gets a new, empty store
+// instead of ErrSchemaMismatch, and the stores of the old layout stay as they are, found again
+// when it comes back. On the shared tier, an instance of one layout ignores the segments of
+// the others (their headers and manifests carry another fingerprint): a block stored under one
+// layout is a miss under another, never bytes of the wrong shape.
+//
+// A store left at the pre-namespace place <storage_backends[0]>/stores/<name> whose SCHEMA
+// file records s and l is moved into its namespace (under its lock; ErrLocked when a process
+// runs it), so that an upgrade keeps its blocks; one of another layout stays until that layout
+// opens it; one without a readable SCHEMA file stays where it is, logged with how to move it.
 //
 // The disk tier made from storage_backends (no tiers key: the default one, or UCM's
 // posix_capacity_gb tier) becomes shared; a tier list given in the config is used as written
 // (mark its shared tier there).
-func (c *Config) InstanceStore(name string) (dir string, opts Options, err error) {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`) {
-		return "", opts, fmt.Errorf("config: instance name %q: want one non-empty path element: %w", name, ErrInvalidArgument)
+func (c *Config) InstanceStore(name string, s Schema, l Layout) (dir string, opts Options, err error) {
+	if err := checkInstanceName(name); err != nil {
+		return "", opts, err
 	}
 	base, opts, err := c.StoreOptions()
 	if err != nil {
@@ -43,5 +75,147 @@ func (c *Config) InstanceStore(name string) (dir string, opts Options, err error
 			}
 		}
 	}
-	return filepath.Join(base, StoresDir, name), opts, nil
+	opts.Schema, opts.Layout = s, l
+	dir = filepath.Join(base, StoresDir, LayoutNamespace(s, l), name)
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	mode := opts.DirMode
+	if mode == 0 {
+		mode = DefaultDirMode
+	}
+	if err := moveLegacyStore(filepath.Join(base, StoresDir, name), dir, s, l, mode, log); err != nil {
+		return "", opts, err
+	}
+	return dir, opts, nil
+}
+
+func checkInstanceName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`) {
+		return fmt.Errorf("config: instance name %q: want one non-empty path element: %w", name, ErrInvalidArgument)
+	}
+	return nil
+}
+
+// InstanceStores returns every store directory of the instance name under the first storage
+// backend, whatever its layout: <storage_backends[0]>/stores/*/<name>, and the pre-namespace
+// <storage_backends[0]>/stores/<name> when it is one, sorted; ErrNotFound when there is none.
+// It is for tools that open a store with the schema it recorded (Options.AdoptStoredSchema)
+// and know the name only.
+func (c *Config) InstanceStores(name string) ([]string, error) {
+	if err := checkInstanceName(name); err != nil {
+		return nil, err
+	}
+	base, _, err := c.StoreOptions()
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(base, StoresDir)
+	entries, err := os.ReadDir(root)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("config: list %s: %w", root, err)
+	}
+	var out []string
+	if isStoreDir(filepath.Join(root, name)) {
+		out = append(out, filepath.Join(root, name))
+	}
+	for _, e := range entries {
+		if d := filepath.Join(root, e.Name(), name); e.IsDir() && isStoreDir(d) {
+			out = append(out, d)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("config: no store of instance %q (looked for %s and %s): %w", name,
+			filepath.Join(root, "*", name), filepath.Join(root, name), ErrNotFound)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// isStoreDir reports whether dir is a store directory (it has the lock file and the index),
+// not a layout namespace.
+func isStoreDir(dir string) bool {
+	lock, err := os.Stat(filepath.Join(dir, LockFile))
+	if err != nil || !lock.Mode().IsRegular() {
+		return false
+	}
+	ix, err := os.Stat(filepath.Join(dir, IndexDir))
+	return err == nil && ix.IsDir()
+}
+
+// moveLegacyStore moves the store at legacy (stores/<name>, as instance stores were placed
+// before layout namespaces) to dir when its SCHEMA file records s and l and dir does not exist
+// yet. It holds the legacy store's lock while it renames (a running process keeps it: ErrLocked)
+// and syncs both parent directories.
+func moveLegacyStore(legacy, dir string, s Schema, l Layout, mode os.FileMode, log *slog.Logger) error {
+	if !isStoreDir(legacy) {
+		return nil
+	}
+	text, err := readSchemaText(filepath.Join(legacy, SchemaFile))
+	if err != nil {
+		log.Warn("ucm: a store at the place instance stores had before layout namespaces has no readable SCHEMA file; it is left there: "+
+			"open it once with its configuration by its path (engine.Open, ucm-tool) to record its schema, or move it to "+
+			filepath.Join(filepath.Dir(legacy), "<namespace>", filepath.Base(legacy))+" by hand",
+			"path", legacy, "err", err)
+		return nil
+	}
+	if text != s.Canonical(l) {
+		return nil // another layout's: moved when that layout opens it
+	}
+	if _, err := os.Stat(dir); err == nil {
+		log.Warn("ucm: a store of this layout is at both the pre-namespace place and its namespace; using the namespace's, the other is left as it is",
+			"namespace_store", dir, "left", legacy)
+		return nil
+	}
+	lock, err := vfs.Default.Lock(filepath.Join(legacy, LockFile))
+	if err != nil {
+		if isLockHeld(err) {
+			return fmt.Errorf("move %s to %s: the store is in use by another process or engine: %w", legacy, dir, ErrLocked)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // moved by another process meanwhile
+		}
+		return fmt.Errorf("move %s to %s: lock: %w", legacy, dir, err)
+	}
+	defer func() { _ = lock.Close() }()
+	if !isStoreDir(legacy) {
+		return nil // moved by another process between the check and the lock
+	}
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), mode); err != nil {
+		return fmt.Errorf("move %s to %s: %w", legacy, dir, err)
+	}
+	if err := os.Rename(legacy, dir); err != nil {
+		return fmt.Errorf("move %s to %s: %w", legacy, dir, err)
+	}
+	for _, d := range []string{filepath.Dir(dir), filepath.Dir(legacy)} {
+		if err := wal.SyncDir(vfs.Default, d); err != nil {
+			return fmt.Errorf("move %s to %s: %w", legacy, dir, err)
+		}
+	}
+	log.Info("ucm: moved an instance store into its layout namespace", "from", legacy, "to", dir)
+	return nil
+}
+
+// readSchemaText returns a SCHEMA file's text when it is a canonical schema (bounded read).
+func readSchemaText(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	b, err := io.ReadAll(io.LimitReader(f, maxSchemaFileBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxSchemaFileBytes {
+		return "", fmt.Errorf("%s: longer than %d bytes: %w", path, maxSchemaFileBytes, ErrCorrupt)
+	}
+	if _, _, err := parseCanonical(string(b)); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return string(b), nil
 }

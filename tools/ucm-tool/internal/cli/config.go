@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -24,7 +25,7 @@ func (c *toolConfig) register(root *cobra.Command) {
 	fl.StringVar(&c.path, "config", os.Getenv("UCM_CONFIG_FILE"),
 		"the engine's YAML configuration (UCM's file, or UCM-Go keys; default $UCM_CONFIG_FILE): the store directory when DIR is omitted, and bench's defaults")
 	fl.StringVar(&c.instance, "instance", "",
-		"with --config: the instance store of a process sharing storage_backends (<storage_backends[0]>/stores/NAME, as the connector names them)")
+		"with --config: the instance store of a process sharing storage_backends (<storage_backends[0]>/stores/<layout namespace>/NAME, as the connector names them)")
 }
 
 // load parses the configuration (nil without --config).
@@ -55,16 +56,25 @@ func (c *toolConfig) storeDir(args []string) (string, error) {
 	if cfg == nil {
 		return "", usageErr("no store: give DIR, or --config FILE (or set UCM_CONFIG_FILE)")
 	}
-	var dir string
-	if c.instance != "" {
-		dir, _, err = cfg.InstanceStore(c.instance)
-	} else {
-		dir, _, err = cfg.StoreOptions()
+	if c.instance == "" {
+		dir, _, err := cfg.StoreOptions()
+		if err != nil {
+			return "", usageErr("--config %s: %v", c.path, err)
+		}
+		return dir, nil
 	}
+	// The instance's stores, one per layout it ran with; the command adopts the stored schema.
+	dirs, err := cfg.InstanceStores(c.instance)
 	if err != nil {
 		return "", usageErr("--config %s: %v", c.path, err)
 	}
-	return dir, nil
+	switch len(dirs) {
+	case 1:
+		return dirs[0], nil
+	default:
+		return "", usageErr("--config %s --instance %s: the instance has a store per layout; give one as DIR: %s",
+			c.path, c.instance, strings.Join(dirs, " "))
+	}
 }
 
 // benchDefaults sets bench flags the user did not set from the configuration: the directory,

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ucm-go/ucm/engine"
 )
 
 // TestConfigFlag: every command takes --config FILE (UCM's own YAML) for the store when DIR is
@@ -31,9 +33,10 @@ func TestConfigFlag(t *testing.T) {
 	}
 	t.Setenv("UCM_CONFIG_FILE", "")
 	_, errOut, code := run(t, "stats", "--config", cfgPath, "--instance", "w0")
-	if code != ExitUsage || !strings.Contains(errOut, filepath.Join(dir, "stores", "w0")) {
+	if code != ExitUsage || !strings.Contains(errOut, `no store of instance "w0"`) || !strings.Contains(errOut, filepath.Join(dir, "stores")) {
 		t.Fatalf("--instance of a store that does not exist: %d %s", code, errOut)
 	}
+	testInstanceFlag(t)
 	_, errOut, code = run(t, "stats")
 	if code != ExitUsage || !strings.Contains(errOut, "--config") {
 		t.Fatalf("no store: %d %s", code, errOut)
@@ -54,5 +57,53 @@ func TestConfigFlag(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(benchDir, "bench-*")); len(m) == 0 {
 		t.Fatalf("bench did not use the configured directory %s", benchDir)
+	}
+}
+
+// testInstanceFlag: --instance finds the instance store the connector places in its layout's
+// namespace (<backend>/stores/<namespace>/NAME); an instance with stores of two layouts is a
+// usage error listing both, either of which works as DIR.
+func testInstanceFlag(t *testing.T) {
+	backend := t.TempDir()
+	cfgPath := filepath.Join(t.TempDir(), "ucm.yaml")
+	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf("ucm_connectors:\n  - ucm_connector_name: UcmGoStore\n    ucm_connector_config:\n      storage_backends: %s\n      io_direct: false\n", backend)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := engine.LoadConfig(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(l engine.Layout, blocks int) string {
+		dir, opts, err := cfg.InstanceStore("w0", testSchema, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.SegmentSize = testSegmentSize
+		e, err := engine.Open(dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blocks > 0 {
+			dump(t, e, 0, blocks)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	first := create(testLayout, 3)
+	out, errOut, code := run(t, "stats", "--json", "--config", cfgPath, "--instance", "w0")
+	if code != ExitOK || !strings.Contains(out, `"blocks": 3`) {
+		t.Fatalf("stats --instance w0: %d\n%s%s", code, out, errOut)
+	}
+	other := testLayout
+	other.Shards *= 2
+	second := create(other, 0)
+	_, errOut, code = run(t, "stats", "--config", cfgPath, "--instance", "w0")
+	if code != ExitUsage || !strings.Contains(errOut, first) || !strings.Contains(errOut, second) {
+		t.Fatalf("stats --instance w0 with two layouts: %d %s", code, errOut)
+	}
+	if out, errOut, code := run(t, "stats", "--json", first); code != ExitOK || !strings.Contains(out, `"blocks": 3`) {
+		t.Fatalf("stats %s: %d\n%s%s", first, code, out, errOut)
 	}
 }

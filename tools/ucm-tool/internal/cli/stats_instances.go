@@ -60,8 +60,9 @@ func isStoreDir(dir string) bool {
 }
 
 // sharedInstances returns the storage_backends and instance names of a configuration whose
-// first backend is not a store itself but holds instance stores (<backend>/stores/<name>, as
-// the connector makes them); ok=false otherwise.
+// first backend is not a store itself but holds instance stores (<backend>/stores/<layout
+// namespace>/<name>, as the connector makes them, or <backend>/stores/<name> from before layout
+// namespaces; names are relative to <backend>/stores); ok=false otherwise.
 func (c *toolConfig) sharedInstances() (backends, names []string, ok bool, err error) {
 	cfg, err := c.load()
 	if err != nil || cfg == nil || c.instance != "" {
@@ -76,8 +77,26 @@ func (c *toolConfig) sharedInstances() (backends, names []string, ok bool, err e
 		return nil, nil, false, nil
 	}
 	for _, e := range ents {
-		if e.IsDir() {
-			names = append(names, e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		if isStoreDir(filepath.Join(base, engine.StoresDir, e.Name())) {
+			names = append(names, e.Name()) // a store from before layout namespaces
+			continue
+		}
+		// A layout namespace (engine.LayoutNamespace): its instance stores.
+		sub, err := os.ReadDir(filepath.Join(base, engine.StoresDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		n := len(names)
+		for _, s := range sub {
+			if s.IsDir() {
+				names = append(names, filepath.Join(e.Name(), s.Name()))
+			}
+		}
+		if len(names) == n {
+			names = append(names, e.Name()) // neither: listed as holding no store
 		}
 	}
 	slices.Sort(names)
@@ -97,7 +116,7 @@ func runInstanceStats(backends, names []string, asJSON bool, stdout io.Writer) e
 	liveKnown := true
 	for _, name := range names {
 		st := statInstance(filepath.Join(backends[0], engine.StoresDir, name), backends)
-		st.Name = name
+		st.Name = filepath.Base(name) // its directory (in st.Dir) names its layout namespace
 		r.Instances = append(r.Instances, st)
 		r.Total.Blocks += st.Blocks
 		r.Total.FileBytes += st.FileBytes
