@@ -476,16 +476,21 @@ func start(load bool, h int64, ids, shards uintptr, n uint64, addrs uintptr, per
 	if err != nil {
 		return nil, 0, err
 	}
+	op := s.Dump
+	if load {
+		op = s.Load
+	}
+	if s.Config().Scheduler {
+		// Its layout is no transfer shape to check against: the store says why it does not
+		// transfer at all.
+		_, err := op(nil, nil, nil)
+		return nil, 0, err
+	}
 	args, err := decodeTransfer(s.Config(), ids, shards, n, addrs, per)
 	if err != nil {
 		return nil, 0, err
 	}
-	var task uint64
-	if load {
-		task, err = s.Load(args.ids, args.shards, args.views())
-	} else {
-		task, err = s.Dump(args.ids, args.shards, args.views())
-	}
+	task, err := op(args.ids, args.shards, args.views())
 	return s, task, err
 }
 
