@@ -2,6 +2,7 @@ package connector
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -93,6 +94,9 @@ func ParseStoreConfig(text string, getenv func(string) string) (*StoreConfig, er
 	if err != nil {
 		return nil, err
 	}
+	if data, err = fromJSON(data); err != nil {
+		return nil, fmt.Errorf("config %s: %w", where, err)
+	}
 	var top map[string]yaml.Node
 	if err := yaml.Unmarshal(data, &top); err != nil {
 		return nil, fmt.Errorf("config %s: not a YAML mapping: %v: %w", where, err, engine.ErrInvalidArgument)
@@ -123,6 +127,53 @@ func ParseStoreConfig(text string, getenv func(string) string) (*StoreConfig, er
 		return nil, fmt.Errorf("config %s: %w", where, err)
 	}
 	return sc, nil
+}
+
+// fromJSON returns a JSON object document as YAML with the same content, decoded by JSON's
+// rules, and any other document as it is. YAML 1.2 reads most JSON itself, but not all of it:
+// a character outside the Basic Multilingual Plane escaped as JSON escapes it, a UTF-16
+// surrogate pair ("\ud83d\ude00", as Python's json.dumps writes an emoji), is refused or
+// mangled by the YAML decoder, so a path with one would not reach the store.
+func fromJSON(data []byte) ([]byte, error) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(trimmed) {
+		return data, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.UseNumber()
+	var doc map[string]any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %v: %w", err, engine.ErrInvalidArgument)
+	}
+	out, err := yaml.Marshal(plainNumbers(doc))
+	if err != nil {
+		return nil, fmt.Errorf("JSON document as YAML: %v: %w", err, engine.ErrInvalidArgument)
+	}
+	return out, nil
+}
+
+// plainNumbers replaces the json.Numbers of a decoded JSON value by int64 (integers that fit)
+// or float64, which the YAML encoder writes as numbers.
+func plainNumbers(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = plainNumbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = plainNumbers(e)
+		}
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		if f, err := x.Float64(); err == nil {
+			return f
+		}
+		return x.String()
+	}
+	return v
 }
 
 // readConfigText returns the document and a name for it in errors.

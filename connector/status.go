@@ -2,6 +2,9 @@ package connector
 
 import (
 	"errors"
+	"io/fs"
+	"os"
+	"syscall"
 
 	"github.com/ucm-go/ucm/engine"
 )
@@ -54,8 +57,10 @@ var statusOf = []struct {
 	{engine.ErrInvalidArgument, StatusEParam},
 }
 
-// StatusOf returns the status code for err: StatusOK for nil, the code of the sentinel it wraps,
-// else StatusError.
+// StatusOf returns the status code for err: StatusOK for nil, the code of the sentinel it wraps;
+// else StatusEOSError when it comes from the operating system (an *fs.PathError, *os.LinkError,
+// *os.SyscallError or syscall.Errno in its chain, or fs.ErrPermission: a directory without
+// permission, EIO, a path through a file); else StatusError.
 func StatusOf(err error) Status {
 	if err == nil {
 		return StatusOK
@@ -65,5 +70,20 @@ func StatusOf(err error) Status {
 			return s.status
 		}
 	}
+	if fromOS(err) {
+		return StatusEOSError
+	}
 	return StatusError
+}
+
+// fromOS reports whether err's chain holds an error of the operating system.
+func fromOS(err error) bool {
+	var (
+		path  *fs.PathError
+		link  *os.LinkError
+		call  *os.SyscallError
+		errno syscall.Errno
+	)
+	return errors.As(err, &path) || errors.As(err, &link) || errors.As(err, &call) || errors.As(err, &errno) ||
+		errors.Is(err, fs.ErrPermission)
 }

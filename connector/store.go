@@ -337,14 +337,17 @@ type Task struct {
 }
 
 // Load reads shard shards[i] of block ids[i] into dst[i] (one span of the shard, or one span per
-// tensor) and returns the task's handle. Bad arguments fail the call before any I/O, naming
-// the block and the field.
+// tensor) and returns the task's handle. A shard index of engine.AllShards (-1), or an empty
+// shards for every block (UCM's whole-block form, as PcStore takes it), loads the whole block:
+// dst[i] is one span of the block, one per shard, or one per tensor of every shard, shard after
+// shard. Bad arguments fail the call before any I/O, naming the block and the field.
 func (s *Store) Load(ids []engine.BlockID, shards []int, dst [][][]byte) (uint64, error) {
 	return s.transfer(true, ids, shards, dst)
 }
 
-// Dump stores shard shards[i] of block ids[i] from src[i] and returns the task's handle. A
-// block becomes visible when all its shards are durable (engine.Engine.DumpShard).
+// Dump stores shard shards[i] of block ids[i] from src[i] and returns the task's handle; shard
+// indexes and spans are as Load's (-1 or an empty shards: the whole block). A block becomes
+// visible when all its shards are durable (engine.Engine.DumpShard).
 func (s *Store) Dump(ids []engine.BlockID, shards []int, src [][][]byte) (uint64, error) {
 	return s.transfer(false, ids, shards, src)
 }
@@ -360,6 +363,13 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 	if s.cfg.Scheduler {
 		return 0, fmt.Errorf("%s: the scheduler's store (no shard_size or tensor sizes configured) only looks up: %w", op, engine.ErrInvalidArgument)
 	}
+	if len(shards) == 0 && len(ids) > 0 {
+		// UCM's whole-block form: no shard list, each block's row covers the block.
+		shards = make([]int, len(ids))
+		for i := range shards {
+			shards[i] = engine.AllShards
+		}
+	}
 	if len(shards) != len(ids) || len(bufs) != len(ids) {
 		return 0, fmt.Errorf("%s: %d block ids, %d shard indexes, %d address lists: %w", op, len(ids), len(shards), len(bufs), engine.ErrInvalidArgument)
 	}
@@ -369,10 +379,12 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		shard int
 	}
 	seen := make(map[key]int, len(ids))
+	named := make(map[engine.BlockID]int, len(ids)) // the first position of each block
+	var bytes int64
 	for i, id := range ids {
 		sh := shards[i]
-		if sh < 0 || sh >= l.Shards {
-			return 0, fmt.Errorf("%s: block %s (position %d): shard index %d out of range [0, %d): %w", op, id, i, sh, l.Shards, engine.ErrInvalidArgument)
+		if sh != engine.AllShards && (sh < 0 || sh >= l.Shards) {
+			return 0, fmt.Errorf("%s: block %s (position %d): shard index %d out of range [0, %d) (or -1, the whole block): %w", op, id, i, sh, l.Shards, engine.ErrInvalidArgument)
 		}
 		if id.IsZero() {
 			return 0, fmt.Errorf("%s: position %d: zero block id: %w", op, i, engine.ErrInvalidArgument)
@@ -380,12 +392,30 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		if j, dup := seen[key{id, sh}]; dup {
 			return 0, fmt.Errorf("%s: block %s shard %d at positions %d and %d: %w", op, id, sh, j, i, ErrDuplicate)
 		}
+		j, ok := named[id] // the block named before: as a whole, it overlaps any shard of it
+		if sh != engine.AllShards {
+			j, ok = seen[key{id, engine.AllShards}]
+		}
+		if ok {
+			return 0, fmt.Errorf("%s: block %s at positions %d and %d, once as the whole block: %w", op, id, j, i, ErrDuplicate)
+		}
 		seen[key{id, sh}] = i
-		if err := s.checkSpans(bufs[i]); err != nil {
-			return 0, fmt.Errorf("%s: block %s (position %d): %w", op, id, i, err)
+		if _, ok := named[id]; !ok {
+			named[id] = i
+		}
+		if sh == engine.AllShards {
+			if err := s.checkBlockSpans(bufs[i]); err != nil {
+				return 0, fmt.Errorf("%s: block %s (position %d), the whole block: %w", op, id, i, err)
+			}
+			bytes += int64(l.Shards) * l.ShardBytes
+		} else {
+			if err := s.checkSpans(bufs[i]); err != nil {
+				return 0, fmt.Errorf("%s: block %s (position %d), shard %d: %w", op, id, i, sh, err)
+			}
+			bytes += l.ShardBytes
 		}
 	}
-	t := &Task{load: load, ids: ids, start: time.Now(), done: make(chan struct{}), bytes: int64(len(ids)) * l.ShardBytes}
+	t := &Task{load: load, ids: ids, start: time.Now(), done: make(chan struct{}), bytes: bytes}
 	if s.empty {
 		// UCM's Empty store: a dump stores nothing and succeeds; a load finds nothing, and
 		// fails per block as a miss does (UCM's reports success and leaves the memory as it
@@ -399,10 +429,14 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		return s.register(t), nil
 	}
 	whole := l.Shards == 1
-	// One engine task per shard index named (a layer-wise call names one).
+	// One engine task per shard index named (a layer-wise call names one; the whole block is
+	// one more).
 	groups := map[int][]int{}
 	var order []int
 	for i, sh := range shards {
+		if whole {
+			sh = engine.AllShards // shard 0 of a one-shard block is the block
+		}
 		if _, ok := groups[sh]; !ok {
 			order = append(order, sh)
 		}
@@ -417,15 +451,11 @@ func (s *Store) transfer(load bool, ids []engine.BlockID, shards []int, bufs [][
 		for k, i := range pos {
 			gids[k], gbufs[k] = ids[i], bufs[i]
 		}
-		esh := sh
-		if whole {
-			esh = engine.AllShards
-		}
 		var et *engine.Task
 		if load {
-			et = s.eng.LoadSpans(gids, esh, gbufs)
+			et = s.eng.LoadSpans(gids, sh, gbufs)
 		} else {
-			et = s.eng.DumpSpans(gids, esh, gbufs)
+			et = s.eng.DumpSpans(gids, sh, gbufs)
 		}
 		parts = append(parts, et)
 		members = append(members, pos)
@@ -450,13 +480,44 @@ func (s *Store) checkSpans(spans [][]byte) error {
 	switch {
 	case len(spans) == 1 && int64(len(spans[0])) == l.ShardBytes:
 		return nil
+	case len(spans) == 1 && len(s.cfg.Tensors) != 1:
+		return fmt.Errorf("one span of %d bytes, want the whole shard's %d (or %d spans, one per tensor): %w", len(spans[0]), l.ShardBytes, len(s.cfg.Tensors), engine.ErrInvalidArgument)
 	case len(spans) != len(s.cfg.Tensors):
 		return fmt.Errorf("%d addresses, want %d (one per tensor) or one for the whole shard: %w", len(spans), len(s.cfg.Tensors), engine.ErrInvalidArgument)
 	}
 	for j, b := range spans {
 		if int64(len(b)) != s.cfg.Tensors[j] {
-			return fmt.Errorf("tensor %d: %d bytes, want %d: %w", j, len(b), s.cfg.Tensors[j], engine.ErrInvalidArgument)
+			return fmt.Errorf("tensor %d: %d bytes, want %d (tensor sizes %v): %w", j, len(b), s.cfg.Tensors[j], s.cfg.Tensors, engine.ErrInvalidArgument)
 		}
+	}
+	return nil
+}
+
+// checkBlockSpans: the whole block as one span, one span per shard, or one per tensor of every
+// shard (shard after shard), each of its configured size.
+func (s *Store) checkBlockSpans(spans [][]byte) error {
+	l, t := s.cfg.Layout, s.cfg.Tensors
+	block := int64(l.Shards) * l.ShardBytes
+	switch len(spans) {
+	case 1:
+		if int64(len(spans[0])) != block {
+			return fmt.Errorf("one span of %d bytes, want the block's %d: %w", len(spans[0]), block, engine.ErrInvalidArgument)
+		}
+	case l.Shards * len(t):
+		for j, b := range spans {
+			if want := t[j%len(t)]; int64(len(b)) != want {
+				return fmt.Errorf("span %d (shard %d, tensor %d): %d bytes, want %d: %w", j, j/len(t), j%len(t), len(b), want, engine.ErrInvalidArgument)
+			}
+		}
+	case l.Shards:
+		for j, b := range spans {
+			if int64(len(b)) != l.ShardBytes {
+				return fmt.Errorf("span %d (shard %d): %d bytes, want the shard's %d: %w", j, j, len(b), l.ShardBytes, engine.ErrInvalidArgument)
+			}
+		}
+	default:
+		return fmt.Errorf("%d spans, want 1 (the block, %d bytes), %d (one per shard of %d bytes) or %d (one per tensor of every shard, sizes %v): %w",
+			len(spans), block, l.Shards, l.ShardBytes, l.Shards*len(t), t, engine.ErrInvalidArgument)
 	}
 	return nil
 }

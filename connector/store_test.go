@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -263,8 +265,13 @@ func TestStoreBadInput(t *testing.T) {
 	}{
 		{"duplicate", []engine.BlockID{ids[0], ids[0]}, []int{1, 1}, [][][]byte{spans[0], spans[0]}, StatusEDuplicate, "positions 0 and 1"},
 		{"shard out of range", ids[:1], []int{4}, spans[:1], StatusEParam, "shard index 4"},
-		{"negative shard", ids[:1], []int{-1}, spans[:1], StatusEParam, "shard index -1"},
-		{"wrong size", ids[:1], []int{1}, [][][]byte{{short[0], short[0]}}, StatusEParam, "tensor 0: 100 bytes"},
+		{"negative shard", ids[:1], []int{-2}, spans[:1], StatusEParam, "shard index -2"},
+		{"whole block of one shard's size", ids[:1], []int{engine.AllShards}, spans[:1], StatusEParam, "want the block's 131072"},
+		{"whole block, wrong span count", ids[:1], []int{engine.AllShards}, [][][]byte{{short[0], short[0], short[0]}}, StatusEParam, "3 spans, want 1 (the block, 131072 bytes), 4 (one per shard of 32768 bytes) or 8"},
+		{"whole and a shard of one block", []engine.BlockID{ids[0], ids[0]}, []int{1, engine.AllShards}, [][][]byte{spans[0], {make([]byte, 131072)}}, StatusEDuplicate, "positions 0 and 1, once as the whole block"},
+		{"a shard of a block named whole", []engine.BlockID{ids[0], ids[0]}, []int{engine.AllShards, 2}, [][][]byte{{make([]byte, 131072)}, spans[0]}, StatusEDuplicate, "positions 0 and 1, once as the whole block"},
+		{"wrong size", ids[:1], []int{1}, [][][]byte{{short[0], short[0]}}, StatusEParam, "tensor 0: 100 bytes, want 16384"},
+		{"one span of the wrong size", ids[:1], []int{1}, [][][]byte{short}, StatusEParam, "one span of 100 bytes, want the whole shard's 32768"},
 		{"wrong count", ids[:1], []int{1}, [][][]byte{{short[0], short[0], short[0]}}, StatusEParam, "3 addresses"},
 		{"length mismatch", ids, []int{1}, spans, StatusEParam, "3 block ids, 1 shard indexes"},
 		{"zero id", []engine.BlockID{{}}, []int{1}, spans[:1], StatusEParam, "zero block id"},
@@ -433,5 +440,164 @@ func TestStoreMetricsEndpoint(t *testing.T) {
 		if _, ok := fams[m[1]]; !ok {
 			t.Errorf("the dashboard charts %s, which the endpoint does not export", m[1])
 		}
+	}
+}
+
+// TestStoreWholeBlockForm: UCM's whole-block form (PcStore's: no shard list, one tensor per
+// layer covering the block in order) dumps and loads whole blocks of a layer-wise layout, with
+// the row as one span per tensor of every shard, one per shard, or one of the block; a layer
+// dumped whole loads back layer by layer and the other way round.
+func TestStoreWholeBlockForm(t *testing.T) {
+	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
+	cfg := s.Config()
+	l := cfg.Layout
+	ids := randomIDs(3)
+	rows := func(fill bool) [][][]byte {
+		out := make([][][]byte, len(ids))
+		for i, id := range ids {
+			var row [][]byte
+			for sh := range l.Shards {
+				shard := make([]byte, l.ShardBytes)
+				if fill {
+					copy(shard, pattern(id, sh, l.ShardBytes))
+				}
+				switch i {
+				case 0: // one span per tensor of every shard
+					row = append(row, shard[:cfg.Tensors[0]], shard[cfg.Tensors[0]:])
+				case 1: // one span per shard
+					row = append(row, shard)
+				default: // the whole block as one span
+					if len(row) == 0 {
+						row = [][]byte{nil}
+					}
+					row[0] = append(row[0], shard...)
+				}
+			}
+			out[i] = row
+		}
+		return out
+	}
+	task, err := s.Dump(ids, nil, rows(true))
+	if err != nil || task == 0 {
+		t.Fatalf("whole-block dump: task %d, %v", task, err)
+	}
+	if err := s.Wait(task, nil); err != nil {
+		t.Fatal(err)
+	}
+	if hits, _ := s.Lookup(ids); !all(hits) {
+		t.Fatalf("lookup after a whole-block dump: %v", hits)
+	}
+	// Each layer, loaded alone, is what the whole-block dump wrote for it.
+	for sh := range l.Shards {
+		out, _ := shardSpans(cfg, ids, sh, false)
+		task, err := s.Load(ids, repeat(sh, len(ids)), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			if string(joined(out[i])) != string(pattern(id, sh, l.ShardBytes)) {
+				t.Fatalf("block %d shard %d differs after a whole-block dump", i, sh)
+			}
+		}
+	}
+	// Whole-block loads, with the shard list empty and with -1 per block.
+	for _, shards := range [][]int{nil, repeat(engine.AllShards, len(ids))} {
+		dst := rows(false)
+		task, err := s.Load(ids, shards, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			got := joined(dst[i])
+			for sh := range l.Shards {
+				if string(got[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes]) != string(pattern(id, sh, l.ShardBytes)) {
+					t.Fatalf("block %d shard %d differs after a whole-block load (shards %v)", i, sh, shards)
+				}
+			}
+		}
+	}
+}
+
+// TestStatusOfOSErrors: errors of the operating system map to EOSERROR (UCM's code for a file
+// system that failed), behind every typed mapping.
+func TestStatusOfOSErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want Status
+	}{
+		{fmt.Errorf("open: %w", &os.PathError{Op: "mkdir", Path: "/x", Err: syscall.EACCES}), StatusEOSError},
+		{fmt.Errorf("read: %w", syscall.EIO), StatusEOSError},
+		{fmt.Errorf("rename: %w", &os.LinkError{Op: "rename", Old: "a", New: "b", Err: syscall.EXDEV}), StatusEOSError},
+		{os.NewSyscallError("fsync", syscall.EIO), StatusEOSError},
+		{fmt.Errorf("x: %w", fs.ErrPermission), StatusEOSError},
+		{fmt.Errorf("config file: %w: %w", &os.PathError{Op: "open", Path: "/x", Err: syscall.ENOENT}, engine.ErrInvalidArgument), StatusEParam},
+		{fmt.Errorf("%w: %w", engine.ErrNoSpace, syscall.ENOSPC), StatusENoSpace},
+		{errors.New("something else"), StatusError},
+	} {
+		if got := StatusOf(c.err); got != c.want {
+			t.Errorf("StatusOf(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+	// A store whose storage_backends lies under a regular file cannot be made: EOSERROR.
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseStoreConfig(workerJSON(filepath.Join(file, "ucm"), 0, ""), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(cfg)
+	if err == nil {
+		s.Close()
+		t.Fatal("opened a store under a regular file")
+	}
+	if StatusOf(err) != StatusEOSError || !strings.Contains(err.Error(), file) {
+		t.Fatalf("open under a file: %v (status %d), want EOSERROR naming %s", err, StatusOf(err), file)
+	}
+}
+
+// TestStoreNonBMPPath: a storage_backends path with characters outside the Basic Multilingual
+// Plane (an emoji), given in JSON with the surrogate-pair escapes Python's json.dumps writes,
+// or raw, opens a store in the directory of that name, which dumps and loads.
+func TestStoreNonBMPPath(t *testing.T) {
+	base := t.TempDir()
+	name := "kv-\U0001F600-é-\u6f22"
+	escaped := `kv-\ud83d\ude00-\u00e9-\u6f22`
+	for _, text := range []string{
+		fmt.Sprintf(`{"storage_backends": [%q], "device_id": 0, "tensor_size_list": [16384, 16384], "shard_size": 32768, "block_size": 131072}`, filepath.Join(base, "raw", name)),
+		`{"storage_backends": ["` + filepath.Join(base, "escaped") + "/" + escaped + `"], "device_id": 0, "tensor_size_list": [16384, 16384], "shard_size": 32768, "block_size": 131072}`,
+	} {
+		s := openStore(t, text)
+		dir := s.Config().Params.StorageBackends[0]
+		if filepath.Base(dir) != name {
+			t.Fatalf("storage_backends %q, want a directory named %q", dir, name)
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			t.Fatalf("directory %q: %v", dir, err)
+		}
+		ids := randomIDs(2)
+		dumpLayers(t, s, ids, 0)
+		out, _ := shardSpans(s.Config(), ids, 1, false)
+		task, err := s.Load(ids, []int{1, 1}, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(task, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			if string(joined(out[i])) != string(pattern(id, 1, s.Config().Layout.ShardBytes)) {
+				t.Fatalf("block %d differs", i)
+			}
+		}
+		s.Close()
 	}
 }

@@ -6,6 +6,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The addresses a caller's memory can have: not in the first page (never mapped: a small
+// integer passed as a pointer) and below 2^56, the top of user space with 5-level paging on
+// x86-64 (4-level: 2^47; arm64: at most 2^52). Every pointer and address an entry point reads or
+// hands to I/O is checked against them first (main.go; queue.c and tasks.c before they read):
+// what is outside cannot be the caller's memory, and slicing it would crash the Go runtime.
+#define UCMGOI_MIN_ADDR 4096ULL
+#define UCMGOI_MAX_ADDR 0x100000000000000ULL
+
+// ucmgoi_plausible: count entries of size bytes at p lie inside [UCMGOI_MIN_ADDR,
+// UCMGOI_MAX_ADDR), or count is 0.
+static inline int ucmgoi_plausible(const void *p, uint64_t count, uint64_t size) {
+	if (count == 0) return 1;
+	uint64_t a = (uint64_t)(uintptr_t)p, bytes;
+	if (__builtin_mul_overflow(count, size, &bytes)) return 0;
+	return a >= UCMGOI_MIN_ADDR && a <= UCMGOI_MAX_ADDR && bytes <= UCMGOI_MAX_ADDR - a;
+}
+
 // lasterror.c
 void ucmgo_set_error(const char *msg, size_t n);
 
@@ -26,7 +43,7 @@ typedef struct ucmgo_entry {
 	int64_t *shards; // n
 	void **addrs;    // n × per
 } ucmgo_entry;
-int ucmgoi_store_add(int64_t h, int64_t shards, size_t tensors);
+int ucmgoi_store_add(int64_t h, int64_t shards, size_t tensors, int64_t shard_bytes);
 void ucmgoi_store_drop(int64_t h);
 void ucmgoi_queue_expect(void);
 size_t ucmgoi_queue_take(ucmgo_entry **out, size_t max, int wait, int done_expecting);

@@ -13,10 +13,13 @@
 // goroutine (drain in main.go) that sleeps here.
 //
 // What is queued. Only calls this file can prove valid against the store's layout: a store it
-// knows (registered at open), 1 to MAX_QUEUED blocks, no null pointer, a known address count,
-// every shard index in range, no zero id, no block and shard twice, no null address. Every
-// other call goes to the Go implementation synchronously, which reports what is wrong with the
-// same status and message as before. So an error the header documents as synchronous stays so.
+// knows (registered at open), 1 to MAX_QUEUED blocks, every table (ids, shards, addresses) and
+// every address inside the memory a caller can have (ucmgoi_plausible: checked before a table
+// is read, and each address for the largest span it could name, the whole block), a known
+// address count, every shard index in range (or -1, the whole block), no zero id, no block
+// twice for the same shard or whole and by shard. Every other call goes to the Go
+// implementation synchronously, which reports what is wrong with the same status and message
+// as before. So an error the header documents as synchronous stays so.
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +38,9 @@ int64_t ucmgoi_dump(int64_t store, const uint8_t *ids, const int64_t *shards, si
 
 typedef struct {
 	int64_t h;
-	int64_t shards;  // shard indexes are in [0, shards)
-	size_t tensors;  // addresses per block: tensors, or 1
+	int64_t shards;      // shard indexes are in [0, shards), or -1 (the whole block)
+	size_t tensors;      // addresses per shard: tensors, or 1
+	int64_t block_bytes; // shards × shard bytes: no span an address names is larger
 } store_layout;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -50,12 +54,12 @@ static store_layout stores[MAX_STORES];
 static int64_t next_handle = INT64_C(1) << 40; // above every handle Go issues
 
 // ucmgoi_store_add lets calls on store h take the queue (ucmgo_open); 0 when the table is full.
-int ucmgoi_store_add(int64_t h, int64_t shards, size_t tensors) {
+int ucmgoi_store_add(int64_t h, int64_t shards, size_t tensors, int64_t shard_bytes) {
 	int ok = 0;
 	pthread_mutex_lock(&mu);
 	for (int i = 0; i < MAX_STORES && !ok; i++) {
 		if (stores[i].h == 0) {
-			stores[i] = (store_layout){h, shards, tensors};
+			stores[i] = (store_layout){h, shards, tensors, shards * shard_bytes};
 			ok = 1;
 		}
 	}
@@ -87,18 +91,32 @@ static int zero_id(const uint8_t *id) {
 	return memcmp(id, zero, UCMGO_ID_BYTES) == 0;
 }
 
+// same_block: ids i and k name the same block for overlapping parts (the same shard, or one of
+// them the whole block).
+static int same_block(const uint8_t *ids, const int64_t *shards, size_t i, size_t k) {
+	return (shards[k] == shards[i] || shards[k] < 0 || shards[i] < 0) &&
+	       memcmp(ids + k * UCMGO_ID_BYTES, ids + i * UCMGO_ID_BYTES, UCMGO_ID_BYTES) == 0;
+}
+
 // valid reports whether the call's arguments pass every check the Go implementation makes.
 static int valid(const store_layout *l, const uint8_t *ids, const int64_t *shards, size_t n, void *const *addrs,
                  size_t per) {
-	if (n == 0 || n > MAX_QUEUED || ids == NULL || shards == NULL || addrs == NULL) return 0;
-	if (per != 1 && per != l->tensors) return 0;
+	if (n == 0 || n > MAX_QUEUED || per == 0 || per > (size_t)l->shards * l->tensors) return 0;
+	if (!ucmgoi_plausible(ids, n, UCMGO_ID_BYTES) || !ucmgoi_plausible(shards, n, sizeof(int64_t)) ||
+	    !ucmgoi_plausible(addrs, (uint64_t)n * per, sizeof(void *)))
+		return 0;
 	for (size_t i = 0; i < n; i++) {
-		if (shards[i] < 0 || shards[i] >= l->shards || zero_id(ids + i * UCMGO_ID_BYTES)) return 0;
+		if (shards[i] == -1) {
+			// The whole block: one address, one per shard, or one per tensor of every shard.
+			if (per != 1 && per != (size_t)l->shards && per != (size_t)l->shards * l->tensors) return 0;
+		} else if (shards[i] < 0 || shards[i] >= l->shards || (per != 1 && per != l->tensors)) {
+			return 0;
+		}
+		if (zero_id(ids + i * UCMGO_ID_BYTES)) return 0;
 		for (size_t j = 0; j < per; j++)
-			if (addrs[i * per + j] == NULL) return 0;
+			if (!ucmgoi_plausible(addrs[i * per + j], 1, (uint64_t)l->block_bytes)) return 0;
 		for (size_t k = 0; k < i; k++)
-			if (shards[k] == shards[i] && memcmp(ids + k * UCMGO_ID_BYTES, ids + i * UCMGO_ID_BYTES, UCMGO_ID_BYTES) == 0)
-				return 0;
+			if (same_block(ids, shards, i, k)) return 0;
 	}
 	return 1;
 }

@@ -167,9 +167,11 @@ int32_t ucmgoi_check(int64_t store, int64_t task, int32_t *finished);
 int32_t ucmgo_wait(int64_t store, int64_t task, uint8_t *failed, size_t n) {
 	ucmgo_task *t = find(store, task);
 	if (t == NULL) return ucmgoi_wait(store, task, failed, n);
-	if (failed != NULL && n != t->n) {
-		char msg[160];
-		int len = snprintf(msg, sizeof msg, "wait: failure mask of %zu entries for a task of %zu blocks: invalid argument", n, t->n);
+	if (failed != NULL && (n != t->n || !ucmgoi_plausible(failed, n, 1))) {
+		char msg[200];
+		int len = n != t->n
+		              ? snprintf(msg, sizeof msg, "wait: failure mask of %zu entries for a task of %zu blocks: invalid argument", n, t->n)
+		              : snprintf(msg, sizeof msg, "wait: failure mask: %zu bytes at %p: outside the memory a caller can have: invalid argument", n, (void *)failed);
 		release(t);
 		set_error(msg, len > 0 ? (size_t)len : 0);
 		return UCMGO_EPARAM;
@@ -194,7 +196,8 @@ int32_t ucmgo_wait(int64_t store, int64_t task, uint8_t *failed, size_t n) {
 }
 
 int32_t ucmgo_check(int64_t store, int64_t task, int32_t *finished) {
-	ucmgo_task *t = finished != NULL ? find(store, task) : NULL;
+	// A result pointer it cannot write goes to the Go implementation, which names it.
+	ucmgo_task *t = ucmgoi_plausible(finished, 1, sizeof *finished) ? find(store, task) : NULL;
 	if (t == NULL) return ucmgoi_check(store, task, finished);
 	pthread_mutex_lock(&t->mu);
 	int done = t->done;

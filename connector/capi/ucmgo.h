@@ -8,17 +8,24 @@
  *
  * Errors. Every call returns a status (or a handle, or a length) below zero on failure, one of
  * UCM's codes below, and ucmgo_last_error() then says why, naming the block, position or field
- * at fault. The message is per thread. No call crashes on a bad argument it can see: null
- * pointers, wrong counts or sizes, shard indexes out of range, unknown or closed handles,
- * duplicate ids. It cannot see an address that points to unmapped memory or to less memory
- * than the configuration says: such an address is the caller's bug.
+ * at fault. The message is per thread. No call crashes on a bad argument it can see, each is
+ * refused with UCMGO_EPARAM before anything reads or writes through it: counts past their
+ * bounds (2^24 blocks per call), null pointers with n > 0, pointers and addresses that no
+ * caller's memory can have (in the first 4 KiB, or whose bytes, as many as the call would
+ * touch there, end past 2^56, the top of user space, or wrap around: -5 or 2^64 - 4096 as an
+ * address), address counts and shard indexes the layout does not have, task handles <= 0,
+ * unknown or closed store handles, stats buffers over 1 GiB; duplicate ids are
+ * UCMGO_EDUPLICATE. It cannot see an address inside user space that points to unmapped
+ * memory, or to less memory than the configuration says: such an address is the caller's bug.
  *
  * Memory. Block ids are 16 raw bytes each, n of them back to back. A transfer names per block a
  * shard index and the addresses of the shard's memory: a table of n × addrs_per_block pointers,
  * block-major (UCM's dst_addr[i][j], e.g. a numpy uint64 array of shape (n, k)).
  * addrs_per_block is the number of tensors the configuration gives (tensor_size_list, or
  * shard_size / tensor_size), each address holding that tensor's bytes, or 1: the whole shard at
- * one address. The memory is the caller's (the library never holds a pointer into memory it
+ * one address. Shard index -1 is the whole block (UCM's whole-block form, a PcStore dump or
+ * load with no shard list): its addresses are one per tensor of every shard, shard after shard
+ * (shards × tensors), one per shard, or 1 for the whole block at one address. The memory is the caller's (the library never holds a pointer into memory it
  * did not allocate once the task is waited for, and never hands the caller memory of its own):
  * it must stay valid, and unchanged for a dump, until the task is waited for. A load whose
  * addresses are all aligned to 4 KiB (address and tensor size), wherever each tensor lives, is
@@ -69,9 +76,19 @@ enum {
  * one; NULL or "" reads the file the environment variable UCM_CONFIG_FILE names. Every process
  * configured with the same storage_backends opens its own instance there and sees the blocks of
  * the others. A configuration without shard and tensor sizes is UCM's scheduler: its store only
- * looks up. Returns a store handle > 0, or a status < 0.
+ * looks up. UCM's environment variables (UCM_CONFIG_FILE, UCM_STORAGE_PATH, UCM_METRICS_ENABLE,
+ * ...) are read from the environment the process had when the library was loaded: changes made
+ * since (setenv, Python's os.environ) are not seen; ucmgo_open_env takes them. Returns a store
+ * handle > 0, or a status < 0.
  */
 int64_t ucmgo_open(const char *config);
+
+/*
+ * ucmgo_open_env is ucmgo_open reading UCM's environment variables from env instead: a
+ * NULL-terminated array of "NAME=value" strings, as execve's envp (the first entry of a name
+ * counts), at most 65536 entries of at most 1 MiB each. env NULL is ucmgo_open.
+ */
+int64_t ucmgo_open_env(const char *config, const char *const *env);
 
 /* ucmgo_close waits for the store's tasks, closes it and frees the handle. */
 int32_t ucmgo_close(int64_t store);

@@ -238,8 +238,67 @@ int main(int argc, char **argv) {
 	EXPECT_STATUS(ucmgo_dump(store, dup, two, 2, addrs, 2, 0), UCMGO_EDUPLICATE, "positions 0 and 1");
 	EXPECT_STATUS(ucmgo_wait(store, 999999, NULL, 0), UCMGO_ENOOBJ, "task 999999");
 	int32_t finished;
-	EXPECT_STATUS(ucmgo_check(store, -3, &finished), UCMGO_ENOOBJ, "task -3");
-	EXPECT_STATUS(ucmgo_lookup(store, ids, N, NULL), UCMGO_EPARAM, "null result");
+	EXPECT_STATUS(ucmgo_check(store, -3, &finished), UCMGO_EPARAM, "task -3: not a task handle");
+	EXPECT_STATUS(ucmgo_lookup(store, ids, N, NULL), UCMGO_EPARAM, "result array: null");
+
+	// Pointers and addresses no caller's memory can have: refused before anything reads or
+	// writes through them, by the queued path (up to 32 blocks) and the one through Go alike.
+	void *minus5[2] = {(void *)(uintptr_t)-5, aligned + TENSOR};
+	void *top[2] = {aligned, (void *)(uintptr_t)(0 - (uintptr_t)4096)};
+	void *page0[1] = {(void *)(uintptr_t)16};
+	const void *kernel = (const void *)(uintptr_t)(0 - (uintptr_t)4096);
+	for (size_t n = 1; n <= N; n += N - 1) { // 1: the queue's checks, N: Go's
+		int64_t zeros[N] = {0};
+		void *many[N * 2];
+		for (size_t i = 0; i < N * 2; i++) many[i] = i % 2 ? minus5[0] : (void *)aligned;
+		EXPECT_STATUS(ucmgo_dump(store, ids, zeros, n, n == 1 ? minus5 : many, 2, 0), UCMGO_EPARAM, "8192 bytes at 0xfffffffffffffffb: outside");
+		EXPECT_STATUS(ucmgo_load(store, ids, zeros, 1, top, 2), UCMGO_EPARAM, "address 1: 8192 bytes at 0xfffffffffffff000");
+		EXPECT_STATUS(ucmgo_load(store, ids, zeros, 1, page0, 1), UCMGO_EPARAM, "address 0: 16384 bytes at 0x10");
+		EXPECT_STATUS(ucmgo_load(store, (const uint8_t *)kernel, zeros, n, addrs, 2), UCMGO_EPARAM, "block ids:");
+		EXPECT_STATUS(ucmgo_load(store, ids, (const int64_t *)kernel, n, addrs, 2), UCMGO_EPARAM, "shard indexes:");
+		EXPECT_STATUS(ucmgo_load(store, ids, zeros, n, (void *const *)kernel, 2), UCMGO_EPARAM, "address table:");
+		EXPECT_STATUS(ucmgo_load(store, ids, zeros, n, addrs, (size_t)1 << 62), UCMGO_EPARAM, "addresses per block");
+	}
+	EXPECT_STATUS(ucmgo_load(store, ids, shards, (size_t)-1, addrs, 2), UCMGO_EPARAM, "more than");
+	EXPECT_STATUS(ucmgo_lookup(store, ids, 2, (uint8_t *)kernel), UCMGO_EPARAM, "result array:");
+	EXPECT_STATUS(ucmgo_lookup_on_prefix(store, ids, 2, (int64_t *)kernel), UCMGO_EPARAM, "result pointer:");
+	EXPECT_STATUS(ucmgo_create(store, ids, 2, (int32_t *)kernel), UCMGO_EPARAM, "result array:");
+	EXPECT_STATUS(ucmgo_prefetch(store, (const uint8_t *)kernel, 2), UCMGO_EPARAM, "block ids:");
+	EXPECT_STATUS(ucmgo_commit(store, (const uint8_t *)kernel, 2, 1), UCMGO_EPARAM, "block ids:");
+	EXPECT_STATUS(ucmgo_stats(store, (char *)kernel, 100), UCMGO_EPARAM, "stats: buffer:");
+	char statbuf[16];
+	EXPECT_STATUS(ucmgo_stats(store, statbuf, (size_t)-1), UCMGO_EPARAM, "stats: buffer of");
+	EXPECT_STATUS(ucmgo_open((const char *)kernel), UCMGO_EPARAM, "config:");
+	task = ucmgo_load(store, ids, two, 1, addrs, 2);
+	CHECK(task > 0, "load before bad waits");
+	EXPECT_STATUS(ucmgo_check(store, task, (int32_t *)kernel), UCMGO_EPARAM, "check: result pointer:");
+	EXPECT_STATUS(ucmgo_wait(store, task, (uint8_t *)kernel, 1), UCMGO_EPARAM, "failure mask");
+	EXPECT_STATUS(ucmgo_wait(store, -7, NULL, 0), UCMGO_EPARAM, "task -7: not a task handle");
+	CHECK(ucmgo_wait(store, task, failed, 1) == UCMGO_OK, "wait after bad waits");
+
+	// The whole block (shard -1): one address per tensor of every shard, by the queue and by Go.
+	for (size_t n = 1; n <= N; n += N - 1) {
+		int64_t whole[N];
+		void *rows[N * 2 * SHARDS];
+		uint8_t *big = malloc(n * SHARD * SHARDS);
+		for (size_t i = 0; i < n; i++) {
+			whole[i] = -1;
+			for (int j = 0; j < 2 * SHARDS; j++) rows[i * 2 * SHARDS + j] = big + (i * SHARDS * SHARD) + (size_t)j * TENSOR;
+		}
+		task = ucmgo_load(store, ids, whole, n, rows, 2 * SHARDS);
+		CHECK(task > 0 && ucmgo_wait(store, task, NULL, 0) == UCMGO_OK, "whole-block load of %zu", n);
+		for (size_t i = 0; i < n; i++)
+			for (int sh = 0; sh < SHARDS; sh++)
+				CHECK(same(big + (i * SHARDS + (size_t)sh) * SHARD, SHARD, ids + i * 16, sh), "whole block %zu shard %d differs", i, sh);
+		free(big);
+		EXPECT_STATUS(ucmgo_load(store, ids, whole, n, rows, 2), UCMGO_EPARAM, "the whole block: want 1, 4 (one per shard) or 8");
+	}
+
+	// ucmgo_open_env reads UCM's variables from the array it is given.
+	const char *env[] = {"UCM_CONFIG_FILE=/nonexistent/ucm-abi.yaml", NULL};
+	EXPECT_STATUS(ucmgo_open_env(NULL, env), UCMGO_EPARAM, "/nonexistent/ucm-abi.yaml");
+	const char *bad_env[] = {"NOEQUALS", NULL};
+	EXPECT_STATUS(ucmgo_open_env(NULL, bad_env), UCMGO_EPARAM, "environment entry 0");
 	EXPECT_STATUS(ucmgo_lookup(12345, ids, N, found), UCMGO_EPARAM, "store handle 12345");
 	EXPECT_STATUS(ucmgo_open("{\"storage_backends\": \"/tmp/x\", \"shard_sise\": 1}"), UCMGO_EPARAM, "shard_sise");
 	task = ucmgo_load(store, ids, two, 1, addrs, 2);

@@ -128,7 +128,9 @@ def test_bad_input(backend):
     expect_error(ucmgo.EPARAM, ["shard index out of range"], store.load_data, ids, [2 ** 70, 0], a)
     expect_error(ucmgo.EPARAM, ["shard index 9"], store.load_data, ids, np.array([9, 0]), a)
     expect_error(ucmgo.EPARAM, ["shard index 8"], store.load_data, ids, [8, 0], a)
-    expect_error(ucmgo.EPARAM, ["shard index"], store.load_data, ids, [-1, 0], a)
+    expect_error(ucmgo.EPARAM, ["shard index -2"], store.load_data, ids, [-2, 0], a)
+    # -1 is the whole block, which takes 1, 8 or 16 addresses: 2 is named as that form's fault.
+    expect_error(ucmgo.EPARAM, ["position 0", "for the whole block: want 1, 8 (one per shard) or 16"], store.load_data, ids, [-1, 0], a)
     expect_error(ucmgo.EPARAM, ["2 block ids but 1 shard"], store.load_data, ids, [0], a)
     expect_error(ucmgo.EPARAM, ["address 0: null"], store.load_data, ids, [0, 0], [[0, slab.base + K], a[1]])
     expect_error(ucmgo.EPARAM, ["3 addresses per block"], store.dump_data, ids, [0, 0], [r + [slab.base] for r in a])

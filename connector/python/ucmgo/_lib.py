@@ -67,6 +67,7 @@ def get():
         _p = ctypes.c_void_p
         for name, res, args in [
             ("ucmgo_open", _i64, [ctypes.c_char_p]),
+            ("ucmgo_open_env", _i64, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
             ("ucmgo_close", _i32, [_i64]),
             ("ucmgo_lookup", _i32, [_i64, _p, _sz, _p]),
             ("ucmgo_lookup_on_prefix", _i32, [_i64, _p, _sz, ctypes.POINTER(_i64)]),
@@ -117,6 +118,21 @@ def fast() -> Fast:
     if _fast is None:
         _fast = Fast(get())
     return _fast
+
+
+def environment():
+    """The process's environment as ucmgo_open_env takes it: a NULL-terminated array of
+    b"NAME=value" strings. The library cannot see changes made to os.environ after it was
+    loaded (the Go runtime keeps the environment the process started with), so every open
+    passes the current one."""
+    env = getattr(os, "environb", None)
+    if env is not None:
+        items = [k + b"=" + v for k, v in env.items()]
+    else:  # pragma: no cover - platforms without environb
+        items = [("%s=%s" % kv).encode("utf-8", "surrogateescape") for kv in os.environ.items()]
+    arr = (ctypes.c_char_p * (len(items) + 1))(*items)
+    arr[len(items)] = None
+    return arr
 
 
 def last_error() -> str:

@@ -120,6 +120,7 @@ _SMALL = 32
 _SIZES = [ctypes.c_size_t(n) for n in range(_SMALL + 1)]
 _MASKS = [ctypes.c_uint8 * max(n, 1) for n in range(_SMALL + 1)]
 _NO_EVENT = ctypes.c_uint64(0)
+_WHOLE = -1  # the shard index of a whole block
 
 
 def _jsonable(v):
@@ -148,8 +149,11 @@ class UcmGoStore(UcmKVStoreBaseV1):
         self._lib = _lib.get()
         cfg = dict(config or {})
         path = cfg.pop("config_file", None)
-        text = path if path else (json.dumps(cfg, default=_jsonable) if cfg else "")
-        h = self._lib.ucmgo_open(text.encode("utf-8"))
+        # ensure_ascii=False: a character outside the BMP (an emoji in a path) goes over as
+        # UTF-8, not as a surrogate-pair escape. UCM's variables are read from os.environ as
+        # it is now (_lib.environment), not as the process started.
+        text = path if path else (json.dumps(cfg, default=_jsonable, ensure_ascii=False) if cfg else "")
+        h = self._lib.ucmgo_open_env(text.encode("utf-8", "surrogateescape"), _lib.environment())
         if h <= 0:
             raise UcmGoError(h, _lib.last_error())
         self._h = h
@@ -218,6 +222,9 @@ class UcmGoStore(UcmKVStoreBaseV1):
     # -- transfers -----------------------------------------------------------------------------
 
     def _shards(self, shard_index, n):
+        if n and len(shard_index) == 0:
+            # UCM's whole-block form (PcStore's): no shard list, each row covers its block.
+            return array.array("q", [_WHOLE]) * n
         if len(shard_index) != n:
             raise UcmGoError(_lib.EPARAM, "%d block ids but %d shard indexes" % (n, len(shard_index)))
         try:
@@ -268,7 +275,7 @@ class UcmGoStore(UcmKVStoreBaseV1):
     def _transfer(self, load: bool, block_ids, shard_index, addrs, prerequisite=0, tensors=None):
         n = len(block_ids)
         ids = _ids(block_ids)
-        shards = self._shards(shard_index, n)
+        shards = shard_index if isinstance(shard_index, array.array) else self._shards(shard_index, n)
         shards = shards.tobytes() if n else None
         table, k = self._addr_table(addrs, n)
         if 0 < n <= _SMALL and k <= _SMALL:
@@ -294,7 +301,8 @@ class UcmGoStore(UcmKVStoreBaseV1):
 
     def load_data(self, block_ids: List[bytes], shard_index: List[int], dst_addr) -> UcmGoTask:
         """Loads shard shard_index[i] of block i into the host addresses dst_addr[i] (one per
-        tensor, or one for the whole shard)."""
+        tensor, or one for the whole shard). An empty shard_index (or -1 for a block) loads
+        whole blocks: one address per tensor of every shard, one per shard, or one."""
         return self._transfer(True, block_ids, shard_index, dst_addr)
 
     def dump_data(self, block_ids: List[bytes], shard_index: List[int], src_addr, prerequisite_handle: int = 0) -> UcmGoTask:
@@ -302,10 +310,39 @@ class UcmGoStore(UcmKVStoreBaseV1):
         prerequisite_handle (a device event in UCM) has nothing to wait for on host memory."""
         return self._transfer(False, block_ids, shard_index, src_addr, prerequisite_handle)
 
-    def _tensor_addrs(self, tensors):
-        """Addresses of CPU tensors, checked: contiguous, on the CPU, of the configured sizes."""
+    def _row_sizes(self, whole: bool, k: int):
+        """The bytes each of k tensors of a block's row must have: for a shard, one tensor (the
+        shard) or one per configured tensor; for the whole block, one (the block), one per
+        shard, or one per tensor of every shard, shard after shard. None when k is none of
+        those."""
+        t, shards = self.tensor_sizes, self.shards
+        if k == 1:
+            return [self.shard_size * shards if whole else self.shard_size]
+        if not whole and k == len(t):
+            return list(t)
+        if whole and t and k == shards * len(t):
+            return list(t) * shards
+        if whole and k == shards:
+            return [self.shard_size] * shards
+        return None
+
+    def _forms(self, whole: bool) -> str:
+        t = self.tensor_sizes
+        if whole:
+            return "1 (the whole block, %d bytes), %d (one per shard, %d bytes each) or %d (one per tensor of every shard, sizes %s)" % (
+                self.shard_size * self.shards, self.shards, self.shard_size, self.shards * len(t), t)
+        return "1 (the whole shard, %d bytes) or %d (one per tensor, sizes %s)" % (self.shard_size, len(t), t)
+
+    def _tensor_addrs(self, tensors, shards):
+        """Addresses of CPU tensors, checked: contiguous, on the CPU, of the configured sizes
+        for the row's form (a shard, or the whole block where shards[i] is -1)."""
         rows = []
         for i, row in enumerate(tensors):
+            whole = i < len(shards) and shards[i] == _WHOLE
+            want = self._row_sizes(whole, len(row))
+            if want is None:
+                raise UcmGoError(_lib.EPARAM, "block at position %d: %d tensors for %s; want %s" % (
+                    i, len(row), "the whole block" if whole else "shard %d" % shards[i] if i < len(shards) else "a shard", self._forms(whole)))
             out = []
             for j, t in enumerate(row):
                 cpu = getattr(t, "is_cpu", None)  # a torch tensor's: cheaper than device.type
@@ -315,20 +352,26 @@ class UcmGoStore(UcmKVStoreBaseV1):
                 if not t.is_contiguous():
                     raise UcmGoError(_lib.EPARAM, "block at position %d, tensor %d: not contiguous" % (i, j))
                 nbytes = t.numel() * t.element_size()
-                want = self.shard_size if len(row) == 1 else (self.tensor_sizes[j] if j < len(self.tensor_sizes) else -1)
-                if nbytes != want:
-                    raise UcmGoError(_lib.EPARAM, "block at position %d, tensor %d: %d bytes, want %d" % (i, j, nbytes, want))
+                if nbytes != want[j]:
+                    raise UcmGoError(_lib.EPARAM, "block at position %d, tensor %d: %d bytes, want %d (%d tensors: %s)" % (
+                        i, j, nbytes, want[j], len(row), self._forms(whole)))
                 out.append(t.data_ptr())
             rows.append(out)
         return rows
 
     def load(self, block_ids: List[bytes], shard_index: List[int], dst_tensor) -> UcmGoTask:
-        """Loads into CPU tensors: dst_tensor[i][j] is tensor j of block i's shard."""
-        return self._transfer(True, block_ids, shard_index, self._tensor_addrs(dst_tensor), tensors=dst_tensor)
+        """Loads into CPU tensors: dst_tensor[i][j] is tensor j of block i's shard. An empty
+        shard_index (or -1 for a block) loads whole blocks (UCM's PcStore form): each row is one
+        tensor per tensor of every shard (one per layer with tensor_size), one per shard, or one
+        for the block, in order."""
+        shards = self._shards(shard_index, len(block_ids))
+        return self._transfer(True, block_ids, shards, self._tensor_addrs(dst_tensor, shards), tensors=dst_tensor)
 
     def dump(self, block_ids: List[bytes], shard_index: List[int], src_tensor) -> UcmGoTask:
-        """Stores from CPU tensors: src_tensor[i][j] is tensor j of block i's shard."""
-        return self._transfer(False, block_ids, shard_index, self._tensor_addrs(src_tensor), tensors=src_tensor)
+        """Stores from CPU tensors: src_tensor[i][j] is tensor j of block i's shard; an empty
+        shard_index dumps whole blocks, as load."""
+        shards = self._shards(shard_index, len(block_ids))
+        return self._transfer(False, block_ids, shards, self._tensor_addrs(src_tensor, shards), tensors=src_tensor)
 
     def wait(self, task: UcmGoTask) -> None:
         """Blocks until the task is done; raises UcmGoError when a block failed (task.failed says
