@@ -32,8 +32,9 @@ type StoreConfig struct {
 	// which only looks up. Its store is lookup-only (engine.Options.LookupOnly).
 	Scheduler bool
 	// Instance is the process's instance name on the shared storage_backends (the store
-	// directory <backend>/stores/<layout namespace>/<Instance>): the instance key, else <host>-rank<device_id>
-	// for a worker and <host>-scheduler for the scheduler.
+	// directory <backend>/stores/<layout namespace>/<Instance>): the instance key, else
+	// <host>-rank<device_id> for a worker, <host>-nodevice for a store with a transfer shape and
+	// no device_id (or a negative one), and <host>-scheduler for the scheduler.
 	Instance string
 	// MetricsListen is the address the metrics endpoint listens on ("" off): metrics_address
 	// (or UCM_METRICS_ADDRESS; default 127.0.0.1) and metrics_port (or UCM_METRICS_PORT, or
@@ -285,10 +286,15 @@ func (sc *StoreConfig) derive(getenv func(string) string) error {
 			host = "host"
 		}
 		host = strings.NewReplacer("/", "_", `\`, "_").Replace(host)
-		if sc.Scheduler {
+		switch {
+		case sc.Scheduler:
 			sc.Instance = host + "-scheduler"
-		} else {
-			sc.Instance = fmt.Sprintf("%s-rank%d", host, max(device, 0))
+		case device < 0:
+			// A transfer shape without a device (UCM's scheduler form with tensor sizes, or a
+			// host-memory caller): never rank 0's name, which its worker would then not get.
+			sc.Instance = host + "-nodevice"
+		default:
+			sc.Instance = fmt.Sprintf("%s-rank%d", host, device)
 		}
 	}
 	if err := sc.deriveMetrics(device, getenv); err != nil {

@@ -80,6 +80,14 @@ func TestParseStoreConfig(t *testing.T) {
 	if err != nil || cfg.Layout.Shards != 1 || len(cfg.Tensors) != 2 {
 		t.Fatalf("tensor_size config: %+v %v", cfg, err)
 	}
+	// UCM's scheduler form with tensor sizes (device_id -1), and no device at all: never rank
+	// 0's name.
+	for _, dev := range []string{`"device_id": -1, `, ""} {
+		cfg, err = ParseStoreConfig(fmt.Sprintf(`{"storage_backends": %q, %s"tensor_size": 4096, "shard_size": 4096, "block_size": 8192}`, dir, dev), noEnv)
+		if err != nil || cfg.Scheduler || cfg.Instance != host+"-nodevice" {
+			t.Fatalf("device-less config (%s): %+v %v", dev, cfg, err)
+		}
+	}
 	// The scheduler: block_size only.
 	cfg, err = ParseStoreConfig(fmt.Sprintf(`{"storage_backends": %q, "block_size": 131072}`, dir), noEnv)
 	if err != nil || !cfg.Scheduler || cfg.Instance != host+"-scheduler" {
