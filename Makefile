@@ -90,7 +90,7 @@ test-prometheus:
 SHARE_KILL_CYCLES ?= 5
 test-gluster:
 	bash fuzz/gluster/harness.sh sh -c 'UCM_SHARE_KILL_DIR=$$UCM_GLUSTER_A UCM_SHARE_KILL_DIR2=$$UCM_GLUSTER_B \
-		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$" -v ./fuzz/ && \
+		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$|^TestSharedReadYourWritesKill$$" -v ./fuzz/ && \
 		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B \
 		$(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedTier" ./engine/'
 

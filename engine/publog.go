@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"crypto/md5"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -59,10 +60,21 @@ var (
 	hostID   [16]byte
 )
 
+// HostIDEnv names an environment variable that, when set, replaces the kernel's boot id as
+// this process's host identity in publication logs: processes with different values treat each
+// other as on different hosts (only the refresh interval bounds their visibility), as tests
+// and benchmarks of a shared file system mounted twice on one machine need.
+const HostIDEnv = "UCMGO_HOST_ID"
+
 // thisHost identifies the running kernel: its boot id, so that two processes compare equal
-// exactly when they share a page cache. Without one, a random id: never equal to another's.
+// exactly when they share a page cache (or HostIDEnv's value). Without either, a random id:
+// never equal to another's.
 func thisHost() [16]byte {
 	hostOnce.Do(func() {
+		if v := os.Getenv(HostIDEnv); v != "" {
+			hostID = md5.Sum([]byte(v))
+			return
+		}
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 		if err == nil {
 			if n, err := hex.Decode(hostID[:], []byte(strings.ReplaceAll(strings.TrimSpace(string(b)), "-", ""))); err == nil && n == len(hostID) {

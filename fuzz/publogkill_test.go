@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,9 +28,10 @@ import (
 // told it — across the kills and restarts.
 //
 // With UCM_SHARE_KILL_DIR2 (the shared directory through a second mount of one GlusterFS
-// volume: another "host" with its own client cache) nothing is immediate by design: the
-// reader runs at the engine's default refresh interval and the test reports the
-// lookup-after-acknowledgement latency (p50, p99, max) instead, bounded only by 30 s.
+// volume: another "host" with its own client cache; the writer gets another host identity,
+// engine.HostIDEnv) nothing is immediate by design: the reader runs at the engine's default
+// refresh interval and the test reports the lookup-after-acknowledgement latency (p50, p99,
+// max) instead, bounded only by 30 s.
 func TestSharedReadYourWritesKill(t *testing.T) {
 	cycles := 3
 	base := t.TempDir()
@@ -62,6 +64,9 @@ func TestSharedReadYourWritesKill(t *testing.T) {
 	for cycle := range cycles {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSharedKillWhileReading$", "-test.count=1", "-test.timeout=0")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d", envShareChild, writerDir, shared, cycle))
+		if crossHost {
+			cmd.Env = append(cmd.Env, engine.HostIDEnv+"=the-writer's-host") // another host: no page cache shared
+		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -69,7 +74,11 @@ func TestSharedReadYourWritesKill(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		killAt := time.Now().Add(300*time.Millisecond + time.Duration(rand.IntN(500))*time.Millisecond)
+		run := 300*time.Millisecond + time.Duration(rand.IntN(500))*time.Millisecond
+		if crossHost {
+			run *= 4 // more blocks behind each measurement of the refresh-bound latency
+		}
+		killAt := time.Now().Add(run)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			verb, rest, _ := strings.Cut(sc.Text(), " ")
@@ -79,12 +88,17 @@ func TestSharedReadYourWritesKill(t *testing.T) {
 			if verb != "ACK" {
 				continue
 			}
-			id, err := format.ParseBlockID(rest)
+			f := strings.Fields(rest)
+			id, err := format.ParseBlockID(f[0])
+			if err != nil || len(f) != 2 {
+				t.Fatalf("writer printed %q: %v", rest, err)
+			}
+			at, err := strconv.ParseInt(f[1], 10, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
 			acked = append(acked, id)
-			start := time.Now()
+			start := time.Unix(0, at) // when the writer's Wait returned (one clock: one machine)
 			for !reader.Lookup([]format.BlockID{id})[0] {
 				if !crossHost {
 					t.Fatalf("cycle %d: block %s acknowledged by the writer is not found by the reader on the same host", cycle, id)

@@ -217,7 +217,7 @@ func runShareChild(t *testing.T, dir, shared string, cycle int, delay time.Durat
 			case "OPEN":
 				close(open)
 			case "ACK":
-				id, err := format.ParseBlockID(rest)
+				id, err := format.ParseBlockID(strings.Fields(rest)[0])
 				if err == nil {
 					ids = append(ids, id)
 				}
@@ -242,7 +242,7 @@ func runShareChild(t *testing.T, dir, shared string, cycle int, delay time.Durat
 }
 
 // shareKillChild is the writer: open the store, dump new blocks in small batches until killed,
-// print every acknowledged id.
+// print every acknowledged id with the time its dump's Wait returned.
 func shareKillChild(spec string) {
 	f := strings.Split(spec, "|")
 	cycle, _ := strconv.Atoi(f[2])
@@ -267,8 +267,9 @@ func shareKillChild(spec string) {
 			fmt.Printf("FAIL dump: %v\n", err)
 			os.Exit(exitChildCheck)
 		}
+		acked := time.Now().UnixNano()
 		for _, id := range ids {
-			fmt.Printf("ACK %s\n", id)
+			fmt.Printf("ACK %s %d\n", id, acked) // the id, and when its dump's Wait returned
 		}
 	}
 	_ = e.Close()
