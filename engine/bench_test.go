@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -362,6 +363,65 @@ func BenchmarkLoadSidecarsMemory(b *testing.B) {
 			b.ReportMetric(ms[2], "memcpy-crc-ms")
 			b.ReportMetric(ms[1]/ms[0], "ratio")
 			_ = sink
+		})
+	}
+}
+
+// BenchmarkSharedLookupMiss measures what a miss costs with publication logs to read: a batch
+// of 1,024 ids no instance stored (a new prompt), looked up by an instance that shares a path
+// on the local disk with eight others, each with a log (UCM's tensor-parallel workers of one
+// host). Every miss reads this host's logs first: an fstat per log and a stat per directory.
+// Reported beside it, the same lookup by an instance with no shared tier.
+func BenchmarkSharedLookupMiss(b *testing.B) {
+	root := b.TempDir()
+	shared := filepath.Join(root, "shared")
+	l := Layout{Shards: 1, TensorsPerShard: 1, ShardBytes: 4096}
+	opts := Options{Layout: l, Schema: testSchema, SyncPolicy: SyncNone, SegmentSize: 64 << 20,
+		Tiers:                 []tiers.Config{{Name: "shared", Kind: tiers.KindDisk, Paths: []string{shared}, Shared: true}},
+		SharedRefreshInterval: time.Hour, SharedOwnerTimeout: 4 * time.Hour, SharedSealAge: time.Hour}
+	src := [][]byte{devio.AlignedBuffer(4096)}
+	for w := range 8 {
+		e, err := Open(filepath.Join(root, fmt.Sprintf("w%d", w)), opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Dump(ids(w*10, w*10+1), src).Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e, err := Open(filepath.Join(root, "reader"), opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	local := opts
+	local.Tiers = nil
+	solo, err := Open(filepath.Join(root, "solo"), local)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer solo.Close()
+	if !allHit(e, ids(0, 1)) {
+		b.Fatal("a worker's block is not found")
+	}
+	// Past the window in which an unchanged directory time proves nothing (racyDirWindow),
+	// as in steady state: the instances opened long ago.
+	time.Sleep(racyDirWindow + 500*time.Millisecond)
+	miss := ids(1_000_000, 1_000_000+1024)
+	for _, c := range []struct {
+		name string
+		e    *Engine
+	}{{"shared-9-instances", e}, {"no-shared-tier", solo}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				for i, hit := range c.e.Lookup(miss) {
+					if hit {
+						b.Fatalf("block %s found", miss[i])
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "lookups/s")
 		})
 	}
 }
