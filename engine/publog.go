@@ -600,7 +600,7 @@ func (e *Engine) openPublog(tl *publogTail, seq uint64) {
 		return
 	}
 	hdr := make([]byte, format.PublogHeaderSize)
-	n, err := f.ReadAt(hdr, 0)
+	n, _ := f.ReadAt(hdr, 0) // short: not written yet
 	if n < len(hdr) {
 		_ = f.Close()
 		return // not written yet: the next tail tries again
