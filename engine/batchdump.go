@@ -17,9 +17,10 @@ import (
 // A layer-wise connector hands DumpShard shard i of the same list of new blocks once per
 // layer. The first such call for a list whose blocks are all new (not stored, not being
 // dumped, not in staging) opens a layerBatch for the list: the dump writer reserves one batch
-// record per chunk of the list (at most MaxBatchBytes each), and every layer's task writes its
-// run, shard i of every block contiguous, straight from the caller's buffers (through one
-// pooled bounce buffer per shard when they are not aligned, counted as staging memory). The
+// record per chunk of the list (at most MaxBatchBytes each, one layer's run of it at most
+// MaxStagingBytes), and every layer's task writes its run, chunk by chunk, shard i of every
+// block contiguous, straight from the caller's buffers (through one pooled bounce buffer per
+// shard when they are not aligned, taken from staging memory and waited for: staging.go). The
 // task of the layer that completes the list commits the chunks and completes when they are
 // durable and published; the other tasks complete once their run is written. Nothing waits in
 // staging memory for the last layer, and the run of a layer is one sequential write.
