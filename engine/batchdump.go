@@ -256,6 +256,9 @@ func (e *Engine) writeChunkRun(t *Task, lb *layerBatch, b *wal.Batch, shard, lo 
 				e.pool.Put(b)
 			}
 		}()
+		if e.layerBatchFailed(lb) {
+			return wal.ErrBatchAbandoned // failed while this run waited
+		}
 	}
 	e.cpu.enter()
 	for i, s := range src {
