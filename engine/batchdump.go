@@ -17,9 +17,10 @@ import (
 // A layer-wise connector hands DumpShard shard i of the same list of new blocks once per
 // layer. The first such call for a list whose blocks are all new (not stored, not being
 // dumped, not in staging) opens a layerBatch for the list: the dump writer reserves one batch
-// record per chunk of the list (at most MaxBatchBytes each), and every layer's task writes its
-// run, shard i of every block contiguous, straight from the caller's buffers (through one
-// pooled bounce buffer per shard when they are not aligned, counted as staging memory). The
+// record per chunk of the list (at most MaxBatchBytes each, one layer's run of it at most
+// MaxStagingBytes), and every layer's task writes its run, chunk by chunk, shard i of every
+// block contiguous, straight from the caller's buffers (through one pooled bounce buffer per
+// shard when they are not aligned, taken from staging memory and waited for: staging.go). The
 // task of the layer that completes the list commits the chunks and completes when they are
 // durable and published; the other tasks complete once their run is written. Nothing waits in
 // staging memory for the last layer, and the run of a layer is one sequential write.
@@ -60,12 +61,15 @@ func (e *Engine) batchable() bool {
 }
 
 // chunkBlocks is how many of n blocks of the store's layout one batch record written into
-// tier t holds at most: its extent must fit MaxBatchBytes and an empty segment of t. 0 if not
-// even one fits.
+// tier t holds at most: its extent must fit MaxBatchBytes and an empty segment of t, and one
+// layer's run of it MaxStagingBytes. 0 if not even one fits.
 func (e *Engine) chunkBlocks(t *diskTier, n int) int {
 	l := e.opts.Layout
 	limit := min(e.opts.MaxBatchBytes, t.segSize-format.SegmentHeaderSize-format.FooterSize(1))
-	per := min(n, format.MaxBatchBlocks, int(max(limit/(int64(l.Shards)*l.ShardStride()), 0)))
+	// A chunk's run of one layer must also fit staging memory, which it may need whole as
+	// bounce buffers (writeChunkRun): MaxStagingBytes holds at least one record, so one block.
+	per := min(n, format.MaxBatchBlocks, int(max(limit/(int64(l.Shards)*l.ShardStride()), 0)),
+		int(e.opts.MaxStagingBytes/l.ShardStride()))
 	for per > 0 {
 		h := format.BatchHeader{Layout: l, IDs: make([]BlockID, per)}
 		if h.ExtentBytes() <= limit {
@@ -97,7 +101,7 @@ func (e *Engine) dumpLayerBatch(t *Task, shard int, src []spans) bool {
 		e.retireLayerBatchLocked(lb)
 		e.mu.Unlock()
 		for i, id := range t.ids {
-			t.errs[i] = blockErr(ErrBlockFailed, id, "another layer of the batch failed: %v", err)
+			t.errs[i] = batchBlockErr(id, err)
 		}
 		return true
 	case lb.claimed[shard]:
@@ -119,18 +123,18 @@ func (e *Engine) dumpLayerBatch(t *Task, shard int, src []spans) bool {
 	e.mu.Unlock()
 
 	<-lb.ready
-	err := e.writeLayerRun(lb, shard, src)
+	err := e.writeLayerRun(t, lb, shard, src)
 	e.mu.Lock()
 	if lb.failed == nil && err != nil {
-		e.failLayerBatchLocked(lb, err)
+		e.failLayerBatchLocked(lb, fmt.Errorf("layer %d: %w", shard, err))
 	}
-	if err == nil && lb.failed != nil {
-		err = lb.failed
-	}
-	if err != nil {
+	if lb.failed != nil {
+		// Whichever layer failed first, and however this one ended (a write to the abandoned
+		// batch fails too), every task of the batch reports that root cause.
+		cause := lb.failed
 		e.mu.Unlock()
 		for i, id := range t.ids {
-			t.errs[i] = blockErr(ErrBlockFailed, id, "layer %d of a batch: %v", shard, err)
+			t.errs[i] = batchBlockErr(id, cause)
 		}
 		return true
 	}
@@ -200,17 +204,30 @@ func (e *Engine) openLayerBatch(ids []BlockID, src []spans) *layerBatch {
 	return lb
 }
 
-// writeLayerRun writes layer shard's run of every chunk of lb.
-func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
-	l := e.opts.Layout
+// writeLayerRun writes layer shard's run of every chunk of lb for task t, chunk by chunk.
+func (e *Engine) writeLayerRun(t *Task, lb *layerBatch, shard int, src []spans) error {
 	if lb.chunks == nil {
 		return errors.New("batch records not reserved")
 	}
+	for c, b := range lb.chunks {
+		lo := c * lb.per
+		if err := e.writeChunkRun(t, lb, b, shard, lo, src[lo:lo+b.Blocks()]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeChunkRun writes layer shard's run of chunk b, whose blocks start at lo in lb, from src.
+// The caller's buffer is written in place when it is one aligned piece of a shard that fills
+// its stride; the others go through a bounce buffer taken from staging memory, waiting for it
+// when it is taken (staging.go) and giving it back once the run is written. So a layer holds
+// staging memory for one chunk at a time, never more than MaxStagingBytes (chunkBlocks).
+func (e *Engine) writeChunkRun(t *Task, lb *layerBatch, b *wal.Batch, shard, lo int, src []spans) error {
+	l := e.opts.Layout
 	stride := l.ShardStride()
 	shards := make([][]byte, len(src))
 	crcs := make([]uint32, len(src))
-	// The caller's buffer is written in place when it is one aligned piece of a shard that
-	// fills its stride; the others go through a bounce buffer, counted as staging memory.
 	var need int64
 	for i, s := range src {
 		if one := s.contiguous(); one != nil && devio.IsAligned(one) && stride == l.ShardBytes {
@@ -219,25 +236,29 @@ func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
 			need += stride
 		}
 	}
+	switch {
+	case t.cancelled():
+		return fmt.Errorf("run of blocks [%d, %d) of %d: task cancelled before it was written: %w", lo, lo+len(src), len(lb.ids), ErrTimeout)
+	case e.layerBatchFailed(lb):
+		return wal.ErrBatchAbandoned // another layer failed: the caller reports its cause
+	}
 	var bounce [][]byte
 	if need > 0 {
-		e.mu.Lock()
-		if e.mu.stagingBytes+need > e.opts.MaxStagingBytes {
-			have := e.mu.stagingBytes
-			e.mu.Unlock()
-			return fmt.Errorf("staging memory for layer runs is full (%d of %d bytes, %d more wanted): %w", have, e.opts.MaxStagingBytes, need, ErrNoSpace)
+		what := fmt.Sprintf("run of blocks [%d, %d) of %d", lo, lo+len(src), len(lb.ids))
+		if err := e.waitStaging(t, need, what); err != nil {
+			return err
 		}
-		e.mu.stagingBytes += need
-		e.mu.stagingPeak = max(e.mu.stagingPeak, e.mu.stagingBytes)
-		e.mu.Unlock()
 		defer func() {
 			e.mu.Lock()
-			e.mu.stagingBytes -= need
+			e.releaseStagingLocked(need)
 			e.mu.Unlock()
 			for _, b := range bounce {
 				e.pool.Put(b)
 			}
 		}()
+		if e.layerBatchFailed(lb) {
+			return wal.ErrBatchAbandoned // failed while this run waited
+		}
 	}
 	e.cpu.enter()
 	for i, s := range src {
@@ -255,14 +276,17 @@ func (e *Engine) writeLayerRun(lb *layerBatch, shard int, src []spans) error {
 		shards[i], crcs[i] = b, format.Checksum(b[:n])
 	}
 	e.cpu.leave()
-	for c, b := range lb.chunks {
-		lo := c * lb.per
-		hi := lo + b.Blocks()
-		if err := b.WriteRun(shard, shards[lo:hi], crcs[lo:hi]); err != nil {
-			return wrapIO(err)
-		}
+	if err := b.WriteRun(shard, shards, crcs); err != nil {
+		return wrapIO(err)
 	}
 	return nil
+}
+
+// layerBatchFailed reports whether lb has failed.
+func (e *Engine) layerBatchFailed(lb *layerBatch) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return lb.failed != nil
 }
 
 // commitLayerBatch commits every chunk of lb (every layer is written) for task t, which
@@ -324,11 +348,18 @@ func (e *Engine) failLayerBatchLocked(lb *layerBatch, cause error) {
 	}
 	errs := make([]error, len(lb.ids))
 	for i, id := range lb.ids {
-		errs[i] = blockErr(ErrBlockFailed, id, "a layer of its batch failed: %v", cause)
+		errs[i] = batchBlockErr(id, cause)
 	}
 	e.endLayerBatchLocked(lb, errs)
 	e.stats.failedBlocks.Add(int64(len(lb.ids)))
 	e.retireLayerBatchLocked(lb)
+}
+
+// batchBlockErr is the error of block id when its layer-wise batch failed with cause: the
+// root cause, whichever layer met it, so errors.Is finds its kind (ErrTimeout, ErrNoSpace,
+// ErrIO, ...) as well as ErrBlockFailed.
+func batchBlockErr(id BlockID, cause error) error {
+	return fmt.Errorf("block %s: not stored, its layer-wise batch failed: %w: %w", id, cause, ErrBlockFailed)
 }
 
 // retireLayerBatchLocked forgets a failed lb once every layer has been tried.

@@ -369,7 +369,7 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 	if s.dropped || s.failed != nil {
 		if s.pending == 0 && s.rec != nil {
 			if !s.dropped {
-				e.mu.stagingBytes -= s.rec.Size()
+				e.releaseStagingLocked(s.rec.Size())
 			}
 			e.putRecord(s.rec)
 			s.rec = nil
@@ -390,7 +390,7 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 // record for appending.
 func (e *Engine) publishSlotLocked(id BlockID, s *stagingSlot) (*wal.Record, *inflightDump, *inflightDump, error) {
 	delete(e.mu.staging, id)
-	e.mu.stagingBytes -= s.rec.Size()
+	e.releaseStagingLocked(s.rec.Size())
 	flight := s.flight
 	e.mu.inflight[id] = flight
 	rec := s.rec
@@ -398,15 +398,34 @@ func (e *Engine) publishSlotLocked(id BlockID, s *stagingSlot) (*wal.Record, *in
 	return rec, flight, nil, nil
 }
 
+// whyStaged says why a partly dumped block assembles in a staging slot in this store.
+func (e *Engine) whyStaged(v0 bool) string {
+	switch {
+	case v0:
+		return "blocks created for a V0 dump assemble in staging memory until their Commit"
+	case e.opts.StageLayerWise:
+		return "this store stages layer-wise dumps (stage_layer_wise)"
+	case e.mem != nil || e.mc != nil:
+		return "this store writes blocks through to a memory or Mooncake tier, which take whole blocks"
+	case e.tiers[0].codec != format.CompressionNone:
+		return "this store compresses whole blocks"
+	default:
+		return "this layer-wise dump could not be written as a batch record (another dump of its blocks in flight, or a list that differs from an open one)"
+	}
+}
+
 func (e *Engine) newSlotLocked(id BlockID, v0 bool) (*stagingSlot, error) {
 	size := e.opts.Layout.RecordBytes()
-	if e.mu.stagingBytes+size > e.opts.MaxStagingBytes {
-		return nil, blockErr(ErrNoSpace, id, "staging memory for partly dumped blocks is full (%d of %d bytes)", e.mu.stagingBytes, e.opts.MaxStagingBytes)
+	if !e.tryStagingLocked(size) {
+		// No wait here: a slot is held until the block's other layers arrive, so a dump that
+		// waited for one while its list's other slots are held could wait for itself
+		// (docs/durability.md, "Staging memory").
+		return nil, blockErr(ErrNoSpace, id, "staging memory for partly dumped blocks is full (%d of max_staging_bytes %d in use, %d more wanted); "+
+			"%s, so the blocks of layer-wise dumps in flight must fit max_staging_bytes whole: raise it (Options.MaxStagingBytes)",
+			e.mu.stagingBytes, e.opts.MaxStagingBytes, size, e.whyStaged(v0))
 	}
 	s := &stagingSlot{flight: newInflight(), rec: e.newRecord(id), claimed: make([]bool, e.opts.Layout.Shards), v0: v0, created: time.Now()}
 	e.mu.staging[id] = s
-	e.mu.stagingBytes += size
-	e.mu.stagingPeak = max(e.mu.stagingPeak, e.mu.stagingBytes)
 	e.mu.stagingPeakBlocks = max(e.mu.stagingPeakBlocks, int64(len(e.mu.staging)))
 	return s, nil
 }
@@ -425,7 +444,7 @@ func (e *Engine) failSlot(id BlockID, cause error) {
 		s = &stagingSlot{flight: newInflight(), claimed: make([]bool, e.opts.Layout.Shards), created: time.Now()}
 		e.mu.staging[id] = s
 	} else if s.rec != nil && s.pending == 0 {
-		e.mu.stagingBytes -= s.rec.Size()
+		e.releaseStagingLocked(s.rec.Size())
 		e.putRecord(s.rec)
 		s.rec = nil
 	}
@@ -457,7 +476,7 @@ func (e *Engine) dropSlotLocked(id BlockID, s *stagingSlot, cause error) {
 	s.flight.finish(cause)
 	s.dropped = true
 	if s.rec != nil {
-		e.mu.stagingBytes -= s.rec.Size()
+		e.releaseStagingLocked(s.rec.Size())
 		if s.pending == 0 {
 			e.putRecord(s.rec)
 			s.rec = nil

@@ -20,6 +20,7 @@ import (
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
+	"golang.org/x/sync/semaphore"
 )
 
 // Store directory layout.
@@ -108,7 +109,12 @@ type Engine struct {
 	// schemaFromFile: the index had no schema record; the schema came from SchemaFile.
 	schemaFromFile bool
 
+	// stagingBudget is Options.MaxStagingBytes as a semaphore (staging.go), made by stagingSem.
+	stagingBudget *semaphore.Weighted
+	stagingOnce   sync.Once
+
 	closing atomic.Bool
+	closed  chan struct{}  // closed when Close begins: tasks waiting for staging memory give up
 	closeMu sync.RWMutex   // orders enter's tasks.Add before Close's tasks.Wait
 	tasks   sync.WaitGroup // running task goroutines
 	stop    chan struct{}
@@ -194,7 +200,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
-		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}),
+		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}), closed: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
@@ -478,6 +484,7 @@ func (e *Engine) Close() error {
 	if !first {
 		return nil
 	}
+	close(e.closed)
 	e.tasks.Wait()
 	e.closeMooncake()
 	close(e.stop)

@@ -152,8 +152,11 @@ type Options struct {
 	QueueDepth int
 	// TaskTimeout bounds Task.Wait and the life of a partly dumped block (default 30 s).
 	TaskTimeout time.Duration
-	// MaxStagingBytes bounds the memory held by partly dumped (layer-wise or V0-created) blocks
-	// (default 1 GiB); a dump beyond it fails with ErrNoSpace.
+	// MaxStagingBytes bounds staging memory (default 1 GiB; docs/durability.md, "Staging
+	// memory"): the bounce buffers of layer runs written as batch records from unaligned
+	// memory, which wait for it (up to the task's deadline, then ErrTimeout), and the slots of
+	// partly dumped blocks assembled whole (layer-wise on the staging path, or V0-created),
+	// which fail with ErrNoSpace beyond it.
 	MaxStagingBytes int64
 	// StageLayerWise makes layer-wise dumps (DumpShard) assemble whole blocks in staging memory
 	// and write one block record each, as before batch records existed, instead of writing a

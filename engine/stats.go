@@ -21,6 +21,9 @@ type Stats struct {
 	// Options.MaxStagingBytes.
 	StagingPeakBytes  int64
 	StagingPeakBlocks int64
+	// StagingWaits counts the layer runs that found staging memory taken and waited for it
+	// (backpressure: engine/staging.go) rather than starting at once.
+	StagingWaits int64
 	// BatchOpenBlocks counts the blocks of layer-wise dumps written as batch records
 	// (engine/batchdump.go) whose last layer has not been written and which no other dump has
 	// stored meanwhile: partly dumped, not visible, held on disk rather than in staging memory.
@@ -118,6 +121,7 @@ type counters struct {
 	dumpTasks, dumpedBlocks, dumpedBytes, dedupedDumps, failedBlocks         atomic.Int64
 	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses           atomic.Int64
 	corruptReads, missingSegmentReads, readErrors, stagingExpired            atomic.Int64
+	stagingWaits                                                             atomic.Int64
 	lookups, lookupHits                                                      atomic.Int64
 	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
 	relocationsLost, batchRecords                                            atomic.Int64
@@ -132,7 +136,7 @@ func (c *counters) snapshot() Stats {
 		LoadTasks: c.loadTasks.Load(), LoadedBlocks: c.loadedBlocks.Load(), LoadedShards: c.loadedShards.Load(),
 		LoadedBytes: c.loadedBytes.Load(), LoadMisses: c.loadMisses.Load(),
 		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
-		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(),
+		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(), StagingWaits: c.stagingWaits.Load(),
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
 		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(), SegmentsRecycled: c.segmentsRecycled.Load(),
 		Promotions: c.promotions.Load(), RelocationsLost: c.relocationsLost.Load(),

@@ -20,6 +20,8 @@ type Task struct {
 	done     chan struct{}
 	err      error // joined block errors, set before done is closed
 	cancel   atomic.Bool
+	aborted  chan struct{} // closed by abort, with cancel set
+	aborting sync.Once
 	deadline time.Time // zero: none
 	finished sync.Once
 
@@ -29,7 +31,7 @@ type Task struct {
 }
 
 func newTask(ids []BlockID, timeout time.Duration) *Task {
-	t := &Task{ids: ids, errs: make([]error, len(ids)), done: make(chan struct{})}
+	t := &Task{ids: ids, errs: make([]error, len(ids)), done: make(chan struct{}), aborted: make(chan struct{})}
 	if timeout > 0 {
 		t.deadline = time.Now().Add(timeout)
 	}
@@ -91,6 +93,14 @@ func (t *Task) OnDone(fn func()) {
 // skipped with ErrTimeout.
 func (t *Task) cancelled() bool { return t.cancel.Load() }
 
+// abort cancels the task: work not yet issued is skipped, and a wait for staging memory ends.
+func (t *Task) abort() {
+	t.aborting.Do(func() {
+		t.cancel.Store(true)
+		close(t.aborted)
+	})
+}
+
 // Wait blocks until the task is done and returns its error: nil when every block succeeded,
 // else an error joining each failed block's error (errors.Is works through it; BlockErrors has
 // them one by one). If the task is not done TaskTimeout after it was started, Wait cancels it:
@@ -106,7 +116,7 @@ func (t *Task) Wait() error {
 	select {
 	case <-t.done:
 	case <-timer.C:
-		t.cancel.Store(true)
+		t.abort()
 		<-t.done
 	}
 	return t.err
@@ -118,7 +128,7 @@ func (t *Task) WaitContext(ctx context.Context) error {
 	select {
 	case <-t.done:
 	case <-ctx.Done():
-		t.cancel.Store(true)
+		t.abort()
 		<-t.done
 	}
 	return t.err

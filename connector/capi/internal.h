@@ -23,7 +23,9 @@ static inline int ucmgoi_plausible(const void *p, uint64_t count, uint64_t size)
 	return a >= UCMGOI_MIN_ADDR && a <= UCMGOI_MAX_ADDR && bytes <= UCMGOI_MAX_ADDR - a;
 }
 
-// lasterror.c
+// lasterror.c. UCMGOI_ERROR_MAX bounds a thread's message, its NUL included: main.go cuts a
+// longer message to fit, at a line's end, saying how many lines it left off.
+#define UCMGOI_ERROR_MAX 4096
 void ucmgo_set_error(const char *msg, size_t n);
 
 // tasks.c: tasks whose wait and check are answered in C.

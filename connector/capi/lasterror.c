@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define UCMGO_ERROR_MAX 4096
+#include "internal.h"
 
 static pthread_key_t error_key;
 static pthread_once_t error_once = PTHREAD_ONCE_INIT;
@@ -21,7 +21,7 @@ static char *thread_buffer(int create) {
 	if (!error_key_ok) return NULL;
 	char *buf = pthread_getspecific(error_key);
 	if (buf == NULL && create) {
-		buf = calloc(1, UCMGO_ERROR_MAX);
+		buf = calloc(1, UCMGOI_ERROR_MAX);
 		if (buf != NULL && pthread_setspecific(error_key, buf) != 0) {
 			free(buf);
 			buf = NULL;
@@ -33,7 +33,7 @@ static char *thread_buffer(int create) {
 void ucmgo_set_error(const char *msg, size_t n) {
 	char *buf = thread_buffer(1);
 	if (buf == NULL) return;
-	if (n >= UCMGO_ERROR_MAX) n = UCMGO_ERROR_MAX - 1;
+	if (n >= UCMGOI_ERROR_MAX) n = UCMGOI_ERROR_MAX - 1;
 	memcpy(buf, msg, n);
 	buf[n] = '\0';
 }

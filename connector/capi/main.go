@@ -39,9 +39,12 @@ var handles struct {
 	next   int64
 }
 
+// errorMax bounds the messages ucmgo_last_error returns, in bytes (its buffer less the NUL).
+const errorMax = C.UCMGOI_ERROR_MAX - 1
+
 // fail records err as the thread's last error and returns its status.
 func fail(err error) C.int32_t {
-	msg := err.Error()
+	msg := clipMessage(err.Error(), errorMax)
 	if msg == "" {
 		msg = "ucmgo: error"
 	}
@@ -674,7 +677,7 @@ func allFailed(n int) []bool {
 func complete(rec *C.ucmgo_task, err error, mask []bool) {
 	status, msg := statusOK, ""
 	if err != nil {
-		status, msg = C.int32_t(connector.StatusOf(err)), err.Error()
+		status, msg = C.int32_t(connector.StatusOf(err)), clipMessage(err.Error(), errorMax)
 		if status == statusOK {
 			status = C.int32_t(connector.StatusError)
 		}

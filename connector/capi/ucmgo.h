@@ -163,7 +163,8 @@ int64_t ucmgo_stats(int64_t store, char *buf, size_t len);
 /*
  * ucmgo_last_error returns the calling thread's last error message: the reason of the last call
  * on this thread that failed ("" before any). It stays valid until the next failing call on the
- * same thread.
+ * same thread. It is at most 4095 bytes: a longer one (a task whose blocks each failed, one line
+ * per block) is cut at the end of a line and ends "... (N more lines)".
  */
 const char *ucmgo_last_error(void);
 
