@@ -87,10 +87,13 @@ func thisHost() [16]byte {
 }
 
 // publogWriter is this instance's publication log in one of its namespaces. It names only
-// segments not yet listed in the namespace's manifest: when a manifest lists some of them, the
-// log is continued in a new one that repeats what it said of the others (pending), so that a
-// reader starting at the newest log learns every unlisted block and nothing of a segment that
-// was listed, and may since have been retired.
+// segments not yet listed in the namespace's manifest, or listed less than publogCarry ago:
+// when that changes (a segment listed longer, or retired), the log is continued in a new one
+// that repeats what it said of the others (pending). So a reader starting at the newest log
+// learns every block not yet listed, and those of segments listed so recently that it may not
+// have read that manifest yet, and nothing of a segment retired; and a reader that keeps a
+// segment only while the newest log it read still names it (or a manifest lists it) never
+// keeps a retired one for more than a refresh.
 type publogWriter struct {
 	nsDir   string
 	f       vfs.File
@@ -109,17 +112,18 @@ type retiredLog struct {
 	at   time.Time
 }
 
-// publogRetention is how long a retired log stays: a reader that has not followed it to its
-// continuation yet does within it, and one that never does has read the manifest listing what
-// it named by then (a refresh interval), as every reader does within its retire grace.
-func (e *Engine) publogRetention() time.Duration {
-	return max(e.opts.SharedRetireGrace, 2*e.opts.SharedRefreshInterval, time.Second)
+// publogCarry is how long a log keeps naming a segment after a manifest listed it, and how long
+// a continued log stays on disk: two refresh intervals (at least a second), in which every
+// reader has read that manifest, or followed the old log to its continuation.
+func (e *Engine) publogCarry() time.Duration {
+	return max(2*e.opts.SharedRefreshInterval, time.Second)
 }
 
-// pendingLog is what a log said of one unlisted segment.
+// pendingLog is what a log said of one segment it still names.
 type pendingLog struct {
-	gen  uint64
-	recs []format.PublogRecord
+	gen      uint64
+	recs     []format.PublogRecord
+	listedAt time.Time // when a manifest first listed it; zero while unlisted
 }
 
 // publogs is the writing side: one log per own namespace of a shared tier.
@@ -295,9 +299,9 @@ func (e *Engine) syncPublogs() {
 }
 
 // prunePublogs runs after a manifest of namespace nsDir was published with listed: the
-// earlier logs retired for longer than the retention are deleted (their readers were sent on,
-// and what they named is listed or in the current log), and when the manifest lists a segment the current log names (or one it
-// names is no longer this instance's), the log is continued in a new one without it.
+// earlier logs continued longer than publogCarry ago are deleted (their readers were sent on),
+// and when the current log names a segment listed longer than publogCarry ago, or one that is
+// retired or no longer this instance's, the log is continued in a new one without it.
 func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	p := &e.share.logs
 	p.mu.Lock()
@@ -308,7 +312,7 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	}
 	keep := w.retired[:0]
 	for _, r := range w.retired {
-		if time.Since(r.at) < e.publogRetention() {
+		if time.Since(r.at) < e.publogCarry() {
 			keep = append(keep, r)
 			continue
 		}
@@ -322,11 +326,21 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 		in[ent.Number] = true
 	}
 	changed := false
-	for n := range w.pending {
-		if meta, own := e.ix.Segment(n); in[n] || !own || meta.State == index.SegmentDeleting {
-			delete(w.pending, n)
-			changed = true
+	now := time.Now()
+	for n, pl := range w.pending {
+		meta, own := e.ix.Segment(n)
+		switch {
+		case !own || meta.State == index.SegmentDeleting:
+		case !in[n]:
+			continue
+		case pl.listedAt.IsZero():
+			pl.listedAt = now
+			continue
+		case now.Sub(pl.listedAt) < e.publogCarry():
+			continue
 		}
+		delete(w.pending, n)
+		changed = true
 	}
 	if changed && w.f != nil {
 		if _, err := e.startPublog(nsDir, w); err != nil {
@@ -370,6 +384,7 @@ type publogTail struct {
 type overlaySeg struct {
 	seg foreignSeg
 	ids []BlockID
+	seq uint64 // the log that last named it
 }
 
 // overlay holds what the publication logs announced of segments the foreign index does not
@@ -386,6 +401,34 @@ type overlay struct {
 	blocks map[BlockID]index.Location
 	segs   map[uint64]*overlaySeg
 	byKey  map[foreignKey]uint64
+	// reclaimed are segments (→ generation) a reclaimer took from an owner presumed gone
+	// (NoteReclaimed): that owner's last log may still name them, and it cannot continue it.
+	reclaimed map[foreignKey]uint64
+}
+
+// overlayReclaimed forgets, and from now on ignores in logs, the segments m's NoteReclaimed
+// notes say a reclaimer took from m's owner inst.
+func (e *Engine) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
+	ov := &e.share.ov
+	var keys []foreignKey
+	ov.emu.Lock()
+	for _, nt := range m.Notes {
+		if nt.Kind != format.NoteReclaimed || nt.Owner != inst {
+			continue
+		}
+		k := foreignKey{inst, nt.Number}
+		if ov.reclaimed == nil {
+			ov.reclaimed = map[foreignKey]uint64{}
+		}
+		ov.reclaimed[k] = nt.Generation
+		if alias, ok := ov.byKey[k]; ok && ov.segs[alias].seg.generation == nt.Generation {
+			keys = append(keys, k)
+		}
+	}
+	ov.emu.Unlock()
+	for _, k := range keys {
+		e.forgetOverlay(k)
+	}
 }
 
 // overlayGet returns the location a publication log gave block id.
@@ -495,7 +538,29 @@ func (e *Engine) tailPublogs(onMiss bool) {
 		e.findPublog(tl, onMiss)
 		if tl.f != nil && !tl.ignored {
 			e.readPublog(tl)
+			if !onMiss {
+				// After the refresh read the manifests: a segment the newest log no longer
+				// names is listed (indexed now) or retired.
+				e.forgetOverlayBefore(tl.inst, tl.seq)
+			}
 		}
+	}
+}
+
+// forgetOverlayBefore drops the overlay's segments of instance inst that no log from seq on
+// names.
+func (e *Engine) forgetOverlayBefore(inst format.InstanceID, seq uint64) {
+	ov := &e.share.ov
+	var keys []foreignKey
+	ov.emu.RLock()
+	for k, alias := range ov.byKey {
+		if k.inst == inst && ov.segs[alias].seq < seq {
+			keys = append(keys, k)
+		}
+	}
+	ov.emu.RUnlock()
+	for _, k := range keys {
+		e.forgetOverlay(k)
 	}
 }
 
@@ -544,25 +609,32 @@ func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
 	}
 }
 
-// forgetOverlayOf drops the overlay's segments of instance inst.
+// forgetOverlayOf drops the overlay's segments of instance inst, whose namespace is gone, and
+// what it knew of its reclaimed segments.
 func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 	ov := &e.share.ov
 	var keys []foreignKey
-	ov.emu.RLock()
+	ov.emu.Lock()
 	for k := range ov.byKey {
 		if k.inst == inst {
 			keys = append(keys, k)
 		}
 	}
-	ov.emu.RUnlock()
+	for k := range ov.reclaimed {
+		if k.inst == inst {
+			delete(ov.reclaimed, k)
+		}
+	}
+	ov.emu.Unlock()
 	for _, k := range keys {
 		e.forgetOverlay(k)
 	}
 }
 
-// findPublog reads the logs of tl's namespace newer than the one it reads (the writer
-// restarted, or tl has none yet), oldest first, and leaves tl on the newest. onMiss: only when
-// the namespace directory changed since it was last listed.
+// findPublog moves tl to the newest log of its namespace when there is one newer than the one
+// it reads (the writer restarted, or tl has none yet), after reading what the current one still
+// holds, and reads it. onMiss: only when the namespace directory changed since it was last
+// listed.
 func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
 	now := time.Now()
 	st, err := e.fs.Stat(tl.nsDir)
@@ -574,21 +646,20 @@ func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
 		return
 	}
 	tl.nsMod, tl.nsListed = st.ModTime(), now
-	if tl.f != nil && seqs[len(seqs)-1] <= tl.seq {
+	newest := seqs[len(seqs)-1]
+	if tl.f != nil && newest <= tl.seq {
 		return
 	}
 	if tl.f != nil && !tl.ignored && !tl.stuck {
-		e.readPublog(tl) // what the current log still holds, first: it may continue into newer ones
+		e.readPublog(tl) // what the current log still holds, first: it may continue into the newest
+		if tl.seq >= newest {
+			return
+		}
 	}
-	// Every newer log still on disk, oldest first: one retired since it was written still names
-	// blocks of segments listed since, whose manifest this instance may not have read yet.
-	for _, seq := range seqs {
-		if tl.f != nil && seq <= tl.seq {
-			continue
-		}
-		if e.openPublog(tl, seq); tl.seq == seq && !tl.ignored {
-			e.readPublog(tl)
-		}
+	// The newest log names every segment not listed long enough for this instance to have
+	// read its manifest: the older ones are not needed (and may name retired segments).
+	if e.openPublog(tl, newest); tl.seq == newest && !tl.ignored {
+		e.readPublog(tl)
 	}
 }
 
@@ -682,6 +753,9 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 	ov := &s.ov
 	ov.emu.Lock()
 	defer ov.emu.Unlock()
+	if gen, ok := ov.reclaimed[k]; ok && gen == ent.Generation {
+		return // taken by a reclaimer from its gone owner
+	}
 	if ov.blocks == nil {
 		ov.blocks, ov.segs, ov.byKey = map[BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
 	}
@@ -704,6 +778,7 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 		ov.segs[alias] = o
 		ov.byKey[k] = alias
 	}
+	o.seq = tl.seq
 	for _, r := range ent.Records {
 		if r.Kind != 0 {
 			continue // sidecars are seen with their segment's manifest

@@ -491,6 +491,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 		}
 		ns := nsManifest{m, nsDir}
 		e.observe(ns)
+		e.overlayReclaimed(inst, m)
 		read = append(read, ns)
 		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
 			if len(m.Segments) == 0 {
