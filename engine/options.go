@@ -184,10 +184,13 @@ type Options struct {
 	// save for the compressed form to be kept (default 0.125); otherwise the record is stored
 	// raw. In (0, 1].
 	CompressMinSaving float64
-	// CompactInterval is how often the engine compacts every tier's segments at or below
-	// CompactLiveRatio and deletes empty ones, whatever the watermarks, so dead space (blocks
-	// relocated, evicted or dropped) is reclaimed also in unlimited tiers (default 30 s;
-	// negative: only under capacity pressure and by Compact).
+	// CompactInterval is how often the engine compacts every tier's sealed segments at or
+	// below CompactLiveRatio, whatever the watermarks, so dead space (failed or abandoned dumps,
+	// blocks relocated, evicted or dropped) is reclaimed also in unlimited tiers; the first
+	// such pass runs about a second after Open, so that processes shorter than the interval
+	// reclaim too. Sealed segments with nothing live are retired within a second, whatever the
+	// interval (docs/tiers.md, "When dead space comes back"). Default 30 s; negative: none of
+	// this, dead space comes back only under capacity pressure and by Compact.
 	CompactInterval time.Duration
 	// RecycleSegments is how many retired segment files each segment directory keeps for reuse
 	// by new segments instead of deleting them (default 4, at most MaxRecycleSegments; negative: none). Reusing a file

@@ -37,12 +37,17 @@ const DefaultCompactLiveRatio = 0.5
 const reclaimRounds = 64
 
 // reclaimer runs reclamation for tiers above their high watermark, when kicked by a writer
-// waiting for space and once a second.
+// waiting for space and once a second. Below the watermarks, unless Options.CompactInterval is
+// negative, it also reclaims dead space (failed, abandoned, relocated, evicted or dropped
+// records): every second it retires the sealed segments no entry points into, and on its first
+// second after Open and then every CompactInterval it compacts those at or below
+// CompactLiveRatio (online compaction; docs/tiers.md, "When dead space comes back").
 func (e *Engine) reclaimer() {
 	defer e.bg.Done()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	lastCompact := time.Now()
+	online := e.opts.CompactInterval > 0
+	var lastCompact time.Time // zero: the first pass after Open compacts, whatever the interval
 	for {
 		select {
 		case <-e.stop:
@@ -50,18 +55,23 @@ func (e *Engine) reclaimer() {
 		case <-tick.C:
 		case <-e.reclaimKick:
 		}
-		compact := e.opts.CompactInterval > 0 && time.Since(lastCompact) >= e.opts.CompactInterval
+		compact := online && time.Since(lastCompact) >= e.opts.CompactInterval
 		if compact {
 			lastCompact = time.Now()
 		}
 		for _, t := range e.tiers {
 			var err error
-			if t.space.OverHigh() {
+			switch {
+			case t.space.OverHigh():
 				_, err = e.reclaimTier(t, -1, t.recency())
-			} else if compact {
-				// Online compaction: dead space (relocated, evicted or dropped blocks) is
-				// reclaimed in every tier, also below the watermarks and in unlimited tiers.
-				err = e.compactTier(t)
+			case compact:
+				// Online compaction: dead space is reclaimed in every tier, also below the
+				// watermarks and in unlimited tiers.
+				err = e.compactTier(t, e.opts.CompactLiveRatio)
+			case online:
+				// A segment with nothing live costs no copy to reclaim: retired at once, not
+				// after a compaction interval that a short-lived process never reaches.
+				err = e.compactTier(t, 0)
 			}
 			if err != nil && !errors.Is(err, ErrClosed) {
 				e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.cfg.Name, "err", err)
@@ -82,9 +92,9 @@ func (e *Engine) tierFileBytes(t *diskTier) int64 {
 	return n
 }
 
-// compactTier retires t's empty sealed segments and compacts those at or below
-// CompactLiveRatio.
-func (e *Engine) compactTier(t *diskTier) error {
+// compactTier retires t's empty sealed segments and compacts those at or below liveRatio (0:
+// only retires the empty ones, copying nothing).
+func (e *Engine) compactTier(t *diskTier, liveRatio float64) error {
 	select {
 	case <-e.stop:
 		return ErrClosed
@@ -93,7 +103,7 @@ func (e *Engine) compactTier(t *diskTier) error {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	var rep ReclaimReport
-	return e.reclaimSegments(t, e.opts.CompactLiveRatio, &rep, nil, nil)
+	return e.reclaimSegments(t, liveRatio, &rep, nil, nil)
 }
 
 // ReclaimReport says what one reclamation did.
