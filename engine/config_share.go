@@ -168,7 +168,7 @@ func moveLegacyStore(legacy, dir string, s Schema, l Layout, mode os.FileMode, l
 			"namespace_store", dir, "left", legacy)
 		return nil
 	}
-	lock, err := vfs.Default.Lock(filepath.Join(legacy, LockFile))
+	lock, err := storeFS(vfs.Default, DefaultFileMode, mode, false).Lock(filepath.Join(legacy, LockFile))
 	if err != nil {
 		if isLockHeld(err) {
 			return fmt.Errorf("move %s to %s: the store is in use by another process or engine: %w", legacy, dir, ErrLocked)

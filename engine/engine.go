@@ -191,9 +191,9 @@ type RecoveryReport struct {
 }
 
 // Open opens (creating if needed) the store in dir. It takes the directory lock (a second
-// Open of the same directory, in this or another process, fails with ErrLocked), checks the
-// schema fingerprint (ErrSchemaMismatch), recovers segments left active by a crash and starts
-// the writer.
+// Open of the same directory, in this or another process and by whatever path, fails with
+// ErrLocked), checks the schema fingerprint (ErrSchemaMismatch), recovers segments left
+// active by a crash and starts the writer.
 func Open(dir string, opts Options) (*Engine, error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {

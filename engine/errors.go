@@ -32,6 +32,12 @@ var (
 	// ErrBlockFailed: a layer-wise dump of the block failed on another shard, so the block is
 	// discarded; it is never published with holes.
 	ErrBlockFailed = errors.New("ucm: block failed")
+	// ErrBufferChanged: a loaded block's bytes failed their checksum in the caller's
+	// destination memory but verify when the engine reads them again into its own: the caller
+	// changed the buffer during the load (two loads into one buffer, a LoadSpans piece listed
+	// twice). The block stays stored; this load of it failed, and the buffer's contents are
+	// unspecified.
+	ErrBufferChanged = errors.New("ucm: destination buffer changed during the load")
 	// ErrIO: the file system failed an operation (EIO, a failed fsync). The segment concerned
 	// is sealed; the engine stays usable.
 	ErrIO = errors.New("ucm: i/o error")

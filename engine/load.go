@@ -168,8 +168,12 @@ type blockRead struct {
 	// pieces: the payload is read straight into the caller's pieces (LoadSpans): ops after
 	// the header are one per piece, verified as spans.
 	pieces bool
-	header []byte // whole-block loads: the record header, to check the id
-	bounce []byte // payload read here when dst cannot take it directly
+	// callerDst: the block's destination buffer is the caller's memory (not a staging
+	// buffer): bytes read or decoded into it are checked there, where the caller can change
+	// them during the load.
+	callerDst bool
+	header    []byte // whole-block loads: the record header, to check the id
+	bounce    []byte // payload read here when dst cannot take it directly
 	// Compressed records: bounce holds the stored bytes read; winOff is the file offset of
 	// bounce[0] (single-shard loads read an aligned window).
 	winOff int64
@@ -339,7 +343,8 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			}
 			continue
 		}
-		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), foreign: isForeign(loc.Segment), opLo: len(ops)}
+		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), foreign: isForeign(loc.Segment), opLo: len(ops),
+			callerDst: len(dst[i]) == 1}
 		if r.tier != nil && r.tier.lru != nil && !r.foreign {
 			r.tier.lru.Pin(id) // not evicted while read
 		}
@@ -370,12 +375,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			// Read the stored bytes into a bounce buffer: the whole payload, or the aligned
 			// window around one packed shard; finishRead decodes them into dst.
 			header()
-			lo, hi := loc.ShardOffset(0), loc.ShardOffset(0)+loc.PayloadBytes()
-			if shard != AllShards {
-				_, n := loc.ShardExtent(shard)
-				lo = loc.ShardOffset(shard) &^ (format.Alignment - 1)
-				hi = format.AlignUp(loc.ShardOffset(shard) + n)
-			}
+			lo, hi := compressedWindow(loc, shard)
 			r.bounce, r.winOff = e.pool.Get(int(hi-lo)), lo
 			ops = append(ops, devio.Op{File: f, Buf: r.bounce, Off: lo})
 		} else {
@@ -424,8 +424,11 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		r := &reads[k]
 		id := t.ids[r.i]
 		t.errs[r.i] = e.finishRead(r, id, shard, flat[r.i], ops[r.opLo:r.opHi])
-		if t.errs[r.i] == nil && !r.pieces {
-			served(r.i)
+		if t.errs[r.i] == nil {
+			e.countLoaded(shard)
+			if !r.pieces {
+				served(r.i)
+			}
 		}
 		r.seg.Release()
 		if r.tier != nil {
@@ -537,9 +540,8 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 		}
 		if r.pieces {
 			if err := verifySpans(&h, opBufs(ops), 0, l.Shards); err != nil {
-				return e.dropBroken(id, r.loc, err)
+				return e.checkFailed(r, id, shard, err, true)
 			}
-			e.countLoaded(AllShards)
 			return nil
 		}
 		payload := dst // read straight into it (its shards are strides apart) or bounced
@@ -547,7 +549,7 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 			payload = r.bounce
 		}
 		if err := wal.VerifyShards(&h, payload, 0, l.Shards); err != nil {
-			return e.dropBroken(id, r.loc, err)
+			return e.checkFailed(r, id, shard, err, r.bounce == nil && r.callerDst)
 		}
 		if r.bounce != nil {
 			for sh := 0; sh < l.Shards; sh++ {
@@ -555,25 +557,82 @@ func (e *Engine) finishRead(r *blockRead, id BlockID, shard int, dst []byte, ops
 				copy(dst[int64(sh)*l.ShardBytes:], payload[off:off+l.ShardBytes])
 			}
 		}
-		e.countLoaded(AllShards)
 		return nil
 	}
 	if r.pieces {
 		if err := verifySpans(&h, opBufs(ops), shard, 1); err != nil {
-			return e.dropBroken(id, r.loc, err)
+			return e.checkFailed(r, id, shard, err, true)
 		}
-		e.countLoaded(shard)
 		return nil
 	}
 	buf := ops[0].Buf // one shard: one op
 	if err := wal.VerifyShards(&h, buf, shard, 1); err != nil {
-		return e.dropBroken(id, r.loc, err)
+		return e.checkFailed(r, id, shard, err, r.bounce == nil && r.callerDst)
 	}
 	if r.bounce != nil {
 		copy(dst, buf[:l.ShardBytes])
 	}
-	e.countLoaded(shard)
 	return nil
+}
+
+// checkFailed handles block id's bytes failing a check (cause) after a read. Bytes checked in
+// the engine's own buffers (inCaller false) are what the medium holds: the block is dropped
+// (dropBroken). Bytes checked in the caller's memory may have been changed there during the
+// load (two loads into one buffer, a piece listed twice in LoadSpans): the block is read again
+// into the engine's buffers and checked there, and dropped only if it fails there too. If it
+// passes, it stays stored, and this load of it still fails, with ErrBufferChanged: the
+// caller's buffer cannot be trusted to hold it.
+func (e *Engine) checkFailed(r *blockRead, id BlockID, shard int, cause error, inCaller bool) error {
+	if !inCaller {
+		return e.dropBroken(id, r.loc, cause)
+	}
+	l, loc := e.opts.Layout, r.loc
+	f := r.seg.File()
+	again := blockRead{i: r.i, loc: loc, seg: r.seg, tier: r.tier, foreign: r.foreign}
+	var ops []devio.Op
+	if shard == AllShards && !loc.IsBatch() {
+		again.header = e.pool.Get(format.RecordHeaderSize)
+		defer e.pool.Put(again.header)
+		ops = append(ops, devio.Op{File: f, Buf: again.header, Off: loc.Offset})
+	}
+	if loc.Compression != format.CompressionNone {
+		lo, hi := compressedWindow(loc, shard)
+		again.bounce, again.winOff = e.pool.Get(int(hi-lo)), lo
+		ops = append(ops, devio.Op{File: f, Buf: again.bounce, Off: lo})
+	} else {
+		n := int64(1)
+		if shard == AllShards {
+			n = int64(l.Shards)
+		}
+		again.bounce = e.pool.Get(int(n * l.ShardStride()))
+		ops = appendShardReads(ops, f, loc, max(shard, 0), [][]byte{again.bounce})
+	}
+	defer e.pool.Put(again.bounce)
+	want := l.BlockBytes()
+	if shard != AllShards {
+		want = l.ShardBytes
+	}
+	out := e.pool.Get(int(want))
+	defer e.pool.Put(out)
+	_ = e.submit(ops, func(int) *diskTier { return r.tier }) // per-op errors: finishRead's
+	if err := e.finishRead(&again, id, shard, out, ops); err != nil {
+		return err // corrupt on the medium too (dropped), or the read again failed
+	}
+	e.stats.callerBufferChanged.Add(1)
+	e.opts.Logger.Warn("ucm: a loaded block failed its checksum in the caller's buffer but verifies when read again; "+
+		"the caller changed its buffer during the load (two loads into one buffer?); the block is kept",
+		"block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
+	return blockErr(ErrBufferChanged, id, "its bytes changed in the caller's memory during the load (%v); the stored block verifies and is kept", cause)
+}
+
+// compressedWindow is the part of a compressed record's segment file a load reads: the whole
+// payload, or for one shard the aligned window around its packed bytes.
+func compressedWindow(loc index.Location, shard int) (lo, hi int64) {
+	if shard == AllShards {
+		return loc.ShardOffset(0), loc.ShardOffset(0) + loc.PayloadBytes()
+	}
+	_, n := loc.ShardExtent(shard)
+	return loc.ShardOffset(shard) &^ (format.Alignment - 1), format.AlignUp(loc.ShardOffset(shard) + n)
 }
 
 // shortRead reports whether a read of an indexed record ended early (at what the file system
@@ -660,18 +719,16 @@ func (e *Engine) finishCompressed(r *blockRead, id BlockID, shard int, dst []byt
 		}
 		h := format.RecordHeader{ID: id, Layout: l, ShardCRCs: loc.ShardCRCs, Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs}
 		if err := format.VerifyPayload(&h, ops[1].Buf, dst, scratch); err != nil {
-			return e.dropBroken(id, r.loc, err)
+			return e.checkFailed(r, id, shard, err, r.callerDst)
 		}
-		e.countLoaded(AllShards)
 		return nil
 	}
 	_, n := loc.ShardExtent(shard)
 	off := loc.ShardOffset(shard) - r.winOff
 	stored := r.bounce[off : off+n]
 	if err := format.UnpackShard(loc.Compression, shard, stored, loc.StoredCRCs[shard], loc.ShardCRCs[shard], dst, scratch); err != nil {
-		return e.dropBroken(id, r.loc, err)
+		return e.checkFailed(r, id, shard, err, r.callerDst)
 	}
-	e.countLoaded(shard)
 	return nil
 }
 

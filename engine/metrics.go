@@ -59,6 +59,7 @@ var statMetrics = []metricDesc{
 	counterDesc("ucm_loaded_bytes_total", "Bytes loaded and verified.", func(s *Stats) int64 { return s.LoadedBytes }),
 	counterDesc("ucm_load_misses_total", "Blocks a load did not find.", func(s *Stats) int64 { return s.LoadMisses }),
 	counterDesc("ucm_corrupt_reads_total", "Loads that found bytes failing a check (served as misses, dropped from the index).", func(s *Stats) int64 { return s.CorruptReads }),
+	counterDesc("ucm_caller_buffer_changed_total", "Block loads whose bytes the caller changed in its buffer during the load (the stored block verified and was kept).", func(s *Stats) int64 { return s.CallerBufferChanged }),
 	counterDesc("ucm_missing_segment_reads_total", "Loads whose segment file was gone.", func(s *Stats) int64 { return s.MissingSegmentReads }),
 	counterDesc("ucm_read_errors_total", "Loads failed by the file system.", func(s *Stats) int64 { return s.ReadErrors }),
 	counterDesc("ucm_staging_expired_total", "Partly dumped blocks discarded after the task timeout.", func(s *Stats) int64 { return s.StagingExpired }),

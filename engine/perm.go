@@ -89,49 +89,44 @@ func (p permFS) MkdirAll(dir string, _ os.FileMode) error {
 	return nil
 }
 
-// Lock locks name, creating it with the file mode first if it does not exist. (Not after
-// locking: closing any descriptor of the file would drop the process's fcntl lock.)
+// Lock locks name, creating it with the file mode first if it does not exist, through lockFile
+// (filelock.go): the lock is the file's, whatever path names it, and one per open file
+// description, in this process as in others. A read-only engine that cannot open the file for
+// writing takes a shared lock through a read-only descriptor instead, which a writer's
+// excludes (none when the file does not exist: nothing to exclude). A file system without
+// descriptors (in memory) locks with its own Lock.
 func (p permFS) Lock(name string) (io.Closer, error) {
-	if p.readOnly {
-		l, err := p.FS.Lock(name)
-		if err == nil || !cannotWrite(err) {
-			return l, err
-		}
-		return p.readLock(name)
-	}
-	if _, err := p.FS.Stat(name); errors.Is(err, os.ErrNotExist) {
-		f, err := p.Create(name, vfs.WriteCategoryUnspecified)
-		if err != nil {
-			return nil, err
-		}
-		if err := f.Close(); err != nil {
-			return nil, err
+	exclusive := true
+	f, err := p.OpenReadWrite(name, vfs.WriteCategoryUnspecified)
+	if err != nil && p.readOnly && cannotWrite(err) {
+		exclusive = false
+		f, err = p.FS.Open(name)
+		if errors.Is(err, os.ErrNotExist) {
+			return io.NopCloser(nil), nil
 		}
 	}
-	return p.FS.Lock(name)
+	if err != nil {
+		return nil, err
+	}
+	if !osFileLocks || f.Fd() == vfs.InvalidFd {
+		_ = f.Close()
+		if !exclusive {
+			return io.NopCloser(nil), nil
+		}
+		return p.FS.Lock(name)
+	}
+	l, err := lockFile(f, name, exclusive)
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return l, nil
 }
 
 // cannotWrite reports whether err says a file cannot be opened for writing here.
 func cannotWrite(err error) bool {
 	var pathErr *fs.PathError
 	return errors.Is(err, syscall.EROFS) || (errors.As(err, &pathErr) && errors.Is(err, os.ErrPermission))
-}
-
-// readLock takes a shared lock on name through a read-only descriptor (none when name does not
-// exist: nothing to exclude).
-func (p permFS) readLock(name string) (io.Closer, error) {
-	f, err := p.FS.Open(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return io.NopCloser(nil), nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if err := readLockFile(f); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return f, nil
 }
 
 func (p permFS) chmodDir(name string, mode os.FileMode) error {

@@ -11,8 +11,5 @@ import (
 // fchmod: file modes are Unix permissions; elsewhere files keep the system's defaults.
 func fchmod(vfs.File, os.FileMode) error { return nil }
 
-// readLockFile: without fcntl a read-only open takes no lock.
-func readLockFile(vfs.File) error { return nil }
-
 // sameDevice: without device numbers, a directory counts as on the store's file system.
 func sameDevice(a, b os.FileInfo) bool { return true }

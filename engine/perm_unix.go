@@ -7,7 +7,6 @@ import (
 	"syscall"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"golang.org/x/sys/unix"
 )
 
 // fchmod sets f's mode when it is a file of the operating system.
@@ -17,17 +16,6 @@ func fchmod(f vfs.File, mode os.FileMode) error {
 		return nil
 	}
 	return syscall.Fchmod(int(fd), uint32(mode.Perm()))
-}
-
-// readLockFile takes a shared fcntl lock on all of f, failing (EAGAIN or EACCES) when another
-// process holds a write lock on it.
-func readLockFile(f vfs.File) error {
-	fd := f.Fd()
-	if fd == vfs.InvalidFd {
-		return nil
-	}
-	spec := unix.Flock_t{Type: unix.F_RDLCK, Whence: 0, Start: 0, Len: 0}
-	return unix.FcntlFlock(fd, unix.F_SETLK, &spec)
 }
 
 // sameDevice reports whether a and b are on the same file system (device).

@@ -112,7 +112,8 @@ type ReclaimReport struct {
 	SegmentsCompacted int // of which compacted first
 	// BytesReclaimed is the bytes freed: by Compact, the sizes of the segments it retired less
 	// the bytes of the records it copied out of them (never negative); by eviction, the fall
-	// of the tier's accounted bytes.
+	// of the tier's accounted segment bytes (the files retired less what compaction during
+	// the eviction wrote forward: negative when that outweighs them).
 	BytesReclaimed int64
 	// compactedBytes accumulates Compact's BytesReclaimed segment by segment.
 	compactedBytes int64
@@ -131,8 +132,7 @@ func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimRep
 }
 
 // reclaimTierLocked is reclaimTier with reclaimMu held.
-func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
-	var rep ReclaimReport
+func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (rep ReclaimReport, err error) {
 	before := t.space.Segments()
 	defer func() { rep.BytesReclaimed = before - t.space.Segments() }()
 	excess := func() int64 {

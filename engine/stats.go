@@ -53,6 +53,10 @@ type Stats struct {
 	// CorruptReads counts loads that found bytes failing a check; each is reported as a miss
 	// and dropped from the index.
 	CorruptReads int64
+	// CallerBufferChanged counts block loads whose bytes failed their checksum in the caller's
+	// memory but verified when read again into the engine's (ErrBufferChanged): the caller
+	// changed the buffer during the load. Those blocks stay stored.
+	CallerBufferChanged int64
 	// MissingSegmentReads counts loads whose segment file was gone.
 	MissingSegmentReads int64
 	ReadErrors          int64 // loads failed by the file system
@@ -121,7 +125,7 @@ type counters struct {
 	dumpTasks, dumpedBlocks, dumpedBytes, dedupedDumps, failedBlocks         atomic.Int64
 	loadTasks, loadedBlocks, loadedShards, loadedBytes, loadMisses           atomic.Int64
 	corruptReads, missingSegmentReads, readErrors, stagingExpired            atomic.Int64
-	stagingWaits                                                             atomic.Int64
+	stagingWaits, callerBufferChanged                                        atomic.Int64
 	lookups, lookupHits                                                      atomic.Int64
 	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
 	relocationsLost, batchRecords                                            atomic.Int64
@@ -135,7 +139,7 @@ func (c *counters) snapshot() Stats {
 		DedupedDumps: c.dedupedDumps.Load(), FailedBlocks: c.failedBlocks.Load(), BatchRecords: c.batchRecords.Load(),
 		LoadTasks: c.loadTasks.Load(), LoadedBlocks: c.loadedBlocks.Load(), LoadedShards: c.loadedShards.Load(),
 		LoadedBytes: c.loadedBytes.Load(), LoadMisses: c.loadMisses.Load(),
-		CorruptReads: c.corruptReads.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
+		CorruptReads: c.corruptReads.Load(), CallerBufferChanged: c.callerBufferChanged.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),
 		ReadErrors: c.readErrors.Load(), StagingExpired: c.stagingExpired.Load(), StagingWaits: c.stagingWaits.Load(),
 		Lookups: c.lookups.Load(), LookupHits: c.lookupHits.Load(),
 		MemoryHits: c.memoryHits.Load(), EvictedBlocks: c.evictedBlocks.Load(), SegmentsRetired: c.segmentsRetired.Load(), SegmentsRecycled: c.segmentsRecycled.Load(),

@@ -315,8 +315,9 @@ func (e *Engine) tierRoot(c tiers.Config, p string) string {
 	return p
 }
 
-// isLockHeld reports whether a failed Lock means another holder: EAGAIN, EWOULDBLOCK or (on
-// some systems) EACCES from fcntl, or Pebble's "lock held by current process". Opening the
+// isLockHeld reports whether a failed Lock means another holder: errLockHeld (this process),
+// EAGAIN, EWOULDBLOCK or (on some systems) EACCES from fcntl or flock, or the "lock held by
+// current process" of Pebble's in-memory file system. Opening the
 // LOCK file itself can fail with EACCES too (no permission): that comes wrapped in a
 // *fs.PathError and is not a held lock.
 func isLockHeld(err error) bool {
@@ -324,7 +325,7 @@ func isLockHeld(err error) bool {
 	if errors.As(err, &pathErr) {
 		return false
 	}
-	return errorsIsAny(err, syscall.EAGAIN, syscall.EACCES, syscall.EWOULDBLOCK) ||
+	return errors.Is(err, errLockHeld) || errorsIsAny(err, syscall.EAGAIN, syscall.EACCES, syscall.EWOULDBLOCK) ||
 		strings.Contains(err.Error(), "lock held by current process")
 }
 
