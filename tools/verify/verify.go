@@ -130,8 +130,12 @@ type Report struct {
 	// segment was still active); nil otherwise.
 	Recovery *engine.RecoveryReport
 	// Pending is what recovery will do, when a segment is still active and Options.Recover is
-	// not set; nil otherwise.
+	// not set or recovery could not run (RecoverySkipped); nil otherwise.
 	Pending []*PendingSegment
+	// RecoverySkipped is why recovery, asked for (Options.Recover), could not run: the engine
+	// opened the store read-only because its file system is full. The store was verified
+	// read-only, as without Options.Recover. "" when recovery was not asked for or could run.
+	RecoverySkipped string
 }
 
 // Clean reports that Store found no problem. A store whose recovery is pending (a torn tail
@@ -179,8 +183,11 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 			add(n, -1, format.BlockID{}, "sealed segment file was cut short; recovery dropped the index entries of the records it lost and sealed it again")
 		}
 	}
+	if err := h.RecoverySkipped(); err != nil {
+		r.RecoverySkipped = err.Error()
+	}
 	pending := map[uint64]*PendingSegment{}
-	if !opts.Recover {
+	if !opts.Recover || h.RecoverySkipped() != nil {
 		ps, err := h.ScanPending()
 		if err != nil {
 			return nil, err
