@@ -143,13 +143,21 @@ func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (rep 
 		// their reservation (which a target below one segment could never get under).
 		return e.tierFileBytes(t) - target
 	}
+	// Emptying the tier moves every evictable block out of it (demoted or deleted): compacting
+	// before evicting would copy records forward only to move or delete them next, and leave
+	// the segment they were copied into behind. Only segments already empty are retired
+	// first; what eviction cannot take (pinned blocks) is compacted after it.
+	compactRatio := e.opts.CompactLiveRatio
+	if target == 0 {
+		compactRatio = 0
+	}
 	for round := 0; round < reclaimRounds && excess() > 0; round++ {
 		select {
 		case <-e.stop:
 			return rep, ErrClosed
 		default:
 		}
-		if err := e.reclaimSegments(t, e.opts.CompactLiveRatio, &rep, excess, nil); err != nil {
+		if err := e.reclaimSegments(t, compactRatio, &rep, excess, nil); err != nil {
 			return rep, err
 		}
 		need := excess()

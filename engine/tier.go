@@ -87,12 +87,24 @@ func (e *Engine) storedTiers() ([]tiers.Config, error) {
 	if err := json.Unmarshal(v, &ts); err != nil {
 		return nil, fmt.Errorf("open %s: index meta %s malformed: %w", e.dir, metaTiers, ErrCorrupt)
 	}
+	adopting := e.opts.AdoptStoredSchema && len(e.opts.Tiers) == 0
 	for i := range ts {
 		for k, p := range ts[i].Paths {
-			if p == storedStoreDir {
-				ts[i].Paths[k] = e.dir
+			p = e.resolveRecordedPath(p)
+			ts[i].Paths[k] = p
+			if ts[i].Kind == tiers.KindDisk && !ts[i].Shared {
+				if other := e.foreignStore(p); other != "" {
+					if adopting {
+						return nil, e.errForeignTierPath(ts[i].Name, p, other, true)
+					}
+					// The configuration given replaces it: never look at, refuse for or
+					// delete the other store's segments.
+					e.opts.Logger.Warn("ucm: the store recorded a tier path inside another store (a copy of it); the configured tiers replace it",
+						"dir", e.dir, "tier", ts[i].Name, "path", p, "other_store", other)
+					continue
+				}
 			}
-			e.storedDirs = append(e.storedDirs, filepath.Join(e.tierRoot(ts[i], ts[i].Paths[k]), SegmentDir))
+			e.storedDirs = append(e.storedDirs, filepath.Join(e.tierRoot(ts[i], p), SegmentDir))
 		}
 	}
 	if len(ts) > 0 && tiers.Validate(ts) != nil {
@@ -142,8 +154,8 @@ func (e *Engine) dirInUse(d string) bool {
 }
 
 // storedStoreDir stands for the store directory among the recorded tier paths, so that a
-// copied or moved store finds its own segments where it is now; every other recorded path is
-// absolute.
+// copied or moved store finds its own segments where it is now; other paths inside the store
+// are recorded relative to it too, paths outside it absolute (tierpath.go).
 const storedStoreDir = "."
 
 // recordTiers records the tier configuration in use, for tools (see loadStoredTiers).
@@ -152,14 +164,7 @@ func (e *Engine) recordTiers() error {
 	for i := range cfgs {
 		paths := make([]string, len(cfgs[i].Paths))
 		for k, p := range cfgs[i].Paths {
-			switch abs, err := filepath.Abs(p); {
-			case filepath.Clean(p) == filepath.Clean(e.dir):
-				paths[k] = storedStoreDir
-			case err == nil:
-				paths[k] = abs
-			default:
-				paths[k] = p
-			}
+			paths[k] = e.recordedPath(p)
 		}
 		cfgs[i].Paths = paths
 	}
@@ -244,6 +249,12 @@ func (e *Engine) openTiers() error {
 			}
 		}
 		for _, p := range c.Paths {
+			if !c.Shared {
+				// A shared path is shared by design; any other belongs to one store.
+				if other := e.foreignStore(p); other != "" {
+					return e.errForeignTierPath(c.Name, p, other, false)
+				}
+			}
 			// A shared path holds one namespace per instance; this one writes only its own.
 			own := e.tierRoot(c, p)
 			segDir := filepath.Join(own, SegmentDir)

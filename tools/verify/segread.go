@@ -46,12 +46,17 @@ type BatchInfo struct {
 	// Header.IDs[b], with sequence number Header.FirstSeq + b), the layout, segment and
 	// generation.
 	Header format.BatchHeader
-	// Committed reports that the commit block is valid and matches the header: only then do
-	// the batch's blocks exist. An uncommitted batch (its commit block missing, torn or left
-	// over from an older batch) was never acknowledged: its extent is dead bytes, and
-	// CommitErr says why.
+	// Committed reports that the commit block is valid and matches the header. Without it
+	// (CommitErr says why: missing, torn, left over from an older batch, or damaged since) a
+	// reader that has only the segment cannot tell the batch's blocks exist, and a batch
+	// nothing else vouches for was never acknowledged: its extent is dead bytes. One that the
+	// footer lists (Listed) or whose blocks are indexed did commit (docs/format.md §4c): its
+	// commit block was damaged after the fact.
 	Committed bool
 	CommitErr error
+	// Listed reports that the segment's footer lists the batch (only sealed segments have one):
+	// it committed before the segment was sealed.
+	Listed bool
 	// ShardCRCs holds each block's shard checksums from the commit block, in shard order:
 	// ShardCRCs[b][i] is shard i of block b. Nil when not committed.
 	ShardCRCs [][]uint32
@@ -322,10 +327,11 @@ func (r *segReader) checkEntries(entries []format.FooterEntry, dataEnd int64) er
 		if ri.Header == nil && ri.Batch == nil {
 			ri.ID, ri.Seq, ri.Length = e.ID, e.Seq, e.Length
 		}
+		if ri.Batch != nil {
+			ri.Batch.Listed = true // committed, whatever its commit block holds now
+		}
 		if ri.Err == nil {
 			switch {
-			case ri.Batch != nil && !ri.Batch.Committed:
-				ri.Err = fmt.Errorf("batch record listed in the footer is not committed: %w", ri.Batch.CommitErr)
 			case ri.Batch != nil && (e.Type != format.RecordBatch || e.Kind != 0):
 				ri.Err = fmt.Errorf("%w: record is a batch record, the footer lists type %d kind %d", format.ErrCorrupt, e.Type, e.Kind)
 			case ri.ID != e.ID:

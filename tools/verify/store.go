@@ -38,7 +38,14 @@ type Handle struct {
 	Fingerprint format.Fingerprint
 
 	tierOfDir map[string]string // segment directory → disk tier name
+	// recoverySkipped is why OpenRecovered was asked to recover and could not (nil otherwise).
+	recoverySkipped error
 }
+
+// RecoverySkipped returns why OpenRecovered, asked to recover the store, could not (the engine
+// opened it read-only: its file system is full), or nil. The store is then as the crash left
+// it: ScanPending says what recovery will do.
+func (h *Handle) RecoverySkipped() error { return h.recoverySkipped }
 
 // checkStoreDir refuses a directory that is not a store before anything opens it (opening
 // would otherwise create files in it). The index or the schema file is required: a store with
@@ -242,29 +249,43 @@ func OpenWritable(dir string, fs vfs.FS, logger *slog.Logger) (*engine.Engine, e
 
 // recoverStore opens the store read-write, which recovers it (scan, truncate the torn tail
 // and seal every segment left active, drop index entries past it), and closes it again.
-func recoverStore(fs vfs.FS, dir string) (engine.RecoveryReport, error) {
+// skipped is why recovery did not run although the open succeeded: the engine opened the
+// store read-only (its file system is full).
+func recoverStore(fs vfs.FS, dir string) (rep engine.RecoveryReport, skipped, err error) {
 	e, err := engine.Open(dir, engine.Options{FS: fs, AdoptStoredSchema: true, IOEngine: devio.EnginePsync,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		return engine.RecoveryReport{}, fmt.Errorf("recover: %w", err)
+		return engine.RecoveryReport{}, nil, fmt.Errorf("recover: %w", err)
 	}
-	rep := e.Recovery()
+	if e.ReadOnly() {
+		skipped = e.Failed()
+		if skipped == nil {
+			skipped = errors.New("the engine opened the store read-only")
+		}
+		skipped = fmt.Errorf("recovery could not run: %w", skipped)
+	} else {
+		rep = e.Recovery()
+	}
 	if err := e.Close(); err != nil {
-		return rep, fmt.Errorf("recover: close: %w", err)
+		return rep, skipped, fmt.Errorf("recover: close: %w", err)
 	}
-	return rep, nil
+	return rep, skipped, nil
 }
 
 // OpenRecovered is Open after recovering the store first when recover is set and a segment is
 // still active (a crash left it): recovery, as opening an engine does, truncates the torn tail
 // of every active segment, seals it and drops the index entries past it. rep is non-nil when
-// recovery ran.
+// recovery ran. When it could not (the engine opened the store read-only: its file system is
+// full), rep is nil and Handle.RecoverySkipped says why.
 func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.RecoveryReport, err error) {
 	h, err = Open(dir, fs)
 	if err != nil && recover && indexMissing(fs, dir) {
 		// The index is gone but the schema file is there: recovery rebuilds the index from
 		// the segments; a read-only open cannot.
-		r, rerr := recoverStore(fsOrDefault(fs), dir)
+		r, skipped, rerr := recoverStore(fsOrDefault(fs), dir)
+		if rerr == nil {
+			rerr = skipped
+		}
 		if rerr != nil {
 			return nil, nil, fmt.Errorf("%w (rebuilding the index: %w)", err, rerr)
 		}
@@ -282,13 +303,17 @@ func OpenRecovered(dir string, fs vfs.FS, recover bool) (h *Handle, rep *engine.
 	if err := h.Close(); err != nil {
 		return nil, nil, fmt.Errorf("close %s: %w", dir, err)
 	}
-	r, err := recoverStore(h.FS, dir)
+	r, skipped, err := recoverStore(h.FS, dir)
 	if err != nil {
 		return nil, nil, err
 	}
 	h, err = Open(dir, h.FS)
 	if err != nil {
 		return nil, nil, err
+	}
+	if skipped != nil {
+		h.recoverySkipped = skipped
+		return h, nil, nil
 	}
 	return h, &r, nil
 }

@@ -16,7 +16,11 @@
 // blocks must match the batch's header and commit block (the id at its position, sequence
 // number, header checksum, layout, shard checksums), whose shards are checked against the
 // commit block's checksums. A batch that never committed (abandoned, or torn by a crash) is
-// dead space, as recovery treats it, and so is one none of whose blocks is indexed.
+// dead space, as recovery treats it, and so is one none of whose blocks is indexed. A batch
+// whose commit block no longer checks but whose blocks are indexed committed (the index gets
+// them only once the commit block is durable): its blocks are checked as a load checks them,
+// against their entries' shard checksums, and count as verified when intact; the damaged commit
+// block is one problem (docs/format.md §4c).
 //
 // A store left by a crash (a segment still active, or a segment marked deleting because the
 // crash interrupted its retirement) is not corrupt: with Options.Recover, Store first recovers
@@ -130,8 +134,12 @@ type Report struct {
 	// segment was still active); nil otherwise.
 	Recovery *engine.RecoveryReport
 	// Pending is what recovery will do, when a segment is still active and Options.Recover is
-	// not set; nil otherwise.
+	// not set or recovery could not run (RecoverySkipped); nil otherwise.
 	Pending []*PendingSegment
+	// RecoverySkipped is why recovery, asked for (Options.Recover), could not run: the engine
+	// opened the store read-only because its file system is full. The store was verified
+	// read-only, as without Options.Recover. "" when recovery was not asked for or could run.
+	RecoverySkipped string
 }
 
 // Clean reports that Store found no problem. A store whose recovery is pending (a torn tail
@@ -149,6 +157,9 @@ type recState struct {
 	info    RecordInfo
 	path    string
 	indexed bool
+	// indexedBlocks and loadable count, for a batch record whose commit block does not check,
+	// the index entries pointing at it and those whose block verified against the entry.
+	indexedBlocks, loadable int
 }
 
 // Store verifies the store in dir; see the package documentation for what it checks. The
@@ -179,8 +190,11 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 			add(n, -1, format.BlockID{}, "sealed segment file was cut short; recovery dropped the index entries of the records it lost and sealed it again")
 		}
 	}
+	if err := h.RecoverySkipped(); err != nil {
+		r.RecoverySkipped = err.Error()
+	}
 	pending := map[uint64]*PendingSegment{}
-	if !opts.Recover {
+	if !opts.Recover || h.RecoverySkipped() != nil {
 		ps, err := h.ScanPending()
 		if err != nil {
 			return nil, err
@@ -378,6 +392,19 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 				add(loc.Segment, loc.Offset, id, "%s does not match the batch record: %s", what, strings.Join(why, "; "))
 				return false
 			}
+			if b := rs.info.Batch; b != nil && !b.Committed {
+				// The batch committed (its blocks are indexed only once its commit block was
+				// durable) and its commit block was damaged since: the block loads as the
+				// engine loads it, its shards checked against the entry's checksums.
+				rs.indexedBlocks++
+				err := h.checkShards(rs.path, loc, func(n int64) { r.BytesRead += n; progress(n) })
+				if err != nil {
+					add(loc.Segment, loc.Offset, id, "%s: %v (loads of the block will miss)", what, err)
+					return false
+				}
+				rs.loadable++
+				return true
+			}
 			return rs.info.PayloadChecked
 		}
 		if why := mismatch(rs.info, id, kind, loc, h.Layout); len(why) > 0 {
@@ -412,6 +439,26 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	// Log → index: invalid records are problems; valid ones nobody points at are dead space.
 	for k, rs := range recs {
 		r.Records++
+		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed && rs.indexedBlocks > 0 {
+			// Committed (its blocks are indexed), its commit block damaged since.
+			loads := fmt.Sprintf("its %d indexed blocks load", rs.loadable)
+			if rs.loadable != rs.indexedBlocks {
+				loads = fmt.Sprintf("%d of its %d indexed blocks load", rs.loadable, rs.indexedBlocks)
+			}
+			add(k.seg, k.off, rs.info.ID, "batch record of %d blocks: commit block damaged (%v); the batch committed (its blocks are indexed) and %s, checked against the index's checksums, "+
+				"but a reader without this index (an index rebuild, another instance reading the segment's footer) cannot use it; compaction rewrites its blocks with a new commit block",
+				len(b.Header.IDs), b.CommitErr, loads)
+			continue
+		}
+		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed && b.Listed {
+			// Listed in the footer (it committed) and no longer indexed: dead space that is
+			// never served, reclaimed with its segment.
+			r.DeadRecords++
+			r.DeadBytes += rs.info.Length
+			r.Notes = append(r.Notes, fmt.Sprintf("%s offset %d: batch record of %d blocks whose commit block is damaged (%v), none of them indexed any more: dead space, never served; compaction reclaims it",
+				h.SegmentPath(k.seg), k.off, len(b.Header.IDs), b.CommitErr))
+			continue
+		}
 		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed {
 			// A batch that never committed: none of its blocks exists (an entry pointing at it
 			// was reported above). Dead space, as recovery treats it.
@@ -471,17 +518,17 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 }
 
 // BatchEntryMismatch lists how the index entry (id, kind, loc) of a block of a batch record
-// differs from the batch record ri it points at: a batch record that committed, holding id at
-// loc.BatchPos of loc.BatchBlocks blocks, with sequence number first + BatchPos, the entry's
-// header checksum, layout and shard checksums (the commit block's), uncompressed. Nothing when
-// they agree. (The store's layout is the caller's to check.)
+// differs from the batch record ri it points at: a batch record holding id at loc.BatchPos of
+// loc.BatchBlocks blocks, with sequence number first + BatchPos, the entry's header checksum,
+// layout and shard checksums (the commit block's), uncompressed. Nothing when they agree. (The
+// store's layout is the caller's to check.) A batch whose commit block does not check
+// (BatchInfo.Committed false) is compared by its header only: an entry pointing at it is what
+// says it committed (docs/format.md §4c), and its block's shards are checked against the
+// entry's checksums by the caller, as a load checks them.
 func BatchEntryMismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKind, loc index.Location) []string {
 	b := ri.Batch
-	switch {
-	case b == nil:
+	if b == nil {
 		return []string{"the record there is not a batch record"}
-	case !b.Committed:
-		return []string{fmt.Sprintf("the batch record never committed (%v)", b.CommitErr)}
 	}
 	var why []string
 	ids := b.Header.IDs
@@ -513,7 +560,7 @@ func BatchEntryMismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKin
 	switch {
 	case b.Header.Layout != loc.Layout:
 		why = append(why, fmt.Sprintf("layout %+v, index has %+v", b.Header.Layout, loc.Layout))
-	case !slices.Equal(b.ShardCRCs[pos], loc.ShardCRCs):
+	case b.Committed && !slices.Equal(b.ShardCRCs[pos], loc.ShardCRCs):
 		why = append(why, "shard checksums differ from the commit block's")
 	}
 	if loc.Compression != format.CompressionNone || len(loc.StoredLens) > 0 {
@@ -554,4 +601,29 @@ func mismatch(ri RecordInfo, id format.BlockID, kind format.SidecarKind, loc ind
 		why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, l))
 	}
 	return why
+}
+
+// checkShards reads every shard of the batch block loc points at in the segment file at path
+// and checks it against the entry's shard checksums, as a load does. progress gets the bytes
+// read.
+func (h *Handle) checkShards(path string, loc index.Location, progress func(int64)) error {
+	f, err := h.FS.Open(path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer func() { _ = f.Close() }()
+	if len(loc.ShardCRCs) != loc.Layout.Shards {
+		return fmt.Errorf("%w: the entry has %d shard checksums for %d shards", format.ErrCorrupt, len(loc.ShardCRCs), loc.Layout.Shards)
+	}
+	buf := make([]byte, loc.Layout.ShardBytes)
+	for i := 0; i < loc.Layout.Shards; i++ {
+		if _, err := f.ReadAt(buf, loc.ShardOffset(i)); err != nil {
+			return fmt.Errorf("read shard %d: %w", i, err)
+		}
+		progress(int64(len(buf)))
+		if got := format.Checksum(buf); got != loc.ShardCRCs[i] {
+			return fmt.Errorf("%w: shard %d checksum: index has %#08x, computed %#08x", format.ErrCorrupt, i, loc.ShardCRCs[i], got)
+		}
+	}
+	return nil
 }

@@ -116,9 +116,9 @@ func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 		return usageErr("read %s: %v", path, err)
 	}
 	fmt.Fprintf(stdout, "\nsegment %d (%s, %s, tier %q): file %s, %d bytes", n, name, m.State, s.SegmentTier(n), path, res.FileSize)
-	uncommitted := 0 // batch records that never committed: not in a footer
+	uncommitted := 0 // batch records that never committed: not in a footer, none indexed
 	for _, r := range res.Records {
-		if r.Batch != nil && !r.Batch.Committed {
+		if r.Batch != nil && !r.Batch.Committed && !r.Batch.Listed && !batchIndexed(s, n, r) {
 			uncommitted++
 		}
 	}
@@ -197,6 +197,8 @@ func printBatch(tw io.Writer, s *store, n uint64, r verify.RecordInfo) {
 		fmt.Fprintf(tw, "%d\t%s\tbatch %d/%d\t%d\t%d\t%d\t%v\t%d\t%08x\t%s\t", r.Offset, id, k, nb, b.Header.FirstSeq+uint64(k),
 			b.Header.Layout.Shards, b.Header.Layout.ShardBytes, format.CompressionNone, r.Length, r.HeaderCRC, indexed)
 		switch {
+		case !b.Committed && (b.Listed || batchIndexed(s, n, r)):
+			fmt.Fprintf(tw, "COMMIT BLOCK DAMAGED (the batch committed; indexed blocks load if their shards match the index): %v", b.CommitErr)
 		case !b.Committed:
 			fmt.Fprintf(tw, "UNCOMMITTED (dead space): %v", b.CommitErr)
 		case r.Err != nil && (len(b.Bad) == 0 || slices.Contains(b.Bad, k)):
@@ -277,9 +279,12 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		default:
 			why = verify.BatchEntryMismatch(ri, id, 0, loc)
 		}
-		if len(why) == 0 {
+		switch {
+		case len(why) == 0 && ri.Batch != nil && !ri.Batch.Committed:
+			fmt.Fprintf(stdout, "  batch header: matches the index; commit block DAMAGED (%v): the batch committed (the block is indexed) and the block loads if its shards match the index's checksums (ucm-tool verify checks them)\n", ri.Batch.CommitErr)
+		case len(why) == 0:
 			fmt.Fprintln(stdout, "  batch header and commit: match the index")
-		} else {
+		default:
 			fmt.Fprintf(stdout, "  batch header and commit: DO NOT MATCH the index: %s\n", strings.Join(why, "; "))
 		}
 		return nil
@@ -326,4 +331,15 @@ func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  record header: DOES NOT MATCH the index: %s\n", strings.Join(why, "; "))
 	}
 	return nil
+}
+
+// batchIndexed reports whether an index entry points at a block of the batch record r of
+// segment n (which then committed, whatever its commit block holds now).
+func batchIndexed(s *store, n uint64, r verify.RecordInfo) bool {
+	for k, id := range r.Batch.Header.IDs {
+		if loc, ok, err := s.ix.Get(id); err == nil && ok && loc.Segment == n && loc.Offset == r.Offset && loc.IsBatch() && loc.BatchPos == k {
+			return true
+		}
+	}
+	return false
 }

@@ -137,7 +137,8 @@ bytes of segment files, by the engine's reclamation policy: empty segments are d
 and sparse ones compacted first, then the least recently used blocks are evicted (in
 write order: recency is not kept across restarts). Blocks evicted from a tier with a
 slower tier below it move down (demoted); blocks evicted from the last tier are
-DELETED from the store. --to 0 empties the tier. --to counts what the segment files
+DELETED from the store. --to 0 empties the tier (compacting nothing: every block
+leaves it). --to counts what the segment files
 hold (an active segment counts its written bytes, not the room reserved for it).
 
 Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units).

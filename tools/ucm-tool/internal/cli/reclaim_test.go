@@ -3,12 +3,14 @@ package cli
 import (
 	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
 )
 
 // tieredStore is a cleanly closed store with two disk tiers of two paths each (none of them
@@ -166,5 +168,69 @@ func TestReclaimBadInput(t *testing.T) {
 	}
 	if out, _, code := run(t, "verify", s.dir); code != ExitOK {
 		t.Fatalf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// evict --to 0 on the last tier reaches 0 bytes in one run and moves no record: every block
+// there is deleted, so compacting sparse segments first would copy records only to delete them
+// (and leave the segment they were copied into behind).
+func TestEvictLastTierToZeroInOneRun(t *testing.T) {
+	s := buildTieredStore(t)
+	out, _, code := run(t, "evict", "--json", "--tier", "nfs", "--to", "0", s.dir)
+	r := decode[reclaimReport](t, out)
+	if code != ExitOK || r.Error != "" || r.Tiers[1].UsedAfter != 0 || r.Tiers[1].BlocksAfter != 0 {
+		t.Fatalf("evict the last tier to 0: exit %d %+v", code, r)
+	}
+	if r.RecordsMoved != 0 || r.SegmentsCompacted != 0 || r.BlocksDemoted != 0 || int64(r.BlocksEvicted) != r.Tiers[1].BlocksBefore {
+		t.Fatalf("evict the last tier to 0 moved records it deleted: %+v", r)
+	}
+	if r.Tiers[0].BlocksAfter != r.Tiers[0].BlocksBefore || r.Tiers[0].UsedAfter != r.Tiers[0].UsedBefore {
+		t.Fatalf("evicting the last tier changed the first: %+v", r.Tiers)
+	}
+	for _, p := range []string{"nfs1", "nfs2"} {
+		if n, _ := os.ReadDir(filepath.Join(s.root, p, engine.SegmentDir)); segFiles(n) != 0 {
+			t.Fatalf("%s still holds %d segment files", p, segFiles(n))
+		}
+	}
+	if out, _, code := run(t, "verify", s.dir); code != ExitOK {
+		t.Fatalf("verify after evict: exit %d\n%s", code, out)
+	}
+}
+
+// segFiles counts the segment files among a directory's entries.
+func segFiles(entries []os.DirEntry) int {
+	n := 0
+	for _, e := range entries {
+		if _, ok := wal.ParseSegmentFileName(e.Name()); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// The same on a store without tiers (one unlimited disk tier, the store directory) whose
+// segments are mostly dead: one run leaves no segment file and no block.
+func TestEvictOnlyTierToZeroInOneRun(t *testing.T) {
+	dir := buildStore(t, 100)
+	e := openTestEngine(t, dir)
+	b := e.Index().NewBatch()
+	for i := 0; i < 100; i++ {
+		if i%4 != 0 {
+			b.Delete(testID(i))
+		}
+	}
+	if err := e.Index().Apply(b, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code := run(t, "evict", "--json", "--to", "0", dir)
+	r := decode[reclaimReport](t, out)
+	if code != ExitOK || r.Error != "" || r.RecordsMoved != 0 || r.BlocksEvicted != 25 || r.Tiers[0].UsedAfter != 0 || r.Tiers[0].BlocksAfter != 0 {
+		t.Fatalf("evict the only tier to 0: exit %d %+v", code, r)
+	}
+	if n, _ := os.ReadDir(filepath.Join(dir, engine.SegmentDir)); segFiles(n) != 0 {
+		t.Fatalf("%d segment files left", segFiles(n))
 	}
 }

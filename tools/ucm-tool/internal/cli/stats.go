@@ -30,6 +30,9 @@ type statsReport struct {
 	Tiers           []tierJSON               `json:"tiers"`
 	Recovery        *recoveryJSON            `json:"recovery,omitempty"`
 	PendingRecovery []*verify.PendingSegment `json:"pending_recovery,omitempty"`
+	// RecoverySkipped is why recovery could not run (the file system is full: the engine
+	// opened the store read-only); PendingRecovery then says what it will do.
+	RecoverySkipped string `json:"recovery_skipped,omitempty"`
 }
 
 // tierJSON is engine.TierStats in the --json form.
@@ -180,7 +183,10 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	if st.FileBytes > 0 {
 		r.LiveRatio = float64(st.LiveBytes) / float64(st.FileBytes)
 	}
-	if noRecover {
+	if skipped := s.RecoverySkipped(); skipped != nil {
+		r.RecoverySkipped = skipped.Error()
+	}
+	if noRecover || s.RecoverySkipped() != nil {
 		if r.PendingRecovery, err = s.ScanPending(); err != nil {
 			return usageErr("%v", err)
 		}
@@ -193,8 +199,11 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	if rep != nil {
 		printRecovery(stdout, rep)
 	}
+	if r.RecoverySkipped != "" {
+		fmt.Fprintf(stdout, "recovery: not run: %s\n", r.RecoverySkipped)
+	}
 	if len(r.PendingRecovery) > 0 {
-		printPending(stdout, r.PendingRecovery)
+		printPending(stdout, r.PendingRecovery, s.RecoverySkipped())
 	}
 	fmt.Fprintf(stdout, "store:       %s\n", dir)
 	fmt.Fprintf(stdout, "blocks:      %d\n", r.Blocks)

@@ -27,7 +27,7 @@ func openStoreReadOnly(dir string) (*store, error) {
 }
 
 // openRecovered opens dir read-only after recovering it first when a segment is still active
-// and recover is set. rep is non-nil when recovery ran.
+// and recover is set. rep is non-nil when recovery ran (RecoverySkipped says why it could not).
 func openRecovered(dir string, recover bool) (*store, *engine.RecoveryReport, error) {
 	h, rep, err := verify.OpenRecovered(dir, nil, recover)
 	if err != nil {
@@ -68,9 +68,14 @@ func printRecovery(w io.Writer, r *engine.RecoveryReport) {
 	}
 }
 
-// printPending prints what recovery will do, for --no-recover.
-func printPending(w io.Writer, ps []*verify.PendingSegment) {
-	fmt.Fprintf(w, "recovery pending: %d segment(s) still active, being retired, missing or cut short; not recovering (--no-recover). Recovery will:\n", len(ps))
+// printPending prints what recovery will do, for --no-recover, or when recovery could not run
+// (skipped says why).
+func printPending(w io.Writer, ps []*verify.PendingSegment, skipped error) {
+	why := "not recovering (--no-recover)"
+	if skipped != nil {
+		why = fmt.Sprintf("not recovered: %v", skipped)
+	}
+	fmt.Fprintf(w, "recovery pending: %d segment(s) still active, being retired, missing or cut short; %s. Recovery will:\n", len(ps), why)
 	for _, p := range ps {
 		switch {
 		case p.Truncated && p.Missing:

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -35,7 +36,8 @@ A store left by a crash (a segment still active, or a segment marked deleting be
 the crash interrupted its retirement) is not corrupt: verify first recovers it
 (truncates the torn tail and seals the segment, finishes deleting retired segments, as
 opening the engine does) and prints what recovery did. With --no-recover it changes nothing and reports
-what recovery will do instead.
+what recovery will do instead; so it does, saying why, when recovery cannot run (the file
+system is full: the engine opens the store read-only).
 
 Exit status: 0 clean, 1 problems found, 2 usage or open error.`,
 		Args: cobra.MaximumNArgs(1),
@@ -69,8 +71,13 @@ func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
 	if r.Recovery != nil {
 		printRecovery(stdout, r.Recovery)
 	}
+	var skipped error
+	if r.RecoverySkipped != "" {
+		skipped = errors.New(r.RecoverySkipped)
+		fmt.Fprintf(stdout, "recovery: not run: %s; verified read-only\n", r.RecoverySkipped)
+	}
 	if len(r.Pending) > 0 {
-		printPending(stdout, r.Pending)
+		printPending(stdout, r.Pending, skipped)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(stdout, "note: %s\n", n)
