@@ -73,6 +73,10 @@ import (
 // them, with what UCM means and what UCM-Go does with each); those that select nothing here
 // are named by Unused, for the opener to log once. Any other key is an error naming the key,
 // its line and the closest known key (a typo must not silently select a default).
+// Numbers are taken exactly: a fraction where a whole number belongs (queue_depth: 1.5), a
+// value beyond what the key's field holds or what it is converted to (timeout_ms past the
+// milliseconds of a time.Duration, posix_capacity_gb past the GiB whose bytes fit an int64),
+// NaN or an infinity is an error naming the key, its line and the value as written.
 // Environment overrides (ApplyEnv): UCM_STORAGE_PATH, UCM_BLOCK_SIZE, UCM_IO_DIRECT,
 // UCM_LOG_LEVEL, UCM_COMPRESSION, ENABLE_SPARSE, UCM_SPARSE_TYPE.
 type Config struct {
@@ -230,6 +234,11 @@ func (l *TierList) UnmarshalYAML(n *yaml.Node) error {
 			if !tierKeys[key.Value] {
 				return fmt.Errorf("line %d: tiers[%d]: unknown key %q: %w", key.Line, i, key.Value, ErrInvalidArgument)
 			}
+			if spec, ok := tierNumbers[key.Value]; ok {
+				if err := spec.checkNode(key.Value, val); err != nil {
+					return fmt.Errorf("tiers[%d]: %w: %w", i, err, ErrInvalidArgument)
+				}
+			}
 			if key.Value == "capacity" && val.Kind == yaml.ScalarNode {
 				v, err := ParseSize(val.Value)
 				if err != nil {
@@ -239,6 +248,9 @@ func (l *TierList) UnmarshalYAML(n *yaml.Node) error {
 			}
 			if key.Value == "mooncake" {
 				if err := normalizeMooncakeYAML(val, i); err != nil {
+					return err
+				}
+				if err := checkMooncakeNumbers(val, i); err != nil {
 					return err
 				}
 			}
@@ -444,9 +456,12 @@ func ParseSize(s string) (int64, error) {
 	if i == 0 {
 		return 0, fmt.Errorf("size %q: want digits with an optional unit (KiB, MiB, GiB, TiB): %w", s, ErrInvalidArgument)
 	}
+	if i < len(str) && (str[i] == '.' || str[i] == ',') {
+		return 0, fmt.Errorf("size %q: not a whole number (write 1536MiB, not 1.5GiB): %w", s, ErrInvalidArgument)
+	}
 	n, err := strconv.ParseInt(str[:i], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("size %q: %w", s, ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q overflows: %w", s, ErrInvalidArgument)
 	}
 	var shift uint
 	switch strings.ToLower(strings.TrimSpace(str[i:])) {
@@ -472,6 +487,12 @@ func ParseSize(s string) (int64, error) {
 // are errors naming the key and line.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) == nil { // a syntax error is the decoder's to report
+		if err := checkConnectorNumbers(&doc, data); err != nil {
+			return nil, err
+		}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
@@ -585,11 +606,8 @@ func (c *Config) validate() error {
 	for i, conn := range c.Connectors {
 		p := conn.Config
 		where := fmt.Sprintf("config: ucm_connectors[%d] (%s)", i, conn.Name)
-		switch {
-		case p.BlockSize < 0 || p.SegmentSize < 0 || p.MaxStagingBytes < 0 || p.MaxBatchBytes < 0:
-			return fmt.Errorf("%s: sizes must not be negative: %w", where, ErrInvalidArgument)
-		case p.TimeoutMs < 0 || p.SyncIntervalMs < 0 || p.QueueDepth < 0 || p.PosixDataTransConcurrency < 0:
-			return fmt.Errorf("%s: timeout_ms, sync_interval_ms, queue_depth and posix_data_trans_concurrency must not be negative: %w", where, ErrInvalidArgument)
+		if err := checkParamNumbers(p); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		if p.SyncPolicy != "" {
 			if _, err := wal.ParseSyncPolicy(p.SyncPolicy); err != nil {
@@ -599,22 +617,11 @@ func (c *Config) validate() error {
 		if _, err := ParseCompression(p.Compression); err != nil {
 			return fmt.Errorf("%s: compression: %w", where, err)
 		}
-		if p.CompressMinSaving < 0 || p.CompressMinSaving > 1 {
-			return fmt.Errorf("%s: compress_min_saving %v out of range (0, 1]: %w", where, p.CompressMinSaving, ErrInvalidArgument)
-		}
 		if _, err := connectorIOEngine(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
 		if p.StorePipeline != "" && !slices.Contains(storePipelines, p.StorePipeline) {
 			return fmt.Errorf("%s: store_pipeline %q: want one of %s: %w", where, p.StorePipeline, strings.Join(storePipelines, ", "), ErrInvalidArgument)
-		}
-		if p.TensorSize < 0 || p.ShardSize < 0 || p.TPSize < 0 || p.BlockTokens < 0 || p.MetricsPort < 0 || p.MetricsPort > 65535 {
-			return fmt.Errorf("%s: tensor_size, shard_size, tp_size, block_tokens and metrics_port must not be negative (metrics_port at most 65535): %w", where, ErrInvalidArgument)
-		}
-		for j, n := range p.TensorSizeList {
-			if n <= 0 {
-				return fmt.Errorf("%s: tensor_size_list[%d] = %d: want > 0: %w", where, j, n, ErrInvalidArgument)
-			}
 		}
 		if err := validateTiers(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)

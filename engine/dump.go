@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -318,6 +319,10 @@ func fillShard(rec *wal.Record, l Layout, sh int, src spans) {
 	rec.ShardCRCs[sh] = format.Checksum(dst[:n])
 }
 
+// shardCopyHook, when set (by tests only), runs in stageShard after a shard is claimed and
+// before it is copied in: a test holds a shard "being copied" for as long as it needs.
+var shardCopyHook atomic.Pointer[func(e *Engine, id BlockID, shard int)]
+
 // stageShard copies one shard into the block's staging slot. It returns the record to append
 // when this shard completes a block that is not waiting for Commit.
 func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, flight, wait *inflightDump, err error) {
@@ -361,6 +366,9 @@ func (e *Engine) stageShard(id BlockID, shard int, src spans) (rec *wal.Record, 
 	s.pending++
 	e.mu.Unlock()
 
+	if h := shardCopyHook.Load(); h != nil {
+		(*h)(e, id, shard)
+	}
 	fillShard(s.rec, l, shard, src)
 
 	e.mu.Lock()

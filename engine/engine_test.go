@@ -597,31 +597,65 @@ func TestDirectoryLockAcrossProcesses(t *testing.T) {
 
 // TestWholeDumpOfBlockInAssemblyWaitsForIt: a whole-block dump of a block another task is
 // assembling shard by shard completes only once the block is durable and visible, even when
-// the other task is still copying the last shard in.
+// the other task is still copying the last shard in (held there by shardCopyHook until the
+// whole-block dump has met the block in assembly).
 func TestWholeDumpOfBlockInAssemblyWaitsForIt(t *testing.T) {
 	_, fs := memFS()
 	l := Layout{Shards: 2, TensorsPerShard: 1, ShardBytes: 4 << 20}
 	opts := testOptions(fs, l)
 	opts.SegmentSize = 16 << 20
+	opts.StageLayerWise = true // blocks assembled in staging (a batch's are not waited for: batchdump_test.go)
 	e := mustOpen(t, "/store", opts)
 	defer e.Close()
-	for attempt := 0; attempt < 3; attempt++ {
-		id := blockID(100 + attempt)
-		full := blockBytes(l, id)
-		if err := e.DumpShard([]BlockID{id}, 0, [][]byte{full[:l.ShardBytes]}).Wait(); err != nil {
-			t.Fatal(err)
+	id := blockID(100)
+	full := blockBytes(l, id)
+	if err := e.DumpShard([]BlockID{id}, 0, [][]byte{full[:l.ShardBytes]}).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	copying, release := make(chan struct{}), make(chan struct{})
+	hook := func(he *Engine, hid BlockID, shard int) {
+		if he == e && hid == id && shard == 1 {
+			close(copying)
+			<-release
 		}
-		last := e.DumpShard([]BlockID{id}, 1, [][]byte{full[l.ShardBytes:]})
-		time.Sleep(time.Millisecond)
-		if err := e.Dump([]BlockID{id}, [][]byte{full}).Wait(); err != nil {
-			t.Fatal(err)
+	}
+	shardCopyHook.Store(&hook)
+	defer shardCopyHook.Store(nil)
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock() // a failed check must not leave the copy held (Close waits for it)
+	last := e.DumpShard([]BlockID{id}, 1, [][]byte{full[l.ShardBytes:]})
+	<-copying // the last shard is claimed and not yet copied in
+	whole := e.Dump([]BlockID{id}, [][]byte{full})
+	// The whole-block dump has delivered both shards to the slot (both already claimed).
+	attempts := func() int {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if s := e.mu.staging[id]; s != nil {
+			return s.attempts
 		}
-		if !e.Lookup([]BlockID{id})[0] {
-			t.Fatalf("attempt %d: Dump returned before the block was visible", attempt)
-		}
-		if err := last.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		return -1
+	}
+	waitFor(t, "the whole-block dump to meet the block in assembly", func() bool { return attempts() >= 4 })
+	if done, err := whole.Check(); done {
+		t.Fatalf("the whole-block dump completed (%v) while the block's last shard was still being copied in", err)
+	}
+	if e.Lookup([]BlockID{id})[0] {
+		t.Fatal("the block is visible before its last shard was copied in")
+	}
+	unblock()
+	if err := whole.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Lookup([]BlockID{id})[0] {
+		t.Fatal("Dump returned before the block was visible")
+	}
+	if err := last.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	checkBlock(t, e, id)
+	if got := e.Stats().DedupedDumps; got != 1 {
+		t.Fatalf("%d deduplicated dumps, want 1 (the whole-block dump is the layer-wise one's)", got)
 	}
 }
 

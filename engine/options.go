@@ -61,6 +61,12 @@ func ParseCompression(s string) (Compression, error) {
 	return 0, fmt.Errorf("compression %q: want off or lz4: %w", s, ErrInvalidArgument)
 }
 
+// MaxQueueDepth is the largest Options.QueueDepth Open takes.
+const MaxQueueDepth = 4096
+
+// maxSyncInterval is the longest Options.SyncInterval Open takes.
+const maxSyncInterval = 24 * time.Hour
+
 // Defaults of Options; docs/durability.md and docs/performance.md say why.
 const (
 	DefaultSegmentSize     = 256 << 20
@@ -337,14 +343,14 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: segment size %d not a multiple of %d: %w", o.SegmentSize, format.Alignment, ErrInvalidArgument)
 	case o.SyncPolicy < SyncAlways || o.SyncPolicy > SyncNone:
 		return fmt.Errorf("options: sync policy %d: %w", int(o.SyncPolicy), ErrInvalidArgument)
-	case o.SyncInterval < 0 || o.SyncInterval > 24*time.Hour:
-		return fmt.Errorf("options: sync interval %v out of range [0, 24h]: %w", o.SyncInterval, ErrInvalidArgument)
+	case o.SyncInterval < 0 || o.SyncInterval > maxSyncInterval:
+		return fmt.Errorf("options: sync interval %v out of range [0, %v]: %w", o.SyncInterval, maxSyncInterval, ErrInvalidArgument)
 	case o.IOEngine < devio.EngineAuto || o.IOEngine > devio.EnginePsync:
 		return fmt.Errorf("options: io engine %d: %w", int(o.IOEngine), ErrInvalidArgument)
 	case o.DirectIO < devio.DirectAuto || o.DirectIO > devio.DirectOff:
 		return fmt.Errorf("options: direct io %d: %w", int(o.DirectIO), ErrInvalidArgument)
-	case o.QueueDepth < 1 || o.QueueDepth > 4096:
-		return fmt.Errorf("options: queue depth %d out of range [1, 4096]: %w", o.QueueDepth, ErrInvalidArgument)
+	case o.QueueDepth < 1 || o.QueueDepth > MaxQueueDepth:
+		return fmt.Errorf("options: queue depth %d out of range [1, %d]: %w", o.QueueDepth, MaxQueueDepth, ErrInvalidArgument)
 	case o.IndexReserve > 1<<30:
 		return fmt.Errorf("options: index reserve %d above 1 GiB: %w", o.IndexReserve, ErrInvalidArgument)
 	case o.RecycleSegments > MaxRecycleSegments:

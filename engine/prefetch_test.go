@@ -194,3 +194,64 @@ func TestPrefetchConcurrentWithLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPrefetchFullFirstTierStillFillsMemory: with the first disk tier above its high
+// watermark, the blocks below it stay where they are, each reported with an error wrapping
+// ErrNoSpace that names it, and every stored block is still read into the memory tier: the
+// loads that follow are memory hits and touch no segment. A block not stored is ErrNotFound.
+func TestPrefetchFullFirstTierStillFillsMemory(t *testing.T) {
+	_, inner := memFS()
+	fs := &countingFS{FS: inner}
+	mem := tiers.Config{Name: "dram", Kind: tiers.KindMemory, Capacity: 40 * mhaLayout.BlockBytes()}
+	o := tierOptions(fs, mem, diskTierCfg("ssd", 64*tierSegment, "/ssd"), diskTierCfg("hdd", 0, "/hdd"))
+	o.DirectIO = 2 // off: the counting wrapper sees every read
+	e := mustOpen(t, "/store", o)
+	defer e.Close()
+	ids := make([]BlockID, 12)
+	for i := range ids {
+		ids[i] = blockID(i)
+	}
+	dumpBlocks(t, e, ids)
+	demoteAll(t, e, int64(len(ids)))
+	// The memory tier starts without them: the dumps put them there, the demotion did not
+	// take them out. Evict them from memory by reopening.
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = mustOpen(t, "/store", o)
+	defer e.Close()
+	// Fill the first disk tier's account past its high watermark (a dump waiting for room
+	// does the same); it holds no block the reclaimer could move, so it stays there.
+	ssd := e.tiers[0].space
+	fill := ssd.Capacity()
+	ssd.Add(fill)
+	defer ssd.Add(-fill)
+	if !ssd.OverHigh() {
+		t.Fatal("the first tier is not above its high watermark")
+	}
+	missing := blockID(99)
+	task := e.Prefetch(append(append([]BlockID(nil), ids...), missing))
+	_ = task.Wait()
+	be := task.BlockErrors()
+	for i, id := range ids {
+		if !errors.Is(be[i], ErrNoSpace) || !strings.Contains(be[i].Error(), id.String()) {
+			t.Errorf("block %s: %v, want ErrNoSpace naming it (not promoted)", id, be[i])
+		}
+	}
+	if last := be[len(ids)]; !errors.Is(last, ErrNotFound) || !strings.Contains(last.Error(), missing.String()) {
+		t.Errorf("missing block: %v, want ErrNotFound naming it", last)
+	}
+	if got := tierBlocks(e); got["ssd"] != 0 || got["hdd"] != int64(len(ids)) {
+		t.Errorf("tiers %v: nothing should have moved", got)
+	}
+	fs.reads.Store(0)
+	for _, id := range ids {
+		checkBlock(t, e, id)
+	}
+	if n := fs.reads.Load(); n != 0 {
+		t.Errorf("%d segment reads after prefetching into memory", n)
+	}
+	if got := e.Stats().MemoryHits; got != int64(len(ids)) {
+		t.Errorf("memory hits %d, want %d", got, len(ids))
+	}
+}

@@ -97,9 +97,11 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 
 // Prefetch promotes blocks ahead of their use: those stored in a lower disk tier move to the
 // first one, and with a memory tier every stored block (including blocks only the mooncake
-// tier's pool holds) is read (verified) into memory. Blocks
-// not stored are reported as ErrNotFound in the task's BlockErrors; a block the first tier
-// has no room for stays where it is (its error wraps ErrNoSpace) and loads from there.
+// tier's pool holds) is read (verified) into memory. Blocks not stored are reported as
+// ErrNotFound in the task's BlockErrors. A block the first tier has no room for (it is above
+// its high watermark, or fills up during the move) stays where it is, its error wraps
+// ErrNoSpace and names it, and it is still read into the memory tier: the loads that follow
+// are served from memory, or else from the tier it stays in.
 func (e *Engine) Prefetch(ids []BlockID) *Task {
 	if e.opts.LookupOnly {
 		return failedTask(ids, errLookupOnly)
@@ -116,12 +118,12 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 			}
 		}
 		if _, err := e.promoteBlocks(t.ids); err != nil {
-			for i := range t.errs {
-				if t.errs[i] == nil {
-					t.errs[i] = fmt.Errorf("prefetch: %w", err)
+			// The blocks that did not move say why; the others (and the memory tier) go on.
+			for i, id := range t.ids {
+				if t.errs[i] == nil && e.belowFirstTier(id) {
+					t.errs[i] = fmt.Errorf("prefetch: block %s stays in its tier: %w", id, err)
 				}
 			}
-			return
 		}
 		if e.mem == nil {
 			return
@@ -132,7 +134,7 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 			bufs [][]byte
 		)
 		for i, id := range t.ids {
-			if t.errs[i] == nil && !e.mem.Contains(id) {
+			if stored[i] && !e.mem.Contains(id) {
 				need = append(need, id)
 				bufs = append(bufs, devio.AlignedBuffer(int(l.BlockBytes())))
 			}
@@ -153,4 +155,19 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 			}
 		}
 	})
+}
+
+// belowFirstTier reports whether promoteBlocks would move id: it is stored in a lower disk
+// tier, or, when other instances' blocks are copied into the first tier, only another
+// instance holds it. An index that cannot be read counts as below (not moved).
+func (e *Engine) belowFirstTier(id BlockID) bool {
+	loc, ok, err := e.ix.Get(id)
+	if err != nil {
+		return true
+	}
+	if !ok {
+		return e.share != nil && !e.tiers[0].cfg.Shared && e.foreignContains(id)
+	}
+	t := e.tierOf(loc.Segment)
+	return t != nil && t.pos > 0
 }

@@ -144,9 +144,14 @@ func TestSharedTierCrossInstanceHits(t *testing.T) {
 	o.Schema.Model = "another-model"
 	c := mustOpen(t, filepath.Join(root, "c"), o)
 	defer c.Close()
-	time.Sleep(50 * time.Millisecond) // several refreshes
+	// Refreshes counts a refresh as it starts, and they run one after another: at 3, two
+	// have read A's and B's manifests through.
+	waitFor(t, "C to refresh twice", func() bool { return c.Stats().Sharing.Refreshes >= 3 })
 	if n := c.LookupPrefix(aIDs); n != 0 {
 		t.Fatalf("instance of another schema sees %d blocks", n)
+	}
+	if st := c.Stats().Sharing; st.ForeignSegments != 0 || st.ForeignBlocks != 0 {
+		t.Fatalf("instance of another schema indexed others' segments: %+v", st)
 	}
 }
 

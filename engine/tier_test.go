@@ -19,6 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/testwait"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -399,16 +400,9 @@ func TestTierDemotionAndPromotion(t *testing.T) {
 	checkAllIndexed(t, e)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitFor is the repository's one wait-until helper (internal/testwait), under the name the
+// engine's tests use.
+var waitFor = testwait.Until
 
 // countingFS counts reads of segment files.
 type countingFS struct {

@@ -229,11 +229,9 @@ func (k UCMKey) checkKind(n yaml.Node) error {
 	case kindAny:
 		return nil
 	case kindInt:
-		var v int64
-		ok = n.Kind == yaml.ScalarNode && n.Decode(&v) == nil
+		return anyWhole.checkNode(k.Name, &n) // a fraction or an overflow too
 	case kindNumber:
-		var v float64
-		ok = n.Kind == yaml.ScalarNode && n.Decode(&v) == nil
+		return anyReal.checkNode(k.Name, &n) // NaN and infinities too
 	case kindBool:
 		var v bool
 		ok = n.Kind == yaml.ScalarNode && n.Decode(&v) == nil

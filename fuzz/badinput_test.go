@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/testwait"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -719,13 +720,25 @@ func TestBadCloseDuringTasks(t *testing.T) {
 			}(w)
 		}
 		started.Wait()
+		// Rounds 0 and 1 close at once, among the first tasks; the later ones once the
+		// workers have completed tasks (round 2: 4 pairs, 3-5: 8 per worker, one at a time, so
+		// that their starts come from an empty engine, which is what a start racing Close's
+		// wait for the tasks needs).
+		doneSince := func() func() int {
+			mu.Lock()
+			at := concurrentTasks
+			mu.Unlock()
+			return func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return (concurrentTasks - at) / 2
+			}
+		}()
 		switch {
 		case round >= 3:
-			// Long enough for the workers to have started tasks from an empty engine since
-			// started.Wait, which is what a start racing Close's wait needs.
-			time.Sleep(10 * time.Millisecond)
+			testwait.Until(t, "8 task pairs per worker on average", func() bool { return doneSince() >= 8*workers })
 		case round > 1:
-			time.Sleep(time.Duration(round) * 200 * time.Microsecond)
+			testwait.Until(t, "4 task pairs", func() bool { return doneSince() >= 4 })
 		}
 		if err := e.Close(); err != nil {
 			t.Errorf("Close during tasks: %v", err)
@@ -822,6 +835,7 @@ func TestBadTaskStartDuringClose(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	var stop atomic.Bool
+	var dumped atomic.Int64
 	for w := 0; w < 8; w++ {
 		wg.Add(1)
 		go func(w int) {
@@ -833,10 +847,12 @@ func TestBadTaskStartDuringClose(t *testing.T) {
 					}
 					return
 				}
+				dumped.Add(1)
 			}
 		}(w)
 	}
-	time.Sleep(5 * time.Millisecond)
+	// Close once the workers have completed 16 dumps (each keeps dumping until refused).
+	testwait.Until(t, "two dumps per worker", func() bool { return dumped.Load() >= 16 })
 	if err := e.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/fuzz/internal/workload"
+	"github.com/ucm-go/ucm/internal/testwait"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -178,12 +179,12 @@ func TestSharedKillWhileReading(t *testing.T) {
 		t.Fatal("the writer acknowledged nothing in any cycle")
 	}
 	checkIDs(t, w, acked)
-	waitUntil(t, "the reader's blocks visible to the writer", func() bool { return lookupAll(w, readerIDs) })
+	testwait.Until(t, "the reader's blocks visible to the writer", func() bool { return lookupAll(w, readerIDs) })
 	checkIDs(t, w, readerIDs)
 	if err := w.Close(); err != nil { // seals and publishes the last segment
 		t.Fatal(err)
 	}
-	waitUntil(t, "every acknowledged block visible to the reader", func() bool { return lookupAll(reader, acked) })
+	testwait.Until(t, "every acknowledged block visible to the reader", func() bool { return lookupAll(reader, acked) })
 	checkIDs(t, reader, acked)
 	t.Logf("%d cycles: %d blocks acknowledged; reader during the kills: %d hits, %d misses, 0 wrong; visibility latency %v",
 		cycles, len(acked), hits.Load(), misses.Load(), reader.Stats().Sharing.VisibilityLatency)
@@ -313,15 +314,4 @@ func lookupAll(e *engine.Engine, ids []format.BlockID) bool {
 		}
 	}
 	return true
-}
-
-// waitUntil polls cond for up to 30 s (a bound on background publication, not a timing
-// assertion).
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

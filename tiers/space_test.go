@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ucm-go/ucm/internal/testwait"
 )
 
 // The admission rules bound used by capacity plus one reservation, whatever the interleaving.
@@ -46,9 +48,9 @@ func TestSpaceAdmission(t *testing.T) {
 	w := NewSpace(100, 0.9, 0.8)
 	w.Add(70)
 	go func() { _, _ = w.Reserve(40, false, time.Minute, nil, nil, nil) }()
-	waitUntil(t, func() bool { return w.Excess() == 10 }) // 70 − (100 − 40), not 70 − 80
+	testwait.Until(t, "the waiter's reservation to count in the excess", func() bool { return w.Excess() == 10 }) // 70 − (100 − 40), not 70 − 80
 	w.Add(-10)
-	waitUntil(t, func() bool { return w.Used() == 100 && w.Excess() == 20 }) // admitted: back to the low watermark
+	testwait.Until(t, "the waiter to be admitted", func() bool { return w.Used() == 100 && w.Excess() == 20 }) // admitted: back to the low watermark
 	// ... and fails with ErrNoSpace at its deadline or when stopped.
 	if _, err := s.Reserve(50, false, 5*time.Millisecond, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("timed out reservation: %v", err)
@@ -85,17 +87,6 @@ func TestSpaceConcurrentBound(t *testing.T) {
 	wg.Wait()
 	if peak.Load() > capacity+seg || s.Used() != 0 {
 		t.Fatalf("used peaked at %d (bound %d), ended at %d", peak.Load(), capacity+seg, s.Used())
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/internal/testwait"
 )
 
 // syncGate holds every fdatasync of a file until the test ends it with the error it chooses.
@@ -25,17 +25,6 @@ func (g *syncGate) MaybeError(op errorfs.Op) error {
 	}
 	g.started <- struct{}{}
 	return <-g.results
-}
-
-// waitUntil polls cond (the calls under test block on each other, not on time) and fails the
-// test if it does not hold within a minute.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // syncCovering shares one fdatasync among the callers that wait while one runs, never returns
@@ -72,13 +61,13 @@ func TestSyncCovering(t *testing.T) {
 	a := call()
 	<-g.started // sync 1 runs for a
 	b, c := call(), call()
-	waitUntil(t, "b and c to wait for the sync under way", func() bool { return waiters() == 2 })
+	testwait.Until(t, "b and c to wait for the sync under way", func() bool { return waiters() == 2 })
 	g.results <- nil // sync 1 done
 	if err := <-a; err != nil {
 		t.Fatalf("a: %v", err)
 	}
 	<-g.started // sync 2: the one that covers b and c (sync 1 may have begun before their writes)
-	waitUntil(t, "the other of b and c to wait for sync 2", func() bool { return waiters() == 1 })
+	testwait.Until(t, "the other of b and c to wait for sync 2", func() bool { return waiters() == 1 })
 	if returned(b) || returned(c) {
 		t.Fatal("b or c returned before a sync that started after their call finished")
 	}

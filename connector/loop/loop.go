@@ -228,8 +228,12 @@ type PrefillStats struct {
 	// TTFT is from the request's arrival to its first token's logits: hashing, lookup, the
 	// loads of the hit blocks and the compute of the rest. Load and Compute are its parts.
 	TTFT, Load, Compute time.Duration
-	// LoadFailed reports a load that failed and was recomputed instead (its error).
+	// LoadFailed reports a load that failed and was recomputed instead: the first failed
+	// block's error (or the load's, when it failed as a whole).
 	LoadFailed error
+	// FailedBlocks counts the hit blocks that could not be loaded (broken in any layer, or gone
+	// since the lookup); the prompt is computed from the first of them on.
+	FailedBlocks int
 }
 
 // Prefill starts a request with prompt (bytes are the model's tokens): it loads the longest
@@ -268,20 +272,27 @@ func (s *Server) Prefill(ctx context.Context, prompt []byte) (*Request, PrefillS
 
 // prefill computes r's prompt after its first hit blocks, which are loaded layer by layer
 // meanwhile: layer i's attention waits for layer i of the hit blocks to be resident, so the
-// compute of each layer overlaps the loads of the next ones. When a load fails, the hit
-// blocks are computed too.
+// compute of each layer overlaps the loads of the next ones.
+//
+// A hit block that fails to load (broken on the medium, or evicted since the lookup) does not
+// stop the load: every layer of every hit block is still read, so that the store finds, and
+// drops, every broken block in one pass rather than those of the first failing layer only.
+// The compute stops at the first failure it sees; once the load is done the prompt is
+// computed from the first failed block on, over the blocks before it, which are resident in
+// every layer. A load that fails as a whole (the store closed, ctx ended) computes everything.
 func (s *Server) prefill(ctx context.Context, r *Request, hit int, st *PrefillStats) ([]float32, error) {
 	bs := s.opts.BlockSize
 	var (
-		hooks   *model.Hooks
-		load    *kernels.LayerLoad
-		loadErr error
+		hooks *model.Hooks
+		load  *kernels.LayerLoad
+		fails *blockFailures
+		t0    = time.Now()
 	)
 	if hit > 0 {
 		ids := r.ids[:hit]
+		fails = &blockFailures{first: hit}
 		var err error
-		t0 := time.Now()
-		load, err = s.pl.Load(ctx, s.stream, r.seq.Blocks[:hit], s.loadShards(ids))
+		load, err = s.pl.Load(ctx, s.stream, r.seq.Blocks[:hit], s.loadShardsTolerant(ids, fails))
 		if err != nil {
 			return nil, err
 		}
@@ -291,33 +302,107 @@ func (s *Server) prefill(ctx context.Context, r *Request, hit int, st *PrefillSt
 			if layer == s.cfg.Layers-1 || err != nil {
 				st.Load = time.Since(t0) // until the last layer was resident (or one failed)
 			}
-			if err != nil {
-				loadErr = err
+			if err == nil && fails.any() {
+				err = errBlocksFailed // computing on would be wasted: the prompt is computed again
 			}
 			return err
 		}}
 	}
-	computeFrom := func(from int) ([]float32, error) {
+	computeFrom := func(from int, hooks *model.Hooks) ([]float32, error) {
 		r.seq.Len = from
 		t0 := time.Now()
 		defer func() { st.Compute += time.Since(t0) }()
 		return s.m.ForwardHooks(s.cache, &r.seq, r.tokens[from:], positions(from, len(r.tokens)), hooks)
 	}
-	st.HitTokens = hit * bs
-	logits, err := computeFrom(st.HitTokens)
-	if loadErr != nil && ctx.Err() == nil {
-		// A hit block missing or unreadable now (evicted, corrupt): compute everything. The
-		// layers scattered so far are overwritten by the compute.
-		st.LoadFailed, hooks, hit = loadErr, nil, 0
-		st.HitTokens = 0
-		logits, err = computeFrom(0)
+	logits, err := computeFrom(hit*bs, hooks)
+	if load != nil && ctx.Err() == nil && (err != nil || fails.any()) {
+		loadErr := load.Wait() // every layer read: every broken hit block found
+		st.Load = time.Since(t0)
+		first, n, blockErr := fails.result()
+		switch {
+		case loadErr != nil:
+			// The load failed as a whole: nothing after its failing layer is resident.
+			hit, st.LoadFailed, st.FailedBlocks = 0, loadErr, n
+		case n > 0:
+			hit, st.LoadFailed, st.FailedBlocks = first, blockErr, n
+		default:
+			return nil, err // the compute's own failure
+		}
+		// The cache blocks from hit on hold what the failed load left: the compute overwrites
+		// them.
+		logits, err = computeFrom(hit*bs, nil)
 	}
 	if err != nil {
 		return nil, err
 	}
 	r.stored = hit
+	st.HitTokens = hit * bs
 	st.ComputedTokens = len(r.tokens) - st.HitTokens
 	return logits, nil
+}
+
+// errBlocksFailed stops a prefill's compute once a hit block has failed to load.
+var errBlocksFailed = errors.New("loop: a hit block failed to load")
+
+// blockFailures collects the hit blocks whose load failed, across the layers loaded at once.
+type blockFailures struct {
+	mu    sync.Mutex
+	first int   // the lowest failed block (len(ids) while none)
+	err   error // its error
+	n     int   // blocks failed
+	seen  map[int]bool
+}
+
+func (f *blockFailures) add(i int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seen[i] {
+		return
+	}
+	if f.seen == nil {
+		f.seen = map[int]bool{}
+	}
+	f.seen[i] = true
+	f.n++
+	if i < f.first {
+		f.first, f.err = i, err
+	}
+}
+
+func (f *blockFailures) any() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n > 0
+}
+
+func (f *blockFailures) result() (first, n int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.first, f.n, f.err
+}
+
+// loadShardsTolerant is the pipeline's LoadFunc for a prefill's hit blocks: one engine
+// LoadShard per layer, whose failed blocks are recorded in fails rather than failing the
+// layer, so that every layer of every block is read. The layer fails only when the load
+// failed as a whole (no block reported on its own, or ctx ended).
+func (s *Server) loadShardsTolerant(ids []engine.BlockID, fails *blockFailures) kernels.LoadFunc {
+	return func(ctx context.Context, layer int, shards [][]byte) error {
+		t := s.store.LoadShard(ids, layer, shards)
+		err := t.WaitContext(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		be := t.BlockErrors()
+		if len(be) != len(ids) {
+			return err
+		}
+		for i, e := range be {
+			if e != nil {
+				fails.add(i, fmt.Errorf("block %d (%s), layer %d: %w", i, ids[i], layer, e))
+			}
+		}
+		return nil
+	}
 }
 
 // loadShards is the pipeline's LoadFunc for blocks ids: one engine LoadShard per layer.

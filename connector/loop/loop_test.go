@@ -190,28 +190,10 @@ func TestLoadFailureRecomputes(t *testing.T) {
 	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
 	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:len(prompt)/testBlock*testBlock]), nil)
 	// Flip a byte of block 2's layer-1 shard on disk: the lookup hits, the load fails its
-	// checksum, and the prompt is computed instead.
-	loc, ok, err := store.Index().Get(ids[2])
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	path, _ := store.SegmentPath(loc.Segment)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	off := loc.Offset + loc.Layout.ShardOffset(1) + 5
-	b := []byte{0}
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x20
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
+	// checksum, and the prompt is computed from block 2 on instead.
+	corruptShard(t, store, ids[2], 1)
 	r2, st, err := with.Prefill(ctx, prompt)
-	if err != nil || st.HitTokens != 0 || !errors.Is(st.LoadFailed, engine.ErrCorrupt) {
+	if err != nil || st.HitTokens != 2*testBlock || st.FailedBlocks != 1 || !errors.Is(st.LoadFailed, engine.ErrCorrupt) {
 		t.Fatalf("corrupt hit: %+v %v", st, err)
 	}
 	ref, _, err := without.Prefill(ctx, prompt)
@@ -297,5 +279,85 @@ func TestReplay(t *testing.T) {
 	}
 	if _, err := Replay(ctx, newServer(t, m, nil), corpus, ReplayOptions{Conversations: 1, Turns: 100, UserBytes: 100}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a replay beyond the context: %v", err)
+	}
+}
+
+// corruptShard flips a byte of a stored block's shard on disk.
+func corruptShard(t *testing.T, store *engine.Engine, id engine.BlockID, shard int) {
+	t.Helper()
+	loc, ok, err := store.Index().Get(id)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	path, _ := store.SegmentPath(loc.Segment)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	off := loc.ShardOffset(shard) + 5 // absolute: a block of a batch record has its shards apart
+	b := []byte{0}
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x20
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCorruptBlocksRecomputedFromFirst: with two hit blocks broken in different layers (the
+// later block in the first layer, the earlier one in the last), one prefill finds and drops
+// both, loads the blocks before the first broken one and computes from there, with the logits
+// of a full compute; once its blocks are stored again the next turn is served from the store.
+func TestCorruptBlocksRecomputedFromFirst(t *testing.T) {
+	m := loadModel(t)
+	ctx := context.Background()
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	with, without := newServer(t, m, store), newServer(t, m, nil)
+	prompt, early, late := text(t, 200), 2, 5
+	if raceEnabled {
+		prompt, early, late = text(t, 100), 1, 3
+	}
+	r, _, err := with.Prefill(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := with.Finish(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:len(prompt)/testBlock*testBlock]), nil)
+	hit := (len(prompt) - 1) / testBlock
+	corruptShard(t, store, ids[early], m.Config().Layers-1)
+	corruptShard(t, store, ids[late], 0)
+
+	r2, st, err := with.Prefill(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.HitTokens != early*testBlock || st.ComputedTokens != len(prompt)-early*testBlock || st.FailedBlocks != 2 ||
+		!errors.Is(st.LoadFailed, engine.ErrCorrupt) {
+		t.Errorf("two broken hit blocks: %+v, want %d tokens from the store and both blocks failed", st, early*testBlock)
+	}
+	for i, ok := range store.Lookup(ids[:hit]) {
+		if broken := i == early || i == late; ok == broken {
+			t.Errorf("block %d: stored %v after the failed load (broken %v): every broken block is dropped, no other", i, ok, broken)
+		}
+	}
+	ref, _, err := without.Prefill(ctx, prompt)
+	if err != nil || !sameBits(r2.Logits(), ref.Logits()) {
+		t.Fatalf("logits after a partly failed load differ from a full compute (%v)", err)
+	}
+	if _, err := with.Finish(ctx, r2); err != nil { // stores the recomputed blocks again
+		t.Fatal(err)
+	}
+	r3, st3, err := with.Prefill(ctx, prompt)
+	if err != nil || st3.HitTokens != hit*testBlock || st3.LoadFailed != nil {
+		t.Fatalf("the turn after: %+v %v, want all %d hit blocks served", st3, err, hit)
+	}
+	if !sameBits(r3.Logits(), ref.Logits()) {
+		t.Fatal("logits of the turn after differ from a full compute")
 	}
 }

@@ -366,14 +366,3 @@ func mooncakeStats(t *testing.T, e *engine.Engine) tiers.MooncakeStats {
 	}
 	return s
 }
-
-// waitUntil polls cond (the pool's state changes asynchronously: health checks, the master's
-// eviction); it fails the test after a generous bound, never asserting on durations.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-	}
-}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/testwait"
 )
 
 const segment = 256 << 20 // each engine's contribution to the pool
@@ -90,10 +91,10 @@ func TestMooncakeKillClientMidTransfer(t *testing.T) {
 		}()
 	}
 	// Kill the dumper once loads are under way.
-	waitUntil(t, "loads to start", func() bool { return mooncakeStats(t, b).Hits > 0 })
+	testwait.Until(t, "loads to start", func() bool { return mooncakeStats(t, b).Hits > 0 })
 	a.kill()
 	after := rounds.Load()
-	waitUntil(t, "two rounds of loads after the kill", func() bool { return rounds.Load() >= after+2 })
+	testwait.Until(t, "two rounds of loads after the kill", func() bool { return rounds.Load() >= after+2 })
 	// Own blocks are served throughout.
 	own, err := loadRange(b, 1000, 16)
 	close(stop)
@@ -157,11 +158,11 @@ func TestMooncakeKillMasterAndRestart(t *testing.T) {
 			rounds.Add(1)
 		}
 	}()
-	waitUntil(t, "loads from the pool", func() bool { return mooncakeStats(t, b).Hits > 0 })
+	testwait.Until(t, "loads from the pool", func() bool { return mooncakeStats(t, b).Hits > 0 })
 	m.kill()
-	waitUntil(t, "the tier to go down", func() bool { return !mooncakeStats(t, b).Up })
+	testwait.Until(t, "the tier to go down", func() bool { return !mooncakeStats(t, b).Up })
 	after := rounds.Load()
-	waitUntil(t, "two rounds of loads with the master down", func() bool { return rounds.Load() >= after+2 })
+	testwait.Until(t, "two rounds of loads with the master down", func() bool { return rounds.Load() >= after+2 })
 	dump(t, b, 100, 8) // dumps go on
 	close(stop)
 	<-done
@@ -175,13 +176,13 @@ func TestMooncakeKillMasterAndRestart(t *testing.T) {
 	}
 
 	m.restart()
-	waitUntil(t, "the tier to rejoin", func() bool { return mooncakeStats(t, b).Up })
+	testwait.Until(t, "the tier to rejoin", func() bool { return mooncakeStats(t, b).Up })
 	// The new master knows nothing: blocks dumped now are written through again and another
 	// process hits them.
 	putsBefore := mooncakeStats(t, b).Puts
 	dump(t, b, 200, 16)
 	b.FlushMooncake()
-	waitUntil(t, "write-throughs to the new master", func() bool {
+	testwait.Until(t, "write-throughs to the new master", func() bool {
 		if mooncakeStats(t, b).Puts >= putsBefore+16 {
 			return true
 		}
