@@ -10,7 +10,9 @@
 # $UCM_GLUSTER_STATE (default /run/ucmgo-gluster) while it runs; the last run to leave stops a
 # glusterd a harness started (by its pid) if it serves no volume any more, and never stops a
 # glusterd it did not start. glusterd's management commands of concurrent runs are serialized
-# by a lock file ($UCM_GLUSTER_STATE.lock).
+# by a lock file ($UCM_GLUSTER_STATE.lock). A run killed with SIGKILL cannot tear down: its
+# volume, mounts and directory stay until removed by hand (umount; gluster volume stop/delete);
+# no run removes another's, since a volume another run is using looks the same.
 #
 # It needs root (glusterd, mount). It fails loudly, with glusterd's own words, where GlusterFS
 # cannot start; it never skips. Traffic stays on this host.
@@ -37,11 +39,13 @@ mkdir -p "$brick" "$mnt_a" "$mnt_b"
 registered=0 created=0
 
 # starttime PID prints the process's start time (clock ticks since boot, /proc/PID/stat field
-# 22), which with the pid names one process: a pid reused later has another start time.
+# 22), which with the pid names one process: a pid reused later has another start time. It
+# fails when PID is not running (a zombie, killed and not yet reaped, is not running).
 starttime() {
   local s f
   s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   read -r -a f <<<"${s##*) }" # fields 3.. after "pid (comm) "
+  [ "${f[0]}" != Z ] || return 1
   echo "${f[19]}"
 }
 
