@@ -1,10 +1,14 @@
-# UCM-Go. Two commands set everything up on a fresh machine with Go, gcc and git:
+# UCM-Go. Two commands set everything up on a fresh machine with Go, gcc, make and git:
 #   make run    the main job: multi-turn chats on the small model through the reference connector
-#               loop, with and without an embedded default store under ./ucm-data/chat
-#   make test   the whole test suite: lint, go test -race with both I/O backends (including the
-#               power-loss simulation, fault injection, 20 kill -9 cycles and 10 more on a tiered
-#               store), the sharing kill test on a GlusterFS volume mounted twice, Prometheus
-#               evaluating the dashboards' queries against a store, a 10 s fuzz smoke per target
+#               loop, with and without an embedded default store under ./ucm-data/chat (needs
+#               nothing but Go and gcc)
+#   make test   the whole test suite, as root: `make deps` first (the Debian packages it needs,
+#               installed with apt-get where missing), then lint, go test -race with both I/O
+#               backends (including the power-loss simulation, fault injection, 20 kill -9 cycles
+#               and 10 more on a tiered store), the sharing kill test on a GlusterFS volume mounted
+#               twice, Prometheus evaluating the dashboards' queries against a store, a 10 s fuzz
+#               smoke per target
+# CI (.ci/run) runs make test, then make test-mooncake.
 
 GO          ?= go
 # The io_uring backend (github.com/iceber/iouring-go) links into syscall internals:
@@ -17,7 +21,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model test test-python test-pip test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -45,7 +49,18 @@ train-model:
 bench: build
 	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
-test: lint unit test-python test-pip test-prometheus test-gluster fuzz-smoke
+# The Debian packages make test needs beyond Go, gcc, make and git: Debian's python3 with numpy,
+# pytest and torch, python3-pip and python3-venv, glusterfs-server and -client, prometheus and
+# procps (tools/deps.sh). Each is checked first and apt-get installs only what is missing, so on
+# a machine that has them it installs nothing and says so. Installing needs root; so does make
+# test (test-gluster mounts volumes).
+deps:
+	PYTHON=$(PYTHON) bash tools/deps.sh
+
+# deps finishes before any step starts, also under make -j.
+TEST_STEPS := lint unit test-python test-pip test-prometheus test-gluster fuzz-smoke
+test: deps
+	@$(MAKE) --no-print-directory $(TEST_STEPS)
 
 # The Python package (connector/python/ucmgo) against the library `make lib` builds, with
 # Debian's python3 (a python3 earlier on PATH may lack numpy, pytest and torch).
@@ -64,7 +79,7 @@ unit:
 	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
 	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
 
-# A real Prometheus (Debian's prometheus package, which .ci/run installs) scrapes a worker's and
+# A real Prometheus (Debian's prometheus package, which make deps installs) scrapes a worker's and
 # a device-less store's endpoints while a workload runs, and every PromQL expression and
 # template query of docs/grafana-ucmgo.json, and the series UCM's dashboard charts
 # (connector/testdata/ucm-dashboard-series.txt), must return series through its HTTP API. UCM's
@@ -85,8 +100,9 @@ test-prometheus:
 	if [ -n "$$tmp" ]; then rm -f "$$tmp"; fi; exit $$rc
 
 # The sharing tests on a real GlusterFS volume mounted twice (two "hosts"): the harness starts
-# glusterd, creates and mounts the volume and tears it all down, also on failure (needs root,
-# FUSE and Debian's glusterfs-server and glusterfs-client, which .ci/run installs).
+# glusterd unless one runs, creates and mounts its own volume and removes what it created, also on
+# failure; concurrent runs leave each other alone (needs root, FUSE and Debian's glusterfs-server
+# and glusterfs-client, which make deps installs).
 SHARE_KILL_CYCLES ?= 5
 test-gluster:
 	bash fuzz/gluster/harness.sh sh -c 'UCM_SHARE_KILL_DIR=$$UCM_GLUSTER_A UCM_SHARE_KILL_DIR2=$$UCM_GLUSTER_B \
@@ -112,13 +128,17 @@ test-mooncake: mooncake
 	bash tools/mooncake/harness.sh $(MOONCAKE_GO) test -race -count=1 -timeout 10m -run Mooncake ./tiers/ ./engine/
 
 # ucm-tool bench on a memory | mooncake | ssd chain against a master the harness starts, with
-# the pool's own put/get rate measured in the same run (docs/mooncake.md).
+# the pool's own put/get rate measured in the same run (docs/mooncake.md). The stores go to a
+# fresh directory under MOONCAKE_BENCH_TMPDIR (a real disk: the ssd tier; about 2.2 GB with the
+# default sizes), removed when the bench ends, also on failure or interrupt.
 MOONCAKE_BENCH ?= --total 1GiB --block-size 2MiB --shards 32
-MOONCAKE_BENCH_DIR ?= /var/tmp/ucm-mooncake-bench
+MOONCAKE_BENCH_TMPDIR ?= /var/tmp
 bench-mooncake: mooncake
 	$(MOONCAKE_GO) build -o $(BIN)/ucm-tool-mooncake ./tools/ucm-tool
-	rm -rf $(MOONCAKE_BENCH_DIR)
-	bash tools/mooncake/harness.sh --master $(BIN)/ucm-tool-mooncake bench --workload mooncake --dir $(MOONCAKE_BENCH_DIR) $(MOONCAKE_BENCH)
+	@set -e; dir=$$(mktemp -d $(MOONCAKE_BENCH_TMPDIR)/ucm-mooncake-bench.XXXXXX); \
+	trap 'rm -rf "$$dir"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+	echo "bench-mooncake: stores in $$dir (removed at the end)"; \
+	bash tools/mooncake/harness.sh --master $(BIN)/ucm-tool-mooncake bench --workload mooncake --dir "$$dir/store" $(MOONCAKE_BENCH)
 
 lint: vet staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -33,7 +33,7 @@ const prometheusModel = "prom-model"
 // series, and every series must carry the labels the panel's legend shows.
 //
 // Without a prometheus binary on PATH the test is skipped, loudly; `make test-prometheus`
-// (part of `make test`) runs it, and .ci/run installs the package.
+// (part of `make test`) runs it, after `make deps` installed the package.
 func TestPrometheusDashboards(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {

@@ -1,75 +1,201 @@
 #!/usr/bin/env bash
-# GlusterFS harness for the sharing tests (docs/sharing.md): starts glusterd itself, creates a
-# one-brick volume on the local disk, FUSE-mounts it twice (two "hosts"), runs the command
-# given with UCM_GLUSTER_A and UCM_GLUSTER_B set to the two mount points, and tears everything
-# down (unmount, volume stop and delete, glusterd and brick processes killed, directories
-# removed) on any exit, failure included. It fails loudly, with glusterd's own words, where
-# GlusterFS cannot start; it never skips. Traffic stays on this host.
+# GlusterFS harness for the sharing tests (docs/sharing.md): creates a one-brick volume on the
+# local disk, FUSE-mounts it twice (two "hosts"), runs the command given with UCM_GLUSTER_A and
+# UCM_GLUSTER_B set to the two mount points, and on any exit, failure included, removes what
+# this run created and nothing else: its two mounts, its volume, the processes serving them
+# (found by this run's own directory in their command line, killed by pid), that directory.
+#
+# Runs may share the machine (several at once, and other GlusterFS users): they share one
+# glusterd, the one already running or else one a harness starts. Each run registers under
+# $UCM_GLUSTER_STATE (default /run/ucmgo-gluster) while it runs; the last run to leave stops a
+# glusterd a harness started (by its pid) if it serves no volume any more, and never stops a
+# glusterd it did not start. glusterd's management commands of concurrent runs are serialized
+# by a lock file ($UCM_GLUSTER_STATE.lock). A run killed with SIGKILL cannot tear down: its
+# volume, mounts and directory stay until removed by hand (umount; gluster volume stop/delete);
+# no run removes another's, since a volume another run is using looks the same.
+#
+# It needs root (glusterd, mount). It fails loudly, with glusterd's own words, where GlusterFS
+# cannot start; it never skips. Traffic stays on this host.
 #
 #   bash fuzz/gluster/harness.sh go test -run TestSharedKillWhileReading ./fuzz/
 set -euo pipefail
 
+log() { echo "gluster harness: $*" >&2; }
+die() { log "$*"; exit 1; }
+
 for bin in glusterd gluster mount.glusterfs; do
-  command -v "$bin" >/dev/null || { echo "gluster harness: $bin not installed (apt-get install glusterfs-server glusterfs-client)" >&2; exit 1; }
+  command -v "$bin" >/dev/null || die "$bin not installed (make deps, or apt-get install glusterfs-server glusterfs-client)"
 done
 [ "$#" -gt 0 ] || { echo "usage: $0 COMMAND..." >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "needs root (it starts glusterd and mounts volumes): run as root"
 
+state=${UCM_GLUSTER_STATE:-/run/ucmgo-gluster} # users/<pid>, and glusterd.{pid,start,log} of a glusterd a harness started
+lockfile="$state.lock"
 host=$(hostname)
 vol="ucmgo-$$-$RANDOM"
 work=$(mktemp -d /var/tmp/ucmgo-gluster.XXXXXX) # the brick must be on a real disk, not tmpfs
 brick="$work/brick"; mnt_a="$work/mnt-a"; mnt_b="$work/mnt-b"
 mkdir -p "$brick" "$mnt_a" "$mnt_b"
-started_glusterd=0
+registered=0 created=0
 
-log() { echo "gluster harness: $*" >&2; }
+# starttime PID prints the process's start time (clock ticks since boot, /proc/PID/stat field
+# 22), which with the pid names one process: a pid reused later has another start time. It
+# fails when PID is not running (a zombie, killed and not yet reaped, is not running).
+starttime() {
+  local s f
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  read -r -a f <<<"${s##*) }" # fields 3.. after "pid (comm) "
+  [ "${f[0]}" != Z ] || return 1
+  echo "${f[19]}"
+}
+
+# locked FUNC ARGS... runs FUNC holding the harness lock. The lock is on fd 9, which no process
+# started under it keeps (glusterd is started with 9>&-).
+locked() {
+  local rc=0
+  exec 9>>"$lockfile"
+  flock 9
+  "$@" || rc=$?
+  exec 9>&-
+  return $rc
+}
+
+# gl ARGS... is the gluster CLI in script mode, retried while another transaction (of a user
+# other than these harnesses) holds glusterd's cluster lock.
+gl() {
+  local out=""
+  for _ in $(seq 1 30); do
+    if out=$(timeout 60 gluster --mode=script "$@" 2>&1); then printf '%s\n' "$out"; return 0; fi
+    case $out in
+      *"Another transaction"* | *"ocking failed"*) sleep 1 ;;
+      *) break ;;
+    esac
+  done
+  printf '%s\n' "$out"
+  return 1
+}
+
+# harness_glusterd prints the pid of the running glusterd a harness started, if there is one.
+harness_glusterd() {
+  local pid
+  pid=$(cat "$state/glusterd.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ "$(starttime "$pid" || true)" = "$(cat "$state/glusterd.start" 2>/dev/null)" ] && echo "$pid"
+}
+
+# prune_users forgets the registrations of runs that ended without their teardown (kill -9).
+prune_users() {
+  local f p
+  for f in "$state"/users/*; do
+    [ -e "$f" ] || continue
+    p=${f##*/}
+    [ "$(starttime "$p" || true)" = "$(cat "$f")" ] || rm -f "$f"
+  done
+}
+
+# join starts glusterd unless one runs, registers this run and creates and starts its volume.
+join() {
+  local out pid
+  mkdir -p "$state/users"
+  prune_users
+  harness_glusterd >/dev/null || rm -f "$state/glusterd.pid" "$state/glusterd.start"
+  if ! pgrep -x glusterd >/dev/null; then
+    glusterd -p "$state/glusterd.pid" --log-file="$state/glusterd.log" 9>&- ||
+      { log "glusterd did not start:"; cat "$state/glusterd.log" >&2 || true; return 1; }
+    for _ in $(seq 1 50); do [ -s "$state/glusterd.pid" ] && break; sleep 0.1; done
+    pid=$(cat "$state/glusterd.pid" 2>/dev/null) || { log "glusterd wrote no pid file"; return 1; }
+    starttime "$pid" >"$state/glusterd.start" || { log "glusterd exited:"; tail -20 "$state/glusterd.log" >&2 || true; return 1; }
+    log "started glusterd (pid $pid)"
+  fi
+  starttime $$ >"$state/users/$$"
+  registered=1
+  for _ in $(seq 1 50); do gluster --mode=script peer status >/dev/null 2>&1 && break; sleep 0.2; done
+  gluster --mode=script peer status >/dev/null 2>&1 ||
+    { log "glusterd does not answer:"; tail -20 "$state/glusterd.log" >&2 || true; return 1; }
+  created=1
+  out=$(gl volume create "$vol" "$host:$brick" force) || { log "volume create failed: $out"; return 1; }
+  out=$(gl volume start "$vol") || { log "volume start failed: $out"; return 1; }
+}
+
+# leave stops and deletes this run's volume, unregisters it, and if it was the last run and
+# the glusterd a harness started serves no volume, stops that glusterd.
+leave() {
+  local pid vols
+  if [ $created = 1 ] && gluster --mode=script volume info "$vol" >/dev/null 2>&1; then
+    gl volume stop "$vol" force >/dev/null || log "volume stop $vol failed"
+    gl volume delete "$vol" >/dev/null || log "volume delete $vol failed"
+  fi
+  [ $registered = 1 ] || return 0
+  rm -f "$state/users/$$"
+  prune_users
+  if compgen -G "$state/users/*" >/dev/null; then return 0; fi
+  if pid=$(harness_glusterd); then
+    vols=$(gluster --mode=script volume list 2>/dev/null | grep -v '^No volumes present' || true)
+    if [ -n "$vols" ]; then
+      log "leaving glusterd (pid $pid) running: it serves volumes $(echo "$vols" | tr '\n' ' ')"
+      return 0
+    fi
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 1 50); do [ "$(starttime "$pid" || true)" = "$(cat "$state/glusterd.start")" ] || break; sleep 0.1; done
+    if [ "$(starttime "$pid" || true)" = "$(cat "$state/glusterd.start")" ]; then kill -KILL "$pid" 2>/dev/null; fi
+    log "stopped glusterd (pid $pid)"
+  fi
+  rm -rf "$state"
+}
+
+# ours prints the pids of the processes whose command line names this run's directory: the
+# brick process serving its volume, the FUSE clients of its mounts.
+ours() { pgrep -f -- "${work//./\\.}/" || true; }
+
+# brick_socket prints the unix socket glusterd gave this run's brick process (-S), which
+# neither the volume stop nor the delete removes.
+brick_socket() {
+  local p a prev=""
+  for p in $(ours); do
+    while IFS= read -r -d '' a; do
+      [ "$prev" = -S ] && { echo "$a"; return 0; }
+      prev=$a
+    done 2>/dev/null <"/proc/$p/cmdline"
+  done
+  return 1
+}
 
 teardown() {
-  local rc=$?
+  local rc=$? m p left sock
   set +e
+  sock=$(brick_socket)
   for m in "$mnt_a" "$mnt_b"; do
     mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
   done
-  if gluster --mode=script volume info "$vol" >/dev/null 2>&1; then
-    timeout 60 gluster --mode=script volume stop "$vol" force >/dev/null 2>&1
-    timeout 60 gluster --mode=script volume delete "$vol" >/dev/null 2>&1
-  fi
-  # The brick process serving our brick, then glusterd if this harness started it.
-  pkill -f "glusterfsd.*$vol" 2>/dev/null
-  if [ "$started_glusterd" = 1 ]; then
-    pkill -x glusterd 2>/dev/null
-    sleep 0.5
-    pkill -9 -x glusterd 2>/dev/null
-    pkill -9 -x glusterfsd 2>/dev/null
-    pkill -9 -f 'glusterfs .*--volfile-id' 2>/dev/null
-  fi
+  locked leave
+  # Whatever of ours the unmount and the volume stop left (a client of a lazy unmount).
+  for p in $(ours); do kill -TERM "$p" 2>/dev/null; done
+  for _ in $(seq 1 50); do [ -n "$(ours)" ] || break; sleep 0.1; done
+  for p in $(ours); do kill -KILL "$p" 2>/dev/null; done
+  left=$(ours)
+  if [ -n "$left" ]; then log "processes left running: $left"; [ $rc -ne 0 ] || rc=1; fi
+  # glusterd names the brick's log after the brick's path, which is this run's.
+  b=${brick#/}
+  rm -f "/var/log/glusterfs/bricks/${b//\//-}.log"
+  case $sock in /run/gluster/*.socket | /var/run/gluster/*.socket) rm -f "$sock" ;; esac
+  rmdir "/run/gluster/vols/$vol" 2>/dev/null
   rm -rf "$work"
   if [ $rc -ne 0 ]; then log "failed (exit $rc)"; fi
   exit $rc
 }
-trap teardown EXIT INT TERM
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-if ! pgrep -x glusterd >/dev/null; then
-  glusterd -p "$work/glusterd.pid" --log-file="$work/glusterd.log" || { log "glusterd did not start:"; cat "$work/glusterd.log" >&2 || true; exit 1; }
-  started_glusterd=1
-fi
-for i in $(seq 1 50); do gluster --mode=script peer status >/dev/null 2>&1 && break; sleep 0.2; done
-gluster --mode=script peer status >/dev/null 2>&1 || { log "glusterd does not answer:"; tail -20 "$work/glusterd.log" >&2 || true; exit 1; }
-# Leftovers of an earlier run killed before its teardown: volumes named like ours.
-for v in $(gluster --mode=script volume list 2>/dev/null | grep '^ucmgo-' || true); do
-  log "removing leftover volume $v"
-  timeout 60 gluster --mode=script volume stop "$v" force >/dev/null 2>&1 || true
-  timeout 60 gluster --mode=script volume delete "$v" >/dev/null 2>&1 || true
-done
+locked join
 
-out=$(timeout 60 gluster --mode=script volume create "$vol" "$host:$brick" force 2>&1) || { log "volume create failed: $out"; exit 1; }
-out=$(timeout 60 gluster --mode=script volume start "$vol" 2>&1) || { log "volume start failed: $out"; exit 1; }
 for m in "$mnt_a" "$mnt_b"; do
   ok=0
-  for i in $(seq 1 20); do
-    if timeout 30 mount -t glusterfs ${UCM_GLUSTER_MOUNT_OPTS:+-o "$UCM_GLUSTER_MOUNT_OPTS"} "$host:/$vol" "$m" 2>"$work/mount.err" && mountpoint -q "$m"; then ok=1; break; fi
+  opts="log-file=$m.log${UCM_GLUSTER_MOUNT_OPTS:+,$UCM_GLUSTER_MOUNT_OPTS}"
+  for _ in $(seq 1 20); do
+    if timeout 30 mount -t glusterfs -o "$opts" "$host:/$vol" "$m" 2>"$work/mount.err" && mountpoint -q "$m"; then ok=1; break; fi
     sleep 0.5
   done
-  [ $ok = 1 ] || { log "FUSE mount of $vol on $m failed: $(cat "$work/mount.err")"; exit 1; }
+  [ $ok = 1 ] || die "FUSE mount of $vol on $m failed: $(cat "$work/mount.err") $(tail -5 "$m.log" 2>/dev/null)"
 done
 log "volume $vol mounted on $mnt_a and $mnt_b"
 

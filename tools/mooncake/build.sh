@@ -57,9 +57,33 @@ case "${1:-}" in
   *) die "unknown argument $1 (use --prefix or --install-deps)" ;;
 esac
 
+# The Debian packages of the build; the -dev ones are also what `go build -tags mooncake` links
+# against (env.sh's CGO_LDFLAGS), and procps is harness.sh's pgrep.
 DEBS=(build-essential cmake ninja-build pkg-config libibverbs-dev libgoogle-glog-dev libgflags-dev
   libjsoncpp-dev libunwind-dev libnuma-dev python3-dev libboost-all-dev libssl-dev libyaml-cpp-dev
-  libcurl4-openssl-dev liburing-dev libmsgpack-dev libzstd-dev libasio-dev libxxhash-dev pybind11-dev)
+  libcurl4-openssl-dev liburing-dev libmsgpack-dev libzstd-dev libasio-dev libxxhash-dev pybind11-dev
+  procps)
+
+# missing_debs sets missing to the packages of DEBS dpkg does not know installed.
+missing_debs() {
+  missing=()
+  local p
+  for p in "${DEBS[@]}"; do
+    [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || missing+=("$p")
+  done
+}
+
+# With --install-deps the packages are installed first, also when the build is cached: the
+# mooncake build of UCM-Go links against them.
+if [ "$install_deps" = 1 ]; then
+  missing_debs
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || die "missing Debian packages: ${missing[*]}; installing them needs root (run as root)"
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
 
 # finish_prefix makes bin/mooncake_master a wrapper that finds the prefix's libasio.so (the
 # binary's own run path names the build tree, which is gone) and keeps its process id (exec).
@@ -96,16 +120,9 @@ if [ -f "$prefix/.complete" ]; then
   exit 0
 fi
 
-missing=()
-for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+missing_debs
 if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$install_deps" = 1 ]; then
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    die "missing Debian packages: ${missing[*]} (run with --install-deps, or apt-get install them)"
-  fi
+  die "missing Debian packages: ${missing[*]} (run with --install-deps, or apt-get install them)"
 fi
 
 mkdir -p "$cache"

@@ -9,8 +9,8 @@
 # a mooncake_master is started first on free 127.0.0.1 ports (RPC, HTTP metadata, metrics) and
 # the command gets UCM_MOONCAKE_MASTER (host:port) and UCM_MOONCAKE_METADATA (URL). The command
 # also gets MC_TCP_BIND_ADDRESS=127.0.0.1 (Mooncake's TCP transport binds loopback) and
-# MOONCAKE_MASTER (the binary). The master's log is kept as $TMPDIR/ucm-mooncake-master.<pid>.log
-# on failure.
+# MOONCAKE_MASTER (the binary). The master logs into a fresh directory under $TMPDIR (default
+# /tmp), removed when the run succeeds and kept, its path printed, when it fails.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 start_master=0
@@ -21,9 +21,10 @@ prefix=$(bash "$here/build.sh" | tail -1)
 # shellcheck source=/dev/null
 . "$prefix/env.sh"
 export MC_TCP_BIND_ADDRESS=127.0.0.1 MOONCAKE_MASTER
-log="${TMPDIR:-/tmp}/ucm-mooncake-master.$$.log"
+log="" # the master's log, with --master
 groups=() # process groups started here: the master's, the command's
 
+# shellcheck disable=SC2317 # runs from the EXIT trap
 cleanup() {
   local rc=$? g left=""
   set +e
@@ -33,8 +34,12 @@ cleanup() {
     left+=$(pgrep -g "$g" | tr '\n' ' ')
   done
   if [ -n "$left" ]; then echo "mooncake harness: processes left running: $left" >&2; rc=1; fi
-  if [ $rc -eq 0 ]; then rm -f "$log"; else echo "mooncake harness: failed (exit $rc); master log (if any): $log" >&2; fi
-  exit $rc
+  if [ "$rc" -ne 0 ]; then
+    echo "mooncake harness: failed (exit $rc)" >&2
+    if [ -s "$log" ]; then echo "mooncake harness: the master's log: $log" >&2; fi
+  fi
+  if [ -n "$log" ] && { [ "$rc" -eq 0 ] || [ ! -s "$log" ]; }; then rm -rf "$(dirname "$log")"; fi
+  exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -42,6 +47,7 @@ trap 'exit 130' INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 if [ $start_master = 1 ]; then
+  log="$(mktemp -d "${TMPDIR:-/tmp}/ucm-mooncake-master.XXXXXX")/master.log"
   rpc=$(free_port); http=$(free_port); metrics=$(free_port)
   setsid "$MOONCAKE_MASTER" --enable_http_metadata_server=true --http_metadata_server_host=127.0.0.1 \
     --http_metadata_server_port="$http" --rpc_address=127.0.0.1 --rpc_port="$rpc" \
