@@ -76,7 +76,7 @@ test-pip:
 	PYTHON=$(PYTHON) bash connector/python/tests/pip_install.sh
 
 unit:
-	$(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
+	$(GO) test -race -count=1 -timeout 30m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
 	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
 
 # A real Prometheus (Debian's prometheus package, which make deps installs) scrapes a worker's and

@@ -385,6 +385,130 @@ func TestMooncakeDownAndRejoin(t *testing.T) {
 	}
 }
 
+// checkTransitions fails unless s shows a state its counted transitions lead to, for a tier
+// that started up: up after as many rejoins as downs, down after one more down.
+func checkTransitions(t *testing.T, when string, s MooncakeStats) {
+	t.Helper()
+	if s.Up != (s.Downs == s.Rejoins) || s.Downs < s.Rejoins || s.Downs > s.Rejoins+1 {
+		t.Errorf("%s: Up %v after %d downs and %d rejoins: %+v", when, s.Up, s.Downs, s.Rejoins, s)
+	}
+}
+
+// The moment a new state is visible, a stats snapshot shows the transition that led to it,
+// whichever way the tier went down (a health check or a failed operation).
+func TestMooncakeStatsShowEachTransition(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := mooncakefake.New(st)
+	mc := newMC(t, "block", pool)
+	published := 0
+	mc.statePublished = func() {
+		published++
+		checkTransitions(t, fmt.Sprintf("transition %d published", published), mc.Stats())
+	}
+	id, data, crcs := mcBlock(12)
+	mc.Put(id, data, crcs)
+	mc.Flush()
+
+	pool.SetUnhealthy(true)
+	mc.checkHealth() // down
+	pool.SetUnhealthy(false)
+	mc.checkHealth() // rejoin
+	st.SetDown(true)
+	if _, ok := getOne(mc, id, -1); ok { // fails, the client is unhealthy: down
+		t.Fatal("loaded with the master down")
+	}
+	st.SetDown(false)
+	mc.checkHealth() // rejoin
+	if published != 4 {
+		t.Fatalf("%d transitions published, want 4", published)
+	}
+	if s := mc.Stats(); !s.Up || s.Downs != 2 || s.Rejoins != 2 {
+		t.Fatalf("after two downs and rejoins: %+v", s)
+	}
+}
+
+// gatedPool holds the next Get in the pool, as a call to a master that stopped answering hangs,
+// until it is released.
+type gatedPool struct {
+	*mooncakefake.Pool
+	entered, release chan struct{}
+}
+
+func (g *gatedPool) Get(keys []string, bufs [][]byte) ([]int64, error) {
+	if g.entered != nil {
+		close(g.entered)
+		g.entered = nil
+		<-g.release
+	}
+	return g.Pool.Get(keys, bufs)
+}
+
+// A health check that found the client healthy does not bring the tier back when, before it
+// acted on it, an operation found the client unhealthy (the master went in between): the tier
+// stays down and skipped, no rejoin is counted, and the next check that finds the master back
+// brings it up.
+func TestMooncakeNoRejoinOnStaleHealthCheck(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &gatedPool{Pool: mooncakefake.New(st), entered: make(chan struct{}), release: make(chan struct{})}
+	entered := pool.entered
+	mc := newMC(t, "block", pool)
+	id, data, crcs := mcBlock(13)
+	mc.Put(id, data, crcs)
+	mc.Flush()
+
+	// A load enters the pool and hangs there; meanwhile the client turns unhealthy and the
+	// health loop takes the tier down.
+	loaded := make(chan bool)
+	go func() {
+		_, ok := getOne(mc, id, -1)
+		loaded <- ok
+	}()
+	<-entered
+	pool.SetUnhealthy(true)
+	mc.checkHealth()
+	if s := mc.Stats(); s.Up || s.Downs != 1 {
+		t.Fatalf("after an unhealthy check: %+v", s)
+	}
+
+	// The next check finds the client healthy; before it acts, the master goes away and the
+	// hung load fails on it.
+	pool.SetUnhealthy(false)
+	observed := 0
+	mc.healthObserved = func(healthy bool) {
+		if observed++; observed == 1 && healthy {
+			st.SetDown(true)
+			close(pool.release)
+			if <-loaded {
+				t.Error("loaded from a pool whose master is down")
+			}
+		}
+	}
+	mc.checkHealth()
+	if observed != 1 {
+		t.Fatalf("health observed %d times", observed)
+	}
+	if s := mc.Stats(); s.Up || s.Rejoins != 0 || s.Downs != 1 {
+		t.Fatalf("the stale check brought the tier back: %+v", s)
+	}
+	gets := st.Gets
+	if _, ok := getOne(mc, id, -1); ok || st.Gets != gets {
+		t.Fatalf("a load after the stale check reached the pool (gets %d→%d)", gets, st.Gets)
+	}
+
+	mc.checkHealth() // the master is still down
+	if s := mc.Stats(); s.Up || s.Rejoins != 0 || s.Downs != 1 {
+		t.Fatalf("master still down: %+v", s)
+	}
+	st.SetDown(false)
+	mc.checkHealth()
+	if s := mc.Stats(); !s.Up || s.Rejoins != 1 || s.Downs != 1 {
+		t.Fatalf("master back: %+v", s)
+	}
+	if got, ok := getOne(mc, id, -1); !ok || !bytes.Equal(got, data) {
+		t.Fatal("not loaded after the rejoin")
+	}
+}
+
 // A full pool refuses puts: dropped and counted, not errors; the other failures are errors.
 func TestMooncakePutFailures(t *testing.T) {
 	st := mooncakefake.NewStore()

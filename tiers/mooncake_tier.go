@@ -100,13 +100,30 @@ type MooncakeTier struct {
 	putSlots chan []byte
 	putq     chan mcPut
 	pending  mcPending // queued puts
-	up       atomic.Bool
-	failures int // health checks failed in a row (health loop only)
-	stop     chan struct{}
-	bg       sync.WaitGroup
-	closed   atomic.Bool
+	// up is whether the tier is in use. The hot paths read it without a lock; it is written
+	// only under stateMu, together with the transition counters.
+	up atomic.Bool
+	// stateMu orders the tier's state transitions: up, the downs and rejoins that count its
+	// changes and unhealthySeen change together under it, and Stats reads them under it, so
+	// a snapshot never shows a state without the transition that led to it.
+	stateMu sync.Mutex
+	// unhealthySeen counts the observations of an unhealthy client (by the health loop or by
+	// a failed operation). A rejoin happens only if none was made since the health check
+	// that saw the client healthy began (guarded by stateMu).
+	unhealthySeen  uint64
+	downs, rejoins uint64 // guarded by stateMu
+	failures       int    // health checks failed in a row (health loop only)
+	stop           chan struct{}
+	bg             sync.WaitGroup
+	closed         atomic.Bool
 
-	hits, misses, skipped, rejected, puts, dropped, errs, downs, rejoins, resets atomic.Uint64
+	hits, misses, skipped, rejected, puts, dropped, errs, resets atomic.Uint64
+
+	// Test hooks, nil outside tests: healthObserved runs in checkHealth between the client's
+	// health check and the transition it leads to, statePublished right after a new state
+	// became visible to the tier's users.
+	healthObserved func(healthy bool)
+	statePublished func()
 }
 
 // mcPending counts queued puts; wait returns when none is.
@@ -195,11 +212,15 @@ func (t *MooncakeTier) Name() string { return t.name }
 // Up reports whether the tier is in use.
 func (t *MooncakeTier) Up() bool { return t.up.Load() }
 
-// Stats returns a snapshot of the tier's counters.
+// Stats returns a snapshot of the tier's counters. Up, Downs and Rejoins are taken together:
+// Up is the state the counted transitions led to.
 func (t *MooncakeTier) Stats() MooncakeStats {
-	return MooncakeStats{Up: t.up.Load(), Hits: t.hits.Load(), Misses: t.misses.Load(), Skipped: t.skipped.Load(),
+	t.stateMu.Lock()
+	up, downs, rejoins := t.up.Load(), t.downs, t.rejoins
+	t.stateMu.Unlock()
+	return MooncakeStats{Up: up, Hits: t.hits.Load(), Misses: t.misses.Load(), Skipped: t.skipped.Load(),
 		Rejected: t.rejected.Load(), Puts: t.puts.Load(), PutsDropped: t.dropped.Load(), Errors: t.errs.Load(),
-		Downs: t.downs.Load(), Rejoins: t.rejoins.Load(), Resets: t.resets.Load()}
+		Downs: downs, Rejoins: rejoins, Resets: t.resets.Load()}
 }
 
 // key names block id's object, or its shard's (shard >= 0) in the shard layout.
@@ -596,10 +617,45 @@ func (t *MooncakeTier) failed(op string, err error) {
 	}
 }
 
+// down records an observation of an unhealthy client and takes the tier down if it is up.
+// A down always wins over a concurrent rejoin: at worst the tier is skipped for one more
+// health interval while its master answers, rather than used after a failure was seen.
 func (t *MooncakeTier) down(cause error) {
-	if t.up.CompareAndSwap(true, false) {
-		t.downs.Add(1)
+	t.stateMu.Lock()
+	t.unhealthySeen++
+	wasUp := t.up.Load()
+	if wasUp {
+		t.downs++
+		t.up.Store(false)
+	}
+	t.stateMu.Unlock()
+	if wasUp {
+		t.published()
 		t.log.Error("ucm: mooncake tier down: skipped until its master answers", "tier", t.name, "master", t.cfg.MasterServerAddress, "err", cause)
+	}
+}
+
+// rejoin brings the tier back up after a health check that began when unhealthySeen was seen
+// and found the client healthy, unless an unhealthy client was observed since (the check's
+// result is then stale: the master may have gone in between). It reports whether the tier
+// came back.
+func (t *MooncakeTier) rejoin(seen uint64) bool {
+	t.stateMu.Lock()
+	ok := !t.up.Load() && t.unhealthySeen == seen
+	if ok {
+		t.rejoins++
+		t.up.Store(true)
+	}
+	t.stateMu.Unlock()
+	if ok {
+		t.published()
+	}
+	return ok
+}
+
+func (t *MooncakeTier) published() {
+	if t.statePublished != nil {
+		t.statePublished()
 	}
 }
 
@@ -618,13 +674,19 @@ func (t *MooncakeTier) healthLoop() {
 }
 
 // checkHealth is one round of the health loop: it takes the tier down when the client lost its
-// master, brings it back when the master answers again, and sets up a new client after
-// ResetAfter failed rounds in a row.
+// master, brings it back when the master answers again (and nothing saw it unhealthy while it
+// was being asked), and sets up a new client after ResetAfter failed rounds in a row.
 func (t *MooncakeTier) checkHealth() {
-	if t.pool.Healthy() {
+	t.stateMu.Lock()
+	seen := t.unhealthySeen
+	t.stateMu.Unlock()
+	healthy := t.pool.Healthy()
+	if t.healthObserved != nil {
+		t.healthObserved(healthy)
+	}
+	if healthy {
 		t.failures = 0
-		if t.up.CompareAndSwap(false, true) {
-			t.rejoins.Add(1)
+		if t.rejoin(seen) {
 			t.log.Info("ucm: mooncake tier rejoined", "tier", t.name, "master", t.cfg.MasterServerAddress)
 		}
 		return
