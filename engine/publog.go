@@ -39,6 +39,9 @@ const (
 	publogRotateBytes = 64 << 20
 	// publogReadMax bounds one read of a log's tail (an entry is at most MaxPublogBody bytes).
 	publogReadMax = 2 * format.MaxPublogBody
+	// publogRelistEvery: the sharer's tick lists every directory whatever its time says once in
+	// this many ticks.
+	publogRelistEvery = 8
 	// publogEntryRecords bounds the records of one entry.
 	publogEntryRecords = 1024
 	// racyDirWindow: a directory listed less than this after its modification time may have
@@ -395,6 +398,7 @@ type overlay struct {
 	rootMod map[string]time.Time
 	listed  map[string]time.Time // when each root's instances directory was last listed
 	next    uint64
+	ticks   int          // the sharer's tails so far
 	records atomic.Int64 // blocks learned from the logs
 
 	emu    sync.RWMutex // guards what follows; taken last, never held across another lock
@@ -512,9 +516,11 @@ func (e *Engine) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
 }
 
 // tailPublogs reads what the other instances appended to their publication logs. onMiss (a
-// lookup or load missed): only logs written on this host, and a namespace or root directory
-// is listed again only when its modification time changed; otherwise (the sharer's tick)
-// every log, every directory listed.
+// lookup or load missed): only logs written on this host; otherwise (the sharer's tick) every
+// log. A namespace or root directory is listed again only when its modification time changed,
+// but at every publogRelistEvery-th tick, when every one is (a network file system's client may
+// show a directory's time late; a reader in a log follows its continuations without a listing,
+// so listings only find new instances and restarted writers).
 func (e *Engine) tailPublogs(onMiss bool) {
 	s := e.share
 	if s == nil || e.opts.ReadOnly {
@@ -523,19 +529,23 @@ func (e *Engine) tailPublogs(onMiss bool) {
 	ov := &s.ov
 	ov.mu.Lock()
 	defer ov.mu.Unlock()
+	trustTimes := onMiss || ov.ticks%publogRelistEvery != 0
+	if !onMiss {
+		ov.ticks++
+	}
 	for _, t := range e.tiers {
 		if !t.cfg.Shared {
 			continue
 		}
 		for _, root := range t.cfg.Paths {
-			e.discoverPublogs(t, root, onMiss)
+			e.discoverPublogs(t, root, trustTimes)
 		}
 	}
 	for _, tl := range ov.tails {
 		if onMiss && tl.f != nil && !tl.sameHost {
 			continue
 		}
-		e.findPublog(tl, onMiss)
+		e.findPublog(tl, trustTimes)
 		if tl.f != nil && !tl.ignored {
 			e.readPublog(tl)
 			if !onMiss {
@@ -565,7 +575,7 @@ func (e *Engine) forgetOverlayBefore(inst format.InstanceID, seq uint64) {
 }
 
 // discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
-func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
+func (e *Engine) discoverPublogs(t *diskTier, root string, trustTimes bool) {
 	ov := &e.share.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
 	now := time.Now()
@@ -573,7 +583,7 @@ func (e *Engine) discoverPublogs(t *diskTier, root string, onMiss bool) {
 	if err != nil {
 		return
 	}
-	if onMiss && dirUnchanged(st.ModTime(), ov.rootMod[root], ov.listed[root]) {
+	if trustTimes && dirUnchanged(st.ModTime(), ov.rootMod[root], ov.listed[root]) {
 		return
 	}
 	insts, err := tiers.ListNamespaces(e.fs, root)
@@ -633,12 +643,12 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 
 // findPublog moves tl to the newest log of its namespace when there is one newer than the one
 // it reads (the writer restarted, or tl has none yet), after reading what the current one still
-// holds, and reads it. onMiss: only when the namespace directory changed since it was last
+// holds, and reads it. trustTimes: only when the namespace directory changed since it was last
 // listed.
-func (e *Engine) findPublog(tl *publogTail, onMiss bool) {
+func (e *Engine) findPublog(tl *publogTail, trustTimes bool) {
 	now := time.Now()
 	st, err := e.fs.Stat(tl.nsDir)
-	if err != nil || (onMiss && !tl.stuck && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
+	if err != nil || (trustTimes && !tl.stuck && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
 		return
 	}
 	seqs, err := tiers.PublogNames(e.fs, tl.nsDir)
