@@ -336,8 +336,9 @@ func (e *Engine) open() error {
 	go e.reclaimer()
 	go e.promoter()
 	if e.share != nil {
-		e.bg.Add(1)
+		e.bg.Add(2)
 		go e.sharer()
+		go e.publogTailer()
 	}
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
 		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)

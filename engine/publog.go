@@ -405,6 +405,9 @@ type overlay struct {
 	blocks map[BlockID]index.Location
 	segs   map[uint64]*overlaySeg
 	byKey  map[foreignKey]uint64
+	// current is, per instance, the newest log read to its end: what it names is all its
+	// owner still announces.
+	current map[format.InstanceID]uint64
 	// reclaimed are segments (→ generation) a reclaimer took from an owner presumed gone
 	// (NoteReclaimed): that owner's last log may still name them, and it cannot continue it.
 	reclaimed map[foreignKey]uint64
@@ -548,23 +551,42 @@ func (e *Engine) tailPublogs(onMiss bool) {
 		e.findPublog(tl, trustTimes)
 		if tl.f != nil && !tl.ignored {
 			e.readPublog(tl)
-			if !onMiss {
-				// After the refresh read the manifests: a segment the newest log no longer
-				// names is listed (indexed now) or retired.
-				e.forgetOverlayBefore(tl.inst, tl.seq)
-			}
 		}
 	}
 }
 
-// forgetOverlayBefore drops the overlay's segments of instance inst that no log from seq on
-// names.
-func (e *Engine) forgetOverlayBefore(inst format.InstanceID, seq uint64) {
+// publogTailer reads every other instance's log each refresh interval, in a goroutine of its
+// own: on a network file system a pass takes tens of milliseconds that the sharer's manifests
+// and heartbeats must not wait for.
+func (e *Engine) publogTailer() {
+	defer e.bg.Done()
+	tick := time.NewTicker(e.opts.SharedRefreshInterval)
+	defer tick.Stop()
+	for {
+		e.tailPublogs(false)
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// forgetUnannounced drops the overlay's segments of instance inst that neither m (its newest
+// manifest, just read) lists nor the newest log of inst read to its end still names: retired
+// (the log names a segment until it is listed, and a while after; the overlay forgets a listed
+// one when the foreign index takes it).
+func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest) {
 	ov := &e.share.ov
+	listed := make(map[uint64]bool, len(m.Segments))
+	for _, ent := range m.Segments {
+		listed[ent.Number] = true
+	}
 	var keys []foreignKey
 	ov.emu.RLock()
+	seq, ok := ov.current[inst]
 	for k, alias := range ov.byKey {
-		if k.inst == inst && ov.segs[alias].seq < seq {
+		if ok && k.inst == inst && ov.segs[alias].seq < seq && !listed[k.number] {
 			keys = append(keys, k)
 		}
 	}
@@ -635,6 +657,7 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 			delete(ov.reclaimed, k)
 		}
 	}
+	delete(ov.current, inst)
 	ov.emu.Unlock()
 	for _, k := range keys {
 		e.forgetOverlay(k)
@@ -735,6 +758,9 @@ func (e *Engine) readPublog(tl *publogTail) {
 			e.applyPublogEntry(tl, &ent)
 		}
 		tl.off += int64(used)
+		if next == 0 && tl.off >= st.Size() {
+			e.caughtUp(tl)
+		}
 		if next != 0 {
 			e.openPublog(tl, next)
 			if tl.seq != next {
@@ -746,6 +772,17 @@ func (e *Engine) readPublog(tl *publogTail) {
 			return
 		}
 	}
+}
+
+// caughtUp notes that tl read its log to its end: every segment the log names is known.
+func (e *Engine) caughtUp(tl *publogTail) {
+	ov := &e.share.ov
+	ov.emu.Lock()
+	defer ov.emu.Unlock()
+	if ov.current == nil {
+		ov.current = map[format.InstanceID]uint64{}
+	}
+	ov.current[tl.inst] = tl.seq
 }
 
 // applyPublogEntry adds the blocks of one entry to the overlay, unless the foreign index holds

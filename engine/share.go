@@ -435,7 +435,6 @@ func (e *Engine) refreshShared() {
 	}
 	s.refreshes.Add(1)
 	e.syncPublogs()
-	defer e.tailPublogs(false)
 	for _, t := range e.tiers {
 		if !t.cfg.Shared {
 			continue
@@ -492,6 +491,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 		ns := nsManifest{m, nsDir}
 		e.observe(ns)
 		e.overlayReclaimed(inst, m)
+		defer e.forgetUnannounced(inst, m)
 		read = append(read, ns)
 		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
 			if len(m.Segments) == 0 {

@@ -633,7 +633,10 @@ func TestSharedTierIdleOwnerNotGone(t *testing.T) {
 	shared, sharedB := sharedDirs(t)
 	opts := func(dir string) Options {
 		o := sharedOptions(dir, 0)
-		o.SharedOwnerTimeout = 200 * time.Millisecond
+		// A heartbeat every 250 ms: well above what one pass of the sharer takes on a loaded
+		// machine over GlusterFS (a manifest write is 20–50 ms there, a refresh up to 100 ms),
+		// so that only a missing heartbeat can make B presume A gone.
+		o.SharedOwnerTimeout = time.Second
 		return o
 	}
 	a := mustOpen(t, filepath.Join(root, "a"), opts(shared))
