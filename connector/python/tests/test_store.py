@@ -1,5 +1,6 @@
 """UcmGoStore through libucmgo.so: transfers, lookups, bad input, hashing, UCM's factory."""
 
+import ctypes
 import json
 import multiprocessing
 import sys
@@ -290,3 +291,41 @@ def test_tensor_parallel_workers_share_backends(backend):
             time.sleep(0.05)
         assert scheduler.stats()["scheduler"] is True
         expect_error(ucmgo.EPARAM, ["only looks up"], scheduler.load_data, shared[:1], [0], [[1]])
+
+
+def test_stats_text_that_grows_between_calls(backend):
+    """stats() asks for the length, then for the text: counters that gained digits in between
+    make the text longer than the buffer, which must be asked for again, not decoded cut."""
+    with UcmGoStore(whole_config(backend)) as store:
+        real = store._lib
+
+        class Growing:
+            """The library, with stats text 300 bytes longer on the second call than the first
+            said (a counter grew): the buffer sized from the first is cut."""
+
+            def __init__(self):
+                self.calls = 0
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def ucmgo_stats(self, h, buf, size):
+                self.calls += 1
+                text = json.dumps({"pad": "x" * (300 if self.calls > 1 else 0), **json.loads(real_text())})
+                if buf is not None and size > 0:
+                    data = text.encode()[: size - 1]
+                    ctypes.memmove(buf, data + b"\0", len(data) + 1)
+                return len(text)
+
+        def real_text():
+            n = real.ucmgo_stats(store._h, None, 0)
+            b = ctypes.create_string_buffer(n + 1024)
+            real.ucmgo_stats(store._h, b, n + 1024)
+            return b.value.decode()
+
+        store._lib = Growing()
+        try:
+            st = store.stats()
+        finally:
+            store._lib = real
+        assert st["pad"] == "x" * 300 and "layout" in st

@@ -197,10 +197,15 @@ class UcmGoStore(UcmKVStoreBaseV1):
         """The store's state: instance, layout, tensors, io_engine, and counters under "stats"."""
         n = self._lib.ucmgo_stats(self._h, None, 0)
         self._check(n)
-        buf = ctypes.create_string_buffer(n + 1)
-        n = self._lib.ucmgo_stats(self._h, buf, n + 1)
-        self._check(n)
-        return json.loads(buf.value.decode("utf-8"))
+        while True:
+            # The counters move between the calls: a text that grew past the buffer (its
+            # length returned is the buffer's or more) is asked for again, with room to spare.
+            size = n + 1 + 256
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.ucmgo_stats(self._h, buf, size)
+            self._check(n)
+            if n < size:
+                return json.loads(buf.value.decode("utf-8"))
 
     # -- lookups -------------------------------------------------------------------------------
 
