@@ -12,7 +12,7 @@ import (
 )
 
 // Layer-wise dumps as layer-major batch records (docs/format.md, "Batch records";
-// docs/performance.md, issue 17).
+// docs/performance.md).
 //
 // A layer-wise connector hands DumpShard shard i of the same list of new blocks once per
 // layer. The first such call for a list whose blocks are all new (not stored, not being

@@ -218,7 +218,7 @@ func BenchmarkMemcpy2MiB(b *testing.B) {
 }
 
 // BenchmarkSharedLookup measures lookups of blocks another instance sealed on a shared tier
-// (issue 14's target: at least 1,000,000 ids/s with no false miss): instance A stores 100,000
+// (the target: at least 1,000,000 ids/s with no false miss): instance A stores 100,000
 // blocks and closes, instance B indexes them from A's manifest, then looks up batches of 1,024
 // of them, exact and prefix. Every batch must be all hits (b.Fatal otherwise). Run with
 // `go test -run '^$' -bench SharedLookup ./engine`.

@@ -104,7 +104,7 @@ func fioShapes(workload string, res *benchResult) (writeBS, readBS, randBS int64
 	case "seq":
 		return res.BlockBytes, res.BlockBytes, 0, ""
 	case "layerwise":
-		// The disk's sequential speed (issue 17's denominator) and random reads of one shard
+		// The disk's sequential speed (the layer-wise targets' denominator) and random reads of one shard
 		// (what a load of shards scattered over whole-block records does).
 		return fioSeqBS, fioSeqBS, res.ShardBytes, ""
 	default:

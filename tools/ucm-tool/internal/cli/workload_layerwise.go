@@ -56,7 +56,7 @@ type layerwiseOrder struct {
 	DumpCPUSeconds float64 `json:"dump_cpu_s,omitempty"`
 	LoadCPUSeconds float64 `json:"load_cpu_s,omitempty"`
 	// Ratios against fio in the same round: dump / 2 MiB sequential write, load / 2 MiB
-	// sequential read (the disk's sequential speed, issue 17's target) and / random reads of
+	// sequential read (the disk's sequential speed, the layer-wise target) and / random reads of
 	// one shard.
 	DumpRatio     float64 `json:"dump_ratio,omitempty"`
 	LoadRatio     float64 `json:"load_ratio,omitempty"`
