@@ -16,38 +16,14 @@ import ctypes
 import hashlib
 import mmap
 import os
+import runpy
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-STANDIN = {
-    "ucm/__init__.py": "",
-    "ucm/store/__init__.py": "",
-    "ucm/store/ucmstore_v1.py": (
-        "from abc import ABC\n"
-        "class Task(ABC):\n    pass\n"
-        "class UcmKVStoreBaseV1(ABC):\n"
-        "    def __init__(self, config):\n        self.config = config\n"
-    ),
-    "ucm/store/factory_v1.py": (
-        "import importlib\n"
-        "from ucm.store.ucmstore_v1 import UcmKVStoreBaseV1\n"
-        "class UcmConnectorFactoryV1:\n"
-        "    _registry = {}\n"
-        "    @classmethod\n"
-        "    def register_connector(cls, name, module_path, class_name):\n"
-        "        if name in cls._registry:\n            raise ValueError(name)\n"
-        "        cls._registry[name] = lambda: getattr(importlib.import_module(module_path), class_name)\n"
-        "    @classmethod\n"
-        "    def create_connector(cls, connector_name, config, module_path=None):\n"
-        "        if module_path:\n"
-        "            connector_cls = getattr(importlib.import_module(module_path), connector_name)\n"
-        "        else:\n            connector_cls = cls._registry[connector_name]()\n"
-        "        assert issubclass(connector_cls, UcmKVStoreBaseV1)\n"
-        "        return connector_cls(config)\n"
-    ),
-}
+# UCM's package as the repository's tests stand it in (ucm_standin.py beside this file).
+STANDIN = runpy.run_path(str(Path(__file__).with_name("ucm_standin.py")))["UCM_STANDIN"]
 
 TENSOR = 16 << 10  # one tensor of a block; a block is two
 

@@ -13,6 +13,7 @@ import torch
 
 import ucmgo
 import workers
+from ucm_standin import UCM_STANDIN
 from helpers import BLOCK, K, LAYERS, SHARD, V, Slab, expected, layerwise_config, random_ids, whole_config
 from ucmgo import RequestHasher, UcmGoError, UcmGoStore
 
@@ -219,38 +220,6 @@ def test_request_hasher_matches_ucm_vectors():
     h = RequestHasher(model="Qwen/Qwen2.5-7B-Instruct", tp_size=1, dtype=torch.bfloat16)
     assert h.meta == "Qwen/Qwen2.5-7B-Instruct:1:torch.bfloat16:0"
     assert h.seed() != RequestHasher(model="Qwen/Qwen2.5-7B-Instruct", tp_size=1, dtype="bfloat16").seed()
-
-
-UCM_STANDIN = {
-    # A stand-in for UCM's package layout (ucm.store.ucmstore_v1, ucm.store.factory_v1) with the
-    # same names and the behaviour its factory has: create_connector imports module_path and
-    # asserts the class subclasses UcmKVStoreBaseV1.
-    "ucm/__init__.py": "",
-    "ucm/store/__init__.py": "",
-    "ucm/store/ucmstore_v1.py": (
-        "from abc import ABC\n"
-        "class Task(ABC):\n    pass\n"
-        "class UcmKVStoreBaseV1(ABC):\n"
-        "    def __init__(self, config):\n        self.config = config\n"
-    ),
-    "ucm/store/factory_v1.py": (
-        "import importlib\n"
-        "from ucm.store.ucmstore_v1 import UcmKVStoreBaseV1\n"
-        "class UcmConnectorFactoryV1:\n"
-        "    _registry = {}\n"
-        "    @classmethod\n"
-        "    def register_connector(cls, name, module_path, class_name):\n"
-        "        if name in cls._registry:\n            raise ValueError(name)\n"
-        "        cls._registry[name] = lambda: getattr(importlib.import_module(module_path), class_name)\n"
-        "    @classmethod\n"
-        "    def create_connector(cls, connector_name, config, module_path=None):\n"
-        "        if module_path:\n"
-        "            connector_cls = getattr(importlib.import_module(module_path), connector_name)\n"
-        "        else:\n            connector_cls = cls._registry[connector_name]()\n"
-        "        assert issubclass(connector_cls, UcmKVStoreBaseV1)\n"
-        "        return connector_cls(config)\n"
-    ),
-}
 
 
 def test_ucm_factory_registration(tmp_path, backend):
