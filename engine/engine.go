@@ -120,9 +120,9 @@ type Engine struct {
 	stop    chan struct{}
 	bg      sync.WaitGroup // background goroutines
 
-	// seam is nil except in tests, which set it before any call to force an interleaving of
-	// a load with reclamation at the points seamPoint names.
-	seam func(p seamPoint, id BlockID)
+	// seam is nil except in tests, which set it (setSeam) to force an interleaving of a load
+	// with reclamation or with the sharer at the points seamPoint names.
+	seam atomic.Pointer[func(p seamPoint, id BlockID)]
 }
 
 // seamPoint names a point where Engine.seam is called.
@@ -135,13 +135,34 @@ const (
 	// seamSidecarRead: a sidecar's bytes were read from disk (LoadSidecars) or appended
 	// (DumpSidecars) and are not yet in the memory tier.
 	seamSidecarRead
+	// seamForeignIndexed: the sharer has applied the entries of another instance's segment
+	// to the foreign index (id is zero).
+	seamForeignIndexed
+	// seamManifestRead: the sharer has read another instance's manifest and not yet indexed
+	// what it lists (id is zero).
+	seamManifestRead
+	// seamForeignMissed: a load found no entry of block id in the foreign index and has not
+	// yet read the overlay.
+	seamForeignMissed
+	// seamSegmentPinned: a load or a copy pinned the segment of block id's entry and has not
+	// read it yet.
+	seamSegmentPinned
 )
 
 // atSeam calls the test seam, if any.
 func (e *Engine) atSeam(p seamPoint, id BlockID) {
-	if e.seam != nil {
-		e.seam(p, id)
+	if f := e.seam.Load(); f != nil {
+		(*f)(p, id)
 	}
+}
+
+// setSeam sets the test seam (nil: none).
+func (e *Engine) setSeam(f func(p seamPoint, id BlockID)) {
+	if f == nil {
+		e.seam.Store(nil)
+		return
+	}
+	e.seam.Store(&f)
 }
 
 // RecoveryReport says what Open found and did.

@@ -49,17 +49,30 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 		sub[k] = ids[i]
 	}
 	subHits := make([]bool, len(sub))
-	if err := e.share.fx.Has(sub, subHits); err != nil {
-		e.opts.Logger.Warn("ucm: foreign lookup failed; reporting misses", "err", err)
-		return
-	}
-	for k, i := range miss {
-		hits[i] = subHits[k]
-	}
-	if !e.overlayHas(ids, hits) {
+	tailed := false
+	_, err := e.foreignLookup(func() (bool, error) {
+		if err := e.share.fx.Has(sub, subHits); err != nil {
+			return false, err
+		}
+		for k, i := range miss {
+			hits[i] = subHits[k]
+		}
+		if e.overlayHas(ids, hits) {
+			return true, nil
+		}
+		if tailed {
+			return false, nil
+		}
 		// Blocks another instance on this host dumped since: its publication log has them.
+		tailed = true
 		e.tailPublogs(true)
-		e.overlayHas(ids, hits)
+		return e.overlayHas(ids, hits), nil
+	})
+	if err != nil {
+		for _, i := range miss {
+			hits[i] = false
+		}
+		e.opts.Logger.Warn("ucm: foreign lookup failed; reporting misses", "err", err)
 	}
 }
 
@@ -331,7 +344,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			t.errs[i] = e.dropBroken(id, loc, fmt.Errorf("index layout %+v differs from the store's %+v: %w", loc.Layout, l, ErrCorrupt))
 			continue
 		}
-		seg, loc, err := e.acquireLatest(id, loc)
+		seg, loc, tier, err := e.acquireLatest(id, loc)
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
@@ -343,7 +356,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 			}
 			continue
 		}
-		r := blockRead{i: i, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), foreign: isForeign(loc.Segment), opLo: len(ops),
+		r := blockRead{i: i, loc: loc, seg: seg, tier: tier, foreign: isForeign(loc.Segment), opLo: len(ops),
 			callerDst: len(dst[i]) == 1}
 		if r.tier != nil && r.tier.lru != nil && !r.foreign {
 			r.tier.lru.Pin(id) // not evicted while read
@@ -478,10 +491,25 @@ const maxFollow = 3
 
 // acquireLatest pins the segment loc, id's index entry, points into. A segment retired after
 // the entry was read is not a miss when compaction or eviction moved the block meanwhile: the
-// entry is read again and followed (up to maxFollow times). It returns the segment pinned and
-// the entry it belongs to, or the error of the last attempt.
-func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, error) {
+// entry is read again and followed (up to maxFollow times). It returns the segment pinned, the
+// entry it belongs to and the segment's tier, or the error of the last attempt.
+func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, *diskTier, error) {
 	return e.acquireFollowing(id, 0, loc)
+}
+
+// acquireInTier pins segment n and returns it with its tier. The tier is looked up before the
+// pin: a segment retired, or an alias forgotten, just after it was pinned stays readable, but
+// its number no longer names a tier.
+func (e *Engine) acquireInTier(n uint64) (*wal.Segment, *diskTier, error) {
+	t := e.tierOf(n)
+	seg, err := e.acquireSegment(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if t == nil {
+		t = e.tierOf(n) // known only since the lookup
+	}
+	return seg, t, nil
 }
 
 // entry reads an index entry: block id's (kind 0) or its sidecar of kind.
@@ -492,20 +520,38 @@ func (e *Engine) entry(id BlockID, kind format.SidecarKind) (index.Location, boo
 	return e.ix.GetSidecar(id, kind)
 }
 
+// entryLike reads again the entry loc was read from: this instance's index, or, for another
+// instance's segment, the foreign index (the manifests, then for a block the publication logs'
+// overlay). A block another instance published moves from its overlay alias to its manifest
+// alias when a manifest lists its segment; the overlay forgets the segment then.
+func (e *Engine) entryLike(id BlockID, kind format.SidecarKind, loc index.Location) (index.Location, bool, error) {
+	if !isForeign(loc.Segment) {
+		return e.entry(id, kind)
+	}
+	if kind == 0 {
+		now, ok := e.foreignGet(id)
+		return now, ok, nil
+	}
+	if e.share == nil || e.share.fx == nil {
+		return index.Location{}, false, nil
+	}
+	return e.share.fx.GetSidecar(id, kind)
+}
+
 // acquireFollowing is acquireLatest for any entry, block id's (kind 0) or its sidecar of kind:
 // the entry is read again when loc's segment is gone.
-func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, error) {
+func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, *diskTier, error) {
 	for attempt := 0; ; attempt++ {
-		seg, err := e.acquireSegment(loc.Segment)
+		seg, t, err := e.acquireInTier(loc.Segment)
+		if err == nil {
+			e.atSeam(seamSegmentPinned, id)
+		}
 		if err == nil || !errors.Is(err, wal.ErrSegmentGone) || attempt == maxFollow {
-			return seg, loc, err
+			return seg, loc, t, err
 		}
-		if isForeign(loc.Segment) {
-			return nil, loc, err // another instance's segment: gone is a miss
-		}
-		now, ok, gerr := e.entry(id, kind)
+		now, ok, gerr := e.entryLike(id, kind, loc)
 		if gerr != nil || !ok || (now.Segment == loc.Segment && now.Offset == loc.Offset) {
-			return nil, loc, err
+			return nil, loc, nil, err
 		}
 		loc = now
 	}

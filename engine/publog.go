@@ -400,6 +400,11 @@ type overlay struct {
 	next    uint64
 	ticks   int          // the sharer's tails so far
 	records atomic.Int64 // blocks learned from the logs
+	// forgets counts segments forgotten (forgetOverlay), each counted before its entries
+	// leave. A segment's entries reach the foreign index before the overlay forgets it, so a
+	// reader that finds a block in neither, the foreign index read first, and sees forgets
+	// unchanged since before that read, did not pass between the two (foreignLookup).
+	forgets atomic.Uint64
 
 	emu    sync.RWMutex // guards what follows; taken last, never held across another lock
 	blocks map[BlockID]index.Location
@@ -481,6 +486,7 @@ func (e *Engine) forgetOverlay(k foreignKey) {
 	ov.emu.Lock()
 	alias, ok := ov.byKey[k]
 	if ok {
+		ov.forgets.Add(1)
 		o := ov.segs[alias]
 		for _, id := range o.ids {
 			if loc, ok := ov.blocks[id]; ok && loc.Segment == alias {
@@ -572,11 +578,22 @@ func (e *Engine) publogTailer() {
 	}
 }
 
+// logsRead returns the sequence of the newest log of instance inst read to its end, if any.
+func (e *Engine) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
+	ov := &e.share.ov
+	ov.emu.RLock()
+	defer ov.emu.RUnlock()
+	seq, ok = ov.current[inst]
+	return seq, ok
+}
+
 // forgetUnannounced drops the overlay's segments of instance inst that neither m (its newest
-// manifest, just read) lists nor the newest log of inst read to its end still names: retired
-// (the log names a segment until it is listed, and a while after; the overlay forgets a listed
-// one when the foreign index takes it).
-func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest) {
+// manifest, just read) lists nor inst's log of sequence seq, the newest read to its end before
+// m was read (logsRead), still names: retired (the log names a segment until it is listed, and
+// a while after; the overlay forgets a listed one when the foreign index takes it). A log read
+// after m may be a continuation begun at a newer manifest that lists a segment m does not: the
+// segment is forgotten only by what was read before m.
+func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest, seq uint64, ok bool) {
 	ov := &e.share.ov
 	listed := make(map[uint64]bool, len(m.Segments))
 	for _, ent := range m.Segments {
@@ -584,7 +601,6 @@ func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest) {
 	}
 	var keys []foreignKey
 	ov.emu.RLock()
-	seq, ok := ov.current[inst]
 	for k, alias := range ov.byKey {
 		if ok && k.inst == inst && ov.segs[alias].seq < seq && !listed[k.number] {
 			keys = append(keys, k)

@@ -262,13 +262,19 @@ type recordRef struct {
 func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 	var refs []recordRef
 	if row, ok := e.ix.Segment(n); ok {
-		if seg, err := e.acquireSegment(n); err == nil {
-			entries, ferr := wal.ReadFooter(seg, row.Size, e.tierOf(n).io)
+		if seg, t, err := e.acquireInTier(n); err == nil {
+			var (
+				entries []format.FooterEntry
+				ferr    = fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone) // no tier: retired meanwhile
+			)
+			if t != nil {
+				entries, ferr = wal.ReadFooter(seg, row.Size, t.io)
+			}
 			if ferr == nil {
 				for _, fe := range entries {
 					ids := []BlockID{fe.ID}
 					if fe.Type == format.RecordBatch {
-						bh, err := wal.ReadBatchHeader(seg, fe, e.tierOf(n).io)
+						bh, err := wal.ReadBatchHeader(seg, fe, t.io)
 						if err != nil {
 							ferr = err
 							break
@@ -413,8 +419,19 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		ops   []devio.Op
 	)
 	for _, ref := range refs {
+		var (
+			seg  *wal.Segment
+			tier *diskTier
+			err  error
+		)
+		if isForeign(ref.loc.Segment) {
+			// Another instance's block is copied from wherever it is now: its publication log's
+			// segment alias gives way to its manifest's.
+			seg, ref.loc, tier, err = e.acquireFollowing(ref.id, ref.kind, ref.loc)
+		} else {
+			seg, tier, err = e.acquireInTier(ref.loc.Segment)
+		}
 		loc := ref.loc
-		seg, err := e.acquireSegment(loc.Segment)
 		if err != nil {
 			var ce *wal.CorruptionError
 			switch {
@@ -437,7 +454,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 			Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(loc.PayloadBytes())),
 			Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs,
 			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
-		r := read{rec: rec, seg: seg, ref: ref, tier: e.tierOf(loc.Segment), header: !loc.IsBatch(), lo: len(ops)}
+		r := read{rec: rec, seg: seg, ref: ref, tier: tier, header: !loc.IsBatch(), lo: len(ops)}
 		if r.header {
 			ops = append(ops, devio.Op{File: seg.File(), Buf: rec.Buf, Off: loc.Offset})
 		}
@@ -491,13 +508,9 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	return out, nil
 }
 
-// movedAway reports whether r's entry no longer points where r says (moved or gone). Another
-// instance's entries are not looked at: false.
+// movedAway reports whether r's entry no longer points where r says (moved or gone).
 func (e *Engine) movedAway(r recordRef) bool {
-	if isForeign(r.loc.Segment) {
-		return false
-	}
-	cur, ok, err := e.entry(r.id, r.kind)
+	cur, ok, err := e.entryLike(r.id, r.kind, r.loc)
 	return err == nil && (!ok || cur.Segment != r.loc.Segment || cur.Offset != r.loc.Offset)
 }
 

@@ -478,6 +478,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 			continue
 		}
 		nsDir := tiers.NamespaceDir(root, inst)
+		logSeq, logRead := e.logsRead(inst)
 		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
 		if errors.Is(err, tiers.ErrNoManifest) {
 			continue // nothing published yet (or no longer anything: its segments are dropped)
@@ -488,10 +489,11 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 			e.opts.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
 			continue
 		}
+		e.atSeam(seamManifestRead, BlockID{})
 		ns := nsManifest{m, nsDir}
 		e.observe(ns)
 		e.overlayReclaimed(inst, m)
-		defer e.forgetUnannounced(inst, m)
+		defer e.forgetUnannounced(inst, m, logSeq, logRead)
 		read = append(read, ns)
 		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
 			if len(m.Segments) == 0 {
@@ -610,16 +612,26 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 	var next [8]byte
 	binary.LittleEndian.PutUint64(next[:], alias&^foreignAlias+1)
 	b.SetMeta(metaForeignNext, next[:])
-	if err := s.fx.Apply(b, false); err != nil {
-		return err
-	}
+	// The alias stands for the segment before any entry names it: a load that finds an entry
+	// must find its segment, or it takes the block for gone and drops it.
+	k := foreignKey{inst, ent.Number}
 	s.mu.Lock()
 	s.segs[alias] = foreignSeg{inst: inst, number: ent.Number, generation: ent.Generation, dir: segDir, tier: t}
-	s.aliases[foreignKey{inst, ent.Number}] = alias
-	if len(pending) > 0 {
-		s.pendingSidecars[alias] = pending
-	}
+	s.aliases[k] = alias
 	s.mu.Unlock()
+	if err := s.fx.Apply(b, false); err != nil {
+		s.mu.Lock()
+		delete(s.segs, alias)
+		delete(s.aliases, k)
+		s.mu.Unlock()
+		return err
+	}
+	e.atSeam(seamForeignIndexed, BlockID{})
+	if len(pending) > 0 {
+		s.mu.Lock()
+		s.pendingSidecars[alias] = pending
+		s.mu.Unlock()
+	}
 	s.segmentsIndexed.Add(1)
 	e.indexPendingSidecars()
 	return nil
@@ -851,20 +863,41 @@ func (e *Engine) openForeignLocked(alias uint64) (*wal.Segment, error) {
 	return wal.OpenSegmentForRead(e.fs, fs.dir, fs.number, fs.generation, fs.tier.direct, fs.tier.io)
 }
 
-// foreignGet returns the foreign index's entry of id.
+// foreignGet returns the foreign index's entry of id, or else the one a publication log gave.
 func (e *Engine) foreignGet(id BlockID) (index.Location, bool) {
 	if e.share == nil || e.share.fx == nil {
 		return index.Location{}, false
 	}
-	loc, ok, err := e.share.fx.Get(id)
+	var loc index.Location
+	found, err := e.foreignLookup(func() (bool, error) {
+		var ok bool
+		var err error
+		if loc, ok, err = e.share.fx.Get(id); ok || err != nil {
+			return ok, err
+		}
+		e.atSeam(seamForeignMissed, id)
+		loc, ok = e.overlayGet(id)
+		return ok, nil
+	})
 	if err != nil {
 		e.opts.Logger.Warn("ucm: foreign index read failed; a miss", "block", id, "err", err)
-		return loc, false
 	}
-	if !ok {
-		loc, ok = e.overlayGet(id)
+	return loc, found
+}
+
+// foreignLookup runs find (the foreign index read first, then the overlay) until it finds
+// everything it looks for, fails, or no overlay segment was forgotten meanwhile: a segment's
+// entries move from the overlay to the foreign index when its manifest is read, and a reader
+// passing between the two reads would miss them in both.
+func (e *Engine) foreignLookup(find func() (bool, error)) (bool, error) {
+	ov := &e.share.ov
+	for {
+		g := ov.forgets.Load()
+		found, err := find()
+		if found || err != nil || ov.forgets.Load() == g {
+			return found, err
+		}
 	}
-	return loc, ok
 }
 
 // foreignGetTailing is foreignGet for a load: on a miss it first reads what the instances on
@@ -883,11 +916,14 @@ func (e *Engine) foreignContains(id BlockID) bool {
 	if e.share == nil || e.share.fx == nil {
 		return false
 	}
-	if e.share.fx.Contains(id) {
-		return true
-	}
-	_, ok := e.overlayGet(id)
-	return ok
+	found, _ := e.foreignLookup(func() (bool, error) {
+		if e.share.fx.Contains(id) {
+			return true, nil
+		}
+		_, ok := e.overlayGet(id)
+		return ok, nil
+	})
+	return found
 }
 
 // retireShared delays the unlink of a retired segment of a shared tier that was published:

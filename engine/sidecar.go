@@ -264,7 +264,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		e.atSeam(seamSidecarLookedUp, id)
 		// Relocation (demotion, promotion, compaction) may move the sidecar and retire its
 		// segment after the entry was read: the entry is followed, as a block's is by Load.
-		seg, loc, err := e.acquireFollowing(id, kind, loc)
+		seg, loc, tier, err := e.acquireFollowing(id, kind, loc)
 		if err != nil {
 			var ce *wal.CorruptionError
 			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
@@ -276,7 +276,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 			continue
 		}
 		buf := e.pool.Get(int(loc.PayloadBytes()))
-		reads = append(reads, read{i: i, id: id, loc: loc, seg: seg, tier: e.tierOf(loc.Segment), buf: buf})
+		reads = append(reads, read{i: i, id: id, loc: loc, seg: seg, tier: tier, buf: buf})
 		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.ShardOffset(0)}) // the packed payload
 	}
 	if len(ops) > 0 {

@@ -696,7 +696,7 @@ func TestLoadSidecarsFollowsRelocation(t *testing.T) {
 				t.Fatalf("setup: segment %d of the first sidecar is %v, want sealed", stale.Segment, row.State)
 			}
 			moved := false
-			e.seam = func(p seamPoint, id BlockID) {
+			e.setSeam(func(p seamPoint, id BlockID) {
 				if p != seamSidecarLookedUp || id != keep || moved {
 					return
 				}
@@ -705,12 +705,12 @@ func TestLoadSidecarsFollowsRelocation(t *testing.T) {
 				if _, err := e.acquireSegment(stale.Segment); !errors.Is(err, wal.ErrSegmentGone) {
 					t.Errorf("segment %d not retired by the move: %v", stale.Segment, err)
 				}
-			}
+			})
 			checkSidecars(t, e, 5, blocks[:1], nil)
 			if !moved {
 				t.Fatal("the seam was not reached")
 			}
-			e.seam = nil
+			e.setSeam(nil)
 			present := e.Lookup(blocks)
 			if st := e.Stats(); st.MissingSegmentReads != 0 || st.Sidecars != int64(countTrue(present)) {
 				t.Fatalf("%d missing-segment reads, %d sidecars indexed, want 0 and %d", st.MissingSegmentReads, st.Sidecars, countTrue(present))
@@ -757,7 +757,7 @@ func TestSidecarNotCachedAfterItsBlock(t *testing.T) {
 				e.mem.RemoveSidecar(keep, 5) // the next load reads it from disk
 			}
 			dropped := false
-			e.seam = func(p seamPoint, id BlockID) {
+			e.setSeam(func(p seamPoint, id BlockID) {
 				if p != seamSidecarRead || id != keep || dropped {
 					return
 				}
@@ -766,7 +766,7 @@ func TestSidecarNotCachedAfterItsBlock(t *testing.T) {
 				if _, err := e.Evict("", 0); err != nil {
 					t.Error(err)
 				}
-			}
+			})
 			if path == "load" {
 				dst := make([]byte, sidePart)
 				if _, err := e.LoadSidecars(5, 0, []BlockID{keep}, dst); err != nil {
@@ -779,7 +779,7 @@ func TestSidecarNotCachedAfterItsBlock(t *testing.T) {
 			if !dropped {
 				t.Fatal("the seam was not reached")
 			}
-			e.seam = nil
+			e.setSeam(nil)
 			if n := countTrue(e.Lookup(blocks)); n != 0 {
 				t.Fatalf("%d blocks left after evicting everything", n)
 			}

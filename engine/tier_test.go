@@ -768,7 +768,7 @@ func TestLoadFollowsBlockMovedByCompaction(t *testing.T) {
 	if _, err := e.acquireSegment(stale.Segment); !errors.Is(err, wal.ErrSegmentGone) {
 		t.Fatalf("segment %d not retired by compaction: %v", stale.Segment, err)
 	}
-	seg, loc, err := e.acquireLatest(keep, stale)
+	seg, loc, _, err := e.acquireLatest(keep, stale)
 	if err != nil {
 		t.Fatalf("acquireLatest with the entry from before the move: %v", err)
 	}
@@ -781,7 +781,7 @@ func TestLoadFollowsBlockMovedByCompaction(t *testing.T) {
 	if staleGone.Segment != stale.Segment {
 		t.Fatalf("setup: blocks 0 and 1 in segments %d and %d, want one", stale.Segment, staleGone.Segment)
 	}
-	if _, _, err := e.acquireLatest(gone, staleGone); !errors.Is(err, wal.ErrSegmentGone) {
+	if _, _, _, err := e.acquireLatest(gone, staleGone); !errors.Is(err, wal.ErrSegmentGone) {
 		t.Fatalf("acquireLatest of a deleted block: %v, want ErrSegmentGone", err)
 	}
 }
