@@ -2,6 +2,7 @@ package connector
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"syscall"
@@ -9,25 +10,21 @@ import (
 	"github.com/ucm-go/ucm/engine"
 )
 
-// Status is one of UCM's store status codes (ucm/shared/status), as the C ABI returns them.
+//go:generate go run ./internal/statuscodes/gen
+
+// Status is one of UCM's store status codes (ucm/shared/infra/status), as the C ABI returns
+// them. The codes are declared in status_codes.go, generated from the one table the C header
+// and the Python package are generated from too (connector/internal/statuscodes).
 type Status int32
 
-// UCM's status codes.
-const (
-	StatusOK           Status = 0
-	StatusError        Status = -1
-	StatusEParam       Status = -50000 // bad argument: sizes, addresses, shard index, handle
-	StatusEOOM         Status = -50001 // out of memory (staging)
-	StatusEOSError     Status = -50002 // the file system failed an operation
-	StatusEDuplicate   Status = -50003 // the same block twice in one call, or created twice
-	StatusERetry       Status = -50004 // try again (store directory locked by another process)
-	StatusENoObj       Status = -50005 // no such block or task
-	StatusESerialize   Status = -50006
-	StatusEDeserialize Status = -50007 // stored bytes failed a check (the block is dropped)
-	StatusEUnsupported Status = -50008 // schema mismatch, or an operation this role does not do
-	StatusENoSpace     Status = -50009 // no space on the tier or in staging memory
-	StatusETimeout     Status = -50010 // the task outlived timeout_ms and was cancelled
-)
+// String returns the code's name as UCM spells it (EPARAM, ENOOBJ, ...), or Status(N) for a
+// value that is not one of UCM's codes.
+func (s Status) String() string {
+	if name, ok := statusNames[s]; ok {
+		return name
+	}
+	return fmt.Sprintf("Status(%d)", int32(s))
+}
 
 // Connector errors beside the engine's (engine.ErrNotFound and the others, which keep their
 // meaning here).

@@ -50,21 +50,23 @@ extern "C" {
 #endif
 
 /* UCM's status codes. */
+/* BEGIN STATUS CODES (generated from connector/internal/statuscodes; go generate ./connector/) */
 enum {
 	UCMGO_OK = 0,
-	UCMGO_ERROR = -1,
-	UCMGO_EPARAM = -50000,       /* bad argument: pointer, count, size, shard index, handle */
-	UCMGO_EOOM = -50001,         /* out of memory */
-	UCMGO_EOSERROR = -50002,     /* the file system failed an operation */
-	UCMGO_EDUPLICATE = -50003,   /* a block twice in one call, or created twice */
-	UCMGO_ERETRY = -50004,       /* try again */
-	UCMGO_ENOOBJ = -50005,       /* no such block, or no such task */
-	UCMGO_ESERIALIZE = -50006,
+	UCMGO_ERROR = -1, /* a failure no other code names */
+	UCMGO_EPARAM = -50000, /* bad argument: pointer, count, size, shard index, handle */
+	UCMGO_EOOM = -50001, /* out of memory (staging) */
+	UCMGO_EOSERROR = -50002, /* the file system failed an operation */
+	UCMGO_EDUPLICATE = -50003, /* the same block twice in one call, or created twice */
+	UCMGO_ERETRY = -50004, /* try again (store directory locked by another process) */
+	UCMGO_ENOOBJ = -50005, /* no such block, or no such task */
+	UCMGO_ESERIALIZE = -50006, /* not returned by UCM-Go */
 	UCMGO_EDESERIALIZE = -50007, /* stored bytes failed a check: the block is a miss now */
-	UCMGO_EUNSUPPORTED = -50008, /* schema mismatch */
-	UCMGO_ENOSPACE = -50009,     /* no space in the store or in staging memory */
-	UCMGO_ETIMEOUT = -50010,     /* the task outlived timeout_ms and was cancelled */
+	UCMGO_EUNSUPPORTED = -50008, /* schema mismatch, or an operation this role does not do */
+	UCMGO_ENOSPACE = -50009, /* no space on the tier or in staging memory */
+	UCMGO_ETIMEOUT = -50010, /* the task outlived timeout_ms and was cancelled */
 };
+/* END STATUS CODES */
 
 /* UCMGO_ID_BYTES is the size of a block id. */
 #define UCMGO_ID_BYTES 16

@@ -5,26 +5,37 @@ import os
 from pathlib import Path
 
 # UCM's status codes (ucmgo.h).
+# BEGIN STATUS CODES (generated from connector/internal/statuscodes; go generate ./connector/)
 OK = 0
-ERROR = -1
-EPARAM = -50000
-EOOM = -50001
-EOSERROR = -50002
-EDUPLICATE = -50003
-ERETRY = -50004
-ENOOBJ = -50005
-ESERIALIZE = -50006
-EDESERIALIZE = -50007
-EUNSUPPORTED = -50008
-ENOSPACE = -50009
-ETIMEOUT = -50010
+ERROR = -1  # a failure no other code names
+EPARAM = -50000  # bad argument: pointer, count, size, shard index, handle
+EOOM = -50001  # out of memory (staging)
+EOSERROR = -50002  # the file system failed an operation
+EDUPLICATE = -50003  # the same block twice in one call, or created twice
+ERETRY = -50004  # try again (store directory locked by another process)
+ENOOBJ = -50005  # no such block, or no such task
+ESERIALIZE = -50006  # not returned by UCM-Go
+EDESERIALIZE = -50007  # stored bytes failed a check: the block is a miss now
+EUNSUPPORTED = -50008  # schema mismatch, or an operation this role does not do
+ENOSPACE = -50009  # no space on the tier or in staging memory
+ETIMEOUT = -50010  # the task outlived timeout_ms and was cancelled
 
 STATUS_NAMES = {
-    OK: "OK", ERROR: "ERROR", EPARAM: "EPARAM", EOOM: "EOOM", EOSERROR: "EOSERROR",
-    EDUPLICATE: "EDUPLICATE", ERETRY: "ERETRY", ENOOBJ: "ENOOBJ", ESERIALIZE: "ESERIALIZE",
-    EDESERIALIZE: "EDESERIALIZE", EUNSUPPORTED: "EUNSUPPORTED", ENOSPACE: "ENOSPACE",
+    OK: "OK",
+    ERROR: "ERROR",
+    EPARAM: "EPARAM",
+    EOOM: "EOOM",
+    EOSERROR: "EOSERROR",
+    EDUPLICATE: "EDUPLICATE",
+    ERETRY: "ERETRY",
+    ENOOBJ: "ENOOBJ",
+    ESERIALIZE: "ESERIALIZE",
+    EDESERIALIZE: "EDESERIALIZE",
+    EUNSUPPORTED: "EUNSUPPORTED",
+    ENOSPACE: "ENOSPACE",
     ETIMEOUT: "ETIMEOUT",
 }
+# END STATUS CODES
 
 ID_BYTES = 16
 
