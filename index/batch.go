@@ -219,249 +219,332 @@ func (ix *Index) syncWAL() error {
 	return nil
 }
 
-// applyLocked is Apply with applyMu held, without waiting for durability.
+// applyLocked is Apply with applyMu held, without waiting for durability: the ops are
+// evaluated against an in-batch view (applyState), written to one Pebble batch with the
+// segment rows they change, committed, and then published to the in-memory membership and
+// segment tables.
 func (ix *Index) applyLocked(b *Batch) (err error) {
 	b.applied = true
-	var results []struct {
-		p  *bool
-		ok bool
-	}
-	defer func() {
-		for _, r := range results {
-			*r.p = err == nil && r.ok
-		}
-		if err != nil {
-			for _, o := range b.ops {
-				if o.result != nil {
-					*o.result = false
-				}
-			}
-		}
-	}()
+	a := newApplyState(ix)
+	defer func() { a.report(b, err) }()
 	if b.err != nil {
 		return b.err
 	}
 	if len(b.ops) == 0 {
 		return nil
 	}
-
-	blocks := make(map[entryKey]*blockState)
-	deltas := make(map[uint64]*liveDelta)
-	segs := make(map[uint64]*segState)
-	batchKinds := make(map[format.BlockID]uint64) // sidecar kinds put by this batch, per block
-	var kb [sidecarKeySize]byte
-
-	current := func(k entryKey) (*blockState, error) {
-		if st, ok := blocks[k]; ok {
-			return st, nil
-		}
-		// The membership set and kind sets are exactly the committed state (updated under
-		// applyMu): an entry they do not list needs no Pebble read.
-		ix.members.RLock()
-		_, member := ix.members.set[k.id]
-		if k.side != 0 {
-			member = ix.members.sidecars[k.id]&(1<<k.side) != 0
-		}
-		ix.members.RUnlock()
-		if !member {
-			st := &blockState{}
-			blocks[k] = st
-			return st, nil
-		}
-		key := blockKey(kb[:], k.id)
-		if k.side != 0 {
-			key = sidecarKey(kb[:], k.id, k.side)
-		}
-		loc, ok, err := ix.getLocation(key, k.id)
-		if err != nil {
-			return nil, err
-		}
-		st := &blockState{}
-		if ok {
-			*st = blockState{present: true, side: k.side != 0, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
-		}
-		blocks[k] = st
-		return st, nil
-	}
-	adjust := func(st *blockState, sign int64) {
-		d := deltas[st.seg]
-		if d == nil {
-			d = &liveDelta{}
-			deltas[st.seg] = d
-		}
-		d.bytes += sign * st.bytes
-		d.records += sign
-		if st.side {
-			d.sidecars += sign
-		}
-	}
-	batchPut := false // a block of a batch record is put: the index becomes version 3
-	put := func(st *blockState, o *op) {
-		batchPut = batchPut || o.loc.IsBatch()
-		if st.present {
-			adjust(st, -1)
-		}
-		*st = blockState{present: true, side: o.side != 0, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
-		adjust(st, 1)
-	}
-	remove := func(st *blockState) {
-		adjust(st, -1)
-		*st = blockState{dirty: true}
-	}
-	// dropSidecars deletes every sidecar of a block whose entry goes: none outlives it.
-	dropSidecars := func(id format.BlockID) error {
-		ix.members.RLock()
-		kinds := ix.members.sidecars[id]
-		ix.members.RUnlock()
-		for kinds |= batchKinds[id]; kinds != 0; kinds &= kinds - 1 {
-			st, err := current(entryKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))})
-			if err != nil {
-				return err
-			}
-			if st.present {
-				remove(st)
-			}
-		}
-		return nil
-	}
-	record := func(p *bool, ok bool) {
-		if p != nil {
-			results = append(results, struct {
-				p  *bool
-				ok bool
-			}{p, ok})
-		}
-	}
-	// Only applyMu holders write ix.mu.segments, so it can be read here without ix.mu.
-	committed := ix.mu.segments
-	segRow := func(n uint64) *segState {
-		if s, ok := segs[n]; ok {
-			return s
-		}
-		m, ok := committed[n]
-		s := &segState{exists: ok, meta: m}
-		segs[n] = s
-		return s
-	}
-	for i := range b.ops {
-		o := &b.ops[i]
-		switch o.kind {
-		case opSetSegment:
-			s := segRow(o.seg.Number)
-			s.exists, s.meta = true, o.seg
-		case opDeleteSegment:
-			s := segRow(o.number)
-			s.exists = false
-		}
-	}
-
-	for i := range b.ops {
-		o := &b.ops[i]
-		switch o.kind {
-		case opPut:
-			st, err := current(entryKey{o.id, 0})
-			if err != nil {
-				return err
-			}
-			put(st, o)
-		case opPutIf, opPutSidecarIf:
-			st, err := current(entryKey{o.id, o.side})
-			if err != nil {
-				return err
-			}
-			ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
-			if ok {
-				put(st, o)
-			}
-			record(o.result, ok)
-		case opPutSidecar:
-			// Only beside a block that has an entry at this point of the batch.
-			blk, err := current(entryKey{o.id, 0})
-			if err != nil {
-				return err
-			}
-			if blk.present {
-				st, err := current(entryKey{o.id, o.side})
-				if err != nil {
-					return err
-				}
-				put(st, o)
-				batchKinds[o.id] |= 1 << o.side
-			}
-			record(o.result, blk.present)
-		case opDelete, opDeleteIf:
-			st, err := current(entryKey{o.id, 0})
-			if err != nil {
-				return err
-			}
-			ok := st.present && (o.kind == opDelete || (st.seg == o.oldSeg && st.off == o.oldOff))
-			if ok {
-				remove(st)
-				if err := dropSidecars(o.id); err != nil {
-					return err
-				}
-			}
-			record(o.result, ok)
-		case opDeleteSidecarIf:
-			st, err := current(entryKey{o.id, o.side})
-			if err != nil {
-				return err
-			}
-			ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
-			if ok {
-				remove(st)
-			}
-			record(o.result, ok)
-		}
-	}
-
-	// Final segment rows: every segment touched by a segment op or by an entry.
-	for n := range deltas {
-		segRow(n)
+	if err := a.evaluate(b.ops); err != nil {
+		return err
 	}
 	pb := ix.db.NewBatch()
 	defer func() { _ = pb.Close() }()
-	newRows := make(map[uint64]*SegmentMeta, len(segs)) // nil: row deleted
-	for n, s := range segs {
-		var live liveDelta
-		if m, ok := committed[n]; ok {
-			live = liveDelta{m.LiveBytes, m.LiveRecords, m.LiveSidecars}
+	newRows, err := a.writeSegmentRows(pb)
+	if err != nil {
+		return err
+	}
+	if err := a.writeEntries(pb, b.ops); err != nil {
+		return err
+	}
+	recordBatch := a.batchPut && ix.version < indexVersionBatch
+	if recordBatch {
+		if err := pb.Set(metaKey(MetaIndexVersion), []byte(strconv.Itoa(indexVersionBatch)), nil); err != nil {
+			return fmt.Errorf("index: apply: %w", err)
 		}
-		if d := deltas[n]; d != nil {
+	}
+	if pb.Empty() {
+		return nil
+	}
+	if err := ix.db.Apply(pb, pebble.NoSync); err != nil {
+		return fmt.Errorf("index: apply: %w", err)
+	}
+	ix.mutations.Add(1) // after the commit: see Mutations
+	if recordBatch {
+		ix.version = indexVersionBatch
+	}
+	a.publish(newRows)
+	return nil
+}
+
+// applyState is the in-batch view one Apply evaluates its ops against: the entries and
+// segment rows as the ops so far left them, starting from the committed state, and the live
+// counters' changes per segment.
+type applyState struct {
+	ix         *Index
+	blocks     map[entryKey]*blockState
+	deltas     map[uint64]*liveDelta
+	segs       map[uint64]*segState
+	batchKinds map[format.BlockID]uint64 // sidecar kinds put by this batch, per block
+	// committed is the committed segment table: only applyMu holders write ix.mu.segments,
+	// so it is read here without ix.mu.
+	committed map[uint64]SegmentMeta
+	batchPut  bool // a block of a batch record is put: the index becomes version 3
+	results   []applyResult
+	kb        [sidecarKeySize]byte
+}
+
+// applyResult is a conditional op's outcome, reported to its caller's *bool once Apply ends.
+type applyResult struct {
+	p  *bool
+	ok bool
+}
+
+func newApplyState(ix *Index) *applyState {
+	return &applyState{ix: ix, blocks: map[entryKey]*blockState{}, deltas: map[uint64]*liveDelta{},
+		segs: map[uint64]*segState{}, batchKinds: map[format.BlockID]uint64{}, committed: ix.mu.segments}
+}
+
+// report sets each conditional op's result: what its evaluation found if the batch committed
+// (err nil), else false for every op.
+func (a *applyState) report(b *Batch, err error) {
+	for _, r := range a.results {
+		*r.p = err == nil && r.ok
+	}
+	if err != nil {
+		for _, o := range b.ops {
+			if o.result != nil {
+				*o.result = false
+			}
+		}
+	}
+}
+
+// current returns entry k as the batch has left it so far, read from the committed state the
+// first time.
+func (a *applyState) current(k entryKey) (*blockState, error) {
+	if st, ok := a.blocks[k]; ok {
+		return st, nil
+	}
+	ix := a.ix
+	// The membership set and kind sets are exactly the committed state (updated under
+	// applyMu): an entry they do not list needs no Pebble read.
+	ix.members.RLock()
+	_, member := ix.members.set[k.id]
+	if k.side != 0 {
+		member = ix.members.sidecars[k.id]&(1<<k.side) != 0
+	}
+	ix.members.RUnlock()
+	if !member {
+		st := &blockState{}
+		a.blocks[k] = st
+		return st, nil
+	}
+	key := blockKey(a.kb[:], k.id)
+	if k.side != 0 {
+		key = sidecarKey(a.kb[:], k.id, k.side)
+	}
+	loc, ok, err := ix.getLocation(key, k.id)
+	if err != nil {
+		return nil, err
+	}
+	st := &blockState{}
+	if ok {
+		*st = blockState{present: true, side: k.side != 0, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
+	}
+	a.blocks[k] = st
+	return st, nil
+}
+
+// adjust counts st's record in (sign 1) or out of (sign -1) its segment's live counters.
+func (a *applyState) adjust(st *blockState, sign int64) {
+	d := a.deltas[st.seg]
+	if d == nil {
+		d = &liveDelta{}
+		a.deltas[st.seg] = d
+	}
+	d.bytes += sign * st.bytes
+	d.records += sign
+	if st.side {
+		d.sidecars += sign
+	}
+}
+
+// put makes st the entry o puts.
+func (a *applyState) put(st *blockState, o *op) {
+	a.batchPut = a.batchPut || o.loc.IsBatch()
+	if st.present {
+		a.adjust(st, -1)
+	}
+	*st = blockState{present: true, side: o.side != 0, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
+	a.adjust(st, 1)
+}
+
+// remove deletes entry st.
+func (a *applyState) remove(st *blockState) {
+	a.adjust(st, -1)
+	*st = blockState{dirty: true}
+}
+
+// dropSidecars deletes every sidecar of a block whose entry goes: none outlives it.
+func (a *applyState) dropSidecars(id format.BlockID) error {
+	a.ix.members.RLock()
+	kinds := a.ix.members.sidecars[id]
+	a.ix.members.RUnlock()
+	for kinds |= a.batchKinds[id]; kinds != 0; kinds &= kinds - 1 {
+		st, err := a.current(entryKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))})
+		if err != nil {
+			return err
+		}
+		if st.present {
+			a.remove(st)
+		}
+	}
+	return nil
+}
+
+// record notes a conditional op's outcome for report.
+func (a *applyState) record(p *bool, ok bool) {
+	if p != nil {
+		a.results = append(a.results, applyResult{p, ok})
+	}
+}
+
+// segRow returns segment n's row as the batch has left it so far.
+func (a *applyState) segRow(n uint64) *segState {
+	if s, ok := a.segs[n]; ok {
+		return s
+	}
+	m, ok := a.committed[n]
+	s := &segState{exists: ok, meta: m}
+	a.segs[n] = s
+	return s
+}
+
+// evaluate runs the ops in order against the in-batch view: segment ops first (a batch that
+// creates a segment and puts entries into it may list them in any order), then the entry ops.
+func (a *applyState) evaluate(ops []op) error {
+	for i := range ops {
+		o := &ops[i]
+		switch o.kind {
+		case opSetSegment:
+			s := a.segRow(o.seg.Number)
+			s.exists, s.meta = true, o.seg
+		case opDeleteSegment:
+			a.segRow(o.number).exists = false
+		}
+	}
+	for i := range ops {
+		if err := a.evaluateEntryOp(&ops[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evaluateEntryOp evaluates one op on an entry (other ops are left alone).
+func (a *applyState) evaluateEntryOp(o *op) error {
+	switch o.kind {
+	case opPut:
+		st, err := a.current(entryKey{o.id, 0})
+		if err != nil {
+			return err
+		}
+		a.put(st, o)
+	case opPutIf, opPutSidecarIf:
+		st, err := a.current(entryKey{o.id, o.side})
+		if err != nil {
+			return err
+		}
+		ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
+		if ok {
+			a.put(st, o)
+		}
+		a.record(o.result, ok)
+	case opPutSidecar:
+		// Only beside a block that has an entry at this point of the batch.
+		blk, err := a.current(entryKey{o.id, 0})
+		if err != nil {
+			return err
+		}
+		if blk.present {
+			st, err := a.current(entryKey{o.id, o.side})
+			if err != nil {
+				return err
+			}
+			a.put(st, o)
+			a.batchKinds[o.id] |= 1 << o.side
+		}
+		a.record(o.result, blk.present)
+	case opDelete, opDeleteIf:
+		st, err := a.current(entryKey{o.id, 0})
+		if err != nil {
+			return err
+		}
+		ok := st.present && (o.kind == opDelete || (st.seg == o.oldSeg && st.off == o.oldOff))
+		if ok {
+			a.remove(st)
+			if err := a.dropSidecars(o.id); err != nil {
+				return err
+			}
+		}
+		a.record(o.result, ok)
+	case opDeleteSidecarIf:
+		st, err := a.current(entryKey{o.id, o.side})
+		if err != nil {
+			return err
+		}
+		ok := st.present && st.seg == o.oldSeg && st.off == o.oldOff
+		if ok {
+			a.remove(st)
+		}
+		a.record(o.result, ok)
+	}
+	return nil
+}
+
+// writeSegmentRows writes to pb the final row of every segment touched by a segment op or by
+// an entry, with its exact live counters, and returns the rows that changed (nil: deleted).
+// A segment deleted while entries point into it, entries pointing at a segment with no row, or
+// counters that would go negative or disagree fail it.
+func (a *applyState) writeSegmentRows(pb *pebble.Batch) (map[uint64]*SegmentMeta, error) {
+	for n := range a.deltas {
+		a.segRow(n)
+	}
+	newRows := make(map[uint64]*SegmentMeta, len(a.segs))
+	for n, s := range a.segs {
+		var live liveDelta
+		old, hadRow := a.committed[n]
+		if hadRow {
+			live = liveDelta{old.LiveBytes, old.LiveRecords, old.LiveSidecars}
+		}
+		if d := a.deltas[n]; d != nil {
 			live.bytes += d.bytes
 			live.records += d.records
 			live.sidecars += d.sidecars
 		}
-		_, hadRow := committed[n]
 		if !s.exists {
 			if live.records != 0 || live.bytes != 0 {
 				if hadRow {
-					return fmt.Errorf("%w: index: apply: segment %d deleted with %d live records (%d bytes)", format.ErrInvalid, n, live.records, live.bytes)
+					return nil, fmt.Errorf("%w: index: apply: segment %d deleted with %d live records (%d bytes)", format.ErrInvalid, n, live.records, live.bytes)
 				}
-				return fmt.Errorf("%w: index: apply: %d entries (%d bytes) would point at segment %d, which has no row", format.ErrInvalid, live.records, live.bytes, n)
+				return nil, fmt.Errorf("%w: index: apply: %d entries (%d bytes) would point at segment %d, which has no row", format.ErrInvalid, live.records, live.bytes, n)
 			}
 			if hadRow {
 				newRows[n] = nil
 				if err := pb.Delete(segmentKey(n), nil); err != nil {
-					return fmt.Errorf("index: apply: %w", err)
+					return nil, fmt.Errorf("index: apply: %w", err)
 				}
 			}
 			continue
 		}
 		if live.records < 0 || live.bytes < 0 || (live.records == 0) != (live.bytes == 0) || live.sidecars < 0 || live.sidecars > live.records {
-			return fmt.Errorf("%w: index: apply: segment %d accounting would become %d bytes in %d records (%d sidecars)", format.ErrCorrupt, n, live.bytes, live.records, live.sidecars)
+			return nil, fmt.Errorf("%w: index: apply: segment %d accounting would become %d bytes in %d records (%d sidecars)", format.ErrCorrupt, n, live.bytes, live.records, live.sidecars)
 		}
 		m := s.meta
 		m.LiveBytes, m.LiveRecords, m.LiveSidecars = live.bytes, live.records, live.sidecars
-		if old, ok := committed[n]; ok && old == m {
+		if hadRow && old == m {
 			continue
 		}
 		newRows[n] = &m
 		if err := pb.Set(segmentKey(n), EncodeSegmentMeta(nil, m), nil); err != nil {
-			return fmt.Errorf("index: apply: %w", err)
+			return nil, fmt.Errorf("index: apply: %w", err)
 		}
 	}
-	for k, st := range blocks {
+	return newRows, nil
+}
+
+// writeEntries writes to pb every entry the batch changed, and its meta ops.
+func (a *applyState) writeEntries(pb *pebble.Batch, ops []op) error {
+	for k, st := range a.blocks {
 		if !st.dirty {
 			continue
 		}
@@ -479,7 +562,7 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			return fmt.Errorf("index: apply: %w", err)
 		}
 	}
-	for _, o := range b.ops {
+	for _, o := range ops {
 		var err error
 		switch o.kind {
 		case opSetMeta:
@@ -491,25 +574,15 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 			return fmt.Errorf("index: apply: %w", err)
 		}
 	}
-	recordBatch := batchPut && ix.version < indexVersionBatch
-	if recordBatch {
-		if err := pb.Set(metaKey(MetaIndexVersion), []byte(strconv.Itoa(indexVersionBatch)), nil); err != nil {
-			return fmt.Errorf("index: apply: %w", err)
-		}
-	}
-	if pb.Empty() {
-		return nil
-	}
-	if err := ix.db.Apply(pb, pebble.NoSync); err != nil {
-		return fmt.Errorf("index: apply: %w", err)
-	}
-	ix.mutations.Add(1) // after the commit: see Mutations
-	if recordBatch {
-		ix.version = indexVersionBatch
-	}
+	return nil
+}
 
+// publish brings the in-memory membership and segment tables to the committed state, once the
+// batch is committed.
+func (a *applyState) publish(newRows map[uint64]*SegmentMeta) {
+	ix := a.ix
 	ix.members.Lock()
-	for k, st := range blocks {
+	for k, st := range a.blocks {
 		switch {
 		case !st.dirty:
 		case k.side != 0 && st.present:
@@ -536,5 +609,4 @@ func (ix *Index) applyLocked(b *Batch) (err error) {
 		}
 	}
 	ix.mu.Unlock()
-	return nil
 }
