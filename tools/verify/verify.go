@@ -175,42 +175,110 @@ func Store(dir string, opts Options) (*Report, error) {
 	return h.verify(rec, opts)
 }
 
-// verify verifies the store h holds open; rec is what recovery did before, if it ran.
-func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, error) {
-	r := &Report{Dir: h.Dir, SegDirs: h.SegDirs, Recovery: rec}
-	add := func(seg uint64, off int64, id format.BlockID, format string, args ...any) {
-		r.Problems = append(r.Problems, Problem{Segment: seg, Path: h.SegmentPath(seg), Offset: off, Block: id,
-			Msg: fmt.Sprintf(format, args...)})
-	}
-	if rec != nil {
-		for _, n := range rec.MissingSegments {
-			add(n, -1, format.BlockID{}, "sealed segment file was missing; recovery dropped the index entries pointing into it")
-		}
-		for _, n := range rec.TruncatedSegments {
-			add(n, -1, format.BlockID{}, "sealed segment file was cut short; recovery dropped the index entries of the records it lost and sealed it again")
-		}
-	}
-	if err := h.RecoverySkipped(); err != nil {
-		r.RecoverySkipped = err.Error()
-	}
-	pending := map[uint64]*PendingSegment{}
-	if !opts.Recover || h.RecoverySkipped() != nil {
-		ps, err := h.ScanPending()
-		if err != nil {
-			return nil, err
-		}
-		r.Pending = ps
-		for _, p := range ps {
-			pending[p.Number] = p
-		}
-	}
+// verifier is one run of verify over the store h holds open: the report it fills, and what
+// each phase found that the next one uses.
+type verifier struct {
+	h        *Handle
+	opts     Options
+	r        *Report
+	progress func(int64)
+	pending  map[uint64]*PendingSegment // active segments as a recovery scan sees them
+	onDisk   map[uint64]int64           // segment files: their sizes (-1: unknown)
+	rows     []index.SegmentMeta
+	// registered are the index's segment rows by number.
+	registered map[uint64]index.SegmentMeta
+	recs       map[recKey]*recState
+	validEnd   map[uint64]int64  // active segments (without Recover): entries at or past it will be dropped
+	badHeader  map[uint64]string // sealed segments the engine will not open: why
+	unloadable map[uint64]int    // indexed records in segments with a bad header
+}
 
-	// Segment files on disk, in every segment directory.
-	files, err := h.ListSegmentFiles()
+// verify verifies the store h holds open; rec is what recovery did before, if it ran. Its
+// phases: what recovery did and what it would do, the segment files on disk, every registered
+// segment read and checked, the index checked against the log, the log against the index, and
+// the space accounting.
+func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, error) {
+	v := &verifier{h: h, opts: opts, r: &Report{Dir: h.Dir, SegDirs: h.SegDirs, Recovery: rec}, progress: opts.Progress,
+		pending: map[uint64]*PendingSegment{}, recs: map[recKey]*recState{}, validEnd: map[uint64]int64{},
+		badHeader: map[uint64]string{}, unloadable: map[uint64]int{}}
+	if v.progress == nil {
+		v.progress = func(int64) {}
+	}
+	if err := v.recovery(rec); err != nil {
+		return nil, err
+	}
+	total, err := v.segmentFiles()
 	if err != nil {
 		return nil, err
 	}
-	onDisk := map[uint64]int64{}
+	if opts.ProgressTotal != nil {
+		opts.ProgressTotal(total)
+	}
+	if err := v.readSegments(); err != nil {
+		return nil, err
+	}
+	v.indexToLog()
+	v.logToIndex()
+	if err := h.Index.CheckAccounting(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			v.r.Problems = append(v.r.Problems, Problem{Offset: -1, Msg: line})
+		}
+	}
+	slices.SortStableFunc(v.r.Problems, func(a, b Problem) int {
+		return cmp.Or(strings.Compare(a.Path, b.Path), cmp.Compare(a.Offset, b.Offset))
+	})
+	return v.r, nil
+}
+
+// add reports a problem at offset off of segment seg (-1: the whole segment), about block id
+// (zero: none in particular).
+func (v *verifier) add(seg uint64, off int64, id format.BlockID, msg string, args ...any) {
+	v.r.Problems = append(v.r.Problems, Problem{Segment: seg, Path: v.h.SegmentPath(seg), Offset: off, Block: id,
+		Msg: fmt.Sprintf(msg, args...)})
+}
+
+// note adds a note (something the engine handles, not a problem) to the report.
+func (v *verifier) note(msg string, args ...any) {
+	v.r.Notes = append(v.r.Notes, fmt.Sprintf(msg, args...))
+}
+
+// recovery reports what recovery did (rec, if it ran), and scans the active segments as
+// recovery would when it did not run.
+func (v *verifier) recovery(rec *engine.RecoveryReport) error {
+	if rec != nil {
+		for _, n := range rec.MissingSegments {
+			v.add(n, -1, format.BlockID{}, "sealed segment file was missing; recovery dropped the index entries pointing into it")
+		}
+		for _, n := range rec.TruncatedSegments {
+			v.add(n, -1, format.BlockID{}, "sealed segment file was cut short; recovery dropped the index entries of the records it lost and sealed it again")
+		}
+	}
+	if err := v.h.RecoverySkipped(); err != nil {
+		v.r.RecoverySkipped = err.Error()
+	}
+	if v.opts.Recover && v.h.RecoverySkipped() == nil {
+		return nil
+	}
+	ps, err := v.h.ScanPending()
+	if err != nil {
+		return err
+	}
+	v.r.Pending = ps
+	for _, p := range ps {
+		v.pending[p.Number] = p
+	}
+	return nil
+}
+
+// segmentFiles lists the segment files on disk, in every segment directory, against the
+// index's segment rows, and returns the bytes the segment reads will cover.
+func (v *verifier) segmentFiles() (total int64, err error) {
+	h, r := v.h, v.r
+	files, err := h.ListSegmentFiles()
+	if err != nil {
+		return 0, err
+	}
+	v.onDisk = map[uint64]int64{}
 	for _, f := range files {
 		switch {
 		case f.Segment:
@@ -218,46 +286,39 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 			if fi, err := h.FS.Stat(f.Path); err == nil {
 				size = fi.Size()
 			}
-			onDisk[f.Number] = size
+			v.onDisk[f.Number] = size
 		case f.Recycled:
 			r.RecycledFiles++
 		case f.Temp:
-			r.Notes = append(r.Notes, fmt.Sprintf("temporary file %s left by an interrupted operation (the engine removes it at open)", f.Path))
+			v.note("temporary file %s left by an interrupted operation (the engine removes it at open)", f.Path)
 		default:
-			r.Notes = append(r.Notes, fmt.Sprintf("foreign file %s in a segment directory (ignored by the engine)", f.Path))
+			v.note("foreign file %s in a segment directory (ignored by the engine)", f.Path)
 		}
 	}
-	rows := h.Index.Segments()
-	registered := map[uint64]index.SegmentMeta{}
-	var total int64
-	for _, m := range rows {
-		registered[m.Number] = m
-		if sz, ok := onDisk[m.Number]; ok && m.State != index.SegmentQuarantined && m.State != index.SegmentDeleting && sz > 0 {
+	v.rows = h.Index.Segments()
+	v.registered = map[uint64]index.SegmentMeta{}
+	for _, m := range v.rows {
+		v.registered[m.Number] = m
+		if sz, ok := v.onDisk[m.Number]; ok && m.State != index.SegmentQuarantined && m.State != index.SegmentDeleting && sz > 0 {
 			total += sz
 		}
 	}
-	for n := range onDisk {
-		if _, ok := registered[n]; !ok {
+	for n := range v.onDisk {
+		if _, ok := v.registered[n]; !ok {
 			r.UnregisteredFiles++
-			r.Notes = append(r.Notes, fmt.Sprintf("segment file %s not registered in the index: recovery will adopt it (or remove it if it holds no header)", h.SegmentPath(n)))
+			v.note("segment file %s not registered in the index: recovery will adopt it (or remove it if it holds no header)", h.SegmentPath(n))
 		}
 	}
+	return total, nil
+}
 
-	// Read every registered segment.
-	progress := opts.Progress
-	if progress == nil {
-		progress = func(int64) {}
-	}
-	if opts.ProgressTotal != nil {
-		opts.ProgressTotal(total)
-	}
-	recs := map[recKey]*recState{}
-	validEnd := map[uint64]int64{}   // active segments (without Recover): entries at or past it will be dropped
-	badHeader := map[uint64]string{} // sealed segments the engine will not open: why
-	for _, m := range rows {
-		path := h.SegmentPath(m.Number)
+// readSegments reads every registered segment: its records, checked, into recs.
+func (v *verifier) readSegments() error {
+	r := v.r
+	for _, m := range v.rows {
+		path := v.h.SegmentPath(m.Number)
 		r.Segments++
-		size, present := onDisk[m.Number]
+		size, present := v.onDisk[m.Number]
 		switch m.State {
 		case index.SegmentSealed:
 			r.Sealed++
@@ -265,165 +326,109 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 			r.Active++
 		case index.SegmentQuarantined:
 			r.Quarantined++
-			add(m.Number, -1, format.BlockID{}, "segment quarantined (found corrupt when recovery scanned it); its blocks are not served")
+			v.add(m.Number, -1, format.BlockID{}, "segment quarantined (found corrupt when recovery scanned it); its blocks are not served")
 			continue
 		case index.SegmentDeleting:
 			// A retirement interrupted by a crash: no entry is served from it and recovery
 			// deletes it. Not corruption; nothing to read.
 			r.Retiring++
-			if !opts.Recover {
-				r.Notes = append(r.Notes, fmt.Sprintf("segment %s is being retired (marked deleting when a crash interrupted it): recovery deletes it", path))
+			if !v.opts.Recover {
+				v.note("segment %s is being retired (marked deleting when a crash interrupted it): recovery deletes it", path)
 			}
 			continue
 		}
 		if !present {
 			r.MissingFiles++
 			if m.State == index.SegmentSealed {
-				add(m.Number, -1, format.BlockID{}, "segment file missing (registered as %s with %d live records)", m.State, m.LiveRecords)
+				v.add(m.Number, -1, format.BlockID{}, "segment file missing (registered as %s with %d live records)", m.State, m.LiveRecords)
 			}
 			continue
 		}
+		var err error
 		if m.State == index.SegmentActive {
-			p := pending[m.Number]
-			if p == nil || p.scan == nil {
-				// Unreadable header: recovery will quarantine it; already reported as pending.
-				validEnd[m.Number] = 0
-				continue
-			}
-			validEnd[m.Number] = p.ValidEnd
-			r.BytesRead += p.FileSize
-			progress(p.FileSize)
-			for _, ri := range scannedRecords(p.scan.Records) {
-				recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
-			}
-			// Batches the scan passed over (never committed, or a shard failing the commit
-			// block's checksum): read again to count their extents as dead bytes.
-			for _, skipped := range p.scan.Skipped {
-				var ce *wal.CorruptionError
-				if !errors.As(skipped, &ce) {
-					continue
-				}
-				ri, err := ReadRecordAt(h.FS, path, m, ce.Offset, true, func(n int64) { r.BytesRead += n; progress(n) })
-				if err != nil {
-					return nil, fmt.Errorf("read %s at %d: %w", path, ce.Offset, err)
-				}
-				recs[recKey{m.Number, ce.Offset}] = &recState{path: path, info: ri}
-			}
+			err = v.readActive(m, path)
+		} else {
+			err = v.readSealed(m, path, size)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readActive takes active segment m's records from its recovery scan.
+func (v *verifier) readActive(m index.SegmentMeta, path string) error {
+	p := v.pending[m.Number]
+	if p == nil || p.scan == nil {
+		// Unreadable header: recovery will quarantine it; already reported as pending.
+		v.validEnd[m.Number] = 0
+		return nil
+	}
+	v.validEnd[m.Number] = p.ValidEnd
+	v.r.BytesRead += p.FileSize
+	v.progress(p.FileSize)
+	for _, ri := range scannedRecords(p.scan.Records) {
+		v.recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
+	}
+	// Batches the scan passed over (never committed, or a shard failing the commit block's
+	// checksum): read again to count their extents as dead bytes.
+	for _, skipped := range p.scan.Skipped {
+		var ce *wal.CorruptionError
+		if !errors.As(skipped, &ce) {
 			continue
 		}
-		res, err := ReadSegment(h.FS, path, m, true, progress)
+		ri, err := ReadRecordAt(v.h.FS, path, m, ce.Offset, true, func(n int64) { v.r.BytesRead += n; v.progress(n) })
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", path, err)
+			return fmt.Errorf("read %s at %d: %w", path, ce.Offset, err)
 		}
-		r.BytesRead += res.BytesRead
-		if m.Size != size {
-			add(m.Number, -1, format.BlockID{}, "sealed segment's recorded size %d differs from its file size %d", m.Size, size)
-		}
-		switch {
-		case res.Header == nil:
-			badHeader[m.Number] = "its header is unreadable"
-		case res.Header.Schema != h.Fingerprint:
-			add(m.Number, 0, format.BlockID{}, "segment header carries another schema fingerprint than the store's")
-			badHeader[m.Number] = "its header carries another schema"
-		case res.Header.Number != m.Number || res.Header.Generation != m.Generation:
-			badHeader[m.Number] = "its header names another segment or generation"
-		}
-		for _, p := range res.Problems {
-			add(m.Number, p.Offset, format.BlockID{}, "%s", p.Msg)
-		}
-		for _, ri := range res.Records {
-			recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
-		}
+		v.recs[recKey{m.Number, ce.Offset}] = &recState{path: path, info: ri}
 	}
+	return nil
+}
 
-	// Index → log: block entries, then sidecar entries, each checked against its record.
-	unloadable := map[uint64]int{} // indexed records in segments with a bad header
-	check := func(id format.BlockID, kind format.SidecarKind, loc index.Location) (verified bool) {
-		if _, bad := badHeader[loc.Segment]; bad {
-			// The engine refuses to open such a segment: none of its records can load, however
-			// intact they look.
-			unloadable[loc.Segment]++
-			return false
-		}
-		what := "index entry"
-		if kind != 0 {
-			what = fmt.Sprintf("sidecar %d entry", kind)
-		}
-		m, ok := registered[loc.Segment]
-		if !ok {
-			add(loc.Segment, loc.Offset, id, "%s points into segment %d, which is not registered", what, loc.Segment)
-			return false
-		}
-		if _, present := onDisk[loc.Segment]; !present {
-			return false // reported once for the segment
-		}
-		if m.State == index.SegmentQuarantined {
-			add(loc.Segment, loc.Offset, id, "%s points into a quarantined segment", what)
-			return false
-		}
-		if m.State == index.SegmentDeleting {
-			r.PendingDrops++ // recovery drops the entries of a segment it finishes deleting
-			return false
-		}
-		if end, ok := validEnd[loc.Segment]; ok && loc.Offset >= end {
-			r.PendingDrops++ // past the valid end of an active segment: recovery drops it
-			return false
-		}
-		rs := recs[recKey{loc.Segment, loc.Offset}]
-		if loc.IsBatch() {
-			what = fmt.Sprintf("%s (block %d of a batch record of %d)", what, loc.BatchPos, loc.BatchBlocks)
-		}
-		if rs == nil {
-			add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
-			return false
-		}
-		rs.indexed = true
-		if rs.info.Err != nil {
-			return false // reported with the record
-		}
-		if loc.IsBatch() {
-			// A block of a batch record: the entry must match the batch's header and commit
-			// block, whose shards the segment read checked against the commit's checksums.
-			why := BatchEntryMismatch(rs.info, id, kind, loc)
-			if kind == 0 && loc.Layout != h.Layout {
-				why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, h.Layout))
-			}
-			if len(why) > 0 {
-				add(loc.Segment, loc.Offset, id, "%s does not match the batch record: %s", what, strings.Join(why, "; "))
-				return false
-			}
-			if b := rs.info.Batch; b != nil && !b.Committed {
-				// The batch committed (its blocks are indexed only once its commit block was
-				// durable) and its commit block was damaged since: the block loads as the
-				// engine loads it, its shards checked against the entry's checksums.
-				rs.indexedBlocks++
-				err := h.checkShards(rs.path, loc, func(n int64) { r.BytesRead += n; progress(n) })
-				if err != nil {
-					add(loc.Segment, loc.Offset, id, "%s: %v (loads of the block will miss)", what, err)
-					return false
-				}
-				rs.loadable++
-				return true
-			}
-			return rs.info.PayloadChecked
-		}
-		if why := mismatch(rs.info, id, kind, loc, h.Layout); len(why) > 0 {
-			add(loc.Segment, loc.Offset, id, "%s does not match the record: %s", what, strings.Join(why, "; "))
-			return false
-		}
-		return rs.info.PayloadChecked
+// readSealed reads sealed segment m, whose file is size bytes, and checks its header.
+func (v *verifier) readSealed(m index.SegmentMeta, path string, size int64) error {
+	res, err := ReadSegment(v.h.FS, path, m, true, v.progress)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
 	}
-	err = h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
+	v.r.BytesRead += res.BytesRead
+	if m.Size != size {
+		v.add(m.Number, -1, format.BlockID{}, "sealed segment's recorded size %d differs from its file size %d", m.Size, size)
+	}
+	switch {
+	case res.Header == nil:
+		v.badHeader[m.Number] = "its header is unreadable"
+	case res.Header.Schema != v.h.Fingerprint:
+		v.add(m.Number, 0, format.BlockID{}, "segment header carries another schema fingerprint than the store's")
+		v.badHeader[m.Number] = "its header carries another schema"
+	case res.Header.Number != m.Number || res.Header.Generation != m.Generation:
+		v.badHeader[m.Number] = "its header names another segment or generation"
+	}
+	for _, p := range res.Problems {
+		v.add(m.Number, p.Offset, format.BlockID{}, "%s", p.Msg)
+	}
+	for _, ri := range res.Records {
+		v.recs[recKey{m.Number, ri.Offset}] = &recState{path: path, info: ri}
+	}
+	return nil
+}
+
+// indexToLog checks every index entry, blocks then sidecars, against its record.
+func (v *verifier) indexToLog() {
+	r := v.r
+	err := v.h.Index.Iterate(func(id format.BlockID, loc index.Location) bool {
 		r.IndexEntries++
-		if check(id, 0, loc) {
+		if v.checkEntry(id, 0, loc) {
 			r.BlocksVerified++
 		}
 		return true
 	})
 	if err == nil {
-		err = h.Index.IterateSidecars(func(id format.BlockID, kind format.SidecarKind, loc index.Location) bool {
+		err = v.h.Index.IterateSidecars(func(id format.BlockID, kind format.SidecarKind, loc index.Location) bool {
 			r.SidecarEntries++
-			if check(id, kind, loc) {
+			if v.checkEntry(id, kind, loc) {
 				r.SidecarsVerified++
 			}
 			return true
@@ -432,89 +437,168 @@ func (h *Handle) verify(rec *engine.RecoveryReport, opts Options) (*Report, erro
 	if err != nil {
 		r.Problems = append(r.Problems, Problem{Offset: -1, Msg: fmt.Sprintf("reading the index: %v", err)})
 	}
-	for n, count := range unloadable {
-		add(n, -1, format.BlockID{}, "%d indexed records cannot load: %s (the engine drops them as it meets them)", count, badHeader[n])
+	for n, count := range v.unloadable {
+		v.add(n, -1, format.BlockID{}, "%d indexed records cannot load: %s (the engine drops them as it meets them)", count, v.badHeader[n])
 	}
+}
 
-	// Log → index: invalid records are problems; valid ones nobody points at are dead space.
-	for k, rs := range recs {
-		r.Records++
-		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed && rs.indexedBlocks > 0 {
-			// Committed (its blocks are indexed), its commit block damaged since.
-			loads := fmt.Sprintf("its %d indexed blocks load", rs.loadable)
-			if rs.loadable != rs.indexedBlocks {
-				loads = fmt.Sprintf("%d of its %d indexed blocks load", rs.loadable, rs.indexedBlocks)
-			}
-			add(k.seg, k.off, rs.info.ID, "batch record of %d blocks: commit block damaged (%v); the batch committed (its blocks are indexed) and %s, checked against the index's checksums, "+
-				"but a reader without this index (an index rebuild, another instance reading the segment's footer) cannot use it; compaction rewrites its blocks with a new commit block",
-				len(b.Header.IDs), b.CommitErr, loads)
-			continue
+// checkEntry checks the index entry of block id (kind 0) or of its sidecar of kind against the
+// record at loc, and reports whether a load of it would verify.
+func (v *verifier) checkEntry(id format.BlockID, kind format.SidecarKind, loc index.Location) (verified bool) {
+	if _, bad := v.badHeader[loc.Segment]; bad {
+		// The engine refuses to open such a segment: none of its records can load, however
+		// intact they look.
+		v.unloadable[loc.Segment]++
+		return false
+	}
+	what := "index entry"
+	if kind != 0 {
+		what = fmt.Sprintf("sidecar %d entry", kind)
+	}
+	m, ok := v.registered[loc.Segment]
+	if !ok {
+		v.add(loc.Segment, loc.Offset, id, "%s points into segment %d, which is not registered", what, loc.Segment)
+		return false
+	}
+	if _, present := v.onDisk[loc.Segment]; !present {
+		return false // reported once for the segment
+	}
+	if m.State == index.SegmentQuarantined {
+		v.add(loc.Segment, loc.Offset, id, "%s points into a quarantined segment", what)
+		return false
+	}
+	if m.State == index.SegmentDeleting {
+		v.r.PendingDrops++ // recovery drops the entries of a segment it finishes deleting
+		return false
+	}
+	if end, ok := v.validEnd[loc.Segment]; ok && loc.Offset >= end {
+		v.r.PendingDrops++ // past the valid end of an active segment: recovery drops it
+		return false
+	}
+	rs := v.recs[recKey{loc.Segment, loc.Offset}]
+	if loc.IsBatch() {
+		what = fmt.Sprintf("%s (block %d of a batch record of %d)", what, loc.BatchPos, loc.BatchBlocks)
+	}
+	if rs == nil {
+		v.add(loc.Segment, loc.Offset, id, "%s points at offset %d, which is not the start of a record", what, loc.Offset)
+		return false
+	}
+	rs.indexed = true
+	if rs.info.Err != nil {
+		return false // reported with the record
+	}
+	if !loc.IsBatch() {
+		if why := mismatch(rs.info, id, kind, loc, v.h.Layout); len(why) > 0 {
+			v.add(loc.Segment, loc.Offset, id, "%s does not match the record: %s", what, strings.Join(why, "; "))
+			return false
 		}
-		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed && b.Listed {
-			// Listed in the footer (it committed) and no longer indexed: dead space that is
-			// never served, reclaimed with its segment.
-			r.DeadRecords++
-			r.DeadBytes += rs.info.Length
-			r.Notes = append(r.Notes, fmt.Sprintf("%s offset %d: batch record of %d blocks whose commit block is damaged (%v), none of them indexed any more: dead space, never served; compaction reclaims it",
-				h.SegmentPath(k.seg), k.off, len(b.Header.IDs), b.CommitErr))
-			continue
+		return rs.info.PayloadChecked
+	}
+	// A block of a batch record: the entry must match the batch's header and commit block,
+	// whose shards the segment read checked against the commit's checksums.
+	why := BatchEntryMismatch(rs.info, id, kind, loc)
+	if kind == 0 && loc.Layout != v.h.Layout {
+		why = append(why, fmt.Sprintf("index layout %+v is not the store's %+v", loc.Layout, v.h.Layout))
+	}
+	if len(why) > 0 {
+		v.add(loc.Segment, loc.Offset, id, "%s does not match the batch record: %s", what, strings.Join(why, "; "))
+		return false
+	}
+	if b := rs.info.Batch; b != nil && !b.Committed {
+		// The batch committed (its blocks are indexed only once its commit block was durable)
+		// and its commit block was damaged since: the block loads as the engine loads it, its
+		// shards checked against the entry's checksums.
+		rs.indexedBlocks++
+		err := v.h.checkShards(rs.path, loc, func(n int64) { v.r.BytesRead += n; v.progress(n) })
+		if err != nil {
+			v.add(loc.Segment, loc.Offset, id, "%s: %v (loads of the block will miss)", what, err)
+			return false
 		}
+		rs.loadable++
+		return true
+	}
+	return rs.info.PayloadChecked
+}
+
+// logToIndex goes over every record read: invalid records are problems; valid ones nobody
+// points at are dead space.
+func (v *verifier) logToIndex() {
+	for k, rs := range v.recs {
+		v.r.Records++
 		if b := rs.info.Batch; b != nil && rs.info.Err == nil && !b.Committed {
-			// A batch that never committed: none of its blocks exists (an entry pointing at it
-			// was reported above). Dead space, as recovery treats it.
-			r.ValidRecords++
-			r.DeadRecords++
-			r.DeadBytes += rs.info.Length
-			r.Notes = append(r.Notes, fmt.Sprintf("%s offset %d: batch record of %d blocks (first %s) never committed (%v): dead space, never indexed; compaction reclaims it",
-				h.SegmentPath(k.seg), k.off, len(b.Header.IDs), rs.info.ID, b.CommitErr))
+			v.uncommittedBatch(k, rs, b)
 			continue
 		}
 		if rs.info.Err != nil {
-			if !rs.indexed {
-				// Dropped from the index already (a load or a recovery found it broken): dead
-				// space that is never served, reclaimed with its segment. Not a problem to
-				// report again on every run.
-				r.DeadRecords++
-				r.DeadBytes += max(rs.info.Length, 0)
-				r.Notes = append(r.Notes, fmt.Sprintf("%s offset %d: record failing its checks and no longer indexed (%v): dead space, never served; compaction reclaims it",
-					h.SegmentPath(k.seg), k.off, rs.info.Err))
-				continue
-			}
-			what, id, miss := "record", rs.info.ID, "it"
-			if hd := rs.info.Header; hd != nil && hd.Kind != 0 {
-				what = fmt.Sprintf("sidecar %d record", hd.Kind)
-			}
-			if b := rs.info.Batch; b != nil {
-				what, miss = fmt.Sprintf("batch record of %d blocks", len(b.Header.IDs)), "its blocks"
-				if len(b.Bad) > 0 {
-					id = b.Header.IDs[b.Bad[0]] // the block whose shard fails
-					miss = "the block with a bad shard"
-					if len(b.Bad) > 1 {
-						miss = fmt.Sprintf("the %d blocks with a bad shard", len(b.Bad))
-					}
-				}
-			}
-			add(k.seg, k.off, id, "invalid %s (indexed: loads of %s will miss): %v", what, miss, rs.info.Err)
+			v.invalidRecord(k, rs)
 			continue
 		}
-		r.ValidRecords++
+		v.r.ValidRecords++
 		if !rs.indexed {
-			r.DeadRecords++
-			r.DeadBytes += rs.info.Length
+			v.r.DeadRecords++
+			v.r.DeadBytes += rs.info.Length
 		}
 	}
+}
 
-	// Space accounting.
-	if err := h.Index.CheckAccounting(); err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			r.Problems = append(r.Problems, Problem{Offset: -1, Msg: line})
+// uncommittedBatch accounts for batch record rs at k whose commit block does not check.
+func (v *verifier) uncommittedBatch(k recKey, rs *recState, b *BatchInfo) {
+	r, path := v.r, v.h.SegmentPath(k.seg)
+	switch {
+	case rs.indexedBlocks > 0:
+		// Committed (its blocks are indexed), its commit block damaged since.
+		loads := fmt.Sprintf("its %d indexed blocks load", rs.loadable)
+		if rs.loadable != rs.indexedBlocks {
+			loads = fmt.Sprintf("%d of its %d indexed blocks load", rs.loadable, rs.indexedBlocks)
+		}
+		v.add(k.seg, k.off, rs.info.ID, "batch record of %d blocks: commit block damaged (%v); the batch committed (its blocks are indexed) and %s, checked against the index's checksums, "+
+			"but a reader without this index (an index rebuild, another instance reading the segment's footer) cannot use it; compaction rewrites its blocks with a new commit block",
+			len(b.Header.IDs), b.CommitErr, loads)
+	case b.Listed:
+		// Listed in the footer (it committed) and no longer indexed: dead space that is never
+		// served, reclaimed with its segment.
+		r.DeadRecords++
+		r.DeadBytes += rs.info.Length
+		v.note("%s offset %d: batch record of %d blocks whose commit block is damaged (%v), none of them indexed any more: dead space, never served; compaction reclaims it",
+			path, k.off, len(b.Header.IDs), b.CommitErr)
+	default:
+		// A batch that never committed: none of its blocks exists (an entry pointing at it
+		// was reported with the index). Dead space, as recovery treats it.
+		r.ValidRecords++
+		r.DeadRecords++
+		r.DeadBytes += rs.info.Length
+		v.note("%s offset %d: batch record of %d blocks (first %s) never committed (%v): dead space, never indexed; compaction reclaims it",
+			path, k.off, len(b.Header.IDs), rs.info.ID, b.CommitErr)
+	}
+}
+
+// invalidRecord accounts for record rs at k, which fails its checks.
+func (v *verifier) invalidRecord(k recKey, rs *recState) {
+	if !rs.indexed {
+		// Dropped from the index already (a load or a recovery found it broken): dead space
+		// that is never served, reclaimed with its segment. Not a problem to report again on
+		// every run.
+		v.r.DeadRecords++
+		v.r.DeadBytes += max(rs.info.Length, 0)
+		v.note("%s offset %d: record failing its checks and no longer indexed (%v): dead space, never served; compaction reclaims it",
+			v.h.SegmentPath(k.seg), k.off, rs.info.Err)
+		return
+	}
+	what, id, miss := "record", rs.info.ID, "it"
+	if hd := rs.info.Header; hd != nil && hd.Kind != 0 {
+		what = fmt.Sprintf("sidecar %d record", hd.Kind)
+	}
+	if b := rs.info.Batch; b != nil {
+		what, miss = fmt.Sprintf("batch record of %d blocks", len(b.Header.IDs)), "its blocks"
+		if len(b.Bad) > 0 {
+			id = b.Header.IDs[b.Bad[0]] // the block whose shard fails
+			miss = "the block with a bad shard"
+			if len(b.Bad) > 1 {
+				miss = fmt.Sprintf("the %d blocks with a bad shard", len(b.Bad))
+			}
 		}
 	}
-
-	slices.SortStableFunc(r.Problems, func(a, b Problem) int {
-		return cmp.Or(strings.Compare(a.Path, b.Path), cmp.Compare(a.Offset, b.Offset))
-	})
-	return r, nil
+	v.add(k.seg, k.off, id, "invalid %s (indexed: loads of %s will miss): %v", what, miss, rs.info.Err)
 }
 
 // BatchEntryMismatch lists how the index entry (id, kind, loc) of a block of a batch record
