@@ -148,7 +148,7 @@ func BenchmarkBlendTTFT(b *testing.B) {
 	ctx := context.Background()
 	store := openStore(b, m, b.TempDir())
 	defer store.Close()
-	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 1024})
+	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 1024, LoadPolicy: LoadAlways})
 	if err != nil {
 		b.Fatal(err)
 	}

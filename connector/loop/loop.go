@@ -61,6 +61,9 @@ type Options struct {
 	// StagingBuffers is the layers in flight through staging (kernels.PipelineOptions.Buffers;
 	// default 2).
 	StagingBuffers int
+	// LoadPolicy says when a stored prefix is loaded rather than computed (default
+	// LoadWhenFaster).
+	LoadPolicy LoadPolicy
 }
 
 // Server serves requests one at a time on one paged KV cache. It is not safe for concurrent
@@ -78,6 +81,7 @@ type Server struct {
 	hasher   *engine.Hasher
 	sidecars []kernels.SidecarSpec
 	store    *engine.Engine
+	costs    prefillCosts
 }
 
 // StoreSchema is the schema a store for this model and block size must have: the model's name,
@@ -234,6 +238,9 @@ type PrefillStats struct {
 	// FailedBlocks counts the hit blocks that could not be loaded (broken in any layer, or gone
 	// since the lookup); the prompt is computed from the first of them on.
 	FailedBlocks int
+	// SkippedTokens were stored but computed: loading them was estimated to take longer
+	// (LoadWhenFaster).
+	SkippedTokens int
 }
 
 // Prefill starts a request with prompt (bytes are the model's tokens): it loads the longest
@@ -258,11 +265,21 @@ func (s *Server) Prefill(ctx context.Context, prompt []byte) (*Request, PrefillS
 		r.ids = s.hasher.BlockIDs(tokensU32(r.tokens[:len(r.tokens)/bs*bs]), nil)
 		// Leave at least the last token to compute: its logits are the answer.
 		hit = min(s.store.LookupPrefix(r.ids), (len(r.tokens)-1)/bs)
+		if hit > 0 && s.opts.LoadPolicy == LoadWhenFaster && !s.costs.worthLoading(hit, hit*bs, len(r.tokens)) {
+			st.SkippedTokens, hit = hit*bs, 0
+		}
 	}
 	logits, err := s.prefill(ctx, r, hit, &st)
 	if err != nil {
 		_ = r.seq.Release(s.cache)
 		return nil, st, err
+	}
+	switch {
+	case st.LoadFailed != nil:
+	case st.HitTokens == 0:
+		s.costs.compute.add(float64(st.ComputedTokens), st.Compute.Seconds()) // a compute alone
+	default:
+		s.costs.load.add(float64(st.HitTokens/bs), st.Load.Seconds())
 	}
 	r.seq.Len = len(r.tokens)
 	r.last = logits[len(logits)-s.cfg.Vocab:]

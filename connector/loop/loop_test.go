@@ -72,7 +72,9 @@ var testSidecars = []kernels.SidecarSpec{
 
 func newServer(t testing.TB, m *model.Model, store *engine.Engine) *Server {
 	t.Helper()
-	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 512, Sidecars: testSidecars})
+	// Every stored prefix is loaded: the tests check what loads do (LoadWhenFaster has its own).
+	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 512, Sidecars: testSidecars,
+		LoadPolicy: LoadAlways})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +92,64 @@ func sameBits(a, b []float32) bool {
 		}
 	}
 	return true
+}
+
+// TestLoadWhenFaster: with the default policy, a stored prefix whose load is estimated to take
+// longer than computing the whole prompt is computed (counted as skipped), with the same logits;
+// one estimated cheaper is loaded.
+func TestLoadWhenFaster(t *testing.T) {
+	m := loadModel(t)
+	ctx := context.Background()
+	store := openStore(t, m, t.TempDir())
+	defer store.Close()
+	s, err := NewServer(Options{Model: m, ModelName: "test-model", Store: store, BlockSize: testBlock, MaxContext: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	without := newServer(t, m, nil)
+	n := 120
+	if raceEnabled {
+		n = 60
+	}
+	prompt := text(t, n)
+	r, st, err := s.Prefill(ctx, prompt) // nothing stored: a compute, the compute's estimate
+	if err != nil || st.HitTokens != 0 {
+		t.Fatalf("first prefill: %+v %v", st, err)
+	}
+	if _, err := s.Finish(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	stored := (n - 1) / testBlock * testBlock
+	ref, _, err := without.Prefill(ctx, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name       string
+		perBlock   float64 // seconds a block's load is made to cost
+		hit, skips int
+	}{
+		{"slow medium", 10, 0, stored},
+		{"fast medium", 1e-9, stored, 0},
+	} {
+		s.costs.load = linearFit{}
+		s.costs.load.add(1, c.perBlock)
+		s.costs.skipped = 0
+		r, st, err := s.Prefill(ctx, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.HitTokens != c.hit || st.SkippedTokens != c.skips {
+			t.Fatalf("%s: %d tokens loaded, %d skipped; want %d, %d", c.name, st.HitTokens, st.SkippedTokens, c.hit, c.skips)
+		}
+		if !sameBits(r.Logits(), ref.Logits()) {
+			t.Fatalf("%s: logits differ from a full compute", c.name)
+		}
+		if _, err := s.Finish(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestHitsChangeNothing: a second turn whose prompt extends the first's (prompt and answer) is
@@ -252,13 +312,23 @@ func TestReplay(t *testing.T) {
 	}
 	store := openStore(t, m, t.TempDir())
 	defer store.Close()
-	with, err := Replay(ctx, newServer(t, m, store), corpus, o)
+	calls := 0
+	reps, err := ReplayEach(ctx, []*Server{newServer(t, m, store), newServer(t, m, nil)}, corpus, o, func(turn []TurnReport) {
+		if len(turn) != 2 || turn[0].Conversation != calls%o.Conversations || turn[1].Turn != calls/o.Conversations {
+			t.Errorf("report %d: %+v", calls, turn)
+		}
+		calls++
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	without, err := Replay(ctx, newServer(t, m, nil), corpus, o)
-	if err != nil {
-		t.Fatal(err)
+	with, without := reps[0], reps[1]
+	if calls != o.Conversations*o.Turns {
+		t.Fatalf("%d turn reports, want %d", calls, o.Conversations*o.Turns)
+	}
+	if one, err := Replay(ctx, newServer(t, m, nil), corpus, o); err != nil || len(one.Turns) != len(without.Turns) ||
+		string(one.Turns[len(one.Turns)-1].Answer) != string(without.Turns[len(without.Turns)-1].Answer) {
+		t.Fatalf("a replay on one server: %v", err)
 	}
 	if len(with.Turns) != o.Conversations*o.Turns || without.HitTokens != 0 || without.ComputedTokens != without.PromptTokens {
 		t.Fatalf("replays: %d turns, without a store %d hits", len(with.Turns), without.HitTokens)

@@ -42,7 +42,8 @@ type ReplayReport struct {
 	Turns []TurnReport
 	// PromptTokens, HitTokens and ComputedTokens sum the turns' prefills.
 	PromptTokens, HitTokens, ComputedTokens int
-	// TTFT sums the turns' times to first token; Wall is the replay's whole time.
+	// TTFT sums the turns' times to first token; Wall is the replay's whole time (of all the
+	// servers, for ReplayEach).
 	TTFT, Wall time.Duration
 }
 
@@ -139,43 +140,89 @@ const userOffset = 512
 // the system prompt is the head of file 0 (the license comment every Go file starts with);
 // conversation k's user turns are consecutive pieces of file k+1 from its userOffset-th byte.
 func Replay(ctx context.Context, s *Server, c *Corpus, o ReplayOptions) (ReplayReport, error) {
-	var rep ReplayReport
-	switch {
-	case o.Conversations < 1 || o.Turns < 1 || o.SystemBytes < 0 || o.UserBytes < 1 || o.AnswerTokens < 0:
-		return rep, fmt.Errorf("%w: replay %+v", ErrInvalid, o)
-	case o.SystemBytes+o.Turns*(o.UserBytes+o.AnswerTokens) > s.opts.MaxContext:
-		return rep, fmt.Errorf("%w: a conversation of %d tokens exceeds the context %d", ErrInvalid,
-			o.SystemBytes+o.Turns*(o.UserBytes+o.AnswerTokens), s.opts.MaxContext)
+	reps, err := ReplayEach(ctx, []*Server{s}, c, o, nil)
+	if err != nil {
+		return ReplayReport{}, err
+	}
+	return reps[0], nil
+}
+
+// ReplayEach runs the chat replay on every server at once, turn by turn: each turn runs on the
+// servers one after the other before the next turn starts, so that a comparison of the servers
+// turn by turn is not skewed by what else the machine did in between. Each server keeps its own
+// conversations (its own answers). After each turn, done (if not nil) is called with that
+// turn's report from every server, in the servers' order.
+func ReplayEach(ctx context.Context, servers []*Server, c *Corpus, o ReplayOptions, done func([]TurnReport)) ([]ReplayReport, error) {
+	if len(servers) == 0 {
+		return nil, fmt.Errorf("%w: a replay on no server", ErrInvalid)
+	}
+	for _, s := range servers {
+		switch {
+		case o.Conversations < 1 || o.Turns < 1 || o.SystemBytes < 0 || o.UserBytes < 1 || o.AnswerTokens < 0:
+			return nil, fmt.Errorf("%w: replay %+v", ErrInvalid, o)
+		case o.SystemBytes+o.Turns*(o.UserBytes+o.AnswerTokens) > s.opts.MaxContext:
+			return nil, fmt.Errorf("%w: a conversation of %d tokens exceeds the context %d", ErrInvalid,
+				o.SystemBytes+o.Turns*(o.UserBytes+o.AnswerTokens), s.opts.MaxContext)
+		}
 	}
 	start := time.Now()
 	system := c.text(0, 0, o.SystemBytes)
-	history := make([][]byte, o.Conversations)
-	for k := range history {
-		history[k] = append([]byte{}, system...)
-	}
-	for turn := range o.Turns {
-		for k := range o.Conversations {
-			prompt := append(history[k], c.text(k+1, userOffset+turn*o.UserBytes, o.UserBytes)...)
-			r, pst, err := s.Prefill(ctx, prompt)
-			if err != nil {
-				return rep, fmt.Errorf("conversation %d turn %d: %w", k, turn, err)
-			}
-			answer, err := s.Decode(r, o.AnswerTokens)
-			if err != nil {
-				return rep, fmt.Errorf("conversation %d turn %d: %w", k, turn, err)
-			}
-			dst, err := s.Finish(ctx, r)
-			if err != nil {
-				return rep, fmt.Errorf("conversation %d turn %d: %w", k, turn, err)
-			}
-			history[k] = append(prompt, answer...)
-			rep.Turns = append(rep.Turns, TurnReport{Conversation: k, Turn: turn, Prefill: pst, Dump: dst, Answer: answer})
-			rep.PromptTokens += pst.PromptTokens
-			rep.HitTokens += pst.HitTokens
-			rep.ComputedTokens += pst.ComputedTokens
-			rep.TTFT += pst.TTFT
+	reps := make([]ReplayReport, len(servers))
+	history := make([][][]byte, len(servers)) // per server, per conversation
+	for i := range servers {
+		history[i] = make([][]byte, o.Conversations)
+		for k := range history[i] {
+			history[i][k] = append([]byte{}, system...)
 		}
 	}
-	rep.Wall = time.Since(start)
-	return rep, nil
+	turnReps := make([]TurnReport, len(servers))
+	for turn := range o.Turns {
+		for k := range o.Conversations {
+			user := c.text(k+1, userOffset+turn*o.UserBytes, o.UserBytes)
+			for i, s := range servers {
+				prompt := append(history[i][k], user...)
+				tr, err := replayTurn(ctx, s, prompt, o.AnswerTokens)
+				if err != nil {
+					return nil, fmt.Errorf("conversation %d turn %d: %w", k, turn, err)
+				}
+				tr.Conversation, tr.Turn = k, turn
+				history[i][k] = append(prompt, tr.Answer...)
+				reps[i].add(tr)
+				turnReps[i] = tr
+			}
+			if done != nil {
+				done(turnReps)
+			}
+		}
+	}
+	for i := range reps {
+		reps[i].Wall = time.Since(start)
+	}
+	return reps, nil
+}
+
+// replayTurn prefills prompt on s, generates answer tokens and finishes the request.
+func replayTurn(ctx context.Context, s *Server, prompt []byte, answer int) (TurnReport, error) {
+	r, pst, err := s.Prefill(ctx, prompt)
+	if err != nil {
+		return TurnReport{}, err
+	}
+	tokens, err := s.Decode(r, answer)
+	if err != nil {
+		return TurnReport{}, err
+	}
+	dst, err := s.Finish(ctx, r)
+	if err != nil {
+		return TurnReport{}, err
+	}
+	return TurnReport{Prefill: pst, Dump: dst, Answer: tokens}, nil
+}
+
+// add counts one turn in the report.
+func (r *ReplayReport) add(t TurnReport) {
+	r.Turns = append(r.Turns, t)
+	r.PromptTokens += t.Prefill.PromptTokens
+	r.HitTokens += t.Prefill.HitTokens
+	r.ComputedTokens += t.Prefill.ComputedTokens
+	r.TTFT += t.Prefill.TTFT
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -38,11 +37,12 @@ func newChatCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `chat runs the reference connector loop (connector/loop) on the small byte-level model
 (connector/model) over a multi-turn chat replay: several conversations, interleaved, sharing
 a system prompt, each turn appending user text (Go source from the standard library) to the
-conversation so far and generating an answer. It replays once without a store (every prompt
-token computed) and once with a store under --dir (prefix hits loaded layer by layer through
-the staging layer; new blocks dumped layer by layer with their sidecars), then prints per
-turn the prompt tokens, the tokens served from the store and the time to first token of both
-runs, and checks that every answer is identical.
+conversation so far and generating an answer. Each turn runs twice, back to back: without a
+store (every prompt token computed), then with a store under --dir (prefix hits loaded layer by
+layer through the staging layer, unless loading them is estimated to take longer than computing
+them; new blocks dumped layer by layer with their sidecars). A row is printed as each turn
+completes: the prompt tokens, the tokens served from the store and the time to first token of
+both; at the end chat checks that every answer is identical.
 
 The store directory is emptied first unless --keep (a kept store serves even first turns).`,
 		Args: cobra.NoArgs,
@@ -89,6 +89,7 @@ type chatTurnJSON struct {
 	TTFTNoStore  float64 `json:"ttft_ms_no_store"`
 	TTFTStore    float64 `json:"ttft_ms_store"`
 	LoadMs       float64 `json:"load_ms"`
+	Skipped      int     `json:"skipped_tokens"`
 }
 
 func parseSidecars(s string) ([]kernels.SidecarSpec, error) {
@@ -146,17 +147,6 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	newServer := func(store *engine.Engine) (*loop.Server, error) {
 		return loop.NewServer(loop.Options{Model: m, ModelName: name, Store: store, BlockSize: o.blockSize, Sidecars: sidecars, Device: dev})
 	}
-	// Without the store.
-	plain, err := newServer(nil)
-	if err != nil {
-		return usageErr("%v", err)
-	}
-	base, err := loop.Replay(ctx, plain, corpus, o.replay)
-	plain.Close()
-	if err != nil {
-		return usageErr("%v", err)
-	}
-	// With the store.
 	if !o.keep {
 		if err := os.RemoveAll(o.dir); err != nil {
 			return err
@@ -171,15 +161,36 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 		return err
 	}
 	defer e.Close()
+	plain, err := newServer(nil)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	defer plain.Close()
 	srv, err := newServer(e)
 	if err != nil {
 		return usageErr("%v", err)
 	}
 	defer srv.Close()
-	with, err := loop.Replay(ctx, srv, corpus, o.replay)
+	var row func([]loop.TurnReport)
+	if !o.asJSON {
+		cfg := m.Config()
+		fmt.Fprintf(stdout, "model %s: %d layers, d_model %d, %d query / %d KV heads; %d-token blocks; store %s\n",
+			name, cfg.Layers, cfg.DModel, cfg.Heads, cfg.KVHeads, o.blockSize, o.dir)
+		fmt.Fprintf(stdout, "%d conversations of %d turns, interleaved; each turn runs without the store, then with it, back to back.\n%s",
+			o.replay.Conversations, o.replay.Turns, chatColumns)
+		fmt.Fprintf(stdout, "%4s %4s %6s %10s %7s %13s %13s %11s %8s\n", "conv", "turn", "prompt", "from store", "skipped",
+			"TTFT no store", "TTFT store", "load", "speedup")
+		row = func(t []loop.TurnReport) {
+			b, w := t[0].Prefill, t[1].Prefill
+			fmt.Fprintf(stdout, "%4d %4d %6d %10d %7d %10.1f ms %10.1f ms %8.1f ms %7.2fx\n", t[1].Conversation, t[1].Turn,
+				w.PromptTokens, w.HitTokens, w.SkippedTokens, ms(b.TTFT), ms(w.TTFT), ms(w.Load), ms(b.TTFT)/max(ms(w.TTFT), 1e-9))
+		}
+	}
+	reps, err := loop.ReplayEach(ctx, []*loop.Server{plain, srv}, corpus, o.replay, row)
 	if err != nil {
 		return err
 	}
+	base, with := reps[0], reps[1]
 	same := true
 	out := chatJSON{Model: name, PromptTokens: with.PromptTokens, HitTokens: with.HitTokens, SavedFraction: with.SavedFraction(),
 		MeanTTFTMs: map[string]float64{"no_store": ms(base.MeanTTFT()), "store": ms(with.MeanTTFT())}}
@@ -189,7 +200,7 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 		out.DumpedBlocks += t.Dump.Blocks
 		out.DumpedSidecars += t.Dump.Sidecars
 		out.Turns = append(out.Turns, chatTurnJSON{Conversation: t.Conversation, Turn: t.Turn, Prompt: t.Prefill.PromptTokens, Hit: t.Prefill.HitTokens,
-			TTFTNoStore: ms(b.Prefill.TTFT), TTFTStore: ms(t.Prefill.TTFT), LoadMs: ms(t.Prefill.Load)})
+			TTFTNoStore: ms(b.Prefill.TTFT), TTFTStore: ms(t.Prefill.TTFT), LoadMs: ms(t.Prefill.Load), Skipped: t.Prefill.SkippedTokens})
 	}
 	out.AnswersSame = same
 	if o.asJSON {
@@ -199,16 +210,6 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 			return err
 		}
 	} else {
-		cfg := m.Config()
-		fmt.Fprintf(stdout, "model %s: %d layers, d_model %d, %d query / %d KV heads; %d-token blocks; store %s\n",
-			name, cfg.Layers, cfg.DModel, cfg.Heads, cfg.KVHeads, o.blockSize, o.dir)
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "conv\tturn\tprompt\tfrom store\tTTFT no store\tTTFT store\tloads (overlapped)\tspeedup\t")
-		for _, t := range out.Turns {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f ms\t%.1f ms\t%.1f ms\t%.2fx\t\n", t.Conversation, t.Turn, t.Prompt, t.Hit,
-				t.TTFTNoStore, t.TTFTStore, t.LoadMs, t.TTFTNoStore/max(t.TTFTStore, 1e-9))
-		}
-		_ = tw.Flush()
 		fmt.Fprintf(stdout, "prefill tokens: %d, from the store %d (%.1f%%), computed %d\n", with.PromptTokens, with.HitTokens,
 			100*with.SavedFraction(), with.ComputedTokens)
 		fmt.Fprintf(stdout, "mean TTFT: %.1f ms without the store, %.1f ms with it (%.2fx)\n", ms(base.MeanTTFT()), ms(with.MeanTTFT()),
@@ -221,5 +222,14 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	}
 	return nil
 }
+
+// chatColumns explains chat's table.
+const chatColumns = `  prompt         tokens of the turn's prompt: the conversation so far and the new user text
+  from store     prompt tokens whose KV was loaded from the store instead of computed
+  skipped        stored tokens computed anyway: loading them was estimated to take longer
+  TTFT           time to first token: hashing, lookup, loads and the compute of the rest
+  load           until the last layer of the loaded blocks was resident (overlapped with compute)
+  speedup        TTFT no store / TTFT store
+`
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
