@@ -25,7 +25,7 @@ set -Eeuo pipefail
 # Each rule: name, the files it applies to (an ERE on the path), a PCRE matched case-insensitively.
 rules=(
   'issue-ref' '.' '\bissue\s?#?[0-9]+\b(?!\s*[A-Za-zµ%])|\bissues?\s+#?[0-9]+\s*(,|and|or)\s*#?[0-9]+\b|\b(in|per|see|from|by|under|for|fixes|fixed|closes|closed)\s+issues?\s+#?[0-9]+\b|\bissue\s?#?[0-9]+\s+(asks|says|item|point)\b|#[0-9]+\s*\(issue|\bissue'"'"'s\b|\b(the|this|that|our|their)\s+([a-z-]+\s+)?issue\s+(asks|asked|says|said|reported|names|named|wants|wanted|requires|required|lists|listed|will|text|body|number|tracker)\b|\b(in|per|see|from|by|of|under)\s+(the|this|that)\s+issue\b(?!\s+(of|and|order|path|queue|rate|depth|latency|time|side|to|point)\b)'
-  'work-period' '.' '\b(this|next|previous|last|earlier|later|prior)\s+(work(ing)?\s+)?sessions?\b(?!\s*(id|ids|key|keys|cookie|cookies|token|tokens|object|objects|state|store|handle|timeout|manager|factory|class|type|=|\(|\.|_))|\bsessions?\s+#?[0-9]+\b|\bwork(ing)?\s+sessions?\b|\b(left|kept|notes?|saved|written)\s+for\s+the\s+next\s+(one|engineer|helper|person)\b|\bfor\s+the\s+next\s+(engineer|helper|person)\b|\bkept\s+for\s+the\s+record\b'
+  'work-period' '.' '\b(this|next|previous|last|earlier|later|prior)\s+(work(ing)?\s+)?sessions?\b(?!\s+(id|ids|key|keys|cookie|cookies|token|tokens|object|objects|state|store|handle|timeout|manager|factory|class|type)\b|\.\w|\(|\s*=)|\bsessions?\s+#?[0-9]+\b|\bwork(ing)?\s+sessions?\b|\b(left|kept|notes?|saved|written)\s+for\s+the\s+next\s+(one|engineer|helper|person)\b|\bfor\s+the\s+next\s+(engineer|helper|person)\b|\bkept\s+for\s+the\s+record\b'
   'dated-heading' '\.(md|markdown|txt)$' '^\s{0,3}#{1,6}\s.*(\b20[0-9]{2}-[0-9]{2}(-[0-9]{2})?\b|\b[0-9]{1,2}:[0-9]{2}\b|\bUTC\b|\b(morning|evening|night|tonight|today|yesterday)\b)|^\s*\*\*[^*]*\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b[^*]*\*\*'
   'dated-heading' '.' '^\s*(#+|//+|/?\*+|--|;+)\s*[(\[]?20[0-9]{2}-[0-9]{2}-[0-9]{2}\b'
 )
@@ -79,6 +79,7 @@ EOF
 // 2026-11-27: the committer no longer waits.
 // issue 9: split the function.
 package x // the next session should look at this
+// More in the next session.
 EOF
   cat >"$d/bad.py" <<'EOF'
 # 2026-11-25 run, for the next engineer
@@ -102,6 +103,7 @@ func (w *Writer) issue(seg *Segment) error { return nil } // issue 4 KiB reads w
 EOF
   cat >"$d/good.py" <<'EOF'
 session = requests.Session()  # a session per worker
+prev = last_session.get()  # the previous session.close() ran; this session_id is new
 # Issue the loads of every layer at once.
 EOF
   local want got
