@@ -21,7 +21,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -140,9 +140,15 @@ bench-mooncake: mooncake
 	echo "bench-mooncake: stores in $$dir (removed at the end)"; \
 	bash tools/mooncake/harness.sh --master $(BIN)/ucm-tool-mooncake bench --workload mooncake --dir "$$dir/store" $(MOONCAKE_BENCH)
 
-lint: vet staticcheck
+lint: vet staticcheck lint-history
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# No issue numbers, work periods or dated diary headings in any tracked file (tools/lint-history.sh
+# says what it flags and what it leaves alone); the self-test plants offences and legitimate lines.
+lint-history:
+	@bash tools/lint-history.sh --self-test
+	@bash tools/lint-history.sh
 
 vet:
 	$(GO) vet ./...

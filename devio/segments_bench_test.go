@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkSegments measures what the device charges for the memory layout of a request
-// (docs/performance.md, "Segments per request"). Every request is 2 MiB of the file, issued by
+// (docs/performance.md, "What the figures say"). Every request is 2 MiB of the file, issued by
 // one of 8 concurrent submitters as 128 adjacent ops of 16 KiB (merged into one vectored
 // request) or as one op. The 16 KiB pieces come from memory either scattered, 512 KiB apart in
 // a huge-page region (a layer's shards of a request when each block has its own buffer), or

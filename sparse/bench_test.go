@@ -12,8 +12,9 @@ import (
 )
 
 // benchShapes are a 128K-token context's layer: 1,024 blocks of 128 tokens, 32 KV heads × 128
-// dims (and 32 query heads), as the latency target names it; and the GQA shape of
-// Llama-3-8B (32 query heads on 8 KV heads), whose sidecars are a quarter of the size.
+// dims (and 32 query heads), the shape of the ≤ 1 ms selection-latency target (docs/sparse.md);
+// and the GQA shape of Llama-3-8B (32 query heads on 8 KV heads), whose sidecars are a quarter of
+// the size.
 var benchShapes = []struct {
 	name  string
 	shape Shape
