@@ -18,8 +18,9 @@
 //
 // Visibility. A dumped block becomes visible to Lookup only once all its shards are written
 // (durable, under SyncAlways), checksummed and indexed; it is never visible with holes. When a
-// dump task's Wait returns nil, every block of the call is visible to Lookup, LookupPrefix and
-// Load on this Engine, until it is evicted or found corrupt. A block visible to Lookup may
+// Dump task's Wait returns nil (for a layer-wise dump: the tasks of every layer), every block
+// of the call is visible to Lookup, LookupPrefix and Load on this Engine, until it is evicted
+// or found corrupt. A block visible to Lookup may
 // still be a miss when loaded (evicted, or failing its checksums since); Lookup never reports
 // a block that was not fully stored. On a shared tier, another instance on the same host finds
 // the block at once, one on another host within Options.SharedRefreshInterval.
