@@ -30,7 +30,7 @@
 //	policy        a successful dump task means                  a crash (power loss) may lose
 //	SyncAlways    written and fdatasynced, then indexed         nothing acknowledged
 //	(default)
-//	SyncInterval  written and indexed; synced every              blocks acknowledged since the
+//	SyncInterval  written and indexed; synced every             blocks acknowledged since the
 //	              SyncInterval (100 ms) or by Sync              last completed sync
 //	SyncNone      as SyncInterval, without the periodic sync;   everything since the last seal,
 //	              synced when a segment is sealed, by Sync,     Sync or Close
