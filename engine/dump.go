@@ -83,12 +83,15 @@ func (e *Engine) Dump(ids []BlockID, src [][]byte) *Task {
 }
 
 // DumpShard stores shard `shard` of each block (a layer-wise dump): src[i] is
-// Layout().ShardBytes bytes. Shards are assembled in memory; a block becomes visible only when
-// all its shards have arrived and are durable. The task of the shard that completes a block
-// completes when the block is durable; the others complete once their bytes are copied (src
-// may then be reused). A shard that fails (wrong size) fails the whole block: it is never
-// published with holes, and its other shards' dumps fail with ErrBlockFailed. Blocks left
-// incomplete are discarded after TaskTimeout.
+// Layout().ShardBytes bytes. A block becomes visible only when all its shards have arrived and
+// are durable. A list of new blocks is written layer-major as batch records, each call writing
+// its layer's run straight from src (batchdump.go); other lists, and stores with a memory or
+// Mooncake tier, compression or Options.StageLayerWise, assemble whole blocks in staging
+// memory. The task of the shard that completes a block (or the list) completes when it is
+// durable; the others complete once their bytes are written or copied (src may then be
+// reused). A shard that fails (wrong size, a write error) fails the whole block, or the whole
+// list of a batch: it is never published with holes, and its other shards' dumps fail with
+// ErrBlockFailed. Blocks left incomplete are discarded after TaskTimeout.
 func (e *Engine) DumpShard(ids []BlockID, shard int, src [][]byte) *Task {
 	if shard < 0 || shard >= e.opts.Layout.Shards {
 		return failedTask(ids, fmt.Errorf("shard %d out of range [0, %d): %w", shard, e.opts.Layout.Shards, ErrInvalidArgument))

@@ -10,8 +10,8 @@ import (
 	"github.com/ucm-go/ucm/internal/reuse"
 )
 
-// GSA On-Device hash codes (spec §4): sign bits of a random orthonormal projection, compared by
-// Hamming distance.
+// GSA On-Device hash codes (docs/sparse-sources.md §4): sign bits of a random orthonormal
+// projection, compared by Hamming distance.
 
 // MaxHashDim is the largest input dimension of a HashEncoder (its QR costs O(dim³) at creation:
 // about a second at this size; MLA's kv_lora_rank is 512).

@@ -208,7 +208,8 @@ func QuestBound(q, lo, hi []float32) float32 {
 	return float32(s)
 }
 
-// KVStarParams configures KVStar's compressed block representation (spec §5).
+// KVStarParams configures KVStar's compressed block representation (docs/sparse-sources.md
+// §5).
 type KVStarParams struct {
 	// BlockSize is the tokens of a full block: a multiple of Merge, at most MaxBlockTokens.
 	BlockSize int
@@ -220,7 +221,7 @@ type KVStarParams struct {
 	Merge int
 }
 
-// noPruneRatio is the ratio from which KVStar keeps every channel (spec §5).
+// noPruneRatio is the ratio from which KVStar keeps every channel (docs/sparse-sources.md §5).
 const noPruneRatio = 0.98
 
 // Validate checks the parameters for keys of head dimension dim and returns ErrInvalid naming
@@ -261,7 +262,8 @@ func (p KVStarParams) Rows(tokens int) int {
 	return (tokens + p.Merge - 1) / p.Merge
 }
 
-// KVStar computes KVStar's representation of one layer of one block (spec §5, per block):
+// KVStar computes KVStar's representation of one layer of one block (docs/sparse-sources.md
+// §5, per block):
 //
 //   - channels ([heads][d'], ascending within each head): each head's d' channels with the
 //     largest mean |k| over this block's tokens, ties to the lower channel (a NaN mean ranks

@@ -229,7 +229,7 @@ func TestQuestMinMaxAndBound(t *testing.T) {
 	}
 }
 
-// refKVStar is a direct transcription of spec §5 for one block, in float64.
+// refKVStar is a direct transcription of docs/sparse-sources.md §5 for one block, in float64.
 func refKVStar(k []byte, dt DType, s KShape, p KVStarParams) (rows [][][]float64, channels [][]int) {
 	kept := s.Dim
 	if p.PruneRatio < 0.98 {
@@ -351,7 +351,7 @@ func TestKVStarProperties(t *testing.T) {
 			}
 		}
 	}
-	// Spec §5's example: [128, 32, 128] at prune 0.5, merge 4 → [32, 32, 64], 524,288 → 65,536.
+	// docs/sparse-sources.md §5's example: [128, 32, 128] at prune 0.5, merge 4 → [32, 32, 64], 524,288 → 65,536.
 	s := KShape{128, 32, 128}
 	p := KVStarParams{BlockSize: 128, PruneRatio: 0.5, Merge: 4}
 	k := randK(rng, BFloat16, s)

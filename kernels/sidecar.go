@@ -62,8 +62,9 @@ import (
 //	             rows tokens and later are zero                            rows bs, cols c
 //
 // The engine's per-part checksums cover the bytes; the header's CRC makes a part's header
-// verifiable without them. Only full blocks have block ids (DESIGN §3), so stored sidecars
-// normally have tokens = block size.
+// verifiable without them. Only full blocks have block ids (the hasher chains full blocks
+// only; a trailing partial block has no id and is never stored), so stored sidecars normally
+// have tokens = block size.
 //
 // Decoding never panics, bounds every length before allocating (a payload is at most
 // MaxSidecarBytes) and rejects non-canonical bytes (nonzero reserved fields and padding,

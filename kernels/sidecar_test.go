@@ -242,7 +242,8 @@ func TestSidecarMatchesKernels(t *testing.T) {
 }
 
 // TestSidecarFP16RoundTripExact: representations already in float16 are stored and read back
-// exactly (spec §10, ESA store round trip), including ±0, subnormals, ±Inf and the extremes.
+// exactly (docs/sparse-sources.md §10, ESA store round trip), including ±0, subnormals, ±Inf
+// and the extremes.
 func TestSidecarFP16RoundTripExact(t *testing.T) {
 	spec := SidecarSpec{Kind: SidecarESAMean, Layers: 4, Heads: 8, Dim: 64, BlockSize: 16, Elem: Float16}
 	rng := rand.New(rand.NewPCG(27, 28))

@@ -13,7 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Blend (spec §6): reuse of stored KV for chunks of a prompt that are not its prefix (RAG: the
+// Blend (sources §6): reuse of stored KV for chunks of a prompt that are not its prefix (RAG: the
 // same documents at other offsets, after other documents). Three parts:
 //
 //   - chunk matching (§6B): the prompt is cut into chunks; a chunk's stored blocks have ids
@@ -28,7 +28,7 @@ import (
 //     K/V; tokens without a hit are always computed. connector/model's ForwardRecompute runs a
 //     prefill that way, with Blend's AttentionBegin choosing the rows.
 
-// BlendConfig configures Blend (spec §6).
+// BlendConfig configures Blend (sources §6).
 type BlendConfig struct {
 	// ChunkSize is the tokens per chunk (blend_chunk_size); a multiple of the block size.
 	ChunkSize int
@@ -41,7 +41,7 @@ type BlendConfig struct {
 	RecomputeBoundary int
 	// RopeTheta is the model's RoPE base (rope_theta); HeadDim its head dim (head_dim; 0: the
 	// model shape's); RopePairing "neox" (default, HF Llama's) or "interleaved" (UCM-Go key
-	// rope_pairing; spec §6B [DECISION]).
+	// rope_pairing; sources §6B [DECISION]).
 	RopeTheta   float64
 	HeadDim     int
 	RopePairing string
@@ -174,7 +174,7 @@ func parseBlend(key string, node *yaml.Node) (MethodConfig, error) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Chunk ids and matching (spec §6B).
+// Chunk ids and matching (sources §6B).
 
 // blendSeedSuffix derives the chunk chains' seed from a hasher's.
 const blendSeedSuffix = "UCMBLENDCHUNK"
@@ -189,7 +189,7 @@ func ChunkBlockIDs(h *engine.Hasher, chunk []uint32) []engine.BlockID {
 	return h.BlockIDs(chunk, &s)
 }
 
-// MatchKind is a chunk's match (spec §6B).
+// MatchKind is a chunk's match (sources §6B).
 type MatchKind int
 
 // Match kinds.
@@ -240,7 +240,7 @@ type TokenSource struct {
 	RefPos int
 }
 
-// ChunkIndex is the token index of the sources whose chunks are stored (spec §6B "cached
+// ChunkIndex is the token index of the sources whose chunks are stored (sources §6B "cached
 // blocks' token IDs"): for each, its tokens and its chunks' block ids. It is safe for
 // concurrent use.
 type ChunkIndex struct {
@@ -414,7 +414,7 @@ func (x *ChunkIndex) Hits(prompt []int, matches []ChunkMatch, boundary int) (hit
 }
 
 // ---------------------------------------------------------------------------------------------
-// HKVD selective recompute (spec §6A).
+// HKVD selective recompute (sources §6A).
 
 // HKVD is the selection of one compute_meta layer: among rows (the tokens computed so far,
 // ascending), the candidates are the reused ones (hit); diff[t] = Σ |cached[t] − fresh[t]|
@@ -458,7 +458,7 @@ func HKVD(rows []int, hit []bool, fresh, cached []float32, width int, ratio floa
 	return keep, nil
 }
 
-// BlendMeta is the attention metadata of a masked prefill step (spec §6A): per request the
+// BlendMeta is the attention metadata of a masked prefill step (sources §6A): per request the
 // tokens computed (query_lens), their prefix sums (query_start_loc, len(requests)+1 entries
 // from 0), their total (num_actual_tokens) and the slot mapping of the computed tokens only.
 type BlendMeta struct {
@@ -612,7 +612,7 @@ func (b *Blend) RequestBegin(reqID string, prompt []int) {
 
 // RequestBeginChunks matches the chunks of prompt[:chunkEnd] (clipped to the prompt), the
 // region of reused documents; the tokens from chunkEnd on (the query) are never reused, so
-// always recomputed (spec §6A's [chunk_end, query_end)).
+// always recomputed (sources §6A's [chunk_end, query_end)).
 func (b *Blend) RequestBeginChunks(reqID string, prompt []int, chunkEnd int) {
 	b.mu.Lock()
 	x, present := b.index, b.present

@@ -626,7 +626,7 @@ func (m *blockMethod) scorePart(st *stepState, layer int, part []byte) (float64,
 	return s, s == s
 }
 
-// reduceQuery averages the query heads of each KV head's group (spec §2 [DECISION]).
+// reduceQuery averages the query heads of each KV head's group (sources §2 [DECISION]).
 func (m *blockMethod) reduceQuery(st *stepState) error {
 	s := m.shape
 	st.qr = reuse.Grow(st.qr, s.KVHeads*s.HeadDim)

@@ -432,7 +432,7 @@ func kindName(k yaml.Kind) string {
 // ---------------------------------------------------------------------------------------------
 // Method configurations.
 
-// WindowConfig is the block-window selection every block-scoring method shares (spec §3A):
+// WindowConfig is the block-window selection every block-scoring method shares (sources §3A):
 // [init window | top-K of the rest | local window].
 type WindowConfig struct {
 	// InitWindow is the leading blocks always kept (init_window_sz, or init_window_size).
@@ -441,7 +441,7 @@ type WindowConfig struct {
 	// (local_window_sz, or local_window_size); at least 1.
 	LocalWindow int
 	// SparseRatio is the fraction of the blocks between the windows kept (sparse_ratio, or
-	// topk_ratio): compute_topk_len of spec §3A.
+	// topk_ratio): compute_topk_len of sources §3A.
 	SparseRatio float64
 	// Budget, when > 0, replaces SparseRatio's rule: the fraction of all blocks kept, windows
 	// included (UCM-Go key budget; what the evaluation sets).
@@ -450,7 +450,7 @@ type WindowConfig struct {
 	// (retrieval_stride; 1: every step).
 	RetrievalStride int
 	// HeadSelect is "layer" (the default, or empty: one selection for every head of a layer,
-	// the spec's block-table rewrite) or "kv" (each KV head selects its own blocks by its own
+	// the sources' block-table rewrite) or "kv" (each KV head selects its own blocks by its own
 	// score, at the same budget; UCM-Go key head_select: see Attention.HeadSelected).
 	HeadSelect string
 }
@@ -530,7 +530,7 @@ func (c *QuestConfig) Validate() error {
 	return c.validate(p)
 }
 
-// checkHeadScore validates head_score: "sum" adds the query heads' scores (spec §2's
+// checkHeadScore validates head_score: "sum" adds the query heads' scores (sources §2's
 // decision); "softmax" adds each head's softmax share over the candidate blocks of score/√D, an
 // estimate of the block's share of attention that does not let heads with large logits
 // dominate (UCM-Go).
@@ -560,7 +560,7 @@ type ESAConfig struct {
 	RetrievalWorkers int
 	// ReprDType is how the representation pool keeps the representations: "fp16" (the default,
 	// or empty: as stored) or "int8" (symmetric per-tensor quantization, one scale per block
-	// and layer: spec §2's int8 storage; UCM-Go key repr_dtype).
+	// and layer: sources §2's int8 storage; UCM-Go key repr_dtype).
 	ReprDType string
 	// PrefetchConfig is GSA's prefetch engine, also offered to ESA (UCM-Go): with
 	// retrieval_lag 1 a step's selection is exactly the next step's, so it is all prefetched.
@@ -649,7 +649,7 @@ type KVStarConfig struct {
 	// blk_repre_inner_token_merge: they must match the stored sidecars' (checked at selection).
 	PruneRatio float64
 	Merge      int
-	// HeadScore is "sum" (default: Σ_h max_m q̄_h·row_{m,h}, spec §5) or "softmax" (UCM-Go key
+	// HeadScore is "sum" (default: Σ_h max_m q̄_h·row_{m,h}, sources §5) or "softmax" (UCM-Go key
 	// head_score: per query head, each block's share of Σ over every candidate's rows of
 	// exp(q_h·row/√D), summed over heads; see checkHeadScore).
 	HeadScore string
@@ -675,8 +675,8 @@ func (c *KVStarConfig) Validate() error {
 	return c.validate(p)
 }
 
-// GSAOnDeviceConfig configures GSA On-Device (per-token key hash codes, sidecar "hash"; spec
-// §4). Windows are in tokens.
+// GSAOnDeviceConfig configures GSA On-Device (per-token key hash codes, sidecar "hash";
+// sources §4). Windows are in tokens.
 type GSAOnDeviceConfig struct {
 	// TopKTokens is the tokens kept in all, windows included (hash_topk_tokens, or
 	// topk_tokens); a context of at most this many is attended densely.
@@ -701,7 +701,7 @@ type GSAOnDeviceConfig struct {
 	// (UCM-Go key budget).
 	Budget float64
 	// BlockDist is how token distances make a block's: "min" (default) or "mean" (UCM-Go key
-	// block_dist; spec §4 [DECISION]).
+	// block_dist; sources §4 [DECISION]).
 	BlockDist string
 	// KVLoraRank and QKRopeHeadDim, both > 0, make the model MLA (DeepSeek-V2: kv_lora_rank,
 	// qk_rope_head_dim): one latent KV head of kv_lora_rank + qk_rope_head_dim elements (the

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Eviction policies of the prefetch cache (GSA 000, spec §3A): when the cache is full and a
+// Eviction policies of the prefetch cache (GSA 000, sources §3A): when the cache is full and a
 // block must be loaded, the resident entry with the lowest priority is evicted. Entries being
 // loaded or in use by an attention call are never candidates; entries inside their
 // prefetch_ahead protection are candidates only when nothing else is.
@@ -24,7 +24,7 @@ const (
 	EvictHybrid
 )
 
-// Hybrid weights (spec §3A: HybridEvictionPolicy's defaults).
+// Hybrid weights (sources §3A: HybridEvictionPolicy's defaults).
 const (
 	hybridScoreWeight   = 0.7
 	hybridRecencyWeight = 0.3

@@ -2,7 +2,7 @@ package sparse
 
 import "fmt"
 
-// GSA 002's query-free block score (spec §3B, block_score: access_count):
+// GSA 002's query-free block score (sources §3B, block_score: access_count):
 // score[i] = 0.5·access_count[i] + linspace(0.1, 1.0, B)[i], B the context's blocks and
 // access_count[i] the decode steps of this request and layer whose selection held block i
 // ([DECISION]: 002 keeps an access history without saying what increments it; windows count).

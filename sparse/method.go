@@ -93,7 +93,7 @@ func (s Shape) Validate() error {
 }
 
 // Attention is one layer's attention call for one request, as AttentionBegin sees it. A method
-// restricting a decode step to selected blocks rewrites BlockTable and SeqLen (spec §3A) and
+// restricting a decode step to selected blocks rewrites BlockTable and SeqLen (sources §3A) and
 // sets Selected; AttentionFinished puts the originals back.
 type Attention struct {
 	// Layer is the layer index, LayerName its name ("model.layers.<n>.self_attn").
@@ -139,7 +139,7 @@ type Attention struct {
 
 // Rewrite restricts the call to the logical blocks sel (ascending, unique, in range; the last
 // may be partial): BlockTable becomes the old table's entries at sel, SeqLen the tokens of
-// those blocks (spec §3A [DECISION]: not len(sel)·block_size). Restore undoes it.
+// those blocks (sources §3A [DECISION]: not len(sel)·block_size). Restore undoes it.
 func (a *Attention) Rewrite(sel []int, blockSize int) error {
 	if !a.rewritten {
 		a.origTable, a.origSeqLen = a.BlockTable, a.SeqLen
@@ -152,7 +152,7 @@ func (a *Attention) Rewrite(sel []int, blockSize int) error {
 	return nil
 }
 
-// Restore puts back the block table and seq_len Rewrite replaced (spec §4 [DECISION]) and
+// Restore puts back the block table and seq_len Rewrite replaced (sources §4 [DECISION]) and
 // releases the loaded shards (KV); a call never rewritten is left as it is.
 func (a *Attention) Restore() {
 	if a.release != nil {
@@ -164,7 +164,7 @@ func (a *Attention) Restore() {
 	}
 }
 
-// SparseMethod is a sparse-attention method's hooks into the serving engine (spec §1), in the
+// SparseMethod is a sparse-attention method's hooks into the serving engine (sources §1), in the
 // order of one step: scheduler EstimateNumSlotsSparsed; worker BindSparseMetadata,
 // ExecuteBegin, BuildSparseMeta; per layer LayerBegin, AttentionBegin, (attention),
 // AttentionFinished, FFNBegin; then ExecuteFinished. Embed Base for no-op defaults.

@@ -265,7 +265,7 @@ var methodConfigs = map[string]string{
 
 // TestSelectionEqualsReference: every method's selection equals the windows plus the top-K
 // of its score computed the long way, by a full sort, over random contexts, queries and layers;
-// the block table and seq_len are rewritten as spec §3A says and restored after attention.
+// the block table and seq_len are rewritten as sources §3A says and restored after attention.
 func TestSelectionEqualsReference(t *testing.T) {
 	f := newFixture(t, testShape, 40, 7)
 	r := rand.New(rand.NewPCG(8, 9))
@@ -798,7 +798,7 @@ func TestRetrievalLag(t *testing.T) {
 		if !slices.Equal(b.Selected, want) {
 			t.Fatalf("step %d: lagged %v, synchronous one step before %v", step, b.Selected, want)
 		}
-		if !slices.Equal(c.Selected, b.Selected) { // spec §10: async result equals sync result
+		if !slices.Equal(c.Selected, b.Selected) { // sources §10: async result equals sync result
 			t.Fatalf("step %d: asynchronous %v, synchronous lag %v", step, c.Selected, b.Selected)
 		}
 		prev = heldSelection(a.Selected[1:len(a.Selected)-2], n+(step+1)/4-step/4, 1, 2)

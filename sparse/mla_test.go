@@ -13,7 +13,7 @@ import (
 	"github.com/ucm-go/ucm/kernels"
 )
 
-// GSA On-Device on an MLA model (spec §4): one latent KV head of kv_lora_rank + qk_rope_head_dim
+// GSA On-Device on an MLA model (sources §4): one latent KV head of kv_lora_rank + qk_rope_head_dim
 // elements hashed by two encoders, query heads reduced by reduction_head_num (strided) and each
 // hashed, a token's distance the sum over the reduced heads. There is no MLA model here: the
 // tests run on a synthetic shape.

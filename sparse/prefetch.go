@@ -12,8 +12,8 @@ import (
 	"github.com/ucm-go/ucm/engine"
 )
 
-// The prefetch engine (GSA 002, spec §3B) and the cache it fills (GSA 000's "GPU cache", spec
-// §3A): a selection names the blocks a decode step attends; those whose KV is not resident are
+// The prefetch engine (GSA 002, sources §3B) and the cache it fills (GSA 000's "GPU cache",
+// sources §3A): a selection names the blocks a decode step attends; those whose KV is not resident are
 // loaded from the store. A Prefetcher loads the blocks a selection predicts for the next steps
 // in the background, by priority, so that the step needing them finds them resident; Acquire
 // is the attention step's side: it returns the resident shards, waits for those in flight and
@@ -46,7 +46,7 @@ func (e *BlockLoadError) Error() string {
 // Unwrap returns the cause.
 func (e *BlockLoadError) Unwrap() error { return e.Err }
 
-// PrefetchPriority orders prefetch tasks: lower is more urgent (spec §3B).
+// PrefetchPriority orders prefetch tasks: lower is more urgent (sources §3B).
 type PrefetchPriority int
 
 // Priorities.

@@ -26,7 +26,7 @@ import (
 // Predicted shards are protected from eviction for prefetch_ahead decode steps; speculative
 // ones are not, and are evicted first until an attention call uses them.
 
-// PrefetchConfig is the prefetch engine's keys (GSA 002, spec §3B; eviction from GSA 000).
+// PrefetchConfig is the prefetch engine's keys (GSA 002, sources §3B; eviction from GSA 000).
 type PrefetchConfig struct {
 	// Workers is prefetch_workers (4): loads run at once.
 	Workers int

@@ -19,12 +19,12 @@ import (
 //     kernels convert fp16 with F16C while they multiply (kernels.DotsF16 and friends);
 //   - bfloat16 and float32 sidecars: the values converted to float32 once;
 //   - ESA with repr_dtype int8: the values quantized to int8 with one scale per part
-//     (symmetric, per tensor: spec §2's int8 storage without the source's out-of-range zero
+//     (symmetric, per tensor: sources §2's int8 storage without the source's out-of-range zero
 //     point 128).
 //
 // KVStar rows keep the channel table in front of the values; hash rows are the codes.
 //
-// Rows live in the method's representation pool (spec §2's pool: [entries][row] per layer, a
+// Rows live in the method's representation pool (sources §2's pool: [entries][row] per layer, a
 // block id → entry map, a free list), so a decode step scans the rows of blocks seen at earlier
 // steps in place, without loading, copying or verifying them again: a block's sidecar does not
 // change once stored (the id is its content's). A request holds references on the entries of
@@ -268,7 +268,7 @@ func scale1(k rowKind, scale float32) float32 {
 	return 1
 }
 
-// gsaRow: −Σ_h ‖q̄_h − r_h‖₂ (spec §3A, the active code).
+// gsaRow: −Σ_h ‖q̄_h − r_h‖₂ (sources §3A, the active code).
 func (m *blockMethod) gsaRow(st *stepState, row []byte) float64 {
 	d, hkv := m.shape.HeadDim, m.shape.KVHeads
 	out := st.tmp[:hkv]
@@ -322,7 +322,7 @@ func (m *blockMethod) hashRowPerKV(st *stepState, row []byte, tokens int) float6
 	return sum
 }
 
-// kvstarRow: Σ_h max_m q̄_h[channels_h]·row_{m,h} (spec §5 [DECISION]) over the block's rows.
+// kvstarRow: Σ_h max_m q̄_h[channels_h]·row_{m,h} (sources §5 [DECISION]) over the block's rows.
 // With head_score softmax (st.perHead set) it writes, per query head h, the log-sum-exp over
 // the rows of the logits q_h[channels]·row/√D, so that the softmax over candidates gives each
 // block its share of Σ_rows exp over every candidate's rows.

@@ -8,7 +8,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// ReRoPE (spec §7): attention beyond the trained context. Within a window of w positions a
+// ReRoPE (sources §7): attention beyond the trained context. Within a window of w positions a
 // query sees keys with ordinary RoPE (relative distance i − j); beyond it every key is seen at
 // the same distance w, so no distance exceeds what training saw. That needs each key both
 // rotated (K_rot, RoPE at its position) and raw (K_raw, before RoPE): the cache page holds
@@ -131,7 +131,7 @@ func (r *ReRoPE) QueryScale(pos int) float64 {
 	return max(1, math.Log(float64(pos)+1)/math.Log(float64(r.cfg.TrainingLength)))
 }
 
-// Scores returns one query head's scores against n keys of one KV head (spec §7 [DECISION]):
+// Scores returns one query head's scores against n keys of one KV head (sources §7 [DECISION]):
 // q is the query before RoPE ([headDim]) at position qpos; kRot and kRaw are the keys'
 // K_rot (after RoPE at kpos[j]) and K_raw (before RoPE), [n][headDim]; with s the query scale,
 // score_j = s·⟨RoPE(q, qpos), kRot_j⟩ when qpos − kpos[j] < w, else s·⟨RoPE(q, w), kRaw_j⟩.

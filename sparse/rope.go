@@ -5,14 +5,14 @@ import (
 	"math"
 )
 
-// Pairing says which two elements of a head RoPE rotates together (spec §6B [DECISION]).
+// Pairing says which two elements of a head RoPE rotates together (sources §6B [DECISION]).
 type Pairing int
 
 // Pairings.
 const (
 	// PairNeoX pairs element i with i + D/2 (HF Llama's rotate_half; the small model's).
 	PairNeoX Pairing = iota
-	// PairInterleaved pairs elements 2i and 2i+1 (spec §6B's formula, GPT-J style).
+	// PairInterleaved pairs elements 2i and 2i+1 (sources §6B's formula, GPT-J style).
 	PairInterleaved
 )
 
@@ -67,7 +67,7 @@ func (r RoPE) pair(i int) (int, int) {
 // Rotate rotates every head of x (heads of Dim elements, len(x) a multiple of Dim) by the
 // angles of delta positions, in place: x'[a] = x[a]·cos − x[b]·sin, x'[b] = x[a]·sin +
 // x[b]·cos for each pair (a, b), in float64. Rotate(RoPE(k, s), t − s) = RoPE(k, t): the
-// position correction of a key cached at s and reused at t (spec §6B); Rotate(x, p) applied to
+// position correction of a key cached at s and reused at t (sources §6B); Rotate(x, p) applied to
 // an unrotated x is RoPE at position p.
 func (r RoPE) Rotate(x []float32, delta int) error {
 	if err := r.Validate(); err != nil {

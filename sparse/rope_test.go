@@ -95,7 +95,7 @@ func TestRoPEGroup(t *testing.T) {
 	if maxDiff(rotated(t, RoPE{Dim: 32, Theta: 10000, Pairing: PairNeoX}, x, 9), rotated(t, RoPE{Dim: 32, Theta: 10000, Pairing: PairInterleaved}, x, 9)) < 1e-3 {
 		t.Fatal("NeoX and interleaved pairings rotate alike")
 	}
-	// Interleaved: spec §6B's formula for the first pair.
+	// Interleaved: sources §6B's formula for the first pair.
 	r := RoPE{Dim: 4, Theta: 10000, Pairing: PairInterleaved}
 	y := rotated(t, r, []float32{1, 2, 3, 4}, 1)
 	c, s := math.Cos(1), math.Sin(1)

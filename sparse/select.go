@@ -7,9 +7,9 @@ import (
 	"slices"
 )
 
-// Block selection (spec §3A, §3B, §4): which logical blocks of a context a decode step attends.
+// Block selection (sources §3A, §3B, §4): which logical blocks of a context a decode step attends.
 // Scores are higher-is-better float64 (Hamming distances are negated); the order of a top-K is
-// score descending, ties to the lower block index, NaN below every number (spec §0
+// score descending, ties to the lower block index, NaN below every number (sources §0
 // [DECISION]), so every selection has one right answer that a brute-force sort reproduces.
 
 // better reports whether block i with score a ranks before block j with score b.
@@ -24,7 +24,7 @@ func better(a float64, i int, b float64, j int) bool {
 	return i < j
 }
 
-// SelectTopK is select_topk_blocks of spec §3A over a context of n = len(scores) blocks: the
+// SelectTopK is select_topk_blocks of sources §3A over a context of n = len(scores) blocks: the
 // init leading and local trailing blocks, and the k best-scoring blocks between them (all of
 // them when fewer), ascending. When the windows cover the context (n − local ≤ init) every
 // block is selected. init, local and k below 0 count as 0.
@@ -194,7 +194,7 @@ func topK(idx []int, scores []float64, k int) []int {
 	return h
 }
 
-// TopKLen is compute_topk_len of spec §3A: the blocks kept of a context of blockLen blocks,
+// TopKLen is compute_topk_len of sources §3A: the blocks kept of a context of blockLen blocks,
 // int((blockLen − init − local)·ratio) + init + local, or blockLen when the windows cover it.
 // It is non-decreasing in blockLen and never exceeds it (for ratio in [0, 1]).
 func TopKLen(blockLen, init, local int, ratio float64) int {
@@ -211,12 +211,12 @@ func BudgetBlocks(n int, budget float64) int {
 	return max(0, min(n, int(math.Floor(float64(n)*budget+1e-9))))
 }
 
-// GSA002Size is the blocks GSA 002 keeps of B (spec §3B): min(max(minBlocks, ⌊B·ratio⌋), B).
+// GSA002Size is the blocks GSA 002 keeps of B (sources §3B): min(max(minBlocks, ⌊B·ratio⌋), B).
 func GSA002Size(b, minBlocks int, ratio float64) int {
 	return min(max(minBlocks, int(float64(b)*ratio)), b)
 }
 
-// GSA002Select is GSA 002's selection (spec §3B): the init leading and local trailing blocks
+// GSA002Select is GSA 002's selection (sources §3B): the init leading and local trailing blocks
 // are required, and the best GSA002Size − |required| of the others (clamped to how many there
 // are, [DECISION]) are added; ascending.
 func GSA002Select(scores []float64, init, local, minBlocks int, ratio float64) []int {
@@ -227,7 +227,7 @@ func GSA002Select(scores []float64, init, local, minBlocks int, ratio float64) [
 	return SelectTopK(scores, init, local, max(r, 0))
 }
 
-// RewriteBlockTable is the block-table rewrite of spec §3A: for the logical blocks sel of a
+// RewriteBlockTable is the block-table rewrite of sources §3A: for the logical blocks sel of a
 // context of seqLen tokens in blocks of bs (ascending, unique, each below ⌈seqLen/bs⌉), the
 // new table is table[sel[i]] and the new seq_len the tokens of the selected blocks, the last
 // block counting only the tokens it has ([DECISION]). table must cover the context.

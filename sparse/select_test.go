@@ -52,7 +52,7 @@ func randomScores(r *rand.Rand, n int) []float64 {
 	return s
 }
 
-// checkSelection asserts every §10 selection property for one call.
+// checkSelection asserts every sources §10 selection property for one call.
 func checkSelection(t *testing.T, scores []float64, init, local, k int) []int {
 	t.Helper()
 	n := len(scores)

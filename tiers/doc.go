@@ -1,11 +1,81 @@
-// Package tiers holds the building blocks of the memory, SSD and shared-file-system tiers:
+// Package tiers holds the building blocks of a store's tiers: the memory tier, disk tiers on
+// local SSD, disk tiers shared by several instances on a distributed file system, and the
+// Mooncake tier. Tiers are listed fastest first; package engine routes dumps, loads,
+// promotion, demotion and reclamation over them and wires these blocks to wal and index.
+// docs/tiers.md describes the whole (configuration, accounting, eviction, reclamation),
+// docs/sharing.md the shared tiers, docs/mooncake.md the Mooncake tier.
 //
-//   - Config, Validate and PathFor: tier configuration (fastest first, an optional memory tier
-//     then disk tiers), its checks, and the placement of segments across a tier's paths.
-//   - MemCache: the memory tier, a host-DRAM LRU of whole blocks with an exact byte cap.
-//   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks eviction
-//     victims leaves first and never a pinned block or its ancestors.
+// # Contents
 //
-// Each is self-contained and safe for concurrent use; the engine wires them to wal and index
-// (space accounting, segment reclamation, promotion and demotion live there).
+//   - Config, Validate, PathFor: a tier's configuration (kind, paths, capacity, watermarks,
+//     I/O and compression settings; the YAML names are the field tags), the checks of a tier
+//     list (at most one memory tier and first, at most one Mooncake tier after it, at least
+//     one disk tier, no path used twice or nested in another; a ConfigError wrapping
+//     ErrInvalidConfig names the tier and the field), and the placement of segments across a
+//     tier's paths (jump consistent hashing: adding a path moves about 1/(n+1) of them).
+//   - Space: the exact byte account of one disk tier and its admission of new segments.
+//   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks
+//     eviction victims.
+//   - MemCache: the memory tier, a host-DRAM LRU of whole blocks and their sidecars.
+//   - NamespaceDir, WriteManifest, ReadManifest, ListNamespaces, the publication log names,
+//     Leaser: a shared tier's path layout, each instance's manifest of published segments,
+//     and the reclaimer lease that elects the one instance enforcing the tier's capacity.
+//   - MooncakeTier, MooncakePool, OpenMooncakePool: the Mooncake tier over a Mooncake Store
+//     pool (the real client is built with the `mooncake` tag; without it OpenMooncakePool
+//     returns ErrMooncakeNotBuilt).
+//
+// # Guarantees
+//
+//   - Exact capacity. Space counts the bytes of every segment file of a tier, active segments
+//     at the size they may grow to. A segment for new dumps is admitted only if it fits within
+//     the capacity; a segment for relocations (which reclamation needs to free space) only
+//     while the tier is within it. So a tier never holds more than its capacity plus one
+//     segment; a dump that finds no room waits for reclamation up to its deadline, then fails
+//     with ErrNoSpace.
+//   - Leaves first. LRU.Victims returns blocks least recently used first, but never a pinned
+//     block (one a load is reading) nor an ancestor of one, and a block only after its known
+//     live children (TouchChain records prefix chains): a child is useless without its parent.
+//   - Memory is verified like a disk. MemCache keeps each block with the CRC32C of its shards
+//     and checks the bytes it copies out against them; its capacity is exact at every instant;
+//     cached blocks are immutable (Put stores a private copy), so a Get that races with a Put,
+//     Remove or eviction of the same block copies one complete version, never a mix.
+//   - Shared files are whole or absent. A manifest is written to a temporary name, synced,
+//     renamed to a new name of its own and the directory synced, so a reader sees the old list
+//     or the new one, whole; every manifest and lease is checked by CRC32C before any field is
+//     used, and a manifest that fails a check is an error wrapping format.ErrCorrupt. Each
+//     instance writes only inside its own namespace.
+//   - Mooncake objects are checked. MooncakeTier.Get checks every byte it loads against the
+//     checksums in the object's header, and the header against the block, schema and layout
+//     asked for; anything else (absent, stale, foreign, damaged) is a miss, counted and logged.
+//     A pool that is down makes the tier skipped (loads and lookups miss, write-throughs are
+//     dropped, each counted), never the engine unusable.
+//
+// # Concurrency
+//
+// Space, LRU, MemCache and MooncakeTier are safe for concurrent use. A Leaser keeps no state
+// between calls: the lease is the file, and Hold's election tolerates contenders. LRU and MemCache
+// hold one mutex for short, bounded steps (MemCache copies bytes outside it, so readers of
+// large blocks copy in parallel); LRU.Victims works in proportion to what it returns. Space
+// calls its Recycler without its own lock held. The manifest functions touch only the files
+// they name; concurrent writers of one namespace are excluded by the namespace's LOCK, which
+// the engine holds.
+//
+// # Example
+//
+// A disk tier of 1 TiB over two SSDs, with an 8 GiB memory tier in front and a shared tier
+// below:
+//
+//	cfg := []tiers.Config{
+//		{Name: "dram", Kind: tiers.KindMemory, Capacity: 8 << 30},
+//		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/mnt/nvme0/ucm", "/mnt/nvme1/ucm"},
+//			Capacity: 1 << 40},
+//		{Name: "shared", Kind: tiers.KindDisk, Paths: []string{"/mnt/3fs/ucm"}, Shared: true},
+//	}
+//	if err := tiers.Validate(cfg); err != nil { ... } // errors.Is(err, tiers.ErrInvalidConfig)
+//	dir := tiers.PathFor(cfg[1].Paths, segment)        // where segment number `segment` lives
+//
+//	sp := tiers.NewSpace(1<<40, tiers.DefaultHighWatermark, tiers.DefaultLowWatermark)
+//	lru := tiers.NewLRU()
+//	lru.TouchChain(ids)                  // a prompt's chain: ids[i] is the parent of ids[i+1]
+//	victims := lru.Victims(sp.Excess())  // leaves first, never pinned blocks or their ancestors
 package tiers
