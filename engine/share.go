@@ -76,6 +76,7 @@ type sharing struct {
 	aliases map[foreignKey]uint64
 	next    uint64                     // next alias (without the marker bit)
 	ignored map[format.InstanceID]bool // namespaces of another schema, logged once
+	opened  int64                      // when this instance opened (Unix ns): visibility counts segments published since
 	lastPub map[string][]byte          // namespace dir → body (entries, notes) of the manifest written
 	firstAt map[uint64]int64           // own segment → when first published
 	// pendingSidecars are other instances' sidecars met before their block was indexed (the
@@ -198,7 +199,7 @@ func (e *Engine) openSharing() error {
 	if !hasShared(e.opts.tierConfigs(e.dir)) {
 		return nil
 	}
-	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
+	s := &sharing{opened: time.Now().UnixNano(), kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
 		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{}}
@@ -528,7 +529,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 				continue
 			}
 			e.forgetOverlay(k) // the foreign index holds it now
-			if ent.Sealed > 0 {
+			if ent.Sealed >= s.opened { // a segment published before this instance opened says nothing of visibility
 				s.visibleAt.Add(time.Now().UnixNano() - ent.Sealed)
 				s.visibleSamples.Add(1)
 			}

@@ -95,7 +95,9 @@ type SharingStats struct {
 	// ManifestsPublished counts manifests this instance wrote; PublishErrors the failures.
 	ManifestsPublished, PublishErrors int64
 	// VisibilityLatency is the mean time from another instance first publishing a segment to
-	// this instance indexing it, over VisibilitySamples segments (clocks of both hosts).
+	// this instance indexing it, over the VisibilitySamples segments published since this
+	// instance opened (clocks of both hosts); segments published before are indexed at Open and
+	// not counted.
 	VisibilityLatency time.Duration
 	VisibilitySamples int64
 	// LeaseHeld: this instance holds a shared tier's reclaimer lease (it enforces the tier's
