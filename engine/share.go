@@ -529,7 +529,8 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 				continue
 			}
 			e.forgetOverlay(k) // the foreign index holds it now
-			if ent.Sealed >= s.opened { // a segment published before this instance opened says nothing of visibility
+			// A segment published before this instance opened says nothing of visibility.
+			if ent.Sealed >= s.opened {
 				s.visibleAt.Add(time.Now().UnixNano() - ent.Sealed)
 				s.visibleSamples.Add(1)
 			}
