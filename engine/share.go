@@ -112,6 +112,15 @@ type sharing struct {
 	copiedToMemory, copiedToDisk atomic.Int64
 	published, publishErrors     atomic.Int64
 	visibleAt, visibleSamples    atomic.Int64
+
+	// Segment summaries and the progress of indexing (share_summary.go). summarized: own
+	// segments whose summary is written (or failed), by generation; listedByNS: how many
+	// segments each other namespace's manifest listed when last read (s.mu).
+	summarized                                               map[uint64]uint64
+	listedByNS                                               map[string]int
+	fromSummary, fromHeaders, summaryDamaged, indexedRecords atomic.Int64
+	progressAt                                               time.Time
+	progressRecs                                             int64
 }
 
 // hasShared reports whether any configured tier is shared.
@@ -201,7 +210,8 @@ func (e *Engine) openSharing() error {
 	s := &sharing{kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
-		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{}}
+		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{},
+		summarized: map[uint64]uint64{}, listedByNS: map[string]int{}}
 	dir := filepath.Join(e.dir, ForeignDir)
 	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil && e.opts.ReadOnly {
@@ -300,6 +310,7 @@ func (e *Engine) sharer() {
 		e.obeyReclaims()
 		e.publishShared()
 		e.refreshShared()
+		e.writeSummaries()
 		select {
 		case <-e.stop:
 			return
@@ -420,6 +431,7 @@ func (e *Engine) publishShared() {
 		s.lastPub[n.dir], s.lastSeq[n.dir], s.lastWrite[n.dir] = body, m.Sequence, time.Now()
 		s.mu.Unlock()
 		e.prunePublogs(n.dir, n.list)
+		e.pruneSummaries(n.dir, n.list)
 	}
 }
 
@@ -481,6 +493,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 		logSeq, logRead := e.logsRead(inst)
 		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
 		if errors.Is(err, tiers.ErrNoManifest) {
+			s.mu.Lock()
+			delete(s.listedByNS, nsDir)
+			s.mu.Unlock()
 			continue // nothing published yet (or no longer anything: its segments are dropped)
 		}
 		if err != nil {
@@ -507,6 +522,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 			s.mu.Unlock()
 			continue
 		}
+		s.mu.Lock()
+		s.listedByNS[nsDir] = len(m.Segments) // progress: indexed of listed (Stats, noteIndexed)
+		s.mu.Unlock()
 		segDir := filepath.Join(nsDir, SegmentDir)
 		for _, ent := range m.Segments {
 			k := foreignKey{inst, ent.Number}
@@ -548,22 +566,13 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 	return read, nil
 }
 
-// indexForeign indexes published segment ent of instance inst, in segDir of shared tier t:
-// its header must name the segment, the instance and this store's schema, its footer and every
-// record header must check. Blocks and sidecars the foreign index already holds keep their
+// indexForeign indexes published segment ent of instance inst, in segDir of shared tier t,
+// from its summary, or else its footer and record headers (foreignRecords). Blocks and sidecars the foreign index already holds keep their
 // entry; this segment's copy of them is remembered (copyKey) for when that entry's segment is
 // dropped.
 func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
-	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.direct, t.io)
-	if err != nil {
-		return err
-	}
-	defer seg.Release()
-	if info := seg.Info(); info.Instance != inst || (info.Schema != e.fingerprint && !e.opts.LookupOnly) {
-		return fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
-	}
-	recs, err := wal.ReadSealedRecords(seg, ent.Size, t.io)
+	recs, err := e.foreignRecords(t, segDir, inst, ent)
 	if err != nil {
 		return err
 	}
@@ -633,6 +642,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 		s.mu.Unlock()
 	}
 	s.segmentsIndexed.Add(1)
+	e.noteIndexed(len(recs))
 	e.indexPendingSidecars()
 	return nil
 }
