@@ -485,11 +485,14 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 	var read []nsManifest
 	listed := map[foreignKey]bool{}
 	unreadable := map[format.InstanceID]bool{}
+	present := map[string]bool{}
+	defer e.forgetListedCounts(root, present)
 	for _, inst := range insts {
 		if inst == e.instance {
 			continue
 		}
 		nsDir := tiers.NamespaceDir(root, inst)
+		present[nsDir] = true
 		logSeq, logRead := e.logsRead(inst)
 		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
 		if errors.Is(err, tiers.ErrNoManifest) {

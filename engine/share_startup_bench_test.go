@@ -37,10 +37,24 @@ func startupOptions(shared string) Options {
 //	                     segments: sparse files with a real header and footer, a summary each,
 //	                     no payload
 //
+// UCM_STARTUP_DIR puts the real-1GiB shared tier on another file system, and
+// UCM_STARTUP_DIR2 has the new instance see it through a second mount, as another host would
+// (bash fuzz/gluster/harness.sh sh -c 'UCM_STARTUP_DIR=$UCM_GLUSTER_A
+// UCM_STARTUP_DIR2=$UCM_GLUSTER_B go test ...').
+//
 // go test -tags uring -ldflags=-checklinkname=0 -run '^$' -bench BenchmarkSharedStartup -benchtime 1x ./engine/
 func BenchmarkSharedStartup(b *testing.B) {
 	b.Run("real-1GiB", func(b *testing.B) {
 		shared := filepath.Join(b.TempDir(), "shared")
+		reader := shared
+		if d := os.Getenv("UCM_STARTUP_DIR"); d != "" {
+			name := fmt.Sprintf("startup-%d", time.Now().UnixNano())
+			shared, reader = filepath.Join(d, name), filepath.Join(d, name)
+			if d2 := os.Getenv("UCM_STARTUP_DIR2"); d2 != "" {
+				reader = filepath.Join(d2, name) // the same directory through another mount
+			}
+			b.Cleanup(func() { _ = os.RemoveAll(shared) })
+		}
 		nsDir := dumpGiB(b, shared, 1)
 		b.Run("headers", func(b *testing.B) {
 			aside := filepath.Join(nsDir, SummaryDir+".aside")
@@ -48,9 +62,9 @@ func BenchmarkSharedStartup(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer func() { _ = os.Rename(aside, filepath.Join(nsDir, SummaryDir)) }()
-			benchStartup(b, shared, blockID(0))
+			benchStartup(b, reader, blockID(0))
 		})
-		b.Run("summaries", func(b *testing.B) { benchStartup(b, shared, blockID(0)) })
+		b.Run("summaries", func(b *testing.B) { benchStartup(b, reader, blockID(0)) })
 	})
 	b.Run("simulated", func(b *testing.B) {
 		gib := 64

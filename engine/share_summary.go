@@ -11,6 +11,7 @@ import (
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -231,6 +232,19 @@ func (e *Engine) noteIndexed(n int) {
 	}
 	e.opts.Logger.Info("ucm: indexing other instances' segments", "indexed", len(s.segs), "listed", listed,
 		"from_summary", s.fromSummary.Load(), "from_headers", s.fromHeaders.Load(), "records_per_s", int64(rate))
+}
+
+// forgetListedCounts drops the progress counts of the namespaces under root that are gone
+// (not in present).
+func (e *Engine) forgetListedCounts(root string, present map[string]bool) {
+	s := e.share
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for nsDir := range s.listedByNS {
+		if !present[nsDir] && filepath.Dir(nsDir) == filepath.Join(root, tiers.InstancesDir) {
+			delete(s.listedByNS, nsDir)
+		}
+	}
 }
 
 // writeSummaries writes the summary of every sealed segment of this instance on a shared tier
