@@ -314,3 +314,35 @@ func TestSharedLookupsWhileIndexing(t *testing.T) {
 	})
 	checkBlocks(t, b, blocks)
 }
+
+// TestSharedSummaryBatchesAndSidecars: a segment holding a batch record, plain blocks and
+// sidecars is indexed from its summary (the batch's blocks, their positions and the sidecars
+// included, checked against the footer), and every block and sidecar loads exact.
+func TestSharedSummaryBatchesAndSidecars(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	batch, plain := ids(0, 6), ids(6, 9)
+	l := a.Layout()
+	if errs := dumpLayers(a, batch, layerSources(l, batch, true), []int{2, 0, 3, 1}); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	dumpBlocks(t, a, plain)
+	all := append(append([]BlockID(nil), batch...), plain...)
+	dumpSidecars(t, a, 2, all)
+	if st := a.Stats(); st.BatchRecords != 1 {
+		t.Fatalf("%d batch records", st.BatchRecords)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := openIndexed(t, shared)
+	st := b.Stats().Sharing
+	if st.IndexedFromSummary != int64(st.SegmentsListed) || st.SummariesDamaged != 0 || st.IndexedRecords != int64(2*len(all)) {
+		t.Fatalf("stats %+v: want every segment, %d records, from summaries", st, 2*len(all))
+	}
+	checkBlocks(t, b, all)
+	checkEveryShard(t, b, all)
+	waitFor(t, "B to index A's sidecars beside their blocks", func() bool { return b.share.fx.SidecarCount() == len(all) })
+	checkSidecars(t, b, 2, all, nil)
+}
