@@ -346,3 +346,74 @@ func TestSharedSummaryBatchesAndSidecars(t *testing.T) {
 	waitFor(t, "B to index A's sidecars beside their blocks", func() bool { return b.share.fx.SidecarCount() == len(all) })
 	checkSidecars(t, b, 2, all, nil)
 }
+
+// summaryMatchesFooter refuses every disagreement with the footer (a block's id, place,
+// sequence, header checksum, type; a batch's positions, sequence numbers, size; records
+// missing or extra) and accepts the records the footer describes.
+func TestSummaryMatchesFooter(t *testing.T) {
+	lay := Layout{Shards: 2, TensorsPerShard: 1, ShardBytes: 4096}
+	ids := ids(0, 4)
+	recs := func() []wal.ScannedRecord {
+		out := []wal.ScannedRecord{{Header: format.RecordHeader{Type: format.RecordBlock, ID: ids[0], Seq: 10, Layout: lay}, Offset: 4096, HeaderCRC: 7}}
+		for p := range 3 {
+			out = append(out, wal.ScannedRecord{Header: format.RecordHeader{Type: format.RecordBatch, ID: ids[1+p], Seq: 11 + uint64(p), Layout: lay},
+				Offset: 5 * 4096, HeaderCRC: 9, BatchBlocks: 3, BatchPos: p})
+		}
+		return out
+	}
+	foot := []format.FooterEntry{
+		{ID: ids[0], Offset: 4096, Seq: 10, HeaderCRC: 7, Type: format.RecordBlock},
+		{ID: ids[1], Offset: 5 * 4096, Seq: 11, HeaderCRC: 9, Type: format.RecordBatch},
+	}
+	if err := summaryMatchesFooter(recs(), foot); err != nil {
+		t.Fatalf("matching summary refused: %v", err)
+	}
+	lies := map[string]func(r []wal.ScannedRecord) []wal.ScannedRecord{
+		"block id":              func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.ID = ids[3]; return r },
+		"block offset":          func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Offset = 5 * 4096; return r },
+		"block seq":             func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Seq++; return r },
+		"block header crc":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].HeaderCRC++; return r },
+		"block as sidecar":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Type, r[0].Header.Kind = format.RecordSidecar, 1; return r },
+		"batch block 0 id":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[1].Header.ID, r[2].Header.ID = r[2].Header.ID, r[1].Header.ID; return r },
+		"batch positions":       func(r []wal.ScannedRecord) []wal.ScannedRecord { r[2].BatchPos, r[3].BatchPos = 2, 1; return r },
+		"batch seq":             func(r []wal.ScannedRecord) []wal.ScannedRecord { r[3].Header.Seq = 20; return r },
+		"batch size":            func(r []wal.ScannedRecord) []wal.ScannedRecord { r[1].BatchBlocks = 4; return r[:4] },
+		"batch block elsewhere": func(r []wal.ScannedRecord) []wal.ScannedRecord { r[3].Offset = 4096; return r },
+		"record missing":        func(r []wal.ScannedRecord) []wal.ScannedRecord { return r[:3] },
+		"record extra":          func(r []wal.ScannedRecord) []wal.ScannedRecord { return append(r, r[0]) },
+		"no records":            func(r []wal.ScannedRecord) []wal.ScannedRecord { return nil },
+	}
+	for name, lie := range lies {
+		if err := summaryMatchesFooter(lie(recs()), foot); !errors.Is(err, format.ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		}
+	}
+}
+
+// The owner removes the summaries of segments its manifest no longer lists, and leftovers of
+// an interrupted write, and keeps the others.
+func TestPruneSummaries(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), sharedOptions(shared, time.Hour))
+	dumpBlocks(t, a, ids(0, 30))
+	// Closed: its sharer no longer rewrites what is pruned.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	nsDir := tiers.NamespaceDir(shared, a.instance)
+	sums := summaries(t, nsDir)
+	if len(sums) < 3 {
+		t.Fatalf("%d summaries", len(sums))
+	}
+	keep := format.ManifestEntry{Number: mustParse(t, sums[0])}
+	tmp := sums[1] + ".tmp"
+	if err := os.WriteFile(tmp, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.pruneSummaries(nsDir, []format.ManifestEntry{keep})
+	left, _ := filepath.Glob(filepath.Join(nsDir, SummaryDir, "*"))
+	if len(left) != 1 || left[0] != sums[0] {
+		t.Fatalf("after pruning to segment %d: %v", keep.Number, left)
+	}
+}
