@@ -369,12 +369,18 @@ func TestSummaryMatchesFooter(t *testing.T) {
 		t.Fatalf("matching summary refused: %v", err)
 	}
 	lies := map[string]func(r []wal.ScannedRecord) []wal.ScannedRecord{
-		"block id":              func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.ID = ids[3]; return r },
-		"block offset":          func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Offset = 5 * 4096; return r },
-		"block seq":             func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Seq++; return r },
-		"block header crc":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].HeaderCRC++; return r },
-		"block as sidecar":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Type, r[0].Header.Kind = format.RecordSidecar, 1; return r },
-		"batch block 0 id":      func(r []wal.ScannedRecord) []wal.ScannedRecord { r[1].Header.ID, r[2].Header.ID = r[2].Header.ID, r[1].Header.ID; return r },
+		"block id":         func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.ID = ids[3]; return r },
+		"block offset":     func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Offset = 5 * 4096; return r },
+		"block seq":        func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Seq++; return r },
+		"block header crc": func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].HeaderCRC++; return r },
+		"block as sidecar": func(r []wal.ScannedRecord) []wal.ScannedRecord {
+			r[0].Header.Type, r[0].Header.Kind = format.RecordSidecar, 1
+			return r
+		},
+		"batch block 0 id": func(r []wal.ScannedRecord) []wal.ScannedRecord {
+			r[1].Header.ID, r[2].Header.ID = r[2].Header.ID, r[1].Header.ID
+			return r
+		},
 		"batch positions":       func(r []wal.ScannedRecord) []wal.ScannedRecord { r[2].BatchPos, r[3].BatchPos = 2, 1; return r },
 		"batch seq":             func(r []wal.ScannedRecord) []wal.ScannedRecord { r[3].Header.Seq = 20; return r },
 		"batch size":            func(r []wal.ScannedRecord) []wal.ScannedRecord { r[1].BatchBlocks = 4; return r[:4] },
