@@ -175,7 +175,8 @@ func (e *Engine) foreignRecords(t *diskTier, segDir string, inst format.Instance
 
 // summaryMatchesFooter checks a summary's records against the footer of their segment: each
 // footer entry is one record of the summary, in order, with its block id, offset, sequence
-// number, header checksum, type and kind; a batch entry is the batch's blocks, positions 0 to
+// number, header checksum, type, kind and length (what the layout and stored lengths the
+// summary names make); a batch entry is the batch's blocks, positions 0 to
 // N-1 at its offset with its header checksum, block 0 its id, sequence numbers consecutive
 // from its own. A mismatch wraps format.ErrCorrupt naming the entry.
 func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry) error {
@@ -189,7 +190,12 @@ func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry
 		if fe.Type == format.RecordBatch {
 			n = r.BatchBlocks
 		}
-		if r.Header.ID != fe.ID || r.Offset != fe.Offset || r.Header.Seq != fe.Seq || r.HeaderCRC != fe.HeaderCRC ||
+		length := r.Header.RecordBytes() // the layout and stored lengths the summary names
+		if fe.Type == format.RecordBatch {
+			l := r.Header.Layout
+			length = format.BatchHeaderSize(n) + int64(l.Shards)*int64(n)*l.ShardStride() + format.BatchCommitSize(n, l.Shards)
+		}
+		if r.Header.ID != fe.ID || r.Offset != fe.Offset || r.Header.Seq != fe.Seq || r.HeaderCRC != fe.HeaderCRC || length != fe.Length ||
 			r.Header.Type != fe.Type || r.Header.Kind != fe.Kind || (fe.Type == format.RecordBatch && r.BatchPos != 0) || n < 1 || i+n > len(recs) {
 			return fmt.Errorf("%w: summary entry %d (%s at %d) does not match footer entry %d (%s at %d)", format.ErrCorrupt, i, r.Header.ID, r.Offset, k, fe.ID, fe.Offset)
 		}

@@ -361,9 +361,10 @@ func TestSummaryMatchesFooter(t *testing.T) {
 		}
 		return out
 	}
+	batchLen := format.BatchHeaderSize(3) + 2*3*lay.ShardStride() + format.BatchCommitSize(3, 2)
 	foot := []format.FooterEntry{
-		{ID: ids[0], Offset: 4096, Seq: 10, HeaderCRC: 7, Type: format.RecordBlock},
-		{ID: ids[1], Offset: 5 * 4096, Seq: 11, HeaderCRC: 9, Type: format.RecordBatch},
+		{ID: ids[0], Offset: 4096, Length: format.RecordHeaderSize + 2*lay.ShardStride(), Seq: 10, HeaderCRC: 7, Type: format.RecordBlock},
+		{ID: ids[1], Offset: 5 * 4096, Length: batchLen, Seq: 11, HeaderCRC: 9, Type: format.RecordBatch},
 	}
 	if err := summaryMatchesFooter(recs(), foot); err != nil {
 		t.Fatalf("matching summary refused: %v", err)
@@ -387,7 +388,14 @@ func TestSummaryMatchesFooter(t *testing.T) {
 		"batch block elsewhere": func(r []wal.ScannedRecord) []wal.ScannedRecord { r[3].Offset = 4096; return r },
 		"record missing":        func(r []wal.ScannedRecord) []wal.ScannedRecord { return r[:3] },
 		"record extra":          func(r []wal.ScannedRecord) []wal.ScannedRecord { return append(r, r[0]) },
-		"no records":            func(r []wal.ScannedRecord) []wal.ScannedRecord { return nil },
+		"block layout":          func(r []wal.ScannedRecord) []wal.ScannedRecord { r[0].Header.Layout.Shards = 3; return r },
+		"batch layout": func(r []wal.ScannedRecord) []wal.ScannedRecord {
+			for i := 1; i < 4; i++ {
+				r[i].Header.Layout.ShardBytes = 8192
+			}
+			return r
+		},
+		"no records": func(r []wal.ScannedRecord) []wal.ScannedRecord { return nil },
 	}
 	for name, lie := range lies {
 		if err := summaryMatchesFooter(lie(recs()), foot); !errors.Is(err, format.ErrCorrupt) {
