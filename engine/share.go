@@ -436,9 +436,9 @@ func (e *Engine) publishShared() {
 }
 
 // refreshShared brings the foreign index up to date with the other instances' manifests: one
-// directory listing per shared path and one manifest read per namespace. A segment newly listed
-// is indexed from its footer and record headers; a segment no longer listed (or whose namespace
-// is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
+// directory listing per shared path and one manifest read per namespace. A segment newly
+// listed is indexed from its summary (or its footer and record headers); a segment no longer
+// listed (or whose namespace is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
 // of it (a transient failure must not turn hits into misses); one of another schema is ignored.
 func (e *Engine) refreshShared() {
 	s := e.share
@@ -570,9 +570,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 }
 
 // indexForeign indexes published segment ent of instance inst, in segDir of shared tier t,
-// from its summary, or else its footer and record headers (foreignRecords). Blocks and sidecars the foreign index already holds keep their
-// entry; this segment's copy of them is remembered (copyKey) for when that entry's segment is
-// dropped.
+// from its summary, or else its footer and record headers (foreignRecords). Blocks and
+// sidecars the foreign index already holds keep their entry; this segment's copy of them is
+// remembered (copyKey) for when that entry's segment is dropped.
 func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
 	recs, err := e.foreignRecords(t, segDir, inst, ent)
