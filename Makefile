@@ -172,7 +172,7 @@ staticcheck: $(BIN)/staticcheck
 # FUZZSMOKE=1000x) overrides every target's count.
 FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFooter:500000x \
                 ./format:FuzzRecordRoundTrip:400000x ./format:FuzzDecodeCompressedRecordHeader:400000x \
-                ./format:FuzzDecodeManifest:300000x ./format:FuzzDecodeLease:300000x ./format:FuzzDecodePublogEntry:300000x \
+                ./format:FuzzDecodeManifest:300000x ./format:FuzzDecodeSummary:300000x ./format:FuzzDecodeLease:300000x ./format:FuzzDecodePublogEntry:300000x \
                 ./format:FuzzDecodeBatchHeader:300000x ./format:FuzzPeekBatchHeader:300000x ./format:FuzzDecodeBatchCommit:300000x \
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \

@@ -525,6 +525,7 @@ func (e *Engine) Close() error {
 		errs = append(errs, w.Close())
 	}
 	e.publishShared() // the segments the writers just sealed
+	e.writeSummaries()
 	if e.share != nil {
 		e.closePublogs()
 	}
@@ -719,7 +720,14 @@ func (e *Engine) Stats() Stats {
 			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load(),
 			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
 			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
-			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load()}
+			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load(),
+			IndexedFromSummary: s.fromSummary.Load(), IndexedFromHeaders: s.fromHeaders.Load(), SummariesDamaged: s.summaryDamaged.Load(),
+			IndexedRecords: s.indexedRecords.Load()}
+		s.mu.Lock()
+		for _, n := range s.listedByNS {
+			st.Sharing.SegmentsListed += n
+		}
+		s.mu.Unlock()
 		st.Sharing.LogRecords = s.ov.records.Load()
 		s.logs.mu.Lock()
 		st.Sharing.LogAppendErrors = s.logs.appendErrors

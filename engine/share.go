@@ -113,6 +113,15 @@ type sharing struct {
 	copiedToMemory, copiedToDisk atomic.Int64
 	published, publishErrors     atomic.Int64
 	visibleAt, visibleSamples    atomic.Int64
+
+	// Segment summaries and the progress of indexing (share_summary.go). summarized: own
+	// segments whose summary is written (or failed), by generation; listedByNS: how many
+	// segments each other namespace's manifest listed when last read (s.mu).
+	summarized                                               map[uint64]uint64
+	listedByNS                                               map[string]int
+	fromSummary, fromHeaders, summaryDamaged, indexedRecords atomic.Int64
+	progressAt                                               time.Time
+	progressRecs                                             int64
 }
 
 // hasShared reports whether any configured tier is shared.
@@ -202,7 +211,8 @@ func (e *Engine) openSharing() error {
 	s := &sharing{opened: time.Now().UnixNano(), kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
-		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{}}
+		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{},
+		summarized: map[uint64]uint64{}, listedByNS: map[string]int{}}
 	dir := filepath.Join(e.dir, ForeignDir)
 	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
 	if err != nil && e.opts.ReadOnly {
@@ -301,6 +311,7 @@ func (e *Engine) sharer() {
 		e.obeyReclaims()
 		e.publishShared()
 		e.refreshShared()
+		e.writeSummaries()
 		select {
 		case <-e.stop:
 			return
@@ -421,13 +432,14 @@ func (e *Engine) publishShared() {
 		s.lastPub[n.dir], s.lastSeq[n.dir], s.lastWrite[n.dir] = body, m.Sequence, time.Now()
 		s.mu.Unlock()
 		e.prunePublogs(n.dir, n.list)
+		e.pruneSummaries(n.dir, n.list)
 	}
 }
 
 // refreshShared brings the foreign index up to date with the other instances' manifests: one
-// directory listing per shared path and one manifest read per namespace. A segment newly listed
-// is indexed from its footer and record headers; a segment no longer listed (or whose namespace
-// is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
+// directory listing per shared path and one manifest read per namespace. A segment newly
+// listed is indexed from its summary (or its footer and record headers); a segment no longer
+// listed (or whose namespace is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
 // of it (a transient failure must not turn hits into misses); one of another schema is ignored.
 func (e *Engine) refreshShared() {
 	s := e.share
@@ -474,14 +486,20 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 	var read []nsManifest
 	listed := map[foreignKey]bool{}
 	unreadable := map[format.InstanceID]bool{}
+	present := map[string]bool{}
+	defer e.forgetListedCounts(root, present)
 	for _, inst := range insts {
 		if inst == e.instance {
 			continue
 		}
 		nsDir := tiers.NamespaceDir(root, inst)
+		present[nsDir] = true
 		logSeq, logRead := e.logsRead(inst)
 		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
 		if errors.Is(err, tiers.ErrNoManifest) {
+			s.mu.Lock()
+			delete(s.listedByNS, nsDir)
+			s.mu.Unlock()
 			continue // nothing published yet (or no longer anything: its segments are dropped)
 		}
 		if err != nil {
@@ -508,6 +526,9 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 			s.mu.Unlock()
 			continue
 		}
+		s.mu.Lock()
+		s.listedByNS[nsDir] = len(m.Segments) // progress: indexed of listed (Stats, noteIndexed)
+		s.mu.Unlock()
 		segDir := filepath.Join(nsDir, SegmentDir)
 		for _, ent := range m.Segments {
 			k := foreignKey{inst, ent.Number}
@@ -550,22 +571,13 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 	return read, nil
 }
 
-// indexForeign indexes published segment ent of instance inst, in segDir of shared tier t:
-// its header must name the segment, the instance and this store's schema, its footer and every
-// record header must check. Blocks and sidecars the foreign index already holds keep their
-// entry; this segment's copy of them is remembered (copyKey) for when that entry's segment is
-// dropped.
+// indexForeign indexes published segment ent of instance inst, in segDir of shared tier t,
+// from its summary, or else its footer and record headers (foreignRecords). Blocks and
+// sidecars the foreign index already holds keep their entry; this segment's copy of them is
+// remembered (copyKey) for when that entry's segment is dropped.
 func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
-	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.direct, t.io)
-	if err != nil {
-		return err
-	}
-	defer seg.Release()
-	if info := seg.Info(); info.Instance != inst || (info.Schema != e.fingerprint && !e.opts.LookupOnly) {
-		return fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
-	}
-	recs, err := wal.ReadSealedRecords(seg, ent.Size, t.io)
+	recs, err := e.foreignRecords(t, segDir, inst, ent)
 	if err != nil {
 		return err
 	}
@@ -635,6 +647,7 @@ func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID
 		s.mu.Unlock()
 	}
 	s.segmentsIndexed.Add(1)
+	e.noteIndexed(len(recs))
 	e.indexPendingSidecars()
 	return nil
 }

@@ -120,6 +120,16 @@ type SharingStats struct {
 	// logs before their segment was published; LogAppendErrors the appends to its own logs that
 	// failed (those blocks became visible with their segment's manifest instead).
 	LogRecords, LogAppendErrors int64
+	// Indexing progress: SegmentsListed is how many segments the other instances' manifests
+	// (of this store's schema) listed when last read; ForeignSegments of them are indexed
+	// (indexing runs in the background: lookups answer for what is indexed so far).
+	// IndexedFromSummary and IndexedFromHeaders count the segments indexed since Open from
+	// their summary (one read) and from their footer and record headers (no summary, or one
+	// of another generation or unusable: SummariesDamaged counts those); IndexedRecords the
+	// blocks and sidecars they held.
+	SegmentsListed                                           int
+	IndexedFromSummary, IndexedFromHeaders, SummariesDamaged int64
+	IndexedRecords                                           int64
 }
 
 // counters are the engine's live counters.
