@@ -129,10 +129,12 @@
 //
 // # Shared tiers
 //
-// Manifest (a namespace's published segments), Lease (the reclaimer lease) and the
-// publication log (PublogHeader, PublogEntry) are the small files instances sharing a tier
-// read from each other; each is checked by CRC32C before any field is used (docs/format.md
-// §10a, docs/sharing.md).
+// Manifest (a namespace's published segments), Lease (the reclaimer lease), the publication
+// log (PublogHeader, PublogEntry) and the segment summary (Summary: every record's index entry
+// of one sealed segment, so a new instance indexes it in one read) are the small files
+// instances sharing a tier read from each other; each is checked by CRC32C before any field is
+// used, and a summary is checked against its segment's footer too (docs/format.md §10a,
+// docs/sharing.md).
 //
 // # Example
 //
