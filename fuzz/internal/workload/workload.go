@@ -193,6 +193,7 @@ type Result struct {
 	Acked    int // distinct acknowledged blocks, all present and byte-identical
 	Verified int // blocks loaded and compared byte for byte
 	Lost     int // acknowledged blocks missing (a failure)
+	Wrong    int // visible blocks that loaded with wrong bytes (torn, another block's: a failure)
 	// Sidecars counts the sidecars found (beside a present block) and compared byte for byte.
 	Sidecars int
 }
@@ -313,6 +314,7 @@ func (s *State) Verify(e *engine.Engine, seed uint64, opts VerifyOptions) (Resul
 				continue
 			}
 			if err := Check(ids[i], seed, 0, dst[i]); err != nil {
+				res.Wrong++
 				fail("visible block loads wrong bytes: %v", err)
 				continue
 			}
