@@ -381,13 +381,19 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 			active[r.Number] = r.Size
 		}
 	}
-	var total int64
+	var total, recycled int64
 	for _, de := range ents {
 		st, err := os.Stat(filepath.Join(segDir, de.Name()))
 		if err != nil {
 			return err
 		}
 		size := st.Size()
+		if _, ok := wal.ParseRecycleFileName(de.Name()); ok {
+			// A retired segment's file kept for reuse: no segment row holds it; its tier
+			// accounts it as recycled.
+			recycled += size
+			continue
+		}
 		if n, ok := wal.ParseSegmentFileName(de.Name()); ok {
 			if recorded, ok := active[n]; ok {
 				size = recorded
@@ -397,6 +403,13 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 	}
 	if _, _, fileBytes := e.Index().Totals(); fileBytes != total {
 		return fmt.Errorf("accounted file bytes %d, segment files hold %d", fileBytes, total)
+	}
+	var pooled int64
+	for _, ts := range e.TierStats() {
+		pooled += ts.Recycled
+	}
+	if pooled != recycled {
+		return fmt.Errorf("accounted recycled bytes %d, recycled files hold %d", pooled, recycled)
 	}
 	return nil
 }
