@@ -128,7 +128,7 @@ func killOptions(dir string) engine.Options {
 		// cache survives it) must lose nothing acknowledged.
 		o.SyncPolicy, o.SyncInterval = engine.SyncInterval, 20*time.Millisecond
 	case "compaction":
-		// The child compacts (killCompactor) into new files; retired ones are deleted.
+		// The child compacts (killChild.compact) into new files; retired ones are deleted.
 		o.RecycleSegments = -1
 	case "recycling":
 		// The child compacts, and the retired segments' files are kept and reused by new
@@ -159,7 +159,7 @@ func killMode() string {
 	return "flat"
 }
 
-// killCompacts reports whether the mode's child compacts (killCompactor).
+// killCompacts reports whether the mode's child compacts (killChild.compact).
 func killCompacts() bool { m := killMode(); return m == "compaction" || m == "recycling" }
 
 // killFigures are the figures of a run, logged and written to UCM_KILL_REPORT.
