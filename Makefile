@@ -21,7 +21,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest crashtest-long test-gluster clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -77,7 +77,7 @@ test-pip:
 
 unit:
 	$(GO) test -race -count=1 -timeout 30m $(BUILDFLAGS) -skip '^TestPrometheusDashboards$$' ./...
-	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
+	UCM_KILL_MODE=tiered UCM_KILL_CYCLES=10 $(GO) test -race -count=1 -timeout 10m $(BUILDFLAGS) -run '^TestKillLoop$$' ./fuzz/
 
 # A real Prometheus (Debian's prometheus package, which make deps installs) scrapes a worker's and
 # a device-less store's endpoints while a workload runs, and every PromQL expression and
@@ -200,8 +200,37 @@ fuzz-run:
 CRASHCYCLES ?= 200
 crashtest:
 	UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
-	UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m -run '^TestKillLoop$$' -v ./fuzz/
-	UCM_KILL_TIERS=1 UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
+	UCM_KILL_MODE=psync UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m -run '^TestKillLoop$$' -v ./fuzz/
+	UCM_KILL_MODE=tiered UCM_KILL_CYCLES=$(CRASHCYCLES) $(GO) test -count=1 -timeout 60m $(BUILDFLAGS) -run '^TestKillLoop$$' -v ./fuzz/
+
+# The longer campaign: the kill -9 loop in every mode of UCM_KILL_MODE (fuzz/killloop_test.go:
+# flat, tiered, shared, memory, interval sync, psync, compaction, segment recycling),
+# LONGCYCLES cycles each (8 x 125 = 1,000 kills by default), psync on the build without the
+# uring tag and the others with it, one after the other. Each mode's run asserts its feature was
+# exercised and ends with a kill-summary line; the target prints them as one table with a total
+# row, and on a failure the tail of that mode's log. Not part of make test (it takes tens of
+# minutes); LONGLOG keeps the logs (default: a temporary directory removed at the end).
+LONGCYCLES ?= 125
+KILL_MODES ?= flat tiered shared memory interval psync compaction recycling
+LONGLOG ?=
+crashtest-long:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; logs=$${LONGLOG:-$$tmp}; mkdir -p "$$logs"; \
+	$(GO) test -c -o $$tmp/fuzz.test $(BUILDFLAGS) ./fuzz/; \
+	$(GO) test -c -o $$tmp/fuzz-psync.test ./fuzz/; \
+	$(GO) build -o $$tmp/ucm-tool $(BUILDFLAGS) ./tools/ucm-tool; \
+	$(GO) build -o $$tmp/ucm-tool-psync ./tools/ucm-tool; \
+	for m in $(KILL_MODES); do \
+		bin=$$tmp/fuzz.test; tool=$$tmp/ucm-tool; \
+		if [ $$m = psync ]; then bin=$$tmp/fuzz-psync.test; tool=$$tmp/ucm-tool-psync; fi; \
+		echo "== kill loop, mode $$m: $(LONGCYCLES) cycles ($$logs/$$m.log)"; \
+		if ! UCM_KILL_MODE=$$m UCM_KILL_CYCLES=$(LONGCYCLES) UCM_KILL_TOOL=$$tool $$bin \
+			-test.run '^TestKillLoop$$' -test.count=1 -test.timeout 180m -test.v > $$logs/$$m.log 2>&1; then \
+			tail -n 60 $$logs/$$m.log; grep -h 'kill-summary' $$logs/$$m.log || true; echo "crashtest-long: mode $$m FAILED"; exit 1; \
+		fi; \
+		grep -h 'kill-summary' $$logs/$$m.log; \
+	done; \
+	echo; echo "crashtest-long: $(LONGCYCLES) cycles a mode, $$(date -u '+%Y-%m-%d %H:%M UTC')"; \
+	for m in $(KILL_MODES); do grep -h kill-summary $$logs/$$m.log; done | awk -f tools/killsummary.awk
 
 clean:
 	rm -rf $(BIN) ./ucm-data

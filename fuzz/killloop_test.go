@@ -46,17 +46,19 @@ import (
 //	UCM_KILL_SEED    seed of the kill schedule, block ids and payloads (default: from the clock; logged)
 //	UCM_KILL_REPORT  append the figures as one JSON line to this file
 //	UCM_KILL_TOOL    a ucm-tool binary to use (default: built with go build for the test)
-//	UCM_KILL_TIERS   1: the store has tiers (a 6 MiB first tier over two paths, an unlimited
-//	                 second one), so the child's dumps keep eviction, demotion, promotion and
-//	                 compaction running while it is killed; nothing is ever dropped, so every
-//	                 acknowledged block must still be present
+//	UCM_KILL_MODE    the store's configuration (default flat; killModes): flat, tiered,
+//	                 shared, memory, interval, psync, compaction, recycling. Each mode asserts
+//	                 at the end that its feature was exercised in the children (see killModes)
 //	UCM_KILL_CHILD   internal: set by the parent in the child, the store directory
+//
+// The run ends with one line "kill-summary mode=... cycles=... acked=... loads=... lost=...
+// wrong=..." (also when it fails), which `make crashtest-long` collects into a table.
 const (
 	envCycles = "UCM_KILL_CYCLES"
 	envSeed   = "UCM_KILL_SEED"
 	envReport = "UCM_KILL_REPORT"
 	envTool   = "UCM_KILL_TOOL"
-	envTiers  = "UCM_KILL_TIERS"
+	envMode   = "UCM_KILL_MODE"
 	envChild  = "UCM_KILL_CHILD"
 	// Internal, child only.
 	envChildCycle = "UCM_KILL_CHILD_CYCLE"
@@ -101,19 +103,64 @@ func killOptions(dir string) engine.Options {
 		DirectIO:    devio.DirectOn,
 		TaskTimeout: 10 * time.Second,
 	}
-	if killTiered() {
+	switch killMode() {
+	case "tiered":
 		o.Tiers = []tiers.Config{
 			// The headroom above the high watermark (1.2 MiB) keeps a retired segment's file
 			// for reuse: kills land between a reuse's rename and its first write too.
 			{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir, dir + "-ssd2"}, Capacity: 6 << 20, HighWatermark: 0.8, LowWatermark: 0.6},
 			{Name: "cold", Kind: tiers.KindDisk, Paths: []string{dir + "-cold"}},
 		}
+	case "shared":
+		// The store's one tier is shared: the child seals and publishes segments (manifest,
+		// publication log) every few dumps while it is killed.
+		o.Tiers = []tiers.Config{{Name: "shared", Kind: tiers.KindDisk, Paths: []string{dir + "-shared"}, Shared: true}}
+		o.SharedRefreshInterval, o.SharedSealAge, o.SharedRetireGrace = 20*time.Millisecond, 50*time.Millisecond, time.Second
+	case "memory":
+		// A memory tier smaller than a cycle's blocks in front of the disk: loads hit it, it
+		// evicts, and the kill loses all of it (nothing acknowledged may live only there).
+		o.Tiers = []tiers.Config{
+			{Name: "dram", Kind: tiers.KindMemory, Capacity: 4 << 20},
+			{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}},
+		}
+	case "interval":
+		// Acknowledged once written and indexed, synced only every 20 ms: a kill -9 (the page
+		// cache survives it) must lose nothing acknowledged.
+		o.SyncPolicy, o.SyncInterval = engine.SyncInterval, 20*time.Millisecond
+	case "compaction":
+		// The child compacts (killChild.compact) into new files; retired ones are deleted.
+		o.RecycleSegments = -1
+	case "recycling":
+		// The child compacts, and the retired segments' files are kept and reused by new
+		// segments: kills land between a reuse's rename and its first write.
+		o.RecycleSegments = 16
 	}
 	return o
 }
 
-// killTiered reports whether the loop runs on a tiered store (UCM_KILL_TIERS=1).
-func killTiered() bool { return os.Getenv(envTiers) == "1" }
+// killModes are the store configurations UCM_KILL_MODE selects, and what each must show it
+// exercised by the end of a run (asserted in TestKillLoop):
+//
+//	flat        one unlimited disk tier in the store directory, SyncAlways
+//	tiered      a 6 MiB first tier over two paths above an unlimited one: blocks demoted
+//	shared      one shared tier: the children published manifests
+//	memory      a 4 MiB memory tier in front of the disk: loads served from memory
+//	interval    SyncInterval (20 ms): as flat, acknowledgements do not wait for a sync
+//	psync       as flat, on the build without the uring tag: the children ran on psync
+//	compaction  the child compacts continuously: segments compacted, kills during compaction
+//	recycling   as compaction, keeping retired files: segments created in recycled files
+var killModes = []string{"flat", "tiered", "shared", "memory", "interval", "psync", "compaction", "recycling"}
+
+// killMode returns UCM_KILL_MODE (default flat).
+func killMode() string {
+	if m := os.Getenv(envMode); m != "" {
+		return m
+	}
+	return "flat"
+}
+
+// killCompacts reports whether the mode's child compacts (killChild.compact).
+func killCompacts() bool { m := killMode(); return m == "compaction" || m == "recycling" }
 
 // killFigures are the figures of a run, logged and written to UCM_KILL_REPORT.
 type killFigures struct {
@@ -143,7 +190,24 @@ type killFigures struct {
 	EntriesDropped    int     `json:"entries_dropped"`
 	OrphansRemoved    int     `json:"orphans_removed"`
 	StoreBytes        int64   `json:"store_bytes_at_end"`
-	Tiered            bool    `json:"tiered"`
+	Mode              string  `json:"mode"`
+	// BlocksLost and BlocksWrong sum the acknowledged blocks found missing and the visible
+	// blocks that loaded wrong bytes over the cycles' checks (any is a failure).
+	BlocksLost  int `json:"blocks_lost"`
+	BlocksWrong int `json:"blocks_wrong"`
+	// ChildLoadsChecked counts the loads the children checked byte for byte while they ran
+	// (as last reported before each kill).
+	ChildLoadsChecked int64 `json:"child_loads_checked"`
+	// What the children did, as last reported before each kill, summed over the cycles:
+	// segments compacted and records they moved (compaction, recycling; KillsInCompaction: kills
+	// that landed during a Compact call), segments created in recycled files, loads served from
+	// the memory tier, manifests published to a shared tier.
+	SegmentsCompacted  int64 `json:"segments_compacted"`
+	RecordsMoved       int64 `json:"records_moved"`
+	KillsInCompaction  int   `json:"kills_in_compaction"`
+	SegmentsRecycled   int64 `json:"segments_recycled"`
+	MemoryHits         int64 `json:"memory_hits"`
+	ManifestsPublished int64 `json:"manifests_published"`
 	// Tiered runs: the most blocks found in the second tier after a kill (demoted by the
 	// child), and the segments retired by recoveries finishing an interrupted retirement.
 	DemotedBlocksMax   int64 `json:"demoted_blocks_max"`
@@ -180,7 +244,14 @@ func TestKillLoop(t *testing.T) {
 		}
 		seed = n
 	}
-	t.Logf("kill loop: %d cycles, seed %d (rerun with %s=%d)", cycles, seed, envSeed, seed)
+	mode := killMode()
+	if !slices.Contains(killModes, mode) {
+		t.Fatalf("%s=%q: want one of %v", envMode, mode, killModes)
+	}
+	if mode == "psync" && uringTag {
+		t.Fatalf("%s=psync runs on the build without the uring tag (go test without -tags uring)", envMode)
+	}
+	t.Logf("kill loop: mode %s, %d cycles, seed %d (rerun with %s=%s %s=%d)", mode, cycles, seed, envMode, mode, envSeed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c))
 	begin := time.Now()
 
@@ -188,7 +259,14 @@ func TestKillLoop(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "store")
 	segDir := filepath.Join(dir, engine.SegmentDir)
 	state := workload.NewState()
-	fig := killFigures{Seed: seed, RaceDetector: raceEnabled(), Tiered: killTiered()}
+	fig := killFigures{Seed: seed, RaceDetector: raceEnabled(), Mode: mode}
+	// The summary line, also when the run fails: what was checked up to then.
+	defer func() {
+		_, acked, _, _ := state.Counts()
+		t.Logf("kill-summary mode=%s cycles=%d kills=%d acked=%d loads=%d child_loads=%d lost=%d wrong=%d io=%s evidence=%s seconds=%.0f failed=%v",
+			mode, fig.Cycles, fig.Kills, acked, fig.BlocksVerified, fig.ChildLoadsChecked, fig.BlocksLost, fig.BlocksWrong,
+			fig.IOEngine, killEvidence(&fig), time.Since(begin).Seconds(), t.Failed())
+	}()
 	var recoverySum, openSum time.Duration
 	lastReady := 300 * time.Millisecond // time from start to READY, for kills before it
 	present := 0
@@ -211,6 +289,15 @@ func TestKillLoop(t *testing.T) {
 		}
 		if out.ioEngine != "" {
 			fig.IOEngine, fig.DirectIO = out.ioEngine, out.direct
+		}
+		fig.ChildLoadsChecked += out.stats.Loads
+		fig.SegmentsCompacted += out.compacted
+		fig.RecordsMoved += out.moved
+		fig.SegmentsRecycled += out.stats.Recycled
+		fig.MemoryHits += out.stats.MemoryHits
+		fig.ManifestsPublished += out.stats.Published
+		if out.killed && out.inCompact {
+			fig.KillsInCompaction++
 		}
 		switch {
 		case out.killed && out.ready == 0:
@@ -247,11 +334,12 @@ func TestKillLoop(t *testing.T) {
 		rep := e.Recovery()
 		fig.RetirementsResumed += rep.RetiredSegmentsDeleted
 		fig.EmptySegmentsDeleted += rep.EmptySegmentsDeleted
-		if ts := e.TierStats(); len(ts) > 1 {
+		ts := e.TierStats()
+		if mode == "tiered" {
 			fig.DemotedBlocksMax = max(fig.DemotedBlocksMax, ts[1].Blocks)
-			if ts[0].Recycled > 0 {
-				fig.RecycledFilesSeen++
-			}
+		}
+		if slices.ContainsFunc(ts, func(s engine.TierStats) bool { return s.Recycled > 0 }) {
+			fig.RecycledFilesSeen++
 		}
 		if !toolFirst {
 			fig.EngineRecoveries++
@@ -268,10 +356,10 @@ func TestKillLoop(t *testing.T) {
 			t.Errorf("cycle %d: recovery reports missing sealed segments %v", c, rep.MissingSegments)
 		}
 		vopts := workload.VerifyOptions{SegDir: segDir}
-		if killTiered() {
-			// Segments live on three paths, and loads from the second tier start promotions
-			// (new segments) while the check runs: ucm-tool verify compares files and
-			// accounting on the closed store instead.
+		if mode == "tiered" || mode == "shared" {
+			// Segments live on other paths (tiered: three, and loads from the second tier
+			// start promotions, new segments, while the check runs): ucm-tool verify compares
+			// files and accounting on the closed store instead.
 			vopts.SegDir = ""
 		}
 		if present > fullCheckBlocks && c%10 != 9 && !last {
@@ -280,6 +368,8 @@ func TestKillLoop(t *testing.T) {
 			fig.FullChecks++
 		}
 		res, verr := state.Verify(e, seed, vopts)
+		fig.BlocksLost += res.Lost
+		fig.BlocksWrong += res.Wrong
 		fig.BlocksVerified += int64(res.Verified)
 		fig.SidecarsVerified += int64(res.Sidecars)
 		fig.BlocksPresent, present = res.Present, res.Present
@@ -319,7 +409,7 @@ func TestKillLoop(t *testing.T) {
 		fig.EngineRecoveries, fig.ToolRecoveries, fig.RecoveryMaxMs, fig.RecoveryMeanMs, fig.OpenMaxMs, fig.OpenMeanMs)
 	t.Logf("  segments recovered %d, truncated bytes %d, entries dropped %d, orphans removed %d; store %d bytes; %.1f s",
 		fig.SegmentsRecovered, fig.TruncatedBytes, fig.EntriesDropped, fig.OrphansRemoved, fig.StoreBytes, fig.Seconds)
-	if fig.Tiered {
+	if mode == "tiered" {
 		t.Logf("  tiers: up to %d blocks found demoted after a kill; %d interrupted retirements finished by recovery; recycled files found by %d reopens; %d never-written segments deleted",
 			fig.DemotedBlocksMax, fig.RetirementsResumed, fig.RecycledFilesSeen, fig.EmptySegmentsDeleted)
 		if fig.DemotedBlocksMax == 0 {
@@ -328,6 +418,19 @@ func TestKillLoop(t *testing.T) {
 	}
 	if fig.BlocksAcked == 0 {
 		t.Errorf("no block was ever acknowledged: the kill loop tested nothing")
+	}
+	t.Logf("  mode %s: %s", mode, killEvidence(&fig))
+	switch {
+	case mode == "shared" && fig.ManifestsPublished == 0:
+		t.Errorf("shared run published no manifest: the shared tier was never exercised")
+	case mode == "memory" && fig.MemoryHits == 0:
+		t.Errorf("memory run served no load from the memory tier")
+	case mode == "psync" && fig.IOEngine != "psync":
+		t.Errorf("psync run ran on %q", fig.IOEngine)
+	case mode == "compaction" && (fig.SegmentsCompacted == 0 || fig.KillsInCompaction == 0):
+		t.Errorf("compaction run: %d segments compacted, %d kills during compaction: want both above 0", fig.SegmentsCompacted, fig.KillsInCompaction)
+	case mode == "recycling" && fig.SegmentsRecycled == 0:
+		t.Errorf("recycling run created no segment in a recycled file")
 	}
 	if uringTag && fig.IOEngine != "uring" {
 		t.Logf("built with the uring tag but the store ran on %q (io_uring not permitted here?)", fig.IOEngine)
@@ -358,6 +461,24 @@ func raceEnabled() bool {
 	return false
 }
 
+// killEvidence says, in one word-joined field, what the run's mode exercised.
+func killEvidence(f *killFigures) string {
+	switch f.Mode {
+	case "tiered":
+		return fmt.Sprintf("demoted_max=%d,retirements_resumed=%d", f.DemotedBlocksMax, f.RetirementsResumed)
+	case "shared":
+		return fmt.Sprintf("manifests_published=%d", f.ManifestsPublished)
+	case "memory":
+		return fmt.Sprintf("memory_hits=%d", f.MemoryHits)
+	case "compaction", "recycling":
+		return fmt.Sprintf("segments_compacted=%d,records_moved=%d,kills_in_compaction=%d,segments_recycled=%d,recycled_files_seen=%d",
+			f.SegmentsCompacted, f.RecordsMoved, f.KillsInCompaction, f.SegmentsRecycled, f.RecycledFilesSeen)
+	case "interval":
+		return "sync_interval=20ms"
+	}
+	return "io=" + f.IOEngine
+}
+
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // cycleOutcome is what one child run did.
@@ -367,6 +488,20 @@ type cycleOutcome struct {
 	events   int
 	ioEngine string
 	direct   bool
+	// stats is the child's last STATS line; compacted and moved count the segments its
+	// compactor compacted and the records they moved; inCompact: its last compaction event
+	// was the start of a Compact call (the kill landed during one).
+	stats            killChildStats
+	compacted, moved int64
+	inCompact        bool
+}
+
+// killChildStats is what a child reports on its STATS lines, counted since its Open.
+type killChildStats struct {
+	Loads      int64 `json:"loads"`       // blocks its loads checked byte for byte
+	Recycled   int64 `json:"recycled"`    // segments created in a recycled file
+	MemoryHits int64 `json:"memory_hits"` // loads served from the memory tier
+	Published  int64 `json:"published"`   // manifests published to shared tiers
 }
 
 // runKillCycle runs one child on dir, kills it delay after its READY line (or after its start
@@ -412,6 +547,21 @@ func runKillCycle(t *testing.T, dir string, cycle int, seed uint64, early bool, 
 				ready <- time.Since(start)
 			case "FAIL":
 				fails = append(fails, rest)
+			case "STATS":
+				if err := json.Unmarshal([]byte(rest), &out.stats); err != nil {
+					fails = append(fails, fmt.Sprintf("bad stats line %q: %v", line, err))
+				}
+			case "COMPACT_BEGIN":
+				out.inCompact = true
+			case "COMPACT_END":
+				out.inCompact = false
+			case "COMPACTED":
+				var segs, recs int64
+				if _, err := fmt.Sscan(rest, &segs, &recs); err != nil {
+					fails = append(fails, fmt.Sprintf("bad compaction line %q: %v", line, err))
+				}
+				out.compacted += segs
+				out.moved += recs
 			default:
 				if ok, err := state.Apply(line); err != nil || !ok {
 					fails = append(fails, fmt.Sprintf("bad event line %q: %v", line, err))
@@ -536,11 +686,12 @@ type killChild struct {
 	cycle int
 	log   *os.File // fd 3, the event log
 
-	logMu sync.Mutex
-	next  [256]atomic.Int64 // per kind: next block number of this cycle
-	stop  atomic.Bool
-	begin time.Time
-	fresh atomic.Int64 // new blocks reserved (pace)
+	logMu   sync.Mutex
+	next    [256]atomic.Int64 // per kind: next block number of this cycle
+	stop    atomic.Bool
+	begin   time.Time
+	fresh   atomic.Int64 // new blocks reserved (pace)
+	checked atomic.Int64 // blocks loads checked byte for byte
 
 	mu     sync.Mutex
 	acked  []format.BlockID // acknowledged in this cycle
@@ -561,7 +712,10 @@ func runKillChild(dir string) int {
 	name, direct := e.IOEngine()
 	c.emitLine(fmt.Sprintf("READY %s %v\n", name, direct))
 
-	workers := []func(*rand.Rand) error{c.wholeDumps, c.wholeDumps, c.layerDumps, c.v0Dumps, c.loads}
+	workers := []func(*rand.Rand) error{c.wholeDumps, c.wholeDumps, c.layerDumps, c.v0Dumps, c.loads, c.report}
+	if killCompacts() {
+		workers = append(workers, c.compact, c.abandonedDumps)
+	}
 	errs := make(chan error, len(workers))
 	var wg sync.WaitGroup
 	for i, w := range workers {
@@ -897,7 +1051,72 @@ func (c *killChild) loads(r *rand.Rand) error {
 			if err := workload.Check(ids[i], c.seed, off, dst[i]); err != nil {
 				return fmt.Errorf("load (shard %d): %w", shard, err)
 			}
+			c.checked.Add(1)
 		}
 	}
+	return nil
+}
+
+// abandonedDumps gives the compaction modes dead space to compact, the way a request
+// cancelled during prefill does: it starts a layer-wise dump of 1-4 new blocks and never
+// finishes it, writing 1 to Shards-1 of their shards (batch records on disk). The blocks are
+// started, never acknowledged and never visible; their records are dead from the next Open on
+// (recovery drops incomplete batch blocks), so segments of earlier cycles fall below the
+// compaction ratio.
+func (c *killChild) abandonedDumps(r *rand.Rand) error {
+	n := 1 + r.IntN(4)
+	c.pace(n)
+	ids := make([]format.BlockID, n)
+	for i := range ids {
+		ids[i] = c.newID(workload.LayerWise)
+	}
+	sb := c.l.ShardBytes
+	c.emit("START", ids...)
+	for _, sh := range r.Perm(c.l.Shards)[:1+r.IntN(c.l.Shards-1)] {
+		src := make([][]byte, n)
+		for i, id := range ids {
+			src[i] = c.payload(id)[int64(sh)*sb : int64(sh+1)*sb]
+		}
+		if err := c.e.DumpShard(ids, sh, src).Wait(); err != nil {
+			return fmt.Errorf("layer-wise dump left unfinished, shard %d: %w", sh, err)
+		}
+	}
+	return nil
+}
+
+// report writes a STATS line (killChildStats) every 20 ms: what the parent knows of the
+// child's counters when it is killed.
+func (c *killChild) report(*rand.Rand) error {
+	time.Sleep(20 * time.Millisecond)
+	st := c.e.Stats()
+	b, err := json.Marshal(killChildStats{Loads: c.checked.Load(), Recycled: st.SegmentsRecycled, MemoryHits: st.MemoryHits, Published: st.Sharing.ManifestsPublished})
+	if err != nil {
+		return err
+	}
+	c.emitLine("STATS " + string(b) + "\n")
+	return nil
+}
+
+// killCompactRatio is the live ratio at or below which the compaction modes' child compacts a
+// sealed segment.
+const killCompactRatio = 0.9
+
+// compact runs Compact over the store every 10 ms (the engine's own periodic pass starts a
+// second after Open, later than most kills), reporting each call's start and end and every
+// segment it compacts, so that the parent knows whether a kill landed during one.
+func (c *killChild) compact(*rand.Rand) error {
+	time.Sleep(10 * time.Millisecond)
+	c.emitLine("COMPACT_BEGIN\n")
+	var last engine.ReclaimReport
+	_, err := c.e.Compact(killCompactRatio, func(p engine.ReclaimReport) {
+		if p.SegmentsCompacted > last.SegmentsCompacted {
+			c.emitLine(fmt.Sprintf("COMPACTED %d %d\n", p.SegmentsCompacted-last.SegmentsCompacted, p.RecordsMoved-last.RecordsMoved))
+		}
+		last = p
+	})
+	if err != nil && !errors.Is(err, engine.ErrClosed) {
+		return fmt.Errorf("compact: %w", err)
+	}
+	c.emitLine("COMPACT_END\n")
 	return nil
 }

@@ -193,6 +193,7 @@ type Result struct {
 	Acked    int // distinct acknowledged blocks, all present and byte-identical
 	Verified int // blocks loaded and compared byte for byte
 	Lost     int // acknowledged blocks missing (a failure)
+	Wrong    int // visible blocks that loaded with wrong bytes (torn, another block's: a failure)
 	// Sidecars counts the sidecars found (beside a present block) and compared byte for byte.
 	Sidecars int
 }
@@ -313,6 +314,7 @@ func (s *State) Verify(e *engine.Engine, seed uint64, opts VerifyOptions) (Resul
 				continue
 			}
 			if err := Check(ids[i], seed, 0, dst[i]); err != nil {
+				res.Wrong++
 				fail("visible block loads wrong bytes: %v", err)
 				continue
 			}
@@ -379,13 +381,19 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 			active[r.Number] = r.Size
 		}
 	}
-	var total int64
+	var total, recycled int64
 	for _, de := range ents {
 		st, err := os.Stat(filepath.Join(segDir, de.Name()))
 		if err != nil {
 			return err
 		}
 		size := st.Size()
+		if _, ok := wal.ParseRecycleFileName(de.Name()); ok {
+			// A retired segment's file kept for reuse: no segment row holds it; its tier
+			// accounts it as recycled.
+			recycled += size
+			continue
+		}
 		if n, ok := wal.ParseSegmentFileName(de.Name()); ok {
 			if recorded, ok := active[n]; ok {
 				size = recorded
@@ -395,6 +403,13 @@ func fileSizesMatch(e *engine.Engine, segDir string) error {
 	}
 	if _, _, fileBytes := e.Index().Totals(); fileBytes != total {
 		return fmt.Errorf("accounted file bytes %d, segment files hold %d", fileBytes, total)
+	}
+	var pooled int64
+	for _, ts := range e.TierStats() {
+		pooled += ts.Recycled
+	}
+	if pooled != recycled {
+		return fmt.Errorf("accounted recycled bytes %d, recycled files hold %d", pooled, recycled)
 	}
 	return nil
 }
