@@ -2,15 +2,20 @@ package engine
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/internal/testwait"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // The tests here hold B's loads and B's sharer at the points where another instance's blocks
@@ -264,4 +269,64 @@ func TestSharedManifestOlderThanLog(t *testing.T) {
 	}
 	waitFor(t, "A's segments indexed from its manifest", func() bool { return b.Stats().Sharing.SegmentsIndexed > 1 })
 	checkBlocks(t, b, blocks)
+}
+
+// staleLogFS gives out one handle of a publication log that goes stale (ESTALE to every call)
+// once armed, as a distributed file system's client does for a file it lost.
+type staleLogFS struct {
+	vfs.FS
+	armed atomic.Bool
+	given atomic.Bool
+}
+
+func (fs *staleLogFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.Open(name, opts...)
+	if err != nil || !strings.HasPrefix(filepath.Base(name), tiers.PublogPrefix) || !fs.given.CompareAndSwap(false, true) {
+		return f, err
+	}
+	return &staleLogFile{File: f, fs: fs}, nil
+}
+
+type staleLogFile struct {
+	vfs.File
+	fs *staleLogFS
+}
+
+func (f *staleLogFile) Stat() (vfs.FileInfo, error) {
+	if f.fs.armed.Load() {
+		return nil, &os.PathError{Op: "fstat", Err: syscall.ESTALE}
+	}
+	return f.File.Stat()
+}
+
+func (f *staleLogFile) ReadAt(p []byte, off int64) (int, error) {
+	if f.fs.armed.Load() {
+		return 0, &os.PathError{Op: "read", Err: syscall.ESTALE}
+	}
+	return f.File.ReadAt(p, off)
+}
+
+// TestSharedPublogStaleHandle: when the handle B reads A's publication log through goes stale,
+// B opens the log again and goes on learning A's blocks from it. (Before, B kept the stale
+// handle and learned nothing more from A's log.)
+func TestSharedPublogStaleHandle(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "shared")
+	a := mustOpen(t, filepath.Join(root, "a"), logOnlyOptions(shared))
+	defer a.Close()
+	dumpBlocks(t, a, ids(0, 8))
+	ob := logOnlyOptions(shared)
+	ob.SharedRefreshInterval = 10 * time.Millisecond // tails every 10 ms; manifests list nothing (seal age an hour)
+	stale := &staleLogFS{FS: vfs.Default}
+	ob.FS = stale
+	b := mustOpen(t, filepath.Join(root, "b"), ob)
+	defer b.Close()
+	waitFor(t, "A's first blocks learned by B from A's log", func() bool { return allHit(b, ids(0, 8)) })
+	if !stale.given.Load() {
+		t.Fatal("B read A's log through no handle of the test's")
+	}
+	stale.armed.Store(true)
+	dumpBlocks(t, a, ids(8, 16))
+	waitFor(t, "A's later blocks learned by B after its log handle went stale", func() bool { return allHit(b, ids(8, 16)) })
+	checkBlocks(t, b, ids(0, 16))
 }

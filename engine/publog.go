@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"time"
 
@@ -379,6 +380,7 @@ type publogTail struct {
 	sameHost bool
 	ignored  bool      // another schema's log
 	stuck    bool      // stopped at a damaged entry: read the next log when one appears
+	stale    bool      // its log's handle went stale (dropStaleLog): open the newest log again
 	nsMod    time.Time // the namespace directory's modification time when last listed
 	nsListed time.Time // when that listing started
 }
@@ -687,7 +689,7 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 func (e *Engine) findPublog(tl *publogTail, trustTimes bool) {
 	now := time.Now()
 	st, err := e.fs.Stat(tl.nsDir)
-	if err != nil || (trustTimes && !tl.stuck && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
+	if err != nil || (trustTimes && !tl.stuck && !tl.stale && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
 		return
 	}
 	seqs, err := tiers.PublogNames(e.fs, tl.nsDir)
@@ -737,7 +739,7 @@ func (e *Engine) openPublog(tl *publogTail, seq uint64) {
 	if tl.f != nil {
 		_ = tl.f.Close()
 	}
-	tl.f, tl.seq, tl.off, tl.stuck = f, seq, format.PublogHeaderSize, false
+	tl.f, tl.seq, tl.off, tl.stuck, tl.stale = f, seq, format.PublogHeaderSize, false, false
 	tl.sameHost = h.Host == thisHost()
 	tl.ignored = h.Schema != e.fingerprint && !e.opts.LookupOnly
 }
@@ -748,10 +750,14 @@ func (e *Engine) readPublog(tl *publogTail) {
 	for tl.f != nil && !tl.stuck {
 		st, err := tl.f.Stat()
 		if err != nil || st.Size() <= tl.off {
+			e.dropStaleLog(tl, err)
 			return
 		}
 		buf := make([]byte, min(st.Size()-tl.off, publogReadMax))
-		n, _ := tl.f.ReadAt(buf, tl.off)
+		n, err := tl.f.ReadAt(buf, tl.off)
+		if n == 0 {
+			e.dropStaleLog(tl, err)
+		}
 		buf = buf[:n]
 		used := 0
 		var next uint64
@@ -788,6 +794,18 @@ func (e *Engine) readPublog(tl *publogTail) {
 			return
 		}
 	}
+}
+
+// dropStaleLog closes tl's log when err says its handle went stale (ESTALE: the file was
+// deleted through another host, or a distributed file system's client lost it): the next tail
+// that lists the namespace opens its newest log again, from the start (entries already applied
+// are known, and applied once).
+func (e *Engine) dropStaleLog(tl *publogTail, err error) {
+	if !errors.Is(err, syscall.ESTALE) {
+		return
+	}
+	_ = tl.f.Close()
+	tl.f, tl.stale = nil, true
 }
 
 // caughtUp notes that tl read its log to its end: every segment the log names is known.

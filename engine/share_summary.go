@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -65,23 +66,25 @@ func summaryPath(nsDir string, n uint64) string {
 func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
 	path := summaryPath(filepath.Dir(segDir), ent.Number)
 	fail := func(err error) error { return &SummaryError{Path: path, Segment: ent.Number, Err: err} }
-	f, err := e.fs.Open(path)
-	if err != nil {
-		if isNotExist(err) {
-			return nil, fmt.Errorf("summary %s: %w", path, os.ErrNotExist)
+	var buf []byte
+	err := tiers.ReadReplaced(e.fs, path, func(f vfs.File) error {
+		st, err := f.Stat()
+		if err != nil {
+			return err
 		}
-		return nil, fail(err)
+		if st.Size() < format.SummaryHeaderSize || st.Size() > format.MaxSummaryBytes {
+			return fmt.Errorf("%w: %d bytes, not in [%d, %d]", format.ErrCorrupt, st.Size(), format.SummaryHeaderSize, format.MaxSummaryBytes)
+		}
+		buf = make([]byte, st.Size()) // bounded above
+		if _, err := f.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		return nil
+	})
+	if isNotExist(err) {
+		return nil, fmt.Errorf("summary %s: %w", path, os.ErrNotExist)
 	}
-	defer func() { _ = f.Close() }()
-	st, err := f.Stat()
 	if err != nil {
-		return nil, fail(err)
-	}
-	if st.Size() < format.SummaryHeaderSize || st.Size() > format.MaxSummaryBytes {
-		return nil, fail(fmt.Errorf("%w: %d bytes, not in [%d, %d]", format.ErrCorrupt, st.Size(), format.SummaryHeaderSize, format.MaxSummaryBytes))
-	}
-	buf := make([]byte, st.Size()) // bounded above
-	if _, err := f.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fail(err)
 	}
 	sum, err := format.DecodeSummary(buf)

@@ -24,17 +24,20 @@ var ErrNoLease = errors.New("no reclaimer lease")
 // ReadLease reads and checks the lease of shared path root.
 func ReadLease(fs vfs.FS, root string) (format.Lease, error) {
 	path := filepath.Join(root, LeaseFile)
-	f, err := fs.Open(path)
-	if err != nil {
-		if oserror.IsNotExist(err) {
-			return format.Lease{}, fmt.Errorf("%s: %w: %w", path, ErrNoLease, os.ErrNotExist)
-		}
-		return format.Lease{}, fmt.Errorf("read lease %s: %w", path, err)
-	}
-	defer func() { _ = f.Close() }()
 	buf := make([]byte, format.LeaseSize+1) // one more: a longer file is refused, not cut
-	n, err := f.ReadAt(buf, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
+	var n int
+	err := ReadReplaced(fs, path, func(f vfs.File) error {
+		var err error
+		n, err = f.ReadAt(buf, 0)
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		return err
+	})
+	if oserror.IsNotExist(err) {
+		return format.Lease{}, fmt.Errorf("%s: %w: %w", path, ErrNoLease, os.ErrNotExist)
+	}
+	if err != nil {
 		return format.Lease{}, fmt.Errorf("read lease %s: %w", path, err)
 	}
 	l, err := format.DecodeLease(buf[:n])

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -191,6 +192,9 @@ func WriteManifest(fs vfs.FS, nsDir string, m *format.Manifest) error {
 func ReadManifest(fs vfs.FS, nsDir string, inst format.InstanceID) (*format.Manifest, error) {
 	for attempt := 0; ; attempt++ {
 		seqs, err := manifestNames(fs, nsDir)
+		if errors.Is(err, syscall.ESTALE) && attempt < 3 {
+			continue // the directory's handle went stale (replaced, or cached by another mount): list again
+		}
 		if err != nil && !oserror.IsNotExist(err) {
 			return nil, fmt.Errorf("read manifest in %s: %w", nsDir, err)
 		}
@@ -206,20 +210,22 @@ func ReadManifest(fs vfs.FS, nsDir string, inst format.InstanceID) (*format.Mani
 }
 
 func readManifestFile(fs vfs.FS, path string, inst format.InstanceID) (*format.Manifest, error) {
-	f, err := fs.Open(path)
+	var buf []byte
+	err := ReadReplaced(fs, path, func(f vfs.File) error {
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if st.Size() > format.ManifestSize(format.MaxManifestSegments, format.MaxManifestNotes) {
+			return fmt.Errorf("%w: %d bytes, above the largest manifest", format.ErrCorrupt, st.Size())
+		}
+		buf = make([]byte, st.Size())
+		if _, err := f.ReadAt(buf, 0); err != nil && !(errors.Is(err, io.EOF) && len(buf) == 0) {
+			return err
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("read manifest %s: %w", path, err)
-	}
-	defer func() { _ = f.Close() }()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("read manifest %s: %w", path, err)
-	}
-	if st.Size() > format.ManifestSize(format.MaxManifestSegments, format.MaxManifestNotes) {
-		return nil, fmt.Errorf("read manifest %s: %w: %d bytes, above the largest manifest", path, format.ErrCorrupt, st.Size())
-	}
-	buf := make([]byte, st.Size())
-	if _, err := f.ReadAt(buf, 0); err != nil && !(errors.Is(err, io.EOF) && len(buf) == 0) {
 		return nil, fmt.Errorf("read manifest %s: %w", path, err)
 	}
 	m, err := format.DecodeManifest(buf)

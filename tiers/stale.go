@@ -1,0 +1,34 @@
+package tiers
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// staleOpens is how many times ReadReplaced opens a file: the first open and the reopens after
+// ESTALE.
+const staleOpens = 4
+
+// ReadReplaced opens path and reads it with read, opening it again when the file system
+// answers ESTALE to the open or to a read. The shared tier's small files (manifests, the lease,
+// summaries) are replaced by rename; a distributed file system's client (NFS, GlusterFS) may
+// still hold the handle of the file a rename replaced, on which it answers ESTALE, and a new
+// open resolves the path again. After staleOpens opens the last error is returned, wrapping
+// syscall.ESTALE. Other errors are returned at once, as the open or read gave them.
+func ReadReplaced(fs vfs.FS, path string, read func(vfs.File) error) error {
+	var err error
+	for range staleOpens {
+		var f vfs.File
+		if f, err = fs.Open(path); err == nil {
+			err = read(f)
+			_ = f.Close()
+		}
+		if !errors.Is(err, syscall.ESTALE) {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: stale after %d opens: %w", path, staleOpens, err)
+}
