@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,9 @@ func startupOptions(shared string) Options {
 //	simulated/summaries: UCM_STARTUP_SIM_GIB GiB (default 64; 1024 for 1 TiB) of synthetic
 //	                     segments: sparse files with a real header and footer, a summary each,
 //	                     no payload
+//
+// UCM_STARTUP_COLD=1 drops the kernel's caches before each new instance opens (root only): the
+// tier is read from the medium, as by an instance on another host.
 //
 // UCM_STARTUP_DIR puts the real-1GiB shared tier on another file system, and
 // UCM_STARTUP_DIR2 has the new instance see it through a second mount, as another host would
@@ -100,12 +104,24 @@ func dumpGiB(b *testing.B, shared string, gib int) string {
 	return tiers.NamespaceDir(shared, inst)
 }
 
+// dropCaches writes back and drops the kernel's page, dentry and inode caches (root only), so
+// that a new instance reads the tier from the medium, as one on another host does.
+func dropCaches(b *testing.B) {
+	syscall.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		b.Fatalf("UCM_STARTUP_COLD: %v (needs root)", err)
+	}
+}
+
 // benchStartup opens a new instance on shared b.N times and reports records/s until every
 // listed segment is indexed and the time until block first is in the foreign index.
 func benchStartup(b *testing.B, shared string, first BlockID) {
 	var recs int64
 	var total, firstHit time.Duration
 	for range b.N {
+		if os.Getenv("UCM_STARTUP_COLD") != "" {
+			dropCaches(b)
+		}
 		start := time.Now()
 		e := mustOpen(b, filepath.Join(b.TempDir(), "b"), startupOptions(shared))
 		var hitAt atomic.Int64
