@@ -279,7 +279,10 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	e.kickSharing()
 }
 
-// ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them.
+// ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them,
+// with its reads of other instances' segments as access notes: the holder's own reads rank
+// segments as much as any other instance's (they would otherwise reach the pass only through
+// its published manifest, which the pass does not read).
 func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 	m := &format.Manifest{Instance: e.instance}
 	dirs := map[string]bool{}
@@ -300,6 +303,9 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 			sealed = now // sealed since the last publication: the newest there is
 		}
 		m.Segments[i].Sealed, m.Segments[i].Accessed = sealed, e.share.ownAccess[m.Segments[i].Number]
+	}
+	for k, a := range e.share.accessed {
+		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteAccess, Owner: k.inst, Number: k.number, Generation: a.generation, Time: a.at})
 	}
 	return m
 }

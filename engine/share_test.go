@@ -312,13 +312,27 @@ func publishedBytes(shared string, es ...*Engine) int64 {
 // (each alone is under it). The lease holder — exactly one of them — retires the least recently
 // used published segments of both, its own directly and the other's by request, until the tier
 // is under its high watermark; segments one instance keeps reading from the other survive,
-// though they were published first.
+// though they were published first. Either may hold the lease: the writer (A, opened first), or
+// the reader (B, opened first), whose own reads of A's segments must count as much as anyone's.
 func TestSharedTierGlobalCapacity(t *testing.T) {
+	t.Run("writer holds the lease", func(t *testing.T) { testSharedTierGlobalCapacity(t, false) })
+	t.Run("reader holds the lease", func(t *testing.T) { testSharedTierGlobalCapacity(t, true) })
+}
+
+func testSharedTierGlobalCapacity(t *testing.T, readerFirst bool) {
 	root := t.TempDir()
 	shared, sharedB := sharedDirs(t)
-	a := mustOpen(t, filepath.Join(root, "a"), capacityOptions(shared))
+	var a, b *Engine
+	if readerFirst {
+		b = mustOpen(t, filepath.Join(root, "b"), capacityOptions(sharedB))
+		waitFor(t, "B holds the lease", func() bool { return b.Stats().Sharing.LeaseHeld })
+		a = mustOpen(t, filepath.Join(root, "a"), capacityOptions(shared))
+	} else {
+		a = mustOpen(t, filepath.Join(root, "a"), capacityOptions(shared))
+		waitFor(t, "A holds the lease", func() bool { return a.Stats().Sharing.LeaseHeld })
+		b = mustOpen(t, filepath.Join(root, "b"), capacityOptions(sharedB))
+	}
 	defer a.Close()
-	b := mustOpen(t, filepath.Join(root, "b"), capacityOptions(sharedB))
 	defer b.Close()
 	hot := ids(0, 6)
 	dumpBlocks(t, a, hot) // A's oldest segment
