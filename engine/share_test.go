@@ -284,9 +284,10 @@ func TestSharedTierSealsAgingSegment(t *testing.T) {
 }
 
 // capacityOptions: a shared tier at dir with a 3 MiB global capacity (high watermark 0.8, low
-// 0.7) and segments sealed within 20 ms.
+// 0.7), segments sealed within 20 ms and a 100 ms grace: retired files count against the
+// capacity until their grace ends, so a writer filling the tier waits about that long for room.
 func capacityOptions(dir string) Options {
-	o := sharedOptions(dir, 0)
+	o := sharedOptions(dir, 100*time.Millisecond)
 	o.Tiers[0].Capacity = 3 << 20
 	o.Tiers[0].HighWatermark, o.Tiers[0].LowWatermark = 0.8, 0.7
 	o.SharedSealAge = 20 * time.Millisecond
