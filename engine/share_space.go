@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/ucm-go/ucm/format"
@@ -44,6 +45,7 @@ type sharedAccount struct {
 	used     int64                       // as last published
 	grace    int64                       // of used, under grace, as last published
 	want     int64                       // bytes asked for, as last published
+	charged  int64                       // the namespace's other files, as accounted in used
 	issued   map[format.InstanceID]int64 // as (once) lease holder: G issued per instance
 	held     int                         // consecutive passes holding the lease
 }
@@ -97,6 +99,10 @@ func (e *Engine) settleSharedSpace(t *diskTier, others []nsManifest) {
 		}
 	}
 	a.seen = max(a.seen, a.issued[e.instance])
+	if charge, ok := e.metadataCharge(a.nsDir); ok && charge != a.charged {
+		t.space.Add(charge - a.charged)
+		a.charged = charge
+	}
 	t.space.SetLimit(max(0, a.seen-a.returned))
 	a.returned += t.space.ShrinkLimit(0, res)
 	a.used, a.grace = t.space.Used(), e.graceBytes(t)
@@ -105,6 +111,35 @@ func (e *Engine) settleSharedSpace(t *diskTier, others []nsManifest) {
 		defer e.kickSharing() // publish the request now, not an interval later
 	}
 	a.want = want
+}
+
+// metadataAhead is how far ahead of its size the namespace's other files are accounted: what a
+// publication log may grow by until the next refresh.
+const metadataAhead = 64 << 10
+
+// metadataCharge is what the files of namespace nsDir other than segments take on the tier
+// (the manifest, counted twice: a new one is written before the old is deleted; publication
+// logs; the lock), plus metadataAhead: one listing.
+func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
+	names, err := e.fs.List(nsDir)
+	if err != nil {
+		return 0, false
+	}
+	charge := int64(metadataAhead)
+	for _, n := range names {
+		if n == SegmentDir {
+			continue
+		}
+		st, err := e.fs.Stat(filepath.Join(nsDir, n))
+		if err != nil || st.IsDir() {
+			continue
+		}
+		if strings.HasPrefix(n, tiers.ManifestPrefix) {
+			charge += st.Size()
+		}
+		charge += st.Size()
+	}
+	return charge, true
 }
 
 // graceBytes sums this instance's retired segments of tier t waiting for their grace.

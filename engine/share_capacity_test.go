@@ -1,0 +1,171 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+)
+
+// volumeBytes sums the sizes of every file under dir (segments, files under their grace,
+// manifests, publication logs, the lease): what the shared volume holds. Files that vanish
+// while it walks are skipped.
+func volumeBytes(dir string) int64 {
+	var sum int64
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	for _, ent := range ents {
+		p := filepath.Join(dir, ent.Name())
+		if ent.IsDir() {
+			sum += volumeBytes(p)
+			continue
+		}
+		if st, err := os.Lstat(p); err == nil {
+			sum += st.Size()
+		}
+	}
+	return sum
+}
+
+// TestSharedTierCapacityBound: two and four instances each dump twice the shared tier's
+// capacity at once, while the bytes on the shared volume (every file under the shared
+// directory, retired files in their grace included) are sampled every few milliseconds. At
+// every sample they are at most capacity + one segment per instance (docs/tiers.md, "Shared
+// tiers"); dumps that find no room fail with ErrNoSpace; afterwards every acknowledged block
+// loads byte-exact from every instance, or is a miss (retired), never wrong bytes.
+func TestSharedTierCapacityBound(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) { testSharedTierCapacityBound(t, n) })
+	}
+}
+
+func testSharedTierCapacityBound(t *testing.T, instances int) {
+	root := t.TempDir()
+	sharedA, sharedB := sharedDirs(t)
+	const capacity = 3 << 20
+	es := make([]*Engine, instances)
+	for i := range es {
+		dir := sharedA
+		if i%2 == 1 {
+			dir = sharedB
+		}
+		o := capacityOptions(dir)
+		es[i] = mustOpen(t, filepath.Join(root, fmt.Sprint("e", i)), o)
+		defer es[i].Close()
+	}
+	seg := es[0].reservation(es[0].tiers[0])
+	bound := int64(capacity) + int64(instances)*seg
+
+	// The sampler.
+	stop := make(chan struct{})
+	var samples atomic.Int64
+	var peak atomic.Int64
+	var over atomic.Pointer[string]
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			b := volumeBytes(sharedA)
+			samples.Add(1)
+			if b > peak.Load() {
+				peak.Store(b)
+			}
+			if b > bound && over.Load() == nil {
+				msg := fmt.Sprintf("%d bytes on the volume, above capacity %d + %d segments of %d = %d", b, capacity, instances, seg, bound)
+				over.Store(&msg)
+			}
+		}
+	}()
+
+	// Every instance dumps 2× the capacity, two blocks per task.
+	bb := es[0].Layout().BlockBytes()
+	perInstance := int(2 * capacity / bb)
+	acked := make([][]BlockID, instances)
+	var refused atomic.Int64
+	var writers sync.WaitGroup
+	for i, e := range es {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			base := 10_000 * (i + 1)
+			for lo := 0; lo < perInstance; lo += 2 {
+				batch := ids(base+lo, base+min(lo+2, perInstance))
+				src := make([][]byte, len(batch))
+				for k, id := range batch {
+					src[k] = blockBytes(e.Layout(), id)
+				}
+				task := e.Dump(batch, src)
+				_ = task.Wait()
+				for k, err := range task.BlockErrors() {
+					switch {
+					case err == nil:
+						acked[i] = append(acked[i], batch[k])
+					case errors.Is(err, ErrNoSpace):
+						refused.Add(1)
+					default:
+						t.Errorf("instance %d, block %s: %v, want success or ErrNoSpace", i, batch[k], err)
+					}
+				}
+			}
+		}()
+	}
+	writers.Wait()
+	// Let the last segments seal, publish and be reclaimed, still sampling.
+	for _, e := range es {
+		if err := e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	sampler.Wait()
+	if msg := over.Load(); msg != nil {
+		t.Fatal(*msg)
+	}
+	var nAcked int
+	for _, a := range acked {
+		nAcked += len(a)
+	}
+	t.Logf("%d instances: peak %d bytes on the volume (capacity %d, bound %d) over %d samples; %d blocks acknowledged, %d refused",
+		instances, peak.Load(), capacity, bound, samples.Load(), nAcked, refused.Load())
+	if samples.Load() < 10 || nAcked < perInstance {
+		t.Fatalf("%d samples, %d blocks acknowledged: the test did not exercise the bound", samples.Load(), nAcked)
+	}
+
+	// Every acknowledged block: byte-exact or a miss, from its writer and from another instance.
+	for i, a := range acked {
+		for _, e := range []*Engine{es[i], es[(i+1)%instances]} {
+			dst := make([][]byte, len(a))
+			for k := range dst {
+				dst[k] = devio.AlignedBuffer(int(bb))
+			}
+			task := e.Load(a, dst)
+			_ = task.Wait()
+			for k, err := range task.BlockErrors() {
+				if err != nil {
+					if !errors.Is(err, ErrNotFound) {
+						t.Fatalf("block %s of instance %d: %v, want bytes or a miss", a[k], i, err)
+					}
+					continue
+				}
+				if string(dst[k]) != string(blockBytes(e.Layout(), a[k])) {
+					t.Fatalf("block %s of instance %d: wrong bytes", a[k], i)
+				}
+			}
+		}
+	}
+}
