@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/tiers"
 )
 
 // volumeBytes sums the sizes of every file under dir (segments, files under their grace,
@@ -33,6 +34,25 @@ func volumeBytes(dir string) int64 {
 		}
 	}
 	return sum
+}
+
+// envSharedBrick names the GlusterFS brick behind the mounts of envSharedMountA (make
+// test-gluster): what the volume stores, seen without a client's cache.
+const envSharedBrick = "UCM_SHARED_TEST_BRICK"
+
+// volumeDir is where the bytes of shared directory dir (under mount A) are counted: the same
+// directory on the brick when the test runs on GlusterFS (a client may list a file another
+// client deleted for a while: the mount overstates the volume), else dir.
+func volumeDir(dir string) string {
+	brick, mount := os.Getenv(envSharedBrick), os.Getenv(envSharedMountA)
+	if brick == "" || mount == "" {
+		return dir
+	}
+	rel, err := filepath.Rel(mount, dir)
+	if err != nil {
+		return dir
+	}
+	return filepath.Join(brick, rel)
 }
 
 // TestSharedTierCapacityBound: two and four instances each dump twice the shared tier's
@@ -65,6 +85,7 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 	bound := int64(capacity) + int64(instances)*seg
 
 	// The sampler.
+	volume := volumeDir(sharedA)
 	stop := make(chan struct{})
 	var samples atomic.Int64
 	var peak atomic.Int64
@@ -79,7 +100,7 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			b := volumeBytes(sharedA)
+			b := volumeBytes(volume)
 			samples.Add(1)
 			if b > peak.Load() {
 				peak.Store(b)
@@ -142,6 +163,9 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 	}
 	t.Logf("%d instances: peak %d bytes on the volume (capacity %d, bound %d) over %d samples; %d blocks acknowledged, %d refused",
 		instances, peak.Load(), capacity, bound, samples.Load(), nAcked, refused.Load())
+	if peak.Load() < capacity/2 {
+		t.Fatalf("peak %d bytes: the sampler did not see the volume's files in %s", peak.Load(), volume)
+	}
 	if samples.Load() < 10 || nAcked < perInstance {
 		t.Fatalf("%d samples, %d blocks acknowledged: the test did not exercise the bound", samples.Load(), nAcked)
 	}
@@ -167,5 +191,29 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 				}
 			}
 		}
+	}
+}
+
+// TestSharedTierTakesDemotions: a shared tier with a capacity below a local one receives only
+// demotions, which never wait for room and so never ask for it: it keeps room granted ahead,
+// and the blocks the local tier evicts land there within the shared capacity.
+func TestSharedTierTakesDemotions(t *testing.T) {
+	root := t.TempDir()
+	shared, _ := sharedDirs(t)
+	o := capacityOptions(shared)
+	o.Tiers = []tiers.Config{{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{filepath.Join(root, "ssd")}, Capacity: 1 << 20, HighWatermark: 0.9, LowWatermark: 0.8},
+		{Name: "shared", Kind: tiers.KindDisk, Paths: []string{shared}, Shared: true, Capacity: 3 << 20, HighWatermark: 0.8, LowWatermark: 0.7}}
+	e := mustOpen(t, filepath.Join(root, "e"), o)
+	defer e.Close()
+	blocks := ids(0, 30) // about 2 MiB into a 1 MiB first tier
+	for i := range blocks {
+		dumpBlocks(t, e, blocks[i:i+1])
+	}
+	waitFor(t, "blocks demoted into the shared tier", func() bool { return e.TierStats()[1].Blocks > 0 })
+	if n := countTrue(e.Lookup(blocks)); n <= len(blocks)/2 {
+		t.Fatalf("%d of %d blocks kept across the two tiers", n, len(blocks))
+	}
+	if used, capacity := volumeBytes(volumeDir(shared)), int64(3<<20); used > capacity+e.reservation(e.tiers[1]) {
+		t.Fatalf("%d bytes on the shared volume, capacity %d", used, capacity)
 	}
 }

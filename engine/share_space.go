@@ -51,9 +51,10 @@ type sharedAccount struct {
 }
 
 // openSharedAccount starts the account of shared tier t: admission bounded by the limit the
-// account's notes in this instance's newest manifest give (none before its first grant).
+// account's notes in this instance's newest manifest give (none before its first grant). A
+// lookup-only instance keeps one too: it writes nothing, but may hold the lease and grant.
 func (e *Engine) openSharedAccount(t *diskTier) error {
-	if !t.cfg.Shared || t.cfg.Capacity <= 0 || e.opts.ReadOnly || e.opts.LookupOnly || len(t.dirs) == 0 {
+	if !t.cfg.Shared || t.cfg.Capacity <= 0 || e.opts.ReadOnly || len(t.dirs) == 0 {
 		return nil
 	}
 	a := &sharedAccount{nsDir: filepath.Dir(t.dirs[0]), issued: map[format.InstanceID]int64{}}
@@ -103,10 +104,17 @@ func (e *Engine) settleSharedSpace(t *diskTier, others []nsManifest) {
 		t.space.Add(charge - a.charged)
 		a.charged = charge
 	}
+	// A tier below the first receives only relocations (demotions), which never wait and so
+	// never ask: it keeps two reservations of room ahead instead.
+	var headroom int64
+	if t.pos > 0 {
+		headroom = 2 * res
+	}
 	t.space.SetLimit(max(0, a.seen-a.returned))
-	a.returned += t.space.ShrinkLimit(0, res)
+	a.returned += t.space.ShrinkLimit(headroom, res)
+	limit, _ := t.space.Limit()
 	a.used, a.grace = t.space.Used(), e.graceBytes(t)
-	want := t.space.Demand()
+	want := max(t.space.Demand(), a.used+headroom-limit, 0)
 	if want > a.want {
 		defer e.kickSharing() // publish the request now, not an interval later
 	}
