@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,37 @@ func volumeBytes(dir string) int64 {
 		}
 	}
 	return sum
+}
+
+// volumeListing lists every file under dir with its size, and each instance's account, for a
+// failure message.
+func volumeListing(dir string) string {
+	var out strings.Builder
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if st, err := os.Lstat(p); err == nil {
+				rel, _ := filepath.Rel(dir, p)
+				fmt.Fprintf(&out, "  %s %d\n", rel, st.Size())
+			}
+		}
+		return nil
+	})
+	return out.String()
+}
+
+// accounts describes each instance's share of the shared tier, for a failure message.
+func accounts(es []*Engine) string {
+	var out strings.Builder
+	for i, e := range es {
+		t := e.tiers[0]
+		limit, _ := t.space.Limit()
+		a := t.acct
+		a.mu.Lock()
+		fmt.Fprintf(&out, "  instance %d (%x): limit %d used %d granted %d returned %d asks %d issued %v\n",
+			i, e.instance[:4], limit, t.space.Used(), a.seen, a.returned, a.want, a.issued)
+		a.mu.Unlock()
+	}
+	return out.String()
 }
 
 // envSharedBrick names the GlusterFS brick behind the mounts of envSharedMountA (make
@@ -106,7 +138,7 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 				peak.Store(b)
 			}
 			if b > bound && over.Load() == nil {
-				msg := fmt.Sprintf("%d bytes on the volume, above capacity %d + %d segments of %d = %d", b, capacity, instances, seg, bound)
+				msg := fmt.Sprintf("%d bytes on the volume, above capacity %d + %d segments of %d = %d:\n%s", b, capacity, instances, seg, bound, volumeListing(volume)+accounts(es))
 				over.Store(&msg)
 			}
 		}

@@ -47,6 +47,10 @@ type sharedAccount struct {
 	want     int64                       // bytes asked for, as last published
 	charged  int64                       // the namespace's other files, as accounted in used
 	issued   map[format.InstanceID]int64 // as (once) lease holder: G issued per instance
+	// last is each instance's share as the holder last read it: an instance whose manifest
+	// cannot be read in a pass (ESTALE through a network mount, a rename racing the read) is
+	// counted as it was, never as nothing.
+	last map[format.InstanceID]instanceShare
 	held     int                         // consecutive passes holding the lease
 }
 
@@ -57,7 +61,7 @@ func (e *Engine) openSharedAccount(t *diskTier) error {
 	if !t.cfg.Shared || t.cfg.Capacity <= 0 || e.opts.ReadOnly || len(t.dirs) == 0 {
 		return nil
 	}
-	a := &sharedAccount{nsDir: filepath.Dir(t.dirs[0]), issued: map[format.InstanceID]int64{}}
+	a := &sharedAccount{nsDir: filepath.Dir(t.dirs[0]), issued: map[format.InstanceID]int64{}, last: map[format.InstanceID]instanceShare{}}
 	m, err := tiers.ReadManifest(e.fs, a.nsDir, e.instance)
 	switch {
 	case errors.Is(err, tiers.ErrNoManifest):
@@ -260,11 +264,25 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 	self.returned, self.used, self.grace, self.want = a.returned, a.used, a.grace, a.want
 	self.issued = max(self.issued, a.seen)
 	self.issued = max(self.issued, a.issued[e.instance])
+	for inst, j := range a.last {
+		if _, read := shares[inst]; !read {
+			j.want = 0 // counted as last read; asks nothing until read again
+			shares[inst] = &j
+		}
+	}
+	for inst, g := range a.issued {
+		if _, known := shares[inst]; !known {
+			shares[inst] = &instanceShare{inst: inst, account: true, issued: g}
+		}
+	}
 	var counted int64
 	list := make([]*instanceShare, 0, len(shares))
 	for _, j := range shares {
 		j.issued = max(j.issued, a.issued[j.inst])
 		a.issued[j.inst] = j.issued
+		if l, ok := a.last[j.inst]; ok {
+			j.returned = max(j.returned, l.returned) // a stale read never lowers it
+		}
 		counted += j.counted(res)
 		beyond += max(0, j.counted(res)-j.published-j.grace)
 		list = append(list, j)
@@ -287,6 +305,11 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 			defer e.kickSharing() // publish the grant now
 		}
 		unsatisfied += j.want - g
+	}
+	for _, j := range list {
+		l := *j
+		l.issued = a.issued[j.inst]
+		a.last[j.inst] = l
 	}
 	if granted := max(a.seen, a.issued[e.instance]); granted > a.seen {
 		a.seen = granted
