@@ -51,7 +51,7 @@ type sharedAccount struct {
 	// cannot be read in a pass (ESTALE through a network mount, a rename racing the read) is
 	// counted as it was, never as nothing.
 	last map[format.InstanceID]instanceShare
-	held     int                         // consecutive passes holding the lease
+	held int // consecutive passes holding the lease
 }
 
 // openSharedAccount starts the account of shared tier t: admission bounded by the limit the
