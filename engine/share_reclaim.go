@@ -211,7 +211,7 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	if !held {
 		if a := t.acct; a != nil {
 			a.mu.Lock()
-			a.held = 0
+			a.heldSince = time.Time{}
 			a.mu.Unlock()
 		}
 		return

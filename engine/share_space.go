@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
@@ -50,8 +51,8 @@ type sharedAccount struct {
 	// last is each instance's share as the holder last read it: an instance whose manifest
 	// cannot be read in a pass (ESTALE through a network mount, a rename racing the read) is
 	// counted as it was, never as nothing.
-	last map[format.InstanceID]instanceShare
-	held int // consecutive passes holding the lease
+	last      map[format.InstanceID]instanceShare
+	heldSince time.Time // since when this instance holds the lease (zero: it does not)
 }
 
 // openSharedAccount starts the account of shared tier t: admission bounded by the limit the
@@ -219,9 +220,9 @@ func (j *instanceShare) counted(res int64) int64 {
 // every instance (own first): it counts every instance, grants the free bytes to the instances
 // that ask (the smallest shares first), and returns the bytes asked for that it could not
 // grant and what the instances are counted for beyond their published and grace-held bytes
-// (active segments, headroom), for the reclaimer's target. A new holder grants nothing in its first
-// two passes: another instance taking the lease at the same moment may have granted in the
-// first.
+// (active segments, headroom), for the reclaimer's target. A new holder grants nothing for two refresh
+// intervals: another instance taking the lease at the same moment may have granted meanwhile,
+// and it has then seen the lease taken from it.
 func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisfied, beyond int64) {
 	a := t.acct
 	if a == nil {
@@ -258,7 +259,9 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 	res := e.reservation(t)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.held++
+	if a.heldSince.IsZero() {
+		a.heldSince = time.Now()
+	}
 	self := share(e.instance)
 	self.account = true
 	self.returned, self.used, self.grace, self.want = a.returned, a.used, a.grace, a.want
@@ -296,7 +299,7 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 			continue
 		}
 		g := min(j.want, max(free, 0))
-		if a.held < 3 {
+		if time.Since(a.heldSince) < 2*e.opts.SharedRefreshInterval {
 			g = 0
 		}
 		if g > 0 {
