@@ -220,9 +220,9 @@ func (j *instanceShare) counted(res int64) int64 {
 // every instance (own first): it counts every instance, grants the free bytes to the instances
 // that ask (the smallest shares first), and returns the bytes asked for that it could not
 // grant and what the instances are counted for beyond their published and grace-held bytes
-// (active segments, headroom), for the reclaimer's target. A new holder grants nothing for two refresh
-// intervals: another instance taking the lease at the same moment may have granted meanwhile,
-// and it has then seen the lease taken from it.
+// (active segments, headroom), for the reclaimer's target. A new holder grants nothing for two
+// refresh intervals: another instance taking the lease at the same moment may have granted
+// meanwhile, and has by then seen the lease taken from it.
 func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisfied, beyond int64) {
 	a := t.acct
 	if a == nil {
