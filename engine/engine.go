@@ -721,6 +721,7 @@ func (e *Engine) Stats() Stats {
 			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
 			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load()}
 		st.Sharing.LogRecords = s.ov.records.Load()
+		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.shareStats()
 		s.logs.mu.Lock()
 		st.Sharing.LogAppendErrors = s.logs.appendErrors
 		s.logs.mu.Unlock()

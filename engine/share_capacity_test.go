@@ -193,6 +193,11 @@ func testSharedTierCapacityBound(t *testing.T, instances int) {
 	for _, a := range acked {
 		nAcked += len(a)
 	}
+	for i, e := range es {
+		if st := e.Stats().Sharing; st.SharedShare <= 0 || st.SharedHeld <= 0 {
+			t.Fatalf("instance %d: share %d, held %d: admission reported nothing", i, st.SharedShare, st.SharedHeld)
+		}
+	}
 	t.Logf("%d instances: peak %d bytes on the volume (capacity %d, bound %d) over %d samples; %d blocks acknowledged, %d refused",
 		instances, peak.Load(), capacity, bound, samples.Load(), nAcked, refused.Load())
 	if peak.Load() < capacity/2 {

@@ -370,3 +370,19 @@ func (e *Engine) adoptCredit(t *diskTier, m *format.Manifest) {
 	}
 	t.space.SetLimit(max(0, a.seen-a.returned))
 }
+
+// shareStats sums this instance's shares, held bytes and requests over its shared tiers.
+func (e *Engine) shareStats() (share, held, asked int64) {
+	for _, t := range e.tiers {
+		if t.acct == nil {
+			continue
+		}
+		l, _ := t.space.Limit()
+		share += l
+		held += t.space.Used()
+		t.acct.mu.Lock()
+		asked += t.acct.want
+		t.acct.mu.Unlock()
+	}
+	return share, held, asked
+}
