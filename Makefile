@@ -107,7 +107,7 @@ SHARE_KILL_CYCLES ?= 5
 test-gluster:
 	bash fuzz/gluster/harness.sh sh -c 'UCM_SHARE_KILL_DIR=$$UCM_GLUSTER_A UCM_SHARE_KILL_DIR2=$$UCM_GLUSTER_B \
 		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$|^TestSharedReadYourWritesKill$$" -v ./fuzz/ && \
-		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B \
+		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B UCM_SHARED_TEST_BRICK=$$UCM_GLUSTER_BRICK \
 		$(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedTier" ./engine/'
 
 # The mooncake tier (docs/mooncake.md) links Mooncake Store, which is neither a Debian package

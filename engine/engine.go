@@ -729,6 +729,7 @@ func (e *Engine) Stats() Stats {
 		}
 		s.mu.Unlock()
 		st.Sharing.LogRecords = s.ov.records.Load()
+		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.shareStats()
 		s.logs.mu.Lock()
 		st.Sharing.LogAppendErrors = s.logs.appendErrors
 		s.logs.mu.Unlock()

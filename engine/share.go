@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,7 +323,9 @@ func (e *Engine) sharer() {
 }
 
 // sealAgedShared seals the shared tiers' active segments whose first record is older than
-// SharedSealAge (the seal then kicks publication).
+// SharedSealAge (the seal then kicks publication). The requests go out in the background, one
+// per writer at a time: a writer waiting for the lease holder to grant it room (share_space.go)
+// takes them only once admitted, and the sharer must go on publishing what it asks for.
 func (e *Engine) sealAgedShared() {
 	if e.opts.SharedSealAge < 0 || e.opts.ReadOnly {
 		return
@@ -331,13 +334,18 @@ func (e *Engine) sealAgedShared() {
 		if !t.cfg.Shared {
 			continue
 		}
-		for _, w := range []*wal.Writer{t.w, t.rw} {
-			if w == nil {
+		for i, w := range []*wal.Writer{t.w, t.rw} {
+			if w == nil || !t.sealing[i].CompareAndSwap(false, true) {
 				continue
 			}
-			if err := w.SealOlderThan(e.opts.SharedSealAge); err != nil && !errors.Is(err, wal.ErrWriterClosed) {
-				e.opts.Logger.Warn("ucm: could not seal an aging shared segment", "tier", t.cfg.Name, "err", err)
-			}
+			e.bg.Add(1)
+			go func() {
+				defer e.bg.Done()
+				defer t.sealing[i].Store(false)
+				if err := w.SealOlderThan(e.opts.SharedSealAge); err != nil && !errors.Is(err, wal.ErrWriterClosed) {
+					e.opts.Logger.Warn("ucm: could not seal an aging shared segment", "tier", t.cfg.Name, "err", err)
+				}
+			}()
 		}
 	}
 }
@@ -405,7 +413,8 @@ func (e *Engine) publishShared() {
 	for _, n := range byDir {
 		// The encoded lists (the header carries the time) say whether the content changed
 		// since the last manifest written.
-		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list, Notes: notes}
+		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list,
+			Notes: slices.Concat(notes, e.spaceNotes(n.dir))}
 		enc, err := format.EncodeManifest(m)
 		if err != nil {
 			s.publishErrors.Add(1)

@@ -194,6 +194,7 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	if t.cfg.Capacity <= 0 || len(t.cfg.Paths) == 0 {
 		return
 	}
+	e.settleSharedSpace(t, others)
 	l := &tiers.Leaser{FS: e.fs, Root: t.cfg.Paths[0], Self: e.instance,
 		Duration: 10 * e.opts.SharedRefreshInterval, Skew: e.sharedSkew()}
 	held, _, err := l.Hold(time.Now())
@@ -208,6 +209,11 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	s.mu.Unlock()
 	s.leaseHeld.Store(held)
 	if !held {
+		if a := t.acct; a != nil {
+			a.mu.Lock()
+			a.heldSince = time.Time{}
+			a.mu.Unlock()
+		}
 		return
 	}
 	e.unlinkReclaimed(t, others)
@@ -235,9 +241,16 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 		}
 	}
 	s.sharedUsed.Store(used)
+	// Admission first: the free bytes go to the instances that ask for room. What cannot be
+	// granted is made room for by retiring segments, like bytes above the high watermark: down
+	// to where, once the retired files' grace is over, the instances' counts leave room for it.
+	unsatisfied, beyond := e.grantSharedSpace(t, manifests)
 	high := int64(float64(t.cfg.Capacity) * t.cfg.HighWatermark)
 	low := int64(float64(t.cfg.Capacity) * t.cfg.LowWatermark)
-	if used <= high {
+	if unsatisfied > 0 {
+		low = min(low, t.cfg.Capacity-unsatisfied-beyond)
+	}
+	if used <= high && (unsatisfied == 0 || used <= low) {
 		s.mu.Lock()
 		clear(s.retireReqs)
 		s.mu.Unlock()
@@ -252,6 +265,7 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	now := time.Now().UnixNano()
 	reqs := map[foreignKey]accessNote{}
 	ofGone := map[*nsManifest][]format.ManifestEntry{}
+	reclaimed := map[*nsManifest]int64{}
 	for _, sg := range segs {
 		if used <= low {
 			break
@@ -265,12 +279,13 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 		}
 		if e.ownerGone(sg.ns.dir) {
 			ofGone[sg.ns] = append(ofGone[sg.ns], format.ManifestEntry{Number: sg.number, Generation: sg.generation})
+			reclaimed[sg.ns] += sg.size
 			continue
 		}
 		reqs[foreignKey{sg.owner, sg.number}] = accessNote{sg.generation, now}
 	}
 	for ns, victims := range ofGone {
-		e.reclaimFromGone(ns, victims)
+		e.reclaimFromGone(t, ns, victims, reclaimed[ns])
 	}
 	s.mu.Lock()
 	s.retireReqs = reqs
@@ -279,7 +294,10 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	e.kickSharing()
 }
 
-// ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them.
+// ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them,
+// with its reads of other instances' segments as access notes: the holder's own reads rank
+// segments as much as any other instance's (they would otherwise reach the pass only through
+// its published manifest, which the pass does not read).
 func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 	m := &format.Manifest{Instance: e.instance}
 	dirs := map[string]bool{}
@@ -301,6 +319,9 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 		}
 		m.Segments[i].Sealed, m.Segments[i].Accessed = sealed, e.share.ownAccess[m.Segments[i].Number]
 	}
+	for k, a := range e.share.accessed {
+		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteAccess, Owner: k.inst, Number: k.number, Generation: a.generation, Time: a.at})
+	}
 	return m
 }
 
@@ -308,8 +329,9 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 // manifest is rewritten without them and with a NoteReclaimed note each (the owner's notes of
 // other kinds are stale and dropped), so other instances stop using them at their next refresh
 // and the owner retires them when it returns. Their files are unlinked later
-// (unlinkReclaimed).
-func (e *Engine) reclaimFromGone(ns *nsManifest, victims []format.ManifestEntry) {
+// (unlinkReclaimed). The owner's share of the capacity is taken back with them
+// (creditOfGone): the reclaimed bytes stay counted for it until the grants are redone.
+func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
 	s := e.share
 	drop := map[uint64]uint64{}
 	for _, v := range victims {
@@ -323,10 +345,11 @@ func (e *Engine) reclaimFromGone(ns *nsManifest, victims []format.ManifestEntry)
 		}
 	}
 	for _, nt := range ns.Notes {
-		if nt.Kind == format.NoteReclaimed && nt.Owner == ns.Instance {
-			m.Notes = append(m.Notes, nt)
+		if (nt.Kind == format.NoteReclaimed && nt.Owner == ns.Instance) || nt.Kind == format.NoteGrant {
+			m.Notes = append(m.Notes, nt) // and the grants it issued as holder: they stay counted
 		}
 	}
+	m.Notes = append(m.Notes, e.creditOfGone(t, ns, m.Segments, reclaimed)...)
 	for _, v := range victims {
 		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteReclaimed, Owner: ns.Instance, Number: v.Number, Generation: v.Generation, Time: now})
 	}
@@ -428,6 +451,9 @@ func (e *Engine) obeyReclaims() {
 				continue
 			}
 			e.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
+			if nsDir == filepath.Dir(t.dirs[0]) {
+				e.adoptCredit(t, m)
+			}
 			s.mu.Lock()
 			s.lastSeq[nsDir] = m.Sequence
 			delete(s.lastPub, nsDir) // publish again, whatever changed

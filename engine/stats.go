@@ -102,8 +102,9 @@ type SharingStats struct {
 	VisibilitySamples int64
 	// LeaseHeld: this instance holds a shared tier's reclaimer lease (it enforces the tier's
 	// global capacity); SharedUsed is the published bytes of every instance it last counted;
-	// ReclaimRounds its passes above the high watermark. RetiredOnRequest counts this
-	// instance's segments retired because a reclaimer asked.
+	// ReclaimRounds its passes that retired segments (above the high watermark, or for room
+	// instances asked for). RetiredOnRequest counts this instance's segments retired because a
+	// reclaimer asked.
 	LeaseHeld                                   bool
 	SharedUsed, ReclaimRounds, RetiredOnRequest int64
 	// Instances presumed gone (their manifest unchanged for SharedOwnerTimeout): ReclaimedOfGone
@@ -130,6 +131,10 @@ type SharingStats struct {
 	SegmentsListed                                           int
 	IndexedFromSummary, IndexedFromHeaders, SummariesDamaged int64
 	IndexedRecords                                           int64
+	// Admission on shared tiers with a capacity (docs/tiers.md): SharedShare is the part of the
+	// capacity granted to this instance now, SharedHeld the bytes it holds against it (segments,
+	// their reservations, files under grace, namespace files), SharedAsked what it asks for.
+	SharedShare, SharedHeld, SharedAsked int64
 }
 
 // counters are the engine's live counters.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/ucm-go/ucm/devio"
@@ -40,6 +41,11 @@ type diskTier struct {
 	codec format.Compression
 	// segSize is the size at which this tier's segments are sealed (SegmentSizeFor).
 	segSize int64
+	// acct is a shared tier's admission account (share_space.go); nil for other tiers and a
+	// shared tier without a capacity.
+	acct *sharedAccount
+	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
+	sealing [2]atomic.Bool
 }
 
 // segHome says where a segment lives.
@@ -286,6 +292,9 @@ func (e *Engine) openTiers() error {
 			}
 			t.dirs = append(t.dirs, segDir)
 		}
+		if err := e.openSharedAccount(t); err != nil {
+			return err
+		}
 		t.direct = devio.DirectOff
 		switch mode {
 		case devio.DirectOn:
@@ -442,7 +451,11 @@ func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (st
 			}
 		}
 		rc := &reservationRecycler{e: e, t: t, dir: dir}
-		if _, err := t.space.Reserve(e.reservation(t), relocation, e.opts.TaskTimeout, e.stop, e.kickReclaimer, rc); err != nil {
+		kick := e.kickReclaimer
+		if t.acct != nil {
+			kick = func() { e.kickReclaimer(); e.kickSharing() } // ask the lease holder for room
+		}
+		if _, err := t.space.Reserve(e.reservation(t), relocation, e.opts.TaskTimeout, e.stop, kick, rc); err != nil {
 			e.kickReclaimer()
 			return "", fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
 		}

@@ -35,20 +35,34 @@ import (
 //	    40    4 live records (uint32 LE): blocks of the owner's index in it when written
 //	    44    4 zero
 //	notes (m × ManifestNoteSize = 48 bytes), in any order:
-//	     0    1 kind (NoteAccess, NoteRetire, NoteReclaimed)
+//	     0    1 kind (NoteAccess, NoteRetire, NoteReclaimed; version 2 adds NoteGrant,
+//	            NoteCredit, NoteSpace)
 //	     1    7 zero
-//	     8   16 instance id owning the segment the note is about
-//	    24    8 segment number (uint64 LE, > 0)
-//	    32    8 segment generation (uint64 LE)
-//	    40    8 time, Unix nanoseconds (int64 LE)
+//	     8   16 instance id owning the segment the note is about (the space notes: the
+//	            instance whose share of the tier it is about)
+//	    24    8 segment number (uint64 LE, > 0); the space notes: a byte count (below)
+//	    32    8 segment generation (uint64 LE); the space notes: a byte count (below)
+//	    40    8 time, Unix nanoseconds (int64 LE); NoteSpace: a byte count (below)
 //
-// Part of the on-disk format: do not change without bumping ManifestVersion.
+// The space notes carry the admission account of a shared tier (docs/tiers.md): byte counts,
+// each below 2^63, in the number, generation and time fields:
+//
+//	NoteGrant  (the lease holder's): Owner may hold Number bytes in total granted to it
+//	           (cumulative, never decreasing); Time is when.
+//	NoteCredit (the owner's own):    Number: bytes it gave back (cumulative, never decreasing);
+//	           Generation: the largest grant it has seen.
+//	NoteSpace  (the owner's own):    Number: bytes it holds on the tier (segments, their
+//	           reservations, retired files in their grace); Generation: of those, bytes under
+//	           grace; Time: bytes more it asks for.
+//
+// Part of the on-disk format: do not change without bumping ManifestVersion. Version 1 (no
+// space notes) is still read.
 const (
 	ManifestHeaderSize = 96
 	ManifestEntrySize  = 48
 	ManifestNoteSize   = 48
-	// ManifestVersion is the version of the manifest layout above.
-	ManifestVersion = 1
+	// ManifestVersion is the version of the manifest layout above (written; 1 is read too).
+	ManifestVersion = 2
 	// MaxManifestSegments bounds the entries of one manifest (48 MiB): 1M segments of the
 	// default 256 MiB are 256 TiB in one namespace.
 	MaxManifestSegments = 1 << 20
@@ -80,6 +94,15 @@ const (
 	// NoteReclaimed: a reclaimer retired this namespace's segment while its owner was not
 	// running; the owner drops it from its index at its next Open.
 	NoteReclaimed NoteKind = 3
+	// NoteGrant: the manifest's instance, holding the reclaimer lease, grants the Owner
+	// Number bytes of the shared tier in total (cumulative). Version 2.
+	NoteGrant NoteKind = 4
+	// NoteCredit: the Owner (the manifest's instance) gave back Number bytes of its grants in
+	// total (cumulative) and has seen grants of Generation bytes in total. Version 2.
+	NoteCredit NoteKind = 5
+	// NoteSpace: the Owner (the manifest's instance) holds Number bytes on the shared tier,
+	// Generation of them under grace, and asks for Time bytes more. Version 2.
+	NoteSpace NoteKind = 6
 )
 
 // ManifestNote is one note of a manifest about a segment of some namespace.
@@ -140,7 +163,7 @@ func EncodeManifest(m *Manifest) ([]byte, error) {
 	}
 	notes := buf[ManifestHeaderSize+len(m.Segments)*ManifestEntrySize:]
 	for i, nt := range m.Notes {
-		if !nt.Kind.known() || nt.Owner == (InstanceID{}) || nt.Number == 0 {
+		if !nt.valid(ManifestVersion) {
 			return nil, errorf(ErrInvalid, "manifest note %d: kind %d owner %x segment %d", i, nt.Kind, nt.Owner, nt.Number)
 		}
 		b := notes[i*ManifestNoteSize:]
@@ -178,8 +201,9 @@ func DecodeManifest(src []byte) (*Manifest, error) {
 	if got, want := le.Uint32(src[manOffCRC:]), Checksum(src[:manOffCRC]); got != want {
 		return nil, errorf(ErrCorrupt, "manifest: field header crc: stored %#08x, computed %#08x", got, want)
 	}
-	if v := le.Uint32(src[manOffVersion:]); v != ManifestVersion {
-		return nil, errorf(ErrCorrupt, "manifest: field version: %d, this build reads %d", v, ManifestVersion)
+	version := le.Uint32(src[manOffVersion:])
+	if version != 1 && version != ManifestVersion {
+		return nil, errorf(ErrCorrupt, "manifest: field version: %d, this build reads 1 to %d", version, ManifestVersion)
 	}
 	n := int64(le.Uint32(src[manOffCount:]))
 	nn := int64(le.Uint32(src[manOffNotes:]))
@@ -227,7 +251,7 @@ func DecodeManifest(src []byte) (*Manifest, error) {
 		b := notes[i*ManifestNoteSize:]
 		nt := ManifestNote{Kind: NoteKind(b[0]), Number: le.Uint64(b[24:]), Generation: le.Uint64(b[32:]), Time: int64(le.Uint64(b[40:]))}
 		copy(nt.Owner[:], b[8:24])
-		if !nt.Kind.known() || !IsZeroBlock(b[1:8]) || nt.Owner == (InstanceID{}) || nt.Number == 0 {
+		if !nt.valid(version) || !IsZeroBlock(b[1:8]) {
 			return nil, errorf(ErrCorrupt, "manifest note %d: kind %d owner %x segment %d", i, nt.Kind, nt.Owner, nt.Number)
 		}
 		m.Notes[i] = nt
@@ -235,7 +259,24 @@ func DecodeManifest(src []byte) (*Manifest, error) {
 	return m, nil
 }
 
-func (k NoteKind) known() bool { return k >= NoteAccess && k <= NoteReclaimed }
+// IsSpace reports whether the note kind is one of the admission account's (NoteGrant,
+// NoteCredit, NoteSpace), whose fields hold byte counts rather than a segment's.
+func (k NoteKind) IsSpace() bool { return k >= NoteGrant && k <= NoteSpace }
+
+// valid reports whether the note may appear in a manifest of the given version: a known kind,
+// an owner, and a segment number for the segment notes or byte counts below 2^63 for the space
+// notes.
+func (nt ManifestNote) valid(version uint32) bool {
+	switch {
+	case nt.Owner == (InstanceID{}):
+		return false
+	case nt.Kind >= NoteAccess && nt.Kind <= NoteReclaimed:
+		return nt.Number > 0
+	case nt.Kind.IsSpace() && version >= 2:
+		return int64(nt.Number) >= 0 && int64(nt.Generation) >= 0 && nt.Time >= 0
+	}
+	return false
+}
 
 // Find returns the entry of segment n and whether the manifest lists it.
 func (m *Manifest) Find(n uint64) (ManifestEntry, bool) {

@@ -15,6 +15,9 @@ func sampleManifest() *Manifest {
 		{Kind: NoteAccess, Owner: InstanceID{7}, Number: 12, Generation: 99, Time: 1_790_000_000_000_000_005},
 		{Kind: NoteRetire, Owner: InstanceID{8}, Number: 1, Generation: 3, Time: 1_790_000_000_000_000_006},
 		{Kind: NoteReclaimed, Owner: InstanceID{0xa0}, Number: 2, Generation: 4, Time: 1_790_000_000_000_000_007},
+		{Kind: NoteGrant, Owner: InstanceID{7}, Number: 3 << 20, Time: 1_790_000_000_000_000_008},
+		{Kind: NoteCredit, Owner: InstanceID{0xa0}, Number: 0, Generation: 5 << 20},
+		{Kind: NoteSpace, Owner: InstanceID{0xa0}, Number: 2 << 20, Generation: 1 << 20, Time: 256 << 10},
 	}}
 	for i := range m.Instance {
 		m.Instance[i] = byte(0xa0 + i)
@@ -174,4 +177,34 @@ func FuzzDecodeLease(f *testing.F) {
 			t.Fatal("decoded lease re-encodes to other bytes")
 		}
 	})
+}
+
+// Version 1 manifests (no space notes) are still read; a space note in one is corruption.
+func TestManifestVersion1(t *testing.T) {
+	asV1 := func(buf []byte) []byte {
+		binary.LittleEndian.PutUint32(buf[manOffVersion:], 1)
+		binary.LittleEndian.PutUint32(buf[manOffCRC:], Checksum(buf[:manOffCRC]))
+		return buf
+	}
+	m := sampleManifest()
+	m.Notes = m.Notes[:3]
+	buf, err := EncodeManifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeManifest(asV1(buf)); err != nil || !reflect.DeepEqual(got, m) {
+		t.Fatalf("version 1 manifest: %+v, %v", got, err)
+	}
+	buf, err = EncodeManifest(sampleManifest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeManifest(asV1(buf)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("space notes in a version 1 manifest: %v, want ErrCorrupt", err)
+	}
+	bad := sampleManifest()
+	bad.Notes = append(bad.Notes, ManifestNote{Kind: NoteGrant, Owner: InstanceID{1}, Number: 1 << 63})
+	if _, err := EncodeManifest(bad); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a grant of 2^63 bytes: %v, want ErrInvalid", err)
+	}
 }

@@ -32,6 +32,8 @@ type Space struct {
 	high, low int64 // watermarks in bytes (0 with an unlimited capacity)
 
 	mu      sync.Mutex
+	limited bool  // admission is bounded by limit instead of capacity (SetLimit)
+	limit   int64 // a shared tier's share of its global capacity, granted to this instance
 	used    int64
 	pooled  int64 // of used: retired files kept for reuse
 	waiters int
@@ -169,9 +171,18 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 			s.mu.Lock()
 		}
 		others := s.used - reused // what the tier holds besides the segment's reused bytes
-		fits := s.capacity == 0 || others+n <= s.capacity
+		bound, bounded := s.boundLocked()
+		fits := !bounded || others+n <= bound
 		if relocation {
-			fits = s.capacity == 0 || others <= s.capacity
+			fits = !bounded || others <= bound
+		}
+		if s.limited {
+			// A shared tier's share: the dump writer's segments may start up to the limit
+			// (one segment in flight past it), relocations must fit under it.
+			fits = others <= bound
+			if relocation {
+				fits = others+n <= bound
+			}
 		}
 		if fits {
 			s.used += n - reused
@@ -198,7 +209,7 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 		if relocation || timeout <= 0 {
 			used := s.used
 			s.mu.Unlock()
-			return 0, fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, s.capacity, n)
+			return 0, fmt.Errorf("%w: %d of %d bytes used, %d more needed", ErrNoSpace, used, bound, n)
 		}
 		s.waiters++
 		s.want = max(s.want, n)
@@ -213,7 +224,7 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 		select {
 		case <-freed:
 		case <-deadline:
-			err = fmt.Errorf("%w: waited %v for %d bytes; %d of %d used", ErrNoSpace, timeout, n, s.Used(), s.capacity)
+			err = fmt.Errorf("%w: waited %v for %d bytes; %d of %d used", ErrNoSpace, timeout, n, s.Used(), bound)
 		case <-stop:
 			err = fmt.Errorf("%w: store closing", ErrNoSpace)
 		}
@@ -226,4 +237,65 @@ func (s *Space) Reserve(n int64, relocation bool, timeout time.Duration, stop <-
 			return 0, err
 		}
 	}
+}
+
+// boundLocked is what admission bounds used by: the limit once SetLimit was called, else the
+// capacity; bounded is false for an unlimited tier.
+func (s *Space) boundLocked() (bound int64, bounded bool) {
+	if s.limited {
+		return s.limit, true
+	}
+	return s.capacity, s.capacity > 0
+}
+
+// SetLimit bounds admission by limit instead of the capacity, from now on: a shared tier's
+// share of its global capacity, which the lease holder grants this instance. Under a limit the
+// rules swap: a segment for dumps is admitted if used ≤ limit, a segment for relocations if
+// used + reservation ≤ limit, so used never exceeds limit + one reservation, and the dump
+// writer's segment prepared ahead takes no room beyond it. The watermarks (OverHigh, Excess:
+// local reclamation) still follow the capacity. Waiters look again when the limit rises.
+func (s *Space) SetLimit(limit int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	raised := !s.limited || limit > s.limit
+	s.limited, s.limit = true, limit
+	if raised {
+		close(s.freed)
+		s.freed = make(chan struct{})
+	}
+}
+
+// Limit returns the admission limit SetLimit set; ok is false when admission follows the
+// capacity.
+func (s *Space) Limit() (limit int64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit, s.limited
+}
+
+// ShrinkLimit lowers the limit to used + keep when it is more than keep + over above used, and
+// returns the bytes it gave up (0 otherwise, or without a limit). Atomic with Reserve: a
+// segment is admitted under the old limit or the new one, never past the new one.
+func (s *Space) ShrinkLimit(keep, over int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.limited || s.limit-s.used <= keep+over {
+		return 0
+	}
+	to := s.used + keep
+	given := s.limit - to
+	s.limit = to
+	return given
+}
+
+// Demand returns the bytes admission lacks for the largest reservation a writer waits for
+// (0 when no writer waits or it fits).
+func (s *Space) Demand() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bound, _ := s.boundLocked()
+	if s.waiters == 0 {
+		return 0
+	}
+	return max(0, s.used+s.want-bound)
 }

@@ -163,3 +163,57 @@ func TestSpacePool(t *testing.T) {
 		t.Fatalf("relocation with pooled files: %v, deleted %d", err, rc.deleted)
 	}
 }
+
+// Under a limit (a shared tier's share) a dump segment is admitted while used ≤ limit, a
+// relocation only if it fits under it; a waiter's demand is what it lacks; a raised limit
+// admits it; ShrinkLimit gives back only what is unused beyond its margin.
+func TestSpaceLimit(t *testing.T) {
+	s := NewSpace(0, 0.9, 0.8)
+	s.SetLimit(100)
+	if _, err := s.Reserve(60, true, 0, nil, nil, nil); err != nil {
+		t.Fatalf("relocation of 60 under a limit of 100: %v", err)
+	}
+	if _, err := s.Reserve(50, true, 0, nil, nil, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("relocation past the limit: %v, want ErrNoSpace", err)
+	}
+	if _, err := s.Reserve(50, false, 0, nil, nil, nil); err != nil {
+		t.Fatalf("dump segment starting under the limit: %v", err)
+	}
+	if used := s.Used(); used != 110 {
+		t.Fatalf("used %d, want 110 (one segment past the limit)", used)
+	}
+	done := make(chan error, 1)
+	kicked := make(chan struct{}, 1)
+	go func() {
+		_, err := s.Reserve(50, false, time.Minute, nil, func() {
+			select {
+			case kicked <- struct{}{}:
+			default:
+			}
+		}, nil)
+		done <- err
+	}()
+	<-kicked
+	if d := s.Demand(); d != 60 {
+		t.Fatalf("demand %d, want 60 (110 used + 50 wanted - 100)", d)
+	}
+	s.SetLimit(170)
+	if err := <-done; err != nil {
+		t.Fatalf("waiter after the limit rose: %v", err)
+	}
+	if got := s.ShrinkLimit(0, 20); got != 0 {
+		t.Fatalf("ShrinkLimit gave back %d within its margin", got)
+	}
+	if got := s.ShrinkLimit(0, 5); got != 10 {
+		t.Fatalf("ShrinkLimit gave back %d, want 10 (limit 170, used 160)", got)
+	}
+	if got := s.ShrinkLimit(0, 5); got != 0 {
+		t.Fatalf("ShrinkLimit gave back %d more", got)
+	}
+	if l, ok := s.Limit(); !ok || l != 160 {
+		t.Fatalf("limit %d, %v", l, ok)
+	}
+	if s.OverHigh() || s.Excess() > 0 {
+		t.Fatal("a limit started local reclamation")
+	}
+}

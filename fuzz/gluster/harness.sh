@@ -199,4 +199,6 @@ for m in "$mnt_a" "$mnt_b"; do
 done
 log "volume $vol mounted on $mnt_a and $mnt_b"
 
-UCM_GLUSTER_A="$mnt_a" UCM_GLUSTER_B="$mnt_b" "$@"
+# UCM_GLUSTER_BRICK: the brick's directory, where a test sees what the volume stores without a
+# client's cache (a file deleted through one mount may stay listed through the other a while).
+UCM_GLUSTER_A="$mnt_a" UCM_GLUSTER_B="$mnt_b" UCM_GLUSTER_BRICK="$brick" "$@"
