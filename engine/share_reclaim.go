@@ -411,6 +411,10 @@ func (e *Engine) unlinkReclaimed(t *diskTier, others []nsManifest) {
 					continue
 				}
 				s.unlinkedOfGone.Add(1)
+				// Its summary goes with it: nothing reads a summary of an unlisted segment.
+				if err := e.fs.Remove(summaryPath(ns.dir, nt.Number)); err != nil && !isNotExist(err) {
+					e.opts.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment's summary", "path", summaryPath(ns.dir, nt.Number), "err", err)
+				}
 			}
 			s.mu.Lock()
 			s.unlinked[k] = true

@@ -559,6 +559,11 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+	for _, n := range cSegs {
+		if _, err := os.Stat(summaryPath(tiers.NamespaceDir(shared, cInst), n)); err != nil {
+			t.Fatalf("C's segment %d has no summary: %v", n, err)
+		}
+	}
 
 	bOpened := time.Now()
 	b := mustOpen(t, filepath.Join(root, "b"), opts(sharedB, 3<<19)) // high watermark 1.2 MiB, low 1.05 MiB: below what A had alone
@@ -627,6 +632,9 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 	for n := range cGone {
 		if _, err := os.Stat(segPath(cInst, n)); !os.IsNotExist(err) {
 			t.Fatalf("C's reclaimed segment %d still there: %v", n, err)
+		}
+		if _, err := os.Stat(summaryPath(tiers.NamespaceDir(shared, cInst), n)); !os.IsNotExist(err) {
+			t.Fatalf("C's reclaimed segment %d's summary still there: %v", n, err)
 		}
 	}
 	// A's reclaimed files A deletes itself after its own grace.
