@@ -97,11 +97,15 @@ func TestSharedTierCrossInstanceHits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Only sealed segments are published: close A to seal its active one.
+	// Only sealed segments are listed in manifests: close A to seal its active one. (A's
+	// publication log makes its blocks hits in B before that; the foreign index holds them once
+	// B has read the manifest that lists them all.)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, aIDs) })
+	waitFor(t, "A's blocks indexed in B from A's manifest", func() bool {
+		return allHit(b, aIDs) && b.Stats().Sharing.ForeignBlocks == int64(len(aIDs))
+	})
 	checkBlocks(t, b, aIDs)
 	l := b.Layout()
 	for sh := 0; sh < l.Shards; sh++ {
