@@ -184,8 +184,14 @@ func TestPublogRotationUnderLoad(t *testing.T) {
 			t.Fatalf("blocks %d..%d not found right after their dump (hits %v)", lo, lo+4, b.Lookup(batch))
 		}
 		if lo%400 == 200 {
-			// An instance that starts now reads the logs still on disk, retired ones too.
+			// An instance that starts now reads the logs still on disk, retired ones too, and
+			// indexes what the manifests list (in the background: once that is done, blocks of
+			// segments listed longer than the logs' carry are hits too).
 			c := mustOpen(t, filepath.Join(root, fmt.Sprintf("c%d", lo)), logOnlyOptions(shared))
+			waitFor(t, "the new instance's first indexing", func() bool {
+				st := c.Stats().Sharing
+				return st.SegmentsListed > 0 && st.ForeignSegments == st.SegmentsListed
+			})
 			hits := c.Lookup(ids(lo-40, lo+4))
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
