@@ -33,6 +33,7 @@ type benchConfig struct {
 	shards      int
 	total       int64
 	blocks      int // lookup, open: blocks indexed
+	instances   int // shared-capacity: instances sharing the tier
 	concurrency int
 	batch       int
 	batches     int // lookup: batches of each kind timed
@@ -187,6 +188,8 @@ type benchResult struct {
 
 	// Mooncake is the mooncake workload's figures (workload_mooncake.go).
 	Mooncake *mooncakeBench `json:"mooncake,omitempty"`
+	// Shared is the shared-capacity workload's figures.
+	Shared *sharedBench `json:"shared,omitempty"`
 
 	Verified bool `json:"verified"`
 
@@ -268,6 +271,14 @@ Workloads:
   open       index --blocks blocks the same way, copy the store while the engine is still
              open (the copy is what a crash leaves: an unsealed active segment and an
              unflushed index WAL), close it, then time Open of the clean store and of the copy.
+  shared-capacity
+             --instances instances (own store directories) share one tier of --capacity
+             (default 64 MiB, 4 MiB segments) and each dumps --total (default 64 MiB) of 256 KiB
+             blocks at once. Reports the bytes on the shared volume sampled every 10 ms against
+             the capacity and the bound the admission keeps (capacity + one segment per
+             instance; the run fails above it), the blocks refused for lack of room, how soon
+             the next instance finds a block after its dump's Wait (p50/p99), lookups/s of all
+             instances at once, and loads of other instances' blocks checked byte for byte.
   trace      replay a Mooncake-format JSONL trace (--trace) as a connector would: look up each
              prompt's prefix, load the leading run of hits, dump the rest. --block-size is
              the bytes stored per hash id (one 512-token block). Requests run in order,
@@ -362,6 +373,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.shards, "shards", 32, "shards per block (block size / shards = shard bytes, K and V tensors; lookup, open, trace: default 1)")
 	fl.StringVar(&total, "total", "2GiB", "seq, layerwise: bytes dumped and loaded (total / block size blocks)")
 	fl.IntVar(&cfg.blocks, "blocks", 1_000_000, "lookup, open: blocks indexed")
+	fl.IntVar(&cfg.instances, "instances", 4, "shared-capacity: instances sharing the tier, each dumping --total")
 	fl.IntVar(&cfg.concurrency, "concurrency", 16, "dump/load tasks (trace: requests) in flight; 16 tasks of 4 blocks keep 64 I/Os in flight, matching fio at iodepth 64")
 	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task (lookup, open: default 1024)")
 	fl.IntVar(&cfg.batches, "batches", 2000, "lookup: batches of 1024 ids timed, of each kind")
@@ -452,8 +464,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return usageErr("--rounds %d: want at least 1", cfg.rounds)
 	case cfg.rounds > 1 && cfg.workload != "seq" && cfg.workload != "layerwise":
 		return usageErr("--rounds: only the seq and layerwise workloads repeat")
-	case cfg.capacity != 0 && cfg.workload != "trace" && cfg.workload != "lookup" && cfg.workload != "open":
-		return usageErr("--capacity: only the trace, lookup and open workloads take a capacity")
+	case cfg.capacity != 0 && cfg.workload != "trace" && cfg.workload != "lookup" && cfg.workload != "open" && cfg.workload != "shared-capacity":
+		return usageErr("--capacity: only the trace, lookup, open and shared-capacity workloads take a capacity")
 	case cfg.memory != 0 && cfg.workload != "trace":
 		return usageErr("--memory: only the trace workload takes a memory tier")
 	case cfg.maxStaging < 0:
@@ -776,6 +788,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	if r.Mooncake != nil {
 		printMooncake(row, r.Mooncake)
+	}
+	if r.Shared != nil {
+		printShared(row, r.Shared)
 	}
 	if r.Workload == "trace" {
 		row("trace", "%s: %d requests, %d prompt blocks", r.TraceFile, r.Requests, r.PromptBlocks)

@@ -39,6 +39,8 @@ var workloads = map[string]func() workload{
 	"open":      func() workload { return openWorkload{} },
 	"trace":     func() workload { return &traceWorkload{} },
 	"mooncake":  func() workload { return mooncakeWorkload{} },
+	// shared-capacity: instances sharing one tier with a capacity (workload_shared.go).
+	"shared-capacity": func() workload { return sharedWorkload{} },
 }
 
 // totalBlocks is --total / --block-size, for the workloads that dump --total bytes.
@@ -107,8 +109,13 @@ func (env *benchEnv) open() (*engine.Engine, time.Duration, error) { return env.
 
 // openDir opens the store in dir with the bench options.
 func (env *benchEnv) openDir(dir string) (*engine.Engine, time.Duration, error) {
+	return env.openDirWith(dir, env.opts)
+}
+
+// openDirWith opens the store in dir with opts (a workload's variant of the bench options).
+func (env *benchEnv) openDirWith(dir string, opts engine.Options) (*engine.Engine, time.Duration, error) {
 	start := time.Now()
-	e, err := engine.Open(dir, env.opts)
+	e, err := engine.Open(dir, opts)
 	if err != nil {
 		return nil, 0, &exitError{code: ExitUsage, err: err}
 	}
