@@ -229,12 +229,7 @@ type crashReport struct {
 }
 
 func newBenchCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
-	var (
-		cfg                                     benchConfig
-		blockSize, total, segSize, ioEng, dirIO string
-		syncPol, capacity, memory, compression  string
-		maxStaging                              string
-	)
+	var cfg benchConfig
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure dump, load, lookup, open and trace-replay performance on a scratch store",
@@ -313,7 +308,6 @@ per second. Dump time runs from the first dump task to the last one's completion
 per --sync); load time includes the in-line byte comparison.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var err error
 			w, ok := workloads[cfg.workload]
 			if !ok {
 				return usageErr("--workload %q: unknown workload (available: %s)", cfg.workload, workloadNames())
@@ -331,56 +325,24 @@ per --sync); load time includes the in-line byte comparison.`,
 					}
 				}
 			}
-			if cfg.blockBytes, err = engine.ParseSize(blockSize); err != nil {
-				return usageErr("--block-size: %v", err)
-			}
-			if cfg.total, err = engine.ParseSize(total); err != nil {
-				return usageErr("--total: %v", err)
-			}
-			if segSize != "auto" {
-				if cfg.segmentSize, err = engine.ParseSize(segSize); err != nil {
-					return usageErr("--segment-size: %v", err)
-				}
-			}
-			if cfg.capacity, err = engine.ParseSize(capacity); err != nil {
-				return usageErr("--capacity: %v", err)
-			}
-			if cfg.memory, err = engine.ParseSize(memory); err != nil {
-				return usageErr("--memory: %v", err)
-			}
-			if cfg.ioEngine, err = devio.ParseIOEngine(ioEng); err != nil {
-				return usageErr("--io-engine: %v", err)
-			}
-			if cfg.direct, err = devio.ParseDirectMode(dirIO); err != nil {
-				return usageErr("--direct: %v", err)
-			}
-			if cfg.sync, err = wal.ParseSyncPolicy(syncPol); err != nil {
-				return usageErr("--sync: %v", err)
-			}
-			if cfg.compression, err = engine.ParseCompression(compression); err != nil {
-				return usageErr("--compression: %v", err)
-			}
-			if cfg.maxStaging, err = engine.ParseSize(maxStaging); err != nil {
-				return usageErr("--max-staging: %v", err)
-			}
 			return runBench(cfg, stdout, stderr)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&cfg.dir, "dir", "./ucm-data", "directory for the bench store (only its bench-* subdirectories are replaced)")
 	fl.StringVar(&cfg.workload, "workload", "seq", "workload to run: "+workloadNames())
-	fl.StringVar(&blockSize, "block-size", "2MiB", "bytes of a whole block (trace: bytes stored per hash id; lookup, open: default 4KiB)")
+	fl.Var(sizeFlag(&cfg.blockBytes, "2MiB"), "block-size", "bytes of a whole block (trace: bytes stored per hash id; lookup, open: default 4KiB)")
 	fl.IntVar(&cfg.shards, "shards", 32, "shards per block (block size / shards = shard bytes, K and V tensors; lookup, open, trace: default 1)")
-	fl.StringVar(&total, "total", "2GiB", "seq, layerwise: bytes dumped and loaded (total / block size blocks)")
+	fl.Var(sizeFlag(&cfg.total, "2GiB"), "total", "seq, layerwise: bytes dumped and loaded (total / block size blocks)")
 	fl.IntVar(&cfg.blocks, "blocks", 1_000_000, "lookup, open: blocks indexed")
 	fl.IntVar(&cfg.instances, "instances", 4, "shared-capacity: instances sharing the tier, each dumping --total")
 	fl.IntVar(&cfg.concurrency, "concurrency", 16, "dump/load tasks (trace: requests) in flight; 16 tasks of 4 blocks keep 64 I/Os in flight, matching fio at iodepth 64")
 	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task (lookup, open: default 1024)")
 	fl.IntVar(&cfg.batches, "batches", 2000, "lookup: batches of 1024 ids timed, of each kind")
-	fl.StringVar(&ioEng, "io-engine", "auto", "I/O backend: auto, uring or psync")
-	fl.StringVar(&dirIO, "direct", "auto", "O_DIRECT: auto, on or off")
-	fl.StringVar(&syncPol, "sync", "always", "sync policy: always, interval or none (lookup, open: default none)")
-	fl.StringVar(&segSize, "segment-size", "auto", "segment file size (auto: the engine's choice from the capacity, engine.SegmentSizeFor)")
+	fl.Var(newParsedFlag(&cfg.ioEngine, "engine", "auto", devio.ParseIOEngine), "io-engine", "I/O backend: auto, uring or psync")
+	fl.Var(newParsedFlag(&cfg.direct, "mode", "auto", devio.ParseDirectMode), "direct", "O_DIRECT: auto, on or off")
+	fl.Var(newParsedFlag(&cfg.sync, "policy", "always", wal.ParseSyncPolicy), "sync", "sync policy: always, interval or none (lookup, open: default none)")
+	fl.Var(newParsedFlag(&cfg.segmentSize, "size", "auto", parseSizeOrAuto), "segment-size", "segment file size (auto: the engine's choice from the capacity, engine.SegmentSizeFor)")
 	fl.IntVar(&cfg.recycle, "recycle-segments", 0, fmt.Sprintf("retired segment files kept per directory for reuse by new segments (0: the engine's default, %d; -1: none)", engine.DefaultRecycleSegments))
 	fl.BoolVar(&cfg.recycled, "recycled", false, "seq, layerwise: dump into recycled segment files, as a store at capacity does: the store is first filled with --total of other blocks, which are all evicted (untimed), and fio overwrites a file it wrote before instead of writing a new one")
 	fl.Uint64Var(&cfg.seed, "seed", 1, "seed of the random orders and lookup mixes")
@@ -391,16 +353,16 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.BoolVar(&cfg.fioBracket, "fio-bracket", true, "with --fio: also run fio before the first round, and take each round's ratios against the mean of fio just before and just after it")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
-	fl.StringVar(&capacity, "capacity", "0", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
-	fl.StringVar(&memory, "memory", "0", "trace: bytes of a memory tier in front of the disk tier (0: none)")
+	fl.Var(sizeFlag(&cfg.capacity, "0"), "capacity", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
+	fl.Var(sizeFlag(&cfg.memory, "0"), "memory", "trace: bytes of a memory tier in front of the disk tier (0: none)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
-	fl.StringVar(&compression, "compression", "off", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")
+	fl.Var(newParsedFlag(&cfg.compression, "kind", "off", engine.ParseCompression), "compression", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")
 	fl.Float64Var(&cfg.minSaving, "compress-min-saving", engine.DefaultCompressMinSaving, "lz4: fraction of a record's payload compression must save to be kept")
 	fl.BoolVar(&cfg.json, "json", false, "print one JSON object")
 	fl.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the workload (not of fio) to this file")
 	fl.StringVar(&cfg.order, "order", orderBoth, "layerwise: connector (requests layer by layer, as UCM's layer-wise connector), random (shards of --batch-block groups in random order) or both (connector, then random, each on a fresh store)")
 	fl.IntVar(&cfg.requestMaxBlocks, "request-max-blocks", 64, "layerwise, connector order: requests are 1..N blocks long, uniformly (with --trace: the trace's request lengths, capped at N)")
-	fl.StringVar(&maxStaging, "max-staging", "0", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
+	fl.Var(sizeFlag(&cfg.maxStaging, "0"), "max-staging", "layerwise: memory for partly dumped blocks (Options.MaxStagingBytes; 0: the engine's default)")
 	fl.IntVar(&cfg.layersInFlight, "layers-in-flight", 0, "layerwise, connector order: layers of a request whose loads are in flight at once, waited for in layer order (0: all, as UCM's start_load_kv issues them; 1: one at a time)")
 	fl.StringVar(&cfg.hostLayout, "host-layout", hostLayoutLayer, "layerwise: how the caller's buffers hold the shards: layer (a request's shards of one layer adjacent, slot after slot, as kernels.Pipeline stages a layer) or block (a buffer per block, its shards adjacent: a layer's shards of a request are a block apart)")
 	fl.BoolVar(&cfg.stageLayerWise, "stage-layer-wise", false, "layerwise: assemble whole blocks in staging memory and write block records (Options.StageLayerWise) instead of layer-major batch records")

@@ -738,3 +738,14 @@ func TestBenchSharedCapacity(t *testing.T) {
 		t.Errorf("a shared-capacity run without a capacity: exit %d, %s", code, errOut)
 	}
 }
+
+// A value a flag cannot parse fails the command before it runs, naming the flag and the value.
+func TestBenchFlagValues(t *testing.T) {
+	for _, args := range [][]string{{"--total", "3XB"}, {"--segment-size", "big"}, {"--sync", "sometimes"}, {"--io-engine", "carrier-pigeon"},
+		{"--direct", "maybe"}, {"--compression", "zip"}, {"--capacity", "-1x"}, {"--max-staging", "lots"}} {
+		_, errOut, code := run(t, append([]string{"bench", "--dir", t.TempDir()}, args...)...)
+		if code != ExitUsage || !strings.Contains(errOut, args[0]) || !strings.Contains(errOut, args[1]) {
+			t.Errorf("bench %v: exit %d, %q", args, code, errOut)
+		}
+	}
+}
