@@ -5,8 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
