@@ -415,39 +415,47 @@ func manyChild(spec string) int {
 		n, _ := strconv.Atoi(c)
 		known = append(known, n)
 	}
-	instances := len(known)
-	r := rand.New(rand.NewPCG(manySeed, uint64(inst)<<32|uint64(first)))
+	if len(known) > 1 {
+		go manyReader(e, inst, blocks, known, rand.New(rand.NewPCG(manySeed, uint64(inst)<<32|uint64(first))))
+	}
+	buf := make([][]byte, 4)
+	for i := range buf {
+		buf[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
+	}
+	deadline := time.Now().Add(childMaxRun)
+	for n := first; n < blocks && time.Now().Before(deadline); n += len(buf) {
+		ids := make([]format.BlockID, min(len(buf), blocks-n))
+		for i := range ids {
+			ids[i] = workload.ID(manySeed, inst, workload.Whole, n+i)
+			workload.Fill(ids[i], manySeed, buf[i])
+		}
+		if err := e.Dump(ids, buf[:len(ids)]).Wait(); err != nil {
+			fmt.Printf("FAIL dump: %v\n", err)
+			return exitChildCheck
+		}
+		for _, id := range ids {
+			fmt.Printf("ACK %s\n", id)
+		}
+	}
+	time.Sleep(time.Until(deadline)) // all dumped: a reader only
+	_ = e.Close()
+	return 0
+}
+
+// manyReader loads other instances' blocks until the process ends: mostly blocks the other
+// had acknowledged when this run started (known), some it may be dumping now. A hit must be
+// the right bytes (else the process exits reporting it); a miss is allowed. It prints its
+// counts after every batch.
+func manyReader(e *engine.Engine, inst, blocks int, known []int, r *rand.Rand) {
 	buf := make([][]byte, 4)
 	for i := range buf {
 		buf[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
 	}
 	var hits, misses int64
-	deadline := time.Now().Add(childMaxRun)
-	for n := first; time.Now().Before(deadline); {
-		if n < blocks {
-			ids := make([]format.BlockID, min(len(buf), blocks-n))
-			for i := range ids {
-				ids[i] = workload.ID(manySeed, inst, workload.Whole, n+i)
-				workload.Fill(ids[i], manySeed, buf[i])
-			}
-			if err := e.Dump(ids, buf[:len(ids)]).Wait(); err != nil {
-				fmt.Printf("FAIL dump: %v\n", err)
-				return exitChildCheck
-			}
-			for _, id := range ids {
-				fmt.Printf("ACK %s\n", id)
-			}
-			n += len(ids)
-		} else {
-			time.Sleep(20 * time.Millisecond) // all dumped: a reader only
-		}
-		if instances < 2 {
-			continue
-		}
+	for {
 		ids := make([]format.BlockID, len(buf))
 		for i := range ids {
-			// mostly blocks the other had acknowledged (hits), some it may be dumping now
-			other := (inst + 1 + r.IntN(instances-1)) % instances
+			other := (inst + 1 + r.IntN(len(known)-1)) % len(known)
 			n := r.IntN(blocks)
 			if known[other] > 0 && r.IntN(4) != 0 {
 				n = r.IntN(known[other])
@@ -461,20 +469,19 @@ func manyChild(spec string) int {
 			case err == nil:
 				if cerr := workload.Check(ids[i], manySeed, 0, buf[i]); cerr != nil {
 					fmt.Printf("FAIL wrong bytes: %v\n", cerr)
-					return exitChildCheck
+					os.Exit(exitChildCheck)
 				}
 				hits++
 			case errors.Is(err, engine.ErrNotFound) || errors.Is(err, engine.ErrCorrupt):
 				misses++
 			default:
 				fmt.Printf("FAIL load of %s: %v\n", ids[i], err)
-				return exitChildCheck
+				os.Exit(exitChildCheck)
 			}
 		}
 		fmt.Printf("LOADS %d %d\n", hits, misses)
+		time.Sleep(2 * time.Millisecond) // a reader, not a spinner: misses come back at once
 	}
-	_ = e.Close()
-	return 0
 }
 
 func manyCheck(e *engine.Engine, list string) int {
