@@ -190,10 +190,14 @@ func (in *manyInstance) kill(t *testing.T) {
 	r := in.run
 	_ = r.cmd.Process.Signal(syscall.SIGKILL)
 	<-r.done
-	_ = r.cmd.Wait()
+	err := r.cmd.Wait()
 	in.run = nil
 	if r.fail != "" {
 		t.Fatalf("instance %d: %s\n%s", in.i, r.fail, r.stderr.String())
+	}
+	// Killed, or it ran childMaxRun unkilled and closed its store: anything else is a failure.
+	if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); err != nil && !(ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL) {
+		t.Fatalf("instance %d: %v\n%s", in.i, err, r.stderr.String())
 	}
 	in.acked = append(in.acked, r.acked...)
 	in.next += len(r.acked)
@@ -415,8 +419,14 @@ func manyChild(spec string) int {
 		n, _ := strconv.Atoi(c)
 		known = append(known, n)
 	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
 	if len(known) > 1 {
-		go manyReader(e, inst, blocks, known, rand.New(rand.NewPCG(manySeed, uint64(inst)<<32|uint64(first))))
+		go func() {
+			defer close(stopped)
+			manyReader(e, inst, blocks, known, rand.New(rand.NewPCG(manySeed, uint64(inst)<<32|uint64(first))), stop)
+		}()
+	} else {
+		close(stopped)
 	}
 	buf := make([][]byte, 4)
 	for i := range buf {
@@ -438,15 +448,17 @@ func manyChild(spec string) int {
 		}
 	}
 	time.Sleep(time.Until(deadline)) // all dumped: a reader only
+	close(stop)
+	<-stopped
 	_ = e.Close()
 	return 0
 }
 
-// manyReader loads other instances' blocks until the process ends: mostly blocks the other
-// had acknowledged when this run started (known), some it may be dumping now. A hit must be
-// the right bytes (else the process exits reporting it); a miss is allowed. It prints its
-// counts after every batch.
-func manyReader(e *engine.Engine, inst, blocks int, known []int, r *rand.Rand) {
+// manyReader loads other instances' blocks until stop is closed: mostly blocks the other had
+// acknowledged when this run started (known), some it may be dumping now. A hit must be the
+// right bytes (else the process exits reporting it); a miss is allowed. It prints its counts
+// after every batch.
+func manyReader(e *engine.Engine, inst, blocks int, known []int, r *rand.Rand, stop <-chan struct{}) {
 	buf := make([][]byte, 4)
 	for i := range buf {
 		buf[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
@@ -480,7 +492,11 @@ func manyReader(e *engine.Engine, inst, blocks int, known []int, r *rand.Rand) {
 			}
 		}
 		fmt.Printf("LOADS %d %d\n", hits, misses)
-		time.Sleep(2 * time.Millisecond) // a reader, not a spinner: misses come back at once
+		select {
+		case <-stop:
+			return
+		case <-time.After(2 * time.Millisecond): // a reader, not a spinner: misses come back at once
+		}
 	}
 }
 
