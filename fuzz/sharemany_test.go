@@ -52,7 +52,7 @@ const (
 	envManyBlocks    = "UCM_SHARE_MANY_BLOCKS"
 	envManyBricks    = "UCM_SHARE_KILL_BRICKS"
 	// internal: "run|<instance>|<store dir>|<shared dir>|<first block>|<blocks>|<blocks every
-	// instance had acknowledged, comma-separated>|<capacity>" or "check|<instance>|<store
+	// instance had acknowledged, comma-separated>|<mean pause between dumps>|<capacity>" or "check|<instance>|<store
 	// dir>|<shared dir>|<file of acknowledged ids>|<capacity>".
 	envManyChild = "UCM_SHARE_MANY_CHILD"
 	manySeed     = 78
@@ -121,6 +121,7 @@ type manyRun struct {
 	checked chan struct{}
 	// set by the reader goroutine; read after done is closed
 	acked        []format.BlockID
+	dumping      bool // a dump was under way (started, not acknowledged) when the output ended
 	hits, misses int64
 	loaded       int64
 	fail         string
@@ -162,7 +163,10 @@ func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 					opened = true
 					close(r.open)
 				}
+			case "DUMPING":
+				r.dumping = true
 			case "ACK":
+				r.dumping = false
 				if id, err := format.ParseBlockID(f[0]); err == nil {
 					r.acked = append(r.acked, id)
 				}
@@ -185,7 +189,8 @@ func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 }
 
 // kill SIGKILLs the instance's running child, waits for it and takes in what it acknowledged.
-func (in *manyInstance) kill(t *testing.T) {
+// It reports whether the child was in a dump (started, not acknowledged).
+func (in *manyInstance) kill(t *testing.T) bool {
 	t.Helper()
 	r := in.run
 	_ = r.cmd.Process.Signal(syscall.SIGKILL)
@@ -203,6 +208,7 @@ func (in *manyInstance) kill(t *testing.T) {
 	in.next += len(r.acked)
 	in.hits += r.hits
 	in.misses += r.misses
+	return r.dumping
 }
 
 // volumeBytes sums the sizes of the regular files under rel in each root, leaving out
@@ -301,12 +307,15 @@ func TestSharedManyKill(t *testing.T) {
 		ins[i] = &manyInstance{i: i, store: filepath.Join(base, fmt.Sprintf("inst-%d", i)),
 			shared: views[v], host: fmt.Sprintf("host-%c", 'a'+v)}
 	}
+	// Writers pause between their dumps so that they are still dumping at the last kills: about
+	// 300 ms a kill (the pause before it and the restart), over the batches of 4 each dumps.
+	pause := time.Duration(kills) * 300 * time.Millisecond / time.Duration((blocks+3)/4)
 	runSpec := func(in *manyInstance) string {
 		counts := make([]string, len(ins))
 		for j, o := range ins {
 			counts[j] = strconv.Itoa(o.next)
 		}
-		return fmt.Sprintf("run|%d|%s|%s|%d|%d|%s|%d", in.i, in.store, in.shared, in.next, blocks, strings.Join(counts, ","), capacity)
+		return fmt.Sprintf("run|%d|%s|%s|%d|%d|%s|%s|%d", in.i, in.store, in.shared, in.next, blocks, strings.Join(counts, ","), pause, capacity)
 	}
 	defer func() { // whatever still runs when the test fails
 		for _, in := range ins {
@@ -320,12 +329,15 @@ func TestSharedManyKill(t *testing.T) {
 		in.run = startManyChild(t, in, runSpec(in))
 	}
 	r := rand.New(rand.NewPCG(manySeed, uint64(time.Now().UnixNano())))
-	writing := 0 // kills of an instance that had not acknowledged all its blocks yet
+	// kills of an instance that had not acknowledged all its blocks yet, and of one in a dump
+	writing, inDump := 0, 0
 	for k := 0; k < kills; k++ {
 		in := ins[r.IntN(instances)]
 		<-in.run.open
 		time.Sleep(time.Duration(50+r.IntN(450)) * time.Millisecond)
-		in.kill(t)
+		if in.kill(t) {
+			inDump++
+		}
 		if in.next < blocks {
 			writing++
 		}
@@ -338,7 +350,9 @@ func TestSharedManyKill(t *testing.T) {
 	var all []format.BlockID
 	var hits, misses int64
 	for _, in := range ins {
-		in.kill(t)
+		if in.kill(t) {
+			inDump++
+		}
 		if in.next < blocks {
 			writing++
 		}
@@ -388,9 +402,9 @@ func TestSharedManyKill(t *testing.T) {
 	if want := int64(len(all) * instances); loads != want {
 		t.Fatalf("%d byte-exact loads after the kills, want %d (%d blocks × %d instances)", loads, want, len(all), instances)
 	}
-	t.Logf("%d instances over %d views, %d kills and %d at the end (%d of them of a writer still dumping): %d blocks acknowledged (%.1f MiB); during the kills %d hits of other instances' blocks, %d misses, 0 wrong; "+
+	t.Logf("%d instances over %d views, %d kills and %d at the end (%d of a writer with blocks left to dump, %d in a dump): %d blocks acknowledged (%.1f MiB); during the kills %d hits of other instances' blocks, %d misses, 0 wrong; "+
 		"after: %d loads byte-exact, 0 lost; on-volume bytes peak %d (%.1f MiB, %d samples) against capacity %d (%.1f MiB), bound %d (%.1f MiB)",
-		instances, len(views), kills, instances, writing, len(all), float64(len(all))*float64(killLayout.BlockBytes())/(1<<20), hits, misses,
+		instances, len(views), kills, instances, writing, inDump, len(all), float64(len(all))*float64(killLayout.BlockBytes())/(1<<20), hits, misses,
 		loads, peak.Load(), float64(peak.Load())/(1<<20), samples, capacity, float64(capacity)/(1<<20), bound, float64(bound)/(1<<20))
 	if p := peak.Load(); p > bound {
 		t.Fatalf("on-volume bytes peaked at %d, over the bound %d (capacity %d + %d instances × (a segment + 128 KiB) + the lease)", p, bound, capacity, instances)
@@ -426,6 +440,7 @@ func manyChild(spec string) int {
 		n, _ := strconv.Atoi(c)
 		known = append(known, n)
 	}
+	pause, _ := time.ParseDuration(f[7])
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	if len(known) > 1 {
 		go func() {
@@ -446,12 +461,16 @@ func manyChild(spec string) int {
 			ids[i] = workload.ID(manySeed, inst, workload.Whole, n+i)
 			workload.Fill(ids[i], manySeed, buf[i])
 		}
+		fmt.Println("DUMPING")
 		if err := e.Dump(ids, buf[:len(ids)]).Wait(); err != nil {
 			fmt.Printf("FAIL dump: %v\n", err)
 			return exitChildCheck
 		}
 		for _, id := range ids {
 			fmt.Printf("ACK %s\n", id)
+		}
+		if pause > 0 {
+			time.Sleep(time.Duration(rand.Int64N(2 * int64(pause))))
 		}
 	}
 	time.Sleep(time.Until(deadline)) // all dumped: a reader only
