@@ -124,7 +124,7 @@ gluster_many = UCM_GLUSTER_BRICKS=2 bash fuzz/gluster/harness.sh sh -c 'UCM_SHAR
 	UCM_SHARE_MANY_KILLS=$(1) UCM_SHARE_MANY_BLOCKS=$(2) $(GO) test -count=1 -timeout $(3) $(BUILDFLAGS) \
 	-run "^TestSharedManyKill$$" -v ./fuzz/'
 test-gluster-long:
-	$(call gluster_many,200,480,30m)
+	$(call gluster_many,200,240,30m)
 
 # The mooncake tier (docs/mooncake.md) links Mooncake Store, which is neither a Debian package
 # nor a Go module: tools/mooncake/build.sh builds it from ../shared/vendor into

@@ -56,6 +56,9 @@ const (
 	// dir>|<shared dir>|<file of acknowledged ids>|<capacity>".
 	envManyChild = "UCM_SHARE_MANY_CHILD"
 	manySeed     = 78
+	// manyCheckTimeout bounds the reopened instances' check: a block not visible within two
+	// minutes is reported lost by the instance itself; this is for an instance that hangs.
+	manyCheckTimeout = 10 * time.Minute
 )
 
 // manyCapacity is the shared capacity for instances dumping blocks each: the segments their
@@ -321,7 +324,14 @@ func TestSharedManyKill(t *testing.T) {
 		for _, in := range ins {
 			if in.run != nil {
 				_ = in.run.cmd.Process.Kill()
-				_ = in.run.cmd.Wait()
+				// not waited for without bound: a process stuck in a FUSE call dies only
+				// when the call returns
+				exited := make(chan struct{})
+				go func(c *exec.Cmd) { _ = c.Wait(); close(exited) }(in.run.cmd)
+				select {
+				case <-exited:
+				case <-time.After(5 * time.Second):
+				}
 			}
 		}
 	}()
@@ -377,8 +387,30 @@ func TestSharedManyKill(t *testing.T) {
 		in.run = startManyChild(t, in, fmt.Sprintf("check|%d|%s|%s|%s|%d", in.i, in.store, in.shared, list, capacity))
 	}
 	var loads int64
+	// A child that never reports is stuck (a file system call that never returns): name it,
+	// with its goroutines (SIGQUIT makes it print them), rather than wait for the test timeout.
+	checkBy := time.After(manyCheckTimeout)
 	for _, in := range ins {
-		<-in.run.checked
+		select {
+		case <-in.run.checked:
+			continue
+		case <-checkBy:
+		}
+		var stuck []string
+		for _, o := range ins {
+			select {
+			case <-o.run.checked:
+			default:
+				_ = o.run.cmd.Process.Signal(syscall.SIGQUIT)
+				stuck = append(stuck, strconv.Itoa(o.i))
+			}
+		}
+		time.Sleep(2 * time.Second)
+		var b strings.Builder
+		for _, o := range ins {
+			fmt.Fprintf(&b, "instance %d (pid %d): %.4000s\n", o.i, o.run.cmd.Process.Pid, o.run.stderr.String())
+		}
+		t.Fatalf("instances %s did not finish checking within %v:\n%s", strings.Join(stuck, ", "), manyCheckTimeout, b.String())
 	}
 	// Every instance has checked (or failed): let them close, and collect.
 	for _, in := range ins {
