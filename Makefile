@@ -5,9 +5,9 @@
 #   make test   the whole test suite, as root: `make deps` first (the Debian packages it needs,
 #               installed with apt-get where missing), then lint, go test -race with both I/O
 #               backends (including the power-loss simulation, fault injection, 20 kill -9 cycles
-#               and 10 more on a tiered store), the sharing kill test on a GlusterFS volume mounted
-#               twice, Prometheus evaluating the dashboards' queries against a store, a 10 s fuzz
-#               smoke per target
+#               and 10 more on a tiered store), the sharing kill tests on GlusterFS volumes mounted
+#               twice (two instances; eight over a volume of two bricks), Prometheus evaluating
+#               the dashboards' queries against a store, a 10 s fuzz smoke per target
 # CI (.ci/run) runs make test, then make test-mooncake.
 
 GO          ?= go
@@ -21,7 +21,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest crashtest-long test-gluster clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest crashtest-long test-gluster test-gluster-long clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -109,6 +109,22 @@ test-gluster:
 		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$|^TestSharedReadYourWritesKill$$" -v ./fuzz/ && \
 		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B UCM_SHARED_TEST_BRICK=$$UCM_GLUSTER_BRICK \
 		$(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedTier" ./engine/'
+	$(call gluster_many,$(SHARE_MANY_KILLS),$(SHARE_MANY_BLOCKS),10m)
+
+# More than two: TestSharedManyKill on a distributed volume of two bricks mounted twice, 8
+# instance processes, 4 on each mount (two hosts), killed at random and restarted (KILLS kills),
+# each dumping BLOCKS blocks of 128 KiB and loading the others'; then every instance reopened
+# loads every acknowledged block byte-exact, and the bricks' bytes, sampled all along, stay under
+# the capacity bound (docs/sharing.md). make test runs a short one (about 20 s with the harness),
+# test-gluster-long a long one.
+SHARE_MANY_KILLS ?= 12
+SHARE_MANY_BLOCKS ?= 48
+gluster_many = UCM_GLUSTER_BRICKS=2 bash fuzz/gluster/harness.sh sh -c 'UCM_SHARE_KILL_DIR=$$UCM_GLUSTER_A \
+	UCM_SHARE_KILL_DIR2=$$UCM_GLUSTER_B UCM_SHARE_KILL_BRICKS=$$UCM_GLUSTER_BRICK_DIRS UCM_SHARE_MANY_INSTANCES=8 \
+	UCM_SHARE_MANY_KILLS=$(1) UCM_SHARE_MANY_BLOCKS=$(2) $(GO) test -count=1 -timeout $(3) $(BUILDFLAGS) \
+	-run "^TestSharedManyKill$$" -v ./fuzz/'
+test-gluster-long:
+	$(call gluster_many,200,240,30m)
 
 # The mooncake tier (docs/mooncake.md) links Mooncake Store, which is neither a Debian package
 # nor a Go module: tools/mooncake/build.sh builds it from ../shared/vendor into

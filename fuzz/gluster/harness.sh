@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# GlusterFS harness for the sharing tests (docs/sharing.md): creates a one-brick volume on the
-# local disk, FUSE-mounts it twice (two "hosts"), runs the command given with UCM_GLUSTER_A and
-# UCM_GLUSTER_B set to the two mount points, and on any exit, failure included, removes what
-# this run created and nothing else: its two mounts, its volume, the processes serving them
-# (found by this run's own directory in their command line, killed by pid), that directory.
+# GlusterFS harness for the sharing tests (docs/sharing.md): creates a volume on the local disk
+# (one brick, or UCM_GLUSTER_BRICKS of them: a distributed volume, each file on one brick chosen
+# by its name's hash), FUSE-mounts it twice (two "hosts"), runs the command given with
+# UCM_GLUSTER_A and UCM_GLUSTER_B set to the two mount points and UCM_GLUSTER_BRICK_DIRS to the
+# bricks' directories (colon-separated: where a test sees what the volume stores, without a
+# client's cache), and on any exit, failure included, removes what this run created and nothing
+# else: its two mounts, its volume, the processes serving them (found by this run's own
+# directory in their command line, killed by pid), that directory.
 #
 # Runs may share the machine (several at once, and other GlusterFS users): they share one
 # glusterd, the one already running or else one a harness starts. Each run registers under
@@ -18,6 +21,7 @@
 # cannot start; it never skips. Traffic stays on this host.
 #
 #   bash fuzz/gluster/harness.sh go test -run TestSharedKillWhileReading ./fuzz/
+#   UCM_GLUSTER_BRICKS=2 bash fuzz/gluster/harness.sh sh -c 'df $UCM_GLUSTER_A'
 set -euo pipefail
 
 log() { echo "gluster harness: $*" >&2; }
@@ -28,14 +32,20 @@ for bin in glusterd gluster mount.glusterfs; do
 done
 [ "$#" -gt 0 ] || { echo "usage: $0 COMMAND..." >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (it starts glusterd and mounts volumes): run as root"
+nbricks=${UCM_GLUSTER_BRICKS:-1}
+case $nbricks in [1-9]) ;; *) die "UCM_GLUSTER_BRICKS=$nbricks: want a number of bricks from 1 to 9" ;; esac
 
 state=${UCM_GLUSTER_STATE:-/run/ucmgo-gluster} # users/<pid>, and glusterd.{pid,start,log} of a glusterd a harness started
 lockfile="$state.lock"
 host=$(hostname)
 vol="ucmgo-$$-$RANDOM"
 work=$(mktemp -d /var/tmp/ucmgo-gluster.XXXXXX) # the brick must be on a real disk, not tmpfs
-brick="$work/brick"; mnt_a="$work/mnt-a"; mnt_b="$work/mnt-b"
-mkdir -p "$brick" "$mnt_a" "$mnt_b"
+bricks=()
+for i in $(seq 1 "$nbricks"); do bricks+=("$work/brick$i"); done
+[ "$nbricks" != 1 ] || bricks=("$work/brick")
+brick=${bricks[0]} # the first (with one brick, the only) brick
+mnt_a="$work/mnt-a"; mnt_b="$work/mnt-b"
+mkdir -p "${bricks[@]}" "$mnt_a" "$mnt_b"
 registered=0 created=0
 
 # starttime PID prints the process's start time (clock ticks since boot, /proc/PID/stat field
@@ -112,7 +122,7 @@ join() {
   gluster --mode=script peer status >/dev/null 2>&1 ||
     { log "glusterd does not answer:"; tail -20 "$state/glusterd.log" >&2 || true; return 1; }
   created=1
-  out=$(gl volume create "$vol" "$host:$brick" force) || { log "volume create failed: $out"; return 1; }
+  out=$(gl volume create "$vol" "${bricks[@]/#/$host:}" force) || { log "volume create failed: $out"; return 1; }
   out=$(gl volume start "$vol") || { log "volume start failed: $out"; return 1; }
 }
 
@@ -143,26 +153,26 @@ leave() {
 }
 
 # ours prints the pids of the processes whose command line names this run's directory: the
-# brick process serving its volume, the FUSE clients of its mounts.
+# brick processes serving its volume, the FUSE clients of its mounts.
 ours() { pgrep -f -- "${work//./\\.}/" || true; }
 
-# brick_socket prints the unix socket glusterd gave this run's brick process (-S), which
+# brick_sockets prints the unix sockets glusterd gave this run's brick processes (-S), which
 # neither the volume stop nor the delete removes.
-brick_socket() {
-  local p a prev=""
+brick_sockets() {
+  local p a prev
   for p in $(ours); do
+    prev=""
     while IFS= read -r -d '' a; do
-      [ "$prev" = -S ] && { echo "$a"; return 0; }
+      [ "$prev" = -S ] && echo "$a"
       prev=$a
     done 2>/dev/null <"/proc/$p/cmdline"
   done
-  return 1
 }
 
 teardown() {
-  local rc=$? m p left sock
+  local rc=$? m p left sock socks b
   set +e
-  sock=$(brick_socket)
+  socks=$(brick_sockets)
   for m in "$mnt_a" "$mnt_b"; do
     mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
   done
@@ -173,10 +183,14 @@ teardown() {
   for p in $(ours); do kill -KILL "$p" 2>/dev/null; done
   left=$(ours)
   if [ -n "$left" ]; then log "processes left running: $left"; [ $rc -ne 0 ] || rc=1; fi
-  # glusterd names the brick's log after the brick's path, which is this run's.
-  b=${brick#/}
-  rm -f "/var/log/glusterfs/bricks/${b//\//-}.log"
-  case $sock in /run/gluster/*.socket | /var/run/gluster/*.socket) rm -f "$sock" ;; esac
+  # glusterd names a brick's log after the brick's path, which is this run's.
+  for b in "${bricks[@]}"; do
+    b=${b#/}
+    rm -f "/var/log/glusterfs/bricks/${b//\//-}.log"
+  done
+  for sock in $socks; do
+    case $sock in /run/gluster/*.socket | /var/run/gluster/*.socket) rm -f "$sock" ;; esac
+  done
   rmdir "/run/gluster/vols/$vol" 2>/dev/null
   rm -rf "$work"
   if [ $rc -ne 0 ]; then log "failed (exit $rc)"; fi
@@ -197,8 +211,9 @@ for m in "$mnt_a" "$mnt_b"; do
   done
   [ $ok = 1 ] || die "FUSE mount of $vol on $m failed: $(cat "$work/mount.err") $(tail -5 "$m.log" 2>/dev/null)"
 done
-log "volume $vol mounted on $mnt_a and $mnt_b"
+log "volume $vol ($nbricks brick(s)) mounted on $mnt_a and $mnt_b"
 
-# UCM_GLUSTER_BRICK: the brick's directory, where a test sees what the volume stores without a
-# client's cache (a file deleted through one mount may stay listed through the other a while).
-UCM_GLUSTER_A="$mnt_a" UCM_GLUSTER_B="$mnt_b" UCM_GLUSTER_BRICK="$brick" "$@"
+# UCM_GLUSTER_BRICK: the (first) brick's directory, where a test sees what the volume stores
+# without a client's cache (a file deleted through one mount may stay listed through the other a
+# while); UCM_GLUSTER_BRICK_DIRS: every brick's directory, colon-separated.
+UCM_GLUSTER_A="$mnt_a" UCM_GLUSTER_B="$mnt_b" UCM_GLUSTER_BRICK="$brick" UCM_GLUSTER_BRICK_DIRS="$(IFS=:; echo "${bricks[*]}")" "$@"

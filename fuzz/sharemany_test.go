@@ -1,0 +1,624 @@
+package fuzz_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/fuzz/internal/workload"
+)
+
+// TestSharedManyKill: many instances share one tier, each in its own process (a child
+// re-executing this test binary with its own store directory), half of them through one view
+// of the shared directory and half through another (UCM_SHARE_KILL_DIR and
+// UCM_SHARE_KILL_DIR2: two mounts of one GlusterFS volume), with one host id per view
+// (engine.HostIDEnv), so that the instances of one view are on one host and the two views are
+// two hosts. Every instance dumps its own blocks and loads the others' (any hit must be the
+// right bytes); instances picked at random are SIGKILLed and restarted on their stores, and
+// at the end all of them are. Then every instance is reopened and must load every block any
+// instance acknowledged, byte-exact, while the bytes of the files under the shared directory
+// (summed every few milliseconds over the whole run, on the GlusterFS bricks when
+// UCM_SHARE_KILL_BRICKS names them) never exceed the bound manyBound states.
+//
+// The shared capacity is what the instances' blocks need (manyCapacity), so that no
+// acknowledged block may be reclaimed: a block lost is a failure, and bytes beyond the bound
+// are what kills leaked (segments abandoned, files of runs never removed).
+//
+// Environment: UCM_SHARE_MANY_INSTANCES (default 8), UCM_SHARE_MANY_KILLS (default 12),
+// UCM_SHARE_MANY_BLOCKS (each instance's blocks, default 48) — 4, 4 and 24 on a local
+// directory, where make unit runs it under the race detector —, UCM_SHARE_KILL_DIR,
+// UCM_SHARE_KILL_DIR2, UCM_SHARE_KILL_REFRESH (as in TestSharedKillWhileReading),
+// UCM_SHARE_KILL_BRICKS (colon-separated directories holding the volume's files, the shared
+// directory's relative path found under each).
+const (
+	envManyInstances = "UCM_SHARE_MANY_INSTANCES"
+	envManyKills     = "UCM_SHARE_MANY_KILLS"
+	envManyBlocks    = "UCM_SHARE_MANY_BLOCKS"
+	envManyBricks    = "UCM_SHARE_KILL_BRICKS"
+	// internal: "run|<instance>|<store dir>|<shared dir>|<first block>|<blocks>|<blocks every
+	// instance had acknowledged, comma-separated>|<mean pause between dumps>|<capacity>" or "check|<instance>|<store
+	// dir>|<shared dir>|<file of acknowledged ids>|<capacity>".
+	envManyChild = "UCM_SHARE_MANY_CHILD"
+	manySeed     = 78
+	// manyCheckTimeout bounds the reopened instances' check: a block not visible within two
+	// minutes is reported lost by the instance itself; this is for an instance that hangs.
+	manyCheckTimeout = 10 * time.Minute
+)
+
+// manyCapacity is the shared capacity for instances dumping blocks each: the segments their
+// blocks fill (a record is the block and a 4 KiB header; a segment starts and ends with 4 KiB
+// of its own: 7 killLayout blocks to a 1 MiB segment), plus one segment per instance for its
+// last, partly filled one. The reclaimer starts above 95 % of it, which the instances' sealed
+// segments (cut to their contents) do not reach unless something leaks.
+func manyCapacity(instances, blocks int) int64 {
+	seg := shareKillOptions("").SegmentSize
+	perSeg := (seg - 8<<10) / (killLayout.BlockBytes() + 4<<10)
+	return int64(instances) * ((int64(blocks)+perSeg-1)/perSeg + 1) * seg
+}
+
+// manyBound is what the files under the shared directory may sum to at any instant: the
+// capacity plus, per instance, the segment it prepares ahead (at its full size: segments are
+// preallocated) and 128 KiB for its manifests, publication logs and summaries, plus the lease.
+func manyBound(capacity int64, instances int) int64 {
+	seg := shareKillOptions("").SegmentSize
+	return capacity + int64(instances)*(seg+128<<10) + 4<<10
+}
+
+func manyOptions(shared string, capacity int64) engine.Options {
+	o := shareKillOptions(shared)
+	o.Tiers[0].Capacity = capacity
+	return o
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want an integer >= 1", name, v)
+	}
+	return n
+}
+
+// manyInstance is the parent's view of one instance: its store, its view of the shared
+// directory, its host, and what it acknowledged over all its runs.
+type manyInstance struct {
+	i      int
+	store  string
+	shared string
+	host   string
+	next   int              // the first block its next run dumps
+	acked  []format.BlockID // acknowledged over all runs, in order
+	run    *manyRun         // the running child, or nil
+	hits   int64            // loads of other instances' blocks, over all runs
+	misses int64
+}
+
+// manyRun is one child process and what its output said.
+type manyRun struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr bytes.Buffer
+	open   chan struct{}
+	done   chan struct{}
+	// checked is closed once the child reported its check (or a failure, or exited)
+	checked chan struct{}
+	// set by the reader goroutine; read after done is closed
+	acked        []format.BlockID
+	dumping      bool // a dump was under way (started, not acknowledged) when the output ended
+	hits, misses int64
+	loaded       int64
+	fail         string
+}
+
+func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
+	t.Helper()
+	r := &manyRun{open: make(chan struct{}), done: make(chan struct{}), checked: make(chan struct{})}
+	r.cmd = exec.Command(os.Args[0], "-test.run=^TestSharedManyKill$", "-test.count=1", "-test.timeout=0")
+	r.cmd.Env = append(os.Environ(), envManyChild+"="+spec, engine.HostIDEnv+"="+in.host)
+	r.cmd.Stderr = &r.stderr
+	out, err := r.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.stdin, err = r.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(r.done)
+		sc := bufio.NewScanner(out)
+		opened, checked := false, false
+		report := func() {
+			if !checked {
+				checked = true
+				close(r.checked)
+			}
+		}
+		defer report()
+		for sc.Scan() {
+			verb, rest, _ := strings.Cut(sc.Text(), " ")
+			f := strings.Fields(rest)
+			switch verb {
+			case "OPEN":
+				if !opened {
+					opened = true
+					close(r.open)
+				}
+			case "DUMPING":
+				r.dumping = true
+			case "ACK":
+				r.dumping = false
+				if id, err := format.ParseBlockID(f[0]); err == nil {
+					r.acked = append(r.acked, id)
+				}
+			case "LOADS":
+				r.hits, _ = strconv.ParseInt(f[0], 10, 64)
+				r.misses, _ = strconv.ParseInt(f[1], 10, 64)
+			case "CHECKED":
+				r.loaded, _ = strconv.ParseInt(f[0], 10, 64)
+				report()
+			case "FAIL":
+				r.fail = rest
+				report()
+			}
+		}
+		if !opened {
+			close(r.open)
+		}
+	}()
+	return r
+}
+
+// kill SIGKILLs the instance's running child, waits for it and takes in what it acknowledged.
+// It reports whether the child was in a dump (started, not acknowledged).
+func (in *manyInstance) kill(t *testing.T) bool {
+	t.Helper()
+	r := in.run
+	_ = r.cmd.Process.Signal(syscall.SIGKILL)
+	<-r.done
+	err := r.cmd.Wait()
+	in.run = nil
+	if r.fail != "" {
+		t.Fatalf("instance %d: %s\n%s", in.i, r.fail, r.stderr.String())
+	}
+	// Killed, or it ran childMaxRun unkilled and closed its store: anything else is a failure.
+	if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); err != nil && !(ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL) {
+		t.Fatalf("instance %d: %v\n%s", in.i, err, r.stderr.String())
+	}
+	in.acked = append(in.acked, r.acked...)
+	in.next += len(r.acked)
+	in.hits += r.hits
+	in.misses += r.misses
+	return r.dumping
+}
+
+// volumeBytes sums the sizes of the regular files under rel in each root, leaving out
+// GlusterFS's own .glusterfs directory (hard links to the files counted already).
+func volumeBytes(roots []string, rel string) int64 {
+	var sum int64
+	for _, root := range roots {
+		_ = filepath.WalkDir(filepath.Join(root, rel), func(_ string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return nil // a file removed while walking
+			}
+			if d.IsDir() && d.Name() == ".glusterfs" {
+				return filepath.SkipDir
+			}
+			if d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					sum += fi.Size()
+				}
+			}
+			return nil
+		})
+	}
+	return sum
+}
+
+func TestSharedManyKill(t *testing.T) {
+	if v := os.Getenv(envManyChild); v != "" {
+		os.Exit(manyChild(v))
+	}
+	// On a local directory (make unit, under the race detector) a lighter default.
+	instances, kills, blocks := 4, 4, 24
+	if os.Getenv(envShareDir) != "" {
+		instances, kills, blocks = 8, 12, 48
+	}
+	instances = envInt(t, envManyInstances, instances)
+	kills = envInt(t, envManyKills, kills)
+	blocks = envInt(t, envManyBlocks, blocks)
+	capacity := manyCapacity(instances, blocks)
+	bound := manyBound(capacity, instances)
+
+	base := t.TempDir()
+	rel := fmt.Sprintf("sharemany-%d", time.Now().UnixNano())
+	views := []string{filepath.Join(base, "shared")}
+	roots := []string{base}
+	if d := os.Getenv(envShareDir); d != "" {
+		views, roots = []string{d}, []string{d}
+		if d2 := os.Getenv(envShareDir2); d2 != "" {
+			views = append(views, d2)
+		}
+	} else {
+		rel = "shared"
+	}
+	if b := os.Getenv(envManyBricks); b != "" {
+		roots = strings.Split(b, ":")
+	}
+	for i := range views {
+		views[i] = filepath.Join(views[i], rel)
+	}
+	if err := os.MkdirAll(views[0], 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(views[0]) })
+
+	// The sampler: the bytes on the volume, every few milliseconds, until the end.
+	var peak atomic.Int64
+	samples := 0
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if n := volumeBytes(roots, rel); n > peak.Load() {
+				peak.Store(n)
+			}
+			samples++
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	sampling := true
+	endSampling := func() {
+		if sampling {
+			sampling = false
+			close(stopSampling)
+			<-sampled
+		}
+	}
+	defer endSampling()
+
+	ins := make([]*manyInstance, instances)
+	for i := range ins {
+		v := i % len(views)
+		ins[i] = &manyInstance{i: i, store: filepath.Join(base, fmt.Sprintf("inst-%d", i)),
+			shared: views[v], host: fmt.Sprintf("host-%c", 'a'+v)}
+	}
+	// Writers pause between their dumps so that they are still dumping at the last kills: about
+	// 300 ms a kill (the pause before it and the restart), over the batches of 4 each dumps.
+	pause := time.Duration(kills) * 300 * time.Millisecond / time.Duration((blocks+3)/4)
+	runSpec := func(in *manyInstance) string {
+		counts := make([]string, len(ins))
+		for j, o := range ins {
+			counts[j] = strconv.Itoa(o.next)
+		}
+		return fmt.Sprintf("run|%d|%s|%s|%d|%d|%s|%s|%d", in.i, in.store, in.shared, in.next, blocks, strings.Join(counts, ","), pause, capacity)
+	}
+	defer func() { // whatever still runs when the test fails
+		for _, in := range ins {
+			if in.run != nil {
+				_ = in.run.cmd.Process.Kill()
+				// not waited for without bound: a process stuck in a FUSE call dies only
+				// when the call returns
+				exited := make(chan struct{})
+				go func(c *exec.Cmd) { _ = c.Wait(); close(exited) }(in.run.cmd)
+				select {
+				case <-exited:
+				case <-time.After(5 * time.Second):
+				}
+			}
+		}
+	}()
+	for _, in := range ins {
+		in.run = startManyChild(t, in, runSpec(in))
+	}
+	r := rand.New(rand.NewPCG(manySeed, uint64(time.Now().UnixNano())))
+	// kills of an instance that had not acknowledged all its blocks yet, and of one in a dump
+	writing, inDump := 0, 0
+	for k := 0; k < kills; k++ {
+		in := ins[r.IntN(instances)]
+		<-in.run.open
+		time.Sleep(time.Duration(50+r.IntN(450)) * time.Millisecond)
+		if in.kill(t) {
+			inDump++
+		}
+		if in.next < blocks {
+			writing++
+		}
+		in.run = startManyChild(t, in, runSpec(in))
+	}
+	for _, in := range ins { // the last kill: every instance, at once
+		<-in.run.open
+	}
+	time.Sleep(time.Duration(50+r.IntN(200)) * time.Millisecond)
+	var all []format.BlockID
+	var hits, misses int64
+	for _, in := range ins {
+		if in.kill(t) {
+			inDump++
+		}
+		if in.next < blocks {
+			writing++
+		}
+		all = append(all, in.acked...)
+		hits += in.hits
+		misses += in.misses
+	}
+	if len(all) == 0 {
+		t.Fatal("no instance acknowledged a block")
+	}
+
+	// Every instance reopened loads every acknowledged block, its own and the others'.
+	var ids strings.Builder
+	for _, id := range all {
+		fmt.Fprintln(&ids, id)
+	}
+	list := filepath.Join(base, "acked")
+	if err := os.WriteFile(list, []byte(ids.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range ins {
+		in.run = startManyChild(t, in, fmt.Sprintf("check|%d|%s|%s|%s|%d", in.i, in.store, in.shared, list, capacity))
+	}
+	var loads int64
+	// A child that never reports is stuck (a file system call that never returns): name it,
+	// with its goroutines (SIGQUIT makes it print them), rather than wait for the test timeout.
+	checkBy := time.After(manyCheckTimeout)
+	for _, in := range ins {
+		select {
+		case <-in.run.checked:
+			continue
+		case <-checkBy:
+		}
+		var stuck []string
+		for _, o := range ins {
+			select {
+			case <-o.run.checked:
+			default:
+				_ = o.run.cmd.Process.Signal(syscall.SIGQUIT)
+				stuck = append(stuck, strconv.Itoa(o.i))
+			}
+		}
+		time.Sleep(2 * time.Second)
+		var b strings.Builder
+		for _, o := range ins {
+			fmt.Fprintf(&b, "instance %d (pid %d): %.4000s\n", o.i, o.run.cmd.Process.Pid, o.run.stderr.String())
+		}
+		t.Fatalf("instances %s did not finish checking within %v:\n%s", strings.Join(stuck, ", "), manyCheckTimeout, b.String())
+	}
+	// Every instance has checked (or failed): let them close, and collect.
+	for _, in := range ins {
+		_ = in.run.stdin.Close()
+	}
+	var failed []string
+	for _, in := range ins {
+		rn := in.run
+		<-rn.done
+		err := rn.cmd.Wait()
+		in.run = nil
+		if rn.fail != "" || err != nil {
+			failed = append(failed, fmt.Sprintf("instance %d (exit %v): %s\n%s", in.i, err, rn.fail, rn.stderr.String()))
+		}
+		loads += rn.loaded
+	}
+	endSampling()
+	if len(failed) > 0 {
+		t.Fatal(strings.Join(failed, "\n"))
+	}
+	if want := int64(len(all) * instances); loads != want {
+		t.Fatalf("%d byte-exact loads after the kills, want %d (%d blocks × %d instances)", loads, want, len(all), instances)
+	}
+	t.Logf("%d instances over %d views, %d kills and %d at the end (%d of a writer with blocks left to dump, %d in a dump): %d blocks acknowledged (%.1f MiB); during the kills %d hits of other instances' blocks, %d misses, 0 wrong; "+
+		"after: %d loads byte-exact, 0 lost; on-volume bytes peak %d (%.1f MiB, %d samples) against capacity %d (%.1f MiB), bound %d (%.1f MiB)",
+		instances, len(views), kills, instances, writing, inDump, len(all), float64(len(all))*float64(killLayout.BlockBytes())/(1<<20), hits, misses,
+		loads, peak.Load(), float64(peak.Load())/(1<<20), samples, capacity, float64(capacity)/(1<<20), bound, float64(bound)/(1<<20))
+	if p := peak.Load(); p > bound {
+		t.Fatalf("on-volume bytes peaked at %d, over the bound %d (capacity %d + %d instances × (a segment + 128 KiB) + the lease)", p, bound, capacity, instances)
+	}
+}
+
+// manyChild runs one instance: "run" dumps its blocks from the first given on, loading other
+// instances' blocks in between (a hit must be the right bytes, a miss is allowed), until
+// killed; "check" reopens the store, waits until every
+// acknowledged block is visible, loads each byte-exact, reports, and closes the store when
+// stdin closes. It returns the exit code.
+func manyChild(spec string) int {
+	f := strings.Split(spec, "|")
+	inst, _ := strconv.Atoi(f[1])
+	capacity, _ := strconv.ParseInt(f[len(f)-1], 10, 64)
+	e, err := engine.Open(f[2], manyOptions(f[3], capacity))
+	if err != nil {
+		fmt.Printf("FAIL open: %v\n", err)
+		return exitChildSetup
+	}
+	if rec := e.Recovery(); rec.SegmentsAdopted != 0 {
+		fmt.Printf("FAIL adopted %d segments (another instance's?)\n", rec.SegmentsAdopted)
+		return exitChildCheck
+	}
+	fmt.Println("OPEN")
+	if f[0] == "check" {
+		return manyCheck(e, f[4])
+	}
+	first, _ := strconv.Atoi(f[4])
+	blocks, _ := strconv.Atoi(f[5])
+	var known []int // what the others had acknowledged when this run started
+	for _, c := range strings.Split(f[6], ",") {
+		n, _ := strconv.Atoi(c)
+		known = append(known, n)
+	}
+	pause, _ := time.ParseDuration(f[7])
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	if len(known) > 1 {
+		go func() {
+			defer close(stopped)
+			manyReader(e, inst, blocks, known, rand.New(rand.NewPCG(manySeed, uint64(inst)<<32|uint64(first))), stop)
+		}()
+	} else {
+		close(stopped)
+	}
+	buf := make([][]byte, 4)
+	for i := range buf {
+		buf[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
+	}
+	deadline := time.Now().Add(childMaxRun)
+	for n := first; n < blocks && time.Now().Before(deadline); n += len(buf) {
+		ids := make([]format.BlockID, min(len(buf), blocks-n))
+		for i := range ids {
+			ids[i] = workload.ID(manySeed, inst, workload.Whole, n+i)
+			workload.Fill(ids[i], manySeed, buf[i])
+		}
+		fmt.Println("DUMPING")
+		if err := e.Dump(ids, buf[:len(ids)]).Wait(); err != nil {
+			fmt.Printf("FAIL dump: %v\n", err)
+			return exitChildCheck
+		}
+		for _, id := range ids {
+			fmt.Printf("ACK %s\n", id)
+		}
+		if pause > 0 {
+			time.Sleep(time.Duration(rand.Int64N(2 * int64(pause))))
+		}
+	}
+	time.Sleep(time.Until(deadline)) // all dumped: a reader only
+	close(stop)
+	<-stopped
+	_ = e.Close()
+	return 0
+}
+
+// manyReader loads other instances' blocks until stop is closed: mostly blocks the other had
+// acknowledged when this run started (known), some it may be dumping now. A hit must be the
+// right bytes (else the process exits reporting it); a miss is allowed. It prints its counts
+// after every batch.
+func manyReader(e *engine.Engine, inst, blocks int, known []int, r *rand.Rand, stop <-chan struct{}) {
+	buf := make([][]byte, 4)
+	for i := range buf {
+		buf[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
+	}
+	var hits, misses int64
+	for {
+		ids := make([]format.BlockID, len(buf))
+		for i := range ids {
+			other := (inst + 1 + r.IntN(len(known)-1)) % len(known)
+			n := r.IntN(blocks)
+			if known[other] > 0 && r.IntN(4) != 0 {
+				n = r.IntN(known[other])
+			}
+			ids[i] = workload.ID(manySeed, other, workload.Whole, n)
+		}
+		task := e.Load(ids, buf)
+		_ = task.Wait()
+		for i, err := range task.BlockErrors() {
+			switch {
+			case err == nil:
+				if cerr := workload.Check(ids[i], manySeed, 0, buf[i]); cerr != nil {
+					fmt.Printf("FAIL wrong bytes: %v\n", cerr)
+					os.Exit(exitChildCheck)
+				}
+				hits++
+			case errors.Is(err, engine.ErrNotFound) || errors.Is(err, engine.ErrCorrupt):
+				misses++
+			default:
+				fmt.Printf("FAIL load of %s: %v\n", ids[i], err)
+				os.Exit(exitChildCheck)
+			}
+		}
+		fmt.Printf("LOADS %d %d\n", hits, misses)
+		select {
+		case <-stop:
+			return
+		case <-time.After(2 * time.Millisecond): // a reader, not a spinner: misses come back at once
+		}
+	}
+}
+
+func manyCheck(e *engine.Engine, list string) int {
+	b, err := os.ReadFile(list)
+	if err != nil {
+		fmt.Printf("FAIL %v\n", err)
+		return exitChildSetup
+	}
+	var ids []format.BlockID
+	for _, l := range strings.Fields(string(b)) {
+		id, err := format.ParseBlockID(l)
+		if err != nil {
+			fmt.Printf("FAIL %s: %v\n", list, err)
+			return exitChildSetup
+		}
+		ids = append(ids, id)
+	}
+	// Visible once every owner has reopened and published what it recovered.
+	deadline := time.Now().Add(2 * time.Minute)
+	var missing []format.BlockID
+	for {
+		missing = missing[:0]
+		for i, h := range e.Lookup(ids) {
+			if !h {
+				missing = append(missing, ids[i])
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(missing) > 0 {
+		fmt.Printf("FAIL %d of %d acknowledged blocks never visible (lost), e.g. %s\n", len(missing), len(ids), missing[0])
+		_ = e.Close()
+		return exitChildCheck
+	}
+	dst := make([][]byte, 16)
+	for i := range dst {
+		dst[i] = devio.AlignedBuffer(int(killLayout.BlockBytes()))
+	}
+	var loaded int64
+	for lo := 0; lo < len(ids); lo += len(dst) {
+		batch := ids[lo:min(len(ids), lo+len(dst))]
+		if err := e.Load(batch, dst[:len(batch)]).Wait(); err != nil {
+			fmt.Printf("FAIL load: %v\n", err)
+			_ = e.Close()
+			return exitChildCheck
+		}
+		for i, id := range batch {
+			if err := workload.Check(id, manySeed, 0, dst[i]); err != nil {
+				fmt.Printf("FAIL wrong bytes: %v\n", err)
+				_ = e.Close()
+				return exitChildCheck
+			}
+			loaded++
+		}
+	}
+	fmt.Printf("CHECKED %d\n", loaded)
+	_, _ = io.Copy(io.Discard, os.Stdin) // the others may still need this instance's publications
+	if err := e.Close(); err != nil {
+		fmt.Printf("FAIL close: %v\n", err)
+		return exitChildCheck
+	}
+	return 0
+}
