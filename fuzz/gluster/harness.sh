@@ -108,6 +108,13 @@ join() {
   mkdir -p "$state/users"
   prune_users
   harness_glusterd >/dev/null || rm -f "$state/glusterd.pid" "$state/glusterd.start"
+  # A glusterd that runs but does not answer may be one the previous run is still stopping
+  # (make test-gluster runs the harness twice in a row): wait for it to answer or to be gone.
+  for _ in $(seq 1 100); do
+    pgrep -x glusterd >/dev/null || break
+    gluster --mode=script peer status >/dev/null 2>&1 && break
+    sleep 0.2
+  done
   if ! pgrep -x glusterd >/dev/null; then
     glusterd -p "$state/glusterd.pid" --log-file="$state/glusterd.log" 9>&- ||
       { log "glusterd did not start:"; cat "$state/glusterd.log" >&2 || true; return 1; }
