@@ -36,9 +36,10 @@ import (
 // (summed every few milliseconds over the whole run, on the GlusterFS bricks when
 // UCM_SHARE_KILL_BRICKS names them) never exceed the bound manyBound states.
 //
-// The shared capacity is what the instances' blocks need (manyCapacity), so that no
-// acknowledged block may be reclaimed: a block lost is a failure, and bytes beyond the bound
-// are what kills leaked (segments abandoned, files of runs never removed).
+// The instances run without a shared capacity, so that no acknowledged block may be reclaimed
+// (admission and reclamation under a capacity are TestSharedTierCapacityBound's): a block lost is
+// a failure, and bytes beyond the bound — what the instances' blocks need (manyNeed) plus what
+// each may hold ahead — are what kills leaked (segments abandoned, files of runs never removed).
 //
 // Environment: UCM_SHARE_MANY_INSTANCES (default 8), UCM_SHARE_MANY_KILLS (default 12),
 // UCM_SHARE_MANY_BLOCKS (each instance's blocks, default 48) — 4, 4 and 24 on a local
@@ -52,8 +53,8 @@ const (
 	envManyBlocks    = "UCM_SHARE_MANY_BLOCKS"
 	envManyBricks    = "UCM_SHARE_KILL_BRICKS"
 	// internal: "run|<instance>|<store dir>|<shared dir>|<first block>|<blocks>|<blocks every
-	// instance had acknowledged, comma-separated>|<mean pause between dumps>|<capacity>" or "check|<instance>|<store
-	// dir>|<shared dir>|<file of acknowledged ids>|<capacity>".
+	// instance had acknowledged, comma-separated>|<mean pause between dumps>" or "check|<instance>|<store
+	// dir>|<shared dir>|<file of acknowledged ids>".
 	envManyChild = "UCM_SHARE_MANY_CHILD"
 	manySeed     = 78
 	// manyCheckTimeout bounds the reopened instances' check: a block not visible within two
@@ -61,30 +62,24 @@ const (
 	manyCheckTimeout = 10 * time.Minute
 )
 
-// manyCapacity is the shared capacity for instances dumping blocks each: the segments their
-// blocks fill (a record is the block and a 4 KiB header; a segment starts and ends with 4 KiB
-// of its own: 7 killLayout blocks to a 1 MiB segment), plus one segment per instance for its
-// last, partly filled one. The reclaimer starts above 95 % of it, which the instances' sealed
-// segments (cut to their contents) do not reach unless something leaks.
-func manyCapacity(instances, blocks int) int64 {
+// manyNeed is what instances dumping blocks each need on the volume: the segments their blocks
+// fill (a record is the block and a 4 KiB header; a segment starts and ends with 4 KiB of its
+// own: 7 killLayout blocks to a 1 MiB segment), plus one segment per instance for its last,
+// partly filled one.
+func manyNeed(instances, blocks int) int64 {
 	seg := shareKillOptions("").SegmentSize
 	perSeg := (seg - 8<<10) / (killLayout.BlockBytes() + 4<<10)
 	return int64(instances) * ((int64(blocks)+perSeg-1)/perSeg + 1) * seg
 }
 
-// manyBound is what the files under the shared directory may sum to at any instant: the
-// capacity plus, per instance, the segment it prepares ahead (at its full size: segments are
+// manyBound is what the files under the shared directory may sum to at any instant: what the
+// blocks need plus, per instance, the segment it prepares ahead (at its full size: segments are
 // preallocated) and 128 KiB for its manifests, publication logs and summaries, plus the lease.
-func manyBound(capacity int64, instances int) int64 {
+func manyBound(need int64, instances int) int64 {
 	seg := shareKillOptions("").SegmentSize
-	return capacity + int64(instances)*(seg+128<<10) + 4<<10
+	return need + int64(instances)*(seg+128<<10) + 4<<10
 }
 
-func manyOptions(shared string, capacity int64) engine.Options {
-	o := shareKillOptions(shared)
-	o.Tiers[0].Capacity = capacity
-	return o
-}
 
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
@@ -249,8 +244,8 @@ func TestSharedManyKill(t *testing.T) {
 	instances = envInt(t, envManyInstances, instances)
 	kills = envInt(t, envManyKills, kills)
 	blocks = envInt(t, envManyBlocks, blocks)
-	capacity := manyCapacity(instances, blocks)
-	bound := manyBound(capacity, instances)
+	need := manyNeed(instances, blocks)
+	bound := manyBound(need, instances)
 
 	base := t.TempDir()
 	rel := fmt.Sprintf("sharemany-%d", time.Now().UnixNano())
@@ -318,7 +313,7 @@ func TestSharedManyKill(t *testing.T) {
 		for j, o := range ins {
 			counts[j] = strconv.Itoa(o.next)
 		}
-		return fmt.Sprintf("run|%d|%s|%s|%d|%d|%s|%s|%d", in.i, in.store, in.shared, in.next, blocks, strings.Join(counts, ","), pause, capacity)
+		return fmt.Sprintf("run|%d|%s|%s|%d|%d|%s|%s", in.i, in.store, in.shared, in.next, blocks, strings.Join(counts, ","), pause)
 	}
 	defer func() { // whatever still runs when the test fails
 		for _, in := range ins {
@@ -384,7 +379,7 @@ func TestSharedManyKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, in := range ins {
-		in.run = startManyChild(t, in, fmt.Sprintf("check|%d|%s|%s|%s|%d", in.i, in.store, in.shared, list, capacity))
+		in.run = startManyChild(t, in, fmt.Sprintf("check|%d|%s|%s|%s", in.i, in.store, in.shared, list))
 	}
 	var loads int64
 	// A child that never reports is stuck (a file system call that never returns): name it,
@@ -435,11 +430,11 @@ func TestSharedManyKill(t *testing.T) {
 		t.Fatalf("%d byte-exact loads after the kills, want %d (%d blocks × %d instances)", loads, want, len(all), instances)
 	}
 	t.Logf("%d instances over %d views, %d kills and %d at the end (%d of a writer with blocks left to dump, %d in a dump): %d blocks acknowledged (%.1f MiB); during the kills %d hits of other instances' blocks, %d misses, 0 wrong; "+
-		"after: %d loads byte-exact, 0 lost; on-volume bytes peak %d (%.1f MiB, %d samples) against capacity %d (%.1f MiB), bound %d (%.1f MiB)",
+		"after: %d loads byte-exact, 0 lost; on-volume bytes peak %d (%.1f MiB, %d samples) against %d (%.1f MiB) the blocks need, bound %d (%.1f MiB)",
 		instances, len(views), kills, instances, writing, inDump, len(all), float64(len(all))*float64(killLayout.BlockBytes())/(1<<20), hits, misses,
-		loads, peak.Load(), float64(peak.Load())/(1<<20), samples, capacity, float64(capacity)/(1<<20), bound, float64(bound)/(1<<20))
+		loads, peak.Load(), float64(peak.Load())/(1<<20), samples, need, float64(need)/(1<<20), bound, float64(bound)/(1<<20))
 	if p := peak.Load(); p > bound {
-		t.Fatalf("on-volume bytes peaked at %d, over the bound %d (capacity %d + %d instances × (a segment + 128 KiB) + the lease)", p, bound, capacity, instances)
+		t.Fatalf("on-volume bytes peaked at %d, over the bound %d (%d the blocks need + %d instances × (a segment + 128 KiB) + the lease)", p, bound, need, instances)
 	}
 }
 
@@ -451,8 +446,7 @@ func TestSharedManyKill(t *testing.T) {
 func manyChild(spec string) int {
 	f := strings.Split(spec, "|")
 	inst, _ := strconv.Atoi(f[1])
-	capacity, _ := strconv.ParseInt(f[len(f)-1], 10, 64)
-	e, err := engine.Open(f[2], manyOptions(f[3], capacity))
+	e, err := engine.Open(f[2], shareKillOptions(f[3]))
 	if err != nil {
 		fmt.Printf("FAIL open: %v\n", err)
 		return exitChildSetup
