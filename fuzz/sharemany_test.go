@@ -80,7 +80,6 @@ func manyBound(need int64, instances int) int64 {
 	return need + int64(instances)*(seg+128<<10) + 4<<10
 }
 
-
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
 	v := os.Getenv(name)
