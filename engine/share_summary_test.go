@@ -74,27 +74,7 @@ func TestSharedIndexFromSummaries(t *testing.T) {
 		t.Fatalf("indexed %d records, %d blocks; want %d", st.IndexedRecords, st.ForeignBlocks, len(blocks))
 	}
 	checkBlocks(t, b, blocks)
-	checkEveryShard(t, b, blocks)
-}
-
-// checkEveryShard loads every shard of blocks and compares it with the bytes dumped.
-func checkEveryShard(t *testing.T, e *Engine, blocks []BlockID) {
-	t.Helper()
-	l := e.Layout()
-	for sh := 0; sh < l.Shards; sh++ {
-		dst := make([][]byte, len(blocks))
-		for i := range dst {
-			dst[i] = devio.AlignedBuffer(int(l.ShardBytes))
-		}
-		if err := e.LoadShard(blocks, sh, dst).Wait(); err != nil {
-			t.Fatal(err)
-		}
-		for i, id := range blocks {
-			if !bytes.Equal(dst[i], blockBytes(l, id)[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes]) {
-				t.Fatalf("shard %d of %s differs", sh, id)
-			}
-		}
-	}
+	checkShards(t, b, blocks)
 }
 
 // TestSharedIndexWithoutSummaries: segments without a summary (written by a version before
@@ -208,7 +188,7 @@ func TestSharedSummaryNamingAnotherRecord(t *testing.T) {
 		t.Fatalf("stats %+v: want the summary refused, its segment indexed from headers", st)
 	}
 	checkBlocks(t, b, blocks)
-	checkEveryShard(t, b, blocks)
+	checkShards(t, b, blocks)
 }
 
 // TestSharedLyingSummary: a summary that checks and agrees with the footer but names wrong
@@ -342,7 +322,7 @@ func TestSharedSummaryBatchesAndSidecars(t *testing.T) {
 		t.Fatalf("stats %+v: want every segment, %d records, from summaries", st, 2*len(all))
 	}
 	checkBlocks(t, b, all)
-	checkEveryShard(t, b, all)
+	checkShards(t, b, all)
 	waitFor(t, "B to index A's sidecars beside their blocks", func() bool { return b.share.fx.SidecarCount() == len(all) })
 	checkSidecars(t, b, 2, all, nil)
 }

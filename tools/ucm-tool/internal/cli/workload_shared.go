@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -163,7 +164,7 @@ func (sharedWorkload) run(env *benchEnv, res *benchResult) error {
 						atomic.AddInt64(&sb.Refused, 1)
 					default:
 						mu.Lock()
-						firstErr = cmpOr(firstErr, fmt.Errorf("instance %d: dump of block %s: %w", k, ids[i], err))
+						firstErr = cmp.Or(firstErr, fmt.Errorf("instance %d: dump of block %s: %w", k, ids[i], err))
 						mu.Unlock()
 						return
 					}
@@ -285,14 +286,6 @@ func dirBytes(dir string) int64 {
 		return nil
 	})
 	return total
-}
-
-// cmpOr returns a unless it is nil, else b.
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // printShared prints what the shared-capacity workload measured: the bytes on the volume at
