@@ -24,6 +24,10 @@ import (
 //  3. evicting the least recently used blocks of the tier (chain-aware, never a block pinned
 //     by a load): demoted to the next disk tier when there is one, else dropped from the
 //     index; the segments they leave empty or sparse are reclaimed by 1 and 2 on the next round.
+//     A shared next tier without room yet (its share is granted by the lease holder, an
+//     interval or two away) makes a background pass stop and leave the victims where they
+//     are; they are dropped only when writers have waited for the room a few intervals
+//     (evict).
 //
 // Retiring a segment marks it deleting in the index (durably) before the file is unlinked,
 // which happens when its last reader releases it; recovery finishes interrupted deletions, so
@@ -171,7 +175,10 @@ func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (rep 
 		if len(victims) == 0 {
 			break
 		}
-		if err := e.evict(t, lru, victims, &rep); err != nil {
+		if err := e.evict(t, lru, victims, target < 0, &rep); err != nil {
+			if errors.Is(err, errEvictionDeferred) {
+				break // the next tier's share is on its way; it kicks the reclaimer
+			}
 			return rep, err
 		}
 		// The victims left holes across segments. Before evicting more, rewrite the hot
@@ -546,10 +553,23 @@ func (e *Engine) checkRecord(id BlockID, loc index.Location, header, payload []b
 	return nil
 }
 
+// errEvictionDeferred: evict left its victims in place for a shared next tier to be granted
+// room (mayDefer).
+var errEvictionDeferred = errors.New("eviction deferred until the next tier has room")
+
+// evictionDeferral bounds, in shared refresh intervals, how long writers waiting for room in a
+// tier wait for a shared next tier's share before evicted blocks are dropped instead: a request
+// and its grant take about one interval each way, a new lease holder two more.
+const evictionDeferral = 4
+
 // evict removes victims from t: demoted to the next disk tier if there is one (falling back
 // to dropping them when it has no room), else deleted from the index, only where their entry
-// still points into t.
-func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *ReclaimReport) error {
+// still points into t. With mayDefer (a background pass), a shared next tier that refuses for
+// lack of its share leaves them in t instead, with errEvictionDeferred: the share is asked for
+// ahead of need and arrives within an interval or two, and a block dropped is a prefill
+// recomputed. Without limit while t is within its capacity and no writer waits for room in it;
+// for evictionDeferral refresh intervals when writers wait (then they are dropped as before).
+func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
 		loc, ok, err := e.ix.Get(id)
@@ -569,6 +589,9 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		next := e.tiers[t.pos+1]
 		// The blocks' sidecars in this tier go down with them.
 		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
+		if !errors.Is(err, ErrNoSpace) {
+			t.deferredSince = time.Time{}
+		}
 		if err == nil {
 			rep.BlocksDemoted += moved
 			rep.BlocksEvicted += len(refs)
@@ -580,6 +603,17 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, rep *Reclaim
 		}
 		if !errors.Is(err, ErrNoSpace) {
 			return err
+		}
+		if mayDefer && next.acct != nil {
+			if t.space.Demand() == 0 && t.space.Used() <= t.cfg.Capacity {
+				return errEvictionDeferred // costs nothing: no writer waits for this room
+			}
+			if t.deferredSince.IsZero() {
+				t.deferredSince = time.Now()
+			}
+			if time.Since(t.deferredSince) < evictionDeferral*e.opts.SharedRefreshInterval {
+				return errEvictionDeferred
+			}
 		}
 		e.kickReclaimer()
 		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.cfg.Name, "next", next.cfg.Name, "err", err)

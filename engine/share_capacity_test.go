@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -253,4 +256,46 @@ func TestSharedTierTakesDemotions(t *testing.T) {
 	if used, capacity := volumeBytes(volumeDir(shared)), int64(3<<20); used > capacity+e.reservation(e.tiers[1]) {
 		t.Fatalf("%d bytes on the shared volume, capacity %d", used, capacity)
 	}
+}
+
+// TestSharedRequestAnsweredOnce: the holder answers a request for room once. An instance that
+// asked and then stopped leaves its request in its manifest; the holder grants it the bytes
+// asked for and no more, however many passes read the manifest, so the capacity stays free for
+// the instances that run (a new holder once granted such a request again at every pass, until
+// nothing was left for itself).
+func TestSharedRequestAnsweredOnce(t *testing.T) {
+	root := t.TempDir()
+	shared, _ := sharedDirs(t)
+	h := mustOpen(t, filepath.Join(root, "h"), capacityOptions(shared))
+	defer h.Close()
+	waitFor(t, "the instance holds the lease", func() bool { return h.Stats().Sharing.LeaseHeld })
+
+	// The stopped instance had seen 64 KiB granted and asked for 512 KiB beyond it.
+	var gone format.InstanceID
+	gone[0], gone[15] = 0x60, 0x4e
+	const seen, asked = 64 << 10, 512 << 10
+	m := &format.Manifest{Instance: gone, Schema: h.fingerprint, Sequence: 1, Written: time.Now().UnixNano(), Notes: []format.ManifestNote{
+		{Kind: format.NoteCredit, Owner: gone, Number: 0, Generation: seen},
+		{Kind: format.NoteSpace, Owner: gone, Number: seen, Time: asked},
+	}}
+	nsDir := tiers.NamespaceDir(shared, gone)
+	if err := os.MkdirAll(nsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := tiers.WriteManifest(vfs.Default, nsDir, m); err != nil {
+		t.Fatal(err)
+	}
+	issued := func() int64 {
+		h.tiers[0].acct.mu.Lock()
+		defer h.tiers[0].acct.mu.Unlock()
+		return h.tiers[0].acct.issued[gone]
+	}
+	waitFor(t, "the request answered", func() bool { return issued() > seen })
+	passes := h.Stats().Sharing.Refreshes
+	waitFor(t, "ten more passes", func() bool { return h.Stats().Sharing.Refreshes >= passes+10 })
+	if got := issued(); got != seen+asked {
+		t.Fatalf("granted %d in total to the stopped instance, want %d (what it had seen plus what it asked for)", got, seen+asked)
+	}
+	// The running instance still gets room: its dumps are admitted.
+	dumpBlocks(t, h, ids(0, 8))
 }

@@ -130,7 +130,7 @@ func (e *Engine) evictSegment(t *diskTier, n uint64) error {
 		lru = tiers.NewLRU()
 	}
 	var rep ReclaimReport
-	if err := e.evict(t, lru, ids, &rep); err != nil {
+	if err := e.evict(t, lru, ids, false, &rep); err != nil {
 		return err
 	}
 	if err := e.evictSidecars(t, n); err != nil {

@@ -31,7 +31,10 @@ import (
 //     returned, first in its Space, then in its manifest (NoteCredit);
 //   - so j's limit, G_j(seen) − R_j, is at most G_j(issued) − R_j(published), which the holder
 //     counts for it (or j's published used, if more: NoteSpace), and the holder grants only
-//     from capacity minus what every instance is counted for.
+//     from capacity minus what every instance is counted for;
+//   - j asks for bytes beyond the G_j it has seen (NoteSpace's request, published with that
+//     G_j in NoteCredit), and the holder grants only what G_j(issued) has not yet covered, so
+//     a request is answered once and one left by an instance that stopped is not answered again.
 //
 // Hence the sum of the limits never exceeds the capacity, and the bytes on the volume never
 // exceed capacity + one reservation per instance (the relocation rule).
@@ -45,7 +48,7 @@ type sharedAccount struct {
 	returned int64                       // R: bytes given back in total
 	used     int64                       // as last published
 	grace    int64                       // of used, under grace, as last published
-	want     int64                       // bytes asked for, as last published
+	want     int64                       // bytes asked for beyond seen, as last published
 	charged  int64                       // the namespace's other files, as accounted in used
 	issued   map[format.InstanceID]int64 // as (once) lease holder: G issued per instance
 	// last is each instance's share as the holder last read it: an instance whose manifest
@@ -114,6 +117,9 @@ func (e *Engine) settleSharedSpace(t *diskTier, others []nsManifest) {
 	var headroom int64
 	if t.pos > 0 {
 		headroom = 2 * res
+	}
+	if prev, _ := t.space.Limit(); a.seen-a.returned > prev {
+		defer e.kickReclaimer() // an eviction may wait for this room to demote into (evict)
 	}
 	t.space.SetLimit(max(0, a.seen-a.returned))
 	a.returned += t.space.ShrinkLimit(headroom, res)
@@ -202,6 +208,7 @@ type instanceShare struct {
 	inst              format.InstanceID
 	issued, returned  int64
 	used, grace, want int64
+	seen              int64 // the grant it had seen when it asked for want
 	published         int64 // bytes its manifest lists
 	account           bool  // it keeps an account (else only its published bytes count)
 }
@@ -214,6 +221,17 @@ func (j *instanceShare) counted(res int64) int64 {
 		return j.published
 	}
 	return max(j.issued-j.returned, j.used-res)
+}
+
+// outstanding is what instance j's request still lacks: it asked for want bytes beyond the
+// grant it had seen, and whatever was issued to it since counts against that. So a request is
+// answered once, however many passes read it before j publishes again, and the request an
+// instance that stopped left in its manifest is not granted over and over.
+func (j *instanceShare) outstanding() int64 {
+	if !j.account {
+		return 0
+	}
+	return max(0, j.seen+j.want-j.issued)
 }
 
 // grantSharedSpace is the holder's admission pass over shared tier t, from the manifests of
@@ -249,7 +267,8 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 				g.issued = max(g.issued, int64(nt.Number))
 			case nt.Kind == format.NoteCredit && nt.Owner == m.Instance:
 				j.account = true
-				j.returned, j.issued = max(j.returned, int64(nt.Number)), max(j.issued, int64(nt.Generation))
+				j.returned, j.seen = max(j.returned, int64(nt.Number)), max(j.seen, int64(nt.Generation))
+				j.issued = max(j.issued, j.seen)
 			case nt.Kind == format.NoteSpace && nt.Owner == m.Instance:
 				j.account = true
 				j.used, j.grace, j.want = int64(nt.Number), int64(nt.Generation), nt.Time
@@ -264,7 +283,7 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 	}
 	self := share(e.instance)
 	self.account = true
-	self.returned, self.used, self.grace, self.want = a.returned, a.used, a.grace, a.want
+	self.returned, self.used, self.grace, self.want, self.seen = a.returned, a.used, a.grace, a.want, a.seen
 	self.issued = max(self.issued, a.seen)
 	self.issued = max(self.issued, a.issued[e.instance])
 	for inst, j := range a.last {
@@ -295,10 +314,11 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 		return cmp.Or(cmp.Compare(x.counted(res), y.counted(res)), slices.Compare(x.inst[:], y.inst[:]))
 	})
 	for _, j := range list {
-		if !j.account || j.want <= 0 {
+		ask := j.outstanding()
+		if ask <= 0 {
 			continue
 		}
-		g := min(j.want, max(free, 0))
+		g := min(ask, max(free, 0))
 		if time.Since(a.heldSince) < 2*e.opts.SharedRefreshInterval {
 			g = 0
 		}
@@ -307,7 +327,7 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 			free -= g
 			defer e.kickSharing() // publish the grant now
 		}
-		unsatisfied += j.want - g
+		unsatisfied += ask - g
 	}
 	for _, j := range list {
 		l := *j
@@ -315,8 +335,10 @@ func (e *Engine) grantSharedSpace(t *diskTier, manifests []nsManifest) (unsatisf
 		a.last[j.inst] = l
 	}
 	if granted := max(a.seen, a.issued[e.instance]); granted > a.seen {
+		a.want = max(0, a.want-(granted-a.seen)) // the request stays relative to seen
 		a.seen = granted
 		t.space.SetLimit(max(0, a.seen-a.returned))
+		defer e.kickReclaimer() // an eviction may wait for this room to demote into (evict)
 	}
 	return unsatisfied, beyond
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
@@ -46,6 +47,10 @@ type diskTier struct {
 	acct *sharedAccount
 	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
 	sealing [2]atomic.Bool
+	// deferredSince is when background eviction from this tier began to wait for a shared
+	// next tier's share while writers wait here (evict); zero when it does not. Guarded by
+	// the engine's reclaimMu.
+	deferredSince time.Time
 }
 
 // segHome says where a segment lives.
