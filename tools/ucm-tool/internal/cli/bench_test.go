@@ -203,12 +203,14 @@ func TestBenchOpen(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, "open after crash", "clean store", "recovered 1 segment(s)", "verified")
+	mustContain(t, out, "open after crash", "clean store", "segment(s), cut", "verified")
 	m := benchJSON(t, args...)
 	mustHaveKeys(t, m, "workload", "open_s", "open_crash_s", "crash_recovery", "rss_bytes_per_block", "index_s")
 	mustLackKeys(t, m, "hit_rate", "load_MBps", "p99_lookup_batch_ms")
 	cr := m["crash_recovery"].(map[string]any)
-	if cr["segments_recovered"] != 1.0 || cr["blocks_after"].(float64) > 2000 || cr["blocks_after"].(float64) < 1 {
+	// The copy is taken while the engine runs: the active segment and any whose seal was
+	// still in flight are recovered.
+	if cr["segments_recovered"].(float64) < 1 || cr["blocks_after"].(float64) > 2000 || cr["blocks_after"].(float64) < 1 {
 		t.Errorf("crash recovery %v", cr)
 	}
 	// Only the crash copy is removed; the clean store stays, and is clean.
