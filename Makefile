@@ -38,12 +38,12 @@ lib:
 run: build
 	$(BIN)/ucm-tool chat --dir ./ucm-data/chat
 
-# Retrains the small model (connector/model; docs/model.md): Debian's python3-torch, and
+# Retrains the small model (lab/model; docs/model.md): Debian's python3-torch, and
 # libopenblas0-pthread for speed (train.py uses it without touching the system's BLAS). CI never
 # trains; the weights, manifest and golden fixture it rewrites are committed.
 MODEL_MINUTES ?= 95
 train-model:
-	/usr/bin/python3 connector/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
+	/usr/bin/python3 lab/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
 		--short-ctx 256 --long-frac 0.3 --lr 3e-3 --warmup 50 --log-every 50 --eval-windows 96
 
 bench: build
@@ -193,7 +193,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
-                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./connector/model:FuzzLoadWeights:200000x \
+                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./lab/model:FuzzLoadWeights:200000x \
                 ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
 FUZZSMOKE   ?= per-target
 

@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 )
 
 func randVec(r *rand.Rand, n int) []float32 {
@@ -127,7 +127,7 @@ func TestRoPEBadInput(t *testing.T) {
 // position only), within the fp16 cache's rounding; unrotated it is far off.
 func TestRoPECorrectionMatchesModel(t *testing.T) {
 	_, file, _, _ := runtime.Caller(0)
-	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "connector", "model", "weights"))
+	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "lab", "model", "weights"))
 	if err != nil {
 		t.Fatal(err)
 	}

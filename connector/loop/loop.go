@@ -1,5 +1,5 @@
 // Package loop is the reference connector loop: a small serving loop around the byte-level
-// model (connector/model) that embeds the engine the way UCM's vLLM connector does. Per
+// model (lab/model) that embeds the engine the way UCM's vLLM connector does. Per
 // request it hashes the prompt's full blocks (UCM's chained block ids), asks the store for the
 // longest stored prefix, loads those blocks layer by layer through the staging layer (package
 // kernels) into the model's paged KV cache, computes only the rest of the prompt, and dumps the
@@ -18,9 +18,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 )
 
 // ErrInvalid is wrapped by every error about a bad option or argument.

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 )
 
 var (
@@ -22,7 +22,7 @@ var (
 
 func loadModel(t testing.TB) *model.Model {
 	t.Helper()
-	modelOnce.Do(func() { testModel, _, modelErr = model.LoadDir(filepath.Join("..", "model", "weights")) })
+	modelOnce.Do(func() { testModel, _, modelErr = model.LoadDir(filepath.Join("..", "..", "lab", "model", "weights")) })
 	if modelErr != nil {
 		t.Fatal(modelErr)
 	}

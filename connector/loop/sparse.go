@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 )
 

@@ -1,4 +1,4 @@
-// Package eval measures sparse attention on the small real model (connector/model): it decodes
+// Package eval measures sparse attention on the small real model (lab/model): it decodes
 // held-out text with each method selecting blocks from sidecars computed from the model's own
 // K, teacher-forced, against full attention, and reports what a user of a method loses:
 // attention-mass recall of the selected blocks, each layer's attention output error, next-token
@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 	"gopkg.in/yaml.v3"
 )

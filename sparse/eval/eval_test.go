@@ -8,14 +8,14 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 )
 
 func loadModel(t testing.TB) *model.Model {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "..", "connector", "model", "weights"))
+	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "..", "lab", "model", "weights"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	"math"
 	"slices"
 
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 )
 

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/connector/loop"
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 )
 

@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ucm-go/ucm/connector/loop"
-	"github.com/ucm-go/ucm/connector/model"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/model"
 )
 
 // chatOptions are the flags of ucm-tool chat.
@@ -35,7 +35,7 @@ func newChatCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "chat",
 		Short: "Replay multi-turn chats on the small model, with and without the store",
 		Long: `chat runs the reference connector loop (connector/loop) on the small byte-level model
-(connector/model) over a multi-turn chat replay: several conversations, interleaved, sharing
+(lab/model) over a multi-turn chat replay: several conversations, interleaved, sharing
 a system prompt, each turn appending user text (Go source from the standard library) to the
 conversation so far and generating an answer. Each turn runs twice, back to back: without a
 store (every prompt token computed), then with a store under --dir (prefix hits loaded layer by
@@ -54,7 +54,7 @@ The store directory is emptied first unless --keep (a kept store serves even fir
 	f := cmd.Flags()
 	f.StringVar(&o.dir, "dir", "./ucm-data/chat", "store directory")
 	f.BoolVar(&o.keep, "keep", false, "keep what the store holds from earlier runs")
-	f.StringVar(&o.weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	f.StringVar(&o.weights, "weights", "lab/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
 	f.StringVar(&o.corpus, "corpus", "", "directory of Go source the prompts are taken from (default: $(go env GOROOT)/src)")
 	f.IntVar(&o.blockSize, "block-tokens", loop.DefaultBlockSize, "tokens per KV block")
 	f.IntVar(&o.replay.Conversations, "conversations", o.replay.Conversations, "conversations, interleaved")

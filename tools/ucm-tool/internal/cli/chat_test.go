@@ -8,7 +8,7 @@ import (
 	"github.com/ucm-go/ucm/connector/loop"
 )
 
-const testWeights = "../../../../connector/model/weights"
+const testWeights = "../../../../lab/model/weights"
 
 // TestChat: the chat replay on the small model serves later turns from the store and answers
 // as without it; --json carries the same; bad flags are usage errors.

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ucm-go/ucm/connector/loop"
-	"github.com/ucm-go/ucm/connector/model"
+	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse/eval"
 )
 
@@ -195,7 +195,7 @@ func fitQueries(m *model.Model, o evalSparseOptions) (*eval.QueryFit, error) {
 // heldOutFlags registers the --weights and --corpus flags every eval command takes: the model
 // and the held-out text it is measured on (loadEvalModel, heldOutWindows).
 func heldOutFlags(f *pflag.FlagSet, weights, corpus *string) {
-	f.StringVar(weights, "weights", "connector/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	f.StringVar(weights, "weights", "lab/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
 	f.StringVar(corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
 }
 

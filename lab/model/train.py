@@ -4,7 +4,7 @@ library's source, and write its fp16 weights, manifest and the Go test's golden 
 
 Run with Debian's python3 (torch 1.13, numpy; nothing else):
 
-    nice -n 10 /usr/bin/python3 connector/model/train.py --steps 1800
+    nice -n 10 /usr/bin/python3 lab/model/train.py --steps 1800
 
 Architecture (docs/model.md): token embedding (256 bytes) -> N x [RMSNorm -> GQA attention with
 RoPE (NeoX half-split rotation as in HF Llama, theta 10000) -> residual; RMSNorm -> SwiGLU MLP
@@ -528,7 +528,7 @@ def main():
         "weights_bytes": size,
         "format": "UCMMODEL v1 (docs/model.md)",
         "training_command": ("nice -n %d " % os.nice(0) if os.nice(0) > 0 else "") +
-                            "/usr/bin/python3 connector/model/train.py " + " ".join(sys.argv[1:]),
+                            "/usr/bin/python3 lab/model/train.py " + " ".join(sys.argv[1:]),
         "args": vars(args),
         "config": cfg.as_dict(),
         "parameters": nparams,
