@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ucm-go/ucm/connector/loop"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/loop"
 	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse"
 )

@@ -12,9 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucm-go/ucm/connector/loop"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
+	"github.com/ucm-go/ucm/lab/loop"
 	"github.com/ucm-go/ucm/lab/model"
 )
 
@@ -34,7 +34,7 @@ func newChatCmd(stdout, stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chat",
 		Short: "Replay multi-turn chats on the small model, with and without the store",
-		Long: `chat runs the reference connector loop (connector/loop) on the small byte-level model
+		Long: `chat runs the reference connector loop (lab/loop) on the small byte-level model
 (lab/model) over a multi-turn chat replay: several conversations, interleaved, sharing
 a system prompt, each turn appending user text (Go source from the standard library) to the
 conversation so far and generating an answer. Each turn runs twice, back to back: without a

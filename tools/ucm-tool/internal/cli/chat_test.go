@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/ucm-go/ucm/connector/loop"
+	"github.com/ucm-go/ucm/lab/loop"
 )
 
 const testWeights = "../../../../lab/model/weights"

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/ucm-go/ucm/connector/loop"
+	"github.com/ucm-go/ucm/lab/loop"
 	"github.com/ucm-go/ucm/lab/model"
 	"github.com/ucm-go/ucm/sparse/eval"
 )

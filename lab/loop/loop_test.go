@@ -22,7 +22,7 @@ var (
 
 func loadModel(t testing.TB) *model.Model {
 	t.Helper()
-	modelOnce.Do(func() { testModel, _, modelErr = model.LoadDir(filepath.Join("..", "..", "lab", "model", "weights")) })
+	modelOnce.Do(func() { testModel, _, modelErr = model.LoadDir(filepath.Join("..", "model", "weights")) })
 	if modelErr != nil {
 		t.Fatal(modelErr)
 	}
