@@ -16,7 +16,7 @@ import (
 
 	"github.com/ucm-go/ucm/lab/loop"
 	"github.com/ucm-go/ucm/lab/model"
-	"github.com/ucm-go/ucm/sparse/eval"
+	"github.com/ucm-go/ucm/lab/eval"
 )
 
 // evalSparseOptions are the flags of ucm-tool eval sparse.
@@ -70,7 +70,7 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
-	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(eval.SelectionMethods(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), ESA+int8 (repr_dtype int8), ESA+max (max-pooled keys), any of them +kv (head_select kv: each KV head selects its own blocks), and oracle (oracle+kv per KV head): the blocks of most full-attention mass; probe-<estimator>[:options] selects from statistics of the keys (sparse/eval ProbePrefix)")
+	f.StringSliceVar(&o.methods, "methods", o.methods, "methods ("+strings.Join(eval.SelectionMethods(), ", ")+"), ESA+softmax and Quest+softmax (head_score softmax), ESA+lag (retrieval_lag 1), ESA+int8 (repr_dtype int8), ESA+max (max-pooled keys), any of them +kv (head_select kv: each KV head selects its own blocks), and oracle (oracle+kv per KV head): the blocks of most full-attention mass; probe-<estimator>[:options] selects from statistics of the keys (lab/eval ProbePrefix)")
 	f.IntSliceVar(&o.denseLayers, "dense-layers", nil, "layers every method leaves dense (rollback layers)")
 	f.IntVar(&o.init, "init", o.init, "leading blocks every method keeps")
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ucm-go/ucm/sparse/eval"
+	"github.com/ucm-go/ucm/lab/eval"
 )
 
 // evalBlendOptions are the flags of ucm-tool eval blend.

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/ucm-go/ucm/sparse/eval"
+	"github.com/ucm-go/ucm/lab/eval"
 )
 
 // TestEvalBlend: eval blend on a tiny setting reports the full-recompute reference and every

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
-	"github.com/ucm-go/ucm/sparse/eval"
+	"github.com/ucm-go/ucm/lab/eval"
 )
 
 // evalPrefetchOptions are the flags of ucm-tool eval prefetch.

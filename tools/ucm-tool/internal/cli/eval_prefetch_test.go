@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/ucm-go/ucm/sparse/eval"
+	"github.com/ucm-go/ucm/lab/eval"
 )
 
 // TestEvalPrefetch: eval prefetch on a tiny setting reports every run, in the table and in

@@ -15,7 +15,7 @@ import (
 func loadModel(t testing.TB) *model.Model {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "..", "lab", "model", "weights"))
+	m, _, err := model.LoadDir(filepath.Join(filepath.Dir(file), "..", "model", "weights"))
 	if err != nil {
 		t.Fatal(err)
 	}
