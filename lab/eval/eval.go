@@ -2,7 +2,7 @@
 // held-out text with each method selecting blocks from sidecars computed from the model's own
 // K, teacher-forced, against full attention, and reports what a user of a method loses:
 // attention-mass recall of the selected blocks, each layer's attention output error, next-token
-// top-1 agreement, KL divergence and perplexity. ucm-tool eval sparse runs it.
+// top-1 agreement, KL divergence and perplexity. ucm-lab eval sparse runs it.
 package eval
 
 import (
@@ -155,7 +155,7 @@ func MethodConfig(name string, budget float64, blockSize, init, local int) (spar
 	}
 	switch cfg.(type) {
 	case *sparse.BlendConfig:
-		return nil, fmt.Errorf("%w: Blend selects tokens to recompute, not blocks: ucm-tool eval blend measures it", sparse.ErrInvalid)
+		return nil, fmt.Errorf("%w: Blend selects tokens to recompute, not blocks: ucm-lab eval blend measures it", sparse.ErrInvalid)
 	case *sparse.ReRoPEConfig:
 		return nil, fmt.Errorf("%w: ReRoPE selects no blocks", sparse.ErrInvalid)
 	}
