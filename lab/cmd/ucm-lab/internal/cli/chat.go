@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/lab/loop"
-	"github.com/ucm-go/ucm/lab/model"
 )
 
 // chatOptions are the flags of ucm-lab chat.
@@ -55,7 +53,7 @@ The store directory is emptied first unless --keep (a kept store serves even fir
 	f := cmd.Flags()
 	f.StringVar(&o.dir, "dir", "./ucm-data/chat", "store directory")
 	f.BoolVar(&o.keep, "keep", false, "keep what the store holds from earlier runs")
-	f.StringVar(&o.weights, "weights", "lab/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+	weightsFlag(f, &o.weights)
 	f.StringVar(&o.corpus, "corpus", "", "directory of Go source the prompts are taken from (default: $(go env GOROOT)/src)")
 	f.IntVar(&o.blockSize, "block-tokens", loop.DefaultBlockSize, "tokens per KV block")
 	f.IntVar(&o.replay.Conversations, "conversations", o.replay.Conversations, "conversations, interleaved")
@@ -123,9 +121,9 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	m, man, err := model.LoadDir(o.weights)
+	m, man, err := loadModel(o.weights)
 	if err != nil {
-		return cliutil.UsageErr("model weights %s: %v (run from the repository's root, or pass --weights)", o.weights, err)
+		return err
 	}
 	if o.corpus == "" {
 		root, err := loop.GoRoot()
@@ -138,7 +136,7 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return cliutil.UsageErr("%v", err)
 	}
-	name := "ucm-go-small@" + man.WeightsSHA256[:12]
+	name := modelName(man)
 	if ctxLen := min(loop.DefaultMaxContext, m.Config().MaxCtx); !o.turnsGiven {
 		// The default conversation length follows the model's context.
 		per := o.replay.UserBytes + o.replay.AnswerTokens
@@ -205,9 +203,7 @@ func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error
 	}
 	out.AnswersSame = same
 	if o.asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := writeJSON(stdout, out); err != nil {
 			return err
 		}
 	} else {

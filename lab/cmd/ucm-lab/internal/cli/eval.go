@@ -22,18 +22,16 @@ import (
 
 // evalSparseOptions are the flags of ucm-lab eval sparse.
 type evalSparseOptions struct {
-	weights, corpus  string
-	windows, context int
-	prefill          int
-	init, local      int
-	denseLayers      []int
-	blockSizes       []int
-	budgets          []float64
-	methods          []string
-	split            string
-	fitWindows       int
-	layerBudgets     []float64
-	asJSON           bool
+	heldOutOptions
+	prefill      int
+	init, local  int
+	denseLayers  []int
+	blockSizes   []int
+	budgets      []float64
+	methods      []string
+	split        string
+	fitWindows   int
+	layerBudgets []float64
 }
 
 func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -46,7 +44,7 @@ func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
 }
 
 func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
-	o := evalSparseOptions{windows: 8, context: 1024, prefill: 768, blockSizes: []int{16, 32},
+	o := evalSparseOptions{heldOutOptions: heldOutOptions{windows: 8, context: 1024}, prefill: 768, blockSizes: []int{16, 32},
 		budgets: []float64{0.1, 0.2, 0.3}, methods: append(eval.SelectionMethods(), eval.Oracle), init: 1, local: 2, split: "a", fitWindows: 32}
 	cmd := &cobra.Command{
 		Use:   "sparse",
@@ -65,9 +63,7 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 		},
 	}
 	f := cmd.Flags()
-	heldOutFlags(f, &o.weights, &o.corpus)
-	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
-	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
+	o.register(f, "windows of held-out text", "tokens per window")
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window prefilled densely; the rest are decoded")
 	f.IntSliceVar(&o.blockSizes, "block-tokens", o.blockSizes, "tokens per KV block")
 	f.Float64SliceVar(&o.budgets, "budgets", o.budgets, "fractions of the context's blocks attended, windows included")
@@ -78,7 +74,6 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 	f.StringVar(&o.split, "split", o.split, "held-out windows: a (evenly spread, train.py's) or b (the windows between a's, disjoint from them)")
 	f.Float64SliceVar(&o.layerBudgets, "layer-budgets", nil, "one budget per layer for the oracles and probes only (not the methods): what an uneven spread of the budget over layers would be worth")
 	f.IntVar(&o.fitWindows, "fit-windows", o.fitWindows, "windows of training text (never held out) the learned representations fit the model's queries on")
-	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
 
@@ -86,17 +81,13 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := loadEvalModel(o.weights)
+	m, man, err := o.loadModel()
 	if err != nil {
 		return err
 	}
 	switch {
-	case o.context < 2 || o.context > m.Config().MaxCtx:
-		return cliutil.UsageErr("--context %d: want [2, %d]", o.context, m.Config().MaxCtx)
 	case o.prefill < 1 || o.prefill > o.context-1:
 		return cliutil.UsageErr("--prefill %d: want [1, %d]", o.prefill, o.context-1)
-	case o.windows < 1:
-		return cliutil.UsageErr("--windows %d: want at least 1", o.windows)
 	case o.init < 0 || o.local < 1:
 		return cliutil.UsageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
 	case o.split != "a" && o.split != "b":
@@ -147,13 +138,11 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return err
 	}
 	if o.asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
+		return writeJSON(stdout, map[string]any{"model": modelName(man), "heldout_files": files,
 			"heldout_bytes": streamLen, "windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows (split %s) of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
-		man.WeightsSHA256[:12], o.windows, o.split, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
+	fmt.Fprintf(stdout, "model %s; %d windows (split %s) of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
+		modelName(man), o.windows, o.split, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
@@ -193,21 +182,63 @@ func fitQueries(m *model.Model, o evalSparseOptions) (*eval.QueryFit, error) {
 	return eval.FitQueries(m, windows, ctx/2, 1024)
 }
 
-// heldOutFlags registers the --weights and --corpus flags every eval command takes: the model
-// and the held-out text it is measured on (loadEvalModel, heldOutWindows).
-func heldOutFlags(f *pflag.FlagSet, weights, corpus *string) {
-	f.StringVar(weights, "weights", "lab/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
-	f.StringVar(corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+// heldOutOptions are the flags every eval command takes: the model (--weights), the held-out
+// text it is measured on (--corpus), how many windows of it and of how many tokens, and --json.
+type heldOutOptions struct {
+	weights, corpus  string
+	windows, context int
+	asJSON           bool
 }
 
-// loadEvalModel loads the small model the eval commands decode with, or a usage error naming
-// the directory.
-func loadEvalModel(weights string) (*model.Model, *model.Manifest, error) {
+// register adds the flags to f; windows and context say what a window is for this command.
+func (h *heldOutOptions) register(f *pflag.FlagSet, windows, context string) {
+	weightsFlag(f, &h.weights)
+	f.StringVar(&h.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	f.IntVar(&h.windows, "windows", h.windows, windows)
+	f.IntVar(&h.context, "context", h.context, context+" (at most the model's context)")
+	f.BoolVar(&h.asJSON, "json", false, "print one JSON object")
+}
+
+// weightsFlag registers --weights, the small model's weights directory (eval and chat), into
+// *dst; the default is the committed model, relative to the repository's root.
+func weightsFlag(f *pflag.FlagSet, dst *string) {
+	f.StringVar(dst, "weights", "lab/model/weights", "the model's weights directory (MANIFEST.json and the weights file)")
+}
+
+// loadModel loads the small model from its weights directory (eval and chat), or a usage
+// error naming the directory.
+func loadModel(weights string) (*model.Model, *model.Manifest, error) {
 	m, man, err := model.LoadDir(weights)
 	if err != nil {
 		return nil, nil, cliutil.UsageErr("model weights %s: %v (run from the repository's root, or pass --weights)", weights, err)
 	}
 	return m, man, nil
+}
+
+// loadModel loads the small model the eval commands decode with and checks --context against
+// it and --windows: a usage error names the directory or the flag.
+func (h *heldOutOptions) loadModel() (*model.Model, *model.Manifest, error) {
+	m, man, err := loadModel(h.weights)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case h.context < 2 || h.context > m.Config().MaxCtx:
+		return nil, nil, cliutil.UsageErr("--context %d: want [2, %d]", h.context, m.Config().MaxCtx)
+	case h.windows < 1:
+		return nil, nil, cliutil.UsageErr("--windows %d: want at least 1", h.windows)
+	}
+	return m, man, nil
+}
+
+// modelName names the model in reports by its weights' digest.
+func modelName(man *model.Manifest) string { return "ucm-go-small@" + man.WeightsSHA256[:12] }
+
+// writeJSON prints v as one indented JSON object (the --json form of a report).
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // heldOutWindows cuts n windows of size bytes from the held-out text under corpus (the Go

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -16,18 +15,17 @@ import (
 
 // evalBlendOptions are the flags of ucm-lab eval blend.
 type evalBlendOptions struct {
-	weights, corpus          string
-	windows, context, suffix int
-	blockSize, chunkSize     int
-	checkLayer               int
-	ratios                   []float64
-	sources, selections      []string
-	noCorrection             bool
-	asJSON                   bool
+	heldOutOptions
+	suffix               int
+	blockSize, chunkSize int
+	checkLayer           int
+	ratios               []float64
+	sources, selections  []string
+	noCorrection         bool
 }
 
 func newEvalBlendCmd(stdout, stderr io.Writer) *cobra.Command {
-	o := evalBlendOptions{windows: 8, context: 1024, suffix: 256, blockSize: 16, chunkSize: 64, checkLayer: 1,
+	o := evalBlendOptions{heldOutOptions: heldOutOptions{windows: 8, context: 1024}, suffix: 256, blockSize: 16, chunkSize: 64, checkLayer: 1,
 		ratios: []float64{0, 0.05, 0.1, 0.15, 0.2}, sources: []string{eval.SourceStandalone, eval.SourceShuffled}, selections: []string{eval.SelectHKVD}}
 	cmd := &cobra.Command{
 		Use:   "blend",
@@ -47,9 +45,7 @@ change, and the share of reused tokens recomputed.`,
 		},
 	}
 	f := cmd.Flags()
-	heldOutFlags(f, &o.weights, &o.corpus)
-	f.IntVar(&o.windows, "windows", o.windows, "prompts (windows of held-out text)")
-	f.IntVar(&o.context, "context", o.context, "tokens per prompt (at most the model's context)")
+	o.register(f, "prompts (windows of held-out text)", "tokens per prompt")
 	f.IntVar(&o.suffix, "suffix", o.suffix, "fresh query tokens at the end of each prompt (the rest is whole reused chunks)")
 	f.IntVar(&o.blockSize, "block-tokens", o.blockSize, "tokens per KV block")
 	f.IntVar(&o.chunkSize, "chunk-tokens", o.chunkSize, "tokens per chunk (blend_chunk_size; whole blocks)")
@@ -58,7 +54,6 @@ change, and the share of reused tokens recomputed.`,
 	f.StringSliceVar(&o.sources, "sources", o.sources, "how the chunks were computed before: standalone, shuffled")
 	f.StringSliceVar(&o.selections, "selections", o.selections, "how the reused tokens recomputed are picked: hkvd (Blend's), random (the same count, uniformly)")
 	f.BoolVar(&o.noCorrection, "no-correction", false, "also run without rotating reused K to their new positions")
-	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
 
@@ -66,16 +61,12 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := loadEvalModel(o.weights)
+	m, man, err := o.loadModel()
 	if err != nil {
 		return err
 	}
 	cfg := m.Config()
 	switch {
-	case o.context < 2 || o.context > cfg.MaxCtx:
-		return cliutil.UsageErr("--context %d: want [2, %d]", o.context, cfg.MaxCtx)
-	case o.windows < 1:
-		return cliutil.UsageErr("--windows %d: want at least 1", o.windows)
 	case o.blockSize < 1 || o.chunkSize < o.blockSize || o.chunkSize%o.blockSize != 0:
 		return cliutil.UsageErr("--chunk-tokens %d, --block-tokens %d: want whole blocks per chunk", o.chunkSize, o.blockSize)
 	case o.suffix < 1 || o.suffix > o.context-o.chunkSize || (o.context-o.suffix)%o.chunkSize != 0:
@@ -114,14 +105,12 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 		return err
 	}
 	if o.asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "heldout_files": files,
+		return writeJSON(stdout, map[string]any{"model": modelName(man), "heldout_files": files,
 			"heldout_bytes": streamLen, "windows": o.windows, "context": o.context, "suffix": o.suffix, "block_tokens": o.blockSize,
 			"chunk_tokens": o.chunkSize, "check_layer": o.checkLayer, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d prompts of %d tokens from %d held-out files (%d bytes): %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
-		man.WeightsSHA256[:12], o.windows, o.context, files, streamLen, o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
+	fmt.Fprintf(stdout, "model %s; %d prompts of %d tokens from %d held-out files (%d bytes): %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
+		modelName(man), o.windows, o.context, files, streamLen, o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
 	for _, r := range res {

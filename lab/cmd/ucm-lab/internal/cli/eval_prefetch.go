@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -18,19 +17,18 @@ import (
 
 // evalPrefetchOptions are the flags of ucm-lab eval prefetch.
 type evalPrefetchOptions struct {
-	weights, corpus, dir string
-	windows, context     int
+	heldOutOptions
+	dir                  string
 	prefill, blockSize   int
 	init, local, workers int
 	budget, cacheFactor  float64
 	eviction             string
 	runs                 []string
 	directIO             bool
-	asJSON               bool
 }
 
 func newEvalPrefetchCmd(stdout, stderr io.Writer) *cobra.Command {
-	o := evalPrefetchOptions{windows: 8, context: 1024, prefill: 768, blockSize: 16, init: 1, local: 2, workers: 4, budget: 0.3,
+	o := evalPrefetchOptions{heldOutOptions: heldOutOptions{windows: 8, context: 1024}, prefill: 768, blockSize: 16, init: 1, local: 2, workers: 4, budget: 0.3,
 		cacheFactor: 2, eviction: "lru", runs: []string{"GSA@0", "GSA@1", "GSA@2", "GSA@3", "ESA+lag@0", "ESA+lag@1"}}
 	cmd := &cobra.Command{
 		Use:   "prefetch",
@@ -50,10 +48,8 @@ loaded bytes are checked against the model's own cache at every layer of every s
 		},
 	}
 	f := cmd.Flags()
-	heldOutFlags(f, &o.weights, &o.corpus)
+	o.register(f, "windows of held-out text", "tokens per window")
 	f.StringVar(&o.dir, "dir", "", "where the stores' temporary directory is created (default: the system's)")
-	f.IntVar(&o.windows, "windows", o.windows, "windows of held-out text")
-	f.IntVar(&o.context, "context", o.context, "tokens per window (at most the model's context)")
 	f.IntVar(&o.prefill, "prefill", o.prefill, "tokens of each window stored before decoding; the rest are decoded")
 	f.IntVar(&o.blockSize, "block-tokens", o.blockSize, "tokens per KV block")
 	f.Float64Var(&o.budget, "budget", o.budget, "fraction of the context's blocks attended, windows included")
@@ -64,7 +60,6 @@ loaded bytes are checked against the model's own cache at every layer of every s
 	f.StringVar(&o.eviction, "eviction", o.eviction, "eviction_policy: lru, score or hybrid")
 	f.StringSliceVar(&o.runs, "runs", o.runs, "method@prefetch_ahead configurations")
 	f.BoolVar(&o.directIO, "direct-io", false, "open the stores with O_DIRECT, so that every load reads the device (no page cache)")
-	f.BoolVar(&o.asJSON, "json", false, "print one JSON object")
 	return cmd
 }
 
@@ -72,19 +67,15 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	m, man, err := loadEvalModel(o.weights)
+	m, man, err := o.loadModel()
 	if err != nil {
 		return err
 	}
 	switch {
-	case o.context < 2 || o.context > m.Config().MaxCtx:
-		return cliutil.UsageErr("--context %d: want [2, %d]", o.context, m.Config().MaxCtx)
 	case o.blockSize < 1 || o.blockSize > 1024:
 		return cliutil.UsageErr("--block-tokens %d: want [1, 1024]", o.blockSize)
 	case o.prefill < o.blockSize || o.prefill > o.context-1:
 		return cliutil.UsageErr("--prefill %d: want [block tokens, %d]", o.prefill, o.context-1)
-	case o.windows < 1:
-		return cliutil.UsageErr("--windows %d: want at least 1", o.windows)
 	case !(o.budget > 0 && o.budget <= 1) || !(o.cacheFactor > 0):
 		return cliutil.UsageErr("--budget %v, --cache-factor %v: want a fraction in (0, 1] and a positive factor", o.budget, o.cacheFactor)
 	}
@@ -110,13 +101,11 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 		return err
 	}
 	if o.asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"model": "ucm-go-small@" + man.WeightsSHA256[:12], "windows": o.windows, "context": o.context,
+		return writeJSON(stdout, map[string]any{"model": modelName(man), "windows": o.windows, "context": o.context,
 			"prefill": o.prefill, "block_tokens": o.blockSize, "budget": o.budget, "results": res})
 	}
-	fmt.Fprintf(stdout, "model ucm-go-small@%s; %d windows of %d tokens, %d stored, the rest decoded; blocks of %d; budget %.0f%%; eviction %s; direct I/O %v; %s\n",
-		man.WeightsSHA256[:12], o.windows, o.context, o.prefill, o.blockSize, 100*o.budget, o.eviction, o.directIO, time.Since(start).Round(time.Second))
+	fmt.Fprintf(stdout, "model %s; %d windows of %d tokens, %d stored, the rest decoded; blocks of %d; budget %.0f%%; eviction %s; direct I/O %v; %s\n",
+		modelName(man), o.windows, o.context, o.prefill, o.blockSize, 100*o.budget, o.eviction, o.directIO, time.Since(start).Round(time.Second))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tahead\tcache\tsteps\tshards\thits\tin flight\tmisses\tprefetched\tstall µs/step\tstep µs\thidden\t")
 	for _, r := range res {

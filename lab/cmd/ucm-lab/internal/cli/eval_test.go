@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/ucm-go/ucm/internal/cliutil"
@@ -51,6 +52,28 @@ func TestEvalSparse(t *testing.T) {
 	} {
 		if _, _, code := run(t, bad...); code != cliutil.ExitUsage {
 			t.Errorf("%v: exit %d, want %d", bad, code, cliutil.ExitUsage)
+		}
+	}
+}
+
+// TestEvalHeldOutFlags: every eval command takes the same held-out flags and rejects a window
+// count or a context the model cannot run with a usage error naming the flag.
+func TestEvalHeldOutFlags(t *testing.T) {
+	for _, sub := range []string{"sparse", "blend", "prefetch"} {
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--windows", "0"}, "--windows 0: want at least 1"},
+			{[]string{"--context", "1"}, "--context 1: want [2, "},
+			{[]string{"--context", "99999"}, "--context 99999: want [2, "},
+			{[]string{"--weights", "/nonexistent"}, "model weights /nonexistent"},
+		} {
+			args := append([]string{"eval", sub, "--weights", testWeights, "--json"}, c.args...)
+			_, errOut, code := run(t, args...)
+			if code != cliutil.ExitUsage || !strings.Contains(errOut, c.want) {
+				t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", args, code, errOut, c.want)
+			}
 		}
 	}
 }
