@@ -5,6 +5,7 @@
 package cliutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -50,13 +51,13 @@ func UsageErr(format string, args ...any) error {
 // ProblemsFound ends a command that already printed its report with exit status 1.
 var ProblemsFound = &ExitError{Code: ExitProblems}
 
-// Run executes root with args and returns the process exit status: ExitOK when the command
-// returned nil, an ExitError's code (its error printed to stderr as "name: ..."), and ExitUsage
+// Run executes root with args, under a background context (a command's cmd.Context() is never
+// nil), and returns the process exit status: ExitOK when the command returned nil, an ExitError's code (its error printed to stderr as "name: ..."), and ExitUsage
 // for cobra's own errors (unknown command or flag, wrong number of arguments), printed with a
 // pointer to "name help".
 func Run(root *cobra.Command, name string, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
-	err := root.Execute()
+	err := root.ExecuteContext(context.Background())
 	if err == nil {
 		return ExitOK
 	}
@@ -69,6 +70,16 @@ func Run(root *cobra.Command, name string, args []string, stderr io.Writer) int 
 	}
 	fmt.Fprintf(stderr, "%s: %v\nRun '%s help' for usage.\n", name, err, name)
 	return ExitUsage
+}
+
+// NewRoot returns a command's root: errors and usage are left to Run (printed once, with the
+// exit status), output goes to stdout and stderr, and there is no completion command.
+func NewRoot(use, short, long string, stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{Use: use, Short: short, Long: long, SilenceUsage: true, SilenceErrors: true}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.CompletionOptions.DisableDefaultCmd = true
+	return root
 }
 
 // IsTerminal reports whether w is a character device (an interactive terminal).

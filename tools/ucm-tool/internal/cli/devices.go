@@ -56,9 +56,6 @@ with the reason, and the command exits 0.`,
 }
 
 func runDevices(ctx context.Context, stdout io.Writer, library string, timeout time.Duration, asJSON bool) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	if timeout <= 0 {
 		return cliutil.UsageErr("--timeout must be positive")
 	}

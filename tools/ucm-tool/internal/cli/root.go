@@ -20,24 +20,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return cliutil.Run(newRootCmd(stdout, stderr), "ucm-tool", args, stderr)
 }
 
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	root := &cobra.Command{
-		Use:   "ucm-tool",
-		Short: "Offline operator tool for UCM-Go KV-cache stores",
-		Long: `ucm-tool checks, inspects and reclaims space in UCM-Go stores, and shows the
+// toolHelp is the root command's help.
+const toolHelp = `ucm-tool checks, inspects and reclaims space in UCM-Go stores, and shows the
 devices the staging layer sees. The benchmarks, the sparse evaluation and the chat
 replay are ucm-lab's (ucm-lab bench, eval, chat).
 
 Exit status: 0 when the command found nothing wrong, 1 when it found problems
-(verify), or compact, gc or evict failed part way
-(evict: or could not reach --to), 2 on usage errors or when the store cannot be
-opened (missing, not a store, or in use by a running engine).`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	root.CompletionOptions.DisableDefaultCmd = true
+(verify), or compact, gc or evict failed part way (evict: or could not reach --to),
+2 on usage errors or when the store cannot be opened (missing, not a store, or in
+use by a running engine).`
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := cliutil.NewRoot("ucm-tool", "Offline operator tool for UCM-Go KV-cache stores", toolHelp, stdout, stderr)
 	tc := &cliutil.Config{}
 	tc.Register(root, "the store directory when DIR is omitted", true)
 	root.AddCommand(newVerifyCmd(tc, stdout, stderr), newInspectCmd(tc, stdout, stderr), newStatsCmd(tc, stdout, stderr),

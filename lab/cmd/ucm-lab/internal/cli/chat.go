@@ -114,9 +114,6 @@ func parseSidecars(s string) ([]kernels.SidecarSpec, error) {
 }
 
 func runChat(ctx context.Context, o chatOptions, stdout, stderr io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	sidecars, err := parseSidecars(o.sidecars)
 	if err != nil {
 		return err

@@ -78,9 +78,6 @@ prefilled densely for --prefill tokens; the rest are decode positions.`,
 }
 
 func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	m, man, err := o.loadModel()
 	if err != nil {
 		return err

@@ -58,9 +58,6 @@ change, and the share of reused tokens recomputed.`,
 }
 
 func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	m, man, err := o.loadModel()
 	if err != nil {
 		return err

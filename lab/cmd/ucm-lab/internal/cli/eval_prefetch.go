@@ -64,9 +64,6 @@ loaded bytes are checked against the model's own cache at every layer of every s
 }
 
 func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr io.Writer) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	m, man, err := o.loadModel()
 	if err != nil {
 		return err
