@@ -215,7 +215,7 @@ func (e *Engine) openTiers() error {
 	backends := map[devio.IOEngine]devio.Backend{}
 	for _, c := range cfgs {
 		if c.Kind == tiers.KindMemory {
-			e.mem = tiers.NewMemCache(c.Capacity)
+			e.mem = tiers.NewMemCache(c.Name, c.Capacity)
 			e.memCfg = c
 			continue
 		}

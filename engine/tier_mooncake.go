@@ -129,7 +129,7 @@ func (e *Engine) mooncakeLoad(t *Task, shard int, dst [][]byte, lo, hi int, want
 	if e.mem != nil && shard == AllShards {
 		crcs = make([][]uint32, hi-lo)
 	}
-	hits := e.mc.Get(t.ids[lo:hi], shard, dst[lo:hi], ask, crcs)
+	hits, _ := e.mc.Load(t.ids[lo:hi], shard, ask, func(j int) []byte { return dst[lo+j] }, crcs)
 	for k, hit := range hits {
 		if !hit {
 			continue
@@ -182,7 +182,7 @@ func (e *Engine) mooncakeLookup(ids []BlockID, hits []bool) {
 	if !some {
 		return
 	}
-	for i, in := range e.mc.Contains(ids, ask) {
+	for i, in := range e.mc.Lookup(ids, ask) {
 		hits[i] = hits[i] || in
 	}
 }
@@ -194,7 +194,7 @@ func (e *Engine) mooncakePrefix(ids []BlockID, n int) int {
 		return n
 	}
 	n0 := n
-	in := e.mc.Contains(ids[n0:], nil)
+	in := e.mc.Lookup(ids[n0:], nil)
 	for n < len(ids) {
 		start := n
 		for n < len(ids) && in[n-n0] {
