@@ -336,30 +336,26 @@ func (c *MemCache) Load(ids []ID, shard int, want []bool, dst func(int) []byte, 
 			continue
 		}
 		k := memKey{id, 0}
+		var off, n int64
 		c.mu.Lock()
-		e := c.entries[k]
-		if e == nil {
-			c.misses++
+		if e := c.entries[k]; e != nil {
+			n = int64(len(e.data))
+			if shard >= 0 {
+				n /= int64(len(e.crcs))
+				off = int64(shard) * n
+			}
 		}
+		e := c.lookupLocked(k, off, n, shard >= 0) // counts the hit or the miss
 		c.mu.Unlock()
 		if e == nil {
 			continue
 		}
-		off, n := int64(0), int64(len(e.data))
-		if shard >= 0 {
-			n = n / int64(len(e.crcs))
-			off = int64(shard) * n
-		}
 		buf := dst(i)
-		c.mu.Lock()
 		if int64(len(buf)) != n {
+			c.mu.Lock()
+			c.hits--
 			c.misses++
-			e = nil
-		} else {
-			e = c.lookupLocked(k, off, n, shard >= 0)
-		}
-		c.mu.Unlock()
-		if e == nil {
+			c.mu.Unlock()
 			continue
 		}
 		if err := c.check(e, off, buf); err != nil {
