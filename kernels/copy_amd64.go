@@ -24,11 +24,6 @@ func copyPF(dst, src *byte, n int, pf *byte, nt bool)
 //go:noescape
 func prefetch(p *byte, n int)
 
-// prefetchW asks for the cache lines of [p, p+n), n > 0, to be loaded for writing (PREFETCHW).
-//
-//go:noescape
-func prefetchW(p *byte, n int)
-
 // sfence orders the non-temporal stores issued before it (SFENCE).
 func sfence()
 

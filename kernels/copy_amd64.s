@@ -100,19 +100,3 @@ ploop:
 	CMPQ       SI, CX
 	JB         ploop
 	RET
-
-// func prefetchW(p *byte, n int)
-//
-// PREFETCHW of every 64-byte line in [p, p+n), n > 0: lines a copy will write next, fetched
-// for ownership ahead of the stores.
-TEXT ·prefetchW(SB), NOSPLIT, $0-16
-	MOVQ p+0(FP), SI
-	MOVQ n+8(FP), CX
-	ADDQ SI, CX
-
-pwloop:
-	BYTE $0x0F; BYTE $0x0D; BYTE $0x0E // PREFETCHW (SI): the Go assembler lacks the mnemonic
-	ADDQ $64, SI
-	CMPQ SI, CX
-	JB   pwloop
-	RET

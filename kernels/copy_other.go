@@ -13,9 +13,6 @@ func streamFence() {}
 // prefetch does nothing on this architecture.
 func prefetch(p *byte, n int) {}
 
-// prefetchW does nothing on this architecture.
-func prefetchW(p *byte, n int) {}
-
 // haveNT is false: no non-temporal copy routine on this architecture.
 const haveNT = false
 

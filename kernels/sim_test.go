@@ -519,3 +519,30 @@ func testRandomBytes(n int, seed uint64) []byte {
 	_, _ = rand.NewChaCha8(key).Read(b)
 	return b
 }
+
+// Device memory of hugePageBytes or more starts on a huge page boundary (its pages can be
+// huge pages), is zeroed and exactly as long as asked; smaller allocations stay 4096-aligned.
+func TestAllocAlignment(t *testing.T) {
+	d := newTestDevice(t, SimOptions{})
+	for _, c := range []struct {
+		size  int64
+		align uintptr
+	}{{4096, 4096}, {hugePageBytes - 1, 4096}, {hugePageBytes, hugePageBytes}, {3*hugePageBytes + 5, hugePageBytes}} {
+		m := mustAlloc(t, d, "kv", c.size)
+		b := memBytes(m)
+		if int64(len(b)) != c.size || int64(cap(b)) != c.size {
+			t.Fatalf("alloc of %d bytes: len %d cap %d", c.size, len(b), cap(b))
+		}
+		if addrOf(b)%c.align != 0 {
+			t.Fatalf("alloc of %d bytes at %#x: not aligned to %d", c.size, addrOf(b), c.align)
+		}
+		for i, v := range b {
+			if v != 0 {
+				t.Fatalf("alloc of %d bytes: byte %d is %d, not zero", c.size, i, v)
+			}
+		}
+		if err := d.Free(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
