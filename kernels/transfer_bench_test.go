@@ -238,3 +238,95 @@ func benchTransfer(b *testing.B, c *benchCache, mode, op string) {
 	b.ReportMetric(med[1]/med[0], "ratio")
 	b.ReportMetric(med[2]/med[0], "ratio-inline")
 }
+
+// BenchmarkScatteredRuns isolates what a gather's run pattern costs: 4 MiB copied from 512 MiB
+// of cold memory into a staging buffer, as one Go copy (memcpy, the baseline), as runs of the
+// given size one after another (seq: the same copy routine as a transfer's, on contiguous
+// runs), as the same number of runs from random places (random) and as those random runs
+// through a gather's copy loop with its prefetch cursor (ahead). Each metric is the variant's
+// rate ÷ memcpy's, from median times of interleaved rounds; the memory has 2 MiB pages
+// (device memory) or, with pages=4k, 4 KiB pages (Go heap).
+//
+//	go test -run '^$' -bench 'BenchmarkScatteredRuns' -benchtime 100x -cpu 1 ./kernels/
+func BenchmarkScatteredRuns(b *testing.B) {
+	const devBytes, total = 512 << 20, 4 << 20
+	for _, pages := range []string{"2M", "4k"} {
+		var dev []byte
+		if pages == "2M" {
+			d, err := NewSimDevice(SimOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			dev = memBytes(mustAlloc(b, d, "dev", devBytes))
+			defer d.Close()
+		} else {
+			dev = make([]byte, devBytes)
+		}
+		for i := 0; i < len(dev); i += 4096 {
+			dev[i] = byte(i >> 12)
+		}
+		st, err := NewStaging(total, StagingOptions{HugePages: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		host := st.Bytes()[:total]
+		for _, run := range []int{4 << 10, 32 << 10, 256 << 10} {
+			b.Run(fmt.Sprintf("pages=%s/run=%d", pages, run), func(b *testing.B) {
+				nr := total / run
+				slots := rand.New(rand.NewPCG(1, uint64(run))).Perm(devBytes / run)
+				rounds := len(slots) / nr // each round reads runs no other round read
+				items := make([]xitem, nr)
+				mems := [][]byte{dev}
+				variants := []struct {
+					name string
+					fn   func(r int)
+				}{
+					{"memcpy", func(r int) { o := r % (devBytes / total) * total; copy(host, dev[o:o+total]) }},
+					{"seq", func(r int) {
+						o := r % (devBytes / total) * total
+						for k := 0; k < nr; k++ {
+							copyStream(host[k*run:(k+1)*run], dev[o+k*run:o+(k+1)*run])
+						}
+						streamFence()
+					}},
+					{"random", func(r int) {
+						for k := 0; k < nr; k++ {
+							o := slots[r%rounds*nr+k] * run
+							copyStream(host[k*run:(k+1)*run], dev[o:o+run])
+						}
+						streamFence()
+					}},
+					{"ahead", func(r int) {
+						for k := range items {
+							items[k] = xitem{src: int64(slots[r%rounds*nr+k] * run), dst: int64(k * run), n: int64(run)}
+						}
+						q := runSeq{items: items}
+						q.gatherAhead(mems, host, true)
+						streamFence()
+					}},
+				}
+				took := make([][]time.Duration, len(variants))
+				for i := 0; i < b.N; i++ {
+					for k := range variants {
+						w := (i + k) % len(variants)
+						t0 := time.Now()
+						variants[w].fn(i*len(variants) + k)
+						took[w] = append(took[w], time.Since(t0))
+					}
+				}
+				var base float64
+				for w, v := range variants {
+					slices.Sort(took[w])
+					m := took[w][len(took[w])/2].Seconds()
+					if w == 0 {
+						base = m
+						b.ReportMetric(total/m/1e9, "memcpy-GB/s")
+						continue
+					}
+					b.ReportMetric(base/m, v.name)
+				}
+			})
+		}
+		_ = st.Close()
+	}
+}
