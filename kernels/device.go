@@ -245,10 +245,16 @@ func (d *Device) Free(m *Memory) error {
 	return nil
 }
 
-// allocAligned returns size zeroed bytes whose start is aligned to 4096. The memory is Go heap
-// memory, so an operation still holding it after Free can never fault.
+// allocAligned returns size zeroed bytes whose start is aligned to 4096, or, from
+// hugePageBytes up, to hugePageBytes with transparent huge pages advised for the whole pages
+// (best effort): the page size a GPU maps its memory with, and the one that keeps a gather of
+// runs scattered over a large cache from paying a page walk per run (docs/kernels.md). The
+// memory is Go heap memory, so an operation still holding it after Free can never fault.
 func allocAligned(size int64) (b []byte, err error) {
-	const align = 4096
+	align := int64(4096)
+	if size >= hugePageBytes {
+		align = hugePageBytes
+	}
 	defer func() {
 		// make panics when the heap cannot grow; report it instead.
 		if r := recover(); r != nil {
@@ -257,10 +263,14 @@ func allocAligned(size int64) (b []byte, err error) {
 	}()
 	raw := make([]byte, size+align)
 	skip := int64(0)
-	if rem := addrOf(raw) % align; rem != 0 {
-		skip = int64(align - rem)
+	if rem := int64(addrOf(raw) % uintptr(align)); rem != 0 {
+		skip = align - rem
 	}
-	return raw[skip : skip+size : skip+size], nil
+	b = raw[skip : skip+size : skip+size]
+	if align == hugePageBytes {
+		_ = adviseHugePages(b[:size&^(hugePageBytes-1)]) // best effort: 4 KiB pages otherwise
+	}
+	return b, nil
 }
 
 // Synchronize waits until every stream of the device has run all work enqueued before the

@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -518,4 +520,117 @@ func testRandomBytes(n int, seed uint64) []byte {
 	key[1] = byte(seed >> 8)
 	_, _ = rand.NewChaCha8(key).Read(b)
 	return b
+}
+
+// Device memory of hugePageBytes or more starts on a huge page boundary (its pages can be
+// huge pages), is zeroed and exactly as long as asked; smaller allocations stay 4096-aligned.
+func TestAllocAlignment(t *testing.T) {
+	d := newTestDevice(t, SimOptions{})
+	for _, c := range []struct {
+		size  int64
+		align uintptr
+	}{{4096, 4096}, {hugePageBytes - 1, 4096}, {hugePageBytes, hugePageBytes}, {3*hugePageBytes + 5, hugePageBytes}} {
+		m := mustAlloc(t, d, "kv", c.size)
+		b := memBytes(m)
+		if int64(len(b)) != c.size || int64(cap(b)) != c.size {
+			t.Fatalf("alloc of %d bytes: len %d cap %d", c.size, len(b), cap(b))
+		}
+		if addrOf(b)%c.align != 0 {
+			t.Fatalf("alloc of %d bytes at %#x: not aligned to %d", c.size, addrOf(b), c.align)
+		}
+		for i, v := range b {
+			if v != 0 {
+				t.Fatalf("alloc of %d bytes: byte %d is %d, not zero", c.size, i, v)
+			}
+		}
+		if err := d.Free(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Synchronize may run queued copies on its own goroutine (syncInline) while the stream's
+// goroutine also takes work: copies, launched functions, callbacks and recorded events still
+// run one at a time, in the order enqueued, each once, with a failed copy's error reported by
+// the next Synchronize only and the copies after it skipped, also with a second goroutine
+// synchronising the same stream.
+func TestSimSynchronizeInlineOrder(t *testing.T) {
+	d := newTestDevice(t, SimOptions{})
+	s := mustStream(t, d)
+	var (
+		mu      sync.Mutex
+		ran     []int
+		running atomic.Int32
+	)
+	step := func(i int) func() error {
+		return func() error {
+			if running.Add(1) != 1 {
+				t.Errorf("op %d ran while another op was running", i)
+			}
+			mu.Lock()
+			ran = append(ran, i)
+			mu.Unlock()
+			running.Add(-1)
+			return nil
+		}
+	}
+	boom := errors.New("boom")
+	var next int
+	var want []int
+	for round := 0; round < 300; round++ {
+		for k := 0; k < round%5+1; k++ {
+			i := next
+			next++
+			want = append(want, i)
+			op := streamOp{name: "copy", dir: linkD2H, run: step(i)}
+			switch k % 4 {
+			case 1:
+				op.dir, op.name = linkNone, "launch" // not run inline
+			case 2:
+				op.notify = func(error) {}
+			}
+			if err := s.enqueue(op); err != nil {
+				t.Fatal(err)
+			}
+		}
+		failing := round%7 == 3
+		if failing {
+			if err := s.enqueue(streamOp{name: "failing copy", dir: linkH2D, run: func() error { return boom }}); err != nil {
+				t.Fatal(err)
+			}
+			// Skipped: an op after a failure does not run until the error is synchronised.
+			if err := s.enqueue(streamOp{name: "skipped copy", dir: linkH2D, run: func() error {
+				t.Errorf("round %d: a copy after a failed one ran", round)
+				return nil
+			}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var other error
+		var wg sync.WaitGroup
+		if round%3 == 0 { // a second goroutine synchronising at the same time
+			wg.Add(1)
+			go func() { defer wg.Done(); other = s.Synchronize() }()
+		}
+		err := s.Synchronize()
+		wg.Wait()
+		if failing && !errors.Is(err, boom) && !errors.Is(other, boom) {
+			t.Fatalf("round %d: Synchronize returned %v and %v, want the failed copy's error", round, err, other)
+		}
+		if !failing && (err != nil || other != nil) {
+			t.Fatalf("round %d: Synchronize returned %v and %v after copies that succeeded", round, err, other)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatalf("round %d: the error was not cleared: %v", round, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(ran, want) {
+		i := 0
+		for i < min(len(ran), len(want)) && ran[i] == want[i] {
+			i++
+		}
+		t.Fatalf("%d ops ran, %d enqueued; from position %d they ran as %v, want %v", len(ran), len(want), i, ran[i:min(len(ran), i+5)], want[i:min(len(want), i+5)])
+	}
 }

@@ -141,6 +141,17 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 			itemPool.Put(ip)
 		}()
 		p.dev.parallel(total, len(items), func(a, b int) {
+			if d2h && (flat || tmpl.offs != nil && tmpl.run >= pfMinRun) {
+				q := runSeq{items: items[a:b], offs: tmpl.offs, run: tmpl.run}
+				if flat {
+					q.offs = nil
+				}
+				q.gatherAhead(mems, host, stream)
+				if stream {
+					streamFence()
+				}
+				return
+			}
 			for _, it := range items[a:b] {
 				mem := mems[it.layer]
 				switch {
