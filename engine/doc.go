@@ -75,7 +75,10 @@
 // Configuration. The Schema (model, dtype, KV layout, TP rank and size, block tokens, hash
 // scheme) and the Layout are fingerprinted into the store and every segment header; Open with
 // another fingerprint fails with ErrSchemaMismatch, because KV computed under another
-// configuration has valid checksums too.
+// configuration has valid checksums too. Options hold every other setting, each with its
+// documented default (the zero value); Options.Validate (run by Open) names the field at
+// fault. The engine reads no configuration file: connector/ucmconfig turns UCM's YAML
+// configuration into Options.
 //
 // One writer. Open locks the store directory: a second Open of it, in this process or another
 // and by whatever path, fails with ErrLocked.

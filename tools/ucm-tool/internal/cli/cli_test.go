@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
@@ -570,9 +571,9 @@ func TestParseSize(t *testing.T) {
 		{"1T", 1 << 40, true},
 		{"abc", 0, false},
 	} {
-		got, err := engine.ParseSize(c.in)
+		got, err := ucmconfig.ParseSize(c.in)
 		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("engine.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
+			t.Errorf("ucmconfig.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
 		}
 	}
 	for n, want := range map[int64]string{2 << 20: "2MiB", 256 << 10: "256KiB", 1 << 30: "1GiB", 1000: "1000", 0: "0"} {

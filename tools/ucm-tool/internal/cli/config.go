@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -29,14 +29,14 @@ func (c *toolConfig) register(root *cobra.Command) {
 }
 
 // load parses the configuration (nil without --config).
-func (c *toolConfig) load() (*engine.Config, error) {
+func (c *toolConfig) load() (*ucmconfig.Config, error) {
 	if c.path == "" {
 		if c.instance != "" {
 			return nil, usageErr("--instance needs --config")
 		}
 		return nil, nil
 	}
-	cfg, err := engine.LoadConfig(c.path)
+	cfg, err := ucmconfig.LoadConfig(c.path)
 	if err != nil {
 		return nil, usageErr("--config: %v", err)
 	}

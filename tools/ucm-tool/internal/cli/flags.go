@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 )
 
 // parsedFlag is a flag whose text is parsed into *dst as the command line is read (and when a
@@ -42,15 +42,15 @@ func (f *parsedFlag[T]) Set(s string) error {
 
 var _ pflag.Value = (*parsedFlag[int])(nil)
 
-// sizeFlag is a size flag (bytes, or K/KiB, M/MiB, G/GiB, T/TiB: engine.ParseSize) into *dst.
+// sizeFlag is a size flag (bytes, or K/KiB, M/MiB, G/GiB, T/TiB: ucmconfig.ParseSize) into *dst.
 func sizeFlag(dst *int64, def string) *parsedFlag[int64] {
-	return newParsedFlag(dst, "size", def, engine.ParseSize)
+	return newParsedFlag(dst, "size", def, ucmconfig.ParseSize)
 }
 
-// parseSizeOrAuto is engine.ParseSize, with "auto" for 0 (the engine's choice).
+// parseSizeOrAuto is ucmconfig.ParseSize, with "auto" for 0 (the engine's choice).
 func parseSizeOrAuto(s string) (int64, error) {
 	if s == "auto" {
 		return 0, nil
 	}
-	return engine.ParseSize(s)
+	return ucmconfig.ParseSize(s)
 }
