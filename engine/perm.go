@@ -141,8 +141,8 @@ func (p permFS) chmodDir(name string, mode os.FileMode) error {
 	return nil
 }
 
-// ValidateMode reports why mode cannot be a store's file (dir false) or directory mode, or nil: only
-// permission bits, and the owner must be able to read and write (and enter directories).
+// ValidateMode reports why mode cannot be a store's file (dir false) or directory mode, or nil:
+// only permission bits, and the owner must be able to read and write (and enter directories).
 func ValidateMode(mode os.FileMode, dir bool) error {
 	need := os.FileMode(0o600)
 	if dir {

@@ -46,8 +46,8 @@ import (
 //	      posix_gc_recycle_percent: 0.1          # UCM: and frees this share of the capacity
 //	ucm_sparse_config: {...}                 # kept for the sparse package
 //
-// Tiers (engine.Options.Tiers, docs/tiers.md). UCM-Go's own key tiers lists them fastest first, each
-// with the keys of tiers.Config (name, kind, paths, capacity, high_watermark, low_watermark,
+// Tiers (engine.Options.Tiers, docs/tiers.md). UCM-Go's own key tiers lists them fastest first,
+// each with the keys of tiers.Config (name, kind, paths, capacity, high_watermark, low_watermark,
 // io_engine, direct_io, compression; capacity takes a size with a unit, like every size here):
 //
 //	tiers:
@@ -55,17 +55,17 @@ import (
 //	  - {name: ssd, kind: disk, paths: [/mnt/nvme0/ucm, /mnt/nvme1/ucm], capacity: 3TiB}
 //	  - {name: nfs, kind: disk, paths: [/mnt/nfs/ucm]}   # capacity 0: unlimited
 //
-// A list tiers.Validate rejects is an error naming the tier. Without tiers, UCM's
-// posix_capacity_gb (GiB, 2^30 bytes, as UCM counts it) makes one disk tier named "disk" whose
-// paths are storage_backends, with that capacity; its high watermark is
-// posix_gc_trigger_threshold_ratio (UCM's default 0.7 when absent) and its low watermark that
-// minus posix_gc_recycle_percent (UCM's default 0.1). posix_capacity_gb with tiers is an error
-// (say the capacity in the list). Without either, the store is one unlimited disk tier in the
-// store directory. UCM's cache_buffer_capacity_gb (GiB; the Cache|Posix pipeline) puts a memory
-// tier named "cache" of that size in front (with tiers: an error, list it there).
-// posix_gc_check_interval_sec is engine.Options.CompactInterval (online compaction; UCM's default 30).
-// posix_gc_enable and the GC keys without a capacity are accepted and ignored: a tier with a
-// capacity is always reclaimed, continuously.
+// A list tiers.Validate rejects is an error naming the tier. Without tiers, UCM's posix_capacity_gb
+// (GiB, 2^30 bytes, as UCM counts it) makes one disk tier named "disk" whose paths are
+// storage_backends, with that capacity; its high watermark is posix_gc_trigger_threshold_ratio
+// (UCM's default 0.7 when absent) and its low watermark that minus posix_gc_recycle_percent (UCM's
+// default 0.1). posix_capacity_gb with tiers is an error (say the capacity in the list). Without
+// either, the store is one unlimited disk tier in the store directory. UCM's
+// cache_buffer_capacity_gb (GiB; the Cache|Posix pipeline) puts a memory tier named "cache" of that
+// size in front (with tiers: an error, list it there). posix_gc_check_interval_sec is
+// engine.Options.CompactInterval (online compaction; UCM's default 30). posix_gc_enable and the GC
+// keys without a capacity are accepted and ignored: a tier with a capacity is always reclaimed,
+// continuously.
 //
 // The store directory (index, lock) is the first of storage_backends, or, when it is empty and
 // tiers are given, the first path of the first disk tier.
@@ -697,10 +697,10 @@ func connectorIOEngine(p ConnectorParams) (devio.IOEngine, error) {
 	return 0, fmt.Errorf("posix_io_engine %q: want psync or aio: %w", p.PosixIOEngine, engine.ErrInvalidArgument)
 }
 
-// StoreOptions turns the first connector into the store directory and engine.Options for engine.Open. The
-// caller fills engine.Layout and engine.Schema (they come from the model the connector serves); if the
-// config names a block_size it must equal engine.Layout.BlockBytes(), which engine.Open-time code checks
-// with CheckBlockSize.
+// StoreOptions turns the first connector into the store directory and engine.Options for
+// engine.Open. The caller fills opts.Layout and opts.Schema (they come from the model the
+// connector serves); if the config names a block_size it must equal Layout.BlockBytes(),
+// which the opener checks with CheckBlockSize.
 func (c *Config) StoreOptions() (dir string, opts engine.Options, err error) {
 	if len(c.Connectors) == 0 {
 		return "", opts, fmt.Errorf("config: no ucm_connectors and no UCM_STORAGE_PATH: %w", engine.ErrInvalidArgument)

@@ -12,8 +12,9 @@
 //     the key's field or its converted form holds, NaN or an infinity is an error naming the
 //     key, its line and the value as written. Sizes take binary units (ParseSize).
 //   - Every error wraps engine.ErrInvalidArgument (test with errors.Is).
-//   - A configuration ParseConfig accepts gives Options that engine.Options.Validate accepts,
-//     once the caller fills Layout and Schema (they come from the model served).
+//   - StoreOptions gives the store directory and engine.Options; the caller fills Layout and
+//     Schema (they come from the model served), and engine.Open validates the rest, naming the
+//     field at fault.
 //   - InstanceStore gives each process configured with the same storage_backends its own store
 //     directory, <storage_backends[0]>/stores/<LayoutNamespace>/<name>, with the backends as a
 //     shared tier (docs/sharing.md).

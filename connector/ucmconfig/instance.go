@@ -31,13 +31,13 @@ func LayoutNamespace(s engine.Schema, l engine.Layout) string {
 }
 
 // InstanceStore is StoreOptions for one of several processes configured with the same
-// storage_backends, as UCM's stores are used: vLLM's tensor-parallel workers on one host, and
-// hosts sharing a file system. Where StoreOptions makes storage_backends[0] the store directory
-// (one process only: a second one gets engine.ErrLocked), InstanceStore makes the storage backends a
+// storage_backends, as UCM's stores are used: vLLM's tensor-parallel workers on one host, and hosts
+// sharing a file system. Where StoreOptions makes storage_backends[0] the store directory (one
+// process only: a second one gets engine.ErrLocked), InstanceStore makes the storage backends a
 // shared disk tier (docs/sharing.md) and gives the process its own store directory,
-// <storage_backends[0]>/stores/<LayoutNamespace(s, l)>/<name>, with opts.Schema and
-// opts.Layout set to s and l. name identifies the process across restarts (a worker that comes
-// back with the same name and layout finds its own blocks); it must be one path element.
+// <storage_backends[0]>/stores/<LayoutNamespace(s, l)>/<name>, with opts.Schema and opts.Layout set
+// to s and l. name identifies the process across restarts (a worker that comes back with the same
+// name and layout finds its own blocks); it must be one path element.
 //
 // Each schema and layout has its own namespace: a process started with another block size or
 // tensor sizes (another model, another TP size) under the same name gets a new, empty store
@@ -98,9 +98,9 @@ func checkInstanceName(name string) error {
 
 // InstanceStores returns every store directory of the instance name under the first storage
 // backend, whatever its layout: <storage_backends[0]>/stores/*/<name>, and the pre-namespace
-// <storage_backends[0]>/stores/<name> when it is one, sorted; engine.ErrNotFound when there is none.
-// It is for tools that open a store with the schema it recorded (engine.Options.AdoptStoredSchema)
-// and know the name only.
+// <storage_backends[0]>/stores/<name> when it is one, sorted; engine.ErrNotFound when there is
+// none. It is for tools that open a store with the schema it recorded
+// (engine.Options.AdoptStoredSchema) and know the name only.
 func (c *Config) InstanceStores(name string) ([]string, error) {
 	if err := checkInstanceName(name); err != nil {
 		return nil, err

@@ -11,8 +11,8 @@ import (
 	"github.com/ucm-go/ucm/engine"
 )
 
-// TestInstanceStoreSharesBackends: two processes' worth of engines opened from one UCM config
-// with different instance names both open (no engine.ErrLocked), each in its own store directory, and
+// TestInstanceStoreSharesBackends: two processes' worth of engines opened from one UCM config with
+// different instance names both open (no engine.ErrLocked), each in its own store directory, and
 // see each other's sealed blocks through the shared storage backend.
 func TestInstanceStoreSharesBackends(t *testing.T) {
 	root := t.TempDir()

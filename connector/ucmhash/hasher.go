@@ -155,8 +155,8 @@ func (h *Hasher) ForRank(id engine.BlockID, rank int) engine.BlockID {
 	return md5.Sum(b)
 }
 
-// getBuf returns a scratch buffer sized for one block; for engine.HashSchemeUCMPickle it already holds
-// the meta prefix.
+// getBuf returns a scratch buffer sized for one block; for engine.HashSchemeUCMPickle it already
+// holds the meta prefix.
 func (h *Hasher) getBuf() *[]byte {
 	if bp, ok := h.bufs.Get().(*[]byte); ok {
 		return bp
