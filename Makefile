@@ -25,8 +25,11 @@ FUZZTIME    ?= 60s
 
 all: build
 
+# bin/ucm-tool, the operator's tool (verify, inspect, stats, compact, gc, evict, devices), and
+# bin/ucm-lab, the lab's command (bench, eval, chat).
 build:
 	$(GO) build $(BUILDFLAGS) -o $(BIN)/ucm-tool ./tools/ucm-tool
+	$(GO) build $(BUILDFLAGS) -o $(BIN)/ucm-lab ./lab/cmd/ucm-lab
 
 # The C ABI for inference engines (docs/connector.md): lib/libucmgo.so and its header lib/ucmgo.h.
 LIB := $(CURDIR)/lib
@@ -36,18 +39,18 @@ lib:
 	cp connector/capi/ucmgo.h $(LIB)/ucmgo.h
 
 run: build
-	$(BIN)/ucm-tool chat --dir ./ucm-data/chat
+	$(BIN)/ucm-lab chat --dir ./ucm-data/chat
 
-# Retrains the small model (connector/model; docs/model.md): Debian's python3-torch, and
+# Retrains the small model (lab/model; docs/model.md): Debian's python3-torch, and
 # libopenblas0-pthread for speed (train.py uses it without touching the system's BLAS). CI never
 # trains; the weights, manifest and golden fixture it rewrites are committed.
 MODEL_MINUTES ?= 95
 train-model:
-	/usr/bin/python3 connector/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
+	/usr/bin/python3 lab/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
 		--short-ctx 256 --long-frac 0.3 --lr 3e-3 --warmup 50 --log-every 50 --eval-windows 96
 
 bench: build
-	$(BIN)/ucm-tool bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
+	$(BIN)/ucm-lab bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
 # The Debian packages make test needs beyond Go, gcc, make and git: Debian's python3 with numpy,
 # pytest and torch, python3-pip and python3-venv, glusterfs-server and -client, prometheus and
@@ -143,18 +146,18 @@ test-mooncake: mooncake
 	bash tools/mooncake/harness.sh $(MOONCAKE_GO) test -count=1 -timeout 20m -v ./fuzz/mooncake/
 	bash tools/mooncake/harness.sh $(MOONCAKE_GO) test -race -count=1 -timeout 10m -run Mooncake ./tiers/ ./engine/
 
-# ucm-tool bench on a memory | mooncake | ssd chain against a master the harness starts, with
+# ucm-lab bench on a memory | mooncake | ssd chain against a master the harness starts, with
 # the pool's own put/get rate measured in the same run (docs/mooncake.md). The stores go to a
 # fresh directory under MOONCAKE_BENCH_TMPDIR (a real disk: the ssd tier; about 2.2 GB with the
 # default sizes), removed when the bench ends, also on failure or interrupt.
 MOONCAKE_BENCH ?= --total 1GiB --block-size 2MiB --shards 32
 MOONCAKE_BENCH_TMPDIR ?= /var/tmp
 bench-mooncake: mooncake
-	$(MOONCAKE_GO) build -o $(BIN)/ucm-tool-mooncake ./tools/ucm-tool
+	$(MOONCAKE_GO) build -o $(BIN)/ucm-lab-mooncake ./lab/cmd/ucm-lab
 	@set -e; dir=$$(mktemp -d $(MOONCAKE_BENCH_TMPDIR)/ucm-mooncake-bench.XXXXXX); \
 	trap 'rm -rf "$$dir"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
 	echo "bench-mooncake: stores in $$dir (removed at the end)"; \
-	bash tools/mooncake/harness.sh --master $(BIN)/ucm-tool-mooncake bench --workload mooncake --dir "$$dir/store" $(MOONCAKE_BENCH)
+	bash tools/mooncake/harness.sh --master $(BIN)/ucm-lab-mooncake bench --workload mooncake --dir "$$dir/store" $(MOONCAKE_BENCH)
 
 lint: vet staticcheck lint-history
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -193,7 +196,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./connector/ucmhash:FuzzHasher:40000x ./connector/ucmconfig:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
-                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./connector/model:FuzzLoadWeights:200000x \
+                ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./lab/model:FuzzLoadWeights:200000x \
                 ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
 FUZZSMOKE   ?= per-target
 

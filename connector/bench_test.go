@@ -16,7 +16,7 @@ import (
 
 // BenchmarkStoreLoadShard is the Go side of one UCM layer-wise load call (4 blocks × one 64 KiB
 // shard into one span each), submit and wait: what the C ABI adds to is measured by
-// connector/python/bench.py against ucm-tool bench.
+// connector/python/bench.py against ucm-lab bench.
 func BenchmarkStoreLoadShard(b *testing.B) {
 	dir := b.TempDir()
 	cfg, err := ParseStoreConfig(fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size_list": [32768, 32768], "shard_size": 65536, "block_size": 2097152, "sync_policy": "none"}`, dir), noEnv)

@@ -807,7 +807,12 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 		e.dropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
 	} else if !e.opts.ReadOnly && isForeign(loc.Segment) {
 		// Another instance's block: forget this copy here; its owner's files are not ours.
-		// Its sidecars leave the foreign index with it, and the memory tier after.
+		// Its sidecars leave the foreign index with it, and the memory tier after. A segment
+		// gone means this view of its owner is older than the grace (a block compacted away
+		// lives on in another segment): refresh now rather than at the next interval.
+		if errors.Is(cause, wal.ErrSegmentGone) {
+			defer e.kickSharing()
+		}
 		if e.share != nil && e.share.fx != nil {
 			b := e.share.fx.NewBatch()
 			b.DeleteIf(id, loc)

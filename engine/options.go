@@ -248,7 +248,7 @@ type Options struct {
 	Logger *slog.Logger
 	// OnFlight and OnLoad, if set, receive the timing of every flight of dumped records
 	// (wal.FlightTiming, from the dump writer; relocations are not reported) and of every batch of reads
-	// of a load task (LoadTiming), to find where time goes (ucm-tool bench --timings). They are
+	// of a load task (LoadTiming), to find where time goes (ucm-lab bench --timings). They are
 	// called on the engine's I/O paths and must return quickly. Diagnostics: unset, no clock is
 	// read for them.
 	OnFlight func(wal.FlightTiming)

@@ -25,7 +25,7 @@ import (
 //     stored at to the position it is reused at (RoPE.Rotate), which is exact;
 //   - HKVD selective recompute (§6A): in the layers of compute_meta, the reused tokens whose
 //     fresh K deviates most from the reused K are recomputed (HKVD), the others keep the reused
-//     K/V; tokens without a hit are always computed. connector/model's ForwardRecompute runs a
+//     K/V; tokens without a hit are always computed. lab/model's ForwardRecompute runs a
 //     prefill that way, with Blend's AttentionBegin choosing the rows.
 
 // BlendConfig configures Blend (sources §6).
@@ -694,7 +694,7 @@ func (b *Blend) AttentionBegin(a *Attention) error {
 	return nil
 }
 
-// Pick returns the recompute choice of a request's prefill for connector/model's
+// Pick returns the recompute choice of a request's prefill for lab/model's
 // ForwardRecompute: each layer's call goes through AttentionBegin. The request must have begun.
 func (b *Blend) Pick(req *Request) func(layer int, rows []int, fresh, cached []float32) ([]int, error) {
 	return func(layer int, rows []int, fresh, cached []float32) ([]int, error) {

@@ -92,7 +92,7 @@ EOF
   cat >"$d/good.md" <<'EOF'
 ## Performance
 ### A device that holds still
-Measured on 2026-11-27 with `ucm-tool bench --fio`.
+Measured on 2026-11-27 with `ucm-lab bench --fio`.
 The backends issue vectored requests; issue a read per shard; the issue order is kept.
 Between the issue of a write and its completion the device holds it.
 A requests session keeps the connection; the session id is logged; one session object per thread.

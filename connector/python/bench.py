@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Python-driven dump/load throughput through ucmgo (libucmgo.so) against the same pattern driven
 from Go through connector.Store (no C ABI), from C through libucmgo.so (cdriver.c: the C ABI
-without the interpreter) and against `ucm-tool bench` on the same shapes, in the same run: what
+without the interpreter) and against `ucm-lab bench` on the same shapes, in the same run: what
 the C ABI and the Python package cost a connector.
 
     make lib build && /usr/bin/python3 connector/python/bench.py --dir ./ucm-data
 
-Workloads mirror ucm-tool bench's: seq dumps --total bytes of whole blocks, --batch blocks per
+Workloads mirror ucm-lab bench's: seq dumps --total bytes of whole blocks, --batch blocks per
 task and --concurrency tasks in flight, closes and reopens the store, then loads them all;
 layerwise dumps every block shard by shard (a task per shard of a batch) and loads shards in a
 random order across batches. Buffers are page-aligned mmap memory (a connector's pinned host
@@ -53,7 +53,7 @@ class Slots:
 
     def __init__(self, count, block):
         self.block = block
-        # Private and advised into huge pages, as ucm-tool's (--buffers huge) and the Go
+        # Private and advised into huge pages, as ucm-lab bench's (--buffers huge) and the Go
         # driver's: mmap's default, MAP_SHARED, is shmem, which never gets them, and O_DIRECT
         # into 4 KiB pages pins 512 times as many pages per shard (loads ~25 % slower here).
         self.mm = mmap.mmap(-1, count * block, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -114,7 +114,7 @@ def run_python(args, workload, store_dir):
     cfg.update(extra_config(args))
     blocks = args.total // args.block_size
     groups = [list(range(g, min(blocks, g + args.batch))) for g in range(0, blocks, args.batch)]
-    ring = args.concurrency  # batches in flight, as ucm-tool's workers
+    ring = args.concurrency  # batches in flight, as ucm-lab bench's workers
     slots = Slots(ring * args.batch, args.block_size)
     store = UcmGoStore(cfg)
     pending = [[] for _ in range(ring)]  # tasks still using each ring slot
@@ -237,8 +237,8 @@ def run_go(args, workload, driver, store_dir):
 
 def run_tool(args, workload):
     if args.config_extra:
-        return None  # ucm-tool takes no configuration members on its command line
-    cmd = [str(REPO / "bin" / "ucm-tool"), "bench", "--dir", args.dir, "--workload", workload,
+        return None  # ucm-lab bench takes no configuration members on its command line
+    cmd = [str(REPO / "bin" / "ucm-lab"), "bench", "--dir", args.dir, "--workload", workload,
            "--block-size", str(args.block_size), "--shards", str(args.shards), "--total", str(args.total),
            "--batch", str(args.batch), "--concurrency", str(args.concurrency), "--io-engine", args.io_engine,
            "--buffers", "huge", "--json"]
@@ -309,7 +309,7 @@ def main():
         rows[0]["io_engine"], rows[0]["direct"], args.rounds, args.block_size, args.shards, args.batch, args.concurrency,
         ", " + args.config_extra if args.config_extra else ""))
     print("go: connector.Store without the C ABI; c: cdriver.c through libucmgo.so; py: ucmgo through libucmgo.so;")
-    print("each one thread keeping `window` tasks in flight (UCM's connector). tool: ucm-tool bench, `concurrency` goroutines.")
+    print("each one thread keeping `window` tasks in flight (UCM's connector). tool: ucm-lab bench, `concurrency` goroutines.")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@
 #
 #   bash fuzz/gluster/harness.sh go test -run TestSharedKillWhileReading ./fuzz/
 #   UCM_GLUSTER_BRICKS=2 bash fuzz/gluster/harness.sh sh -c 'df $UCM_GLUSTER_A'
+#
+# UCM_GLUSTER_DELAY_US=N delays every file operation on the bricks by N µs (GlusterFS's
+# delay-gen translator): the latency of a volume served by other hosts, on this one.
 set -euo pipefail
 
 log() { echo "gluster harness: $*" >&2; }
@@ -34,6 +37,8 @@ done
 [ "$(id -u)" = 0 ] || die "needs root (it starts glusterd and mounts volumes): run as root"
 nbricks=${UCM_GLUSTER_BRICKS:-1}
 case $nbricks in [1-9]) ;; *) die "UCM_GLUSTER_BRICKS=$nbricks: want a number of bricks from 1 to 9" ;; esac
+delay_us=${UCM_GLUSTER_DELAY_US:-0} # each brick file operation's added latency: a volume on other hosts
+case $delay_us in *[!0-9]* | '') die "UCM_GLUSTER_DELAY_US=$delay_us: want microseconds" ;; esac
 
 state=${UCM_GLUSTER_STATE:-/run/ucmgo-gluster} # users/<pid>, and glusterd.{pid,start,log} of a glusterd a harness started
 lockfile="$state.lock"
@@ -130,6 +135,12 @@ join() {
     { log "glusterd does not answer:"; tail -20 "$state/glusterd.log" >&2 || true; return 1; }
   created=1
   out=$(gl volume create "$vol" "${bricks[@]/#/$host:}" force) || { log "volume create failed: $out"; return 1; }
+  if [ "$delay_us" != 0 ]; then # GlusterFS's delay-gen translator, above each brick's disk
+    for kv in "delay-gen posix" "delay-gen.delay-duration $delay_us" "delay-gen.delay-percentage 100"; do
+      out=$(gl volume set "$vol" $kv) || { log "volume set $kv failed: $out"; return 1; } # every fop: enable's default
+    done
+    log "every file operation on the bricks delayed by $delay_us µs"
+  fi
   out=$(gl volume start "$vol") || { log "volume start failed: $out"; return 1; }
 }
 

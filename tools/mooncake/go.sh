@@ -6,7 +6,7 @@
 # Nothing of Mooncake is in the repository or in go.mod.
 #
 #   tools/mooncake/go.sh test -count=1 ./fuzz/mooncake/
-#   tools/mooncake/go.sh build -o bin/ucm-tool-mooncake ./tools/ucm-tool
+#   tools/mooncake/go.sh build -o bin/ucm-lab-mooncake ./lab/cmd/ucm-lab
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)

@@ -9,7 +9,7 @@
 # 1 is the engine's own pipeline leaving the device idle, not the device changing its pace.
 #
 #   stabledev.sh up [MBPS [SIZE]]   create and mount it (default 1000 MB/s, 8G); needs root
-#   stabledev.sh run CMD ARGS...    run CMD in the capped group (e.g. ucm-tool bench --dir MOUNT/b --fio)
+#   stabledev.sh run CMD ARGS...    run CMD in the capped group (e.g. ucm-lab bench --dir MOUNT/b --fio)
 #   stabledev.sh down               unmount and remove everything up created
 #
 # What it is not: a model of any real disk's queueing (the throttle holds requests before the

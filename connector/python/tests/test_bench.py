@@ -1,5 +1,5 @@
 """bench.py, the ABI's cost measurement, runs end to end on tiny shapes: its four drivers (Go
-without the C ABI, C and Python through libucmgo.so, ucm-tool) each dump, reload and, for the C
+without the C ABI, C and Python through libucmgo.so, ucm-lab bench) each dump, reload and, for the C
 and Python drivers, compare every loaded byte; a failed call or a differing byte fails it."""
 
 import json
@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 
 
-@pytest.mark.skipif(not (REPO / "bin" / "ucm-tool").exists(), reason="make build first (make test-python does)")
+@pytest.mark.skipif(not (REPO / "bin" / "ucm-lab").exists(), reason="make build first (make test-python does)")
 def test_bench_runs_every_driver(tmp_path):
     out = subprocess.run(
         [sys.executable, str(HERE.parent / "bench.py"), "--dir", str(tmp_path), "--workload", "seq,layerwise",

@@ -12,11 +12,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/internal/cliutil/clitest"
 	"github.com/ucm-go/ucm/tools/verify"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -32,10 +33,7 @@ var testLayout = format.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 8 << 1
 // run runs ucm-tool in-process.
 func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code = Main(args, &out, &errb)
-	t.Logf("ucm-tool %s → %d\n%s%s", strings.Join(args, " "), code, out.String(), errb.String())
-	return out.String(), errb.String(), code
+	return clitest.Run(t, Main, "ucm-tool", args...)
 }
 
 func testID(i int) format.BlockID { return md5.Sum([]byte(fmt.Sprintf("tool-test-%d", i))) }
@@ -151,27 +149,18 @@ func segPath(dir string, n uint64) string {
 	return wal.SegmentPath(filepath.Join(dir, engine.SegmentDir), n)
 }
 
-func mustContain(t *testing.T, out string, wants ...string) {
-	t.Helper()
-	for _, w := range wants {
-		if !strings.Contains(out, w) {
-			t.Errorf("output lacks %q", w)
-		}
-	}
-}
-
 func TestVerifyCleanStore(t *testing.T) {
 	dir := buildStore(t, 100)
 	out, _, code := run(t, "verify", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d, want 0", code)
 	}
-	mustContain(t, out, "problems: 0", "blocks verified: 100", "store is clean")
+	clitest.MustContain(t, out, "problems: 0", "blocks verified: 100", "store is clean")
 	if !strings.Contains(out, "segments: 4") && !strings.Contains(out, "segments: 5") {
 		t.Errorf("want several segments")
 	}
 	// Verify changes nothing in a clean store: a second run sees the same.
-	if _, _, code := run(t, "verify", "--progress", dir); code != ExitOK {
+	if _, _, code := run(t, "verify", "--progress", dir); code != cliutil.ExitOK {
 		t.Fatalf("second verify: exit %d", code)
 	}
 }
@@ -185,10 +174,10 @@ func TestVerifyFlippedPayloadByte(t *testing.T) {
 	}
 	flipByte(t, segPath(dir, loc.Segment), loc.Offset+format.RecordHeaderSize+testLayout.ShardStride()*2+123)
 	out, _, code := run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(loc.Segment), loc.Offset, id),
+	clitest.MustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(loc.Segment), loc.Offset, id),
 		"shard 2 checksum", "problems: 1", "blocks verified: 59")
 	// A load finds it broken and drops it: from then on it is dead space, noted, not a problem.
 	e := openTestEngine(t, dir)
@@ -200,10 +189,10 @@ func TestVerifyFlippedPayloadByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, code = run(t, "verify", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("verify after the drop: exit %d, want 0", code)
 	}
-	mustContain(t, out, "no longer indexed", "problems: 0", "blocks verified: 59")
+	clitest.MustContain(t, out, "no longer indexed", "problems: 0", "blocks verified: 59")
 }
 
 func TestVerifyFlippedHeaderByte(t *testing.T) {
@@ -212,19 +201,19 @@ func TestVerifyFlippedHeaderByte(t *testing.T) {
 	loc, _ := locate(t, dir, id)
 	flipByte(t, segPath(dir, loc.Segment), loc.Offset+45) // inside the sequence number
 	out, _, code := run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(loc.Segment), loc.Offset, id),
+	clitest.MustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(loc.Segment), loc.Offset, id),
 		"field crc", "problems: 1")
 	// The records after the bad one are still read and verified (the footer lists them).
-	mustContain(t, out, "blocks verified: 59")
+	clitest.MustContain(t, out, "blocks verified: 59")
 	// inspect shows the record as invalid and the block's header as not matching.
 	out, _, code = run(t, "inspect", dir, "--segment", fmt.Sprint(loc.Segment), "--block", id.String())
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("inspect: exit %d", code)
 	}
-	mustContain(t, out, "INVALID", "DOES NOT MATCH")
+	clitest.MustContain(t, out, "INVALID", "DOES NOT MATCH")
 }
 
 func TestVerifyMissingSegmentFile(t *testing.T) {
@@ -234,25 +223,25 @@ func TestVerifyMissingSegmentFile(t *testing.T) {
 	}
 	// Without recovery: reported as missing, its entries still there.
 	out, _, code := run(t, "verify", "--no-recover", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(2)+": segment file missing", "files missing 1",
+	clitest.MustContain(t, out, "PROBLEM "+wal.SegmentFileName(2)+": segment file missing", "files missing 1",
 		wal.SegmentFileName(2)+": sealed, file missing; drop its")
 	// verify recovers first: the loss is reported once, the entries dropped; then it is clean.
 	out, _, code = run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "sealed segments whose file is missing (their blocks dropped): [2]",
+	clitest.MustContain(t, out, "sealed segments whose file is missing (their blocks dropped): [2]",
 		"PROBLEM "+wal.SegmentFileName(2)+": sealed segment file was missing; recovery dropped")
-	if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+	if out, _, code = run(t, "verify", dir); code != cliutil.ExitOK || strings.Contains(out, "recovery") {
 		t.Fatalf("second verify: exit %d", code)
 	}
 	// stats agrees with itself: the store's blocks are the tier's blocks.
 	out, _, code = run(t, "stats", "--json", dir)
 	var st statsReport
-	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil {
+	if code != cliutil.ExitOK || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("stats: exit %d", code)
 	}
 	if st.Blocks != st.Tiers[0].Blocks || st.Segments != st.Tiers[0].Segments || st.Blocks >= 100 {
@@ -277,17 +266,17 @@ func TestVerifyTruncatedSegment(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, code := run(t, "stats", "--no-recover", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("stats --no-recover: exit %d", code)
 	}
-	mustContain(t, out, "recovery pending", wal.SegmentFileName(loc.Segment)+": sealed but cut short")
+	clitest.MustContain(t, out, "recovery pending", wal.SegmentFileName(loc.Segment)+": sealed but cut short")
 	out, _, code = run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, fmt.Sprintf("sealed segments cut short, sealed again after their last intact record: [%d]", loc.Segment),
+	clitest.MustContain(t, out, fmt.Sprintf("sealed segments cut short, sealed again after their last intact record: [%d]", loc.Segment),
 		"PROBLEM "+wal.SegmentFileName(loc.Segment)+": sealed segment file was cut short")
-	if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+	if out, _, code = run(t, "verify", dir); code != cliutil.ExitOK || strings.Contains(out, "recovery") {
 		t.Fatalf("second verify: exit %d\n%s", code, out)
 	}
 	e := openTestEngine(t, dir)
@@ -309,17 +298,17 @@ func TestVerifyUnregisteredSegmentFile(t *testing.T) {
 	}
 	// Read-only: an unregistered segment is what recovery handles, not corruption.
 	out, _, code := run(t, "verify", "--no-recover", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("--no-recover: exit %d, want 0\n%s", code, out)
 	}
-	mustContain(t, out, wal.SegmentFileName(9999)+" not registered in the index: recovery will adopt it")
+	clitest.MustContain(t, out, wal.SegmentFileName(9999)+" not registered in the index: recovery will adopt it")
 	// Recovery tries to adopt it; its header names segment 1, so it is quarantined (kept for
 	// inspection, its blocks never served) and reported.
 	out, _, code = run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1\n%s", code, out)
 	}
-	mustContain(t, out, "segments quarantined (unreadable or corrupt): [9999]", "PROBLEM "+wal.SegmentFileName(9999))
+	clitest.MustContain(t, out, "segments quarantined (unreadable or corrupt): [9999]", "PROBLEM "+wal.SegmentFileName(9999))
 	if _, err := os.Stat(segPath(dir, 9999)); err != nil {
 		t.Fatal(err)
 	}
@@ -334,10 +323,10 @@ func TestVerifyBytesAppendedToSealedSegment(t *testing.T) {
 	_, _ = f.Write(make([]byte, format.Alignment))
 	_ = f.Close()
 	out, _, code := run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "differs from its file size", "4096 bytes after the footer", "problems: 2", "blocks verified: 100")
+	clitest.MustContain(t, out, "differs from its file size", "4096 bytes after the footer", "problems: 2", "blocks verified: 100")
 }
 
 // crashCopy dumps blocks and copies the store while the engine is still open: the copy is
@@ -397,35 +386,35 @@ func TestVerifyCrashLeftStore(t *testing.T) {
 	copyDir(t, cp, cp2)
 
 	out, _, code := run(t, "verify", "--no-recover", cp)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("--no-recover: exit %d, want 0 (a torn tail is not corruption)", code)
 	}
 	// Without recovery only what the index holds is verified: it may lack the newest entries.
-	mustContain(t, out, "recovery pending", fmt.Sprintf("cut %d bytes", len(garbage)), "problems: 0", "blocks verified: ")
+	clitest.MustContain(t, out, "recovery pending", fmt.Sprintf("cut %d bytes", len(garbage)), "problems: 0", "blocks verified: ")
 	// --no-recover changed nothing.
 	if st, err := os.Stat(path); err != nil || st.Size() != last.ValidEnd+int64(len(garbage)) {
 		t.Errorf("--no-recover modified %s: %v %v", path, st.Size(), err)
 	}
 	out, _, code = run(t, "stats", "--no-recover", cp)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("stats --no-recover: exit %d", code)
 	}
-	mustContain(t, out, "recovery pending", fmt.Sprintf("active %d", len(all)))
+	clitest.MustContain(t, out, "recovery pending", fmt.Sprintf("active %d", len(all)))
 
 	out, _, code = run(t, "verify", cp)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("verify: exit %d, want 0", code)
 	}
-	mustContain(t, out, "recovery:", "segments left active by a crash, truncated to their valid end and sealed: 1",
+	clitest.MustContain(t, out, "recovery:", "segments left active by a crash, truncated to their valid end and sealed: 1",
 		fmt.Sprintf("tail bytes cut: %d", len(garbage)), "problems: 0", "blocks verified: 70", "active 0")
 	// Recovered: now it is a clean store.
-	if out, _, code = run(t, "verify", cp); code != ExitOK || strings.Contains(out, "recovery") {
+	if out, _, code = run(t, "verify", cp); code != cliutil.ExitOK || strings.Contains(out, "recovery") {
 		t.Fatalf("second verify: exit %d", code)
 	}
 
 	// stats recovers first too.
 	out, _, code = run(t, "stats", "--json", cp2)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("stats: exit %d", code)
 	}
 	var r statsReport
@@ -440,14 +429,14 @@ func TestVerifyCrashLeftStore(t *testing.T) {
 func TestVerifyCrashCopyWithoutGarbage(t *testing.T) {
 	cp, e := crashCopy(t, 45)
 	defer func() { _ = e.Close() }()
-	if _, _, code := run(t, "verify", "--no-recover", cp); code != ExitOK {
+	if _, _, code := run(t, "verify", "--no-recover", cp); code != cliutil.ExitOK {
 		t.Fatalf("--no-recover: exit %d", code)
 	}
 	out, _, code := run(t, "verify", cp)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, "recovery:", "blocks verified: 45")
+	clitest.MustContain(t, out, "recovery:", "blocks verified: 45")
 }
 
 func TestVerifyLockedStore(t *testing.T) {
@@ -456,10 +445,10 @@ func TestVerifyLockedStore(t *testing.T) {
 	defer func() { _ = e.Close() }()
 	dump(t, e, 0, 5)
 	_, errOut, code := run(t, "verify", dir)
-	if code != ExitUsage {
+	if code != cliutil.ExitUsage {
 		t.Fatalf("exit %d, want 2", code)
 	}
-	mustContain(t, errOut, "lock")
+	clitest.MustContain(t, errOut, "lock")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -472,11 +461,8 @@ func TestUsageErrors(t *testing.T) {
 		{"inspect", notStore},
 		{"verify", "--bogus", notStore},
 		{"nosuchcommand"},
-		{"bench", "--workload", "random", "--dir", notStore},
-		{"bench", "--block-size", "1000", "--shards", "3", "--dir", notStore},
-		{"bench", "--total", "8MB", "--dir", notStore},
 	} {
-		if _, _, code := run(t, args...); code != ExitUsage {
+		if _, _, code := run(t, args...); code != cliutil.ExitUsage {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
 	}
@@ -485,10 +471,10 @@ func TestUsageErrors(t *testing.T) {
 		t.Errorf("a failed command wrote into %s: %v", notStore, ents)
 	}
 	dir := buildStore(t, 5)
-	if _, _, code := run(t, "inspect", dir, "--block", "xyz"); code != ExitUsage {
+	if _, _, code := run(t, "inspect", dir, "--block", "xyz"); code != cliutil.ExitUsage {
 		t.Errorf("bad --block: exit %d", code)
 	}
-	if _, _, code := run(t, "inspect", dir, "--segment", "42"); code != ExitUsage {
+	if _, _, code := run(t, "inspect", dir, "--segment", "42"); code != cliutil.ExitUsage {
 		t.Errorf("unknown --segment: exit %d", code)
 	}
 }
@@ -496,7 +482,7 @@ func TestUsageErrors(t *testing.T) {
 func TestStatsMatchesEngine(t *testing.T) {
 	dir := buildStore(t, 100)
 	out, _, code := run(t, "stats", "--json", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
 	var r statsReport
@@ -517,10 +503,10 @@ func TestStatsMatchesEngine(t *testing.T) {
 		t.Errorf("blocks %d, want 100", r.Blocks)
 	}
 	out, _, code = run(t, "stats", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, fmt.Sprintf("blocks:      %d", st.Blocks), fmt.Sprintf("live bytes:  %d", st.LiveBytes),
+	clitest.MustContain(t, out, fmt.Sprintf("blocks:      %d", st.Blocks), fmt.Sprintf("live bytes:  %d", st.LiveBytes),
 		fmt.Sprintf("file bytes:  %d", st.FileBytes))
 }
 
@@ -529,114 +515,16 @@ func TestInspect(t *testing.T) {
 	id := testID(3)
 	loc, _ := locate(t, dir, id)
 	out, _, code := run(t, "inspect", dir, "--segment", fmt.Sprint(loc.Segment), "--block", id.String())
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, `model="tool-test"`, "live ratio", "sealed",
+	clitest.MustContain(t, out, `model="tool-test"`, "live ratio", "sealed",
 		fmt.Sprintf("%d  %s", loc.Offset, id), "record header: matches the index", fmt.Sprintf("offset:     %d", loc.Offset))
 	if strings.Contains(out, "  no\n") {
 		t.Errorf("every record of a fresh store is indexed")
 	}
 	out, _, _ = run(t, "inspect", dir, "--block", testID(1000).String())
-	mustContain(t, out, "not in the index")
-}
-
-func TestParseSize(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"4096", 4096, true},
-		{"1K", 1024, true},
-		{"1KiB", 1024, true},
-		{"256kib", 256 << 10, true},
-		{"2M", 2 << 20, true},
-		{"2MiB", 2 << 20, true},
-		{"1G", 1 << 30, true},
-		{"1GiB", 1 << 30, true},
-		{" 8MiB ", 8 << 20, true},
-		{"10B", 10, true},
-		{"8589934591G", 8589934591 << 30, true},
-		{"8589934592G", 0, false},
-		{"99999999999999999999", 0, false},
-		{"", 0, false},
-		{"MiB", 0, false},
-		{"-1", 0, false},
-		{"+1K", 0, false},
-		{"1.5G", 0, false},
-		{"2MB", 0, false},
-		{"2 MiB", 2 << 20, true},
-		{"1T", 1 << 40, true},
-		{"abc", 0, false},
-	} {
-		got, err := ucmconfig.ParseSize(c.in)
-		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("ucmconfig.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
-		}
-	}
-	for n, want := range map[int64]string{2 << 20: "2MiB", 256 << 10: "256KiB", 1 << 30: "1GiB", 1000: "1000", 0: "0"} {
-		if got := formatSize(n); got != want {
-			t.Errorf("formatSize(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
-func TestBenchEndToEnd(t *testing.T) {
-	dir := t.TempDir()
-	keep := filepath.Join(dir, "keep-me")
-	if err := os.WriteFile(keep, []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"bench", "--dir", dir, "--total", "8MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB"}
-	out, _, code := run(t, args...)
-	if code != ExitOK {
-		t.Fatalf("exit %d", code)
-	}
-	mustContain(t, out, "verified", "dump", "load", "MB/s", "seq", "blocks      32")
-	out, _, code = run(t, append(args, "--json", "--io-engine", "psync", "--direct", "off", "--sync", "none")...)
-	if code != ExitOK {
-		t.Fatalf("--json: exit %d", code)
-	}
-	var m map[string]any
-	if err := json.Unmarshal([]byte(out), &m); err != nil {
-		t.Fatalf("bench --json does not parse: %v", err)
-	}
-	for _, k := range []string{"workload", "block_bytes", "shards", "blocks", "total_bytes", "io_engine", "direct", "sync",
-		"dump_MBps", "load_MBps", "open_s", "verified"} {
-		if _, ok := m[k]; !ok {
-			t.Errorf("JSON lacks %q", k)
-		}
-	}
-	if m["verified"] != true || m["blocks"] != 32.0 || m["total_bytes"] != float64(8<<20) || m["direct"] != false ||
-		m["sync"] != "none" || m["io_engine"] != "psync" || m["shards"] != 4.0 {
-		t.Errorf("JSON %v", m)
-	}
-	if _, err := os.Stat(keep); err != nil {
-		t.Errorf("bench removed a file it does not own: %v", err)
-	}
-	// The bench store is a valid store.
-	if _, _, code := run(t, "verify", filepath.Join(dir, "bench-256KiB-4")); code != ExitOK {
-		t.Errorf("verify of the bench store: exit %d", code)
-	}
-}
-
-func TestPayloadPoolDetectsMismatch(t *testing.T) {
-	p := newPayloadPool(64 << 10)
-	b := make([]byte, 64<<10)
-	id := blockID(5)
-	p.fill(b, id)
-	if err := p.check(b, id); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.check(b, blockID(6)); err == nil {
-		t.Error("another block's bytes verified")
-	}
-	b[40000] ^= 1
-	if err := p.check(b, id); err == nil || !strings.Contains(err.Error(), "byte 40000") {
-		t.Errorf("flipped byte: %v", err)
-	}
+	clitest.MustContain(t, out, "not in the index")
 }
 
 func TestVerifyCorruptFooterStillChecksRecords(t *testing.T) {
@@ -647,10 +535,10 @@ func TestVerifyCorruptFooterStillChecksRecords(t *testing.T) {
 	}
 	flipByte(t, segPath(dir, 1), st.Size()-10) // inside the trailer's checksummed bytes
 	out, _, code := run(t, "verify", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(1)+": no valid footer", "blocks verified: 60", "problems: 1")
+	clitest.MustContain(t, out, "PROBLEM "+wal.SegmentFileName(1)+": no valid footer", "blocks verified: 60", "problems: 1")
 	// A payload flip in the same segment is still found by the walk.
 	loc, _ := locate(t, dir, testID(2))
 	if loc.Segment != 1 {
@@ -658,7 +546,7 @@ func TestVerifyCorruptFooterStillChecksRecords(t *testing.T) {
 	}
 	flipByte(t, segPath(dir, 1), loc.Offset+format.RecordHeaderSize+1)
 	out, _, _ = run(t, "verify", dir)
-	mustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(1), loc.Offset, testID(2)), "blocks verified: 59")
+	clitest.MustContain(t, out, fmt.Sprintf("PROBLEM %s offset %d block %s", wal.SegmentFileName(1), loc.Offset, testID(2)), "blocks verified: 59")
 }
 
 // TestVerifyCorruptSegmentHeader: a segment whose header fails its checks cannot serve any of
@@ -680,10 +568,10 @@ func TestVerifyCorruptSegmentHeader(t *testing.T) {
 	_ = s.close()
 	flipByte(t, segPath(dir, loc.Segment), 9)
 	out, _, code := run(t, "verify", "--no-recover", dir)
-	if code != ExitProblems {
+	if code != cliutil.ExitProblems {
 		t.Fatalf("exit %d, want 1", code)
 	}
-	mustContain(t, out, "PROBLEM "+wal.SegmentFileName(loc.Segment), fmt.Sprintf("blocks verified: %d", 100-inSeg))
+	clitest.MustContain(t, out, "PROBLEM "+wal.SegmentFileName(loc.Segment), fmt.Sprintf("blocks verified: %d", 100-inSeg))
 	e := openTestEngine(t, dir)
 	defer e.Close()
 	buf := make([]byte, testLayout.BlockBytes())
@@ -711,11 +599,11 @@ func TestVerifyLostIndex(t *testing.T) {
 			}
 		}
 		out, _, code := run(t, "verify", dir)
-		if code != ExitOK {
+		if code != cliutil.ExitOK {
 			t.Fatalf("%s: verify exit %d, want 0", how, code)
 		}
-		mustContain(t, out, "recovery:", "blocks verified: 40", "problems: 0")
-		if out, _, code = run(t, "verify", dir); code != ExitOK || strings.Contains(out, "recovery") {
+		clitest.MustContain(t, out, "recovery:", "blocks verified: 40", "problems: 0")
+		if out, _, code = run(t, "verify", dir); code != cliutil.ExitOK || strings.Contains(out, "recovery") {
 			t.Fatalf("%s: second verify: exit %d", how, code)
 		}
 	}
@@ -741,18 +629,47 @@ func TestInspectAndVerifySidecars(t *testing.T) {
 	id := testID(3)
 	loc, _ := locate(t, dir, id)
 	out, _, code := run(t, "inspect", dir, "--segment", fmt.Sprint(loc.Segment), "--block", id.String())
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	mustContain(t, out, "10 blocks, 10 sidecars", "sidecar 4", "packed", "sidecar 4:  segment", "3 parts of 512 bytes")
+	clitest.MustContain(t, out, "10 blocks, 10 sidecars", "sidecar 4", "packed", "sidecar 4:  segment", "3 parts of 512 bytes")
 	if strings.Contains(out, "  no\n") {
 		t.Errorf("every record of a fresh store is indexed")
 	}
 	out, _, code = run(t, "verify", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("verify exit %d:\n%s", code, out)
 	}
-	mustContain(t, out, "blocks verified: 10", "sidecars: 10, verified: 10", "store is clean")
+	clitest.MustContain(t, out, "blocks verified: 10", "sidecars: 10, verified: 10", "store is clean")
 	out, _, _ = run(t, "stats", dir)
-	mustContain(t, out, "blocks:      10", "sidecars:    10")
+	clitest.MustContain(t, out, "blocks:      10", "sidecars:    10")
+}
+
+// TestMovedCommands: bench, eval and chat are ucm-lab's; here, with any arguments, they fail
+// with a usage error naming the ucm-lab command and write nothing.
+func TestMovedCommands(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"bench", "--workload", "seq", "--dir", dir},
+		{"eval", "sparse", "--windows", "1"},
+		{"chat", "--dir", dir},
+		{"bench"},
+	} {
+		out, errOut, code := run(t, args...)
+		if code != cliutil.ExitUsage || out != "" || !strings.Contains(errOut, "ucm-lab "+args[0]) || !strings.Contains(errOut, ErrMoved.Error()) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 naming ucm-lab %s", args, code, out, errOut, args[0])
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a moved command wrote into %s: %v", dir, ents)
+	}
+	out, _, _ := run(t, "help")
+	for _, name := range []string{"bench", "eval", "chat"} {
+		if strings.Contains(out, "\n  "+name+" ") {
+			t.Errorf("help lists the moved command %s:\n%s", name, out)
+		}
+	}
+	if !strings.Contains(out, "\n  verify ") {
+		t.Errorf("help does not list verify (the check above cannot fail):\n%s", out)
+	}
 }

@@ -9,11 +9,12 @@ import (
 
 	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/cliutil"
 )
 
 // TestConfigFlag: every command takes --config FILE (UCM's own YAML) for the store when DIR is
-// omitted, and --instance picks a sharing process's instance store; bench takes its defaults
-// from the file; a bad file or no store at all is a usage error naming it.
+// omitted, and --instance picks a sharing process's instance store; a bad file or no store at
+// all is a usage error naming it.
 func TestConfigFlag(t *testing.T) {
 	dir := buildStore(t, 6)
 	cfgPath := filepath.Join(t.TempDir(), "ucm.yaml")
@@ -24,40 +25,29 @@ func TestConfigFlag(t *testing.T) {
 	for _, cmd := range [][]string{{"stats"}, {"verify"}, {"inspect"}, {"gc"}, {"compact"}, {"evict", "--to", "0"}} {
 		args := append(append([]string(nil), cmd...), "--config", cfgPath)
 		out, errOut, code := run(t, args...)
-		if code != ExitOK {
+		if code != cliutil.ExitOK {
 			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
 		}
 	}
 	t.Setenv("UCM_CONFIG_FILE", cfgPath)
-	if out, _, code := run(t, "stats", "--json"); code != ExitOK || !strings.Contains(out, "blocks") {
+	if out, _, code := run(t, "stats", "--json"); code != cliutil.ExitOK || !strings.Contains(out, "blocks") {
 		t.Fatalf("stats from UCM_CONFIG_FILE: %d %s", code, out)
 	}
 	t.Setenv("UCM_CONFIG_FILE", "")
 	_, errOut, code := run(t, "stats", "--config", cfgPath, "--instance", "w0")
-	if code != ExitUsage || !strings.Contains(errOut, `no store of instance "w0"`) || !strings.Contains(errOut, filepath.Join(dir, "stores")) {
+	if code != cliutil.ExitUsage || !strings.Contains(errOut, `no store of instance "w0"`) || !strings.Contains(errOut, filepath.Join(dir, "stores")) {
 		t.Fatalf("--instance of a store that does not exist: %d %s", code, errOut)
 	}
 	testInstanceFlag(t)
 	_, errOut, code = run(t, "stats")
-	if code != ExitUsage || !strings.Contains(errOut, "--config") {
+	if code != cliutil.ExitUsage || !strings.Contains(errOut, "--config") {
 		t.Fatalf("no store: %d %s", code, errOut)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: /x\n      sync_polcy: none\n"), 0o644)
 	_, errOut, code = run(t, "verify", "--config", bad)
-	if code != ExitUsage || !strings.Contains(errOut, "sync_polcy") {
+	if code != cliutil.ExitUsage || !strings.Contains(errOut, "sync_polcy") {
 		t.Fatalf("bad config: %d %s", code, errOut)
-	}
-	// bench: the store directory and block shape come from the file.
-	benchDir := t.TempDir()
-	benchCfg := filepath.Join(t.TempDir(), "bench.yaml")
-	os.WriteFile(benchCfg, []byte(fmt.Sprintf("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: %s\n      block_size: 262144\n      shard_size: 65536\n      sync_policy: none\n", benchDir)), 0o644)
-	out, errOut, code := run(t, "bench", "--config", benchCfg, "--total", "4MiB", "--workload", "layerwise", "--json")
-	if code != ExitOK || !strings.Contains(out, `"shards":4`) || !strings.Contains(out, `"block_bytes":262144`) {
-		t.Fatalf("bench with --config: %d\n%s%s", code, out, errOut)
-	}
-	if m, _ := filepath.Glob(filepath.Join(benchDir, "bench-*")); len(m) == 0 {
-		t.Fatalf("bench did not use the configured directory %s", benchDir)
 	}
 }
 
@@ -94,17 +84,17 @@ func testInstanceFlag(t *testing.T) {
 	}
 	first := create(testLayout, 3)
 	out, errOut, code := run(t, "stats", "--json", "--config", cfgPath, "--instance", "w0")
-	if code != ExitOK || !strings.Contains(out, `"blocks": 3`) {
+	if code != cliutil.ExitOK || !strings.Contains(out, `"blocks": 3`) {
 		t.Fatalf("stats --instance w0: %d\n%s%s", code, out, errOut)
 	}
 	other := testLayout
 	other.Shards *= 2
 	second := create(other, 0)
 	_, errOut, code = run(t, "stats", "--config", cfgPath, "--instance", "w0")
-	if code != ExitUsage || !strings.Contains(errOut, first) || !strings.Contains(errOut, second) {
+	if code != cliutil.ExitUsage || !strings.Contains(errOut, first) || !strings.Contains(errOut, second) {
 		t.Fatalf("stats --instance w0 with two layouts: %d %s", code, errOut)
 	}
-	if out, errOut, code := run(t, "stats", "--json", first); code != ExitOK || !strings.Contains(out, `"blocks": 3`) {
+	if out, errOut, code := run(t, "stats", "--json", first); code != cliutil.ExitOK || !strings.Contains(out, `"blocks": 3`) {
 		t.Fatalf("stats %s: %d\n%s%s", first, code, out, errOut)
 	}
 }

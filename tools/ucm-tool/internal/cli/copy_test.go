@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -37,7 +38,7 @@ func buildNestedTierStore(t *testing.T, root string, n int) string {
 func storeBlocks(t *testing.T, dir string) map[string]int64 {
 	t.Helper()
 	out, _, code := run(t, "stats", "--json", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("stats %s: exit %d", dir, code)
 	}
 	m := map[string]int64{}
@@ -60,20 +61,20 @@ func TestOperationsOnACopyLeaveTheOriginal(t *testing.T) {
 	copyDir(t, kc, kc3)
 
 	out, _, code := run(t, "evict", "--json", "--to", "0", "--tier", "hdd", kc3)
-	if r := decode[reclaimReport](t, out); code != ExitOK || r.Tiers[1].BlocksAfter != 0 {
+	if r := decode[reclaimReport](t, out); code != cliutil.ExitOK || r.Tiers[1].BlocksAfter != 0 {
 		t.Fatalf("evict on the copy: exit %d %+v", code, r)
 	}
 	if got := storeBlocks(t, kc3); got["hdd"] != 0 || got["ssd"] != before["ssd"] {
 		t.Fatalf("copy after evicting hdd: %v, want hdd 0 and ssd %d", got, before["ssd"])
 	}
-	if out, _, code := run(t, "compact", "--live-ratio", "0.99", kc3); code != ExitOK {
+	if out, _, code := run(t, "compact", "--live-ratio", "0.99", kc3); code != cliutil.ExitOK {
 		t.Fatalf("compact on the copy: exit %d\n%s", code, out)
 	}
 	if got := storeBlocks(t, kc); got["hdd"] != before["hdd"] || got["ssd"] != before["ssd"] {
 		t.Fatalf("the original changed: %v, want %v", got, before)
 	}
 	out, _, code = run(t, "verify", kc)
-	if code != ExitOK || !strings.Contains(out, "store is clean") {
+	if code != cliutil.ExitOK || !strings.Contains(out, "store is clean") {
 		t.Fatalf("verify of the original: exit %d\n%s", code, out)
 	}
 	if !strings.Contains(out, filepath.Join(kc, "hdd")) || strings.Contains(out, kc3) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/kernels"
 )
 
@@ -55,11 +56,8 @@ with the reason, and the command exits 0.`,
 }
 
 func runDevices(ctx context.Context, stdout io.Writer, library string, timeout time.Duration, asJSON bool) error {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	if timeout <= 0 {
-		return usageErr("--timeout must be positive")
+		return cliutil.UsageErr("--timeout must be positive")
 	}
 	var r devicesReport
 	// The error is ErrNoDevice with the reason already in the Discovery.
@@ -125,7 +123,7 @@ func printDevices(w io.Writer, r *devicesReport) {
 				peers = append(peers, fmt.Sprintf("%d→%s", l.Link, p))
 			}
 			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\tgen%d x%d / gen%d x%d\t%s\t%s\t%s\n", g.Index, orDash(g.Name), orDash(g.BusID),
-				humanBytes(int64(g.MemoryTotal)), humanBytes(int64(g.MemoryFree)), g.PCIe.CurrentGen, g.PCIe.CurrentWidth, g.PCIe.MaxGen, g.PCIe.MaxWidth,
+				cliutil.HumanBytes(int64(g.MemoryTotal)), cliutil.HumanBytes(int64(g.MemoryFree)), g.PCIe.CurrentGen, g.PCIe.CurrentWidth, g.PCIe.MaxGen, g.PCIe.MaxWidth,
 				numa, orDash(strings.Join(peers, ",")), orDash(g.UUID))
 		}
 		_ = tw.Flush()
@@ -146,18 +144,18 @@ func printDevices(w io.Writer, r *devicesReport) {
 			if i < len(r.StagingProbe) {
 				probe = describePlacement(r.StagingProbe[i])
 			}
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", n.ID, orDash(cpuRanges(n.CPUs)), humanBytes(n.MemTotal), humanBytes(n.MemFree), probe)
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", n.ID, orDash(cpuRanges(n.CPUs)), cliutil.HumanBytes(n.MemTotal), cliutil.HumanBytes(n.MemFree), probe)
 		}
 		_ = tw.Flush()
 	}
 	s := r.Simulated
 	link := "unlimited"
 	if s.LinkBytesPerSec > 0 {
-		link = fmt.Sprintf("%s/s", humanBytes(int64(s.LinkBytesPerSec)))
+		link = fmt.Sprintf("%s/s", cliutil.HumanBytes(int64(s.LinkBytesPerSec)))
 	}
 	memory := "host memory"
 	if s.MemoryBytes > 0 {
-		memory = humanBytes(s.MemoryBytes)
+		memory = cliutil.HumanBytes(s.MemoryBytes)
 	}
 	fmt.Fprintf(w, "simulated:   %s (%s), memory %s, link %s, latency %v, copy threads %d\n", s.Name, s.Kind, memory, link, s.LinkLatency, s.CopyThreads)
 }

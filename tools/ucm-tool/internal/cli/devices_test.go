@@ -5,12 +5,14 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/ucm-go/ucm/internal/cliutil"
 )
 
 func TestDevicesJSON(t *testing.T) {
 	// A library that cannot be there: NVML is unavailable on every machine.
 	out, _, code := run(t, "devices", "--json", "--nvml-library", "/nonexistent/libnvidia-ml.so.1")
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
 	var r devicesReport
@@ -43,7 +45,7 @@ func TestDevicesJSON(t *testing.T) {
 
 func TestDevicesText(t *testing.T) {
 	out, _, code := run(t, "devices", "--nvml-library", "/nonexistent/libnvidia-ml.so.1")
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{"NVML:        unavailable: cannot load /nonexistent/libnvidia-ml.so.1", "GPUs:        none", "simulated:   sim0 (sim)"} {
@@ -52,13 +54,13 @@ func TestDevicesText(t *testing.T) {
 		}
 	}
 	// The default library: whatever this machine has, the command answers and exits 0.
-	if _, _, code := run(t, "devices"); code != ExitOK {
+	if _, _, code := run(t, "devices"); code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	if _, _, code := run(t, "devices", "--timeout", "0s"); code != ExitUsage {
+	if _, _, code := run(t, "devices", "--timeout", "0s"); code != cliutil.ExitUsage {
 		t.Fatalf("zero timeout: exit %d", code)
 	}
-	if _, _, code := run(t, "devices", "extra"); code != ExitUsage {
+	if _, _, code := run(t, "devices", "extra"); code != cliutil.ExitUsage {
 		t.Fatalf("extra argument: exit %d", code)
 	}
 }

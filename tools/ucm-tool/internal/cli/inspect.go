@@ -12,11 +12,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tools/verify"
 	"github.com/ucm-go/ucm/wal"
 )
 
-func newInspectCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newInspectCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		segment uint64
 		block   string
@@ -35,7 +36,7 @@ recover it.
                 the record header at that location matches`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
@@ -43,7 +44,7 @@ recover it.
 			if cmd.Flags().Changed("block") {
 				b, err := format.ParseBlockID(strings.TrimSpace(block))
 				if err != nil {
-					return usageErr("--block: %v", err)
+					return cliutil.UsageErr("--block: %v", err)
 				}
 				id = &b
 			}
@@ -104,16 +105,16 @@ func runInspect(dir string, segment int, id *format.BlockID, stdout io.Writer) e
 func inspectSegment(s *store, n uint64, stdout io.Writer) error {
 	m, ok := s.ix.Segment(n)
 	if !ok {
-		return usageErr("segment %d is not registered in the index", n)
+		return cliutil.UsageErr("segment %d is not registered in the index", n)
 	}
 	name := wal.SegmentFileName(n)
 	path := s.SegmentPath(n)
 	res, err := verify.ReadSegment(s.FS, path, m, false, nil)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return usageErr("segment %d: file %s is missing", n, path)
+			return cliutil.UsageErr("segment %d: file %s is missing", n, path)
 		}
-		return usageErr("read %s: %v", path, err)
+		return cliutil.UsageErr("read %s: %v", path, err)
 	}
 	fmt.Fprintf(stdout, "\nsegment %d (%s, %s, tier %q): file %s, %d bytes", n, name, m.State, s.SegmentTier(n), path, res.FileSize)
 	uncommitted := 0 // batch records that never committed: not in a footer, none indexed
@@ -211,7 +212,7 @@ func printBatch(tw io.Writer, s *store, n uint64, r verify.RecordInfo) {
 func inspectBlock(s *store, id format.BlockID, stdout io.Writer) error {
 	loc, ok, err := s.ix.Get(id)
 	if err != nil {
-		return usageErr("block %s: %v", id, err)
+		return cliutil.UsageErr("block %s: %v", id, err)
 	}
 	fmt.Fprintf(stdout, "\nblock %s\n", id)
 	if !ok {

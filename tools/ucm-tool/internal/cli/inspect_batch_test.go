@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/internal/cliutil/clitest"
 	"github.com/ucm-go/ucm/tools/verify/verifytest"
 )
 
@@ -24,7 +26,7 @@ func TestInspectBatchSegment(t *testing.T) {
 	}
 	loc, _ := locate(t, dir, testID(501))
 	out, _, code := run(t, "inspect", dir, "--segment", fmt.Sprint(seg), "--block", testID(501).String())
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
 	// hasRow: a line of the listing starts with these fields.
@@ -42,7 +44,7 @@ func TestInspectBatchSegment(t *testing.T) {
 	hasRow(at(committed.Offset), testID(501).String(), "batch", "1/3", fmt.Sprint(loc.Seq))
 	hasRow(at(committed.Offset), testID(502).String(), "batch", "2/3")
 	hasRow(at(abandoned.Offset), testID(601).String(), "batch", "1/2")
-	mustContain(t, out, "footer lists 1 records (and 1 uncommitted batch record: dead space), data end", "UNCOMMITTED (dead space)",
+	clitest.MustContain(t, out, "footer lists 1 records (and 1 uncommitted batch record: dead space), data end", "UNCOMMITTED (dead space)",
 		fmt.Sprintf("position 1 of 3 blocks in the batch record at %d of %d bytes", committed.Offset, committed.Extent),
 		"batch header and commit: match the index")
 	if strings.Contains(out, "INVALID") {
@@ -54,8 +56,8 @@ func TestInspectBatchSegment(t *testing.T) {
 		}
 	}
 	out, _, code = run(t, "verify", dir)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("verify: exit %d", code)
 	}
-	mustContain(t, out, fmt.Sprintf("dead 1 = %d bytes", abandoned.Extent))
+	clitest.MustContain(t, out, fmt.Sprintf("dead 1 = %d bytes", abandoned.Extent))
 }

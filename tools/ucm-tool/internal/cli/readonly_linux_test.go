@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/internal/cliutil/clitest"
 )
 
 // readOnlyView bind-mounts dir read-only at a new path and returns it (unmounted at cleanup);
@@ -41,14 +44,14 @@ func TestReadOnlyCommandsOnReadOnlyStore(t *testing.T) {
 		{"verify", "--no-recover", view},
 	} {
 		out, errOut, code := run(t, args...)
-		if code != ExitOK || strings.Contains(errOut, "read-only file system") {
+		if code != cliutil.ExitOK || strings.Contains(errOut, "read-only file system") {
 			t.Errorf("%s on a read-only store: exit %d\n%s%s", args[0], code, out, errOut)
 		}
 	}
 	out, _, _ := run(t, "verify", "--no-recover", view)
-	mustContain(t, out, "blocks verified: 40", "problems: 0")
+	clitest.MustContain(t, out, "blocks verified: 40", "problems: 0")
 	// A command that must write says why it cannot.
-	if _, errOut, code := run(t, "compact", view); code == ExitOK || !strings.Contains(errOut, "read-only") {
+	if _, errOut, code := run(t, "compact", view); code == cliutil.ExitOK || !strings.Contains(errOut, "read-only") {
 		t.Errorf("compact on a read-only store: exit %d, %s", code, errOut)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/tools/verify"
 )
@@ -70,7 +71,7 @@ first (printed). Exit status: 0 done, 1 the command failed part way (what it did
 then is printed) or evict could not bring the tier down to --to, 2 usage error or the
 store could not be opened.`
 
-func newCompactCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newCompactCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		f     reclaimFlags
 		ratio float64
@@ -87,12 +88,12 @@ every disk tier's used bytes before and after.
 ` + reclaimExit,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
 			if !(ratio > 0 && ratio < 1) {
-				return usageErr("--live-ratio %v: want a ratio between 0 and 1 (exclusive)", ratio)
+				return cliutil.UsageErr("--live-ratio %v: want a ratio between 0 and 1 (exclusive)", ratio)
 			}
 			return runReclaim(dir, reclaimReport{Command: "compact", LiveRatio: ratio}, f, stdout, stderr)
 		},
@@ -102,7 +103,7 @@ every disk tier's used bytes before and after.
 	return cmd
 }
 
-func newGCCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newGCCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var f reclaimFlags
 	cmd := &cobra.Command{
 		Use:   "gc [DIR]",
@@ -114,7 +115,7 @@ half live are compacted, in every disk tier.
 `, engine.DefaultCompactLiveRatio) + reclaimExit,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
@@ -125,7 +126,7 @@ half live are compacted, in every disk tier.
 	return cmd
 }
 
-func newEvictCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newEvictCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		f          reclaimFlags
 		to, tierFl string
@@ -146,16 +147,16 @@ Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units).
 ` + reclaimExit,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
 			if !cmd.Flags().Changed("to") {
-				return usageErr("--to: required (the bytes the tier may hold after eviction)")
+				return cliutil.UsageErr("--to: required (the bytes the tier may hold after eviction)")
 			}
 			n, err := ucmconfig.ParseSize(to)
 			if err != nil {
-				return usageErr("--to: %v", err)
+				return cliutil.UsageErr("--to: %v", err)
 			}
 			return runReclaim(dir, reclaimReport{Command: "evict", Tier: tierFl, ToBytes: &n}, f, stdout, stderr)
 		},
@@ -202,7 +203,7 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e, err := verify.OpenWritable(dir, nil, logger)
 	if err != nil {
-		return usageErr("%v", err)
+		return cliutil.UsageErr("%v", err)
 	}
 	if rec := e.Recovery(); recovered(rec) {
 		r.Recovery = newRecoveryJSON(&rec)
@@ -222,7 +223,7 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 		}
 		if !known {
 			_ = e.Close()
-			return usageErr("--tier %q: no such disk tier (the store's disk tiers: %s)", r.Tier, strings.Join(names, ", "))
+			return cliutil.UsageErr("--tier %q: no such disk tier (the store's disk tiers: %s)", r.Tier, strings.Join(names, ", "))
 		}
 	}
 	start := time.Now()
@@ -232,13 +233,13 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 	case "evict":
 		rep, runErr = e.Evict(r.Tier, *r.ToBytes)
 	default:
-		bar := newCountProgress(stderr, f.progress || isTerminal(stderr), compactCandidates(e.Index().Segments(), r.LiveRatio), r.Command+" segments")
+		bar := cliutil.NewCountProgress(stderr, f.progress || cliutil.IsTerminal(stderr), compactCandidates(e.Index().Segments(), r.LiveRatio), r.Command+" segments")
 		done := 0
 		rep, runErr = e.Compact(r.LiveRatio, func(p engine.ReclaimReport) {
-			bar.add(int64(p.SegmentsRetired - done))
+			bar.Add(int64(p.SegmentsRetired - done))
 			done = p.SegmentsRetired
 		})
-		bar.finish()
+		bar.Finish()
 	}
 	if cerr := e.Close(); runErr == nil && cerr != nil {
 		runErr = fmt.Errorf("close: %w", cerr)
@@ -250,7 +251,7 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 	// After: reopened read-only, every segment sealed at its final size.
 	h, err := verify.Open(dir, nil)
 	if err != nil {
-		return usageErr("reopen after %s: %v", r.Command, err)
+		return cliutil.UsageErr("reopen after %s: %v", r.Command, err)
 	}
 	after := h.Engine.TierStats()
 	_ = h.Close()
@@ -294,9 +295,9 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 	}
 	if runErr != nil {
 		if errors.Is(runErr, engine.ErrInvalidArgument) {
-			return usageErr("%s: %v", r.Command, runErr)
+			return cliutil.UsageErr("%s: %v", r.Command, runErr)
 		}
-		return &exitError{code: ExitProblems, err: fmt.Errorf("%s: %w", r.Command, runErr)}
+		return &cliutil.ExitError{Code: cliutil.ExitProblems, Err: fmt.Errorf("%s: %w", r.Command, runErr)}
 	}
 	return nil
 }
@@ -304,7 +305,7 @@ func runReclaim(dir string, r reclaimReport, f reclaimFlags, stdout, stderr io.W
 func printReclaim(w io.Writer, r *reclaimReport) {
 	switch r.Command {
 	case "evict":
-		fmt.Fprintf(w, "evict %s: tier %q down to %d bytes (%s)\n", r.Dir, r.Tier, *r.ToBytes, humanBytes(*r.ToBytes))
+		fmt.Fprintf(w, "evict %s: tier %q down to %d bytes (%s)\n", r.Dir, r.Tier, *r.ToBytes, cliutil.HumanBytes(*r.ToBytes))
 	default:
 		fmt.Fprintf(w, "%s %s: live ratio <= %v\n", r.Command, r.Dir, r.LiveRatio)
 	}
@@ -314,18 +315,18 @@ func printReclaim(w io.Writer, r *reclaimReport) {
 	if r.Command == "evict" {
 		fmt.Fprintf(w, "blocks evicted:     %d (%d demoted to the next tier, %d deleted)\n", r.BlocksEvicted, r.BlocksDemoted, r.BlocksEvicted-r.BlocksDemoted)
 	}
-	fmt.Fprintf(w, "bytes reclaimed:    %d (%s)\n", r.BytesReclaimed, humanBytes(r.BytesReclaimed))
+	fmt.Fprintf(w, "bytes reclaimed:    %d (%s)\n", r.BytesReclaimed, cliutil.HumanBytes(r.BytesReclaimed))
 	if r.BytesAdded > 0 {
-		fmt.Fprintf(w, "bytes added:        %d (%s): records copied before the run stopped; the next compact reclaims them\n", r.BytesAdded, humanBytes(r.BytesAdded))
+		fmt.Fprintf(w, "bytes added:        %d (%s): records copied before the run stopped; the next compact reclaims them\n", r.BytesAdded, cliutil.HumanBytes(r.BytesAdded))
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "tier\tcapacity\tused before\tused after\tblocks before\tblocks after\t")
 	for _, c := range r.Tiers {
 		capacity := "unlimited"
 		if c.Capacity > 0 {
-			capacity = humanBytes(c.Capacity)
+			capacity = cliutil.HumanBytes(c.Capacity)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t\n", c.Name, capacity, humanBytes(c.UsedBefore), humanBytes(c.UsedAfter), c.BlocksBefore, c.BlocksAfter)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t\n", c.Name, capacity, cliutil.HumanBytes(c.UsedBefore), cliutil.HumanBytes(c.UsedAfter), c.BlocksBefore, c.BlocksAfter)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "took %.2f s\n", r.Seconds)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -68,16 +69,16 @@ func decode[T any](t *testing.T, out string) T {
 func TestToolsOnTieredStore(t *testing.T) {
 	s := buildTieredStore(t)
 	out, _, code := run(t, "verify", s.dir)
-	if code != ExitOK || !strings.Contains(out, "store is clean") || !strings.Contains(out, filepath.Join(s.root, "nfs2")) {
+	if code != cliutil.ExitOK || !strings.Contains(out, "store is clean") || !strings.Contains(out, filepath.Join(s.root, "nfs2")) {
 		t.Fatalf("verify: exit %d\n%s", code, out)
 	}
 	out, _, code = run(t, "inspect", s.dir)
-	if code != ExitOK || !strings.Contains(out, " ssd ") || !strings.Contains(out, " nfs ") {
+	if code != cliutil.ExitOK || !strings.Contains(out, " ssd ") || !strings.Contains(out, " nfs ") {
 		t.Fatalf("inspect: exit %d\n%s", code, out)
 	}
 	out, _, code = run(t, "stats", "--json", s.dir)
 	st := decode[statsReport](t, out)
-	if code != ExitOK || len(st.Tiers) != 2 || st.Tiers[0].Name != "ssd" || st.Tiers[1].Name != "nfs" {
+	if code != cliutil.ExitOK || len(st.Tiers) != 2 || st.Tiers[0].Name != "ssd" || st.Tiers[1].Name != "nfs" {
 		t.Fatalf("stats: exit %d %+v", code, st.Tiers)
 	}
 	var blocks, files int64
@@ -92,7 +93,7 @@ func TestToolsOnTieredStore(t *testing.T) {
 		t.Fatalf("tiers hold %d blocks in %d bytes; store %d blocks in %d bytes, want %d blocks", blocks, files, st.Blocks, st.FileBytes, s.live)
 	}
 	out, _, code = run(t, "stats", s.dir)
-	if code != ExitOK || !strings.Contains(out, "unlimited") || !strings.Contains(out, "segments") {
+	if code != cliutil.ExitOK || !strings.Contains(out, "unlimited") || !strings.Contains(out, "segments") {
 		t.Fatalf("stats: exit %d\n%s", code, out)
 	}
 }
@@ -103,7 +104,7 @@ func TestCompactGCEvict(t *testing.T) {
 	s := buildTieredStore(t)
 	out, _, code := run(t, "compact", "--json", "--live-ratio", "0.3", s.dir)
 	r := decode[reclaimReport](t, out)
-	if code != ExitOK || r.Command != "compact" || r.SegmentsCompacted == 0 || r.BytesReclaimed <= 0 || r.RecordsMoved == 0 || len(r.Tiers) != 2 || r.Error != "" {
+	if code != cliutil.ExitOK || r.Command != "compact" || r.SegmentsCompacted == 0 || r.BytesReclaimed <= 0 || r.RecordsMoved == 0 || len(r.Tiers) != 2 || r.Error != "" {
 		t.Fatalf("compact: exit %d %+v", code, r)
 	}
 	var after int64
@@ -117,30 +118,30 @@ func TestCompactGCEvict(t *testing.T) {
 		t.Fatalf("compact lost blocks: %d of %d", after, s.live)
 	}
 	out, _, code = run(t, "gc", s.dir)
-	if code != ExitOK || !strings.Contains(out, "gc "+s.dir+": live ratio <= 0.5") || !strings.Contains(out, "used before") {
+	if code != cliutil.ExitOK || !strings.Contains(out, "gc "+s.dir+": live ratio <= 0.5") || !strings.Contains(out, "used before") {
 		t.Fatalf("gc: exit %d\n%s", code, out)
 	}
-	if out, _, code = run(t, "verify", s.dir); code != ExitOK {
+	if out, _, code = run(t, "verify", s.dir); code != cliutil.ExitOK {
 		t.Fatalf("verify after gc: exit %d\n%s", code, out)
 	}
 
 	out, _, code = run(t, "evict", "--json", "--to", "0", s.dir)
 	r = decode[reclaimReport](t, out)
-	if code != ExitOK || r.Tier != "ssd" || r.BlocksDemoted == 0 || r.BlocksEvicted != r.BlocksDemoted || r.Tiers[0].UsedAfter != 0 || r.Tiers[0].BlocksAfter != 0 {
+	if code != cliutil.ExitOK || r.Tier != "ssd" || r.BlocksDemoted == 0 || r.BlocksEvicted != r.BlocksDemoted || r.Tiers[0].UsedAfter != 0 || r.Tiers[0].BlocksAfter != 0 {
 		t.Fatalf("evict: exit %d %+v", code, r)
 	}
 	if r.Tiers[1].BlocksAfter != int64(s.live) {
 		t.Fatalf("evict to the next tier lost blocks: %+v", r.Tiers)
 	}
 	out, _, code = run(t, "evict", "--tier", "nfs", "--to", "600KiB", s.dir)
-	if code != ExitOK || !strings.Contains(out, "deleted)") {
+	if code != cliutil.ExitOK || !strings.Contains(out, "deleted)") {
 		t.Fatalf("evict from the last tier: exit %d\n%s", code, out)
 	}
 	out, _, code = run(t, "stats", "--json", s.dir)
-	if st := decode[statsReport](t, out); code != ExitOK || st.Tiers[1].Used > 600<<10 || st.Blocks >= int64(s.live) {
+	if st := decode[statsReport](t, out); code != cliutil.ExitOK || st.Tiers[1].Used > 600<<10 || st.Blocks >= int64(s.live) {
 		t.Fatalf("after evicting the last tier to 600 KiB: %+v", st.Tiers)
 	}
-	if out, _, code = run(t, "verify", s.dir); code != ExitOK {
+	if out, _, code = run(t, "verify", s.dir); code != cliutil.ExitOK {
 		t.Fatalf("verify after evict: exit %d\n%s", code, out)
 	}
 }
@@ -162,11 +163,11 @@ func TestReclaimBadInput(t *testing.T) {
 		{[]string{"gc", filepath.Join(s.root, "nope")}, "nope"},
 	} {
 		_, stderr, code := run(t, c.args...)
-		if code != ExitUsage || !strings.Contains(stderr, c.flag) {
+		if code != cliutil.ExitUsage || !strings.Contains(stderr, c.flag) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 naming %s", c.args, code, stderr, c.flag)
 		}
 	}
-	if out, _, code := run(t, "verify", s.dir); code != ExitOK {
+	if out, _, code := run(t, "verify", s.dir); code != cliutil.ExitOK {
 		t.Fatalf("verify: exit %d\n%s", code, out)
 	}
 }
@@ -178,7 +179,7 @@ func TestEvictLastTierToZeroInOneRun(t *testing.T) {
 	s := buildTieredStore(t)
 	out, _, code := run(t, "evict", "--json", "--tier", "nfs", "--to", "0", s.dir)
 	r := decode[reclaimReport](t, out)
-	if code != ExitOK || r.Error != "" || r.Tiers[1].UsedAfter != 0 || r.Tiers[1].BlocksAfter != 0 {
+	if code != cliutil.ExitOK || r.Error != "" || r.Tiers[1].UsedAfter != 0 || r.Tiers[1].BlocksAfter != 0 {
 		t.Fatalf("evict the last tier to 0: exit %d %+v", code, r)
 	}
 	if r.RecordsMoved != 0 || r.SegmentsCompacted != 0 || r.BlocksDemoted != 0 || int64(r.BlocksEvicted) != r.Tiers[1].BlocksBefore {
@@ -192,7 +193,7 @@ func TestEvictLastTierToZeroInOneRun(t *testing.T) {
 			t.Fatalf("%s still holds %d segment files", p, segFiles(n))
 		}
 	}
-	if out, _, code := run(t, "verify", s.dir); code != ExitOK {
+	if out, _, code := run(t, "verify", s.dir); code != cliutil.ExitOK {
 		t.Fatalf("verify after evict: exit %d\n%s", code, out)
 	}
 }
@@ -227,7 +228,7 @@ func TestEvictOnlyTierToZeroInOneRun(t *testing.T) {
 	}
 	out, _, code := run(t, "evict", "--json", "--to", "0", dir)
 	r := decode[reclaimReport](t, out)
-	if code != ExitOK || r.Error != "" || r.RecordsMoved != 0 || r.BlocksEvicted != 25 || r.Tiers[0].UsedAfter != 0 || r.Tiers[0].BlocksAfter != 0 {
+	if code != cliutil.ExitOK || r.Error != "" || r.RecordsMoved != 0 || r.BlocksEvicted != 25 || r.Tiers[0].UsedAfter != 0 || r.Tiers[0].BlocksAfter != 0 {
 		t.Fatalf("evict the only tier to 0: exit %d %+v", code, r)
 	}
 	if n, _ := os.ReadDir(filepath.Join(dir, engine.SegmentDir)); segFiles(n) != 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/tools/verify"
 )
@@ -77,11 +78,11 @@ func printTiers(w io.Writer, ts []tierJSON) {
 	for _, t := range ts {
 		capacity := "unlimited"
 		if t.Capacity > 0 {
-			capacity = humanBytes(t.Capacity)
+			capacity = cliutil.HumanBytes(t.Capacity)
 		}
 		segment := "-"
 		if t.SegmentSize > 0 {
-			segment = humanBytes(t.SegmentSize)
+			segment = cliutil.HumanBytes(t.SegmentSize)
 		}
 		hits, misses := "-", "-"
 		if t.Hits != nil {
@@ -91,8 +92,8 @@ func printTiers(w io.Writer, ts []tierJSON) {
 		if paths == "" {
 			paths = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Kind, capacity, segment, humanBytes(t.Used), humanBytes(t.FileBytes),
-			humanBytes(t.LiveBytes), humanBytes(t.DeadBytes), t.Blocks, t.Segments, hits, misses, paths)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Kind, capacity, segment, cliutil.HumanBytes(t.Used), cliutil.HumanBytes(t.FileBytes),
+			cliutil.HumanBytes(t.LiveBytes), cliutil.HumanBytes(t.DeadBytes), t.Blocks, t.Segments, hits, misses, paths)
 	}
 	_ = tw.Flush()
 }
@@ -120,7 +121,7 @@ func newRecoveryJSON(r *engine.RecoveryReport) *recoveryJSON {
 		MissingSegments: append([]uint64{}, r.MissingSegments...), TruncatedSegments: append([]uint64{}, r.TruncatedSegments...), IndexSetAside: r.IndexSetAside, Seconds: r.Duration.Seconds()}
 }
 
-func newStatsCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newStatsCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var noRecover, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "stats [DIR]",
@@ -144,7 +145,7 @@ published in its manifests, which leave out its active segment and its live/dead
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				backends, names, ok, err := tc.sharedInstances()
+				backends, names, ok, err := sharedInstances(tc)
 				if err != nil {
 					return err
 				}
@@ -152,7 +153,7 @@ published in its manifests, which leave out its active segment and its live/dead
 					return runInstanceStats(backends, names, asJSON, stdout)
 				}
 			}
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
@@ -188,7 +189,7 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	}
 	if noRecover || s.RecoverySkipped() != nil {
 		if r.PendingRecovery, err = s.ScanPending(); err != nil {
-			return usageErr("%v", err)
+			return cliutil.UsageErr("%v", err)
 		}
 	}
 	if asJSON {
@@ -208,9 +209,9 @@ func runStats(dir string, noRecover, asJSON bool, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "store:       %s\n", dir)
 	fmt.Fprintf(stdout, "blocks:      %d\n", r.Blocks)
 	fmt.Fprintf(stdout, "sidecars:    %d\n", r.Sidecars)
-	fmt.Fprintf(stdout, "live bytes:  %d (%s)\n", r.LiveBytes, humanBytes(r.LiveBytes))
-	fmt.Fprintf(stdout, "file bytes:  %d (%s)\n", r.FileBytes, humanBytes(r.FileBytes))
-	fmt.Fprintf(stdout, "dead bytes:  %d (%s)\n", r.DeadBytes, humanBytes(r.DeadBytes))
+	fmt.Fprintf(stdout, "live bytes:  %d (%s)\n", r.LiveBytes, cliutil.HumanBytes(r.LiveBytes))
+	fmt.Fprintf(stdout, "file bytes:  %d (%s)\n", r.FileBytes, cliutil.HumanBytes(r.FileBytes))
+	fmt.Fprintf(stdout, "dead bytes:  %d (%s)\n", r.DeadBytes, cliutil.HumanBytes(r.DeadBytes))
 	fmt.Fprintf(stdout, "live ratio:  %.4f\n", r.LiveRatio)
 	fmt.Fprintf(stdout, "segments:    %d (active %d, sealed %d, quarantined %d, being retired %d)\n", r.Segments,
 		r.SegmentsByState["active"], r.SegmentsByState["sealed"], r.SegmentsByState["quarantined"], r.SegmentsByState["deleting"])

@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/tools/verify"
 )
@@ -64,9 +65,9 @@ func isStoreDir(dir string) bool {
 // first backend is not a store itself but holds instance stores (<backend>/stores/<layout
 // namespace>/<name>, as the connector makes them, or <backend>/stores/<name> from before layout
 // namespaces; names are relative to <backend>/stores); ok=false otherwise.
-func (c *toolConfig) sharedInstances() (backends, names []string, ok bool, err error) {
-	cfg, err := c.load()
-	if err != nil || cfg == nil || c.instance != "" {
+func sharedInstances(c *cliutil.Config) (backends, names []string, ok bool, err error) {
+	cfg, err := c.Load()
+	if err != nil || cfg == nil || c.Instance != "" {
 		return nil, nil, false, err
 	}
 	base, _, err := cfg.StoreOptions()
@@ -149,13 +150,13 @@ func runInstanceStats(backends, names []string, asJSON bool, stdout io.Writer) e
 	row := func(st instanceStats) {
 		lv, dd := "-", "-"
 		if st.LiveBytes != nil {
-			lv, dd = humanBytes(*st.LiveBytes), humanBytes(*st.DeadBytes)
+			lv, dd = cliutil.HumanBytes(*st.LiveBytes), cliutil.HumanBytes(*st.DeadBytes)
 		}
 		state := st.State
 		if st.Error != "" {
 			state += " (" + st.Error + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\n", st.Name, state, st.Blocks, humanBytes(st.FileBytes), lv, dd, st.Segments)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\n", st.Name, state, st.Blocks, cliutil.HumanBytes(st.FileBytes), lv, dd, st.Segments)
 	}
 	for _, st := range r.Instances {
 		row(st)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/internal/cliutil"
 )
 
 // TestStatsInstances: stats --config FILE without --instance, on a storage_backends shared by
@@ -59,7 +60,7 @@ func TestStatsInstances(t *testing.T) {
 	var rep instancesReport
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		out, errOut, code := run(t, "stats", "--config", cfgPath, "--json")
-		if code != ExitOK {
+		if code != cliutil.ExitOK {
 			t.Fatalf("stats --config of a shared backend: exit %d\n%s%s", code, out, errOut)
 		}
 		rep = instancesReport{}
@@ -96,7 +97,7 @@ func TestStatsInstances(t *testing.T) {
 
 	// The table: a row per instance and the total line.
 	out, _, code := run(t, "stats", "--config", cfgPath)
-	if code != ExitOK {
+	if code != cliutil.ExitOK {
 		t.Fatalf("stats: exit %d", code)
 	}
 	for _, want := range []string{"instance", "w0", "w1", "junk", "total", "running", "stopped", "1 running, 1 stopped"} {
@@ -123,7 +124,7 @@ func TestStatsInstances(t *testing.T) {
 		t.Errorf("total of stopped instances: %+v", rep.Total)
 	}
 	// --instance still picks one instance store.
-	if out, _, code := run(t, "stats", "--config", cfgPath, "--instance", "w0", "--json"); code != ExitOK || !strings.Contains(out, `"blocks": 30`) {
+	if out, _, code := run(t, "stats", "--config", cfgPath, "--instance", "w0", "--json"); code != cliutil.ExitOK || !strings.Contains(out, `"blocks": 30`) {
 		t.Errorf("--instance w0: %d %s", code, out)
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tools/verify"
 )
 
@@ -21,7 +22,7 @@ func newStore(h *verify.Handle) *store { return &store{Handle: h, ix: h.Index} }
 func openStoreReadOnly(dir string) (*store, error) {
 	h, err := verify.Open(dir, nil)
 	if err != nil {
-		return nil, usageErr("%v", err)
+		return nil, cliutil.UsageErr("%v", err)
 	}
 	return newStore(h), nil
 }
@@ -31,7 +32,7 @@ func openStoreReadOnly(dir string) (*store, error) {
 func openRecovered(dir string, recover bool) (*store, *engine.RecoveryReport, error) {
 	h, rep, err := verify.OpenRecovered(dir, nil, recover)
 	if err != nil {
-		return nil, nil, usageErr("%v", err)
+		return nil, nil, cliutil.UsageErr("%v", err)
 	}
 	return newStore(h), rep, nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tools/verify"
 )
 
@@ -15,7 +16,7 @@ type verifyFlags struct {
 	progress  bool
 }
 
-func newVerifyCmd(tc *toolConfig, stdout, stderr io.Writer) *cobra.Command {
+func newVerifyCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	var f verifyFlags
 	cmd := &cobra.Command{
 		Use:   "verify [DIR]",
@@ -42,7 +43,7 @@ system is full: the engine opens the store read-only).
 Exit status: 0 clean, 1 problems found, 2 usage or open error.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := tc.storeDir(args)
+			dir, err := tc.StoreDir(args)
 			if err != nil {
 				return err
 			}
@@ -55,17 +56,19 @@ Exit status: 0 clean, 1 problems found, 2 usage or open error.`,
 }
 
 func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
-	var bar *progress
+	var bar *cliutil.Progress
 	r, err := verify.Store(dir, verify.Options{
-		Recover:       !f.noRecover,
-		ProgressTotal: func(total int64) { bar = newProgress(stderr, f.progress || isTerminal(stderr), total, "verify") },
-		Progress:      func(n int64) { bar.add(n) },
+		Recover: !f.noRecover,
+		ProgressTotal: func(total int64) {
+			bar = cliutil.NewProgress(stderr, f.progress || cliutil.IsTerminal(stderr), total, "verify")
+		},
+		Progress: func(n int64) { bar.Add(n) },
 	})
 	if bar != nil {
-		bar.finish()
+		bar.Finish()
 	}
 	if err != nil {
-		return usageErr("%v", err)
+		return cliutil.UsageErr("%v", err)
 	}
 	fmt.Fprintf(stdout, "verify %s\n", dir)
 	if r.Recovery != nil {
@@ -94,10 +97,10 @@ func runVerify(dir string, f verifyFlags, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "; past a torn tail (recovery drops them): %d", r.PendingDrops)
 	}
 	fmt.Fprintln(stdout)
-	fmt.Fprintf(stdout, "bytes read: %d (%s)\n", r.BytesRead, humanBytes(r.BytesRead))
+	fmt.Fprintf(stdout, "bytes read: %d (%s)\n", r.BytesRead, cliutil.HumanBytes(r.BytesRead))
 	fmt.Fprintf(stdout, "problems: %d\n", len(r.Problems))
 	if !r.Clean() {
-		return problemsFound
+		return cliutil.ProblemsFound
 	}
 	fmt.Fprintln(stdout, "store is clean")
 	return nil

@@ -1,0 +1,472 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/tiers"
+)
+
+// mooncakeWorkload benchmarks the mooncake tier (docs/mooncake.md) on a memory | mooncake |
+// ssd chain against a running master (UCM_MOONCAKE_MASTER, UCM_MOONCAKE_METADATA: what
+// tools/mooncake/harness.sh --master exports), and measures the pool's own put/get rate in the
+// same run. The pool's memory is held by a second process (this binary, re-executed with
+// UCM_MOONCAKE_HOLD set), so every transfer crosses the transport as it does between machines.
+//
+//  1. pool: --total bytes of block-sized objects put and got back straight through Mooncake's
+//     client (batch calls from registered memory, the tier's own batch size): the ceiling;
+//  2. for each object layout (one object per block, one per shard): dump every block (written
+//     through), reopen the store with its memory tier empty, load every block (served by the
+//     pool), then one shard of every block;
+//  3. a second engine with an empty disk loads every block (sharing: all from the pool);
+//  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
+//     the blocks: the hit rate of each tier.
+type mooncakeWorkload struct{}
+
+func (mooncakeWorkload) name() string { return "mooncake" }
+
+func (mooncakeWorkload) defaults() map[string]string {
+	return map[string]string{"total": "1GiB", "sync": "none", "batch": "8", "concurrency": "2"}
+}
+
+func (mooncakeWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) {
+	return totalBlocks(cfg, l)
+}
+
+// mooncakeBench is the mooncake workload's part of the result.
+type mooncakeBench struct {
+	Master       string  `json:"master"`
+	PoolPutMBps  float64 `json:"pool_put_MBps"`
+	PoolGetMBps  float64 `json:"pool_get_MBps"`
+	MemoryBytes  int64   `json:"memory_bytes"`
+	HolderBytes  int64   `json:"pool_bytes"`
+	Layouts      []mooncakeLayoutRun
+	SharedMBps   float64 `json:"shared_load_MBps"`
+	SharedRatio  float64 `json:"shared_load_ratio"`
+	SharedHits   float64 `json:"shared_hit_rate"`
+	SkewLoads    int     `json:"skew_loads"`
+	SkewMemory   float64 `json:"skew_memory_hit_rate"`
+	SkewPool     float64 `json:"skew_pool_hit_rate"`
+	SkewDisk     float64 `json:"skew_disk_rate"`
+	SkewMBps     float64 `json:"skew_load_MBps"`
+	PoolRejected uint64  `json:"pool_rejected"`
+	PoolErrors   uint64  `json:"pool_errors"`
+}
+
+// mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates.
+type mooncakeLayoutRun struct {
+	Object           string  `json:"object"`
+	DumpMBps         float64 `json:"dump_MBps"`
+	WriteThroughMBps float64 `json:"write_through_MBps"`
+	WriteThroughRate float64 `json:"write_through_ratio"`
+	WrittenThrough   float64 `json:"written_through"` // fraction of the blocks put in the pool
+	LoadMBps         float64 `json:"load_MBps"`
+	LoadRatio        float64 `json:"load_ratio"`
+	PoolHitRate      float64 `json:"pool_hit_rate"`
+	ShardMBps        float64 `json:"shard_load_MBps"`
+}
+
+func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
+	if size := os.Getenv("UCM_MOONCAKE_HOLD"); size != "" {
+		res.Verified = true // the holder moves no block
+		return mooncakeHold(size)
+	}
+	if !tiers.MooncakeBuilt {
+		return fmt.Errorf("the mooncake workload: %w", tiers.ErrMooncakeNotBuilt)
+	}
+	master, metadata := os.Getenv("UCM_MOONCAKE_MASTER"), os.Getenv("UCM_MOONCAKE_METADATA")
+	if master == "" || metadata == "" {
+		return errors.New("the mooncake workload needs UCM_MOONCAKE_MASTER and UCM_MOONCAKE_METADATA (run it under tools/mooncake/harness.sh --master, or make bench-mooncake)")
+	}
+	l := env.opts.Layout
+	total := int64(env.blocks) * l.BlockBytes()
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 4*total + total/2 + (256 << 20)}
+	res.Mooncake = mb
+	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
+		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
+
+	// The process that holds the pool's memory.
+	holder, err := startHolder(env, mb.HolderBytes)
+	if err != nil {
+		return err
+	}
+	defer holder()
+
+	// 1. The pool's own rate.
+	if err := poolRate(env, cfg, mb); err != nil {
+		return err
+	}
+	env.progressf("pool: put %.0f MB/s, get %.0f MB/s", mb.PoolPutMBps, mb.PoolGetMBps)
+
+	// 2. The tier, per object layout.
+	for _, object := range []string{"block", "shard"} {
+		run, err := mooncakeLayout(env, cfg, object, mb)
+		if err != nil {
+			return err
+		}
+		mb.Layouts = append(mb.Layouts, run)
+		env.progressf("%s objects: dump %.0f MB/s, dump+write-through %.0f MB/s, load %.0f MB/s (%.2f x pool get), one shard per block %.0f MB/s",
+			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.LoadRatio, run.ShardMBps)
+	}
+	res.DumpMBps, res.LoadMBps = mb.Layouts[0].DumpMBps, mb.Layouts[0].LoadMBps
+	res.Verified = true
+	return nil
+}
+
+// mooncakeHold is the pool-holding process: a client that contributes size bytes and waits
+// for its stdin to close.
+func mooncakeHold(size string) error {
+	n, err := strconv.ParseInt(size, 10, 64)
+	if err != nil {
+		return err
+	}
+	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: os.Getenv("UCM_MOONCAKE_METADATA"),
+		MasterServerAddress: os.Getenv("UCM_MOONCAKE_MASTER"), GlobalSegmentSize: n, LocalBufferSize: 16 << 20}.WithDefaults()
+	pool, err := tiers.OpenMooncakePool(cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if !pool.Healthy() {
+		return errors.New("mooncake hold: the master does not answer")
+	}
+	fmt.Println("HOLDING")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+func startHolder(env *benchEnv, bytes int64) (stop func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "bench", "--workload", "mooncake", "--dir", filepath.Join(env.cfg.dir, "holder"), "--json")
+	cmd.Env = append(os.Environ(), "UCM_MOONCAKE_HOLD="+strconv.FormatInt(bytes, 10))
+	cmd.Stderr = env.stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	stop = func() { _ = in.Close(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "HOLDING\n" {
+		_ = cmd.Process.Kill()
+		stop()
+		return nil, fmt.Errorf("mooncake pool holder did not start (%q, %v)", line, err)
+	}
+	return stop, nil
+}
+
+// poolRate puts --total bytes as block-sized objects straight through the client, from
+// registered memory, batch by batch with --concurrency batches in flight, then gets them back.
+func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error {
+	pool, err := tiers.OpenMooncakePool(cfg.WithDefaults())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if !pool.Healthy() {
+		return errors.New("pool rate: the master does not answer")
+	}
+	l := env.opts.Layout
+	obj := int(l.BlockBytes()) + 4096 // the tier's objects carry a header
+	batch, workers := env.cfg.batch, env.cfg.concurrency
+	slabs := make([][]byte, workers)
+	for w := range slabs {
+		if slabs[w], err = pool.Alloc(batch * obj); err != nil {
+			return err
+		}
+		for b := 0; b < batch; b++ {
+			copy(slabs[w][b*obj:], env.payload.body)
+		}
+	}
+	round := 0
+	run := func(put bool) (time.Duration, error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var firstErr atomic.Pointer[error]
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(slab []byte) {
+				defer wg.Done()
+				for {
+					lo := int(next.Add(int64(batch))) - batch
+					if lo >= env.blocks {
+						return
+					}
+					hi := min(env.blocks, lo+batch)
+					keys := make([]string, hi-lo)
+					bufs := make([][]byte, hi-lo)
+					for i := range keys {
+						keys[i] = fmt.Sprintf("ucm-bench-raw%d/%d", round, lo+i)
+						bufs[i] = slab[i*obj : (i+1)*obj]
+					}
+					var bad error
+					if put {
+						codes, err := pool.Put(keys, bufs)
+						bad = err
+						for _, c := range codes {
+							if c != 0 && bad == nil {
+								bad = fmt.Errorf("put: mooncake error %d", c)
+							}
+						}
+					} else {
+						got, err := pool.Get(keys, bufs)
+						bad = err
+						for _, g := range got {
+							if g != int64(obj) && bad == nil {
+								bad = fmt.Errorf("get: %d", g)
+							}
+						}
+					}
+					if bad != nil {
+						firstErr.CompareAndSwap(nil, &bad)
+						return
+					}
+				}
+			}(slabs[w])
+		}
+		wg.Wait()
+		if p := firstErr.Load(); p != nil {
+			return 0, *p
+		}
+		return time.Since(start), nil
+	}
+	// Two rounds of puts and gets under different keys; the second is reported (the first
+	// also pays the holder's first touch of its segment memory).
+	bytes := int64(env.blocks) * l.BlockBytes()
+	for round = 0; round < 2; round++ {
+		d, err := run(true)
+		if err != nil {
+			return fmt.Errorf("pool rate: %w", err)
+		}
+		mb.PoolPutMBps = mbps(bytes, d)
+		if d, err = run(false); err != nil {
+			return fmt.Errorf("pool rate: %w", err)
+		}
+		mb.PoolGetMBps = mbps(bytes, d)
+	}
+	return nil
+}
+
+func mooncakeOpts(env *benchEnv, cfg tiers.MooncakeConfig, object, dir string, memory int64) engine.Options {
+	c := cfg
+	c.Object = object
+	c.KeyPrefix = "ucm-bench-" + object
+	c.StagingBytes = int64(4*env.cfg.batch*env.cfg.concurrency) * (env.opts.Layout.BlockBytes() + 64<<10)
+	opts := env.opts
+	opts.Tiers = []tiers.Config{
+		{Name: "pool", Kind: tiers.KindMooncake, Mooncake: &c},
+		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}},
+	}
+	if memory > 0 {
+		opts.Tiers = append([]tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: memory}}, opts.Tiers...)
+	}
+	return opts
+}
+
+// loadAll loads every block (shard < 0) or shard `shard` of every block with the bench's tasks,
+// checking the bytes, and returns the time taken.
+func loadAll(env *benchEnv, e *engine.Engine, shard int) (time.Duration, error) {
+	l := e.Layout()
+	size := l.BlockBytes()
+	if shard >= 0 {
+		size = l.ShardBytes
+	}
+	var mismatch atomic.Pointer[error]
+	d, err := runTasks(env, 0, size, func(ids []format.BlockID, bufs [][]byte) error {
+		if shard >= 0 {
+			if err := e.LoadShard(ids, shard, bufs).Wait(); err != nil {
+				return err
+			}
+			for i, id := range ids {
+				if err := env.payload.checkStamps(bufs[i], id, int64(shard)*l.ShardBytes); err != nil {
+					mismatch.CompareAndSwap(nil, &err)
+				}
+			}
+			return nil
+		}
+		if err := e.Load(ids, bufs).Wait(); err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if err := env.payload.checkStamps(bufs[i], id, 0); err != nil {
+				mismatch.CompareAndSwap(nil, &err)
+			}
+		}
+		return nil
+	})
+	if err == nil && mismatch.Load() != nil {
+		err = *mismatch.Load()
+	}
+	return d, err
+}
+
+func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *mooncakeBench) (mooncakeLayoutRun, error) {
+	run := mooncakeLayoutRun{Object: object}
+	l := env.opts.Layout
+	bytes := int64(env.blocks) * l.BlockBytes()
+	dir := filepath.Join(env.storeDir, object)
+	if err := os.RemoveAll(dir); err != nil {
+		return run, err
+	}
+	opts := mooncakeOpts(env, cfg, object, dir, mb.MemoryBytes)
+	e, err := engine.Open(dir, opts)
+	if err != nil {
+		return run, err
+	}
+	start := time.Now()
+	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+		for i, id := range ids {
+			env.payload.fill(bufs[i], id)
+		}
+		if err := e.Dump(ids, bufs).Wait(); err != nil {
+			return err
+		}
+		// Write-throughs never hold a dump back, and a burst larger than the tier's put
+		// slots is dropped; here every dump waits for them, so the figure is the rate of
+		// dumps that are in the pool when they return.
+		e.FlushMooncake()
+		return nil
+	})
+	through := time.Since(start)
+	s, _ := e.MooncakeStats()
+	if cerr := e.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return run, fmt.Errorf("%s objects: dump: %w", object, err)
+	}
+	if s.Puts == 0 {
+		return run, fmt.Errorf("%s objects: no block written through (%+v)", object, s)
+	}
+	run.WrittenThrough = float64(s.Puts) / float64(env.blocks)
+	run.DumpMBps, run.WriteThroughMBps = mbps(bytes, dumpTime), mbps(bytes, through)
+	run.WriteThroughRate = run.WriteThroughMBps / mb.PoolPutMBps
+
+	// Reopened: the memory tier is empty, the pool serves.
+	if e, err = engine.Open(dir, opts); err != nil {
+		return run, err
+	}
+	defer func() { _ = e.Close() }()
+	dropCaches()
+	d, err := loadAll(env, e, -1)
+	if err != nil {
+		return run, fmt.Errorf("%s objects: load: %w", object, err)
+	}
+	s2, _ := e.MooncakeStats()
+	run.LoadMBps, run.PoolHitRate = mbps(bytes, d), float64(s2.Hits)/float64(env.blocks)
+	run.LoadRatio = run.LoadMBps / mb.PoolGetMBps
+	// One shard of every block: from a fresh instance (the first's memory tier holds some).
+	if err := e.Close(); err != nil {
+		return run, err
+	}
+	if e, err = engine.Open(dir, opts); err != nil {
+		return run, err
+	}
+	if d, err = loadAll(env, e, l.Shards/2); err != nil {
+		return run, fmt.Errorf("%s objects: shard loads: %w", object, err)
+	}
+	run.ShardMBps = mbps(int64(env.blocks)*l.ShardBytes, d)
+
+	if object == "block" {
+		if err := sharedAndSkew(env, cfg, opts, e, mb); err != nil {
+			return run, err
+		}
+	}
+	st, _ := e.MooncakeStats()
+	mb.PoolRejected += st.Rejected
+	mb.PoolErrors += st.Errors
+	return run, nil
+}
+
+// sharedAndSkew runs phases 3 and 4 against the block-object store e.
+func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options, e *engine.Engine, mb *mooncakeBench) error {
+	l := env.opts.Layout
+	bytes := int64(env.blocks) * l.BlockBytes()
+	// 3. Another instance, nothing on its disk.
+	dir2 := filepath.Join(env.storeDir, "second")
+	if err := os.RemoveAll(dir2); err != nil {
+		return err
+	}
+	opts2 := opts
+	opts2.Tiers = mooncakeOpts(env, cfg, "block", dir2, mb.MemoryBytes).Tiers
+	e2, err := engine.Open(dir2, opts2)
+	if err != nil {
+		return err
+	}
+	d, err := loadAll(env, e2, -1)
+	s, _ := e2.MooncakeStats()
+	_ = e2.Close()
+	if err != nil {
+		return fmt.Errorf("second instance: %w", err)
+	}
+	mb.SharedMBps, mb.SharedHits = mbps(bytes, d), float64(s.Hits)/float64(env.blocks)
+	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
+	env.progressf("second instance: load %.0f MB/s (%.2f x pool get), pool hit rate %.3f", mb.SharedMBps, mb.SharedRatio, mb.SharedHits)
+
+	// 4. Skewed reuse: block i with probability ∝ 1/(i+1) (Zipf, s = 1).
+	before, _ := e.MooncakeStats()
+	memBefore := e.Stats().MemoryHits
+	mb.SkewLoads = 4 * env.blocks
+	r := rand.New(rand.NewPCG(1, 2))
+	z := rand.NewZipf(r, 1.1, 1, uint64(env.blocks-1))
+	picks := make([]int, mb.SkewLoads)
+	for i := range picks {
+		picks[i] = int(z.Uint64())
+	}
+	buf := make([]byte, l.BlockBytes())
+	start := time.Now()
+	for _, p := range picks {
+		id := blockID(p)
+		if err := e.Load([]format.BlockID{id}, [][]byte{buf}).Wait(); err != nil {
+			return fmt.Errorf("skewed loads: %w", err)
+		}
+		if err := env.payload.checkStamps(buf, id, 0); err != nil {
+			return fmt.Errorf("skewed loads: %w", err)
+		}
+	}
+	elapsed := time.Since(start)
+	after, _ := e.MooncakeStats()
+	n := float64(mb.SkewLoads)
+	mb.SkewMemory = float64(e.Stats().MemoryHits-memBefore) / n
+	mb.SkewPool = float64(after.Hits-before.Hits) / n
+	mb.SkewDisk = 1 - mb.SkewMemory - mb.SkewPool
+	mb.SkewMBps = mbps(int64(mb.SkewLoads)*l.BlockBytes(), elapsed)
+	env.progressf("skewed loads: memory %.3f, pool %.3f, disk %.3f of %d loads, %.0f MB/s", mb.SkewMemory, mb.SkewPool, mb.SkewDisk, mb.SkewLoads, mb.SkewMBps)
+	return nil
+}
+
+// printMooncake prints the mooncake workload's rows.
+func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
+	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, cliutil.HumanBytes(m.HolderBytes), cliutil.HumanBytes(m.MemoryBytes))
+	row("pool (raw client)", "put %.1f MB/s, get %.1f MB/s", m.PoolPutMBps, m.PoolGetMBps)
+	for _, r := range m.Layouts {
+		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, pool hit rate %.3f); one shard per block %.1f MB/s",
+			r.WriteThroughMBps, r.WriteThroughRate, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.PoolHitRate, r.ShardMBps)
+	}
+	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
+	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
+	row("pool problems", "%d objects rejected, %d errors", m.PoolRejected, m.PoolErrors)
+}
