@@ -57,7 +57,7 @@ func listKey(ids []BlockID) string {
 
 // batchable reports whether layer-wise dumps may go to batch records in this store.
 func (e *Engine) batchable() bool {
-	return !e.opts.StageLayerWise && e.mem == nil && e.mc == nil && e.tiers[0].codec == format.CompressionNone
+	return !e.opts.StageLayerWise && len(e.caches) == 0 && e.tiers[0].codec == format.CompressionNone
 }
 
 // chunkBlocks is how many of n blocks of the store's layout one batch record written into

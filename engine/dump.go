@@ -416,7 +416,7 @@ func (e *Engine) whyStaged(v0 bool) string {
 		return "blocks created for a V0 dump assemble in staging memory until their Commit"
 	case e.opts.StageLayerWise:
 		return "this store stages layer-wise dumps (stage_layer_wise)"
-	case e.mem != nil || e.mc != nil:
+	case len(e.caches) > 0:
 		return "this store writes blocks through to a memory or Mooncake tier, which take whole blocks"
 	case e.tiers[0].codec != format.CompressionNone:
 		return "this store compresses whole blocks"
@@ -630,16 +630,9 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 		flights[k].finish(errs[k])
 	}
 	e.mu.Unlock()
-	if err == nil && e.mem != nil {
-		// Write-through: the memory tier gets the block once it is stored below.
-		for _, rec := range recs {
-			if b := e.blockBytes(rec); b != nil {
-				e.mem.Put(rec.ID, b, rec.ShardCRCs)
-			}
-		}
-	}
 	if err == nil {
-		e.mooncakeWrite(recs)
+		// Write-through: the cache tiers get the blocks once they are stored below.
+		e.writeThrough(recs)
 	}
 	for _, rec := range recs {
 		e.putRecord(rec)

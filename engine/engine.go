@@ -78,12 +78,15 @@ type Engine struct {
 	recycled      recyclePool // retired segment files kept for reuse (recycle.go)
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
-	tiers       []*diskTier     // disk tiers, fastest first
-	storedDirs  []string        // segment directories of the tiers the store last recorded
-	mem         *tiers.MemCache // the memory tier, or nil
-	memCfg      tiers.Config
-	mc          *tiers.MooncakeTier // the mooncake tier, or nil (tier_mooncake.go)
-	mcCfg       tiers.Config
+	tiers      []*diskTier // disk tiers, fastest first
+	storedDirs []string    // segment directories of the tiers the store last recorded
+	// caches are the cache tiers in front of the disk tiers, fastest first (cache.go); mem is
+	// the memory tier among them, or nil (it caches sidecars too).
+	caches []tiers.Cache
+	mem    *tiers.MemCache
+	// laterCaches are the configurations of the cache tiers opened once the schema is final
+	// (openCaches): the mooncake tier.
+	laterCaches []tiers.Config
 	backends    []devio.Backend // one per I/O engine in use
 	nextSeg     atomic.Uint64   // the next segment number
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
@@ -229,7 +232,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	e.fingerprint = opts.Schema.Fingerprint(opts.Layout)
 	err := e.open()
 	if err == nil {
-		err = e.openMooncake()
+		err = e.openCaches()
 	}
 	if err != nil {
 		close(e.stop) // stops what open started (the recency fill) before release closes the index
@@ -508,7 +511,7 @@ func (e *Engine) Close() error {
 	}
 	close(e.closed)
 	e.tasks.Wait()
-	e.closeMooncake()
+	e.closeCaches()
 	close(e.stop)
 	e.bg.Wait()
 	e.closeSharing()

@@ -9,6 +9,7 @@ import (
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -24,7 +25,7 @@ func (e *Engine) Lookup(ids []BlockID) []bool {
 		clear(hits)
 	}
 	e.lookupForeign(ids, hits)
-	e.mooncakeLookup(ids, hits)
+	e.lookupCaches(ids, hits)
 	e.stats.countLookup(hits)
 	return hits
 }
@@ -106,7 +107,7 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 	if e.share != nil && e.share.fx != nil && n < len(ids) {
 		n = e.publishedPrefix(ids, n)
 	}
-	n = e.mooncakePrefix(ids, n)
+	n = e.cachedPrefix(ids, n)
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
 	// leaves before their parents.
 	for _, t := range e.tiers {
@@ -195,10 +196,9 @@ type blockRead struct {
 }
 
 func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
-	l := e.opts.Layout
-	want := l.BlockBytes()
+	want := e.opts.Layout.BlockBytes()
 	if shard != AllShards {
-		want = l.ShardBytes
+		want = e.opts.Layout.ShardBytes
 	}
 	// Plan and issue in batches of at most QueueDepth blocks, so a cancelled task stops early
 	// and a huge load does not pin every segment at once.
@@ -212,235 +212,317 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 			}
 			return
 		}
-		e.loadBatch(t, shard, dst, flat, lo, hi, want, queued)
+		b := loadBatch{e: e, t: t, shard: shard, want: want, dst: dst, flat: flat, lo: lo, hi: hi, from: -1}
+		b.run(queued)
 	}
 }
 
-// loadBatch loads ids[lo:hi] into dst[lo:hi]. flat[i] is block i's memory as one buffer, for
-// the paths that need one (the memory and mooncake tiers, compressed records, memory that
-// cannot take O_DIRECT): the caller's buffer when dst[i] is one piece, else a staging buffer,
-// taken when first needed and copied into the pieces once the block is verified.
-func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, hi int, want int64, queued time.Time) {
-	l := e.opts.Layout
-	var timing LoadTiming
+// loadBatch is the state of a load's batch: blocks ids[lo:hi] of task t, read into dst[lo:hi].
+// A batch runs in steps (run): check (bad input fails its block), serveFromCaches (the cache
+// chain, fastest first), planRead for each block still pending (locate it on disk, pin its
+// segment, plan its reads), readDisk (submit, wait), finishReads (verify; finishHit: the
+// bookkeeping of a disk hit and the backfill of the caches).
+//
+// flat[i] is block i's memory as one buffer, for the paths that need one (the cache tiers,
+// compressed records, memory that cannot take O_DIRECT): the caller's buffer when dst[i] is one
+// piece, else a staging buffer, taken when first needed and copied into the pieces once the
+// block is verified.
+type loadBatch struct {
+	e      *Engine
+	t      *Task
+	shard  int   // AllShards or the shard loaded
+	want   int64 // bytes per block: a block's or a shard's
+	dst    []spans
+	flat   [][]byte
+	lo, hi int
+
+	served  []bool // served[i-lo]: block i was served by a cache tier
+	staging []int  // blocks whose flat buffer is a staging buffer
+	reads   []blockRead
+	ops     []devio.Op
+	timing  LoadTiming
+
+	// The batch's disk locations, taken in one index pass when the first block needs the
+	// disk (locate): locs[k] is block from+k's; from is -1 until the pass is taken.
+	locs     []index.Location
+	found    []bool
+	from     int
+	indexErr error
+}
+
+// run loads the batch and reports its timing (Options.OnLoad).
+func (b *loadBatch) run(queued time.Time) {
+	e := b.e
 	if e.opts.OnLoad != nil {
-		timing = LoadTiming{Blocks: hi - lo, Queued: queued, Start: time.Now()}
+		b.timing = LoadTiming{Blocks: b.hi - b.lo, Queued: queued, Start: time.Now()}
 		defer func() {
-			timing.Done = time.Now()
-			if timing.Submitted.IsZero() {
-				timing.Submitted, timing.Read = timing.Done, timing.Done // nothing read from disk
+			b.timing.Done = time.Now()
+			if b.timing.Submitted.IsZero() {
+				b.timing.Submitted, b.timing.Read = b.timing.Done, b.timing.Done // nothing read from disk
 			}
-			e.opts.OnLoad(timing)
+			e.opts.OnLoad(b.timing)
 		}()
 	}
-	var (
-		reads   []blockRead
-		ops     []devio.Op
-		staging []int // blocks whose flat buffer is a staging buffer
-	)
-	flatOf := func(i int) []byte {
-		if flat[i] == nil {
-			flat[i] = e.pool.Get(int(want))
-			staging = append(staging, i)
-		}
-		return flat[i]
-	}
-	defer func() {
-		for _, i := range staging {
-			e.pool.Put(flat[i])
-			flat[i] = nil
-		}
-	}()
-	// served: a block read into its staging buffer, not its pieces, is copied into them.
-	served := func(i int) {
-		if len(dst[i]) > 1 {
-			dst[i].scatter(flat[i])
+	defer b.releaseStaging()
+	b.check()
+	b.serveFromCaches()
+	for i := b.lo; i < b.hi; i++ {
+		if b.pending(i) {
+			b.planRead(i)
 		}
 	}
-	for i := lo; i < hi; i++ {
-		switch {
-		case len(dst[i]) == 1:
-			flat[i] = dst[i][0]
-		case e.mc != nil && dst[i].size() == want:
-			flatOf(i) // the pool is asked for every block first
-		}
-	}
-	pooled := e.mooncakeLoad(t, shard, flat, lo, hi, want)
-	// The batch's locations in one index pass (one iterator in key order rather than a point
-	// lookup per block: a layer-wise load asks for the same run of blocks at every layer),
-	// taken when the first block needs the disk, for it and the blocks after it: blocks served
-	// from a memory tier cost no index lookup. If it fails, each block is looked up on its own,
-	// which reports the error per block.
-	var (
-		locs     []index.Location
-		found    []bool
-		from     = -1 // locs[k] is block from+k's; -1: no pass taken yet
-		indexErr error
-	)
-	locate := func(i int) (index.Location, bool, error) {
-		if from < 0 {
-			from = i
-			locs, found = make([]index.Location, hi-i), make([]bool, hi-i)
-			if shard != AllShards {
-				indexErr = e.locateRun(t.ids[i:hi], locs, found) // shared with the list's other layers
-			} else {
-				indexErr = e.ix.GetMany(t.ids[i:hi], locs, found)
-			}
-		}
-		if indexErr != nil {
-			return e.ix.Get(t.ids[i])
-		}
-		return locs[i-from], found[i-from], nil
-	}
-	for i := lo; i < hi; i++ {
-		if pooled != nil && pooled[i-lo] {
-			served(i)
-			continue // served by the mooncake tier
+	b.readDisk()
+	b.finishReads()
+}
+
+// check fails the blocks whose input is bad (a zero id, a buffer of the wrong size) and points
+// flat at the caller's buffer where it is one piece.
+func (b *loadBatch) check() {
+	t := b.t
+	b.served = make([]bool, b.hi-b.lo)
+	for i := b.lo; i < b.hi; i++ {
+		if len(b.dst[i]) == 1 {
+			b.flat[i] = b.dst[i][0]
 		}
 		id := t.ids[i]
 		if id.IsZero() {
 			t.errs[i] = fmt.Errorf("load: zero block id at position %d: %w", i, ErrInvalidArgument)
 			continue
 		}
-		if n := dst[i].size(); n != want {
-			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", n, want)
-			continue
+		if n := b.dst[i].size(); n != b.want {
+			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", n, b.want)
 		}
-		if e.mem != nil && (len(dst[i]) == 1 || e.mem.Contains(id)) {
-			off := int64(0)
-			if shard != AllShards {
-				off = int64(shard) * l.ShardBytes
+	}
+}
+
+// pending reports whether block i is still to be loaded: neither failed nor served by a cache.
+func (b *loadBatch) pending(i int) bool { return b.t.errs[i] == nil && !b.served[i-b.lo] }
+
+// flatOf returns block i's memory as one buffer, taking a staging buffer when dst[i] is
+// several pieces.
+func (b *loadBatch) flatOf(i int) []byte {
+	if b.flat[i] == nil {
+		b.flat[i] = b.e.pool.Get(int(b.want))
+		b.staging = append(b.staging, i)
+	}
+	return b.flat[i]
+}
+
+// releaseStaging returns the batch's staging buffers to the pool.
+func (b *loadBatch) releaseStaging() {
+	for _, i := range b.staging {
+		b.e.pool.Put(b.flat[i])
+		b.flat[i] = nil
+	}
+}
+
+// scatter copies block i, read into its staging buffer rather than its pieces, into them.
+func (b *loadBatch) scatter(i int) {
+	if len(b.dst[i]) > 1 {
+		b.dst[i].scatter(b.flat[i])
+	}
+}
+
+// serveFromCaches asks each cache tier in turn, fastest first, for the pending blocks; a block
+// one serves is backfilled into the caches before it.
+func (b *loadBatch) serveFromCaches() {
+	e, t, n := b.e, b.t, b.hi-b.lo
+	for k, c := range e.caches {
+		ask := make([]bool, n)
+		some := false
+		for i := b.lo; i < b.hi; i++ {
+			if b.pending(i) {
+				ask[i-b.lo], some = true, true
 			}
-			hit, err := e.mem.Get(id, off, flatOf(i))
-			if err != nil {
-				// Bytes in memory changed under us: the block was dropped from the memory
-				// tier; read it from disk below.
-				e.opts.Logger.Error("ucm: memory tier: checksum mismatch; loading from disk", "block", id, "err", err)
-			}
-			if hit {
-				served(i)
-				e.stats.memoryHits.Add(1)
-				e.countLoaded(shard)
-				for _, t := range e.tiers {
-					if t.lru != nil {
-						t.lru.Touch(id)
-					}
-				}
+		}
+		if !some {
+			return
+		}
+		var crcs [][]uint32
+		if k > 0 && b.shard == AllShards {
+			crcs = make([][]uint32, n) // for the backfill of the caches before c
+		}
+		hits, err := c.Load(t.ids[b.lo:b.hi], b.shard, ask, func(j int) []byte { return b.flatOf(b.lo + j) }, crcs)
+		if err != nil {
+			// Cached bytes changed under us: those blocks were dropped from the cache; they
+			// are loaded from the tiers below.
+			e.opts.Logger.Error("ucm: cache tier: cached bytes failed their checksums; loading from the tiers below", "tier", c.Name(), "err", err)
+		}
+		for j, hit := range hits {
+			if !hit {
 				continue
 			}
-		}
-		loc, ok, err := locate(i)
-		if err == nil && !ok {
-			loc, ok = e.foreignGetTailing(id)
-		}
-		if err != nil || !ok {
-			if err == nil {
-				err = blockErr(ErrNotFound, id, "load")
+			i := b.lo + j
+			b.served[j] = true
+			b.scatter(i)
+			e.countLoaded(b.shard)
+			if c.Kind() == tiers.KindMemory {
+				e.stats.memoryHits.Add(1)
 			}
-			t.errs[i] = err
-			continue
-		}
-		if loc.Layout != l {
-			t.errs[i] = e.dropBroken(id, loc, fmt.Errorf("index layout %+v differs from the store's %+v: %w", loc.Layout, l, ErrCorrupt))
-			continue
-		}
-		seg, loc, tier, err := e.acquireLatest(id, loc)
-		if err != nil {
-			var ce *wal.CorruptionError
-			if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
-				t.errs[i] = e.dropBroken(id, loc, err)
-			} else {
-				// A transient failure to open the segment: the block stays indexed.
-				e.stats.readErrors.Add(1)
-				t.errs[i] = blockErr(wrapIO(err), id, "open segment %d", loc.Segment)
-			}
-			continue
-		}
-		r := blockRead{i: i, loc: loc, seg: seg, tier: tier, foreign: isForeign(loc.Segment), opLo: len(ops),
-			callerDst: len(dst[i]) == 1}
-		if r.tier != nil && r.tier.lru != nil && !r.foreign {
-			r.tier.lru.Pin(id) // not evicted while read
-		}
-		f := seg.File()
-		first := max(shard, 0) // the first shard read
-		// A block of its own record has a header to check; a block of a batch record does not
-		// (its shard checksums come from the index, as for every block).
-		header := func() {
-			if shard == AllShards && !loc.IsBatch() {
-				r.header = e.pool.Get(format.RecordHeaderSize)
-				ops = append(ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+			e.touchDiskTiers(t.ids[i])
+			if crcs != nil && crcs[j] != nil {
+				// With the checksums the bytes were just checked against, as a disk hit does.
+				e.backfill(t.ids[i], b.flat[i], crcs[j], k)
 			}
 		}
-		direct := l.ShardStride() == l.ShardBytes && dst[i].aligned()
-		if loc.Compression == format.CompressionNone && len(dst[i]) > 1 && direct {
-			// Straight into the caller's pieces: consecutive ops, merged by the backend
-			// into one vectored request.
-			r.pieces = true
-			header()
-			ops = appendShardReads(ops, f, loc, first, dst[i])
-			r.opHi = len(ops)
-			reads = append(reads, r)
-			continue
-		}
-		out := flatOf(i)
-		direct = l.ShardStride() == l.ShardBytes && devio.IsAligned(out)
-		if loc.Compression != format.CompressionNone {
-			// Read the stored bytes into a bounce buffer: the whole payload, or the aligned
-			// window around one packed shard; finishRead decodes them into dst.
-			header()
-			lo, hi := compressedWindow(loc, shard)
-			r.bounce, r.winOff = e.pool.Get(int(hi-lo)), lo
-			ops = append(ops, devio.Op{File: f, Buf: r.bounce, Off: lo})
+	}
+}
+
+// locate returns block i's disk location: from the batch's index pass (one iterator in key
+// order rather than a point lookup per block: a layer-wise load asks for the same run of
+// blocks at every layer), taken when the first block needs the disk, for it and the blocks
+// after it (blocks served from a cache cost no index lookup). If the pass failed, each block
+// is looked up on its own, which reports the error per block.
+func (b *loadBatch) locate(i int) (index.Location, bool, error) {
+	e, ids := b.e, b.t.ids
+	if b.from < 0 {
+		b.from = i
+		b.locs, b.found = make([]index.Location, b.hi-i), make([]bool, b.hi-i)
+		if b.shard != AllShards {
+			b.indexErr = e.locateRun(ids[i:b.hi], b.locs, b.found) // shared with the list's other layers
 		} else {
-			// The shards read (all, or one) laid out as a record's payload holds them.
+			b.indexErr = e.ix.GetMany(ids[i:b.hi], b.locs, b.found)
+		}
+	}
+	if b.indexErr != nil {
+		return e.ix.Get(ids[i])
+	}
+	return b.locs[i-b.from], b.found[i-b.from], nil
+}
+
+// planRead locates block i on disk (this instance's index, then the foreign one), pins its
+// segment and appends the reads of its bytes to the batch; a block that cannot be read fails.
+func (b *loadBatch) planRead(i int) {
+	e, t, l := b.e, b.t, b.e.opts.Layout
+	id := t.ids[i]
+	loc, ok, err := b.locate(i)
+	if err == nil && !ok {
+		loc, ok = e.foreignGetTailing(id)
+	}
+	if err != nil || !ok {
+		if err == nil {
+			err = blockErr(ErrNotFound, id, "load")
+		}
+		t.errs[i] = err
+		return
+	}
+	if loc.Layout != l {
+		t.errs[i] = e.dropBroken(id, loc, fmt.Errorf("index layout %+v differs from the store's %+v: %w", loc.Layout, l, ErrCorrupt))
+		return
+	}
+	seg, loc, tier, err := e.acquireLatest(id, loc)
+	if err != nil {
+		var ce *wal.CorruptionError
+		if errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce) {
+			t.errs[i] = e.dropBroken(id, loc, err)
+		} else {
+			// A transient failure to open the segment: the block stays indexed.
+			e.stats.readErrors.Add(1)
+			t.errs[i] = blockErr(wrapIO(err), id, "open segment %d", loc.Segment)
+		}
+		return
+	}
+	r := blockRead{i: i, loc: loc, seg: seg, tier: tier, foreign: isForeign(loc.Segment), callerDst: len(b.dst[i]) == 1}
+	if r.tier != nil && r.tier.lru != nil && !r.foreign {
+		r.tier.lru.Pin(id) // not evicted while read
+	}
+	b.appendReads(&r)
+	b.reads = append(b.reads, r)
+}
+
+// appendReads appends to the batch the reads of block r.i's bytes from its pinned segment:
+// straight into the caller's pieces, into its flat buffer, or into a bounce buffer (compressed
+// records, memory that cannot take O_DIRECT); finishRead verifies them.
+func (b *loadBatch) appendReads(r *blockRead) {
+	e, shard, l, loc, dst := b.e, b.shard, b.e.opts.Layout, r.loc, b.dst[r.i]
+	r.opLo = len(b.ops)
+	f := r.seg.File()
+	first := max(shard, 0) // the first shard read
+	// A block of its own record has a header to check; a block of a batch record does not
+	// (its shard checksums come from the index, as for every block).
+	header := func() {
+		if shard == AllShards && !loc.IsBatch() {
+			r.header = e.pool.Get(format.RecordHeaderSize)
+			b.ops = append(b.ops, devio.Op{File: f, Buf: r.header, Off: loc.Offset})
+		}
+	}
+	direct := l.ShardStride() == l.ShardBytes && dst.aligned()
+	switch {
+	case loc.Compression == format.CompressionNone && len(dst) > 1 && direct:
+		// Straight into the caller's pieces: consecutive ops, merged by the backend into one
+		// vectored request.
+		r.pieces = true
+		header()
+		b.ops = appendShardReads(b.ops, f, loc, first, dst)
+	case loc.Compression != format.CompressionNone:
+		// Read the stored bytes into a bounce buffer: the whole payload, or the aligned window
+		// around one packed shard; finishRead decodes them into flat[i].
+		b.flatOf(r.i)
+		header()
+		lo, hi := compressedWindow(loc, shard)
+		r.bounce, r.winOff = e.pool.Get(int(hi-lo)), lo
+		b.ops = append(b.ops, devio.Op{File: f, Buf: r.bounce, Off: lo})
+	default:
+		// The shards read (all, or one) laid out as a record's payload holds them.
+		buf := b.flatOf(r.i)
+		if l.ShardStride() != l.ShardBytes || !devio.IsAligned(buf) {
 			n := int64(1)
 			if shard == AllShards {
 				n = int64(l.Shards)
 			}
-			buf := out
-			if !direct {
-				r.bounce = e.pool.Get(int(n * l.ShardStride()))
-				buf = r.bounce
-			}
-			header()
-			ops = appendShardReads(ops, f, loc, first, [][]byte{buf})
+			r.bounce = e.pool.Get(int(n * l.ShardStride()))
+			buf = r.bounce
 		}
-		r.opHi = len(ops)
-		reads = append(reads, r)
+		header()
+		b.ops = appendShardReads(b.ops, f, loc, first, [][]byte{buf})
 	}
-	if len(ops) > 0 {
-		var owner []*diskTier // built only when the tiers use more than one backend
-		tierOf := func(o int) *diskTier {
-			if owner == nil {
-				owner = make([]*diskTier, len(ops))
-				for k := range reads {
-					for i := reads[k].opLo; i < reads[k].opHi; i++ {
-						owner[i] = reads[k].tier
-					}
+	r.opHi = len(b.ops)
+}
+
+// readDisk submits the batch's planned reads, each to its tier's backend, and waits for them;
+// per-op errors are examined by finishReads.
+func (b *loadBatch) readDisk() {
+	e := b.e
+	if len(b.ops) == 0 {
+		return
+	}
+	var owner []*diskTier // built only when the tiers use more than one backend
+	tierOf := func(o int) *diskTier {
+		if owner == nil {
+			owner = make([]*diskTier, len(b.ops))
+			for k := range b.reads {
+				for i := b.reads[k].opLo; i < b.reads[k].opHi; i++ {
+					owner[i] = b.reads[k].tier
 				}
 			}
-			return owner[o]
 		}
-		if e.opts.OnLoad != nil {
-			timing.Reads = len(ops)
-			for _, op := range ops {
-				timing.Bytes += int64(len(op.Buf))
-			}
-			timing.Submitted = time.Now()
-		}
-		_ = e.submit(ops, tierOf) // per-op errors are examined below
-		if e.opts.OnLoad != nil {
-			timing.Read = time.Now()
-		}
+		return owner[o]
 	}
-	for k := range reads {
-		r := &reads[k]
+	if e.opts.OnLoad != nil {
+		b.timing.Reads = len(b.ops)
+		for _, op := range b.ops {
+			b.timing.Bytes += int64(len(op.Buf))
+		}
+		b.timing.Submitted = time.Now()
+	}
+	_ = e.submit(b.ops, tierOf)
+	if e.opts.OnLoad != nil {
+		b.timing.Read = time.Now()
+	}
+}
+
+// finishReads verifies every block read from disk, releases what its read held and, for a
+// block loaded, does the bookkeeping of a disk hit (finishHit).
+func (b *loadBatch) finishReads() {
+	e, t := b.e, b.t
+	for k := range b.reads {
+		r := &b.reads[k]
 		id := t.ids[r.i]
-		t.errs[r.i] = e.finishRead(r, id, shard, flat[r.i], ops[r.opLo:r.opHi])
+		t.errs[r.i] = e.finishRead(r, id, b.shard, b.flat[r.i], b.ops[r.opLo:r.opHi])
 		if t.errs[r.i] == nil {
-			e.countLoaded(shard)
+			e.countLoaded(b.shard)
 			if !r.pieces {
-				served(r.i)
+				b.scatter(r.i)
 			}
 		}
 		r.seg.Release()
@@ -452,29 +534,7 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 				}
 			}
 			if t.errs[r.i] == nil {
-				if r.foreign {
-					e.share.foreignHits.Add(1)
-				}
-				if e.share != nil {
-					e.noteAccess(r.loc.Segment)
-				}
-				if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
-					e.wantPromotion(id)
-				}
-				if shard == AllShards && (e.mem != nil || e.mc != nil) {
-					block := flat[r.i]
-					if r.pieces {
-						block = flatOf(r.i)
-						dst[r.i].gather(block)
-					}
-					if e.mem != nil {
-						e.mem.Put(id, block, r.loc.ShardCRCs) // backfill: the next load of it needs no disk
-						if r.foreign {
-							e.share.copiedToMemory.Add(1)
-						}
-					}
-					e.mooncakeBackfill(id, block, r.loc.ShardCRCs)
-				}
+				b.finishHit(r)
 			}
 		}
 		if r.header != nil {
@@ -483,6 +543,34 @@ func (e *Engine) loadBatch(t *Task, shard int, dst []spans, flat [][]byte, lo, h
 		if r.bounce != nil {
 			e.pool.Put(r.bounce)
 		}
+	}
+}
+
+// finishHit is the bookkeeping of block r loaded from disk: sharing's access counts, a
+// promotion from a lower tier (or another instance's), and the backfill of every cache tier.
+func (b *loadBatch) finishHit(r *blockRead) {
+	e, id := b.e, b.t.ids[r.i]
+	if r.foreign {
+		e.share.foreignHits.Add(1)
+	}
+	if e.share != nil {
+		e.noteAccess(r.loc.Segment)
+	}
+	if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
+		e.wantPromotion(id)
+	}
+	if b.shard != AllShards || len(e.caches) == 0 {
+		return
+	}
+	block := b.flat[r.i]
+	if r.pieces {
+		block = b.flatOf(r.i)
+		b.dst[r.i].gather(block)
+	}
+	// The next load of it needs no disk.
+	e.backfill(id, block, r.loc.ShardCRCs, len(e.caches))
+	if r.foreign && e.mem != nil {
+		e.share.copiedToMemory.Add(1)
 	}
 }
 
@@ -831,9 +919,7 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 			if t := e.tierOf(loc.Segment); t != nil && t.lru != nil {
 				t.lru.Remove(id)
 			}
-			if e.mem != nil {
-				e.mem.Remove(id)
-			}
+			e.uncache(id)
 		}
 	}
 	if errors.Is(cause, kind) {

@@ -111,7 +111,7 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 		for i, id := range t.ids {
 			stored[i] = e.ix.Contains(id) || e.foreignContains(id)
 		}
-		e.mooncakeLookup(t.ids, stored) // blocks in the pool are read into memory too
+		e.lookupCaches(t.ids, stored) // blocks only a shared cache (Mooncake's pool) holds are read into memory too
 		for i, id := range t.ids {
 			if !stored[i] {
 				t.errs[i] = blockErr(ErrNotFound, id, "prefetch")

@@ -633,9 +633,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 		if *results[k] {
 			rep.BlocksEvicted++
 			e.stats.evictedBlocks.Add(1)
-			if e.mem != nil {
-				e.mem.Remove(id)
-			}
+			e.uncache(id)
 		}
 	}
 	return nil

@@ -215,8 +215,8 @@ func (e *Engine) openTiers() error {
 	backends := map[devio.IOEngine]devio.Backend{}
 	for _, c := range cfgs {
 		if c.Kind == tiers.KindMemory {
-			e.mem = tiers.NewMemCache(c.Capacity)
-			e.memCfg = c
+			e.mem = tiers.NewMemCache(c.Name, c.Capacity)
+			e.caches = append(e.caches, e.mem)
 			continue
 		}
 		if c.Kind == tiers.KindMooncake {
@@ -609,24 +609,15 @@ type TierStats struct {
 	// Sidecars is the number of sidecar records live in the tier (their bytes are in LiveBytes).
 	Sidecars int64
 	Segments int
-	// Memory and mooncake tiers only. Corrupt counts blocks whose cached bytes failed their
-	// checksums on a hit (dropped, and loaded from disk instead); for the mooncake tier, objects
-	// rejected (tiers.MooncakeStats.Rejected).
+	// Cache tiers (memory, Mooncake) only: tiers.CacheStats. Corrupt counts blocks whose cached
+	// bytes failed their checksums on a hit (dropped, and loaded from a lower tier instead);
+	// for the mooncake tier, objects rejected (tiers.MooncakeStats.Rejected).
 	Hits, Misses, Evictions, Corrupt int64
 }
 
-// TierStats returns the memory tier (if any) and every disk tier, fastest first.
+// TierStats returns every cache tier (memory, Mooncake) and every disk tier, fastest first.
 func (e *Engine) TierStats() []TierStats {
-	var out []TierStats
-	if e.mem != nil {
-		ms := e.mem.Stats()
-		out = append(out, TierStats{Name: e.memCfg.Name, Kind: tiers.KindMemory, Capacity: ms.Capacity, Used: ms.Bytes,
-			LiveBytes: ms.Bytes, FileBytes: ms.Bytes, Blocks: int64(ms.Blocks), Hits: int64(ms.Hits), Misses: int64(ms.Misses), Evictions: int64(ms.Evictions), Corrupt: int64(ms.Corrupt)})
-	}
-	if e.mc != nil {
-		ms := e.mc.Stats()
-		out = append(out, TierStats{Name: e.mcCfg.Name, Kind: tiers.KindMooncake, Hits: int64(ms.Hits), Misses: int64(ms.Misses), Corrupt: int64(ms.Rejected)})
-	}
+	out := e.cacheTierStats()
 	start := len(out)
 	for _, t := range e.tiers {
 		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, SegmentSize: t.segSize, Used: t.space.Used(), Recycled: t.space.Pooled()})

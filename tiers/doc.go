@@ -2,6 +2,21 @@
 // local SSD, disk tiers shared by several instances on a distributed file system, and the
 // Mooncake tier. Tiers are listed fastest first; package engine routes dumps, loads,
 // promotion, demotion and reclamation over them and wires these blocks to wal and index.
+//
+// # Routing
+//
+// The tiers in front of the disk tiers are caches: each kind implements Cache (MemCache, the
+// memory tier; MooncakeTier, the Mooncake tier), and the engine holds them as a chain, fastest
+// first, which every path loops over without knowing the kinds in it. A load asks each cache
+// in turn for the blocks no faster cache served, then reads the rest from the disk tiers; a
+// block a cache serves is put into the faster caches, one read from disk into every cache
+// (backfill), each with the shard checksums its bytes were just checked against. A dump is
+// written through to every cache once it is durable on disk. Lookups ask the caches that are
+// not Inclusive (filled by other instances too) for the blocks the index does not hold. A block
+// dropped from the disk tiers is removed from every cache. The disk tiers themselves (segments,
+// the index, Space and LRU) are routed by the engine: a block's index entry names its segment,
+// and the segment its tier. A new kind of cache is one file here implementing Cache and one
+// case where the engine builds the chain.
 // docs/tiers.md describes the whole (configuration, accounting, eviction, reclamation),
 // docs/sharing.md the shared tiers, docs/mooncake.md the Mooncake tier.
 //
@@ -16,6 +31,9 @@
 //   - Space: the exact byte account of one disk tier and its admission of new segments.
 //   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks
 //     eviction victims.
+//   - Cache, CacheStats: what a cache tier in front of the disk tiers guarantees (lookup, a
+//     verified load of whole blocks or shards, write-through and backfill, removal, its
+//     accounting); MemCache and MooncakeTier implement it.
 //   - MemCache: the memory tier, a host-DRAM LRU of whole blocks and their sidecars.
 //   - NamespaceDir, WriteManifest, ReadManifest, ListNamespaces, the publication log names,
 //     Leaser: a shared tier's path layout, each instance's manifest of published segments,
@@ -44,7 +62,7 @@
 //     or the new one, whole; every manifest and lease is checked by CRC32C before any field is
 //     used, and a manifest that fails a check is an error wrapping format.ErrCorrupt. Each
 //     instance writes only inside its own namespace.
-//   - Mooncake objects are checked. MooncakeTier.Get checks every byte it loads against the
+//   - Mooncake objects are checked. MooncakeTier.Load checks every byte it loads against the
 //     checksums in the object's header, and the header against the block, schema and layout
 //     asked for; anything else (absent, stale, foreign, damaged) is a miss, counted and logged.
 //     A pool that is down makes the tier skipped (loads and lookups miss, write-throughs are
@@ -52,7 +70,7 @@
 //
 // # Concurrency
 //
-// Space, LRU, MemCache and MooncakeTier are safe for concurrent use. A Leaser keeps no state
+// Space, LRU and every Cache (MemCache, MooncakeTier) are safe for concurrent use. A Leaser keeps no state
 // between calls: the lease is the file, and Hold's election tolerates contenders. LRU and MemCache
 // hold one mutex for short, bounded steps (MemCache copies bytes outside it, so readers of
 // large blocks copy in parallel); LRU.Victims works in proportion to what it returns. Space

@@ -33,6 +33,7 @@ type memKey struct {
 // Lookups and recency updates take one short mutex; the copy of the bytes in Get runs outside
 // it, so many readers copy large blocks in parallel.
 type MemCache struct {
+	name     string
 	mu       sync.Mutex
 	capacity int64
 	bytes    int64
@@ -66,13 +67,13 @@ type MemCacheStats struct {
 	Corrupt   uint64 // Gets that found bytes not matching their checksum (the block was dropped)
 }
 
-// NewMemCache returns an empty cache that holds at most capacity bytes of block data
-// (a capacity <= 0 caches only empty blocks).
-func NewMemCache(capacity int64) *MemCache {
+// NewMemCache returns an empty cache, the memory tier named name, that holds at most capacity
+// bytes of block data (a capacity <= 0 caches only empty blocks).
+func NewMemCache(name string, capacity int64) *MemCache {
 	if capacity < 0 {
 		capacity = 0
 	}
-	c := &MemCache{capacity: capacity, entries: make(map[memKey]*memEntry), sidecars: make(map[ID]uint64)}
+	c := &MemCache{name: name, capacity: capacity, entries: make(map[memKey]*memEntry), sidecars: make(map[ID]uint64)}
 	c.root.next, c.root.prev = &c.root, &c.root
 	return c
 }
@@ -295,6 +296,89 @@ func (c *MemCache) Contains(id ID) bool {
 	defer c.mu.Unlock()
 	return c.entries[memKey{id, 0}] != nil
 }
+
+// Name returns the tier's name (Cache).
+func (c *MemCache) Name() string { return c.name }
+
+// Kind returns KindMemory (Cache).
+func (c *MemCache) Kind() Kind { return KindMemory }
+
+// Inclusive returns true: the memory tier holds only blocks the engine put into it (Cache).
+func (c *MemCache) Inclusive() bool { return true }
+
+// Lookup reports for each ids[i] with want nil or want[i] whether block ids[i] is cached, as
+// Contains does (Cache).
+func (c *MemCache) Lookup(ids []ID, want []bool) []bool {
+	out := make([]bool, len(ids))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, id := range ids {
+		if want == nil || want[i] {
+			out[i] = c.entries[memKey{id, 0}] != nil
+		}
+	}
+	return out
+}
+
+// Load is Get for a batch of blocks (Cache): for each ids[i] with want nil or want[i] that is
+// cached, it copies the whole block (shard < 0) or its shard `shard` (one of the parts its
+// checksums cover) into dst(i), verifying every part, and reports it loaded; dst is called
+// only for cached blocks. A block not cached, or whose dst(i) is not the size of the block (or
+// shard), is a miss. crcs[i], when crcs is not nil and the whole block was loaded, receives
+// the block's part checksums (shared with the cache: the caller must not change them). The
+// error joins one error wrapping format.ErrCorrupt per block whose bytes failed their check
+// (dropped from the cache, and missed).
+func (c *MemCache) Load(ids []ID, shard int, want []bool, dst func(int) []byte, crcs [][]uint32) ([]bool, error) {
+	hits := make([]bool, len(ids))
+	var errs []error
+	for i, id := range ids {
+		if want != nil && !want[i] {
+			continue
+		}
+		k := memKey{id, 0}
+		var off, n int64
+		c.mu.Lock()
+		if e := c.entries[k]; e != nil {
+			n = int64(len(e.data))
+			if shard >= 0 {
+				n /= int64(len(e.crcs))
+				off = int64(shard) * n
+			}
+		}
+		e := c.lookupLocked(k, off, n, shard >= 0) // counts the hit or the miss
+		c.mu.Unlock()
+		if e == nil {
+			continue
+		}
+		buf := dst(i)
+		if int64(len(buf)) != n {
+			c.mu.Lock()
+			c.hits--
+			c.misses++
+			c.mu.Unlock()
+			continue
+		}
+		if err := c.check(e, off, buf); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		hits[i] = true
+		if crcs != nil && shard < 0 {
+			crcs[i] = e.crcs
+		}
+	}
+	return hits, errors.Join(errs...)
+}
+
+// Usage returns the cache's accounting (Cache), from a snapshot of Stats.
+func (c *MemCache) Usage() CacheStats {
+	s := c.Stats()
+	return CacheStats{Capacity: s.Capacity, Bytes: s.Bytes, Blocks: int64(s.Blocks), Hits: int64(s.Hits), Misses: int64(s.Misses),
+		Evictions: int64(s.Evictions), Corrupt: int64(s.Corrupt)}
+}
+
+// Close does nothing: the memory tier holds no resources but its memory (Cache).
+func (c *MemCache) Close() error { return nil }
 
 // Remove drops block id, and every sidecar of it, from the cache if they are there. Gets
 // already copying them finish with the complete old bytes; later Gets miss.

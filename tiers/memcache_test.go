@@ -46,7 +46,7 @@ func get(c *MemCache, id ID, off int64, dst []byte) bool {
 }
 
 func TestMemCacheLRUOrder(t *testing.T) {
-	c := NewMemCache(300)
+	c := NewMemCache("dram", 300)
 	put(c, bid(1), fill(100, 1))
 	put(c, bid(2), fill(100, 2))
 	put(c, bid(3), fill(100, 3))
@@ -81,7 +81,7 @@ func TestMemCacheLRUOrder(t *testing.T) {
 }
 
 func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
-	c := NewMemCache(1 << 20)
+	c := NewMemCache("dram", 1<<20)
 	src := make([]byte, 4096)
 	for i := range src {
 		src[i] = byte(i * 7)
@@ -129,7 +129,7 @@ func TestMemCacheGetCopiesAndPartialReads(t *testing.T) {
 }
 
 func TestMemCacheOutOfRangeGetKeepsRecency(t *testing.T) {
-	c := NewMemCache(200)
+	c := NewMemCache("dram", 200)
 	put(c, bid(1), fill(100, 1))
 	put(c, bid(2), fill(100, 2))
 	get(c, bid(1), 50, make([]byte, 51)) // out of range: 1 stays least recent
@@ -140,7 +140,7 @@ func TestMemCacheOutOfRangeGetKeepsRecency(t *testing.T) {
 }
 
 func TestMemCacheOversizeBlock(t *testing.T) {
-	c := NewMemCache(1000)
+	c := NewMemCache("dram", 1000)
 	put(c, bid(1), fill(600, 1))
 	put(c, bid(2), fill(1001, 2))
 	if c.Contains(bid(2)) {
@@ -164,7 +164,7 @@ func TestMemCacheOversizeBlock(t *testing.T) {
 }
 
 func TestMemCacheReplaceAndRemove(t *testing.T) {
-	c := NewMemCache(1000)
+	c := NewMemCache("dram", 1000)
 	put(c, bid(1), fill(100, 1))
 	put(c, bid(1), fill(300, 7))
 	dst := make([]byte, 300)
@@ -188,7 +188,7 @@ func TestMemCacheReplaceAndRemove(t *testing.T) {
 // consistent version.
 func TestMemCacheConcurrentInvariants(t *testing.T) {
 	const capacity = 64 << 10
-	c := NewMemCache(capacity)
+	c := NewMemCache("dram", capacity)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var violations atomic.Int64
@@ -280,7 +280,7 @@ const block2MiB = 2 << 20
 // BenchmarkMemCacheGet2MiB and BenchmarkMemcpy2MiB measure the same copy with and without the
 // cache in front: their MB/s ratio is the cache's overhead over a plain copy.
 func BenchmarkMemCacheGet2MiB(b *testing.B) {
-	c := NewMemCache(64 * block2MiB)
+	c := NewMemCache("dram", 64*block2MiB)
 	for i := range 64 {
 		putShards(c, bid(i), fill(block2MiB, byte(i)))
 	}
@@ -309,7 +309,7 @@ func BenchmarkMemcpy2MiB(b *testing.B) {
 
 // Parallel readers: the copy runs outside the lock, so throughput should scale with cores.
 func BenchmarkMemCacheGet2MiBParallel(b *testing.B) {
-	c := NewMemCache(64 * block2MiB)
+	c := NewMemCache("dram", 64*block2MiB)
 	for i := range 64 {
 		putShards(c, bid(i), fill(block2MiB, byte(i)))
 	}
@@ -346,7 +346,7 @@ func BenchmarkMemcpy2MiBParallel(b *testing.B) {
 // returned as a hit: Get reports ErrCorrupt naming the block and the part, drops the block and
 // counts it; parts not copied are not judged; ranges that are not whole parts miss.
 func TestMemCacheVerifiesChecksums(t *testing.T) {
-	c := NewMemCache(1 << 20)
+	c := NewMemCache("dram", 1<<20)
 	data := make([]byte, 32*1024)
 	for i := range data {
 		data[i] = byte(i * 7)
@@ -388,7 +388,7 @@ func TestMemCacheVerifiesChecksums(t *testing.T) {
 // TestMemCacheSidecars: sidecars are cached beside blocks under their own key, share the
 // capacity, are checked part by part, and go with their block on Remove.
 func TestMemCacheSidecars(t *testing.T) {
-	c := NewMemCache(1 << 20)
+	c := NewMemCache("dram", 1<<20)
 	block := bytes.Repeat([]byte{7}, 4096)
 	side := make([]byte, 4*256)
 	for i := range side {
@@ -438,7 +438,7 @@ func TestMemCacheSidecars(t *testing.T) {
 // PruneSidecars drops exactly the cached sidecars keep rejects, of the blocks named or of
 // every block, and leaves blocks alone.
 func TestMemCachePruneSidecars(t *testing.T) {
-	c := NewMemCache(1 << 20)
+	c := NewMemCache("dram", 1<<20)
 	side := fill(256, 9)
 	crcs := []uint32{format.Checksum(side)}
 	for n := 1; n <= 3; n++ {
@@ -473,7 +473,7 @@ func TestMemCachePruneSidecars(t *testing.T) {
 // found skipped, corrupt parts dropped and reported by block.
 func TestMemCacheGetSidecars(t *testing.T) {
 	const parts, part, blocks = 4, 128, 150
-	c := NewMemCache(1 << 20)
+	c := NewMemCache("dram", 1<<20)
 	sides := make([][]byte, blocks)
 	for i := range sides {
 		sides[i] = make([]byte, parts*part)
@@ -544,5 +544,88 @@ func TestMemCacheGetSidecars(t *testing.T) {
 	}
 	if hits, _ := c.GetSidecars(3, parts, ids, dst, make([]bool, blocks)); hits != 0 {
 		t.Fatalf("part past the end: %d hits", hits)
+	}
+}
+
+// TestMemCacheLoad checks the Cache side of the memory tier: Load of whole blocks and shards
+// asks dst only for cached blocks, reports each block's checksums, counts a miss for an absent
+// block or a buffer of the wrong size, and turns a block whose bytes changed into a miss with
+// an error wrapping format.ErrCorrupt that names it, dropping it.
+func TestMemCacheLoad(t *testing.T) {
+	const shards, shardBytes = 4, 1024
+	c := NewMemCache("dram", 1<<20)
+	blocks := map[ID][]byte{}
+	for n := 1; n <= 3; n++ {
+		b := make([]byte, shards*shardBytes)
+		for i := range b {
+			b[i] = byte(n*7 + i)
+		}
+		blocks[bid(n)] = b
+		putParts(c, bid(n), b, shards)
+	}
+	ids := []ID{bid(1), bid(9), bid(2), bid(3)} // bid(9) is not cached
+	want := []bool{true, true, true, false}     // bid(3) is not asked for
+	asked := map[int]bool{}
+	bufs := make([][]byte, len(ids))
+	dst := func(i int) []byte {
+		if asked[i] {
+			t.Fatalf("dst(%d) asked twice", i)
+		}
+		asked[i] = true
+		bufs[i] = make([]byte, shards*shardBytes)
+		return bufs[i]
+	}
+	crcs := make([][]uint32, len(ids))
+	hits, err := c.Load(ids, -1, want, dst, crcs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hits[0] || hits[1] || !hits[2] || hits[3] {
+		t.Fatalf("hits %v, want [true false true false]", hits)
+	}
+	if asked[1] || asked[3] {
+		t.Errorf("dst asked for a block not cached or not wanted: %v", asked)
+	}
+	for _, i := range []int{0, 2} {
+		if !bytes.Equal(bufs[i], blocks[ids[i]]) {
+			t.Errorf("block %d: wrong bytes", i)
+		}
+		for s, crc := range crcs[i] {
+			if crc != format.Checksum(blocks[ids[i]][s*shardBytes:(s+1)*shardBytes]) || len(crcs[i]) != shards {
+				t.Errorf("block %d: checksums %v are not its shards'", i, crcs[i])
+			}
+		}
+	}
+	if got := c.Lookup(ids, []bool{true, true, false, true}); !got[0] || got[1] || got[2] || !got[3] {
+		t.Errorf("Lookup %v, want [true false false true]", got)
+	}
+
+	// One shard: only its bytes, no checksums reported.
+	one := make([]byte, shardBytes)
+	crcs = make([][]uint32, 1)
+	hits, err = c.Load(ids[2:3], 2, nil, func(int) []byte { return one }, crcs)
+	if err != nil || !hits[0] || !bytes.Equal(one, blocks[bid(2)][2*shardBytes:3*shardBytes]) || crcs[0] != nil {
+		t.Errorf("shard load: hit %v err %v crcs %v", hits[0], err, crcs[0])
+	}
+	// A buffer of the wrong size misses.
+	before := c.Stats().Misses
+	if hits, _ := c.Load(ids[:1], -1, nil, func(int) []byte { return make([]byte, 10) }, nil); hits[0] {
+		t.Error("a 10-byte buffer was loaded")
+	}
+	if c.Stats().Misses != before+1 {
+		t.Error("a wrong-size buffer was not counted as a miss")
+	}
+
+	// A bit flips in the cache: a miss, an error naming the block, the block dropped.
+	c.entries[memKey{bid(3), 0}].data[shardBytes+5] ^= 0x40
+	hits, err = c.Load(ids[3:], -1, nil, func(int) []byte { return make([]byte, shards*shardBytes) }, nil)
+	if hits[0] || !errors.Is(err, format.ErrCorrupt) || !strings.Contains(err.Error(), bid(3).String()) {
+		t.Errorf("corrupt block: hit %v, err %v", hits[0], err)
+	}
+	if c.Contains(bid(3)) {
+		t.Error("a corrupt block stayed cached")
+	}
+	if u := c.Usage(); u.Corrupt != 1 || u.Blocks != 2 || u.Capacity != 1<<20 {
+		t.Errorf("usage %+v", u)
 	}
 }

@@ -209,6 +209,23 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 // Name returns the tier's configured name.
 func (t *MooncakeTier) Name() string { return t.name }
 
+// Kind returns KindMooncake (Cache).
+func (t *MooncakeTier) Kind() Kind { return KindMooncake }
+
+// Inclusive returns false: other instances fill the pool too, so lookups ask it (Cache).
+func (t *MooncakeTier) Inclusive() bool { return false }
+
+// Remove does nothing (Cache): the pool's objects are shared with other instances, checked on
+// every load, and age out by the pool's eviction.
+func (t *MooncakeTier) Remove(format.BlockID) {}
+
+// Usage returns the tier's accounting (Cache): its hits, misses and rejected objects (as
+// Corrupt). The pool's size and contents are other instances' too, and not counted.
+func (t *MooncakeTier) Usage() CacheStats {
+	s := t.Stats()
+	return CacheStats{Hits: int64(s.Hits), Misses: int64(s.Misses), Corrupt: int64(s.Rejected)}
+}
+
 // Up reports whether the tier is in use.
 func (t *MooncakeTier) Up() bool { return t.up.Load() }
 
@@ -384,15 +401,17 @@ func (t *MooncakeTier) putBatch(batch []mcPut) {
 	}
 }
 
-// Get loads blocks from the pool: for each i with want[i], ids[i]'s whole block (shard < 0)
-// or its shard `shard` into dst[i] (Layout().BlockBytes() or ShardBytes bytes). It returns
-// which it loaded; every byte of those was checked against the checksums of the object's
-// header, and the header against the block, schema and layout asked for. Anything else is a
-// miss: absent, evicted, in a segment whose client died, stale, foreign or damaged (counted
-// in Rejected and logged), or the tier down (Skipped). A loaded dst[i] is complete; a missed
-// one's contents are unspecified. When crcs is not nil and whole blocks are loaded, crcs[i]
-// receives the shard checksums of each loaded block (those its bytes were checked against).
-func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want []bool, crcs [][]uint32) []bool {
+// Load loads blocks from the pool (Cache): for each i with want nil or want[i], ids[i]'s whole
+// block (shard < 0) or its shard `shard` into dst(i) (Layout().BlockBytes() or ShardBytes
+// bytes), asked for only once the block's objects were read. It returns which it loaded; every
+// byte of those was checked against the checksums of the object's header, and the header
+// against the block, schema and layout asked for. Anything else is a miss: absent, evicted, in
+// a segment whose client died, stale, foreign or damaged (counted in Rejected and logged, not
+// returned: the error is always nil), or the tier down (Skipped). A loaded dst(i) is complete;
+// a missed one's contents are unspecified. When crcs is not nil and whole blocks are loaded,
+// crcs[i] receives the shard checksums of each loaded block (those its bytes were checked
+// against).
+func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst func(int) []byte, crcs [][]uint32) ([]bool, error) {
 	hits := make([]bool, len(ids))
 	var todo []int
 	for i := range ids {
@@ -401,11 +420,11 @@ func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want [
 		}
 	}
 	if len(todo) == 0 || t.closed.Load() {
-		return hits
+		return hits, nil
 	}
 	if !t.up.Load() {
 		t.skipped.Add(uint64(len(todo)))
-		return hits
+		return hits, nil
 	}
 	for len(todo) > 0 {
 		// As many blocks as there are free slots (at least one: wait for it).
@@ -430,10 +449,10 @@ func (t *MooncakeTier) Get(ids []format.BlockID, shard int, dst [][]byte, want [
 			break
 		}
 	}
-	return hits
+	return hits, nil
 }
 
-func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, idx []int, slots [][]byte, hits []bool, crcs [][]uint32) {
+func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst func(int) []byte, idx []int, slots [][]byte, hits []bool, crcs [][]uint32) {
 	l := t.layout
 	type span struct{ lo, hi int } // keys[lo:hi] belong to one block
 	var (
@@ -485,7 +504,7 @@ func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst [][]byte, i
 			if crcs != nil && shard < 0 {
 				sums = make([]uint32, 0, l.Shards)
 			}
-			if ok = t.verify(ids[i], shard, dst[i], bufs[sp.lo:sp.hi], got[sp.lo:sp.hi], &sums); ok && sums != nil {
+			if ok = t.verify(ids[i], shard, dst(i), bufs[sp.lo:sp.hi], got[sp.lo:sp.hi], &sums); ok && sums != nil {
 				crcs[i] = sums
 			}
 		}
@@ -556,9 +575,9 @@ func (t *MooncakeTier) reject(id format.BlockID, err error) {
 	}
 }
 
-// Contains reports for each id with want[i] (every id when want is nil) whether the pool
-// holds its object(s). It is a hint for lookups: a later Get may still miss.
-func (t *MooncakeTier) Contains(ids []format.BlockID, want []bool) []bool {
+// Lookup reports for each id with want[i] (every id when want is nil) whether the pool holds
+// its object(s) (Cache). It is a hint for lookups: a later Load may still miss.
+func (t *MooncakeTier) Lookup(ids []format.BlockID, want []bool) []bool {
 	out := make([]bool, len(ids))
 	if t.closed.Load() {
 		return out
@@ -702,7 +721,7 @@ func (t *MooncakeTier) checkHealth() {
 }
 
 // Close stops the tier: queued write-throughs are dropped, and the pool's client is closed.
-// The caller guarantees no Get, Put or Contains runs concurrently with or after Close.
+// The caller guarantees no Load, Put or Lookup runs concurrently with or after Close.
 func (t *MooncakeTier) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil

@@ -23,6 +23,10 @@ static inline int ucmgoi_plausible(const void *p, uint64_t count, uint64_t size)
 	return a >= UCMGOI_MIN_ADDR && a <= UCMGOI_MAX_ADDR && bytes <= UCMGOI_MAX_ADDR - a;
 }
 
+// UCMGOI_MAX_BLOCKS bounds n in one call (main.go's maxBlocks): no call sizes an allocation
+// from an unchecked length, and a larger n is UCMGO_EPARAM whatever else the call names.
+#define UCMGOI_MAX_BLOCKS (1ULL << 24)
+
 // lasterror.c. UCMGOI_ERROR_MAX bounds a thread's message, its NUL included: main.go cuts a
 // longer message to fit, at a line's end, saying how many lines it left off.
 #define UCMGOI_ERROR_MAX 4096

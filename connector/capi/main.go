@@ -30,8 +30,9 @@ func main() {}
 // statusOK is UCMGO_OK.
 const statusOK = C.int32_t(connector.StatusOK)
 
-// maxBlocks bounds n in one call: no call sizes an allocation from an unchecked length.
-const maxBlocks = 1 << 24
+// maxBlocks bounds n in one call: no call sizes an allocation from an unchecked length
+// (internal.h, shared with the C side).
+const maxBlocks = C.UCMGOI_MAX_BLOCKS
 
 var handles struct {
 	sync.Mutex
@@ -604,6 +605,9 @@ func waitTask(h, task int64, failed uintptr, n uint64) int32 {
 	}
 	if err := taskHandle(task); err != nil {
 		return int32(fail(err))
+	}
+	if n > maxBlocks { // no task has that many blocks: the count is wrong whatever the task
+		return int32(fail(fmt.Errorf("wait: failure mask of %d entries: more than %d in one call: %w", n, maxBlocks, engine.ErrInvalidArgument)))
 	}
 	var mask []bool
 	if failed != 0 {

@@ -165,7 +165,8 @@ int32_t ucmgoi_wait(int64_t store, int64_t task, uint8_t *failed, size_t n);
 int32_t ucmgoi_check(int64_t store, int64_t task, int32_t *finished);
 
 int32_t ucmgo_wait(int64_t store, int64_t task, uint8_t *failed, size_t n) {
-	ucmgo_task *t = find(store, task);
+	// A count no task can have is refused (in Go, which names it) before the task is looked at.
+	ucmgo_task *t = n > UCMGOI_MAX_BLOCKS ? NULL : find(store, task);
 	if (t == NULL) return ucmgoi_wait(store, task, failed, n);
 	if (failed != NULL && (n != t->n || !ucmgoi_plausible(failed, n, 1))) {
 		char msg[200];

@@ -131,7 +131,8 @@ int64_t ucmgo_dump(int64_t store, const uint8_t *ids, const int64_t *shards, siz
  * block succeeded, else the status of the failure. failed, when not NULL, must hold one entry
  * per block of the task (n): failed[i] is set to 1 for each block that failed (a load's failed
  * blocks are recomputed by the engine), else 0. A wrong n is UCMGO_EPARAM and does not consume
- * the handle.
+ * the handle; so is an n above 2^24 (more blocks than one call takes), whatever failed and the
+ * task are.
  */
 int32_t ucmgo_wait(int64_t store, int64_t task, uint8_t *failed, size_t n);
 

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/ucm-go/ucm/tiers"
+	"github.com/ucm-go/ucm/wal"
+)
+
+// The cache chain: the tiers.Cache tiers in front of the disk tiers (the memory tier, the
+// Mooncake tier), fastest first, in e.caches. Every path that reads or writes blocks routes over
+// the chain here, without knowing the kinds in it:
+//
+//   - loads (loadBatch.serveFromCaches) ask each cache in turn for the blocks no faster cache
+//     served; a block one serves is put into the caches before it (backfill), with the
+//     checksums its bytes were checked against; a block read from disk is put into every
+//     cache (loadBatch.finishHit);
+//   - dumps are written through to every cache once durable on disk (writeThrough);
+//   - Lookup, LookupPrefix and Prefetch ask the caches that are not Inclusive for the blocks
+//     the indexes do not hold (lookupCaches, cachedPrefix);
+//   - a block dropped from the disk tiers is removed from every cache (uncache);
+//   - TierStats reports each cache's accounting (cacheTierStats).
+//
+// A new kind of cache is a tiers.Cache implementation, and one case where the chain is built
+// (openTiers for caches built with the tiers, openCaches for those built once the schema is
+// final).
+
+// openCaches opens the cache tiers whose objects carry the schema's fingerprint, once it is
+// final, and appends them to the chain after the memory tier (openTiers); a store opened
+// ReadOnly or LookupOnly loads nothing and opens none. Validate orders the configured tiers
+// fastest first.
+func (e *Engine) openCaches() error {
+	if e.opts.ReadOnly || e.opts.LookupOnly {
+		return nil
+	}
+	opened := len(e.caches)
+	for _, cfg := range e.laterCaches {
+		var (
+			c   tiers.Cache
+			err error
+		)
+		switch cfg.Kind {
+		case tiers.KindMooncake:
+			c, err = e.openMooncake(cfg)
+		default:
+			err = fmt.Errorf("open %s: tier %q: kind %s is not a cache tier: %w", e.dir, cfg.Name, cfg.Kind, ErrInvalidArgument)
+		}
+		if err != nil {
+			for _, c := range e.caches[opened:] {
+				_ = c.Close()
+			}
+			e.caches = e.caches[:opened]
+			return err
+		}
+		e.caches = append(e.caches, c)
+	}
+	return nil
+}
+
+// touchDiskTiers marks block id most recently used in every disk tier's recency list (a hit
+// in a cache is a use of the block).
+func (e *Engine) touchDiskTiers(id BlockID) {
+	for _, t := range e.tiers {
+		if t.lru != nil {
+			t.lru.Touch(id)
+		}
+	}
+}
+
+// backfill puts block id (its bytes and shard checksums) into the caches before caches[upTo]:
+// the caches faster than the one that served it, or every cache after a disk hit.
+func (e *Engine) backfill(id BlockID, block []byte, crcs []uint32, upTo int) {
+	for _, c := range e.caches[:upTo] {
+		c.Put(id, block, crcs)
+	}
+}
+
+// writeThrough puts dumped records into every cache, once they are durable on disk.
+func (e *Engine) writeThrough(recs []*wal.Record) {
+	for _, c := range e.caches {
+		for _, rec := range recs {
+			if b := e.blockBytes(rec); b != nil {
+				c.Put(rec.ID, b, rec.ShardCRCs)
+			}
+		}
+	}
+}
+
+// uncache removes block id from every cache (it was dropped from the disk tiers).
+func (e *Engine) uncache(id BlockID) {
+	for _, c := range e.caches {
+		c.Remove(id)
+	}
+}
+
+// lookupCaches sets hits[i] for the misses a cache that is not inclusive holds.
+func (e *Engine) lookupCaches(ids []BlockID, hits []bool) {
+	for _, c := range e.caches {
+		if c.Inclusive() {
+			continue
+		}
+		ask := make([]bool, len(ids))
+		some := false
+		for i, h := range hits {
+			ask[i], some = !h, some || !h
+		}
+		if !some {
+			return
+		}
+		for i, in := range c.Lookup(ids, ask) {
+			hits[i] = hits[i] || in
+		}
+	}
+}
+
+// cachedPrefix extends a leading run of n stored blocks of ids with the blocks the caches that
+// are not inclusive hold, and the own blocks after them, alternately, until neither adds one.
+func (e *Engine) cachedPrefix(ids []BlockID, n int) int {
+	if n >= len(ids) {
+		return n
+	}
+	n0 := n
+	var held [][]bool // held[k][i-n0]: the k-th such cache holds ids[i]
+	for _, c := range e.caches {
+		if !c.Inclusive() {
+			held = append(held, c.Lookup(ids[n0:], nil))
+		}
+	}
+	if len(held) == 0 {
+		return n
+	}
+	cached := func(i int) bool {
+		for _, in := range held {
+			if in[i-n0] {
+				return true
+			}
+		}
+		return false
+	}
+	for n < len(ids) {
+		start := n
+		for n < len(ids) && cached(n) {
+			n++
+		}
+		if own, err := e.ix.PrefixLen(ids[n:]); err == nil {
+			n += own
+		}
+		if n == start {
+			break
+		}
+	}
+	return n
+}
+
+// cacheTierStats returns a TierStats row per cache, fastest first.
+func (e *Engine) cacheTierStats() []TierStats {
+	var out []TierStats
+	for _, c := range e.caches {
+		s := c.Usage()
+		out = append(out, TierStats{Name: c.Name(), Kind: c.Kind(), Capacity: s.Capacity, Used: s.Bytes, LiveBytes: s.Bytes,
+			FileBytes: s.Bytes, Blocks: s.Blocks, Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Corrupt: s.Corrupt})
+	}
+	return out
+}
+
+// closeCaches closes the caches (at Close, once no task runs). They stay in the chain: a
+// closed cache misses and drops what it is given, and its statistics remain readable.
+func (e *Engine) closeCaches() {
+	for _, c := range e.caches {
+		if err := c.Close(); err != nil {
+			e.opts.Logger.Warn("ucm: cache tier: close", "tier", c.Name(), "err", err)
+		}
+	}
+}
