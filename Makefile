@@ -195,7 +195,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./format:FuzzDecodeBatchHeader:300000x ./format:FuzzPeekBatchHeader:300000x ./format:FuzzDecodeBatchCommit:300000x \
                 ./index:FuzzDecodeLocation:50000x ./index:FuzzDecodeSegmentMeta:100000x \
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
-                ./engine:FuzzHasher:40000x ./engine:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
+                ./connector/ucmhash:FuzzHasher:40000x ./connector/ucmconfig:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
                 ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./lab/model:FuzzLoadWeights:200000x \
                 ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
 FUZZSMOKE   ?= per-target

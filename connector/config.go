@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"gopkg.in/yaml.v3"
 )
@@ -17,10 +18,10 @@ import (
 // configuration and what it derives from the keys UCM's connector adds (the transfer shape and
 // the worker's identity).
 type StoreConfig struct {
-	// Config is the parsed configuration (engine.ParseConfig, environment applied).
-	Config *engine.Config
+	// Config is the parsed configuration (ucmconfig.ParseConfig, environment applied).
+	Config *ucmconfig.Config
 	// Params is its first connector's ucm_connector_config.
-	Params engine.ConnectorParams
+	Params ucmconfig.ConnectorParams
 	// Tensors are the bytes behind each address of a shard, in order (tensor_size_list, or
 	// shard_size / tensor_size copies of tensor_size); they sum to Layout.ShardBytes. Empty for
 	// the scheduler.
@@ -72,13 +73,13 @@ const (
 	DefaultKVLayout = "ucm"
 )
 
-// configKeys are top-level keys of a full UCM configuration (engine.UCMKeys of the top level);
+// configKeys are top-level keys of a full UCM configuration (ucmconfig.UCMKeys of the top level);
 // a document with none of them is a flat ucm_connector_config mapping, as UCM's store factory
 // hands it to a store.
 var configKeys = func() []string {
 	var out []string
-	for _, k := range engine.UCMKeys {
-		if k.Scope == engine.ScopeTop {
+	for _, k := range ucmconfig.UCMKeys {
+		if k.Scope == ucmconfig.ScopeTop {
 			out = append(out, k.Name)
 		}
 	}
@@ -116,7 +117,7 @@ func ParseStoreConfig(text string, getenv func(string) string) (*StoreConfig, er
 		}
 		data = b.Bytes()
 	}
-	c, err := engine.ParseConfig(data)
+	c, err := ucmconfig.ParseConfig(data)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", where, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 )
 
@@ -126,7 +127,7 @@ func TestStoreLayoutChange(t *testing.T) {
 	if hits, _ := a.Lookup(bIDs); !none(hits) {
 		t.Fatalf("layout A finds layout B's blocks: %v", hits)
 	}
-	want := filepath.Join(dir, engine.StoresDir, engine.LayoutNamespace(a.Config().Schema, a.Config().Layout), "w")
+	want := filepath.Join(dir, ucmconfig.StoresDir, ucmconfig.LayoutNamespace(a.Config().Schema, a.Config().Layout), "w")
 	if a.eng.Dir() != want {
 		t.Fatalf("store dir %s, want %s", a.eng.Dir(), want)
 	}
@@ -142,7 +143,7 @@ func TestStoreLegacyInstanceStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	legacy := filepath.Join(dir, engine.StoresDir, "w")
+	legacy := filepath.Join(dir, ucmconfig.StoresDir, "w")
 	_, opts, err := cfg.Config.InstanceStore("w", cfg.Schema, cfg.Layout)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 )
@@ -51,7 +52,7 @@ type Store struct {
 }
 
 // Open opens the store a configuration describes (ParseStoreConfig): the process's instance
-// under <storage_backends[0]>/stores/<layout namespace>/<instance> (engine.Config.InstanceStore:
+// under <storage_backends[0]>/stores/<layout namespace>/<instance> (ucmconfig.Config.InstanceStore:
 // one namespace per schema and layout, so a new block size or tensor shape on the same
 // backends opens its own store and the old layout's blocks stay for it), the backends as a
 // shared tier so that every process configured with them sees the blocks of the others of its
@@ -62,7 +63,7 @@ type Store struct {
 // private directory under ShmDir, removed at Close): dumps complete and store nothing, lookups
 // are false, loads fail per block with engine.ErrNotFound, as a miss does. "Cache|Empty" opens
 // a host-memory cache: a disk tier on tmpfs (ShmDir, by default /dev/shm/ucmgo) of
-// cache_buffer_capacity_gb, synced never. Shared (engine.ConnectorParams.SharedCache), every
+// cache_buffer_capacity_gb, synced never. Shared (ucmconfig.ConnectorParams.SharedCache), every
 // store of the unique_id, in this process or another, is an instance on
 // <ShmDir>/cache-<unique_id> and sees the blocks of the others; private, the store has a
 // directory of its own. The last store to close removes the directory; a crashed set's is
@@ -95,7 +96,7 @@ func Open(cfg *StoreConfig) (*Store, error) {
 
 // openShm takes a share of the directory of an Empty or Cache|Empty store and returns the
 // configuration with that directory as storage_backends.
-func openShm(cfg *StoreConfig) (*shmDir, *engine.Config, error) {
+func openShm(cfg *StoreConfig) (*shmDir, *ucmconfig.Config, error) {
 	p := cfg.Params
 	root := cfg.ShmDir
 	if root == DefaultShmDir {
@@ -121,15 +122,15 @@ func openShm(cfg *StoreConfig) (*shmDir, *engine.Config, error) {
 		return nil, nil, fmt.Errorf("store_pipeline %q: %w", p.StorePipeline, err)
 	}
 	c := *cfg.Config
-	c.Connectors = append([]engine.ConnectorConfig(nil), c.Connectors...)
-	c.Connectors[0].Config.StorageBackends = engine.Paths{shm.path}
+	c.Connectors = append([]ucmconfig.ConnectorConfig(nil), c.Connectors...)
+	c.Connectors[0].Config.StorageBackends = ucmconfig.Paths{shm.path}
 	return shm, &c, nil
 }
 
 // openEngine opens the engine of a store on the configuration c (cfg's, or with the directory
 // of an Empty or Cache|Empty store): an instance of the shared backends (shared), or the store
 // directory itself.
-func openEngine(cfg *StoreConfig, c *engine.Config, shared bool) (*Store, error) {
+func openEngine(cfg *StoreConfig, c *ucmconfig.Config, shared bool) (*Store, error) {
 	p := c.Connectors[0].Config
 	name := cfg.Instance
 	var (

@@ -2,11 +2,13 @@
 // store for the KV-cache blocks of LLM inference.
 //
 // A block is the KV (key and value tensors) of a fixed number of tokens, named by a 16-byte
-// BlockID that a Hasher computes from the tokens as a chain (each id depends on its parent's),
-// so equal prefixes give equal ids. Its bytes are organised by the store's Layout: Shards
-// shards of ShardBytes each, a shard being what a connector moves in one call (one layer for a
-// layer-wise connector). Open a store, ask which blocks it holds (Lookup, LookupPrefix), store
-// blocks (Dump, DumpShard) and read them back (Load, LoadShard); dumps and loads are Tasks.
+// BlockID that the connector computes from the tokens as a chain (each id depends on its
+// parent's), so equal prefixes give equal ids; connector/ucmhash implements UCM's schemes, and
+// the engine treats ids as opaque, recording only the HashScheme in the Schema. Its bytes are
+// organised by the store's Layout: Shards shards of ShardBytes each, a shard being what a
+// connector moves in one call (one layer for a layer-wise connector). Open a store, ask which
+// blocks it holds (Lookup, LookupPrefix), store blocks (Dump, DumpShard) and read them back
+// (Load, LoadShard); dumps and loads are Tasks.
 //
 // The KV cache is a cache: losing the newest few blocks in a crash is acceptable, serving
 // wrong bytes is not. Every guarantee below is of the form "a block is returned byte-identical
@@ -73,7 +75,10 @@
 // Configuration. The Schema (model, dtype, KV layout, TP rank and size, block tokens, hash
 // scheme) and the Layout are fingerprinted into the store and every segment header; Open with
 // another fingerprint fails with ErrSchemaMismatch, because KV computed under another
-// configuration has valid checksums too.
+// configuration has valid checksums too. Options hold every other setting, each with its
+// documented default (the zero value); Options.Validate (run by Open) names the field at
+// fault. The engine reads no configuration file: connector/ucmconfig turns UCM's YAML
+// configuration into Options.
 //
 // One writer. Open locks the store directory: a second Open of it, in this process or another
 // and by whatever path, fails with ErrLocked.

@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"bytes"
+	"crypto/md5"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -32,11 +34,6 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := engine.NewHasher(engine.HashMeta{Model: "example-model", TPSize: 1, DType: "bfloat16"},
-		engine.HashSchemeUCMGo, blockTokens)
-	if err != nil {
-		log.Fatal(err)
-	}
 	l := e.Layout()
 
 	// kv stands in for the KV an inference engine computed for a block: any bytes will do.
@@ -49,7 +46,7 @@ func Example() {
 	for i := range first {
 		first[i] = uint32(i)
 	}
-	ids := h.BlockIDs(first, nil)
+	ids := blockIDs(first, blockTokens)
 	src := make([][]byte, len(ids))
 	for i, id := range ids {
 		src[i] = kv(id)
@@ -65,7 +62,7 @@ func Example() {
 	for i := 2 * blockTokens; i < len(second); i++ {
 		second[i] = uint32(1000 + i)
 	}
-	ids2 := h.BlockIDs(second, nil)
+	ids2 := blockIDs(second, blockTokens)
 	n := e.LookupPrefix(ids2)
 	fmt.Println("prefix hit:", n, "of", len(ids2))
 
@@ -98,7 +95,7 @@ func Example() {
 	fmt.Println("prefix hit after the dump:", e.LookupPrefix(ids2), "of", len(ids2))
 
 	// A block never stored is a miss, reported per block, never garbage.
-	other := h.BlockIDs(make([]uint32, blockTokens), nil)
+	other := blockIDs(make([]uint32, blockTokens), blockTokens)
 	err = e.Load(other, [][]byte{make([]byte, l.BlockBytes())}).Wait()
 	fmt.Println("miss:", errors.Is(err, engine.ErrNotFound))
 
@@ -120,4 +117,21 @@ func Example() {
 	// prefix hit after the dump: 4 of 4
 	// miss: true
 	// after reopen: 4 of 4 and 3 of 3
+}
+
+// blockIDs names each full block of tokens as a chain: id[i] = MD5(id[i-1] ‖ LE32 of each
+// token of block i), from a zero seed, so equal prefixes give equal ids. A connector uses
+// connector/ucmhash (UCM's schemes) instead; the engine treats ids as opaque.
+func blockIDs(tokens []uint32, blockTokens int) []engine.BlockID {
+	var ids []engine.BlockID
+	var prev engine.BlockID
+	for i := 0; i+blockTokens <= len(tokens); i += blockTokens {
+		b := append([]byte(nil), prev[:]...)
+		for _, t := range tokens[i : i+blockTokens] {
+			b = binary.LittleEndian.AppendUint32(b, t)
+		}
+		prev = md5.Sum(b)
+		ids = append(ids, prev)
+	}
+	return ids
 }

@@ -64,8 +64,8 @@ func ParseCompression(s string) (Compression, error) {
 // MaxQueueDepth is the largest Options.QueueDepth Open takes.
 const MaxQueueDepth = 4096
 
-// maxSyncInterval is the longest Options.SyncInterval Open takes.
-const maxSyncInterval = 24 * time.Hour
+// MaxSyncInterval is the longest Options.SyncInterval Open takes.
+const MaxSyncInterval = 24 * time.Hour
 
 // Defaults of Options; docs/durability.md and docs/performance.md say why.
 const (
@@ -343,8 +343,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("options: segment size %d not a multiple of %d: %w", o.SegmentSize, format.Alignment, ErrInvalidArgument)
 	case o.SyncPolicy < SyncAlways || o.SyncPolicy > SyncNone:
 		return fmt.Errorf("options: sync policy %d: %w", int(o.SyncPolicy), ErrInvalidArgument)
-	case o.SyncInterval < 0 || o.SyncInterval > maxSyncInterval:
-		return fmt.Errorf("options: sync interval %v out of range [0, %v]: %w", o.SyncInterval, maxSyncInterval, ErrInvalidArgument)
+	case o.SyncInterval < 0 || o.SyncInterval > MaxSyncInterval:
+		return fmt.Errorf("options: sync interval %v out of range [0, %v]: %w", o.SyncInterval, MaxSyncInterval, ErrInvalidArgument)
 	case o.IOEngine < devio.EngineAuto || o.IOEngine > devio.EnginePsync:
 		return fmt.Errorf("options: io engine %d: %w", int(o.IOEngine), ErrInvalidArgument)
 	case o.DirectIO < devio.DirectAuto || o.DirectIO > devio.DirectOff:
@@ -372,10 +372,10 @@ func (o Options) Validate() error {
 	case o.MaxStagingBytes < o.Layout.RecordBytes() && !o.AdoptStoredSchema:
 		return fmt.Errorf("options: max staging bytes %d below one record (%d): %w", o.MaxStagingBytes, o.Layout.RecordBytes(), ErrInvalidArgument)
 	}
-	if err := validMode(o.FileMode, false); err != nil {
+	if err := ValidateMode(o.FileMode, false); err != nil {
 		return fmt.Errorf("options: file mode %w: %w", err, ErrInvalidArgument)
 	}
-	if err := validMode(o.DirMode, true); err != nil {
+	if err := ValidateMode(o.DirMode, true); err != nil {
 		return fmt.Errorf("options: dir mode %w: %w", err, ErrInvalidArgument)
 	}
 	if o.LookupOnly && !hasShared(o.Tiers) {

@@ -141,9 +141,9 @@ func (p permFS) chmodDir(name string, mode os.FileMode) error {
 	return nil
 }
 
-// validMode reports why mode cannot be a store's file (or directory) mode, or nil: only
-// permission bits, and the owner must be able to read and write (and enter directories).
-func validMode(mode os.FileMode, dir bool) error {
+// ValidateMode reports why mode cannot be a store's file (dir false) or directory mode, or nil:
+// only permission bits, and the owner must be able to read and write (and enter directories).
+func ValidateMode(mode os.FileMode, dir bool) error {
 	need := os.FileMode(0o600)
 	if dir {
 		need = 0o700

@@ -244,47 +244,6 @@ func TestMooncakeTierDownAtOpen(t *testing.T) {
 	waitFor(t, "the tier to join", func() bool { s, _ := e.MooncakeStats(); return s.Up })
 }
 
-func TestMooncakeTierYAML(t *testing.T) {
-	c, err := ParseConfig(connectorDoc(`      tiers:
-        - {name: dram, kind: memory, capacity: 1GiB}
-        - name: pool
-          kind: mooncake
-          mooncake:
-            local_hostname: 127.0.0.1
-            metadata_server: http://127.0.0.1:8080/metadata
-            master_server_address: 127.0.0.1:50051
-            global_segment_size: 3GiB
-            local_buffer_size: 16MiB
-            protocol: tcp
-            object: shard
-        - {name: ssd, kind: disk, paths: [/tmp/ucm-yaml-test]}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, opts, err := c.StoreOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := opts.Tiers[1].Mooncake
-	if opts.Tiers[1].Kind != tiers.KindMooncake || m == nil || m.GlobalSegmentSize != 3<<30 || m.LocalBufferSize != 16<<20 || m.Object != "shard" || m.MasterServerAddress != "127.0.0.1:50051" {
-		t.Fatalf("parsed %+v %+v", opts.Tiers[1], m)
-	}
-	if err := tiers.Validate(opts.Tiers); err != nil {
-		t.Fatal(err)
-	}
-	for _, bad := range []string{
-		"      tiers:\n        - {name: p, kind: mooncake, mooncake: {master_server: x}}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
-		"      tiers:\n        - {name: p, kind: mooncake, mooncake: {global_segment_size: lots}}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
-		"      tiers:\n        - {name: p, kind: mooncake, mooncake: [1]}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
-		"      tiers:\n        - {name: p, kind: mooncake}\n        - {name: ssd, kind: disk, paths: [/x]}\n",
-	} {
-		if _, err := ParseConfig(connectorDoc(bad)); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("%q: got %v", bad, err)
-		}
-	}
-}
-
 func must(s tiers.MooncakeStats, ok bool) tiers.MooncakeStats {
 	if !ok {
 		panic("no mooncake tier")

@@ -8,7 +8,8 @@ import (
 	"github.com/ucm-go/ucm/format"
 )
 
-// BlockID is the 16-byte content address of a KV block (see Hasher).
+// BlockID is the 16-byte content address of a KV block; the engine treats it as opaque
+// (connector/ucmhash computes it from the tokens, as UCM does).
 type BlockID = format.BlockID
 
 // Layout is how a block's bytes are organised: Shards × TensorsPerShard tensors; see

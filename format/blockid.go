@@ -6,7 +6,7 @@ import "encoding/hex"
 const BlockIDSize = 16
 
 // BlockID is the 16-byte content address of a KV block: the chained MD5 hash of its tokens
-// (see engine.Hasher). The engine treats it as opaque bytes.
+// (connector/ucmhash computes it). The engine treats it as opaque bytes.
 type BlockID [BlockIDSize]byte
 
 // String returns the ID as 32 lower-case hex digits.

@@ -179,11 +179,23 @@ func parseBlend(key string, node *yaml.Node) (MethodConfig, error) {
 // blendSeedSuffix derives the chunk chains' seed from a hasher's.
 const blendSeedSuffix = "UCMBLENDCHUNK"
 
+// ChainHasher is what Blend needs of the connector's token hasher (connector/ucmhash's Hasher
+// is one): its block size, its chain's seed, and the ids of the full blocks of tokens chained
+// from a parent. BlockIDs must be deterministic and give no id to a trailing partial block.
+type ChainHasher interface {
+	// BlockTokens is the tokens per block, >= 1.
+	BlockTokens() int
+	// Seed is the parent of a chain's first block.
+	Seed() engine.BlockID
+	// BlockIDs returns one id per full block of tokens, chained from parent (nil: the seed).
+	BlockIDs(tokens []uint32, parent *engine.BlockID) []engine.BlockID
+}
+
 // ChunkBlockIDs returns the ids of a chunk's blocks (h's block size; a trailing partial block
 // has none): a chain hashed from the chunk's tokens only, seeded by a Blend seed derived from
 // h's, so that a chunk has the same ids at every offset of every prompt and never the ids of
 // a prefix block.
-func ChunkBlockIDs(h *engine.Hasher, chunk []uint32) []engine.BlockID {
+func ChunkBlockIDs(h ChainHasher, chunk []uint32) []engine.BlockID {
 	seed := h.Seed()
 	s := engine.BlockID(md5.Sum(append(seed[:], blendSeedSuffix...)))
 	return h.BlockIDs(chunk, &s)
@@ -244,7 +256,7 @@ type TokenSource struct {
 // blocks' token IDs"): for each, its tokens and its chunks' block ids. It is safe for
 // concurrent use.
 type ChunkIndex struct {
-	h     *engine.Hasher
+	h     ChainHasher
 	chunk int
 	mu    sync.RWMutex
 	srcs  [][]int
@@ -258,7 +270,7 @@ const MaxIndexTokens = 1 << 24
 
 // NewChunkIndex returns an empty index of chunks of chunkSize tokens, hashed with h (whose
 // block size must divide chunkSize).
-func NewChunkIndex(h *engine.Hasher, chunkSize int) (*ChunkIndex, error) {
+func NewChunkIndex(h ChainHasher, chunkSize int) (*ChunkIndex, error) {
 	if h == nil || chunkSize < 1 || chunkSize%h.BlockTokens() != 0 {
 		bs := 0
 		if h != nil {

@@ -1,6 +1,8 @@
 package sparse
 
 import (
+	"crypto/md5"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"slices"
@@ -85,13 +87,38 @@ func TestBlendConfig(t *testing.T) {
 	}
 }
 
-func testHasher(t testing.TB, bs int) *engine.Hasher {
-	t.Helper()
-	h, err := engine.NewHasher(engine.HashMeta{Model: "test", TPSize: 1, DType: "float16"}, engine.HashSchemeUCMGo, bs)
-	if err != nil {
-		t.Fatal(err)
+// chainHasher is a ChainHasher for the tests: id[i] = MD5(id[i-1] ‖ LE32 of each token of
+// block i), from the seed MD5("test") (the connector's hasher is connector/ucmhash, above
+// sparse).
+type chainHasher struct{ bs int }
+
+func (h chainHasher) BlockTokens() int { return h.bs }
+
+func (h chainHasher) Seed() engine.BlockID { return md5.Sum([]byte("test")) }
+
+func (h chainHasher) BlockIDs(tokens []uint32, parent *engine.BlockID) []engine.BlockID {
+	prev := h.Seed()
+	if parent != nil {
+		prev = *parent
 	}
-	return h
+	var ids []engine.BlockID
+	for i := 0; i+h.bs <= len(tokens); i += h.bs {
+		b := append([]byte(nil), prev[:]...)
+		for _, t := range tokens[i : i+h.bs] {
+			b = binary.LittleEndian.AppendUint32(b, t)
+		}
+		prev = md5.Sum(b)
+		ids = append(ids, prev)
+	}
+	return ids
+}
+
+func testHasher(t testing.TB, bs int) ChainHasher {
+	t.Helper()
+	if bs < 1 {
+		t.Fatalf("block size %d", bs)
+	}
+	return chainHasher{bs: bs}
 }
 
 func u32(t []int) []uint32 {

@@ -232,10 +232,11 @@ func hasKey(m map[string]yaml.Node, k string) bool {
 	return ok
 }
 
-// FromEngineConfig chooses the method a parsed UCM configuration enables (Choose), with
+// FromUCMConfig chooses the method a UCM configuration enables (Choose): block is its
+// ucm_sparse_config mapping (connector/ucmconfig's Config.SparseConfig; nil when absent), with
 // ENABLE_SPARSE and UCM_SPARSE_TYPE read through getenv (nil: os.Getenv). (nil, nil) means
 // sparse attention is off.
-func FromEngineConfig(c *engine.Config, getenv func(string) string) (MethodConfig, error) {
+func FromUCMConfig(block map[string]yaml.Node, getenv func(string) string) (MethodConfig, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -246,10 +247,6 @@ func FromEngineConfig(c *engine.Config, getenv func(string) string) (MethodConfi
 			return nil, configErr("ENABLE_SPARSE", "%q: want true or false", v)
 		}
 		enable = &b
-	}
-	var block map[string]yaml.Node
-	if c != nil {
-		block = c.SparseConfig
 	}
 	return Choose(block, enable, getenv("UCM_SPARSE_TYPE"))
 }

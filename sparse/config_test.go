@@ -23,7 +23,7 @@ func sparseBlock(t testing.TB, text string) map[string]yaml.Node {
 func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestChooseFromConfigFile(t *testing.T) {
-	c, err := engine.ParseConfig([]byte(`
+	c := sparseBlock(t, `
 ucm_connectors:
   - ucm_connector_name: UcmPosixStore
     ucm_connector_config: {storage_backends: /tmp/x}
@@ -32,11 +32,8 @@ ucm_sparse_config:
     init_window_sz: 1
     sparse_ratio: 0.3
     retrieval_stride: 16
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := FromEngineConfig(c, envOf(nil))
+`)
+	cfg, err := FromUCMConfig(c, envOf(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,11 +45,11 @@ ucm_sparse_config:
 		t.Fatalf("ESA config %+v", esa)
 	}
 	// ENABLE_SPARSE=false turns it off.
-	if cfg, err := FromEngineConfig(c, envOf(map[string]string{"ENABLE_SPARSE": "false"})); err != nil || cfg != nil {
+	if cfg, err := FromUCMConfig(c, envOf(map[string]string{"ENABLE_SPARSE": "false"})); err != nil || cfg != nil {
 		t.Fatalf("ENABLE_SPARSE=false: %v, %v", cfg, err)
 	}
 	// UCM_SPARSE_TYPE picks another method, with its defaults.
-	cfg, err = FromEngineConfig(c, envOf(map[string]string{"UCM_SPARSE_TYPE": "kvstarmultistep"}))
+	cfg, err = FromUCMConfig(c, envOf(map[string]string{"UCM_SPARSE_TYPE": "kvstarmultistep"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +58,7 @@ ucm_sparse_config:
 		t.Fatalf("KVStar defaults %+v", kv)
 	}
 	// Nothing configured: off.
-	if cfg, err := FromEngineConfig(nil, envOf(nil)); err != nil || cfg != nil {
+	if cfg, err := FromUCMConfig(nil, envOf(nil)); err != nil || cfg != nil {
 		t.Fatalf("no config: %v, %v", cfg, err)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 )
 
 // Config holds the persistent --config flag and, for commands working on a store, --instance:
@@ -33,14 +33,14 @@ func (c *Config) Register(root *cobra.Command, uses string, instance bool) {
 
 // Load parses the configuration: nil without --config, a usage error (exit status 2) naming
 // --config when it does not load, or when --instance is given without it.
-func (c *Config) Load() (*engine.Config, error) {
+func (c *Config) Load() (*ucmconfig.Config, error) {
 	if c.Path == "" {
 		if c.Instance != "" {
 			return nil, UsageErr("--instance needs --config")
 		}
 		return nil, nil
 	}
-	cfg, err := engine.LoadConfig(c.Path)
+	cfg, err := ucmconfig.LoadConfig(c.Path)
 	if err != nil {
 		return nil, UsageErr("--config: %v", err)
 	}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 )
 
 // ParsedFlag is a flag whose text is parsed into *dst as the command line is read (and when a
@@ -46,15 +46,15 @@ func (f *ParsedFlag[T]) Set(s string) error {
 
 var _ pflag.Value = (*ParsedFlag[int])(nil)
 
-// SizeFlag is a size flag (bytes, or K/KiB, M/MiB, G/GiB, T/TiB: engine.ParseSize) into *dst.
+// SizeFlag is a size flag (bytes, or K/KiB, M/MiB, G/GiB, T/TiB: ucmconfig.ParseSize) into *dst.
 func SizeFlag(dst *int64, def string) *ParsedFlag[int64] {
-	return NewParsedFlag(dst, "size", def, engine.ParseSize)
+	return NewParsedFlag(dst, "size", def, ucmconfig.ParseSize)
 }
 
-// ParseSizeOrAuto is engine.ParseSize, with "auto" for 0 (the engine's choice).
+// ParseSizeOrAuto is ucmconfig.ParseSize, with "auto" for 0 (the engine's choice).
 func ParseSizeOrAuto(s string) (int64, error) {
 	if s == "auto" {
 		return 0, nil
 	}
-	return engine.ParseSize(s)
+	return ucmconfig.ParseSize(s)
 }

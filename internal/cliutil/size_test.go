@@ -3,10 +3,10 @@ package cliutil
 import (
 	"testing"
 
-	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 )
 
-// TestParseSize: the size flags accept bytes and binary units (engine.ParseSize) and reject
+// TestParseSize: the size flags accept bytes and binary units (ucmconfig.ParseSize) and reject
 // anything else; FormatSize prints the largest unit that divides exactly.
 func TestParseSize(t *testing.T) {
 	for _, c := range []struct {
@@ -38,9 +38,9 @@ func TestParseSize(t *testing.T) {
 		{"1T", 1 << 40, true},
 		{"abc", 0, false},
 	} {
-		got, err := engine.ParseSize(c.in)
+		got, err := ucmconfig.ParseSize(c.in)
 		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("engine.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
+			t.Errorf("ucmconfig.ParseSize(%q) = %d, %v; want %d, ok=%v", c.in, got, err, c.want, c.ok)
 		}
 	}
 	for n, want := range map[int64]string{2 << 20: "2MiB", 256 << 10: "256KiB", 1 << 30: "1GiB", 1000: "1000", 0: "0"} {

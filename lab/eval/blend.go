@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ucm-go/ucm/connector/ucmhash"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/lab/model"
@@ -270,7 +271,7 @@ type storedChunks struct {
 func storeWindow(o BlendOptions, w []byte, wi int, mode string) (storedChunks, error) {
 	cfg := o.Model.Config()
 	prompt := toInts(w[:len(w)-1])
-	h, err := engine.NewHasher(engine.HashMeta{Model: "ucm-go-small", TPSize: 1, DType: "float16"}, engine.HashSchemeUCMGo, o.BlockSize)
+	h, err := ucmhash.NewHasher(ucmhash.HashMeta{Model: "ucm-go-small", TPSize: 1, DType: "float16"}, engine.HashSchemeUCMGo, o.BlockSize)
 	if err != nil {
 		return storedChunks{}, err
 	}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ucm-go/ucm/connector/ucmhash"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/lab/model"
@@ -78,7 +79,7 @@ type Server struct {
 	paged    *kernels.PagedKV
 	pl       *kernels.Pipeline
 	stream   *kernels.Stream
-	hasher   *engine.Hasher
+	hasher   *ucmhash.Hasher
 	sidecars []kernels.SidecarSpec
 	store    *engine.Engine
 	costs    prefillCosts
@@ -162,7 +163,7 @@ func NewServer(opts Options) (*Server, error) {
 			s.Close()
 			return nil, fmt.Errorf("%w: the store's layout %+v is not the model's %+v (open it with StoreLayout)", ErrInvalid, got, want)
 		}
-		if s.hasher, err = engine.NewHasher(engine.HashMeta{Model: opts.ModelName, TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, opts.BlockSize); err != nil {
+		if s.hasher, err = ucmhash.NewHasher(ucmhash.HashMeta{Model: opts.ModelName, TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, opts.BlockSize); err != nil {
 			s.Close()
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ucm-go/ucm/connector/ucmhash"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/lab/model"
@@ -208,7 +209,7 @@ func TestHitsChangeNothing(t *testing.T) {
 	}
 
 	// Every dumped block has its sidecars, and their parts decode.
-	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	hasher, _ := ucmhash.NewHasher(ucmhash.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
 	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:dst.Blocks*testBlock]), nil)
 	for k, spec := range with.sidecars {
 		part := int(spec.PartBytes())
@@ -247,7 +248,7 @@ func TestLoadFailureRecomputes(t *testing.T) {
 	if _, err := with.Finish(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	hasher, _ := ucmhash.NewHasher(ucmhash.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
 	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:len(prompt)/testBlock*testBlock]), nil)
 	// Flip a byte of block 2's layer-1 shard on disk: the lookup hits, the load fails its
 	// checksum, and the prompt is computed from block 2 on instead.
@@ -397,7 +398,7 @@ func TestCorruptBlocksRecomputedFromFirst(t *testing.T) {
 	if _, err := with.Finish(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	hasher, _ := engine.NewHasher(engine.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
+	hasher, _ := ucmhash.NewHasher(ucmhash.HashMeta{Model: "test-model", TPSize: 1, DType: "torch.float16"}, engine.HashSchemeUCMGo, testBlock)
 	ids := hasher.BlockIDs(tokensU32(r.Tokens()[:len(prompt)/testBlock*testBlock]), nil)
 	hit := (len(prompt) - 1) / testBlock
 	corruptShard(t, store, ids[early], m.Config().Layers-1)

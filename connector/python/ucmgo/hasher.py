@@ -14,7 +14,7 @@ class RequestHasher:
     dtype is rendered with str(), so pass what UCM's connector passes: vLLM's
     model_config.dtype, a torch.dtype, whose str() is e.g. "torch.bfloat16". A plain
     "bfloat16" gives other ids: blocks dumped by UCM would all miss. The Go API's HashMeta
-    (engine.HashMeta.DType) takes the same string.
+    (connector/ucmhash.HashMeta.DType) takes the same string.
     """
 
     def __init__(self, vllm_config=None, rank_id: int = 0, *, model: Optional[str] = None,

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/internal/cliutil"
 )
@@ -59,7 +60,7 @@ func testInstanceFlag(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf("ucm_connectors:\n  - ucm_connector_name: UcmGoStore\n    ucm_connector_config:\n      storage_backends: %s\n      io_direct: false\n", backend)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := engine.LoadConfig(cfgPath)
+	cfg, err := ucmconfig.LoadConfig(cfgPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/internal/cliutil"
@@ -153,7 +154,7 @@ Sizes accept plain bytes or K/KiB, M/MiB, G/GiB, T/TiB (binary units).
 			if !cmd.Flags().Changed("to") {
 				return cliutil.UsageErr("--to: required (the bytes the tier may hold after eviction)")
 			}
-			n, err := engine.ParseSize(to)
+			n, err := ucmconfig.ParseSize(to)
 			if err != nil {
 				return cliutil.UsageErr("--to: %v", err)
 			}

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/tiers"
@@ -73,7 +74,7 @@ func sharedInstances(c *cliutil.Config) (backends, names []string, ok bool, err 
 	if err != nil || isStoreDir(base) {
 		return nil, nil, false, nil
 	}
-	ents, err := os.ReadDir(filepath.Join(base, engine.StoresDir))
+	ents, err := os.ReadDir(filepath.Join(base, ucmconfig.StoresDir))
 	if err != nil {
 		return nil, nil, false, nil
 	}
@@ -81,12 +82,12 @@ func sharedInstances(c *cliutil.Config) (backends, names []string, ok bool, err 
 		if !e.IsDir() {
 			continue
 		}
-		if isStoreDir(filepath.Join(base, engine.StoresDir, e.Name())) {
+		if isStoreDir(filepath.Join(base, ucmconfig.StoresDir, e.Name())) {
 			names = append(names, e.Name()) // a store from before layout namespaces
 			continue
 		}
-		// A layout namespace (engine.LayoutNamespace): its instance stores.
-		sub, err := os.ReadDir(filepath.Join(base, engine.StoresDir, e.Name()))
+		// A layout namespace (ucmconfig.LayoutNamespace): its instance stores.
+		sub, err := os.ReadDir(filepath.Join(base, ucmconfig.StoresDir, e.Name()))
 		if err != nil {
 			continue
 		}
@@ -116,7 +117,7 @@ func runInstanceStats(backends, names []string, asJSON bool, stdout io.Writer) e
 	var live, dead int64
 	liveKnown := true
 	for _, name := range names {
-		st := statInstance(filepath.Join(backends[0], engine.StoresDir, name), backends)
+		st := statInstance(filepath.Join(backends[0], ucmconfig.StoresDir, name), backends)
 		st.Name = filepath.Base(name) // its directory (in st.Dir) names its layout namespace
 		r.Instances = append(r.Instances, st)
 		r.Total.Blocks += st.Blocks
@@ -143,7 +144,7 @@ func runInstanceStats(backends, names []string, asJSON bool, stdout io.Writer) e
 		return enc.Encode(r)
 	}
 	fmt.Fprintf(stdout, "storage_backends: %s (%d instance stores under %s)\n\n", strings.Join(backends, ", "), len(names),
-		filepath.Join(backends[0], engine.StoresDir))
+		filepath.Join(backends[0], ucmconfig.StoresDir))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "instance\tstate\tblocks\tfile\tlive\tdead\tsegments")
 	row := func(st instanceStats) {

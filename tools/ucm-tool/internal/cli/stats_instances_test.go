@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ucm-go/ucm/connector/ucmconfig"
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/internal/cliutil"
 )
@@ -25,7 +26,7 @@ func TestStatsInstances(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(yml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := engine.LoadConfig(cfgPath)
+	cfg, err := ucmconfig.LoadConfig(cfgPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestStatsInstances(t *testing.T) {
 	running := open("w1")
 	t.Cleanup(func() { running.Close() })
 	dump(t, running, 100, 110)
-	if err := os.MkdirAll(filepath.Join(backend, engine.StoresDir, "junk"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(backend, ucmconfig.StoresDir, "junk"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"errors"
@@ -7,10 +7,12 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/ucm-go/ucm/engine"
 )
 
-// TestInstanceStoreSharesBackends: two processes' worth of engines opened from one UCM config
-// with different instance names both open (no ErrLocked), each in its own store directory, and
+// TestInstanceStoreSharesBackends: two processes' worth of engines opened from one UCM config with
+// different instance names both open (no engine.ErrLocked), each in its own store directory, and
 // see each other's sealed blocks through the shared storage backend.
 func TestInstanceStoreSharesBackends(t *testing.T) {
 	root := t.TempDir()
@@ -19,7 +21,7 @@ func TestInstanceStoreSharesBackends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(name string) *Engine {
+	open := func(name string) *engine.Engine {
 		dir, opts, err := cfg.InstanceStore(name, testSchema, mhaLayout)
 		if err != nil {
 			t.Fatal(err)
@@ -44,10 +46,10 @@ func TestInstanceStoreSharesBackends(t *testing.T) {
 	waitFor(t, "rank 0's blocks visible to rank 1", func() bool { return allHit(r1, mine) })
 	checkBlocks(t, r1, mine)
 	for _, bad := range []string{"", "a/b", "..", "."} {
-		if _, _, err := cfg.InstanceStore(bad, testSchema, mhaLayout); !errors.Is(err, ErrInvalidArgument) {
+		if _, _, err := cfg.InstanceStore(bad, testSchema, mhaLayout); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Errorf("instance name %q: %v", bad, err)
 		}
-		if _, err := cfg.InstanceStores(bad); !errors.Is(err, ErrInvalidArgument) {
+		if _, err := cfg.InstanceStores(bad); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Errorf("InstanceStores(%q): %v", bad, err)
 		}
 	}
@@ -63,16 +65,16 @@ func TestInstanceStoreLayoutNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := Layout{Shards: 2, TensorsPerShard: 2, ShardBytes: 2 * 4096}
+	other := engine.Layout{Shards: 2, TensorsPerShard: 2, ShardBytes: 2 * 4096}
 	if LayoutNamespace(testSchema, mhaLayout) == LayoutNamespace(testSchema, other) {
 		t.Fatal("two layouts share a namespace")
 	}
-	if _, err := cfg.InstanceStores("w"); !errors.Is(err, ErrNotFound) {
+	if _, err := cfg.InstanceStores("w"); !errors.Is(err, engine.ErrNotFound) {
 		t.Fatalf("InstanceStores of nothing: %v", err)
 	}
 	stores := filepath.Join(root, StoresDir)
 	// Legacy stores: "w" of layout mhaLayout, "v" of layout other, "u" without its SCHEMA file.
-	legacy := func(name string, l Layout) []BlockID {
+	legacy := func(name string, l engine.Layout) []engine.BlockID {
 		_, opts, err := cfg.InstanceStore(name, testSchema, l)
 		if err != nil {
 			t.Fatal(err)
@@ -91,7 +93,7 @@ func TestInstanceStoreLayoutNamespaces(t *testing.T) {
 	wBlocks := legacy("w", mhaLayout)
 	legacy("v", other)
 	legacy("u", mhaLayout)
-	if err := os.Remove(filepath.Join(stores, "u", SchemaFile)); err != nil {
+	if err := os.Remove(filepath.Join(stores, "u", engine.SchemaFile)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -117,7 +119,7 @@ func TestInstanceStoreLayoutNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !isStoreDir(filepath.Join(stores, "v")) {
+	if !engine.IsStoreDir(filepath.Join(stores, "v")) {
 		t.Fatal("another layout's legacy store moved")
 	}
 	if _, err := os.Stat(vDir); !errors.Is(err, os.ErrNotExist) {
@@ -127,7 +129,7 @@ func TestInstanceStoreLayoutNamespaces(t *testing.T) {
 	if _, _, err = cfg.InstanceStore("u", testSchema, mhaLayout); err != nil {
 		t.Fatal(err)
 	}
-	if !isStoreDir(filepath.Join(stores, "u")) {
+	if !engine.IsStoreDir(filepath.Join(stores, "u")) {
 		t.Fatal("a legacy store without SCHEMA moved")
 	}
 

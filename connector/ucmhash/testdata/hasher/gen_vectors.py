@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate engine/testdata/hasher/vectors.json for engine/hasher_test.go.
+"""Generate connector/ucmhash/testdata/hasher/vectors.json for connector/ucmhash/hasher_test.go.
 
 Reproduces UCM's RequestHasher (ucm/integration/vllm/ucm_connector.py) with the standard library
 only (hashlib + pickle, protocol pickle.HIGHEST_PROTOCOL == 5 on CPython 3.8+):
@@ -10,7 +10,7 @@ only (hashlib + pickle, protocol pickle.HIGHEST_PROTOCOL == 5 on CPython 3.8+):
     block_hash[i] = hasher((parent_hash_bytes, tuple(block_token_ids)))   # parent of block 0: seed
     rank re-hash (non-MLA TP rank r != 0): md5(meta_r_bytes + rank0_id)
 
-Run from the repository root:  python3 engine/testdata/hasher/gen_vectors.py
+Run from the repository root:  python3 connector/ucmhash/testdata/hasher/gen_vectors.py
 """
 import hashlib
 import json

@@ -1,10 +1,12 @@
-package engine
+package ucmconfig
 
 import (
 	"fmt"
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/ucm-go/ucm/engine"
 
 	"gopkg.in/yaml.v3"
 )
@@ -222,7 +224,7 @@ func ucmKey(scope KeyScope, name string) (UCMKey, bool) {
 }
 
 // checkKind reports whether a value has the type the key takes (the error names the key and
-// the line; the caller wraps ErrInvalidArgument).
+// the line; the caller wraps engine.ErrInvalidArgument).
 func (k UCMKey) checkKind(n yaml.Node) error {
 	var ok bool
 	switch k.kind {
@@ -266,10 +268,10 @@ func checkExtraKeys(scope KeyScope, where string, extra map[string]yaml.Node, fi
 			if s := closestKey(name, scope, fields); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
 			}
-			return fmt.Errorf("%s: %w", quoteLines(msg, data), ErrInvalidArgument)
+			return fmt.Errorf("%s: %w", quoteLines(msg, data), engine.ErrInvalidArgument)
 		}
 		if err := k.checkKind(n); err != nil {
-			return fmt.Errorf("config: %s%s: %w", where, quoteLines(err.Error(), data), ErrInvalidArgument)
+			return fmt.Errorf("config: %s%s: %w", where, quoteLines(err.Error(), data), engine.ErrInvalidArgument)
 		}
 	}
 	return nil

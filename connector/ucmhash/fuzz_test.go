@@ -1,4 +1,4 @@
-package engine
+package ucmhash
 
 import (
 	"crypto/md5"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/ucm-go/ucm/engine"
 )
 
 // fuzzMaxTokens bounds the tokens FuzzHasher hashes per input (4 KiB of input): at least four
@@ -15,7 +17,7 @@ const fuzzMaxTokens = 1024
 // refPickleBlock is an independent encoding of pickle.dumps((parent, tuple(tokens)),
 // protocol=5) for fewer than ~9000 tokens (one frame), written from the pickle spec rather
 // than from the Hasher's encoder.
-func refPickleBlock(parent BlockID, tokens []uint32) []byte {
+func refPickleBlock(parent engine.BlockID, tokens []uint32) []byte {
 	var body []byte
 	body = append(body, 'C', 16)
 	body = append(body, parent[:]...)
@@ -74,9 +76,9 @@ func FuzzHasher(f *testing.F) {
 			tokens[i] = binary.LittleEndian.Uint32(raw[4*i:])
 		}
 		blockTokens := int(bt) + 1
-		scheme := HashSchemeUCMGo
+		scheme := engine.HashSchemeUCMGo
 		if pickle {
-			scheme = HashSchemeUCMPickle
+			scheme = engine.HashSchemeUCMPickle
 		}
 		rank := 0
 		if rank1 {
@@ -105,7 +107,7 @@ func FuzzHasher(f *testing.F) {
 			k = int(split) % (nb + 1)
 		}
 		head := h.BlockIDs(tokens[:k*blockTokens], nil)
-		var parent *BlockID
+		var parent *engine.BlockID
 		if k > 0 {
 			parent = &head[k-1]
 		}
@@ -121,7 +123,7 @@ func FuzzHasher(f *testing.F) {
 		}
 
 		metaStr := model + ":2:bfloat16:" + strconv.Itoa(rank)
-		var wantSeed BlockID
+		var wantSeed engine.BlockID
 		if pickle {
 			s := []byte(metaStr)
 			s = append(s, 0x80, 5, 0x95)
@@ -134,10 +136,10 @@ func FuzzHasher(f *testing.F) {
 			wantSeed = md5.Sum([]byte("UCMHASHSEED" + metaStr))
 		}
 		if seed != wantSeed {
-			t.Fatalf("seed %s, independent computation %s", seed, BlockID(wantSeed))
+			t.Fatalf("seed %s, independent computation %s", seed, engine.BlockID(wantSeed))
 		}
 		if nb > 0 {
-			var want BlockID
+			var want engine.BlockID
 			if pickle {
 				want = md5.Sum(append([]byte(metaStr), refPickleBlock(seed, tokens[:blockTokens])...))
 			} else {
@@ -163,7 +165,7 @@ func FuzzHasher(f *testing.F) {
 				t.Fatal("ForRank(0) changed the id")
 			}
 			if got, want := h.ForRank(all[0], 1), md5.Sum(append([]byte(model+":2:bfloat16:1"), all[0][:]...)); got != want {
-				t.Fatalf("ForRank(1) %s, want %s", got, BlockID(want))
+				t.Fatalf("ForRank(1) %s, want %s", got, engine.BlockID(want))
 			}
 		}
 	})

@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -141,8 +142,8 @@ func TestConfigNumericValues(t *testing.T) {
 		for _, v := range values {
 			doc := numericKeyDoc(k, v)
 			_, err := ParseConfig([]byte(doc))
-			if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), k.name) || !strings.Contains(err.Error(), v) {
-				t.Errorf("%s %s: %s: %v (want ErrInvalidArgument naming the key and %q)", k.where, k.name, v, err, v)
+			if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), k.name) || !strings.Contains(err.Error(), v) {
+				t.Errorf("%s %s: %s: %v (want engine.ErrInvalidArgument naming the key and %q)", k.where, k.name, v, err, v)
 			}
 		}
 	}
@@ -157,7 +158,7 @@ func TestConfigNumericValues(t *testing.T) {
 		"tiers: [{name: d, kind: disk, paths: [/a], high_watermark: .nan}]": `high_watermark ".nan": not a finite number`,
 	} {
 		_, err := ParseConfig(connectorDoc("      storage_backends: /a\n      " + line + "\n"))
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v (want %q)", line, err, want)
 		}
 	}
@@ -207,7 +208,7 @@ func TestConfigNumericValuesValidated(t *testing.T) {
 	} {
 		c := &Config{Connectors: []ConnectorConfig{{Name: "x", Config: ConnectorParams{StorageBackends: Paths{"/a"}}}}}
 		set(&c.Connectors[0].Config)
-		if err := c.ApplyEnv(func(string) string { return "" }); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), name) {
+		if err := c.ApplyEnv(func(string) string { return "" }); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 	"gopkg.in/yaml.v3"
@@ -45,8 +46,8 @@ import (
 //	      posix_gc_recycle_percent: 0.1          # UCM: and frees this share of the capacity
 //	ucm_sparse_config: {...}                 # kept for the sparse package
 //
-// Tiers (Options.Tiers, docs/tiers.md). UCM-Go's own key tiers lists them fastest first, each
-// with the keys of tiers.Config (name, kind, paths, capacity, high_watermark, low_watermark,
+// Tiers (engine.Options.Tiers, docs/tiers.md). UCM-Go's own key tiers lists them fastest first,
+// each with the keys of tiers.Config (name, kind, paths, capacity, high_watermark, low_watermark,
 // io_engine, direct_io, compression; capacity takes a size with a unit, like every size here):
 //
 //	tiers:
@@ -54,17 +55,17 @@ import (
 //	  - {name: ssd, kind: disk, paths: [/mnt/nvme0/ucm, /mnt/nvme1/ucm], capacity: 3TiB}
 //	  - {name: nfs, kind: disk, paths: [/mnt/nfs/ucm]}   # capacity 0: unlimited
 //
-// A list tiers.Validate rejects is an error naming the tier. Without tiers, UCM's
-// posix_capacity_gb (GiB, 2^30 bytes, as UCM counts it) makes one disk tier named "disk" whose
-// paths are storage_backends, with that capacity; its high watermark is
-// posix_gc_trigger_threshold_ratio (UCM's default 0.7 when absent) and its low watermark that
-// minus posix_gc_recycle_percent (UCM's default 0.1). posix_capacity_gb with tiers is an error
-// (say the capacity in the list). Without either, the store is one unlimited disk tier in the
-// store directory. UCM's cache_buffer_capacity_gb (GiB; the Cache|Posix pipeline) puts a memory
-// tier named "cache" of that size in front (with tiers: an error, list it there).
-// posix_gc_check_interval_sec is Options.CompactInterval (online compaction; UCM's default 30).
-// posix_gc_enable and the GC keys without a capacity are accepted and ignored: a tier with a
-// capacity is always reclaimed, continuously.
+// A list tiers.Validate rejects is an error naming the tier. Without tiers, UCM's posix_capacity_gb
+// (GiB, 2^30 bytes, as UCM counts it) makes one disk tier named "disk" whose paths are
+// storage_backends, with that capacity; its high watermark is posix_gc_trigger_threshold_ratio
+// (UCM's default 0.7 when absent) and its low watermark that minus posix_gc_recycle_percent (UCM's
+// default 0.1). posix_capacity_gb with tiers is an error (say the capacity in the list). Without
+// either, the store is one unlimited disk tier in the store directory. UCM's
+// cache_buffer_capacity_gb (GiB; the Cache|Posix pipeline) puts a memory tier named "cache" of that
+// size in front (with tiers: an error, list it there). posix_gc_check_interval_sec is
+// engine.Options.CompactInterval (online compaction; UCM's default 30). posix_gc_enable and the GC
+// keys without a capacity are accepted and ignored: a tier with a capacity is always reclaimed,
+// continuously.
 //
 // The store directory (index, lock) is the first of storage_backends, or, when it is empty and
 // tiers are given, the first path of the first disk tier.
@@ -132,7 +133,7 @@ type ConnectorParams struct {
 	// Keys UCM's connector adds to the store's configuration (ucm_connector.py _create_store):
 	// the transfer shape (tensor_size or tensor_size_list: bytes behind each address of a
 	// shard; shard_size; block_size) and the worker's identity. The connector package turns
-	// them into the store's Layout; device_id < 0 or absent is the scheduler, which only looks
+	// them into the store's engine.Layout; device_id < 0 or absent is the scheduler, which only looks
 	// up. unique_id and share_buffer_enable name and share a Cache|Empty store (SharedCache).
 	UniqueID          string  `yaml:"unique_id"`
 	DeviceID          *int    `yaml:"device_id"`
@@ -160,16 +161,16 @@ type ConnectorParams struct {
 	IOEngine        string `yaml:"io_engine"`
 	QueueDepth      int    `yaml:"queue_depth"`
 	MaxStagingBytes Size   `yaml:"max_staging_bytes"`
-	// StageLayerWise and MaxBatchBytes: Options.StageLayerWise and MaxBatchBytes.
+	// StageLayerWise and MaxBatchBytes: engine.Options.StageLayerWise and MaxBatchBytes.
 	StageLayerWise bool `yaml:"stage_layer_wise"`
 	MaxBatchBytes  Size `yaml:"max_batch_bytes"`
-	// Compression: "off" (default) or "lz4"; CompressMinSaving: Options.CompressMinSaving.
+	// Compression: "off" (default) or "lz4"; CompressMinSaving: engine.Options.CompressMinSaving.
 	Compression       string  `yaml:"compression"`
 	CompressMinSaving float64 `yaml:"compress_min_saving"`
-	// FileMode and DirMode: Options.FileMode and DirMode as octal strings ("0640", "0750").
+	// FileMode and DirMode: engine.Options.FileMode and DirMode as octal strings ("0640", "0750").
 	FileMode string `yaml:"file_mode"`
 	DirMode  string `yaml:"dir_mode"`
-	// Tiers is Options.Tiers (see Config).
+	// Tiers is engine.Options.Tiers (see Config).
 	Tiers TierList `yaml:"tiers"`
 	// Other holds the UCM keys with no effect in UCM-Go (UCMKeys: posix_lookup_concurrency,
 	// waiting_queue_depth, cpu_affinity_cores, ...): accepted, type-checked, and named by
@@ -184,10 +185,10 @@ func parseMode(key, s string, dir bool) (os.FileMode, error) {
 	}
 	v, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(s), "0o"), 8, 32)
 	if err != nil {
-		return 0, fmt.Errorf("%s %q: want octal permissions such as 0640: %w", key, s, ErrInvalidArgument)
+		return 0, fmt.Errorf("%s %q: want octal permissions such as 0640: %w", key, s, engine.ErrInvalidArgument)
 	}
-	if err := validMode(os.FileMode(v), dir); err != nil {
-		return 0, fmt.Errorf("%s %q: %w: %w", key, s, err, ErrInvalidArgument)
+	if err := engine.ValidateMode(os.FileMode(v), dir); err != nil {
+		return 0, fmt.Errorf("%s %q: %w: %w", key, s, err, engine.ErrInvalidArgument)
 	}
 	return os.FileMode(v), nil
 }
@@ -222,21 +223,21 @@ var tierKeys = func() map[string]bool {
 // UnmarshalYAML decodes the list strictly.
 func (l *TierList) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.SequenceNode {
-		return fmt.Errorf("line %d: tiers: want a list of tiers: %w", n.Line, ErrInvalidArgument)
+		return fmt.Errorf("line %d: tiers: want a list of tiers: %w", n.Line, engine.ErrInvalidArgument)
 	}
 	out := make(TierList, 0, len(n.Content))
 	for i, item := range n.Content {
 		if item.Kind != yaml.MappingNode {
-			return fmt.Errorf("line %d: tiers[%d]: want a mapping (name, kind, paths, capacity, ...): %w", item.Line, i, ErrInvalidArgument)
+			return fmt.Errorf("line %d: tiers[%d]: want a mapping (name, kind, paths, capacity, ...): %w", item.Line, i, engine.ErrInvalidArgument)
 		}
 		for k := 0; k+1 < len(item.Content); k += 2 {
 			key, val := item.Content[k], item.Content[k+1]
 			if !tierKeys[key.Value] {
-				return fmt.Errorf("line %d: tiers[%d]: unknown key %q: %w", key.Line, i, key.Value, ErrInvalidArgument)
+				return fmt.Errorf("line %d: tiers[%d]: unknown key %q: %w", key.Line, i, key.Value, engine.ErrInvalidArgument)
 			}
 			if spec, ok := tierNumbers[key.Value]; ok {
 				if err := spec.checkNode(key.Value, val); err != nil {
-					return fmt.Errorf("tiers[%d]: %w: %w", i, err, ErrInvalidArgument)
+					return fmt.Errorf("tiers[%d]: %w: %w", i, err, engine.ErrInvalidArgument)
 				}
 			}
 			if key.Value == "capacity" && val.Kind == yaml.ScalarNode {
@@ -282,7 +283,7 @@ func defaultDiskTier(p ConnectorParams) (tiers.Config, bool) {
 		Capacity: int64(math.Round(p.PosixCapacityGB * ucmCapacityUnit)), HighWatermark: high, LowWatermark: high - recycle}, true
 }
 
-// connectorTiers returns Options.Tiers for a connector: its tiers, or the default disk tier,
+// connectorTiers returns engine.Options.Tiers for a connector: its tiers, or the default disk tier,
 // or nil (one unlimited tier in the store directory).
 func connectorTiers(p ConnectorParams) []tiers.Config {
 	if len(p.Tiers) > 0 {
@@ -417,7 +418,7 @@ func (p *Paths) UnmarshalYAML(n *yaml.Node) error {
 		*p = list
 		return nil
 	}
-	return fmt.Errorf("line %d: storage_backends: want a path, \"a:b\" or a list: %w", n.Line, ErrInvalidArgument)
+	return fmt.Errorf("line %d: storage_backends: want a path, \"a:b\" or a list: %w", n.Line, engine.ErrInvalidArgument)
 }
 
 func splitPaths(s string) Paths {
@@ -454,14 +455,14 @@ func ParseSize(s string) (int64, error) {
 		i++
 	}
 	if i == 0 {
-		return 0, fmt.Errorf("size %q: want digits with an optional unit (KiB, MiB, GiB, TiB): %w", s, ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q: want digits with an optional unit (KiB, MiB, GiB, TiB): %w", s, engine.ErrInvalidArgument)
 	}
 	if i < len(str) && (str[i] == '.' || str[i] == ',') {
-		return 0, fmt.Errorf("size %q: not a whole number (write 1536MiB, not 1.5GiB): %w", s, ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q: not a whole number (write 1536MiB, not 1.5GiB): %w", s, engine.ErrInvalidArgument)
 	}
 	n, err := strconv.ParseInt(str[:i], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("size %q overflows: %w", s, ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q overflows: %w", s, engine.ErrInvalidArgument)
 	}
 	var shift uint
 	switch strings.ToLower(strings.TrimSpace(str[i:])) {
@@ -475,10 +476,10 @@ func ParseSize(s string) (int64, error) {
 	case "t", "tib":
 		shift = 40
 	default:
-		return 0, fmt.Errorf("size %q: unknown unit %q (use KiB, MiB, GiB or TiB): %w", s, str[i:], ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q: unknown unit %q (use KiB, MiB, GiB or TiB): %w", s, str[i:], engine.ErrInvalidArgument)
 	}
 	if n > (1<<63-1)>>shift {
-		return 0, fmt.Errorf("size %q overflows: %w", s, ErrInvalidArgument)
+		return 0, fmt.Errorf("size %q overflows: %w", s, engine.ErrInvalidArgument)
 	}
 	return n << shift, nil
 }
@@ -496,7 +497,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config: %w: %s", ErrInvalidArgument, quoteLines(err.Error(), data))
+		return nil, fmt.Errorf("config: %w: %s", engine.ErrInvalidArgument, quoteLines(err.Error(), data))
 	}
 	if err := checkExtraKeys(ScopeTop, "", c.Other, topFields, data); err != nil {
 		return nil, err
@@ -573,12 +574,12 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	if v := getenv("UCM_IO_DIRECT"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("UCM_IO_DIRECT=%q: want true or false: %w", v, ErrInvalidArgument)
+			return fmt.Errorf("UCM_IO_DIRECT=%q: want true or false: %w", v, engine.ErrInvalidArgument)
 		}
 		p.IODirect = &b
 	}
 	if v := getenv("UCM_COMPRESSION"); v != "" {
-		if _, err := ParseCompression(v); err != nil {
+		if _, err := engine.ParseCompression(v); err != nil {
 			return fmt.Errorf("UCM_COMPRESSION: %w", err)
 		}
 		p.Compression = v
@@ -586,7 +587,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	if v := getenv("ENABLE_SPARSE"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return fmt.Errorf("ENABLE_SPARSE=%q: want true or false: %w", v, ErrInvalidArgument)
+			return fmt.Errorf("ENABLE_SPARSE=%q: want true or false: %w", v, engine.ErrInvalidArgument)
 		}
 		c.EnableSparse = b
 	}
@@ -596,7 +597,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) error {
 	}
 	if v := getenv("UCM_LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			return fmt.Errorf("UCM_LOG_LEVEL=%q: want debug, info, warn or error: %w", v, ErrInvalidArgument)
+			return fmt.Errorf("UCM_LOG_LEVEL=%q: want debug, info, warn or error: %w", v, engine.ErrInvalidArgument)
 		}
 	}
 	return c.validate()
@@ -614,14 +615,14 @@ func (c *Config) validate() error {
 				return fmt.Errorf("%s: sync_policy: %w", where, err)
 			}
 		}
-		if _, err := ParseCompression(p.Compression); err != nil {
+		if _, err := engine.ParseCompression(p.Compression); err != nil {
 			return fmt.Errorf("%s: compression: %w", where, err)
 		}
 		if _, err := connectorIOEngine(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
 		if p.StorePipeline != "" && !slices.Contains(storePipelines, p.StorePipeline) {
-			return fmt.Errorf("%s: store_pipeline %q: want one of %s: %w", where, p.StorePipeline, strings.Join(storePipelines, ", "), ErrInvalidArgument)
+			return fmt.Errorf("%s: store_pipeline %q: want one of %s: %w", where, p.StorePipeline, strings.Join(storePipelines, ", "), engine.ErrInvalidArgument)
 		}
 		if err := validateTiers(p); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
@@ -640,21 +641,21 @@ func (c *Config) validate() error {
 func validateTiers(p ConnectorParams) error {
 	switch {
 	case p.PosixCapacityGB < 0 || math.IsNaN(p.PosixCapacityGB) || math.IsInf(p.PosixCapacityGB, 0):
-		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, ErrInvalidArgument)
+		return fmt.Errorf("posix_capacity_gb %v: want > 0 (absent or 0: unlimited): %w", p.PosixCapacityGB, engine.ErrInvalidArgument)
 	case p.CacheBufferCapacityGB < 0 || math.IsNaN(p.CacheBufferCapacityGB) || math.IsInf(p.CacheBufferCapacityGB, 0):
-		return fmt.Errorf("cache_buffer_capacity_gb %v: want > 0 (absent or 0: no memory tier): %w", p.CacheBufferCapacityGB, ErrInvalidArgument)
+		return fmt.Errorf("cache_buffer_capacity_gb %v: want > 0 (absent or 0: no memory tier): %w", p.CacheBufferCapacityGB, engine.ErrInvalidArgument)
 	case len(p.Tiers) > 0 && (strings.HasPrefix(p.StorePipeline, "Cache|") || p.KeepsNothing()):
-		return fmt.Errorf("store_pipeline %q and tiers both given: put the memory tier in the tier list: %w", p.StorePipeline, ErrInvalidArgument)
+		return fmt.Errorf("store_pipeline %q and tiers both given: put the memory tier in the tier list: %w", p.StorePipeline, engine.ErrInvalidArgument)
 	case len(p.Tiers) > 0 && p.CacheBufferCapacityGB > 0:
-		return fmt.Errorf("cache_buffer_capacity_gb and tiers both given: put the memory tier in the tier list: %w", ErrInvalidArgument)
+		return fmt.Errorf("cache_buffer_capacity_gb and tiers both given: put the memory tier in the tier list: %w", engine.ErrInvalidArgument)
 	case p.PosixGCCheckIntervalSec < 0:
-		return fmt.Errorf("posix_gc_check_interval_sec %d: want >= 0: %w", p.PosixGCCheckIntervalSec, ErrInvalidArgument)
+		return fmt.Errorf("posix_gc_check_interval_sec %d: want >= 0: %w", p.PosixGCCheckIntervalSec, engine.ErrInvalidArgument)
 	case len(p.Tiers) > 0 && p.PosixCapacityGB > 0:
-		return fmt.Errorf("posix_capacity_gb and tiers both given: set the capacity in the tier list: %w", ErrInvalidArgument)
+		return fmt.Errorf("posix_capacity_gb and tiers both given: set the capacity in the tier list: %w", engine.ErrInvalidArgument)
 	case p.PosixCapacityGB > 0 && !(p.PosixGCTriggerThresholdRatio >= 0 && p.PosixGCTriggerThresholdRatio <= 1):
-		return fmt.Errorf("posix_gc_trigger_threshold_ratio %v: want 0 < ratio <= 1: %w", p.PosixGCTriggerThresholdRatio, ErrInvalidArgument)
+		return fmt.Errorf("posix_gc_trigger_threshold_ratio %v: want 0 < ratio <= 1: %w", p.PosixGCTriggerThresholdRatio, engine.ErrInvalidArgument)
 	case p.PosixCapacityGB > 0 && !(p.PosixGCRecyclePercent >= 0 && p.PosixGCRecyclePercent < 1):
-		return fmt.Errorf("posix_gc_recycle_percent %v: want 0 < share < 1: %w", p.PosixGCRecyclePercent, ErrInvalidArgument)
+		return fmt.Errorf("posix_gc_recycle_percent %v: want 0 < share < 1: %w", p.PosixGCRecyclePercent, engine.ErrInvalidArgument)
 	}
 	ts := connectorTiers(p)
 	if len(ts) == 0 {
@@ -668,11 +669,11 @@ func validateTiers(p ConnectorParams) error {
 			var ce *tiers.ConfigError
 			if errors.As(err, &ce) && strings.Contains(ce.Field, "watermark") {
 				return fmt.Errorf("posix_gc_trigger_threshold_ratio %v with posix_gc_recycle_percent %v: %w: %w",
-					p.PosixGCTriggerThresholdRatio, p.PosixGCRecyclePercent, ErrInvalidArgument, err)
+					p.PosixGCTriggerThresholdRatio, p.PosixGCRecyclePercent, engine.ErrInvalidArgument, err)
 			}
-			return fmt.Errorf("posix_capacity_gb: %w: %w", ErrInvalidArgument, err)
+			return fmt.Errorf("posix_capacity_gb: %w: %w", engine.ErrInvalidArgument, err)
 		}
-		return fmt.Errorf("%w: %w", err, ErrInvalidArgument)
+		return fmt.Errorf("%w: %w", err, engine.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -681,7 +682,7 @@ func connectorIOEngine(p ConnectorParams) (devio.IOEngine, error) {
 	if p.IOEngine != "" {
 		e, err := devio.ParseIOEngine(p.IOEngine)
 		if err != nil {
-			return 0, fmt.Errorf("io_engine: %w: %w", ErrInvalidArgument, err)
+			return 0, fmt.Errorf("io_engine: %w: %w", engine.ErrInvalidArgument, err)
 		}
 		return e, nil
 	}
@@ -693,16 +694,16 @@ func connectorIOEngine(p ConnectorParams) (devio.IOEngine, error) {
 	case "aio", "uring", "io_uring":
 		return devio.EngineURing, nil
 	}
-	return 0, fmt.Errorf("posix_io_engine %q: want psync or aio: %w", p.PosixIOEngine, ErrInvalidArgument)
+	return 0, fmt.Errorf("posix_io_engine %q: want psync or aio: %w", p.PosixIOEngine, engine.ErrInvalidArgument)
 }
 
-// StoreOptions turns the first connector into the store directory and Options for Open. The
-// caller fills Layout and Schema (they come from the model the connector serves); if the
-// config names a block_size it must equal Layout.BlockBytes(), which Open-time code checks
-// with CheckBlockSize.
-func (c *Config) StoreOptions() (dir string, opts Options, err error) {
+// StoreOptions turns the first connector into the store directory and engine.Options for
+// engine.Open. The caller fills opts.Layout and opts.Schema (they come from the model the
+// connector serves); if the config names a block_size it must equal Layout.BlockBytes(),
+// which the opener checks with CheckBlockSize.
+func (c *Config) StoreOptions() (dir string, opts engine.Options, err error) {
 	if len(c.Connectors) == 0 {
-		return "", opts, fmt.Errorf("config: no ucm_connectors and no UCM_STORAGE_PATH: %w", ErrInvalidArgument)
+		return "", opts, fmt.Errorf("config: no ucm_connectors and no UCM_STORAGE_PATH: %w", engine.ErrInvalidArgument)
 	}
 	p := c.Connectors[0].Config
 	dir = ""
@@ -717,7 +718,7 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 		}
 	}
 	if dir == "" {
-		return "", opts, fmt.Errorf("config: ucm_connectors[0].ucm_connector_config.storage_backends is empty: %w", ErrInvalidArgument)
+		return "", opts, fmt.Errorf("config: ucm_connectors[0].ucm_connector_config.storage_backends is empty: %w", engine.ErrInvalidArgument)
 	}
 	opts.Tiers = connectorTiers(p)
 	opts.CompactInterval = time.Duration(p.PosixGCCheckIntervalSec) * time.Second
@@ -751,7 +752,7 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 	opts.MaxStagingBytes = int64(p.MaxStagingBytes)
 	opts.StageLayerWise = p.StageLayerWise
 	opts.MaxBatchBytes = int64(p.MaxBatchBytes)
-	opts.Compression, _ = ParseCompression(p.Compression) // validated at parse
+	opts.Compression, _ = engine.ParseCompression(p.Compression) // validated at parse
 	opts.CompressMinSaving = p.CompressMinSaving
 	opts.FileMode, _ = parseMode("file_mode", p.FileMode, false) // validated at parse
 	opts.DirMode, _ = parseMode("dir_mode", p.DirMode, true)
@@ -760,12 +761,12 @@ func (c *Config) StoreOptions() (dir string, opts Options, err error) {
 }
 
 // CheckBlockSize reports whether the configured block_size (if any) matches the layout.
-func (c *Config) CheckBlockSize(l Layout) error {
+func (c *Config) CheckBlockSize(l engine.Layout) error {
 	if len(c.Connectors) == 0 || c.Connectors[0].Config.BlockSize == 0 {
 		return nil
 	}
 	if got := int64(c.Connectors[0].Config.BlockSize); got != l.BlockBytes() {
-		return fmt.Errorf("config: block_size %d but the layout's blocks are %d bytes: %w", got, l.BlockBytes(), ErrInvalidArgument)
+		return fmt.Errorf("config: block_size %d but the layout's blocks are %d bytes: %w", got, l.BlockBytes(), engine.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package engine
+package ucmhash
 
 import (
 	"crypto/md5"
@@ -7,47 +7,9 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 )
-
-// HashScheme selects how token ids become block ids.
-type HashScheme int
-
-const (
-	// HashSchemeUCMGo is UCM-Go's own scheme and the default (zero value):
-	// seed = MD5("UCMHASHSEED" ‖ meta) and id[i] = MD5(id[i-1] ‖ LE32(t0) ‖ LE32(t1) ‖ …) over
-	// the tokens of block i, with id[-1] = seed.
-	HashSchemeUCMGo HashScheme = iota
-	// HashSchemeUCMPickle is bit-compatible with UCM's Python RequestHasher:
-	// hasher(x) = MD5(meta ‖ pickle.dumps(x, protocol=5)), seed = hasher("UCM_HASH_SEED") and
-	// id[i] = hasher((id[i-1], tuple(tokens of block i))), with id[-1] = seed.
-	HashSchemeUCMPickle
-)
-
-// String returns the scheme's configuration name: "ucmgo" or "ucm-pickle".
-func (s HashScheme) String() string {
-	switch s {
-	case HashSchemeUCMGo:
-		return "ucmgo"
-	case HashSchemeUCMPickle:
-		return "ucm-pickle"
-	default:
-		return "HashScheme(" + strconv.Itoa(int(s)) + ")"
-	}
-}
-
-// ParseHashScheme parses a scheme name as returned by HashScheme.String. The error for an
-// unknown name wraps format.ErrInvalid.
-func ParseHashScheme(s string) (HashScheme, error) {
-	switch s {
-	case "ucmgo":
-		return HashSchemeUCMGo, nil
-	case "ucm-pickle":
-		return HashSchemeUCMPickle, nil
-	default:
-		return 0, fmt.Errorf("hash scheme %q (want \"ucmgo\" or \"ucm-pickle\"): %w", s, format.ErrInvalid)
-	}
-}
 
 // HashMeta is what seeds the chain. It is rendered as "model:tp_size:dtype:rank" (UTF-8,
 // decimal integers), exactly like UCM's RequestHasher meta string.
@@ -56,7 +18,7 @@ type HashMeta struct {
 	Model string
 	// TPSize is the tensor-parallel world size.
 	TPSize int
-	// DType is the dtype text of the meta string. To get UCM's ids (HashSchemeUCMPickle) it
+	// DType is the dtype text of the meta string. To get UCM's ids (engine.HashSchemeUCMPickle) it
 	// must be what UCM's connector renders: str() of vLLM's model_config.dtype, a torch.dtype,
 	// e.g. "torch.bfloat16" or "torch.float16". A plain "bfloat16" is another meta and gives
 	// other ids, so blocks UCM dumped would all miss. (The Python package's RequestHasher,
@@ -80,43 +42,43 @@ func (m HashMeta) metaBytes(rank int) []byte {
 	return b
 }
 
-// ucmGoSeedPrefix prefixes the meta in HashSchemeUCMGo's seed.
+// ucmGoSeedPrefix prefixes the meta in engine.HashSchemeUCMGo's seed.
 const ucmGoSeedPrefix = "UCMHASHSEED"
 
 // ucmPickleSeed is the string UCM pickles and hashes to obtain its seed.
 const ucmPickleSeed = "UCM_HASH_SEED"
 
-// Hasher turns token ids into chained BlockIDs under one HashMeta and HashScheme. It is
+// Hasher turns token ids into chained BlockIDs under one HashMeta and engine.HashScheme. It is
 // immutable after NewHasher and safe for concurrent use.
 type Hasher struct {
 	meta        HashMeta
-	scheme      HashScheme
+	scheme      engine.HashScheme
 	blockTokens int
 	metaBytes   []byte // meta rendered with meta.Rank
-	seed        BlockID
-	bufs        sync.Pool // *[]byte scratch buffers, prefixed with metaBytes for HashSchemeUCMPickle
+	seed        engine.BlockID
+	bufs        sync.Pool // *[]byte scratch buffers, prefixed with metaBytes for engine.HashSchemeUCMPickle
 }
 
 // NewHasher returns a Hasher for meta and scheme that hashes blocks of blockTokens tokens.
 // The error for blockTokens < 1, an unknown scheme, a negative TPSize or Rank, or a Rank not
 // below a positive TPSize wraps format.ErrInvalid.
-func NewHasher(meta HashMeta, scheme HashScheme, blockTokens int) (*Hasher, error) {
+func NewHasher(meta HashMeta, scheme engine.HashScheme, blockTokens int) (*Hasher, error) {
 	if blockTokens < 1 {
 		return nil, fmt.Errorf("hasher: block tokens %d (want >= 1): %w", blockTokens, format.ErrInvalid)
 	}
 	if meta.TPSize < 0 || meta.Rank < 0 || (meta.TPSize > 0 && meta.Rank >= meta.TPSize) {
 		return nil, fmt.Errorf("hasher: rank %d of tp size %d: %w", meta.Rank, meta.TPSize, format.ErrInvalid)
 	}
-	if scheme != HashSchemeUCMGo && scheme != HashSchemeUCMPickle {
+	if scheme != engine.HashSchemeUCMGo && scheme != engine.HashSchemeUCMPickle {
 		return nil, fmt.Errorf("hasher: unknown hash scheme %d: %w", int(scheme), format.ErrInvalid)
 	}
 	h := &Hasher{meta: meta, scheme: scheme, blockTokens: blockTokens, metaBytes: meta.metaBytes(meta.Rank)}
 	switch scheme {
-	case HashSchemeUCMGo:
+	case engine.HashSchemeUCMGo:
 		b := make([]byte, 0, len(ucmGoSeedPrefix)+len(h.metaBytes))
 		b = append(append(b, ucmGoSeedPrefix...), h.metaBytes...)
 		h.seed = md5.Sum(b)
-	case HashSchemeUCMPickle:
+	case engine.HashSchemeUCMPickle:
 		b := append([]byte(nil), h.metaBytes...)
 		b = appendPickleStr(b, ucmPickleSeed)
 		h.seed = md5.Sum(b)
@@ -128,19 +90,19 @@ func NewHasher(meta HashMeta, scheme HashScheme, blockTokens int) (*Hasher, erro
 func (h *Hasher) Meta() HashMeta { return h.meta }
 
 // Scheme returns the Hasher's scheme.
-func (h *Hasher) Scheme() HashScheme { return h.scheme }
+func (h *Hasher) Scheme() engine.HashScheme { return h.scheme }
 
 // BlockTokens returns the number of tokens per block.
 func (h *Hasher) BlockTokens() int { return h.blockTokens }
 
 // Seed returns the chain's seed: the parent of the first block.
-func (h *Hasher) Seed() BlockID { return h.seed }
+func (h *Hasher) Seed() engine.BlockID { return h.seed }
 
 // BlockIDs returns one id per full block of tokens, chained from parent (nil = the seed), so a
 // caller can extend a chain incrementally: BlockIDs(a‖b, nil) equals BlockIDs(a, nil) followed
 // by BlockIDs(b, &last) when len(a) is a multiple of the block size. A trailing partial block
 // is ignored; fewer than BlockTokens tokens yield nil.
-func (h *Hasher) BlockIDs(tokens []uint32, parent *BlockID) []BlockID {
+func (h *Hasher) BlockIDs(tokens []uint32, parent *engine.BlockID) []engine.BlockID {
 	n := len(tokens) / h.blockTokens
 	if n == 0 {
 		return nil
@@ -149,13 +111,13 @@ func (h *Hasher) BlockIDs(tokens []uint32, parent *BlockID) []BlockID {
 	if parent != nil {
 		prev = *parent
 	}
-	ids := make([]BlockID, n)
+	ids := make([]engine.BlockID, n)
 	bp := h.getBuf()
 	buf := *bp
 	for i := range ids {
 		blk := tokens[i*h.blockTokens : (i+1)*h.blockTokens]
 		switch h.scheme {
-		case HashSchemeUCMPickle:
+		case engine.HashSchemeUCMPickle:
 			buf = appendPickleBlock(buf[:len(h.metaBytes)], &prev, blk)
 		default:
 			buf = append(buf[:0], prev[:]...)
@@ -176,7 +138,7 @@ func (h *Hasher) BlockIDs(tokens []uint32, parent *BlockID) []BlockID {
 // Rank 0 (and every rank of an MLA model, which loads the rank-0 blocks; callers simply do not
 // call ForRank there) keeps the id unchanged. The same rule applies under both schemes. rank
 // should lie in [0, TPSize); it is not checked here.
-func (h *Hasher) ForRank(id BlockID, rank int) BlockID {
+func (h *Hasher) ForRank(id engine.BlockID, rank int) engine.BlockID {
 	if rank == 0 {
 		return id
 	}
@@ -193,15 +155,15 @@ func (h *Hasher) ForRank(id BlockID, rank int) BlockID {
 	return md5.Sum(b)
 }
 
-// getBuf returns a scratch buffer sized for one block; for HashSchemeUCMPickle it already holds
-// the meta prefix.
+// getBuf returns a scratch buffer sized for one block; for engine.HashSchemeUCMPickle it already
+// holds the meta prefix.
 func (h *Hasher) getBuf() *[]byte {
 	if bp, ok := h.bufs.Get().(*[]byte); ok {
 		return bp
 	}
 	var b []byte
 	switch h.scheme {
-	case HashSchemeUCMPickle:
+	case engine.HashSchemeUCMPickle:
 		b = make([]byte, 0, len(h.metaBytes)+pickleBlockMaxLen(h.blockTokens))
 		b = append(b, h.metaBytes...)
 	default:
@@ -309,7 +271,7 @@ func pickleBlockMaxLen(n int) int {
 }
 
 // appendPickleBlock appends pickle.dumps((parent_bytes, tuple(tokens)), protocol=5) to b.
-func appendPickleBlock(b []byte, parent *BlockID, tokens []uint32) []byte {
+func appendPickleBlock(b []byte, parent *engine.BlockID, tokens []uint32) []byte {
 	f := pickleFramer{start: -1}
 	b = append(b, pkProto, 5)
 	b = f.open(b)

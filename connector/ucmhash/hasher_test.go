@@ -1,4 +1,4 @@
-package engine
+package ucmhash
 
 import (
 	"bytes"
@@ -12,10 +12,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 )
 
-// hasherVectors mirrors engine/testdata/hasher/vectors.json (written by gen_vectors.py).
+// hasherVectors mirrors connector/ucmhash/testdata/hasher/vectors.json (written by gen_vectors.py).
 type hasherVectors struct {
 	Python         string `json:"python"`
 	PickleProtocol int    `json:"pickle_protocol"`
@@ -62,7 +63,7 @@ func loadHasherVectors(t *testing.T) *hasherVectors {
 	return &v
 }
 
-func mustParseID(t *testing.T, s string) BlockID {
+func mustParseID(t *testing.T, s string) engine.BlockID {
 	t.Helper()
 	id, err := format.ParseBlockID(s)
 	if err != nil {
@@ -132,7 +133,7 @@ func TestHasherUCMPickleVectors(t *testing.T) {
 	v := loadHasherVectors(t)
 	for i, c := range v.Chains {
 		meta := HashMeta{Model: c.Model, TPSize: c.TPSize, DType: c.DType, Rank: c.Rank}
-		h, err := NewHasher(meta, HashSchemeUCMPickle, c.BlockSize)
+		h, err := NewHasher(meta, engine.HashSchemeUCMPickle, c.BlockSize)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +161,7 @@ func TestHasherUCMPickleVectors(t *testing.T) {
 
 func TestHasherUCMGoByHand(t *testing.T) {
 	meta := HashMeta{Model: "m", TPSize: 2, DType: "bf16", Rank: 1}
-	h, err := NewHasher(meta, HashSchemeUCMGo, 2)
+	h, err := NewHasher(meta, engine.HashSchemeUCMGo, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +190,7 @@ func TestHasherUCMGoByHand(t *testing.T) {
 }
 
 func TestHasherChainAndPartial(t *testing.T) {
-	for _, scheme := range []HashScheme{HashSchemeUCMGo, HashSchemeUCMPickle} {
+	for _, scheme := range []engine.HashScheme{engine.HashSchemeUCMGo, engine.HashSchemeUCMPickle} {
 		const bt = 16
 		h, err := NewHasher(HashMeta{Model: "x", TPSize: 1, DType: "fp16"}, scheme, bt)
 		if err != nil {
@@ -248,15 +249,15 @@ func TestHasherChainAndPartial(t *testing.T) {
 
 func TestHasherSchemesDiffer(t *testing.T) {
 	meta := HashMeta{Model: "x", TPSize: 1, DType: "fp16"}
-	a, _ := NewHasher(meta, HashSchemeUCMGo, 4)
-	b, _ := NewHasher(meta, HashSchemeUCMPickle, 4)
+	a, _ := NewHasher(meta, engine.HashSchemeUCMGo, 4)
+	b, _ := NewHasher(meta, engine.HashSchemeUCMPickle, 4)
 	if a.Seed() == b.Seed() {
 		t.Fatal("schemes share a seed")
 	}
 }
 
 func TestHasherConcurrent(t *testing.T) {
-	for _, scheme := range []HashScheme{HashSchemeUCMGo, HashSchemeUCMPickle} {
+	for _, scheme := range []engine.HashScheme{engine.HashSchemeUCMGo, engine.HashSchemeUCMPickle} {
 		h, _ := NewHasher(HashMeta{Model: "x", TPSize: 1, DType: "fp16"}, scheme, 64)
 		tokens := formulaTokens(64 * 8)
 		want := h.BlockIDs(tokens, nil)
@@ -280,40 +281,22 @@ func TestHasherConcurrent(t *testing.T) {
 
 func TestHasherErrors(t *testing.T) {
 	for _, bt := range []int{0, -1} {
-		if _, err := NewHasher(HashMeta{}, HashSchemeUCMGo, bt); !errors.Is(err, format.ErrInvalid) {
+		if _, err := NewHasher(HashMeta{}, engine.HashSchemeUCMGo, bt); !errors.Is(err, format.ErrInvalid) {
 			t.Errorf("blockTokens %d: err %v, want ErrInvalid", bt, err)
 		}
 	}
 	for _, m := range []HashMeta{{TPSize: -1}, {TPSize: 2, Rank: -1}, {TPSize: 2, Rank: 2}} {
-		if _, err := NewHasher(m, HashSchemeUCMGo, 16); !errors.Is(err, format.ErrInvalid) {
+		if _, err := NewHasher(m, engine.HashSchemeUCMGo, 16); !errors.Is(err, format.ErrInvalid) {
 			t.Errorf("meta %+v: err %v, want ErrInvalid", m, err)
 		}
 	}
-	if _, err := NewHasher(HashMeta{}, HashScheme(7), 16); !errors.Is(err, format.ErrInvalid) {
+	if _, err := NewHasher(HashMeta{}, engine.HashScheme(7), 16); !errors.Is(err, format.ErrInvalid) {
 		t.Errorf("scheme 7: err %v, want ErrInvalid", err)
-	}
-	for _, s := range []string{"", "UCMGO", "md5", "ucm_pickle"} {
-		if _, err := ParseHashScheme(s); !errors.Is(err, format.ErrInvalid) {
-			t.Errorf("ParseHashScheme(%q): err %v, want ErrInvalid", s, err)
-		}
-	}
-	for _, s := range []HashScheme{HashSchemeUCMGo, HashSchemeUCMPickle} {
-		got, err := ParseHashScheme(s.String())
-		if err != nil || got != s {
-			t.Errorf("ParseHashScheme(%q) = %v, %v", s.String(), got, err)
-		}
-	}
-	if HashSchemeUCMGo.String() != "ucmgo" || HashSchemeUCMPickle.String() != "ucm-pickle" {
-		t.Errorf("names %q %q", HashSchemeUCMGo, HashSchemeUCMPickle)
-	}
-	var zero HashScheme
-	if zero != HashSchemeUCMGo {
-		t.Error("zero HashScheme is not HashSchemeUCMGo")
 	}
 }
 
 func TestHasherAllocs(t *testing.T) {
-	for _, scheme := range []HashScheme{HashSchemeUCMGo, HashSchemeUCMPickle} {
+	for _, scheme := range []engine.HashScheme{engine.HashSchemeUCMGo, engine.HashSchemeUCMPickle} {
 		h, _ := NewHasher(HashMeta{Model: "x", TPSize: 1, DType: "fp16"}, scheme, 128)
 		tokens := formulaTokens(128 * 16)
 		h.BlockIDs(tokens, nil) // warm the pool
@@ -321,14 +304,14 @@ func TestHasherAllocs(t *testing.T) {
 		if allocs > 2 { // the result slice (+ a pool refill after a GC)
 			t.Errorf("%v: %.1f allocs per BlockIDs", scheme, allocs)
 		}
-		id := BlockID{1}
+		id := engine.BlockID{1}
 		if a := testing.AllocsPerRun(100, func() { h.ForRank(id, 3) }); a != 0 {
 			t.Errorf("%v: %.1f allocs per ForRank", scheme, a)
 		}
 	}
 }
 
-func equalIDs(a, b []BlockID) bool {
+func equalIDs(a, b []engine.BlockID) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -341,7 +324,7 @@ func equalIDs(a, b []BlockID) bool {
 }
 
 func BenchmarkBlockIDs(b *testing.B) {
-	for _, scheme := range []HashScheme{HashSchemeUCMGo, HashSchemeUCMPickle} {
+	for _, scheme := range []engine.HashScheme{engine.HashSchemeUCMGo, engine.HashSchemeUCMPickle} {
 		for _, bt := range []int{16, 128} {
 			b.Run(scheme.String()+"/block"+strconv.Itoa(bt), func(b *testing.B) {
 				h, _ := NewHasher(HashMeta{Model: "Qwen/Qwen2.5-7B-Instruct", TPSize: 1, DType: "bfloat16"}, scheme, bt)

@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 	"gopkg.in/yaml.v3"
 )
@@ -28,7 +29,7 @@ const (
 // numSpec is what a numeric key takes: its form and inclusive bounds in the key's own unit
 // (milliseconds for timeout_ms, GiB for posix_capacity_gb). The bounds are chosen so that the
 // value, converted to what the store takes (a time.Duration, a byte count), cannot overflow,
-// and so that a value the store would refuse at Open is refused here, naming the key.
+// and so that a value the store would refuse at engine.Open is refused here, naming the key.
 type numSpec struct {
 	form     numForm
 	lo, hi   int64   // numWhole, numSize
@@ -58,10 +59,10 @@ const maxCapacityGB = math.MaxInt64 >> 30
 // connectorNumbers are the numeric keys of ucm_connector_config that are fields of
 // ConnectorParams, with what each takes. tensor_size_list's spec is that of each element.
 var connectorNumbers = map[string]numSpec{
-	"posix_data_trans_concurrency":     wholeIn(0, MaxQueueDepth, "the largest queue depth"),
-	"queue_depth":                      wholeIn(0, MaxQueueDepth, "the largest queue depth"),
+	"posix_data_trans_concurrency":     wholeIn(0, engine.MaxQueueDepth, "the largest queue depth"),
+	"queue_depth":                      wholeIn(0, engine.MaxQueueDepth, "the largest queue depth"),
 	"timeout_ms":                       wholeIn(0, math.MaxInt64/int64(time.Millisecond), "the milliseconds a time.Duration holds"),
-	"sync_interval_ms":                 wholeIn(0, int64(maxSyncInterval/time.Millisecond), "24 h"),
+	"sync_interval_ms":                 wholeIn(0, int64(engine.MaxSyncInterval/time.Millisecond), "24 h"),
 	"posix_gc_check_interval_sec":      wholeIn(0, math.MaxInt64/int64(time.Second), "the seconds a time.Duration holds"),
 	"device_id":                        wholeIn(math.MinInt32, math.MaxInt32, "a 32-bit device id"),
 	"tp_size":                          wholeIn(0, math.MaxInt32, ""),
@@ -129,7 +130,7 @@ func (s numSpec) rangeText() string {
 }
 
 // checkNode checks one YAML value of key against the spec. The error names the line, the
-// key and the value as written; the caller wraps ErrInvalidArgument. An explicit null is
+// key and the value as written; the caller wraps engine.ErrInvalidArgument. An explicit null is
 // taken as absent, as the decoder takes it.
 func (s numSpec) checkNode(key string, n *yaml.Node) error {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
@@ -280,7 +281,7 @@ func checkConnectorNumbers(doc *yaml.Node, data []byte) error {
 				check = spec.checkNodeList
 			}
 			if err := check(key, val); err != nil {
-				return fmt.Errorf("config: ucm_connectors[%d].ucm_connector_config: %s: %w", i, quoteLines(err.Error(), data), ErrInvalidArgument)
+				return fmt.Errorf("config: ucm_connectors[%d].ucm_connector_config: %s: %w", i, quoteLines(err.Error(), data), engine.ErrInvalidArgument)
 			}
 		}
 	}
@@ -325,11 +326,11 @@ func (s numSpec) checkValue(key string, f reflect.Value) error {
 	switch f.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		if v := f.Int(); v < s.lo || v > s.hi {
-			return fmt.Errorf("%s %d: %s: %w", key, v, s.rangeText(), ErrInvalidArgument)
+			return fmt.Errorf("%s %d: %s: %w", key, v, s.rangeText(), engine.ErrInvalidArgument)
 		}
 	case reflect.Float32, reflect.Float64:
 		if v := f.Float(); !(v >= s.flo && v <= s.fhi) { // NaN fails too
-			return fmt.Errorf("%s %v: %s: %w", key, v, s.rangeText(), ErrInvalidArgument)
+			return fmt.Errorf("%s %v: %s: %w", key, v, s.rangeText(), engine.ErrInvalidArgument)
 		}
 	}
 	return nil
@@ -342,7 +343,7 @@ func checkMooncakeNumbers(n *yaml.Node, i int) error {
 		key, val := n.Content[k].Value, n.Content[k+1]
 		if spec, ok := mooncakeNumbers[key]; ok {
 			if err := spec.checkNode(key, val); err != nil {
-				return fmt.Errorf("tiers[%d].mooncake: %w: %w", i, err, ErrInvalidArgument)
+				return fmt.Errorf("tiers[%d].mooncake: %w: %w", i, err, engine.ErrInvalidArgument)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
@@ -118,13 +119,13 @@ func TestUCMKeysTypos(t *testing.T) {
 	for line, wants := range cases {
 		_, err := ParseConfig([]byte("ucm_connectors:\n  - ucm_connector_name: UcmPipelineStore\n    ucm_connector_config:\n      storage_backends: /a\n" + line))
 		for _, want := range wants {
-			if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
-				t.Errorf("%q: %v (want ErrInvalidArgument naming %s)", line, err, want)
+			if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: %v (want engine.ErrInvalidArgument naming %s)", line, err, want)
 			}
 		}
 	}
 	_, err := ParseConfig([]byte("enable_event_synk: true\nucm_connectors: []\n"))
-	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), `did you mean "enable_event_sync"`) {
+	if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), `did you mean "enable_event_sync"`) {
 		t.Errorf("top-level typo: %v", err)
 	}
 }
@@ -202,7 +203,7 @@ func TestConfigEmptyPipelines(t *testing.T) {
 		}
 	}
 	_, err = ParseConfig([]byte("ucm_connectors:\n  - ucm_connector_config:\n      store_pipeline: Empty\n      tiers: [{name: ssd, kind: disk, paths: [/a]}]\n"))
-	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "tiers") {
+	if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), "tiers") {
 		t.Fatalf("Empty with tiers: %v", err)
 	}
 }
@@ -228,7 +229,7 @@ func TestUCMKeysDocumented(t *testing.T) {
 	if os.Getenv("UCM_UPDATE_DOCS") != "" {
 		fmt.Print(table)
 	}
-	doc, err := os.ReadFile("../docs/connector.md")
+	doc, err := os.ReadFile("../../docs/connector.md")
 	if err != nil {
 		t.Fatal(err)
 	}

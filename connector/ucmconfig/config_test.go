@@ -1,4 +1,4 @@
-package engine
+package ucmconfig
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -48,17 +49,17 @@ func TestParseConfigUCMKeys(t *testing.T) {
 		t.Fatalf("dir %q, backends %v", dir, c.Connectors[0].Config.StorageBackends)
 	}
 	if opts.DirectIO != devio.DirectOn || opts.IOEngine != devio.EnginePsync || opts.QueueDepth != 128 ||
-		opts.TaskTimeout.Milliseconds() != 5000 || opts.SegmentSize != 512<<20 || opts.SyncPolicy != SyncInterval ||
-		opts.SyncInterval.Milliseconds() != 50 || opts.Compression != CompressionLZ4 || opts.CompressMinSaving != 0.05 {
+		opts.TaskTimeout.Milliseconds() != 5000 || opts.SegmentSize != 512<<20 || opts.SyncPolicy != engine.SyncInterval ||
+		opts.SyncInterval.Milliseconds() != 50 || opts.Compression != engine.CompressionLZ4 || opts.CompressMinSaving != 0.05 {
 		t.Fatalf("options %+v", opts)
 	}
 	if _, ok := c.SparseConfig["ESA"]; !ok || c.Other["load_only_first_rank"].Value != "true" {
 		t.Fatal("sparse config / load_only_first_rank lost")
 	}
-	if err := c.CheckBlockSize(Layout{Shards: 32, TensorsPerShard: 2, ShardBytes: 64 << 10}); err != nil {
+	if err := c.CheckBlockSize(engine.Layout{Shards: 32, TensorsPerShard: 2, ShardBytes: 64 << 10}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CheckBlockSize(mhaLayout); !errors.Is(err, ErrInvalidArgument) {
+	if err := c.CheckBlockSize(mhaLayout); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Fatalf("block size mismatch: %v", err)
 	}
 }
@@ -80,8 +81,8 @@ func TestConfigRejectsBadValuesNamingThem(t *testing.T) {
 	for line, want := range cases {
 		doc := "ucm_connectors:\n  - ucm_connector_name: X\n    ucm_connector_config:\n      " + line + "\n"
 		_, err := ParseConfig([]byte(doc))
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v (want ErrInvalidArgument naming %q)", line, err, want)
+		if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want engine.ErrInvalidArgument naming %q)", line, err, want)
 		}
 	}
 	if _, err := ParseConfig([]byte("ucm_conectors: []\n")); err == nil || !strings.Contains(err.Error(), "ucm_conectors") {
@@ -99,7 +100,7 @@ func TestConfigEnvOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir, opts, err := c.StoreOptions()
-	if err != nil || dir != "/data/ucm" || opts.DirectIO != devio.DirectOff || c.LogLevel != slog.LevelDebug || opts.Compression != CompressionLZ4 ||
+	if err != nil || dir != "/data/ucm" || opts.DirectIO != devio.DirectOff || c.LogLevel != slog.LevelDebug || opts.Compression != engine.CompressionLZ4 ||
 		c.Connectors[0].Config.BlockSize != 1<<20 {
 		t.Fatalf("env overrides: dir %q opts %+v level %v err %v", dir, opts, c.LogLevel, err)
 	}
@@ -110,12 +111,12 @@ func TestConfigEnvOverrides(t *testing.T) {
 				return v
 			}
 			return ""
-		}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), k) {
+		}); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%s: %v", k, v, err)
 		}
 	}
 	empty, _ := ParseConfig(nil)
-	if _, _, err := empty.StoreOptions(); !errors.Is(err, ErrInvalidArgument) {
+	if _, _, err := empty.StoreOptions(); !errors.Is(err, engine.ErrInvalidArgument) {
 		t.Errorf("no connectors: %v", err)
 	}
 }
@@ -128,7 +129,7 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "-1", "1.5M", "2MB", "MiB", "9223372036854775807K", "0x10"} {
-		if _, err := ParseSize(bad); !errors.Is(err, ErrInvalidArgument) {
+		if _, err := ParseSize(bad); !errors.Is(err, engine.ErrInvalidArgument) {
 			t.Errorf("ParseSize(%q) accepted", bad)
 		}
 	}
@@ -141,7 +142,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseConfig(data)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidArgument) {
+			if !errors.Is(err, engine.ErrInvalidArgument) {
 				t.Fatalf("error does not wrap ErrInvalidArgument: %v", err)
 			}
 			return
@@ -205,13 +206,13 @@ func TestConfigPosixCapacity(t *testing.T) {
 		"      storage_backends: /mnt/a\n      posix_gc_check_interval_sec: -5\n",
 		"      storage_backends: /mnt/a\n      cache_buffer_capacity_gb: 1\n      tiers: [{name: ssd, kind: disk, paths: [/x]}]\n",
 	} {
-		if _, err := ParseConfig(connectorDoc(doc)); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("%q: %v, want ErrInvalidArgument", doc, err)
+		if _, err := ParseConfig(connectorDoc(doc)); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("%q: %v, want engine.ErrInvalidArgument", doc, err)
 		}
 	}
 }
 
-// The tiers key is Options.Tiers, with sizes in units; the store directory is the first
+// The tiers key is engine.Options.Tiers, with sizes in units; the store directory is the first
 // backend, or the first disk path when there is none.
 func TestConfigTiers(t *testing.T) {
 	c, err := ParseConfig(connectorDoc(`      tiers:
@@ -277,8 +278,8 @@ func TestConfigTierErrors(t *testing.T) {
 	}
 	for line, want := range cases {
 		_, err := ParseConfig(connectorDoc("      " + line + "\n"))
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: %v (want ErrInvalidArgument naming %q)", line, err, want)
+		if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v (want engine.ErrInvalidArgument naming %q)", line, err, want)
 		}
 	}
 }
@@ -341,7 +342,7 @@ func TestConfigUCMExample(t *testing.T) {
 	for _, bad := range []string{`store_pipeline: "Cache|Mooncake"`, `tensor_size_list: [0]`, `metrics_port: 70000`} {
 		_, err := ParseConfig([]byte("ucm_connectors:\n  - ucm_connector_config:\n      storage_backends: /x\n      " + bad + "\n"))
 		key, _, _ := strings.Cut(bad, ":")
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), key) {
+		if !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), key) {
 			t.Fatalf("%s: %v", bad, err)
 		}
 	}
@@ -350,7 +351,7 @@ func TestConfigUCMExample(t *testing.T) {
 		t.Fatalf("sparse env: %v %v %q", err, c.EnableSparse, c.SparseType)
 	}
 	env = map[string]string{"ENABLE_SPARSE": "maybe"}
-	if err := c.ApplyEnv(func(k string) string { return env[k] }); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ENABLE_SPARSE") {
+	if err := c.ApplyEnv(func(k string) string { return env[k] }); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), "ENABLE_SPARSE") {
 		t.Fatalf("bad ENABLE_SPARSE: %v", err)
 	}
 }
