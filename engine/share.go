@@ -324,7 +324,7 @@ func (e *Engine) sharer() {
 
 // sealAgedShared seals the shared tiers' active segments whose first record is older than
 // SharedSealAge (the seal then kicks publication). The requests go out in the background, one
-// per writer at a time: a writer waiting for the lease holder to grant it room (share_space.go)
+// per writer at a time: a writer waiting for the lease holder to grant it room (tiers.ShareAccount)
 // takes them only once admitted, and the sharer must go on publishing what it asks for.
 func (e *Engine) sealAgedShared() {
 	if e.opts.SharedSealAge < 0 || e.opts.ReadOnly {

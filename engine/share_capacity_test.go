@@ -61,12 +61,7 @@ func accounts(es []*Engine) string {
 	var out strings.Builder
 	for i, e := range es {
 		t := e.tiers[0]
-		limit, _ := t.space.Limit()
-		a := t.acct
-		a.mu.Lock()
-		fmt.Fprintf(&out, "  instance %d (%x): limit %d used %d granted %d returned %d asks %d issued %v\n",
-			i, e.instance[:4], limit, t.space.Used(), a.seen, a.returned, a.want, a.issued)
-		a.mu.Unlock()
+		fmt.Fprintf(&out, "  instance %d (%x): %v\n", i, e.instance[:4], t.acct)
 	}
 	return out.String()
 }
@@ -285,11 +280,7 @@ func TestSharedRequestAnsweredOnce(t *testing.T) {
 	if err := tiers.WriteManifest(vfs.Default, nsDir, m); err != nil {
 		t.Fatal(err)
 	}
-	issued := func() int64 {
-		h.tiers[0].acct.mu.Lock()
-		defer h.tiers[0].acct.mu.Unlock()
-		return h.tiers[0].acct.issued[gone]
-	}
+	issued := func() int64 { return h.tiers[0].acct.Issued(gone) }
 	waitFor(t, "the request answered", func() bool { return issued() > seen })
 	passes := h.Stats().Sharing.Refreshes
 	waitFor(t, "ten more passes", func() bool { return h.Stats().Sharing.Refreshes >= passes+10 })

@@ -194,7 +194,9 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	if t.cfg.Capacity <= 0 || len(t.cfg.Paths) == 0 {
 		return
 	}
-	e.settleSharedSpace(t, others)
+	if t.acct != nil {
+		t.acct.Settle(manifestsOf(others))
+	}
 	l := &tiers.Leaser{FS: e.fs, Root: t.cfg.Paths[0], Self: e.instance,
 		Duration: 10 * e.opts.SharedRefreshInterval, Skew: e.sharedSkew()}
 	held, _, err := l.Hold(time.Now())
@@ -209,10 +211,8 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	s.mu.Unlock()
 	s.leaseHeld.Store(held)
 	if !held {
-		if a := t.acct; a != nil {
-			a.mu.Lock()
-			a.heldSince = time.Time{}
-			a.mu.Unlock()
+		if t.acct != nil {
+			t.acct.LeaseLost()
 		}
 		return
 	}
@@ -244,7 +244,10 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	// Admission first: the free bytes go to the instances that ask for room. What cannot be
 	// granted is made room for by retiring segments, like bytes above the high watermark: down
 	// to where, once the retired files' grace is over, the instances' counts leave room for it.
-	unsatisfied, beyond := e.grantSharedSpace(t, manifests)
+	var unsatisfied, beyond int64
+	if t.acct != nil {
+		unsatisfied, beyond = t.acct.Grant(manifestsOf(manifests))
+	}
 	high := int64(float64(t.cfg.Capacity) * t.cfg.HighWatermark)
 	low := int64(float64(t.cfg.Capacity) * t.cfg.LowWatermark)
 	if unsatisfied > 0 {
@@ -330,7 +333,8 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 // other kinds are stale and dropped), so other instances stop using them at their next refresh
 // and the owner retires them when it returns. Their files are unlinked later
 // (unlinkReclaimed). The owner's share of the capacity is taken back with them
-// (creditOfGone): the reclaimed bytes stay counted for it until the grants are redone.
+// (tiers.ShareAccount.CreditOfGone): the reclaimed bytes stay counted for it until the grants
+// are redone.
 func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
 	s := e.share
 	drop := map[uint64]uint64{}
@@ -349,7 +353,9 @@ func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.M
 			m.Notes = append(m.Notes, nt) // and the grants it issued as holder: they stay counted
 		}
 	}
-	m.Notes = append(m.Notes, e.creditOfGone(t, ns, m.Segments, reclaimed)...)
+	if t.acct != nil {
+		m.Notes = append(m.Notes, t.acct.CreditOfGone(ns.Manifest, m.Segments, reclaimed)...)
+	}
 	for _, v := range victims {
 		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteReclaimed, Owner: ns.Instance, Number: v.Number, Generation: v.Generation, Time: now})
 	}
@@ -455,8 +461,8 @@ func (e *Engine) obeyReclaims() {
 				continue
 			}
 			e.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
-			if nsDir == filepath.Dir(t.dirs[0]) {
-				e.adoptCredit(t, m)
+			if nsDir == filepath.Dir(t.dirs[0]) && t.acct != nil {
+				t.acct.AdoptCredit(m)
 			}
 			s.mu.Lock()
 			s.lastSeq[nsDir] = m.Sequence

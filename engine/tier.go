@@ -42,9 +42,9 @@ type diskTier struct {
 	codec format.Compression
 	// segSize is the size at which this tier's segments are sealed (SegmentSizeFor).
 	segSize int64
-	// acct is a shared tier's admission account (share_space.go); nil for other tiers and a
-	// shared tier without a capacity.
-	acct *sharedAccount
+	// acct is a shared tier's admission account (opened in share_space.go); nil for other
+	// tiers and a shared tier without a capacity.
+	acct *tiers.ShareAccount
 	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
 	sealing [2]atomic.Bool
 	// deferredSince is when background eviction from this tier began to wait for a shared

@@ -29,6 +29,10 @@
 //     ErrInvalidConfig names the tier and the field), and the placement of segments across a
 //     tier's paths (jump consistent hashing: adding a path moves about 1/(n+1) of them).
 //   - Space: the exact byte account of one disk tier and its admission of new segments.
+//   - ShareAccount, ShareEnv, ShareConfig: one instance's admission account on a shared tier
+//     with a capacity (its share granted by the lease holder, given back, asked for; as
+//     holder, the grants to every instance), over plain manifests and a small environment
+//     the engine provides.
 //   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks
 //     eviction victims.
 //   - Cache, CacheStats: what a cache tier in front of the disk tiers guarantees (lookup, a
@@ -62,6 +66,10 @@
 //     or the new one, whole; every manifest and lease is checked by CRC32C before any field is
 //     used, and a manifest that fails a check is an error wrapping format.ErrCorrupt. Each
 //     instance writes only inside its own namespace.
+//   - Shares never sum beyond a shared capacity. A ShareAccount keeps grants and credits as
+//     monotone counters, so whatever stale or missing manifests a lease holder reads, the
+//     shares it grants never sum to more than the capacity less what every instance is counted
+//     for; a request is answered once; a new holder grants nothing for two refresh intervals.
 //   - Mooncake objects are checked. MooncakeTier.Load checks every byte it loads against the
 //     checksums in the object's header, and the header against the block, schema and layout
 //     asked for; anything else (absent, stale, foreign, damaged) is a miss, counted and logged.
@@ -70,7 +78,7 @@
 //
 // # Concurrency
 //
-// Space, LRU and every Cache (MemCache, MooncakeTier) are safe for concurrent use. A Leaser keeps no state
+// Space, ShareAccount, LRU and every Cache (MemCache, MooncakeTier) are safe for concurrent use. A Leaser keeps no state
 // between calls: the lease is the file, and Hold's election tolerates contenders. LRU and MemCache
 // hold one mutex for short, bounded steps (MemCache copies bytes outside it, so readers of
 // large blocks copy in parallel); LRU.Victims works in proportion to what it returns. Space
