@@ -53,10 +53,12 @@ func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 $(go env GOROOT)/src) token by token, teacher-forced, once with full attention and once per
 (method, block size, budget) with the method choosing the blocks each layer attends from the
 sidecars of the blocks (computed from the model's own K as a dump would), and prints per run:
-the fraction of blocks attended, the attention-mass recall of the attended blocks, each
+the nominal budget and the fraction of (block, layer, KV head) units actually attended over
+the whole run (layers left dense and the windows included), the attention-mass recall of the attended blocks, each
 layer's attention-output relative error, next-token top-1 agreement with full attention, the
 KL divergence and the perplexity change, and the selection time per layer. Each window is
-prefilled densely for --prefill tokens; the rest are decode positions.`,
+prefilled densely for --prefill tokens; the rest are decode positions. --text measures on
+any text file or directory instead of the model's held-out Go files.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEvalSparse(cmd.Context(), o, stdout, stderr)
@@ -141,14 +143,14 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	fmt.Fprintf(stdout, "model %s; %d windows (split %s) of %d tokens from %s, prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
 		modelName(man), o.windows, o.split, o.context, text.describe(), o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
+	fmt.Fprintln(tw, "method\tblock\tnominal\tattended\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
 		errs := make([]string, len(r.LayerRelErr))
 		for i, e := range r.LayerRelErr {
 			errs[i] = fmt.Sprintf("%.3f", e)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.3f\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
-			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.1f%%\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
+			100*r.Attended, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
 	return tw.Flush()
 }

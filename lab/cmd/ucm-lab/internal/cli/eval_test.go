@@ -22,7 +22,7 @@ func TestEvalSparse(t *testing.T) {
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	clitest.MustContain(t, out, "held-out files", "dense", "Quest", "ESA", "recall")
+	clitest.MustContain(t, out, "held-out files", "dense", "Quest", "ESA", "recall", "nominal", "attended", "100.0%")
 	out, _, code = run(t, append(args, "--json")...)
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
@@ -33,7 +33,8 @@ func TestEvalSparse(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 {
+	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 ||
+		r.Results[0].Attended != 1 || !(r.Results[1].Attended >= 0.3 && r.Results[1].Attended < 1) {
 		t.Fatalf("eval sparse --json: %+v", r.Results)
 	}
 	// The second split decodes other text: another dense perplexity.
