@@ -1,8 +1,10 @@
 package eval
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -84,6 +86,89 @@ func corpusStream(src string, heldOut bool) ([]byte, int, error) {
 		out = append(out, b...)
 	}
 	return out, len(paths), nil
+}
+
+// ErrNoText is returned (wrapped, naming the path) by ReadText when a path holds no text to
+// measure on: an empty file, a binary or oversized one, or a directory with no text file.
+var ErrNoText = errors.New("no text")
+
+// binarySniffBytes is how much of a file ReadText looks at for a NUL byte, the mark of a
+// binary file (as git and grep judge).
+const binarySniffBytes = 8 << 10
+
+// Text is held-out text read from a file or a directory (ReadText): the bytes measured on and
+// what was left out.
+type Text struct {
+	// Stream is the text files' contents concatenated in path order.
+	Stream []byte
+	// Files is the number of files in Stream.
+	Files int
+	// SkippedBinary counts the files left out for a NUL byte in their first 8 KiB;
+	// SkippedLarge those left out for being over MaxFileBytes (train.py's rule).
+	SkippedBinary, SkippedLarge int
+}
+
+// ReadText reads arbitrary held-out text from path: a regular file, or a directory, whose
+// every regular file (symlinks are not followed) is taken in path order and concatenated.
+// Binary files (a NUL byte in the first 8 KiB) and files over MaxFileBytes are left out and
+// counted, a file given by itself included. It is an error naming the path when path is
+// missing or unreadable, and ErrNoText (wrapped, naming the path) when nothing is left.
+func ReadText(path string) (Text, error) {
+	var t Text
+	info, err := os.Stat(path)
+	if err != nil {
+		return t, fmt.Errorf("held-out text: %w", err)
+	}
+	var paths []string
+	if !info.IsDir() {
+		if !info.Mode().IsRegular() {
+			return t, fmt.Errorf("held-out text %s: not a regular file or a directory (%s)", path, info.Mode().Type())
+		}
+		paths = []string{path}
+	} else {
+		err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.Type().IsRegular() {
+				paths = append(paths, p)
+			}
+			return nil
+		})
+		if err != nil {
+			return t, fmt.Errorf("held-out text under %s: %w", path, err)
+		}
+		sort.Strings(paths)
+	}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return t, fmt.Errorf("held-out text: %w", err)
+		}
+		if fi.Size() > MaxFileBytes {
+			t.SkippedLarge++
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return t, fmt.Errorf("held-out text: %w", err)
+		}
+		if len(b) > MaxFileBytes { // grew since the Stat
+			t.SkippedLarge++
+			continue
+		}
+		if bytes.IndexByte(b[:min(len(b), binarySniffBytes)], 0) >= 0 {
+			t.SkippedBinary++
+			continue
+		}
+		t.Stream = append(t.Stream, b...)
+		t.Files++
+	}
+	if len(t.Stream) == 0 {
+		return t, fmt.Errorf("held-out text %s: %w (%d files read, %d binary and %d over %d bytes left out)",
+			path, ErrNoText, t.Files, t.SkippedBinary, t.SkippedLarge, MaxFileBytes)
+	}
+	return t, nil
 }
 
 // Windows cuts n windows of size bytes spread evenly over stream (train.py's heldout_windows:

@@ -58,12 +58,20 @@ type Options struct {
 type Result struct {
 	// Method is the method's registry name (with its variant), "oracle" or "dense".
 	Method string `json:"method"`
-	// BlockSize is the tokens per KV block; Budget the fraction of blocks attended asked for.
+	// BlockSize is the tokens per KV block; Budget the fraction of blocks attended asked for
+	// (the nominal budget: layers left dense, the windows and a method's rounding make the
+	// attended fraction differ).
 	BlockSize int     `json:"block_tokens"`
 	Budget    float64 `json:"budget"`
 	// Positions is the decode positions scored.
 	Positions int `json:"positions"`
-	// Kept is the mean fraction of the context's blocks attended per (position, layer).
+	// Attended is the fraction of the run's (block, layer, KV head) units actually attended:
+	// over every decode position of every window, the blocks attended in each layer by each KV
+	// head (every block in a layer left dense; the windows included) over the context's blocks
+	// times layers times KV heads. It is what a budget costs, where Budget is what was asked.
+	Attended float64 `json:"attended_fraction"`
+	// Kept is the mean over (position, layer) of the fraction of the context's blocks attended
+	// (averaged over KV heads): Attended with every step weighted alike, whatever its context.
 	Kept float64 `json:"kept_fraction"`
 	// Recall is the mean share of full attention's probability mass (the run's own query over
 	// its own cache) falling in the attended blocks, over positions, layers and query heads.
@@ -252,7 +260,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	var out []Result
 	for _, bs := range o.BlockSizes {
 		snaps := make([]prefillSnap, len(o.Windows))
-		base := Result{Method: "dense", BlockSize: bs, Budget: 1, Kept: 1, Recall: 1, MinRecall: 1, Top1: 1, LayerRelErr: make([]float64, cfg.Layers)}
+		base := Result{Method: "dense", BlockSize: bs, Budget: 1, Attended: 1, Kept: 1, Recall: 1, MinRecall: 1, Top1: 1, LayerRelErr: make([]float64, cfg.Layers)}
 		var nll float64
 		for wi, w := range o.Windows {
 			for i, lg := range dense[wi] {
@@ -311,6 +319,7 @@ type run struct {
 	// hookErr is the first error of a selection (the model's hook cannot return one).
 	hookErr error
 	// accumulators
+	attended                   attendance
 	keptSum, recallSum, layerN float64
 	layerErr                   []float64
 	selTime                    time.Duration
@@ -430,6 +439,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var nll, kl float64
 	var top1 int
 	var keptSum, recallSum, layerN float64
+	var att attendance
 	var selTime time.Duration
 	var selN int
 	for wi, w := range o.Windows {
@@ -465,6 +475,8 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 			res.Positions++
 		}
 		keptSum += r.keptSum
+		att.units += r.attended.units
+		att.total += r.attended.total
 		recallSum += r.recallSum
 		layerN += r.layerN
 		for l, e := range r.layerErr {
@@ -478,6 +490,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	res.KL = kl / n
 	res.PPL = math.Exp(nll / n)
 	res.Kept = keptSum / layerN
+	res.Attended = att.fraction()
 	res.Recall = recallSum / layerN
 	for l := range res.LayerRelErr {
 		res.LayerRelErr[l] /= n
@@ -695,24 +708,7 @@ func (r *run) measure(layer, pos int, sel [][]int) {
 	cfg := r.m.Config()
 	n := pos/r.bs + 1
 	T, hd, kvd, G := pos+1, cfg.HeadDim, cfg.KVDim(), cfg.Heads/cfg.KVHeads
-	ins := make([][]bool, cfg.KVHeads) // per KV head
-	kept := 0                          // summed over KV heads
-	for kv := range ins {
-		ins[kv] = make([]bool, n)
-		if sel == nil {
-			for i := range ins[kv] {
-				ins[kv][i] = true
-			}
-			kept += n
-			continue
-		}
-		for _, b := range sel[kv] {
-			if !ins[kv][b] {
-				ins[kv][b] = true
-				kept++
-			}
-		}
-	}
+	ins, kept := attendedBlocks(sel, n, cfg.KVHeads) // per KV head; summed over KV heads
 	var mass, num, den float64
 	full, part := make([]float64, hd), make([]float64, hd)
 	for h := range cfg.Heads {
@@ -745,10 +741,54 @@ func (r *run) measure(layer, pos int, sel [][]int) {
 	r.recallSum += recall
 	r.res.MinRecall = min(r.res.MinRecall, recall)
 	r.keptSum += float64(kept) / float64(n*cfg.KVHeads)
+	r.attended.add(kept, n*cfg.KVHeads)
 	r.layerN++
 	if den > 0 {
 		r.layerErr[layer] += math.Sqrt(num / den)
 	}
+}
+
+// attendance counts (block, layer, KV head) units: those attended and those in the context.
+type attendance struct{ units, total int64 }
+
+// add counts one (position, layer): attended of the total units of its context (the
+// context's blocks times the KV heads).
+func (a *attendance) add(attended, total int) {
+	a.units += int64(attended)
+	a.total += int64(total)
+}
+
+// attendedBlocks is a (position, layer)'s selection of n blocks over kvHeads KV heads as the
+// model attends it: in[kv][b] when KV head kv attends block b (every block when sel is nil,
+// else sel[kv]'s), and units, the (block, KV head) pairs attended (a block listed twice counts
+// once).
+func attendedBlocks(sel [][]int, n, kvHeads int) (in [][]bool, units int) {
+	in = make([][]bool, kvHeads)
+	for kv := range in {
+		in[kv] = make([]bool, n)
+		if sel == nil {
+			for i := range in[kv] {
+				in[kv][i] = true
+			}
+			units += n
+			continue
+		}
+		for _, b := range sel[kv] {
+			if !in[kv][b] {
+				in[kv][b] = true
+				units++
+			}
+		}
+	}
+	return in, units
+}
+
+// fraction is the share of the units counted that were attended (1 when none were counted).
+func (a attendance) fraction() float64 {
+	if a.total == 0 {
+		return 1
+	}
+	return float64(a.units) / float64(a.total)
 }
 
 // logSoftmax returns log softmax(x) in float64.

@@ -53,10 +53,12 @@ func newEvalSparseCmd(stdout, stderr io.Writer) *cobra.Command {
 $(go env GOROOT)/src) token by token, teacher-forced, once with full attention and once per
 (method, block size, budget) with the method choosing the blocks each layer attends from the
 sidecars of the blocks (computed from the model's own K as a dump would), and prints per run:
-the fraction of blocks attended, the attention-mass recall of the attended blocks, each
+the nominal budget and the fraction of (block, layer, KV head) units actually attended over
+the whole run (layers left dense and the windows included), the attention-mass recall of the attended blocks, each
 layer's attention-output relative error, next-token top-1 agreement with full attention, the
 KL divergence and the perplexity change, and the selection time per layer. Each window is
-prefilled densely for --prefill tokens; the rest are decode positions.`,
+prefilled densely for --prefill tokens; the rest are decode positions. --text measures on
+any text file or directory instead of the model's held-out Go files.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEvalSparse(cmd.Context(), o, stdout, stderr)
@@ -116,7 +118,7 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	if o.split == "b" {
 		cut = eval.WindowsB
 	}
-	windows, files, streamLen, err := heldOutSplit(o.corpus, o.context+1, o.windows, cut)
+	windows, text, err := o.heldOutSplit(o.context+1, o.windows, cut)
 	if err != nil {
 		return err
 	}
@@ -135,20 +137,20 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return err
 	}
 	if o.asJSON {
-		return writeJSON(stdout, map[string]any{"model": modelName(man), "heldout_files": files,
-			"heldout_bytes": streamLen, "windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res})
+		return writeJSON(stdout, text.json(map[string]any{"model": modelName(man),
+			"windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res}))
 	}
-	fmt.Fprintf(stdout, "model %s; %d windows (split %s) of %d tokens from %d held-out files (%d bytes), prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
-		modelName(man), o.windows, o.split, o.context, files, streamLen, o.prefill, res[0].Positions, o.init, o.local)
+	fmt.Fprintf(stdout, "model %s; %d windows (split %s) of %d tokens from %s, prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
+		modelName(man), o.windows, o.split, o.context, text.describe(), o.prefill, res[0].Positions, o.init, o.local)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tblock\tbudget\tkept\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
+	fmt.Fprintln(tw, "method\tblock\tnominal\tattended\trecall\tmin recall\tlayer rel err\ttop-1\tKL nats\tppl\tΔppl\tselect µs/layer\t")
 	for _, r := range res {
 		errs := make([]string, len(r.LayerRelErr))
 		for i, e := range r.LayerRelErr {
 			errs[i] = fmt.Sprintf("%.3f", e)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.3f\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
-			r.Kept, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.1f%%\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
+			100*r.Attended, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
 	return tw.Flush()
 }
@@ -180,9 +182,10 @@ func fitQueries(m *model.Model, o evalSparseOptions) (*eval.QueryFit, error) {
 }
 
 // heldOutOptions are the flags every eval command takes: the model (--weights), the held-out
-// text it is measured on (--corpus), how many windows of it and of how many tokens, and --json.
+// text it is measured on (--corpus, or --text), how many windows of it and of how many tokens, and --json.
 type heldOutOptions struct {
 	weights, corpus  string
+	text             string
 	windows, context int
 	asJSON           bool
 }
@@ -190,7 +193,8 @@ type heldOutOptions struct {
 // register adds the flags to f; windows and context say what a window is for this command.
 func (h *heldOutOptions) register(f *pflag.FlagSet, windows, context string) {
 	weightsFlag(f, &h.weights)
-	f.StringVar(&h.corpus, "corpus", "", "the Go source tree the held-out files are taken from (default: $(go env GOROOT)/src)")
+	f.StringVar(&h.corpus, "corpus", "", "the Go source tree the model's held-out files (train.py's split) are taken from (default: $(go env GOROOT)/src)")
+	f.StringVar(&h.text, "text", "", "measure on this text instead of the model's held-out files: a file, or a directory whose every regular file is taken in path order (binary files, with a NUL in the first 8 KiB, and files over 256 KiB left out and counted)")
 	f.IntVar(&h.windows, "windows", h.windows, windows)
 	f.IntVar(&h.context, "context", h.context, context+" (at most the model's context)")
 	f.BoolVar(&h.asJSON, "json", false, "print one JSON object")
@@ -238,28 +242,69 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// heldOutWindows cuts n windows of size bytes from the held-out text under corpus (the Go
-// toolchain's sources when empty): the text every eval command measures on. It returns them
-// with the number of files and bytes of the text, for the report.
-func heldOutWindows(corpus string, size, n int) (windows [][]byte, files, streamLen int, err error) {
-	return heldOutSplit(corpus, size, n, eval.Windows)
+// heldOut is the held-out text an eval command measured on, for its report.
+type heldOut struct {
+	// Source is the --text path, or the corpus root whose held-out Go files were taken.
+	Source string
+	// Files and Bytes are the text's files and size; SkippedBinary and SkippedLarge the files
+	// of --text left out (eval.ReadText).
+	Files, Bytes                int
+	SkippedBinary, SkippedLarge int
+}
+
+// describe is the held-out text in a report's first line.
+func (h heldOut) describe() string {
+	if h.Source == "" {
+		return fmt.Sprintf("%d held-out files (%d bytes)", h.Files, h.Bytes)
+	}
+	return fmt.Sprintf("%d held-out files of %s (%d bytes; %d binary and %d over %d bytes left out)",
+		h.Files, h.Source, h.Bytes, h.SkippedBinary, h.SkippedLarge, eval.MaxFileBytes)
+}
+
+// json is the held-out text's keys in a --json report.
+func (h heldOut) json(m map[string]any) map[string]any {
+	m["heldout_files"], m["heldout_bytes"] = h.Files, h.Bytes
+	if h.Source != "" {
+		m["heldout_text"], m["heldout_skipped_binary"], m["heldout_skipped_large"] = h.Source, h.SkippedBinary, h.SkippedLarge
+	}
+	return m
+}
+
+// heldOutWindows cuts n windows of size bytes from the held-out text: --text's file or
+// directory (eval.ReadText) when given, else the held-out Go files under --corpus (the Go
+// toolchain's sources when empty). It returns them with what the text was, for the report.
+func (h *heldOutOptions) heldOutWindows(size, n int) ([][]byte, heldOut, error) {
+	return h.heldOutSplit(size, n, eval.Windows)
 }
 
 // heldOutSplit is heldOutWindows with the windows cut by cut (eval.Windows or eval.WindowsB).
-func heldOutSplit(corpus string, size, n int, cut func([]byte, int, int) ([][]byte, error)) (windows [][]byte, files, streamLen int, err error) {
-	if corpus == "" {
-		root, err := loop.GoRoot()
+func (h *heldOutOptions) heldOutSplit(size, n int, cut func([]byte, int, int) ([][]byte, error)) ([][]byte, heldOut, error) {
+	var stream []byte
+	var ho heldOut
+	if h.text != "" {
+		t, err := eval.ReadText(h.text)
 		if err != nil {
-			return nil, 0, 0, cliutil.UsageErr("--corpus not given and %v", err)
+			return nil, ho, cliutil.UsageErr("--text: %v", err)
 		}
-		corpus = filepath.Join(root, "src")
+		stream, ho = t.Stream, heldOut{Source: h.text, Files: t.Files, SkippedBinary: t.SkippedBinary, SkippedLarge: t.SkippedLarge}
+	} else {
+		corpus := h.corpus
+		if corpus == "" {
+			root, err := loop.GoRoot()
+			if err != nil {
+				return nil, ho, cliutil.UsageErr("--corpus not given and %v", err)
+			}
+			corpus = filepath.Join(root, "src")
+		}
+		var err error
+		if stream, ho.Files, err = eval.HeldOutStream(corpus); err != nil {
+			return nil, ho, cliutil.UsageErr("%v", err)
+		}
 	}
-	stream, files, err := eval.HeldOutStream(corpus)
+	ho.Bytes = len(stream)
+	windows, err := cut(stream, size, n)
 	if err != nil {
-		return nil, 0, 0, cliutil.UsageErr("%v", err)
+		return nil, ho, cliutil.UsageErr("held-out text (%s): %v", ho.describe(), err)
 	}
-	if windows, err = cut(stream, size, n); err != nil {
-		return nil, 0, 0, cliutil.UsageErr("held-out text (%d files, %d bytes): %v", files, len(stream), err)
-	}
-	return windows, files, len(stream), nil
+	return windows, ho, nil
 }

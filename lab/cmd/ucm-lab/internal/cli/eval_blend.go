@@ -86,7 +86,7 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 			return cliutil.UsageErr("--selections %q: want hkvd or random", s)
 		}
 	}
-	windows, files, streamLen, err := heldOutWindows(o.corpus, o.context+1, o.windows)
+	windows, text, err := o.heldOutWindows(o.context+1, o.windows)
 	if err != nil {
 		return err
 	}
@@ -102,12 +102,11 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 		return err
 	}
 	if o.asJSON {
-		return writeJSON(stdout, map[string]any{"model": modelName(man), "heldout_files": files,
-			"heldout_bytes": streamLen, "windows": o.windows, "context": o.context, "suffix": o.suffix, "block_tokens": o.blockSize,
-			"chunk_tokens": o.chunkSize, "check_layer": o.checkLayer, "results": res})
+		return writeJSON(stdout, text.json(map[string]any{"model": modelName(man), "windows": o.windows, "context": o.context, "suffix": o.suffix, "block_tokens": o.blockSize,
+			"chunk_tokens": o.chunkSize, "check_layer": o.checkLayer, "results": res}))
 	}
-	fmt.Fprintf(stdout, "model %s; %d prompts of %d tokens from %d held-out files (%d bytes): %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
-		modelName(man), o.windows, o.context, files, streamLen, o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
+	fmt.Fprintf(stdout, "model %s; %d prompts of %d tokens from %s: %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
+		modelName(man), o.windows, o.context, text.describe(), o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
 	for _, r := range res {

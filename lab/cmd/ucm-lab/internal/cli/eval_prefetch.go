@@ -82,7 +82,7 @@ func runEvalPrefetch(ctx context.Context, o evalPrefetchOptions, stdout, stderr 
 			return cliutil.UsageErr("--runs: %v", err)
 		}
 	}
-	windows, _, _, err := heldOutWindows(o.corpus, o.context+1, o.windows)
+	windows, _, err := o.heldOutWindows(o.context+1, o.windows)
 	if err != nil {
 		return err
 	}

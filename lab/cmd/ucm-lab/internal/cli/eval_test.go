@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -19,7 +22,7 @@ func TestEvalSparse(t *testing.T) {
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	clitest.MustContain(t, out, "held-out files", "dense", "Quest", "ESA", "recall")
+	clitest.MustContain(t, out, "held-out files", "dense", "Quest", "ESA", "recall", "nominal", "attended", "100.0%")
 	out, _, code = run(t, append(args, "--json")...)
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
@@ -30,7 +33,8 @@ func TestEvalSparse(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 {
+	if len(r.Results) != 3 || r.Results[0].Method != "dense" || r.Results[1].Method != "Quest" || r.Results[1].Positions != 20 ||
+		r.Results[0].Attended != 1 || !(r.Results[1].Attended >= 0.3 && r.Results[1].Attended < 1) {
 		t.Fatalf("eval sparse --json: %+v", r.Results)
 	}
 	// The second split decodes other text: another dense perplexity.
@@ -75,5 +79,76 @@ func TestEvalHeldOutFlags(t *testing.T) {
 				t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", args, code, errOut, c.want)
 			}
 		}
+	}
+}
+
+// TestEvalText: --text measures on any text file or directory instead of the model's held-out
+// Go files, reports what it left out, and refuses a path with no text naming it; without it
+// the windows are the held-out Go files' under --corpus, as before.
+func TestEvalText(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "text")
+	write := func(rel string, body []byte) {
+		t.Helper()
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("text/a.md", []byte(strings.Repeat("plain prose, not Go. ", 10)))
+	write("text/b/c.txt", []byte(strings.Repeat("more words here. ", 10)))
+	write("text/b/d.bin", []byte("\x7fELF\x00\x00"))
+	write("text/e.log", bytes.Repeat([]byte("z"), eval.MaxFileBytes+1))
+	args := []string{"eval", "sparse", "--weights", testWeights, "--windows", "1", "--context", "100", "--prefill", "80",
+		"--block-tokens", "16", "--budgets", "0.3", "--methods", "quest", "--text", text}
+	out, errOut, code := run(t, args...)
+	if code != cliutil.ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	clitest.MustContain(t, out, "2 held-out files of "+text, "1 binary and 1 over 262144 bytes left out", "Quest")
+	out, _, code = run(t, append(args, "--json")...)
+	var r struct {
+		Text   string `json:"heldout_text"`
+		Files  int    `json:"heldout_files"`
+		Bytes  int    `json:"heldout_bytes"`
+		Binary int    `json:"heldout_skipped_binary"`
+		Large  int    `json:"heldout_skipped_large"`
+	}
+	if code != cliutil.ExitOK || json.Unmarshal([]byte(out), &r) != nil || r.Text != text || r.Files != 2 || r.Bytes != 380 || r.Binary != 1 || r.Large != 1 {
+		t.Fatalf("--text --json: exit %d, %+v", code, r)
+	}
+	// A single file is the whole text.
+	h := heldOutOptions{text: filepath.Join(text, "a.md")}
+	w, ho, err := h.heldOutWindows(50, 1)
+	if err != nil || ho.Files != 1 || ho.Bytes != 210 || string(w[0]) != strings.Repeat("plain prose, not Go. ", 10)[:50] {
+		t.Fatalf("--text file: %q %+v %v", w, ho, err)
+	}
+	for _, bad := range []string{filepath.Join(dir, "nope"), filepath.Join(text, "b", "d.bin"), filepath.Join(text, "e.log")} {
+		_, errOut, code := run(t, "eval", "sparse", "--weights", testWeights, "--json", "--text", bad)
+		if code != cliutil.ExitUsage || !strings.Contains(errOut, bad) {
+			t.Errorf("--text %s: exit %d, stderr %q; want a usage error naming it", bad, code, errOut)
+		}
+	}
+	// The default is unchanged: the held-out Go files (train.py's split) under --corpus.
+	corpus := filepath.Join(dir, "src")
+	for i := range 200 {
+		write(filepath.Join("src", "p"+string(rune('a'+i%26)), "f"+string(rune('a'+i/26))+".go"), []byte(strings.Repeat(string(rune('A'+i%26)), 60)))
+	}
+	write("src/notes.txt", []byte(strings.Repeat("n", 60)))
+	stream, files, err := eval.HeldOutStream(corpus)
+	if err != nil || files == 0 {
+		t.Fatalf("held-out stream: %d files, %v", files, err)
+	}
+	want, err := eval.Windows(stream, 30, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = heldOutOptions{corpus: corpus}
+	w, ho, err = h.heldOutWindows(30, 2)
+	if err != nil || ho.Files != files || ho.Bytes != len(stream) || ho.Source != "" || len(w) != 2 || !bytes.Equal(w[0], want[0]) || !bytes.Equal(w[1], want[1]) {
+		t.Fatalf("default held-out text: %q %+v %v, want %q", w, ho, err, want)
 	}
 }
