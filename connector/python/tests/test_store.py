@@ -208,7 +208,7 @@ def test_small_calls_take_every_table_form(backend):
 def test_request_hasher_matches_ucm_vectors():
     """RequestHasher gives UCM's ids: the vectors python3's pickle produced (the same ones the
     Go hasher is tested against), and the meta uses str(dtype) as UCM's connector renders it."""
-    vec = json.loads((REPO / "engine" / "testdata" / "hasher" / "vectors.json").read_text())
+    vec = json.loads((REPO / "connector" / "ucmhash" / "testdata" / "hasher" / "vectors.json").read_text())
     for c in vec["chains"]:
         h = RequestHasher(model=c["model"], tp_size=c["tp_size"], dtype=c["dtype"], rank_id=c["rank"])
         assert h.seed().hex() == c["seed"]
