@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/cliutil"
 	"github.com/ucm-go/ucm/lab/benchcheck"
 )
@@ -71,7 +69,8 @@ slower or busier machine moves both.
                                       against a seq run of that layout in the same round
   lookup/engine/map                   exact lookups per second of 1024-id batches (half
                                       hits) on 100,000 indexed blocks, against a Go map of
-                                      the same ids looked up the same way right after
+                                      the stored ids answering the same batches, batch by
+                                      batch interleaved (bench --map-baseline)
   {gather,scatter}/tokens={16,128}/copy
                                       the kernels' one-thread layer gather and scatter
                                       against Go's copy of the same bytes (go test -bench
@@ -287,52 +286,20 @@ func (c *checkRun) layerwise80() error {
 	return c.layerwiseAgainstSeq("80x16KiB", seq, shape...)
 }
 
-// lookup runs the lookup workload and a Go map of the same ids looked up the same way.
+// lookup runs the lookup workload with its Go map baseline (--map-baseline: the same batches
+// answered by a map of the stored ids, interleaved batch by batch with the engine's).
 func (c *checkRun) lookup() error {
-	res, err := c.bench("--workload", "lookup", "--blocks", fmt.Sprint(checkLookupBlocks), "--batches", fmt.Sprint(checkLookupBatches))
+	args := []string{"--workload", "lookup", "--blocks", fmt.Sprint(checkLookupBlocks), "--batches", fmt.Sprint(checkLookupBatches), "--map-baseline"}
+	res, err := c.bench(args...)
 	if err != nil {
 		return err
 	}
-	base := mapLookupRate(checkLookupBlocks, checkLookupBatches, checkSeed)
-	if res.LookupsPerSec <= 0 || base <= 0 {
-		return fmt.Errorf("lookup: a rate of 0 (engine %v, map %v ids/s)", res.LookupsPerSec, base)
+	if res.LookupMapRatio <= 0 {
+		return fmt.Errorf("lookup: no engine/map ratio (engine %v, map %v ids/s)", res.LookupsPerSec, res.MapLookupsPerSec)
 	}
-	c.add("lookup/engine/map", fmt.Sprintf("exact lookups/s of 1024-id batches, half hits, %d blocks (bench --workload lookup --blocks %d --batches %d) ÷ a Go map of the same ids, same batches, right after",
-		checkLookupBlocks, checkLookupBlocks, checkLookupBatches), res.LookupsPerSec/base)
+	c.add("lookup/engine/map", fmt.Sprintf("exact lookups/s of 1024-id batches, half hits (bench %s) ÷ a Go map of the stored ids answering the same batches, interleaved batch by batch (lookup_map_ratio)",
+		strings.Join(args, " ")), res.LookupMapRatio)
 	return nil
-}
-
-// mapLookupRate returns the ids per second a map[format.BlockID]struct{} of blocks ids answers
-// in batches of 1024 exact lookups drawn as the lookup workload draws them (each stored with
-// probability 1/2), timing only the lookups, as the workload times only Engine.Lookup.
-func mapLookupRate(blocks, batches int, seed uint64) float64 {
-	m := make(map[format.BlockID]struct{}, blocks)
-	for i := 0; i < blocks; i++ {
-		m[blockID(i)] = struct{}{}
-	}
-	r := rand.New(rand.NewPCG(seed, 0x6c6f6f6b7570))
-	ids := make([]format.BlockID, lookupBatch)
-	got := make([]bool, lookupBatch)
-	var sum time.Duration
-	for b := 0; b < batches; b++ {
-		for i := range ids {
-			if r.IntN(2) == 0 {
-				ids[i] = blockID(r.IntN(blocks))
-			} else {
-				ids[i] = blockID(blocks + r.IntN(1<<30))
-			}
-		}
-		start := time.Now()
-		for i, id := range ids {
-			_, got[i] = m[id]
-		}
-		sum += time.Since(start)
-	}
-	runtime.KeepAlive(got)
-	if sum <= 0 {
-		return 0
-	}
-	return float64(batches*lookupBatch) / sum.Seconds()
 }
 
 // transfer runs the kernels' transfer benchmark for the fixed gathers and scatters.
