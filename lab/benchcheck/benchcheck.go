@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"text/tabwriter"
 )
@@ -133,12 +134,14 @@ const (
 	VerdictNew     = "new"     // measured but not in the baseline: reported, passes
 )
 
-// Row is one case's comparison. Change is Now/Baseline − 1 (−0.11: 11 % lower); it is 0 for a
-// missing or new case.
+// Row is one case's comparison. Now is the median of the case's rounds, Min and Max their
+// extremes (the run's own spread: a change inside it says little); Change is Now/Baseline − 1
+// (−0.11: 11 % lower), 0 for a missing or new case.
 type Row struct {
 	Case     string
 	Baseline float64
 	Now      float64
+	Min, Max float64
 	Change   float64
 	Verdict  string
 }
@@ -146,35 +149,42 @@ type Row struct {
 // Failed reports whether the row fails the check.
 func (r Row) Failed() bool { return r.Verdict == VerdictDrop || r.Verdict == VerdictMissing }
 
-// Compare compares the measured ratios now (case name → ratio) with the baseline's, with
-// tolerance the allowed fractional drop (DefaultTolerance): a case whose ratio is below
-// baseline × (1 − tolerance) is a DROP, a baseline case not in now is MISSING, a case of now
-// not in the baseline is new. Rows are in the baseline's order, new cases after them by name.
-func Compare(base *Baseline, now map[string]float64, tolerance float64) []Row {
+// Compare compares the measured ratios now (case name → one ratio per round) with the
+// baseline's, with tolerance the allowed fractional drop (DefaultTolerance): a case whose
+// median ratio is below baseline × (1 − tolerance) is a DROP, a baseline case with no ratio in
+// now is MISSING, a case of now not in the baseline is new. Rows are in the baseline's order,
+// new cases after them by name.
+func Compare(base *Baseline, now map[string][]float64, tolerance float64) []Row {
 	var rows []Row
 	inBase := make(map[string]bool, len(base.Cases))
+	measured := func(name string) Row {
+		vs := now[name]
+		return Row{Case: name, Now: Median(vs), Min: slices.Min(vs), Max: slices.Max(vs)}
+	}
 	for _, c := range base.Cases {
 		inBase[c.Name] = true
-		v, ok := now[c.Name]
-		if !ok {
+		if len(now[c.Name]) == 0 {
 			rows = append(rows, Row{Case: c.Name, Baseline: c.Ratio, Verdict: VerdictMissing})
 			continue
 		}
-		r := Row{Case: c.Name, Baseline: c.Ratio, Now: v, Change: v/c.Ratio - 1, Verdict: VerdictOK}
-		if v < c.Ratio*(1-tolerance) {
+		r := measured(c.Name)
+		r.Baseline, r.Change, r.Verdict = c.Ratio, r.Now/c.Ratio-1, VerdictOK
+		if r.Now < c.Ratio*(1-tolerance) {
 			r.Verdict = VerdictDrop
 		}
 		rows = append(rows, r)
 	}
 	var extra []string
-	for name := range now {
-		if !inBase[name] {
+	for name, vs := range now {
+		if !inBase[name] && len(vs) > 0 {
 			extra = append(extra, name)
 		}
 	}
 	sort.Strings(extra)
 	for _, name := range extra {
-		rows = append(rows, Row{Case: name, Now: now[name], Verdict: VerdictNew})
+		r := measured(name)
+		r.Verdict = VerdictNew
+		rows = append(rows, r)
 	}
 	return rows
 }
@@ -189,10 +199,11 @@ func AnyFailed(rows []Row) bool {
 	return false
 }
 
-// PrintTable writes the rows as a table: case, baseline, now, change, verdict.
+// PrintTable writes the rows as a table: case, baseline, now (the median), the rounds' range,
+// change, verdict.
 func PrintTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "case\tbaseline\tnow\tchange\tverdict")
+	fmt.Fprintln(tw, "case\tbaseline\tnow\trounds\tchange\tverdict")
 	num := func(v float64) string {
 		if v == 0 {
 			return "-"
@@ -200,11 +211,14 @@ func PrintTable(w io.Writer, rows []Row) error {
 		return fmt.Sprintf("%.3f", v)
 	}
 	for _, r := range rows {
-		change := "-"
+		change, spread := "-", "-"
 		if r.Verdict == VerdictOK || r.Verdict == VerdictDrop {
 			change = fmt.Sprintf("%+.1f%%", 100*r.Change)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Case, num(r.Baseline), num(r.Now), change, r.Verdict)
+		if r.Verdict != VerdictMissing {
+			spread = fmt.Sprintf("%.3f-%.3f", r.Min, r.Max)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Case, num(r.Baseline), num(r.Now), spread, change, r.Verdict)
 	}
 	return tw.Flush()
 }

@@ -23,7 +23,8 @@ func verdicts(rows []Row) map[string]string {
 func TestCompareThreshold(t *testing.T) {
 	b := baseline(Case{Name: "drop11", Ratio: 1.0}, Case{Name: "drop9", Ratio: 1.0},
 		Case{Name: "drop10", Ratio: 0.5}, Case{Name: "up", Ratio: 0.8})
-	now := map[string]float64{"drop11": 0.89, "drop9": 0.91, "drop10": 0.45, "up": 0.95}
+	// Medians of three rounds: 0.89 (11 % below), 0.91 (9 %), 0.45 (10 %), 0.95 (up).
+	now := map[string][]float64{"drop11": {0.95, 0.89, 0.5}, "drop9": {0.91, 0.91, 0.91}, "drop10": {0.45}, "up": {0.95}}
 	rows := Compare(b, now, DefaultTolerance)
 	want := map[string]string{"drop11": VerdictDrop, "drop9": VerdictOK, "drop10": VerdictOK, "up": VerdictOK}
 	got := verdicts(rows)
@@ -38,8 +39,10 @@ func TestCompareThreshold(t *testing.T) {
 	if r := rows[0]; r.Change > -0.109 || r.Change < -0.111 {
 		t.Errorf("drop11: change %v, want -0.11", r.Change)
 	}
-	delete(now, "drop11")
-	now["drop11"] = 0.91
+	if r := rows[0]; r.Min != 0.5 || r.Max != 0.95 {
+		t.Errorf("drop11: rounds %v-%v, want 0.5-0.95", r.Min, r.Max)
+	}
+	now["drop11"] = []float64{0.91}
 	if rows := Compare(b, now, DefaultTolerance); AnyFailed(rows) {
 		t.Errorf("drops of at most 10 %% failed the check: %+v", rows)
 	}
@@ -47,7 +50,7 @@ func TestCompareThreshold(t *testing.T) {
 
 func TestCompareMissingAndNew(t *testing.T) {
 	b := baseline(Case{Name: "a", Ratio: 1}, Case{Name: "b", Ratio: 1})
-	rows := Compare(b, map[string]float64{"a": 1, "c": 2}, DefaultTolerance)
+	rows := Compare(b, map[string][]float64{"a": {1}, "b": {}, "c": {2}}, DefaultTolerance)
 	got := verdicts(rows)
 	if got["b"] != VerdictMissing || got["c"] != VerdictNew || got["a"] != VerdictOK {
 		t.Fatalf("verdicts %v, want a ok, b MISSING, c new", got)
@@ -55,14 +58,14 @@ func TestCompareMissingAndNew(t *testing.T) {
 	if !AnyFailed(rows) {
 		t.Error("a missing case did not fail the check")
 	}
-	if rows := Compare(b, map[string]float64{"a": 1, "b": 1, "c": 2}, DefaultTolerance); AnyFailed(rows) {
+	if rows := Compare(b, map[string][]float64{"a": {1}, "b": {1}, "c": {2}}, DefaultTolerance); AnyFailed(rows) {
 		t.Errorf("a new case failed the check: %+v", rows)
 	}
 	var sb strings.Builder
 	if err := PrintTable(&sb, rows); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"case", "baseline", "now", "change", "verdict", "MISSING", "new"} {
+	for _, s := range []string{"case", "baseline", "now", "rounds", "change", "verdict", "MISSING", "new", "2.000-2.000"} {
 		if !strings.Contains(sb.String(), s) {
 			t.Errorf("table lacks %q:\n%s", s, sb.String())
 		}

@@ -172,21 +172,19 @@ func runBenchCheck(cfg benchCheckConfig, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	now := make(map[string]float64, len(run.order))
 	cases := make([]benchcheck.Case, 0, len(run.order))
 	for _, name := range run.order {
-		v := benchcheck.Median(run.ratios[name])
-		now[name] = v
-		cases = append(cases, benchcheck.Case{Name: name, Ratio: round3(v), Rounds: roundAll(run.ratios[name]), What: run.what[name]})
+		cases = append(cases, benchcheck.Case{Name: name, Ratio: round3(benchcheck.Median(run.ratios[name])),
+			Rounds: roundAll(run.ratios[name]), What: run.what[name]})
 	}
 	loadAfter := loadAverage()
 	fmt.Fprintf(stderr, "bench-check: %d rounds in %v (load average %s before, %s after)\n", cfg.rounds,
 		time.Since(started).Round(time.Second), loadBefore, loadAfter)
 	var rows []benchcheck.Row
 	if old != nil {
-		rows = benchcheck.Compare(old, now, cfg.tolerance)
+		rows = benchcheck.Compare(old, run.ratios, cfg.tolerance)
 	} else {
-		rows = benchcheck.Compare(&benchcheck.Baseline{}, now, cfg.tolerance)
+		rows = benchcheck.Compare(&benchcheck.Baseline{}, run.ratios, cfg.tolerance)
 	}
 	if err := benchcheck.PrintTable(stdout, rows); err != nil {
 		return err
