@@ -129,7 +129,8 @@ func Write(path string, b *Baseline) error {
 // Verdicts of a row.
 const (
 	VerdictOK      = "ok"
-	VerdictDrop    = "DROP"    // the ratio fell by more than the tolerance: fails the check
+	VerdictDrop    = "DROP"    // the median fell by more than the tolerance and every round is below the baseline: fails the check
+	VerdictNoisy   = "drop?"   // the median fell by more than the tolerance but a round reached the baseline: reported, passes
 	VerdictMissing = "MISSING" // in the baseline but not measured: fails the check
 	VerdictNew     = "new"     // measured but not in the baseline: reported, passes
 )
@@ -150,8 +151,10 @@ type Row struct {
 func (r Row) Failed() bool { return r.Verdict == VerdictDrop || r.Verdict == VerdictMissing }
 
 // Compare compares the measured ratios now (case name → one ratio per round) with the
-// baseline's, with tolerance the allowed fractional drop (DefaultTolerance): a case whose
-// median ratio is below baseline × (1 − tolerance) is a DROP, a baseline case with no ratio in
+// baseline's, with tolerance the allowed fractional drop (DefaultTolerance). A case whose
+// median ratio is below baseline × (1 − tolerance) is a DROP when every one of its rounds is
+// below the baseline too (a regression moves every round), and "drop?" when one reached it (the
+// run's own noise spans the baseline: reported, not failed). A baseline case with no ratio in
 // now is MISSING, a case of now not in the baseline is new. Rows are in the baseline's order,
 // new cases after them by name.
 func Compare(base *Baseline, now map[string][]float64, tolerance float64) []Row {
@@ -171,6 +174,9 @@ func Compare(base *Baseline, now map[string][]float64, tolerance float64) []Row 
 		r.Baseline, r.Change, r.Verdict = c.Ratio, r.Now/c.Ratio-1, VerdictOK
 		if r.Now < c.Ratio*(1-tolerance) {
 			r.Verdict = VerdictDrop
+			if r.Max >= c.Ratio {
+				r.Verdict = VerdictNoisy
+			}
 		}
 		rows = append(rows, r)
 	}
@@ -212,7 +218,7 @@ func PrintTable(w io.Writer, rows []Row) error {
 	}
 	for _, r := range rows {
 		change, spread := "-", "-"
-		if r.Verdict == VerdictOK || r.Verdict == VerdictDrop {
+		if r.Verdict == VerdictOK || r.Verdict == VerdictDrop || r.Verdict == VerdictNoisy {
 			change = fmt.Sprintf("%+.1f%%", 100*r.Change)
 		}
 		if r.Verdict != VerdictMissing {

@@ -76,9 +76,11 @@ slower or busier machine moves both.
                                       against Go's copy of the same bytes (go test -bench
                                       BenchmarkTransfer, metric ratio-inline)
 
-Each case is compared with --baseline: a ratio more than --tolerance (10 %) below the
-baseline's is a DROP, a baseline case not measured is MISSING; either makes the exit
-status 1. --update rewrites the baseline from this run instead (with the command line,
+Each case is compared with --baseline: a median more than --tolerance (10 %) below the
+baseline's with every round below the baseline is a DROP, a baseline case not measured is
+MISSING; either makes the exit status 1. A median that low with a round at or above the
+baseline is "drop?": the run's own noise spans the baseline (reported; rerun on a quiet
+machine). --update rewrites the baseline from this run instead (with the command line,
 date, machine and load average), after printing the comparison with the old one.
 
 The benches run as subprocesses of this binary (ucm-lab bench --json) on stores under
@@ -100,7 +102,7 @@ repository (make bench-check does).`,
 	fl.StringVar(&cfg.baseline, "baseline", "lab/benchcheck/baseline.json", "the baseline file to compare with (and to rewrite with --update)")
 	fl.BoolVar(&cfg.update, "update", false, "rewrite the baseline file from this run")
 	fl.StringVar(&cfg.dir, "dir", "", "directory for the bench stores and fio files (default: a new directory under /var/tmp, removed at the end)")
-	fl.IntVar(&cfg.rounds, "rounds", 5, "rounds of the whole set; each case's ratio is the median of its rounds")
+	fl.IntVar(&cfg.rounds, "rounds", 7, "rounds of the whole set; each case's ratio is the median of its rounds")
 	fl.Float64Var(&cfg.tolerance, "tolerance", benchcheck.DefaultTolerance, "fraction a ratio may fall below its baseline before it is a DROP")
 	fl.StringVar(&cfg.kernels, "kernels", "./kernels/", "the kernels package (its transfer benchmark is built from here)")
 	fl.StringVar(&cfg.goCmd, "go", "go", "the go command that builds the transfer benchmark")
