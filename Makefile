@@ -21,7 +21,7 @@ STATICCHECK_VERSION := v0.8.2
 BIN         := $(CURDIR)/bin
 FUZZTIME    ?= 60s
 
-.PHONY: all build lib run bench train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest crashtest-long test-gluster test-gluster-long clean mooncake test-mooncake bench-mooncake
+.PHONY: all build lib run bench bench-check train-model deps test test-python test-pip test-prometheus lint lint-history vet staticcheck unit fuzz fuzz-smoke fuzz-run crashtest crashtest-long test-gluster test-gluster-long clean mooncake test-mooncake bench-mooncake
 
 all: build
 
@@ -51,6 +51,15 @@ train-model:
 
 bench: build
 	$(BIN)/ucm-lab bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
+
+# The performance regression guard (docs/performance.md, "Regression guard"): a short fixed set
+# (seq against fio, layer-wise against whole blocks in both shapes, lookups against a Go map,
+# gathers and scatters against Go's copy), 7 interleaved rounds, each case's median ratio
+# compared with lab/benchcheck/baseline.json; exits 1 when one dropped more than 10 % with
+# every round below the baseline. A few minutes; needs fio. Not part of make test. BENCH_CHECK=--update rewrites the baseline.
+BENCH_CHECK ?=
+bench-check: build
+	$(BIN)/ucm-lab bench-check $(BENCH_CHECK)
 
 # The Debian packages make test needs beyond Go, gcc, make and git: Debian's python3 with numpy,
 # pytest and torch, python3-pip and python3-venv, glusterfs-server and -client, prometheus and

@@ -37,7 +37,8 @@ type benchConfig struct {
 	instances   int // shared-capacity: instances sharing the tier
 	concurrency int
 	batch       int
-	batches     int // lookup: batches of each kind timed
+	batches     int  // lookup: batches of each kind timed
+	mapBaseline bool // lookup: also time a Go map answering the same batches
 	ioEngine    devio.IOEngine
 	direct      devio.DirectMode
 	sync        engine.SyncPolicy
@@ -111,13 +112,17 @@ type benchResult struct {
 	HeapBytesPerBlk  float64      `json:"heap_bytes_per_block,omitempty"`
 
 	// lookup: per-batch latencies.
-	LookupBatch       int     `json:"lookup_batch,omitempty"`
-	LookupBatches     int     `json:"lookup_batches,omitempty"`
-	P50LookupBatchMs  float64 `json:"p50_lookup_batch_ms,omitempty"`
-	P99LookupBatchMs  float64 `json:"p99_lookup_batch_ms,omitempty"`
-	P50PrefixBatchMs  float64 `json:"p50_prefix_batch_ms,omitempty"`
-	P99PrefixBatchMs  float64 `json:"p99_prefix_batch_ms,omitempty"`
-	LookupsPerSec     float64 `json:"lookups_per_s,omitempty"`
+	LookupBatch      int     `json:"lookup_batch,omitempty"`
+	LookupBatches    int     `json:"lookup_batches,omitempty"`
+	P50LookupBatchMs float64 `json:"p50_lookup_batch_ms,omitempty"`
+	P99LookupBatchMs float64 `json:"p99_lookup_batch_ms,omitempty"`
+	P50PrefixBatchMs float64 `json:"p50_prefix_batch_ms,omitempty"`
+	P99PrefixBatchMs float64 `json:"p99_prefix_batch_ms,omitempty"`
+	LookupsPerSec    float64 `json:"lookups_per_s,omitempty"`
+	// --map-baseline: a Go map of the stored ids answering the same exact batches, each timed
+	// right before or after the engine's (alternately), and the engine's rate over the map's.
+	MapLookupsPerSec  float64 `json:"map_lookups_per_s,omitempty"`
+	LookupMapRatio    float64 `json:"lookup_map_ratio,omitempty"`
 	LookupHitFraction float64 `json:"lookup_hit_fraction,omitempty"`
 	PrefixHitFraction float64 `json:"prefix_hit_fraction,omitempty"`
 
@@ -340,6 +345,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.IntVar(&cfg.concurrency, "concurrency", 16, "dump/load tasks (trace: requests) in flight; 16 tasks of 4 blocks keep 64 I/Os in flight, matching fio at iodepth 64")
 	fl.IntVar(&cfg.batch, "batch", 4, "blocks per task (lookup, open: default 1024)")
 	fl.IntVar(&cfg.batches, "batches", 2000, "lookup: batches of 1024 ids timed, of each kind")
+	fl.BoolVar(&cfg.mapBaseline, "map-baseline", false, "lookup: also time a Go map of the stored ids answering each exact batch right before or after the engine (alternately) and report the engine's rate over the map's (lookup_map_ratio)")
 	fl.Var(cliutil.NewParsedFlag(&cfg.ioEngine, "engine", "auto", devio.ParseIOEngine), "io-engine", "I/O backend: auto, uring or psync")
 	fl.Var(cliutil.NewParsedFlag(&cfg.direct, "mode", "auto", devio.ParseDirectMode), "direct", "O_DIRECT: auto, on or off")
 	fl.Var(cliutil.NewParsedFlag(&cfg.sync, "policy", "always", wal.ParseSyncPolicy), "sync", "sync policy: always, interval or none (lookup, open: default none)")
@@ -743,6 +749,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	if r.LookupBatches > 0 {
 		row("lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% hits); %.1f M ids/s",
 			r.P50LookupBatchMs, r.P99LookupBatchMs, r.LookupBatch, 100*r.LookupHitFraction, r.LookupsPerSec/1e6)
+		if r.LookupMapRatio > 0 {
+			row("map baseline", "%.1f M ids/s from a Go map of the stored ids, same batches interleaved; engine / map %.2f", r.MapLookupsPerSec/1e6, r.LookupMapRatio)
+		}
 		row("prefix lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% of ids in the leading run)",
 			r.P50PrefixBatchMs, r.P99PrefixBatchMs, r.LookupBatch, 100*r.PrefixHitFraction)
 	}

@@ -185,13 +185,19 @@ func TestBenchLookup(t *testing.T) {
 	m := benchJSON(t, args...)
 	mustHaveKeys(t, m, "workload", "p50_lookup_batch_ms", "p99_lookup_batch_ms", "p99_prefix_batch_ms", "open_s",
 		"index_s", "rss_bytes_per_block", "heap_bytes_per_block")
-	mustLackKeys(t, m, "hit_rate", "load_MBps", "fio_read_MBps")
+	mustLackKeys(t, m, "hit_rate", "load_MBps", "fio_read_MBps", "map_lookups_per_s", "lookup_map_ratio")
 	if m["blocks"] != 2000.0 || m["block_bytes"] != 4096.0 || m["shards"] != 1.0 || m["sync"] != "none" ||
 		m["lookup_batch"] != 1024.0 || m["lookup_batches"] != 50.0 {
 		t.Errorf("JSON %v", m)
 	}
 	if h := m["lookup_hit_fraction"].(float64); h < 0.4 || h > 0.6 {
 		t.Errorf("lookup hit fraction %v, want about 1/2", h)
+	}
+	// --map-baseline: a Go map answers the same batches; the ratio is the engine's rate over it.
+	mb := benchJSON(t, append(args, "--map-baseline")...)
+	mustHaveKeys(t, mb, "lookups_per_s", "map_lookups_per_s", "lookup_map_ratio")
+	if got, want := mb["lookup_map_ratio"].(float64), mb["lookups_per_s"].(float64)/mb["map_lookups_per_s"].(float64); got <= 0 || got/want < 0.999 || got/want > 1.001 {
+		t.Errorf("lookup_map_ratio %v, want lookups_per_s / map_lookups_per_s = %v", got, want)
 	}
 }
 

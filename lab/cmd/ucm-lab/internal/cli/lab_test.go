@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -118,5 +119,29 @@ func TestBenchConfigFlag(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(filepath.Join(benchDir, "bench-*")); len(m) == 0 {
 		t.Fatalf("bench did not use the configured directory %s", benchDir)
+	}
+}
+
+// TestBenchCheckBadBaseline: bench-check refuses a malformed baseline before measuring
+// anything, naming the file and the field, with the usage exit status; --update does not
+// replace it either.
+func TestBenchCheckBadBaseline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "baseline.json")
+	if err := os.WriteFile(path, []byte(`{"cases":[{"name":"seq/dump/fio","ratio":-0.5}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range [][]string{nil, {"--update"}} {
+		var stdout, stderr bytes.Buffer
+		code := Main(append([]string{"bench-check", "--baseline", path}, extra...), &stdout, &stderr)
+		if code != cliutil.ExitUsage {
+			t.Fatalf("%v: exit %d, want %d; stderr:\n%s", extra, code, cliutil.ExitUsage, stderr.String())
+		}
+		if msg := stderr.String(); !strings.Contains(msg, path) || !strings.Contains(msg, "cases[0].ratio") {
+			t.Errorf("%v: stderr %q does not name the file and the field", extra, msg)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"bench-check", "--baseline", path, "--rounds", "0"}, &stdout, &stderr); code != cliutil.ExitUsage {
+		t.Errorf("--rounds 0: exit %d, want %d", code, cliutil.ExitUsage)
 	}
 }

@@ -20,18 +20,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 // labHelp is the root command's help.
 const labHelp = `ucm-lab measures UCM-Go: bench runs a store through benchmark workloads (and fio
-for a bracket), eval measures sparse attention and Blend on the small real model, and
-chat replays multi-turn chats through the reference connector loop with and without a
-store. The operator's commands (verify, inspect, stats, compact, gc, evict) are
-ucm-tool's.
+for a bracket), bench-check compares a short fixed benchmark set's ratios with a
+committed baseline (make bench-check), eval measures sparse attention and Blend on the
+small real model, and chat replays multi-turn chats through the reference connector
+loop with and without a store. The operator's commands (verify, inspect, stats,
+compact, gc, evict) are ucm-tool's.
 
 Exit status: 0 when the command ran, 1 when a benchmark failed verification or fio
-failed, 2 on usage errors.`
+failed (bench-check: or a ratio dropped below its baseline), 2 on usage errors.`
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := cliutil.NewRoot("ucm-lab", "The lab of UCM-Go: benchmarks, sparse-attention evaluation, chat replay", labHelp, stdout, stderr)
 	tc := &cliutil.Config{}
 	tc.Register(root, "bench's defaults (directory, block shape, I/O engine, sync, capacities)", false)
-	root.AddCommand(newBenchCmd(tc, stdout, stderr), newEvalCmd(stdout, stderr), newChatCmd(stdout, stderr))
+	root.AddCommand(newBenchCmd(tc, stdout, stderr), newBenchCheckCmd(stdout, stderr), newEvalCmd(stdout, stderr), newChatCmd(stdout, stderr))
 	return root
 }

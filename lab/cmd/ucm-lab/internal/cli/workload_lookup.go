@@ -58,6 +58,29 @@ func (lookupWorkload) run(env *benchEnv, res *benchResult) error {
 	r := rand.New(rand.NewPCG(cfg.seed, 0x6c6f6f6b7570))
 	n := env.blocks
 	ids := make([]format.BlockID, lookupBatch)
+	var (
+		idMap   map[format.BlockID]struct{} // --map-baseline: the stored ids in a Go map
+		mapTime time.Duration
+		mapGot  = make([]bool, lookupBatch)
+	)
+	if cfg.mapBaseline {
+		idMap = make(map[format.BlockID]struct{}, n)
+		for i := 0; i < n; i++ {
+			idMap[blockID(i)] = struct{}{}
+		}
+	}
+	// lookupMap times the map's answer for ids and checks it has want hits.
+	lookupMap := func(b, want int) error {
+		start := time.Now()
+		for i, id := range ids {
+			_, mapGot[i] = idMap[id]
+		}
+		mapTime += time.Since(start)
+		if k := countTrue(mapGot); k != want {
+			return fmt.Errorf("map lookup batch %d: %d hits, want %d", b, k, want)
+		}
+		return nil
+	}
 	exact := make([]time.Duration, 0, cfg.batches)
 	prefix := make([]time.Duration, 0, cfg.batches)
 	var hits, prefixHits, total int64
@@ -72,9 +95,21 @@ func (lookupWorkload) run(env *benchEnv, res *benchResult) error {
 				ids[i] = blockID(n + r.IntN(1<<30))
 			}
 		}
+		// --map-baseline: the map's lookups of the same ids right before (odd batches) or
+		// after (even) the engine's, so that neither always finds the other's cache footprint.
+		if idMap != nil && b%2 == 1 {
+			if err := lookupMap(b, want); err != nil {
+				return err
+			}
+		}
 		start := time.Now()
 		got := e.Lookup(ids)
 		exact = append(exact, time.Since(start))
+		if idMap != nil && b%2 == 0 {
+			if err := lookupMap(b, want); err != nil {
+				return err
+			}
+		}
 		k := 0
 		for _, h := range got {
 			if h {
@@ -116,6 +151,10 @@ func (lookupWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	if sum > 0 {
 		res.LookupsPerSec = float64(total) / sum.Seconds()
+	}
+	if idMap != nil && mapTime > 0 && sum > 0 {
+		res.MapLookupsPerSec = float64(total) / mapTime.Seconds()
+		res.LookupMapRatio = res.LookupsPerSec / res.MapLookupsPerSec
 	}
 	res.LookupHitFraction = float64(hits) / float64(max(1, total))
 	res.PrefixHitFraction = float64(prefixHits) / float64(max(1, int64(cfg.batches)*lookupBatch))
@@ -211,4 +250,15 @@ func percentileMs(ds []time.Duration, q float64) float64 {
 	slices.Sort(s)
 	i := min(len(s)-1, int(q*float64(len(s))))
 	return float64(s[i].Nanoseconds()) / 1e6
+}
+
+// countTrue returns how many of bs are true.
+func countTrue(bs []bool) int {
+	k := 0
+	for _, b := range bs {
+		if b {
+			k++
+		}
+	}
+	return k
 }
