@@ -49,7 +49,7 @@ train-model:
 	/usr/bin/python3 lab/model/train.py --steps 8000 --max-minutes $(MODEL_MINUTES) --batch 2 --ctx 1024 \
 		--short-ctx 256 --long-frac 0.3 --lr 3e-3 --warmup 50 --log-every 50 --eval-windows 96
 
-bench: build
+bench: deps build
 	$(BIN)/ucm-lab bench --dir ./ucm-data --workload seq --block-size 2MiB --shards 32 --total 2GiB
 
 # The performance regression guard (docs/performance.md, "Regression guard"): a short fixed set
@@ -58,12 +58,12 @@ bench: build
 # compared with lab/benchcheck/baseline.json; exits 1 when one dropped more than 10 % with
 # every round below the baseline. A few minutes; needs fio. Not part of make test. BENCH_CHECK=--update rewrites the baseline.
 BENCH_CHECK ?=
-bench-check: build
+bench-check: deps build
 	$(BIN)/ucm-lab bench-check $(BENCH_CHECK)
 
 # The Debian packages make test needs beyond Go, gcc, make and git: Debian's python3 with numpy,
-# pytest and torch, python3-pip and python3-venv, glusterfs-server and -client, prometheus and
-# procps (tools/deps.sh). Each is checked first and apt-get installs only what is missing, so on
+# pytest and torch, python3-pip and python3-venv, glusterfs-server and -client, prometheus,
+# procps, and fio for make bench and bench-check (tools/deps.sh). Each is checked first and apt-get installs only what is missing, so on
 # a machine that has them it installs nothing and says so. Installing needs root; so does make
 # test (test-gluster mounts volumes).
 deps:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Debian packages `make test` needs beyond Go, gcc, make and git (`make deps`, which `make
-# test` runs first). Each is checked (dpkg's status, or the command or Python module it provides)
+# The Debian packages `make test` needs beyond Go, gcc, make and git, and fio for the benchmarks
+# (`make deps`, which `make test`, `make bench` and `make bench-check` run first). Each is checked (dpkg's status, or the command or Python module it provides)
 # and apt-get installs only what is missing: on a machine that has everything it installs
 # nothing and only reports. Installing needs root; without root it names what is missing and
 # fails. `make test` itself needs root too (test-gluster starts glusterd and mounts FUSE
@@ -51,6 +51,9 @@ check() {
   want prometheus has prometheus
   # pgrep, with which the GlusterFS harness finds its own processes.
   want procps has pgrep
+  # fio, the physical limit the benchmarks measure against (make bench, make bench-check; the
+  # tests give the bench a stand-in).
+  want fio has fio
 }
 
 check

@@ -88,7 +88,7 @@ EOF
 # 2026-11-25 run, for the next engineer
 x = 1  # work $S 3
 EOF
-  # Legitimate uses: nothing may be reported.
+  # Legitimate uses: nothing may be reported (the same pieces, for the same reason).
   cat >"$d/good.md" <<'EOF'
 ## Performance
 ### A device that holds still
@@ -98,15 +98,15 @@ Between the issue of a write and its completion the device holds it.
 A requests session keeps the connection; the session id is logged; one session object per thread.
 The writer issues 8 flights; a task issues 32 blocks.
 EOF
-  cat >"$d/good.go" <<'EOF'
-// issue places recs at the end of seg, starts their writes and hands them to the publisher.
-func (w *Writer) issue(seg *Segment) error { return nil } // issue 4 KiB reads when unaligned
+  cat >"$d/good.go" <<EOF
+// $I places recs at the end of seg, starts their writes and hands them to the publisher.
+func (w *Writer) $I(seg *Segment) error { return nil } // $I 4 KiB reads when unaligned
 // See http.Client: each session cookie is kept.
 // Wait for this flight, then for the next one.
 EOF
-  cat >"$d/good.py" <<'EOF'
-session = requests.Session()  # a session per worker
-prev = last_session.get()  # the previous session.close() ran; this session_id is new
+  cat >"$d/good.py" <<EOF
+$S = requests.Session()  # a $S per worker
+prev = last_$S.get()  # the previous $S.close() ran; this ${S}_id is new
 # Issue the loads of every layer at once.
 EOF
   local want got
