@@ -557,9 +557,11 @@ func (e *Engine) checkRecord(id BlockID, loc index.Location, header, payload []b
 // room (mayDefer).
 var errEvictionDeferred = errors.New("eviction deferred until the next tier has room")
 
-// evictionDeferral bounds, in shared refresh intervals, how long writers waiting for room in a
-// tier wait for a shared next tier's share before evicted blocks are dropped instead: a request
-// and its grant take about one interval each way, a new lease holder two more.
+// evictionDeferral bounds, in sharing passes (and at least as many refresh intervals), how
+// long writers waiting for room in a tier wait for a shared next tier's share before evicted
+// blocks are dropped instead: a request and its grant take about one pass each way, a new lease
+// holder two more. The wait never lasts more than a quarter of the task timeout, which those
+// writers' dumps would otherwise run into.
 const evictionDeferral = 4
 
 // evict removes victims from t: demoted to the next disk tier if there is one (falling back
@@ -568,7 +570,7 @@ const evictionDeferral = 4
 // lack of its share leaves them in t instead, with errEvictionDeferred: the share is asked for
 // ahead of need and arrives within an interval or two, and a block dropped is a prefill
 // recomputed. Without limit while t is within its capacity and no writer waits for room in it;
-// for evictionDeferral refresh intervals when writers wait (then they are dropped as before).
+// for evictionDeferral sharing passes when writers wait (then they are dropped as before).
 func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
@@ -589,8 +591,8 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 		next := e.tiers[t.pos+1]
 		// The blocks' sidecars in this tier go down with them.
 		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
-		if !errors.Is(err, ErrNoSpace) {
-			t.deferredSince = time.Time{}
+		if moved > 0 || !errors.Is(err, ErrNoSpace) {
+			t.deferred.reset() // room came (or the blocks went elsewhere): a new wait starts afresh
 		}
 		if err == nil {
 			rep.BlocksDemoted += moved
@@ -608,10 +610,11 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 			if t.space.Demand() == 0 && t.space.Used() <= t.cfg.Capacity {
 				return errEvictionDeferred // costs nothing: no writer waits for this room
 			}
-			if t.deferredSince.IsZero() {
-				t.deferredSince = time.Now()
+			var passes int64
+			if e.share != nil {
+				passes = e.share.refreshes.Load()
 			}
-			if time.Since(t.deferredSince) < evictionDeferral*e.opts.SharedRefreshInterval {
+			if !t.deferred.over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
 				return errEvictionDeferred
 			}
 		}

@@ -47,11 +47,34 @@ type diskTier struct {
 	acct *tiers.ShareAccount
 	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
 	sealing [2]atomic.Bool
-	// deferredSince is when background eviction from this tier began to wait for a shared
-	// next tier's share while writers wait here (evict); zero when it does not. Guarded by
-	// the engine's reclaimMu.
-	deferredSince time.Time
+	// deferred is how long background eviction from this tier has waited for a shared next
+	// tier's share while writers wait here (evict). Guarded by the engine's reclaimMu.
+	deferred deferral
 }
+
+// deferral measures a wait for a shared tier's share in the sharing passes that ran during it
+// as well as in time: a grant comes from a pass, and on a loaded machine or a slow shared file
+// system a pass takes longer than its interval.
+type deferral struct {
+	since  time.Time // zero: not waiting
+	passes int64     // the sharing passes started when the wait began
+}
+
+// over starts the wait if it has not started and says whether it has lasted at least n passes
+// and n intervals, or cap (a shared file system that stalls passes does not hold writers up
+// past cap).
+func (d *deferral) over(passes int64, n int, interval, cap time.Duration) bool {
+	if d.since.IsZero() {
+		d.since, d.passes = time.Now(), passes
+		return false
+	}
+	waited := time.Since(d.since)
+	// A pass counted here started after the wait began; the one after it started once it ended.
+	return waited >= cap || (passes-d.passes > int64(n) && waited >= time.Duration(n)*interval)
+}
+
+// reset ends the wait: room came, or the blocks went elsewhere.
+func (d *deferral) reset() { d.since = time.Time{} }
 
 // segHome says where a segment lives.
 type segHome struct {

@@ -948,3 +948,35 @@ func TestMemoryTierHitsAreVerified(t *testing.T) {
 		t.Fatalf("memory tier hits after the backfill: %d, want 1", st.Hits)
 	}
 }
+
+// TestDeferralCountsPasses: eviction waits for a shared tier's share for n sharing passes and n
+// intervals, whichever ends later (a loaded machine or a slow file system stretches passes past
+// their interval, and a grant comes only from a pass), and never past its cap.
+func TestDeferralCountsPasses(t *testing.T) {
+	const n, interval, cap = 4, 10 * time.Millisecond, time.Second
+	var d deferral
+	if d.over(100, n, interval, cap) {
+		t.Fatal("over as the wait began")
+	}
+	d.since = time.Now().Add(-10 * interval) // ten intervals ago, and no pass since
+	for p := int64(100); p <= 100+n; p++ {
+		if d.over(p, n, interval, cap) {
+			t.Fatalf("over after %d passes started", p-100)
+		}
+	}
+	if !d.over(100+n+1, n, interval, cap) {
+		t.Fatalf("not over after %d passes and ten intervals", n+1)
+	}
+	d.since = time.Now() // passes kicked faster than the interval: the intervals still count
+	if d.over(100+10*n, n, interval, cap) {
+		t.Fatal("over before n intervals")
+	}
+	d.since = time.Now().Add(-cap) // passes stalled: the cap ends the wait
+	if !d.over(100, n, interval, cap) {
+		t.Fatal("not over at the cap")
+	}
+	d.reset()
+	if d.over(100+10*n, n, interval, cap) || d.since.IsZero() {
+		t.Fatal("after reset, the next call does not start a new wait")
+	}
+}
