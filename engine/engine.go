@@ -69,9 +69,7 @@ type Engine struct {
 	stats            counters
 	metrics          *metrics
 
-	segMu sync.RWMutex
-	segs  map[uint64]*wal.Segment // open segment files
-	homes map[uint64]segHome      // where every known segment lives
+	segs segments // the provider: where every segment lives, and the open files (segments.go)
 
 	share *sharing // shared tiers: publication and the foreign index (share.go); nil without
 
@@ -224,7 +222,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
-		segs: map[uint64]*wal.Segment{}, homes: map[uint64]segHome{}, recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}), closed: make(chan struct{}),
+		segs: newSegments(), recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}), closed: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
@@ -473,12 +471,7 @@ func layoutBytes(l Layout) []byte {
 
 // release closes whatever open() got to; used on a failed Open and by Close.
 func (e *Engine) release() {
-	e.segMu.Lock()
-	for n, s := range e.segs {
-		s.Release()
-		delete(e.segs, n)
-	}
-	e.segMu.Unlock()
+	e.segs.releaseAll()
 	for _, b := range e.backends {
 		_ = b.Close()
 	}
@@ -664,51 +657,6 @@ func errorsIsAny(err error, targets ...error) bool {
 		}
 	}
 	return false
-}
-
-// addSegment makes a segment the writer opened visible to readers.
-func (e *Engine) addSegment(s *wal.Segment) {
-	e.segMu.Lock()
-	e.segs[s.Number] = s
-	e.segMu.Unlock()
-	if s.Reused() {
-		e.stats.segmentsRecycled.Add(1)
-	}
-}
-
-// acquireSegment returns segment n pinned for reading, opening a sealed one on first use. A
-// segment that is unknown, being deleted or gone fails with wal.ErrSegmentGone.
-func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
-	e.segMu.RLock()
-	s := e.segs[n]
-	e.segMu.RUnlock()
-	if s == nil {
-		e.segMu.Lock()
-		if s = e.segs[n]; s == nil {
-			var err error
-			if isForeign(n) {
-				s, err = e.openForeignLocked(n)
-			} else {
-				meta, ok := e.ix.Segment(n)
-				h, known := e.homes[n]
-				if !ok || !known || meta.State == index.SegmentDeleting {
-					e.segMu.Unlock()
-					return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
-				}
-				s, err = wal.OpenSegmentForRead(e.fs, h.dir, n, meta.Generation, h.tier.direct, h.tier.io)
-			}
-			if err != nil {
-				e.segMu.Unlock()
-				return nil, err
-			}
-			e.segs[n] = s
-		}
-		e.segMu.Unlock()
-	}
-	if err := s.Acquire(); err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 // Stats returns the engine's counters and the space accounting from the index.

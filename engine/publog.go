@@ -502,10 +502,7 @@ func (e *Engine) forgetOverlay(k foreignKey) {
 	if !ok {
 		return
 	}
-	e.segMu.Lock()
-	seg := e.segs[alias]
-	delete(e.segs, alias)
-	e.segMu.Unlock()
+	seg := e.dropOpen(alias)
 	if seg != nil {
 		seg.Retire(func() {})
 	}

@@ -659,11 +659,7 @@ func (e *Engine) retire(n uint64) error {
 	if err := e.ix.Apply(b, true); err != nil {
 		return fmt.Errorf("retire segment %d: %w", n, err)
 	}
-	e.segMu.Lock()
-	s := e.segs[n]
-	delete(e.segs, n)
-	h := e.homes[n]
-	e.segMu.Unlock()
+	s, h := e.segs.forget(n)
 	shared := h.tier != nil && h.tier.cfg.Shared
 	// A shared tier's files are read by other instances: never overwritten in place, and a
 	// published one stays a grace period after it leaves the manifest.
@@ -714,9 +710,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	if err := e.ix.Apply(b, false); err != nil {
 		e.opts.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
 	}
-	e.segMu.Lock()
-	delete(e.homes, n)
-	e.segMu.Unlock()
+	e.segs.forgetHome(n)
 	if keep {
 		e.addPooled(h.tier, h.dir, pooledFile{path: wal.RecyclePath(h.dir, n), size: size})
 	} else {

@@ -147,9 +147,7 @@ func (e *Engine) listSegments(cleanup bool) (map[uint64]bool, uint64, error) {
 				}
 				files[n] = true
 				maxNum = max(maxNum, n)
-				e.segMu.Lock()
-				e.homes[n] = segHome{tier: t, dir: dir}
-				e.segMu.Unlock()
+				e.segs.setHome(n, segHome{tier: t, dir: dir})
 			}
 		}
 	}
@@ -187,9 +185,7 @@ func (e *Engine) deleteSegment(row index.SegmentMeta, exists bool) (int, error) 
 		if err := wal.SyncDir(e.fs, h.dir); err != nil {
 			return 0, fmt.Errorf("recover: %w", err)
 		}
-		e.segMu.Lock()
-		delete(e.homes, row.Number)
-		e.segMu.Unlock()
+		e.segs.forgetHome(row.Number)
 	}
 	b := e.ix.NewBatch()
 	b.DeleteSegment(row.Number)
@@ -391,9 +387,7 @@ func (e *Engine) removeOrphan(n uint64, path string) error {
 	if err := e.fs.Remove(path); err != nil {
 		return fmt.Errorf("recover: remove orphan %s: %w", path, err)
 	}
-	e.segMu.Lock()
-	delete(e.homes, n)
-	e.segMu.Unlock()
+	e.segs.forgetHome(n)
 	e.recovery.OrphansRemoved++
 	return nil
 }

@@ -387,7 +387,7 @@ func (e *Engine) publishShared() {
 		row index.SegmentMeta
 		ns  *ns
 	}
-	var rows []sealed // found before s.mu is taken: home takes segMu, which is held around s.mu elsewhere
+	var rows []sealed // found before s.mu is taken: home takes segments.mu, which is held around s.mu elsewhere
 	for _, row := range e.ix.Segments() {
 		if row.State != index.SegmentSealed {
 			continue
@@ -854,10 +854,7 @@ func (e *Engine) dropForeignSegment(alias uint64) {
 	if err := s.fx.Apply(b, false); err != nil {
 		e.opts.Logger.Error("ucm: could not drop a foreign segment", "segment", fs.number, "err", err)
 	}
-	e.segMu.Lock()
-	seg := e.segs[alias]
-	delete(e.segs, alias)
-	e.segMu.Unlock()
+	seg := e.dropOpen(alias)
 	if seg != nil {
 		seg.Retire(func() {})
 	}
@@ -878,7 +875,7 @@ func (e *Engine) foreignSegment(alias uint64) (foreignSeg, bool) {
 	return fs, ok
 }
 
-// openForeign opens a foreign segment for reading (segMu held).
+// openForeign opens a foreign segment for reading (segments.mu held).
 func (e *Engine) openForeignLocked(alias uint64) (*wal.Segment, error) {
 	fs, ok := e.foreignSegment(alias)
 	if !ok {

@@ -312,7 +312,7 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 			m.Segments = append(m.Segments, format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size})
 		}
 	}
-	e.share.mu.Lock() // after home: segMu is never taken under share.mu
+	e.share.mu.Lock() // after home: segments.mu is never taken under share.mu
 	defer e.share.mu.Unlock()
 	now := time.Now().UnixNano()
 	for i := range m.Segments {

@@ -76,13 +76,6 @@ func (d *deferral) over(passes int64, n int, interval, cap time.Duration) bool {
 // reset ends the wait: room came, or the blocks went elsewhere.
 func (d *deferral) reset() { d.since = time.Time{} }
 
-// segHome says where a segment lives.
-type segHome struct {
-	tier     *diskTier
-	dir      string
-	reserved int64 // bytes reserved at creation while active; 0 once sealed or found at Open
-}
-
 // tierConfigs returns the configured tiers, or the default: one unlimited disk tier in the
 // store directory, with the engine-wide I/O settings.
 func (o Options) tierConfigs(dir string) []tiers.Config {
@@ -377,36 +370,6 @@ func isLockHeld(err error) bool {
 		strings.Contains(err.Error(), "lock held by current process")
 }
 
-// home returns where segment n lives.
-func (e *Engine) home(n uint64) (segHome, bool) {
-	e.segMu.RLock()
-	h, ok := e.homes[n]
-	e.segMu.RUnlock()
-	return h, ok
-}
-
-// segPath returns segment n's file path (in the first tier's first directory when unknown).
-func (e *Engine) segPath(n uint64) string {
-	if h, ok := e.home(n); ok {
-		return wal.SegmentPath(h.dir, n)
-	}
-	return wal.SegmentPath(e.segDir, n)
-}
-
-// tierOf returns the tier holding segment n (for a foreign alias, the shared tier it was
-// found in), or nil.
-func (e *Engine) tierOf(n uint64) *diskTier {
-	if isForeign(n) {
-		fs, _ := e.foreignSegment(n)
-		return fs.tier
-	}
-	h, ok := e.home(n)
-	if !ok {
-		return nil
-	}
-	return h.tier
-}
-
 // allocSegment hands out a new segment number, shared by every writer of the store.
 func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
 
@@ -454,18 +417,6 @@ func (e *Engine) startWriters() error {
 	return nil
 }
 
-// placer returns the DirFor of t's writers: placement by segment number across t's paths. The
-// segment's home is recorded before its file is created, so readers and accounting find it.
-func (e *Engine) placer(t *diskTier) func(uint64) string {
-	return func(n uint64) string {
-		dir := tiers.PathFor(t.dirs, n)
-		e.segMu.Lock()
-		e.homes[n] = segHome{tier: t, dir: dir, reserved: e.reservation(t)}
-		e.segMu.Unlock()
-		return dir
-	}
-}
-
 // admitter returns the Admit of one of t's writers: a new segment reserves its largest size
 // under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room. A recycled
 // file in the segment's directory is handed to the writer to reuse, its bytes counted towards
@@ -498,23 +449,6 @@ func (e *Engine) kickReclaimer() {
 	case e.reclaimKick <- struct{}{}:
 	default:
 	}
-}
-
-// settleSealed replaces a sealed segment's reservation by its final size.
-func (e *Engine) settleSealed(n uint64, size int64) {
-	e.segMu.Lock()
-	h, ok := e.homes[n]
-	if ok {
-		reserved := h.reserved
-		h.reserved = 0
-		e.homes[n] = h
-		e.segMu.Unlock()
-		if reserved > 0 {
-			h.tier.space.Add(size - reserved)
-		}
-		return
-	}
-	e.segMu.Unlock()
 }
 
 // accountSegments accounts every registered segment whose file was found to its tier (also
