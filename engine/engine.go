@@ -73,7 +73,6 @@ type Engine struct {
 
 	share *sharing // shared tiers: publication and the foreign index (share.go); nil without
 
-	recycled      recyclePool // retired segment files kept for reuse (recycle.go)
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
 	tiers      []*diskTier // disk tiers, fastest first
@@ -222,7 +221,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
-		segs: newSegments(), recycled: recyclePool{files: map[string][]pooledFile{}}, stop: make(chan struct{}), closed: make(chan struct{}),
+		segs: newSegments(), stop: make(chan struct{}), closed: make(chan struct{}),
 		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}

@@ -688,7 +688,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	path := wal.SegmentPath(h.dir, n)
 	// Only a file whose size is what its tier accounts for is kept (a prepared segment dropped
 	// unused is laid out beyond its accounted header): the pool's bytes stay exact.
-	keep := recyclable && e.poolHasRoom(h.tier, h.dir, size) && e.fileSize(path) == size
+	keep := recyclable && h.tier.poolHasRoom(h.dir, size) && e.fileSize(path) == size
 	if keep {
 		if err := e.fs.Rename(path, wal.RecyclePath(h.dir, n)); err != nil {
 			e.opts.Logger.Warn("ucm: could not keep a retired segment's file for reuse; deleting it", "path", path, "err", err)
@@ -712,7 +712,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	}
 	e.segs.forgetHome(n)
 	if keep {
-		e.addPooled(h.tier, h.dir, pooledFile{path: wal.RecyclePath(h.dir, n), size: size})
+		h.tier.addPooled(h.dir, pooledFile{path: wal.RecyclePath(h.dir, n), size: size})
 	} else {
 		h.tier.space.Add(-size)
 	}

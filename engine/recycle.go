@@ -41,56 +41,59 @@ type pooledFile struct {
 	size int64
 }
 
-// recyclePool holds the recycled files of every segment directory, oldest first. Its lock is
-// taken before a tier's tiers.Space lock (never the other way round), so that the pool's files
-// and the tier's pooled bytes change together.
+// recyclePool holds the recycled files of one tier's segment directories, oldest first (a
+// directory belongs to one tier). Its lock is taken before the tier's tiers.Space lock (never
+// the other way round), so that the pool's files and the tier's pooled bytes change together.
 type recyclePool struct {
 	mu    sync.Mutex
 	files map[string][]pooledFile
 }
 
-// poolHasRoom reports whether dir's pool takes one more file, of size bytes, in tier t: at most
-// Options.RecycleSegments files per directory, and no more bytes than t's headroom above its
-// high watermark (tiers.Space.PoolRoom), so that kept files never take room from blocks.
-func (e *Engine) poolHasRoom(t *diskTier, dir string, size int64) bool {
-	e.recycled.mu.Lock()
-	defer e.recycled.mu.Unlock()
-	return len(e.recycled.files[dir]) < e.opts.RecycleSegments && t.space.PoolRoom(size)
+// poolHasRoom reports whether dir's pool takes one more file, of size bytes: at most
+// t.recycleMax files per directory, and no more bytes than t's headroom above its high
+// watermark (tiers.Space.PoolRoom), so that kept files never take room from blocks.
+func (t *diskTier) poolHasRoom(dir string, size int64) bool {
+	t.pool.mu.Lock()
+	defer t.pool.mu.Unlock()
+	return len(t.pool.files[dir]) < t.recycleMax && t.space.PoolRoom(size)
 }
 
-// addPooled puts a recycled file of tier t into dir's pool and accounts it as pooled (its bytes
-// are in t's used bytes already). A pool filled meanwhile by another retirement gets the file
-// deleted instead.
-func (e *Engine) addPooled(t *diskTier, dir string, f pooledFile) {
-	e.recycled.mu.Lock()
-	if len(e.recycled.files[dir]) < e.opts.RecycleSegments && t.space.PoolRoom(f.size) {
-		e.recycled.files[dir] = append(e.recycled.files[dir], f)
+// addPooled puts a recycled file into dir's pool and accounts it as pooled (its bytes are in
+// t's used bytes already). A pool filled meanwhile by another retirement gets the file deleted
+// instead.
+func (t *diskTier) addPooled(dir string, f pooledFile) {
+	t.pool.mu.Lock()
+	if len(t.pool.files[dir]) < t.recycleMax && t.space.PoolRoom(f.size) {
+		if t.pool.files == nil {
+			t.pool.files = map[string][]pooledFile{}
+		}
+		t.pool.files[dir] = append(t.pool.files[dir], f)
 		t.space.Pool(f.size)
-		e.recycled.mu.Unlock()
+		t.pool.mu.Unlock()
 		return
 	}
-	e.recycled.mu.Unlock()
-	if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
+	t.pool.mu.Unlock()
+	if err := t.fs.Remove(f.path); err != nil && !isNotExist(err) {
 		// Its bytes stay accounted: the file is still there, and the next Open deletes it.
-		e.opts.Logger.Error("ucm: could not delete a recycled segment file; the next Open will", "path", f.path, "err", err)
+		t.logger.Error("ucm: could not delete a recycled segment file; the next Open will", "path", f.path, "err", err)
 		return
 	}
 	t.space.Add(-f.size)
 }
 
-// takePooled removes the oldest recycled file of dir from its pool and from its tier's pooled
-// bytes (they stay in used: the caller reuses the file or deletes it and frees them).
-func (e *Engine) takePooled(t *diskTier, dir string) (pooledFile, bool) {
-	e.recycled.mu.Lock()
-	files := e.recycled.files[dir]
+// takePooled removes the oldest recycled file of dir from its pool and from t's pooled bytes
+// (they stay in used: the caller reuses the file or deletes it and frees them).
+func (t *diskTier) takePooled(dir string) (pooledFile, bool) {
+	t.pool.mu.Lock()
+	files := t.pool.files[dir]
 	if len(files) == 0 {
-		e.recycled.mu.Unlock()
+		t.pool.mu.Unlock()
 		return pooledFile{}, false
 	}
 	f := files[0]
-	e.recycled.files[dir] = files[1:]
+	t.pool.files[dir] = files[1:]
 	t.space.Unpool(f.size)
-	e.recycled.mu.Unlock()
+	t.pool.mu.Unlock()
 	return f, true
 }
 
@@ -98,14 +101,13 @@ func (e *Engine) takePooled(t *diskTier, dir string) (pooledFile, bool) {
 // dir's oldest recycled file for the segment, gives it back if the reservation waits, and
 // deletes recycled files of the tier to make room.
 type reservationRecycler struct {
-	e     *Engine
 	t     *diskTier
 	dir   string
 	taken pooledFile // the file the segment reuses (path "" if none)
 }
 
 func (r *reservationRecycler) Take() int64 {
-	f, ok := r.e.takePooled(r.t, r.dir)
+	f, ok := r.t.takePooled(r.dir)
 	if !ok {
 		return 0
 	}
@@ -115,27 +117,27 @@ func (r *reservationRecycler) Take() int64 {
 
 func (r *reservationRecycler) Return() {
 	if r.taken.path != "" {
-		r.e.addPooled(r.t, r.dir, r.taken)
+		r.t.addPooled(r.dir, r.taken)
 		r.taken = pooledFile{}
 	}
 }
 
-func (r *reservationRecycler) Release(need int64) int64 { return r.e.releasePooled(r.t, need) }
+func (r *reservationRecycler) Release(need int64) int64 { return r.t.releasePooled(need) }
 
 // releasePooled deletes recycled files of t until need bytes are freed or none is left, and
 // returns the bytes freed: tiers.Space calls it when a new segment does not fit only because
 // of them.
-func (e *Engine) releasePooled(t *diskTier, need int64) int64 {
+func (t *diskTier) releasePooled(need int64) int64 {
 	var freed int64
 	for _, dir := range t.dirs {
 		for freed < need {
-			f, ok := e.takePooled(t, dir)
+			f, ok := t.takePooled(dir)
 			if !ok {
 				break
 			}
-			if err := e.fs.Remove(f.path); err != nil && !isNotExist(err) {
-				e.opts.Logger.Error("ucm: could not delete a recycled segment file", "path", f.path, "err", err)
-				e.addPooled(t, dir, f) // still there: keep it pooled
+			if err := t.fs.Remove(f.path); err != nil && !isNotExist(err) {
+				t.logger.Error("ucm: could not delete a recycled segment file", "path", f.path, "err", err)
+				t.addPooled(dir, f) // still there: keep it pooled
 				return freed
 			}
 			t.space.Add(-f.size)
@@ -146,23 +148,26 @@ func (e *Engine) releasePooled(t *diskTier, need int64) int64 {
 }
 
 // fileSize returns the size of the file at path, -1 if it cannot be read.
-func (e *Engine) fileSize(path string) int64 {
-	st, err := e.fs.Stat(path)
+func fileSize(fs vfs.FS, path string) int64 {
+	st, err := fs.Stat(path)
 	if err != nil {
 		return -1
 	}
 	return st.Size()
 }
 
-// poolFound puts the recycled files Open found back into their pools (accounted to their tier),
-// up to each pool's size, and deletes the others: those beyond it, those a new segment could
-// not reuse (empty, or larger than a segment's reservation) and those on file systems that
-// cannot trim a reused file (no kernel descriptor).
+// fileSize returns the size of the file at path, -1 if it cannot be read.
+func (e *Engine) fileSize(path string) int64 { return fileSize(e.fs, path) }
+
+// poolFound puts the recycled files Open found back into their tiers' pools (accounted to their
+// tier), up to each pool's size, and deletes the others: those beyond it, those a new segment
+// could not reuse (empty, or larger than a segment's reservation) and those on file systems
+// that cannot trim a reused file (no kernel descriptor).
 func (e *Engine) poolFound() {
 	for _, r := range e.foundRecycled {
 		if size, ok := e.reusable(r); ok {
 			r.tier.space.Add(size)
-			e.addPooled(r.tier, r.dir, pooledFile{path: r.path, size: size})
+			r.tier.addPooled(r.dir, pooledFile{path: r.path, size: size})
 			continue
 		}
 		if err := e.fs.Remove(r.path); err != nil && !isNotExist(err) {
@@ -187,7 +192,7 @@ func (e *Engine) accountFound() {
 // reusable returns the size of a recycled file found at Open and whether it may join its pool.
 func (e *Engine) reusable(r foundFile) (int64, bool) {
 	size := e.fileSize(r.path)
-	if size <= 0 || size > e.reservation(r.tier) || !e.poolHasRoom(r.tier, r.dir, size) {
+	if size <= 0 || size > e.reservation(r.tier) || !r.tier.poolHasRoom(r.dir, size) {
 		return 0, false
 	}
 	f, err := e.fs.Open(r.path)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
@@ -47,6 +49,12 @@ type diskTier struct {
 	acct *tiers.ShareAccount
 	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
 	sealing [2]atomic.Bool
+	// pool holds the retired segment files kept for reuse in t's directories, at most
+	// recycleMax per directory (recycle.go); fs and logger are the engine's, for deleting them.
+	pool       recyclePool
+	recycleMax int
+	fs         vfs.FS
+	logger     *slog.Logger
 	// deferred is how long background eviction from this tier has waited for a shared next
 	// tier's share while writers wait here (evict). Guarded by the engine's reclaimMu.
 	deferred deferral
@@ -249,7 +257,7 @@ func (e *Engine) openTiers() error {
 			local = 0
 		}
 		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(local, c.HighWatermark, c.LowWatermark),
-			segSize: SegmentSizeFor(e.opts.SegmentSize, c.Capacity)}
+			segSize: SegmentSizeFor(e.opts.SegmentSize, c.Capacity), recycleMax: e.opts.RecycleSegments, fs: e.fs, logger: e.opts.Logger}
 		eng := e.opts.IOEngine
 		if c.IOEngine != "" && c.IOEngine != "auto" {
 			var err error
@@ -429,7 +437,7 @@ func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (st
 				return "", fmt.Errorf("tier %q: %w", t.cfg.Name, err)
 			}
 		}
-		rc := &reservationRecycler{e: e, t: t, dir: dir}
+		rc := &reservationRecycler{t: t, dir: dir}
 		kick := e.kickReclaimer
 		if t.acct != nil {
 			kick = func() { e.kickReclaimer(); e.kickSharing() } // ask the lease holder for room
