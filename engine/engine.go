@@ -87,7 +87,11 @@ type Engine struct {
 	backends    []devio.Backend // one per I/O engine in use
 	nextSeg     atomic.Uint64   // the next segment number
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
-	reclaimMu   sync.Mutex      // one reclamation at a time
+	reclaimMu   sync.Mutex      // one reclamation at a time; taken before segments.mu
+	// deferrals is, per disk tier (by position), how long background eviction from it has
+	// waited for a shared next tier's share while writers wait there (evict). Guarded by
+	// reclaimMu.
+	deferrals   []deferral
 	reclaimKick chan struct{}
 	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
 	// background after Open).
@@ -482,9 +486,7 @@ func (e *Engine) release() {
 		_ = e.share.fx.Close()
 	}
 	for _, t := range e.tiers {
-		for _, l := range t.locks {
-			_ = l.Close()
-		}
+		_ = t.close()
 	}
 	if e.lock != nil {
 		_ = e.lock.Close()

@@ -592,7 +592,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 		// The blocks' sidecars in this tier go down with them.
 		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
 		if moved > 0 || !errors.Is(err, ErrNoSpace) {
-			t.deferred.reset() // room came (or the blocks went elsewhere): a new wait starts afresh
+			e.deferrals[t.pos].reset() // room came (or the blocks went elsewhere): a new wait starts afresh
 		}
 		if err == nil {
 			rep.BlocksDemoted += moved
@@ -614,7 +614,7 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 			if e.share != nil {
 				passes = e.share.refreshes.Load()
 			}
-			if !t.deferred.over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
+			if !e.deferrals[t.pos].over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
 				return errEvictionDeferred
 			}
 		}
@@ -685,24 +685,9 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	if !ok {
 		return
 	}
-	path := wal.SegmentPath(h.dir, n)
-	// Only a file whose size is what its tier accounts for is kept (a prepared segment dropped
-	// unused is laid out beyond its accounted header): the pool's bytes stay exact.
-	keep := recyclable && h.tier.poolHasRoom(h.dir, size) && e.fileSize(path) == size
-	if keep {
-		if err := e.fs.Rename(path, wal.RecyclePath(h.dir, n)); err != nil {
-			e.opts.Logger.Warn("ucm: could not keep a retired segment's file for reuse; deleting it", "path", path, "err", err)
-			keep = false
-		}
-	}
-	if !keep {
-		if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
-			e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "path", path, "err", err)
-			return
-		}
-	}
-	if err := wal.SyncDir(e.fs, h.dir); err != nil {
-		e.opts.Logger.Error("ucm: could not sync directory after deleting a segment", "path", path, "err", err)
+	kept, err := h.tier.unlink(n, h.dir, size, recyclable)
+	if err != nil {
+		e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "segment", n, "err", err)
 		return
 	}
 	b := e.ix.NewBatch()
@@ -711,11 +696,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 		e.opts.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
 	}
 	e.segs.forgetHome(n)
-	if keep {
-		h.tier.addPooled(h.dir, pooledFile{path: wal.RecyclePath(h.dir, n), size: size})
-	} else {
-		h.tier.space.Add(-size)
-	}
+	h.tier.released(h.dir, n, size, kept)
 	e.stats.segmentsRetired.Add(1)
 }
 

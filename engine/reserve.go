@@ -235,10 +235,10 @@ func (e *Engine) sameFS(dir string) bool {
 	return err1 == nil && err2 == nil && sameDevice(a, b)
 }
 
-// admitSpace is checked before a new segment of t is created: on the store's own file system,
-// the segment must leave room for the ballast (or for the index, when the ballast is gone), so
-// that the engine's dumps never fill the file system.
-func (e *Engine) admitSpace(t *diskTier, dir string) error {
+// admitSpace is checked before a new segment reserving reservation bytes is created in dir: on
+// the store's own file system, the segment must leave room for the ballast (or for the index,
+// when the ballast is gone), so that the engine's dumps never fill the file system.
+func (e *Engine) admitSpace(dir string, reservation int64) error {
 	if !e.sameFS(dir) {
 		return nil
 	}
@@ -246,7 +246,7 @@ func (e *Engine) admitSpace(t *diskTier, dir string) error {
 	if !ok {
 		return nil
 	}
-	need := e.reservation(t) + indexRoomSlack
+	need := reservation + indexRoomSlack
 	if _, err := e.fs.Stat(e.fs.PathJoin(e.dir, ReserveFile)); errors.Is(err, os.ErrNotExist) {
 		need += e.reserveSize(du.TotalBytes)
 	}

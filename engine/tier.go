@@ -5,60 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
-	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
-
-// diskTier is one disk tier of the store: a local SSD or a mounted shared file system, with
-// one or more paths. Its segments are spread across the paths by segment number; its space is
-// accounted exactly (tiers.Space) and, when it can run out of room or has a slower tier below
-// it, every block in it is tracked for LRU eviction.
-type diskTier struct {
-	pos    int // position among the disk tiers, 0 = fastest
-	cfg    tiers.Config
-	dirs   []string // segment directories, one per path
-	locks  []io.Closer
-	io     devio.Backend
-	direct devio.DirectMode
-	// w takes dumps (the first disk tier only); rw takes relocations into this tier:
-	// compaction of its own segments, demotion from the tier above, promotion from below.
-	w, rw *wal.Writer
-	space *tiers.Space
-	lru   *tiers.LRU // nil when the tier never evicts
-	// codec is how raw records are stored on their way into this tier (dumps into the first
-	// tier, relocations into any); records already compressed are moved as they are.
-	codec format.Compression
-	// segSize is the size at which this tier's segments are sealed (SegmentSizeFor).
-	segSize int64
-	// acct is a shared tier's admission account (opened in share_space.go); nil for other
-	// tiers and a shared tier without a capacity.
-	acct *tiers.ShareAccount
-	// sealing: a seal-age request to w (0) or rw (1) is in flight (sealAgedShared).
-	sealing [2]atomic.Bool
-	// pool holds the retired segment files kept for reuse in t's directories, at most
-	// recycleMax per directory (recycle.go); fs and logger are the engine's, for deleting them.
-	pool       recyclePool
-	recycleMax int
-	fs         vfs.FS
-	logger     *slog.Logger
-	// deferred is how long background eviction from this tier has waited for a shared next
-	// tier's share while writers wait here (evict). Guarded by the engine's reclaimMu.
-	deferred deferral
-}
 
 // deferral measures a wait for a shared tier's share in the sharing passes that ran during it
 // as well as in time: a grant comes from a pass, and on a loaded machine or a slow shared file
@@ -237,6 +195,24 @@ func (e *Engine) SegmentPath(n uint64) (string, bool) {
 func (e *Engine) openTiers() error {
 	cfgs := e.opts.tierConfigs(e.dir)
 	backends := map[devio.IOEngine]devio.Backend{}
+	o := diskOptions{
+		FS: e.fs, ReadOnly: e.opts.ReadOnly, Instance: e.instance, StoreDir: e.dir,
+		IOEngine: e.opts.IOEngine, DirectIO: e.opts.DirectIO, SegmentSize: e.opts.SegmentSize,
+		RecordBytes: func() int64 { return e.opts.Layout.RecordBytes() }, RecycleSegments: e.opts.RecycleSegments,
+		TaskTimeout: e.opts.TaskTimeout, Logger: e.opts.Logger,
+		Backend: func(eng devio.IOEngine) (devio.Backend, error) {
+			if b := backends[eng]; b != nil {
+				return b, nil
+			}
+			b, err := devio.NewBackend(eng, e.opts.QueueDepth, e.opts.Logger)
+			if err != nil {
+				return nil, err
+			}
+			backends[eng] = b
+			e.backends = append(e.backends, b)
+			return b, nil
+		},
+	}
 	for _, c := range cfgs {
 		if c.Kind == tiers.KindMemory {
 			e.mem = tiers.NewMemCache(c.Name, c.Capacity)
@@ -249,97 +225,25 @@ func (e *Engine) openTiers() error {
 			}
 			continue
 		}
-		local := c.Capacity
-		if c.Shared {
-			// A shared tier's capacity is global (every instance's bytes together), enforced
-			// by the reclaimer lease holder (share_reclaim.go), not per instance: a local
-			// bound would evict this instance's blocks by its own recency alone.
-			local = 0
-		}
-		t := &diskTier{pos: len(e.tiers), cfg: c, space: tiers.NewSpace(local, c.HighWatermark, c.LowWatermark),
-			segSize: SegmentSizeFor(e.opts.SegmentSize, c.Capacity), recycleMax: e.opts.RecycleSegments, fs: e.fs, logger: e.opts.Logger}
-		eng := e.opts.IOEngine
-		if c.IOEngine != "" && c.IOEngine != "auto" {
-			var err error
-			if eng, err = devio.ParseIOEngine(c.IOEngine); err != nil {
-				return fmt.Errorf("open %s: tier %q: %w: %w", e.dir, c.Name, ErrInvalidArgument, err)
-			}
-		}
-		if b := backends[eng]; b != nil {
-			t.io = b
-		} else {
-			b, err := devio.NewBackend(eng, e.opts.QueueDepth, e.opts.Logger)
-			if err != nil {
-				return fmt.Errorf("open %s: tier %q: io engine %s: %w", e.dir, c.Name, eng, err)
-			}
-			backends[eng] = b
-			e.backends = append(e.backends, b)
-			t.io = b
-		}
-		mode := e.opts.DirectIO
-		if c.DirectIO != "" && c.DirectIO != "auto" {
-			var err error
-			if mode, err = devio.ParseDirectMode(c.DirectIO); err != nil {
-				return fmt.Errorf("open %s: tier %q: %w: %w", e.dir, c.Name, ErrInvalidArgument, err)
-			}
-		}
-		for _, p := range c.Paths {
-			if !c.Shared {
+		if !c.Shared {
+			for _, p := range c.Paths {
 				// A shared path is shared by design; any other belongs to one store.
 				if other := e.foreignStore(p); other != "" {
 					return e.errForeignTierPath(c.Name, p, other, false)
 				}
 			}
-			// A shared path holds one namespace per instance; this one writes only its own.
-			own := e.tierRoot(c, p)
-			segDir := filepath.Join(own, SegmentDir)
-			if !e.opts.ReadOnly {
-				if err := e.fs.MkdirAll(segDir, 0o755); err != nil {
-					return fmt.Errorf("open tier %q: %w", c.Name, err)
-				}
-			}
-			if filepath.Clean(own) != filepath.Clean(e.dir) {
-				// Another store using this path (or namespace) would reuse our segment numbers.
-				lock, err := e.fs.Lock(filepath.Join(own, LockFile))
-				if err != nil {
-					if isLockHeld(err) {
-						return fmt.Errorf("open tier %q: path %s is in use by another store: %w", c.Name, p, ErrLocked)
-					}
-					return fmt.Errorf("open tier %q: lock %s: %w", c.Name, p, err)
-				}
-				t.locks = append(t.locks, lock)
-				if !e.opts.ReadOnly {
-					for d := own; ; d = filepath.Dir(d) {
-						if err := wal.SyncDir(e.fs, d); err != nil {
-							return fmt.Errorf("open tier %q: %w", c.Name, err)
-						}
-						if d == filepath.Clean(p) || d == filepath.Dir(d) {
-							break
-						}
-					}
-				}
-			}
-			t.dirs = append(t.dirs, segDir)
 		}
+		t, err := newDiskTier(c, len(e.tiers), o, diskEnv{e})
+		if err != nil {
+			if errors.Is(err, tiers.ErrInvalidConfig) {
+				return fmt.Errorf("open %s: %w: %w", e.dir, ErrInvalidArgument, err)
+			}
+			return err
+		}
+		e.tiers = append(e.tiers, t)
 		if err := e.openSharedAccount(t); err != nil {
 			return err
 		}
-		t.direct = devio.DirectOff
-		switch mode {
-		case devio.DirectOn:
-			t.direct = devio.DirectOn
-		case devio.DirectAuto:
-			if !e.opts.ReadOnly {
-				ok, err := devio.ProbeDirect(e.fs, t.dirs[0])
-				if err != nil {
-					return fmt.Errorf("open tier %q: %w", c.Name, err)
-				}
-				if ok {
-					t.direct = devio.DirectOn
-				}
-			}
-		}
-		e.tiers = append(e.tiers, t)
 	}
 	if len(e.tiers) == 0 {
 		return fmt.Errorf("open %s: no disk tier configured: %w", e.dir, ErrInvalidArgument)
@@ -350,6 +254,7 @@ func (e *Engine) openTiers() error {
 			t.lru = tiers.NewLRU()
 		}
 	}
+	e.deferrals = make([]deferral, len(e.tiers))
 	first := e.tiers[0]
 	e.io, e.direct, e.segDir = first.io, first.direct, first.dirs[0]
 	return nil
@@ -357,12 +262,7 @@ func (e *Engine) openTiers() error {
 
 // tierRoot is the directory of tier path p this instance owns: p itself, or for a shared tier
 // its namespace under p (tiers.NamespaceDir).
-func (e *Engine) tierRoot(c tiers.Config, p string) string {
-	if c.Shared {
-		return tiers.NamespaceDir(p, e.instance)
-	}
-	return p
-}
+func (e *Engine) tierRoot(c tiers.Config, p string) string { return tierRoot(c, p, e.instance) }
 
 // isLockHeld reports whether a failed Lock means another holder: errLockHeld (this process),
 // EAGAIN, EWOULDBLOCK or (on some systems) EACCES from fcntl or flock, or the "lock held by
@@ -381,73 +281,27 @@ func isLockHeld(err error) bool {
 // allocSegment hands out a new segment number, shared by every writer of the store.
 func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
 
-// reservation is the most a new segment of t can grow to: its segment size, or one record with
-// its header and footer when a record is larger.
-func (e *Engine) reservation(t *diskTier) int64 {
-	return max(t.segSize, format.SegmentHeaderSize+e.opts.Layout.RecordBytes()+format.FooterSize(1))
-}
+// reservation is the most a new segment of t can grow to (diskTier.reservation).
+func (e *Engine) reservation(t *diskTier) int64 { return t.reservation() }
 
 // startWriters starts each tier's relocation writer and the first tier's dump writer.
 func (e *Engine) startWriters() error {
 	for _, t := range e.tiers {
-		for _, relocation := range []bool{false, true} {
-			if !relocation && t.pos != 0 {
-				continue
-			}
-			var onFlight func(wal.FlightTiming)
-			if !relocation {
-				onFlight = e.opts.OnFlight
-			}
-			w, err := wal.NewWriter(wal.Options{
-				FS: e.fs, SegmentSize: t.segSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
-				Direct: t.direct, Backend: t.io, Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
-				Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
-				DirFor: e.placer(t), Admit: e.admitter(t, relocation),
-				// Dumps arrive in streams: have the next segment ready before the active one
-				// fills. Relocations come in bursts; their writer creates segments as needed.
-				PrepareNext: !relocation,
-				OnFlight:    onFlight,
-				// Layer-wise dumps write batch records through the first tier's dump writer;
-				// relocation writers keep the blocks of a batch layer-major (relocateBatches).
-				BatchRecords: !e.opts.StageLayerWise,
-			})
-			if err != nil {
-				return err
-			}
-			if relocation {
-				t.rw = w
-			} else {
-				t.w = w
-			}
+		err := t.openWriters(wal.Options{
+			FS: e.fs, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
+			Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
+			Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
+			DirFor: e.placer(t), OnFlight: e.opts.OnFlight,
+			// Layer-wise dumps write batch records through the first tier's dump writer;
+			// relocation writers keep the blocks of a batch layer-major (relocateBatches).
+			BatchRecords: !e.opts.StageLayerWise,
+		}, t.pos == 0)
+		if err != nil {
+			return err
 		}
 	}
 	e.w = e.tiers[0].w
 	return nil
-}
-
-// admitter returns the Admit of one of t's writers: a new segment reserves its largest size
-// under t's capacity; dumps wait (up to TaskTimeout) for reclamation to make room. A recycled
-// file in the segment's directory is handed to the writer to reuse, its bytes counted towards
-// the reservation.
-func (e *Engine) admitter(t *diskTier, relocation bool) func(uint64, string) (string, error) {
-	return func(n uint64, dir string) (string, error) {
-		if !relocation {
-			// Relocations are how reclamation frees space: never refused for it.
-			if err := e.admitSpace(t, dir); err != nil {
-				return "", fmt.Errorf("tier %q: %w", t.cfg.Name, err)
-			}
-		}
-		rc := &reservationRecycler{t: t, dir: dir}
-		kick := e.kickReclaimer
-		if t.acct != nil {
-			kick = func() { e.kickReclaimer(); e.kickSharing() } // ask the lease holder for room
-		}
-		if _, err := t.space.Reserve(e.reservation(t), relocation, e.opts.TaskTimeout, e.stop, kick, rc); err != nil {
-			e.kickReclaimer()
-			return "", fmt.Errorf("tier %q: %w: %w", t.cfg.Name, ErrNoSpace, err)
-		}
-		return rc.taken.path, nil
-	}
 }
 
 // kickReclaimer asks the reclaimer to look at the tiers now (one that a writer waits on is
@@ -585,7 +439,8 @@ func (e *Engine) TierStats() []TierStats {
 	out := e.cacheTierStats()
 	start := len(out)
 	for _, t := range e.tiers {
-		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: t.cfg.Capacity, SegmentSize: t.segSize, Used: t.space.Used(), Recycled: t.space.Pooled()})
+		u := t.usage()
+		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: u.Capacity, SegmentSize: u.SegmentSize, Used: u.Used, Recycled: u.Recycled})
 	}
 	for _, row := range e.ix.Segments() {
 		t := e.tierOf(row.Number)
