@@ -57,15 +57,15 @@ func listKey(ids []BlockID) string {
 
 // batchable reports whether layer-wise dumps may go to batch records in this store.
 func (e *Engine) batchable() bool {
-	return !e.opts.StageLayerWise && len(e.caches) == 0 && e.tiers[0].codec == format.CompressionNone
+	return !e.opts.StageLayerWise && len(e.caches) == 0 && e.tiers[0].Codec() == format.CompressionNone
 }
 
 // chunkBlocks is how many of n blocks of the store's layout one batch record written into
 // tier t holds at most: its extent must fit MaxBatchBytes and an empty segment of t, and one
 // layer's run of it MaxStagingBytes. 0 if not even one fits.
-func (e *Engine) chunkBlocks(t *diskTier, n int) int {
+func (e *Engine) chunkBlocks(t disk, n int) int {
 	l := e.opts.Layout
-	limit := min(e.opts.MaxBatchBytes, t.segSize-format.SegmentHeaderSize-format.FooterSize(1))
+	limit := min(e.opts.MaxBatchBytes, t.SegmentSize()-format.SegmentHeaderSize-format.FooterSize(1))
 	// A chunk's run of one layer must also fit staging memory, which it may need whole as
 	// bounce buffers (writeChunkRun): MaxStagingBytes holds at least one record, so one block.
 	per := min(n, format.MaxBatchBlocks, int(max(limit/(int64(l.Shards)*l.ShardStride()), 0)),

@@ -423,13 +423,13 @@ func TestLayerBatchDemotion(t *testing.T) {
 	if st := e.Stats(); st.BatchRecords != 16 {
 		t.Fatalf("%d batch records for 16 requests", st.BatchRecords)
 	}
-	waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].space.OverHigh() })
+	waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].Space().OverHigh() })
 	if st := e.TierStats(); st[1].Blocks == 0 || e.Stats().EvictedBlocks == 0 {
 		t.Fatalf("nothing demoted: %+v", st)
 	}
 	var inBatches, alone int
 	for _, id := range all {
-		if loc := location(t, e, id); e.tierOf(loc.Segment).pos == 1 {
+		if loc := location(t, e, id); e.tierOf(loc.Segment).Pos() == 1 {
 			if loc.IsBatch() {
 				inBatches++
 			} else {

@@ -61,8 +61,8 @@ func (e *Engine) openCaches() error {
 // in a cache is a use of the block).
 func (e *Engine) touchDiskTiers(id BlockID) {
 	for _, t := range e.tiers {
-		if t.lru != nil {
-			t.lru.Touch(id)
+		if t.LRU() != nil {
+			t.LRU().Touch(id)
 		}
 	}
 }

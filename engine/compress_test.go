@@ -357,14 +357,14 @@ func TestCompressionPerTier(t *testing.T) {
 	for _, id := range ids {
 		dumpKV(t, e, []BlockID{id}, false)
 	}
-	waitFor(t, "demotion", func() bool { return !e.tiers[0].space.OverHigh() && e.TierStats()[2].Blocks > 0 })
+	waitFor(t, "demotion", func() bool { return !e.tiers[0].Space().OverHigh() && e.TierStats()[2].Blocks > 0 })
 	compressedBelow := 0
 	for _, id := range ids {
 		loc, _, _ := e.ix.Get(id)
 		switch tier := e.tierOf(loc.Segment); {
-		case tier.pos == 0 && loc.Compression != format.CompressionNone:
+		case tier.Pos() == 0 && loc.Compression != format.CompressionNone:
 			t.Fatalf("block %s compressed in the raw tier", id)
-		case tier.pos == 1 && loc.Compression != format.CompressionNone:
+		case tier.Pos() == 1 && loc.Compression != format.CompressionNone:
 			compressedBelow++
 		}
 	}

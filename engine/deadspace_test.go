@@ -179,7 +179,7 @@ func TestDeadSpaceFromFailedDumpsComesBack(t *testing.T) {
 				if row.State == index.SegmentSealed {
 					bound += row.Size - row.LiveBytes
 				} else {
-					bound += e.tiers[0].segSize
+					bound += e.tiers[0].SegmentSize()
 				}
 				if row.State == index.SegmentSealed && float64(row.LiveBytes) <= ratio*float64(row.Size) {
 					t.Fatalf("segment %d: %d of %d bytes live after compaction", row.Number, row.LiveBytes, row.Size)

@@ -418,7 +418,7 @@ func (e *Engine) whyStaged(v0 bool) string {
 		return "this store stages layer-wise dumps (stage_layer_wise)"
 	case len(e.caches) > 0:
 		return "this store writes blocks through to a memory or Mooncake tier, which take whole blocks"
-	case e.tiers[0].codec != format.CompressionNone:
+	case e.tiers[0].Codec() != format.CompressionNone:
 		return "this store compresses whole blocks"
 	default:
 		return "this layer-wise dump could not be written as a batch record (another dump of its blocks in flight, or a list that differs from an open one)"
@@ -610,7 +610,7 @@ func (e *Engine) appendRecords(recs []*wal.Record, flights []*inflightDump) []er
 // compressRecords compresses records for the first tier (per its codec).
 func (e *Engine) compressRecords(recs []*wal.Record) {
 	for _, rec := range recs {
-		e.compressRecord(rec, e.tiers[0].codec)
+		e.compressRecord(rec, e.tiers[0].Codec())
 	}
 }
 

@@ -75,8 +75,8 @@ type Engine struct {
 
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
-	tiers      []*diskTier // disk tiers, fastest first
-	storedDirs []string    // segment directories of the tiers the store last recorded
+	tiers      []disk   // disk tiers, fastest first
+	storedDirs []string // segment directories of the tiers the store last recorded
 	// caches are the cache tiers in front of the disk tiers, fastest first (cache.go); mem is
 	// the memory tier among them, or nil (it caches sidecars too).
 	caches []tiers.Cache
@@ -254,9 +254,9 @@ func (e *Engine) setCodecs() {
 	for _, t := range e.tiers {
 		c := e.opts.Compression
 		if len(e.opts.Tiers) > 0 {
-			c, _ = ParseCompression(t.cfg.Compression) // validated by tiers.Validate
+			c, _ = ParseCompression(t.Config().Compression) // validated by tiers.Validate
 		}
-		t.codec = codecFor(c, dtype)
+		t.SetCodec(codecFor(c, dtype))
 	}
 }
 
@@ -486,7 +486,7 @@ func (e *Engine) release() {
 		_ = e.share.fx.Close()
 	}
 	for _, t := range e.tiers {
-		_ = t.close()
+		_ = t.Close()
 	}
 	if e.lock != nil {
 		_ = e.lock.Close()
@@ -589,7 +589,7 @@ func (e *Engine) Sync() error {
 func (e *Engine) writers() []*wal.Writer {
 	var ws []*wal.Writer
 	for _, t := range e.tiers {
-		for _, w := range []*wal.Writer{t.w, t.rw} {
+		for _, w := range []*wal.Writer{t.Writer(false), t.Writer(true)} {
 			if w != nil {
 				ws = append(ws, w)
 			}

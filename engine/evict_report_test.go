@@ -45,7 +45,7 @@ func TestEvictReportsBytesReclaimed(t *testing.T) {
 	if err := e.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	segDir := e.tiers[0].dirs[0]
+	segDir := e.tiers[0].Dirs()[0]
 	before := liveSegmentBytes(t, segDir)
 	rep, err := e.Evict("", 0)
 	if err != nil {

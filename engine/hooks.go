@@ -101,8 +101,8 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 			continue
 		}
 		if r.Origin == nil {
-			if to != nil && to.lru != nil {
-				to.lru.Add(r.ID, r.Size())
+			if to != nil && to.LRU() != nil {
+				to.LRU().Add(r.ID, r.Size())
 			}
 			continue
 		}
@@ -114,11 +114,11 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 		if from == to {
 			continue
 		}
-		if from != nil && from.lru != nil {
-			from.lru.Remove(r.ID)
+		if from != nil && from.LRU() != nil {
+			from.LRU().Remove(r.ID)
 		}
-		if to != nil && to.lru != nil {
-			to.lru.Add(r.ID, r.Size())
+		if to != nil && to.LRU() != nil {
+			to.LRU().Add(r.ID, r.Size())
 		}
 	}
 	return nil
@@ -139,7 +139,7 @@ func (h *walHooks) SegmentSealed(number uint64, size int64) error {
 	if err := e.ix.Apply(b, true); err != nil {
 		return err
 	}
-	if t := e.tierOf(number); t != nil && t.cfg.Shared {
+	if t := e.tierOf(number); t != nil && t.Shared() {
 		e.kickSharing() // publish it to the other instances
 	}
 	return nil

@@ -111,8 +111,8 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
 	// leaves before their parents.
 	for _, t := range e.tiers {
-		if t.lru != nil && n > 0 {
-			t.lru.TouchChain(ids[:n])
+		if t.LRU() != nil && n > 0 {
+			t.LRU().TouchChain(ids[:n])
 		}
 	}
 	return n
@@ -175,7 +175,7 @@ type blockRead struct {
 	i    int
 	loc  index.Location
 	seg  *wal.Segment
-	tier *diskTier
+	tier disk
 	// foreign: the block is another instance's (a foreign index entry): not in this
 	// instance's recency lists; a hit is promoted into its faster tiers.
 	foreign bool
@@ -423,8 +423,8 @@ func (b *loadBatch) planRead(i int) {
 		return
 	}
 	r := blockRead{i: i, loc: loc, seg: seg, tier: tier, foreign: isForeign(loc.Segment), callerDst: len(b.dst[i]) == 1}
-	if r.tier != nil && r.tier.lru != nil && !r.foreign {
-		r.tier.lru.Pin(id) // not evicted while read
+	if r.tier != nil && r.tier.LRU() != nil && !r.foreign {
+		r.tier.LRU().Pin(id) // not evicted while read
 	}
 	b.appendReads(&r)
 	b.reads = append(b.reads, r)
@@ -486,10 +486,10 @@ func (b *loadBatch) readDisk() {
 	if len(b.ops) == 0 {
 		return
 	}
-	var owner []*diskTier // built only when the tiers use more than one backend
-	tierOf := func(o int) *diskTier {
+	var owner []disk // built only when the tiers use more than one backend
+	tierOf := func(o int) disk {
 		if owner == nil {
-			owner = make([]*diskTier, len(b.ops))
+			owner = make([]disk, len(b.ops))
 			for k := range b.reads {
 				for i := b.reads[k].opLo; i < b.reads[k].opHi; i++ {
 					owner[i] = b.reads[k].tier
@@ -527,10 +527,10 @@ func (b *loadBatch) finishReads() {
 		}
 		r.seg.Release()
 		if r.tier != nil {
-			if r.tier.lru != nil && !r.foreign {
-				r.tier.lru.Unpin(id)
+			if r.tier.LRU() != nil && !r.foreign {
+				r.tier.LRU().Unpin(id)
 				if t.errs[r.i] == nil {
-					r.tier.lru.Touch(id)
+					r.tier.LRU().Touch(id)
 				}
 			}
 			if t.errs[r.i] == nil {
@@ -556,7 +556,7 @@ func (b *loadBatch) finishHit(r *blockRead) {
 	if e.share != nil {
 		e.noteAccess(r.loc.Segment)
 	}
-	if r.tier.pos > 0 || (r.foreign && !e.tiers[0].cfg.Shared) {
+	if r.tier.Pos() > 0 || (r.foreign && !e.tiers[0].Shared()) {
 		e.wantPromotion(id)
 	}
 	if b.shard != AllShards || len(e.caches) == 0 {
@@ -581,14 +581,14 @@ const maxFollow = 3
 // the entry was read is not a miss when compaction or eviction moved the block meanwhile: the
 // entry is read again and followed (up to maxFollow times). It returns the segment pinned, the
 // entry it belongs to and the segment's tier, or the error of the last attempt.
-func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, *diskTier, error) {
+func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, disk, error) {
 	return e.acquireFollowing(id, 0, loc)
 }
 
 // acquireInTier pins segment n and returns it with its tier. The tier is looked up before the
 // pin: a segment retired, or an alias forgotten, just after it was pinned stays readable, but
 // its number no longer names a tier.
-func (e *Engine) acquireInTier(n uint64) (*wal.Segment, *diskTier, error) {
+func (e *Engine) acquireInTier(n uint64) (*wal.Segment, disk, error) {
 	t := e.tierOf(n)
 	seg, err := e.acquireSegment(n)
 	if err != nil {
@@ -628,7 +628,7 @@ func (e *Engine) entryLike(id BlockID, kind format.SidecarKind, loc index.Locati
 
 // acquireFollowing is acquireLatest for any entry, block id's (kind 0) or its sidecar of kind:
 // the entry is read again when loc's segment is gone.
-func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, *diskTier, error) {
+func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, disk, error) {
 	for attempt := 0; ; attempt++ {
 		seg, t, err := e.acquireInTier(loc.Segment)
 		if err == nil {
@@ -748,7 +748,7 @@ func (e *Engine) checkFailed(r *blockRead, id BlockID, shard int, cause error, i
 	}
 	out := e.pool.Get(int(want))
 	defer e.pool.Put(out)
-	_ = e.submit(ops, func(int) *diskTier { return r.tier }) // per-op errors: finishRead's
+	_ = e.submit(ops, func(int) disk { return r.tier }) // per-op errors: finishRead's
 	if err := e.finishRead(&again, id, shard, out, ops); err != nil {
 		return err // corrupt on the medium too (dropped), or the read again failed
 	}
@@ -916,8 +916,8 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 			e.opts.Logger.Error("ucm: could not drop broken block from the index", "block", id, "err", err)
 		}
 		if *dropped {
-			if t := e.tierOf(loc.Segment); t != nil && t.lru != nil {
-				t.lru.Remove(id)
+			if t := e.tierOf(loc.Segment); t != nil && t.LRU() != nil {
+				t.LRU().Remove(id)
 			}
 			e.uncache(id)
 		}

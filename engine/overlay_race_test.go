@@ -110,7 +110,7 @@ func TestSharedOverlayEntryFollowed(t *testing.T) {
 			t.Fatalf("block %s: acquire with the overlay's entry after the manifest listed it: %v", id, err)
 		}
 		seg.Release()
-		if isOverlay(loc.Segment) || !isForeign(loc.Segment) || tier == nil || !tier.cfg.Shared {
+		if isOverlay(loc.Segment) || !isForeign(loc.Segment) || tier == nil || !tier.Shared() {
 			t.Fatalf("block %s followed to %+v (tier %v), want the manifest's foreign entry in the shared tier", id, loc, tier)
 		}
 	}

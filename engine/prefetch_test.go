@@ -222,7 +222,7 @@ func TestPrefetchFullFirstTierStillFillsMemory(t *testing.T) {
 	defer e.Close()
 	// Fill the first disk tier's account past its high watermark (a dump waiting for room
 	// does the same); it holds no block the reclaimer could move, so it stays there.
-	ssd := e.tiers[0].space
+	ssd := e.tiers[0].Space()
 	fill := ssd.Capacity()
 	ssd.Add(fill)
 	defer ssd.Add(-fill)

@@ -51,14 +51,14 @@ func (e *Engine) wantPromotion(id BlockID) {
 func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 	// Another instance's block is copied into this instance's first disk tier unless that tier
 	// is the shared one itself (a second copy there would save nothing).
-	foreignToo := e.share != nil && !e.tiers[0].cfg.Shared
+	foreignToo := e.share != nil && !e.tiers[0].Shared()
 	if len(e.tiers) < 2 && !foreignToo {
 		return 0, nil
 	}
-	if e.tiers[0].space.OverHigh() {
+	if e.tiers[0].Space().OverHigh() {
 		// The first tier is being reclaimed (or a dump waits for room): a promotion now would
 		// take the space back and evict another block to make room for it.
-		return 0, fmt.Errorf("tier %q is above its high watermark: %w", e.tiers[0].cfg.Name, ErrNoSpace)
+		return 0, fmt.Errorf("tier %q is above its high watermark: %w", e.tiers[0].Name(), ErrNoSpace)
 	}
 	var move, foreign []recordRef
 	for _, id := range ids {
@@ -72,14 +72,14 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 				continue
 			}
 		}
-		if t := e.tierOf(loc.Segment); ok && t != nil && t.pos > 0 {
+		if t := e.tierOf(loc.Segment); ok && t != nil && t.Pos() > 0 {
 			move = append(move, recordRef{id: id, loc: loc})
 		}
 	}
 	// A block's sidecars move with it, wherever they are below the first tier.
 	var up []recordRef
 	for _, r := range e.sidecarsOf(move, nil) {
-		if t := e.tierOf(r.loc.Segment); t != nil && t.pos > 0 {
+		if t := e.tierOf(r.loc.Segment); t != nil && t.Pos() > 0 {
 			up = append(up, r)
 		}
 	}
@@ -166,8 +166,8 @@ func (e *Engine) belowFirstTier(id BlockID) bool {
 		return true
 	}
 	if !ok {
-		return e.share != nil && !e.tiers[0].cfg.Shared && e.foreignContains(id)
+		return e.share != nil && !e.tiers[0].Shared() && e.foreignContains(id)
 	}
 	t := e.tierOf(loc.Segment)
-	return t != nil && t.pos > 0
+	return t != nil && t.Pos() > 0
 }

@@ -156,7 +156,7 @@ func (e *Engine) appendPublog(recs []*wal.Record, locs []index.Location) {
 		g := groups[r.Segment]
 		if g == nil {
 			h, ok := e.home(r.Segment)
-			if !ok || !h.tier.cfg.Shared {
+			if !ok || !h.tier.Shared() {
 				continue
 			}
 			meta, ok := e.ix.Segment(r.Segment)
@@ -373,7 +373,7 @@ func (e *Engine) closePublogs() {
 type publogTail struct {
 	inst     format.InstanceID
 	nsDir    string
-	tier     *diskTier
+	tier     disk
 	f        vfs.File // nil until a log is found
 	seq      uint64
 	off      int64
@@ -542,10 +542,10 @@ func (e *Engine) tailPublogs(onMiss bool) {
 		ov.ticks++
 	}
 	for _, t := range e.tiers {
-		if !t.cfg.Shared {
+		if !t.Shared() {
 			continue
 		}
-		for _, root := range t.cfg.Paths {
+		for _, root := range t.Config().Paths {
 			e.discoverPublogs(t, root, trustTimes)
 		}
 	}
@@ -612,7 +612,7 @@ func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest, s
 }
 
 // discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
-func (e *Engine) discoverPublogs(t *diskTier, root string, trustTimes bool) {
+func (e *Engine) discoverPublogs(t disk, root string, trustTimes bool) {
 	ov := &e.share.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
 	now := time.Now()

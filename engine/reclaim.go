@@ -66,8 +66,8 @@ func (e *Engine) reclaimer() {
 		for _, t := range e.tiers {
 			var err error
 			switch {
-			case t.space.OverHigh():
-				_, err = e.reclaimTier(t, -1, t.recency())
+			case t.Space().OverHigh():
+				_, err = e.reclaimTier(t, -1, recencyOf(t))
 			case compact:
 				// Online compaction: dead space is reclaimed in every tier, also below the
 				// watermarks and in unlimited tiers.
@@ -78,7 +78,7 @@ func (e *Engine) reclaimer() {
 				err = e.compactTier(t, 0)
 			}
 			if err != nil && !errors.Is(err, ErrClosed) {
-				e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.cfg.Name, "err", err)
+				e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.Name(), "err", err)
 			}
 		}
 	}
@@ -86,7 +86,7 @@ func (e *Engine) reclaimer() {
 
 // tierFileBytes is the bytes of t's segment files as the segment table records them (an active
 // segment's size is its durable end).
-func (e *Engine) tierFileBytes(t *diskTier) int64 {
+func (e *Engine) tierFileBytes(t disk) int64 {
 	var n int64
 	for _, row := range e.ix.Segments() {
 		if e.tierOf(row.Number) == t {
@@ -98,7 +98,7 @@ func (e *Engine) tierFileBytes(t *diskTier) int64 {
 
 // compactTier retires t's empty sealed segments and compacts those at or below liveRatio (0:
 // only retires the empty ones, copying nothing).
-func (e *Engine) compactTier(t *diskTier, liveRatio float64) error {
+func (e *Engine) compactTier(t disk, liveRatio float64) error {
 	select {
 	case <-e.stop:
 		return ErrClosed
@@ -129,19 +129,19 @@ type ReclaimReport struct {
 // reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
 // it did; it stops early, without error, when nothing more can be evicted (everything left is
 // pinned or the tier is empty).
-func (e *Engine) reclaimTier(t *diskTier, target int64, lru recency) (ReclaimReport, error) {
+func (e *Engine) reclaimTier(t disk, target int64, lru recency) (ReclaimReport, error) {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	return e.reclaimTierLocked(t, target, lru)
 }
 
 // reclaimTierLocked is reclaimTier with reclaimMu held.
-func (e *Engine) reclaimTierLocked(t *diskTier, target int64, lru recency) (rep ReclaimReport, err error) {
-	before := t.space.Segments()
-	defer func() { rep.BytesReclaimed = before - t.space.Segments() }()
+func (e *Engine) reclaimTierLocked(t disk, target int64, lru recency) (rep ReclaimReport, err error) {
+	before := t.Space().Segments()
+	defer func() { rep.BytesReclaimed = before - t.Space().Segments() }()
 	excess := func() int64 {
 		if target < 0 {
-			return t.space.Excess()
+			return t.Space().Excess()
 		}
 		// An explicit target is about the files: active segments count what they hold, not
 		// their reservation (which a target below one segment could never get under).
@@ -199,7 +199,7 @@ const pressureLiveRatio = 0.9
 // reclaimSegments retires t's empty sealed segments and compacts those at or below
 // liveRatio, emptiest first, while excess() > 0 (or all of them when excess is nil), calling
 // progress (if not nil) after each segment.
-func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
+func (e *Engine) reclaimSegments(t disk, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
 	type cand struct {
 		row   index.SegmentMeta
 		ratio float64
@@ -248,7 +248,7 @@ func (e *Engine) reclaimSegments(t *diskTier, liveRatio float64, rep *ReclaimRep
 // relocation writer. The segment's footer lists its records, so only those are looked up (a
 // damaged footer falls back to a scan of the index). Entries that moved or went away meanwhile
 // are left alone by the conditional index batch.
-func (e *Engine) compactSegment(t *diskTier, n uint64) (int, int64, error) {
+func (e *Engine) compactSegment(t disk, n uint64) (int, int64, error) {
 	refs, err := e.liveRecords(n)
 	if err != nil {
 		return 0, 0, err
@@ -275,13 +275,13 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 				ferr    = fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone) // no tier: retired meanwhile
 			)
 			if t != nil {
-				entries, ferr = wal.ReadFooter(seg, row.Size, t.io)
+				entries, ferr = wal.ReadFooter(seg, row.Size, t.Backend())
 			}
 			if ferr == nil {
 				for _, fe := range entries {
 					ids := []BlockID{fe.ID}
 					if fe.Type == format.RecordBatch {
-						bh, err := wal.ReadBatchHeader(seg, fe, t.io)
+						bh, err := wal.ReadBatchHeader(seg, fe, t.Backend())
 						if err != nil {
 							ferr = err
 							break
@@ -328,7 +328,7 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 // sidecarsOf returns the sidecars of the blocks in refs that are stored in tier t (all tiers
 // when t is nil) and not in refs already: what must move with the blocks so that a tier is
 // not left holding representations of blocks it no longer has.
-func (e *Engine) sidecarsOf(refs []recordRef, t *diskTier) []recordRef {
+func (e *Engine) sidecarsOf(refs []recordRef, t disk) []recordRef {
 	var out []recordRef
 	for _, r := range refs {
 		if r.kind != 0 {
@@ -359,7 +359,7 @@ const relocateBatch = 16
 // The moves are published by the writer's Publish hook with a compare-and-set per entry. It
 // returns how many records were copied (and how many of them are blocks) and the bytes they
 // take in dst.
-func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, written int64, err error) {
+func (e *Engine) relocate(refs []recordRef, dst disk) (moved, blocks int, written int64, err error) {
 	groups, refs := e.batchGroups(refs, dst)
 	for _, g := range groups {
 		n, w, err := e.relocateBatch(g, dst)
@@ -379,7 +379,7 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 		}
 		for _, r := range recs {
 			if r.Kind == 0 {
-				e.compressRecord(r, dst.codec)
+				e.compressRecord(r, dst.Codec())
 			}
 			if isForeign(r.Origin.Segment) {
 				r.Origin = nil // another instance's block: the copy is this instance's own
@@ -388,12 +388,12 @@ func (e *Engine) relocate(refs []recordRef, dst *diskTier) (moved, blocks int, w
 		for _, r := range recs {
 			written += r.Size()
 		}
-		err = wrapIO(dst.rw.Append(recs))
+		err = wrapIO(dst.Writer(true).Append(recs))
 		for _, r := range recs {
 			e.putRecord(r)
 		}
 		if err != nil {
-			return moved, blocks, written, fmt.Errorf("relocate into tier %q: %w", dst.cfg.Name, err)
+			return moved, blocks, written, fmt.Errorf("relocate into tier %q: %w", dst.Name(), err)
 		}
 		moved += len(recs)
 		for _, r := range recs {
@@ -417,7 +417,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		rec    *wal.Record
 		seg    *wal.Segment
 		ref    recordRef
-		tier   *diskTier
+		tier   disk
 		header bool // ops[lo] reads the record header
 		lo, hi int  // ops[lo:hi] are this record's
 	}
@@ -428,7 +428,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	for _, ref := range refs {
 		var (
 			seg  *wal.Segment
-			tier *diskTier
+			tier disk
 			err  error
 		)
 		if isForeign(ref.loc.Segment) {
@@ -474,13 +474,13 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		reads = append(reads, r)
 	}
 	if len(ops) > 0 {
-		owner := make([]*diskTier, len(ops))
+		owner := make([]disk, len(ops))
 		for _, r := range reads {
 			for i := r.lo; i < r.hi; i++ {
 				owner[i] = r.tier
 			}
 		}
-		_ = e.submit(ops, func(i int) *diskTier { return owner[i] })
+		_ = e.submit(ops, func(i int) disk { return owner[i] })
 	}
 	var out []*wal.Record
 	for _, r := range reads {
@@ -571,7 +571,7 @@ const evictionDeferral = 4
 // ahead of need and arrives within an interval or two, and a block dropped is a prefill
 // recomputed. Without limit while t is within its capacity and no writer waits for room in it;
 // for evictionDeferral sharing passes when writers wait (then they are dropped as before).
-func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
+func (e *Engine) evict(t disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
 		loc, ok, err := e.ix.Get(id)
@@ -587,12 +587,12 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 	if len(refs) == 0 {
 		return nil
 	}
-	if t.pos+1 < len(e.tiers) {
-		next := e.tiers[t.pos+1]
+	if t.Pos()+1 < len(e.tiers) {
+		next := e.tiers[t.Pos()+1]
 		// The blocks' sidecars in this tier go down with them.
 		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
 		if moved > 0 || !errors.Is(err, ErrNoSpace) {
-			e.deferrals[t.pos].reset() // room came (or the blocks went elsewhere): a new wait starts afresh
+			e.deferrals[t.Pos()].reset() // room came (or the blocks went elsewhere): a new wait starts afresh
 		}
 		if err == nil {
 			rep.BlocksDemoted += moved
@@ -606,20 +606,20 @@ func (e *Engine) evict(t *diskTier, lru recency, victims []BlockID, mayDefer boo
 		if !errors.Is(err, ErrNoSpace) {
 			return err
 		}
-		if mayDefer && next.acct != nil {
-			if t.space.Demand() == 0 && t.space.Used() <= t.cfg.Capacity {
+		if mayDefer && accountOf(next) != nil {
+			if t.Space().Demand() == 0 && t.Space().Used() <= t.Config().Capacity {
 				return errEvictionDeferred // costs nothing: no writer waits for this room
 			}
 			var passes int64
 			if e.share != nil {
 				passes = e.share.refreshes.Load()
 			}
-			if !e.deferrals[t.pos].over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
+			if !e.deferrals[t.Pos()].over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
 				return errEvictionDeferred
 			}
 		}
 		e.kickReclaimer()
-		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.cfg.Name, "next", next.cfg.Name, "err", err)
+		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.Name(), "next", next.Name(), "err", err)
 		// Some may have moved before the refusal; drop only those still here.
 	}
 	b := e.ix.NewBatch()
@@ -660,7 +660,7 @@ func (e *Engine) retire(n uint64) error {
 		return fmt.Errorf("retire segment %d: %w", n, err)
 	}
 	s, h := e.segs.forget(n)
-	shared := h.tier != nil && h.tier.cfg.Shared
+	shared := h.tier != nil && h.tier.Shared()
 	// A shared tier's files are read by other instances: never overwritten in place, and a
 	// published one stays a grace period after it leaves the manifest.
 	recyclable := s != nil && s.Recyclable() && !shared
@@ -685,7 +685,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 	if !ok {
 		return
 	}
-	kept, err := h.tier.unlink(n, h.dir, size, recyclable)
+	kept, err := h.tier.Unlink(n, h.dir, size, recyclable)
 	if err != nil {
 		e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "segment", n, "err", err)
 		return
@@ -696,7 +696,7 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 		e.opts.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
 	}
 	e.segs.forgetHome(n)
-	h.tier.released(h.dir, n, size, kept)
+	h.tier.Released(h.dir, n, size, kept)
 	e.stats.segmentsRetired.Add(1)
 }
 
@@ -718,7 +718,7 @@ func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	if toBytes < 0 {
 		return ReclaimReport{}, fmt.Errorf("evict to %d bytes: %w", toBytes, ErrInvalidArgument)
 	}
-	if lru := t.recency(); lru != nil {
+	if lru := recencyOf(t); lru != nil {
 		return e.reclaimTier(t, toBytes, lru)
 	}
 	// An unlimited last tier keeps no recency; evict by write order, oldest first. The list
@@ -739,16 +739,16 @@ type recency interface {
 	Remove(id BlockID)
 }
 
-// recency returns t's LRU, or nil (an interface holding no pointer) when it keeps none.
-func (t *diskTier) recency() recency {
-	if t.lru == nil {
+// recencyOf returns t's LRU, or nil (an interface holding no pointer) when it keeps none.
+func recencyOf(t disk) recency {
+	if t.LRU() == nil {
 		return nil
 	}
-	return t.lru
+	return t.LRU()
 }
 
 // writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
-func (e *Engine) writeOrder(t *diskTier) (recency, error) {
+func (e *Engine) writeOrder(t disk) (recency, error) {
 	lru := tiers.NewLRU()
 	err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
 		if e.tierOf(loc.Segment) == t {
@@ -804,12 +804,12 @@ func (r *ReclaimReport) add(o ReclaimReport) {
 }
 
 // diskTierNamed returns the disk tier called name ("" = the first).
-func (e *Engine) diskTierNamed(name string) (*diskTier, error) {
+func (e *Engine) diskTierNamed(name string) (disk, error) {
 	if name == "" {
 		return e.tiers[0], nil
 	}
 	for _, t := range e.tiers {
-		if t.cfg.Name == name {
+		if t.Name() == name {
 			return t, nil
 		}
 	}

@@ -29,8 +29,8 @@ const minRelocatedBatch = 2
 // relocateBatch copies layer-major into dst, and the rest, which relocate copies record by
 // record. Batches are not compressed: into a tier that compresses, every block goes the record
 // way.
-func (e *Engine) batchGroups(refs []recordRef, dst *diskTier) (groups [][]recordRef, rest []recordRef) {
-	if e.opts.StageLayerWise || dst.codec != format.CompressionNone {
+func (e *Engine) batchGroups(refs []recordRef, dst disk) (groups [][]recordRef, rest []recordRef) {
+	if e.opts.StageLayerWise || dst.Codec() != format.CompressionNone {
 		return nil, refs
 	}
 	type source struct {
@@ -79,7 +79,7 @@ func (e *Engine) batchGroups(refs []recordRef, dst *diskTier) (groups [][]record
 // of dst's relocation writer. Blocks that cannot be read are handled as readRecords handles
 // them (a broken one dropped from the index, a failed read counted and left where it is). It
 // returns the blocks copied and the bytes the new record takes.
-func (e *Engine) relocateBatch(group []recordRef, dst *diskTier) (int, int64, error) {
+func (e *Engine) relocateBatch(group []recordRef, dst disk) (int, int64, error) {
 	l := e.opts.Layout
 	src := group[0].loc
 	seg, err := e.acquireSegment(src.Segment)
@@ -113,7 +113,7 @@ func (e *Engine) relocateBatch(group []recordRef, dst *diskTier) (int, int64, er
 		}
 	}
 	from := e.tierOf(src.Segment)
-	_ = e.submit(ops, func(int) *diskTier { return from })
+	_ = e.submit(ops, func(int) disk { return from })
 	var good []int // positions in group of the blocks read whole and verified
 	for k, r := range group {
 		var err error
@@ -153,9 +153,9 @@ func (e *Engine) relocateBatch(group []recordRef, dst *diskTier) (int, int64, er
 			origins[j] = &wal.Origin{Segment: r.loc.Segment, Offset: r.loc.Offset}
 		}
 	}
-	b, err := dst.rw.ReserveBatch(ids, l)
+	b, err := dst.Writer(true).ReserveBatch(ids, l)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relocate a batch of %d blocks from %s into tier %q: %w", len(ids), ids[0], dst.cfg.Name, wrapIO(err))
+		return 0, 0, fmt.Errorf("relocate a batch of %d blocks from %s into tier %q: %w", len(ids), ids[0], dst.Name(), wrapIO(err))
 	}
 	err = b.SetOrigins(origins)
 	shards, crcs := make([][]byte, len(good)), make([]uint32, len(good))
@@ -170,7 +170,7 @@ func (e *Engine) relocateBatch(group []recordRef, dst *diskTier) (int, int64, er
 	}
 	if err != nil {
 		b.AbandonBatch()
-		return 0, 0, fmt.Errorf("relocate a batch of %d blocks from %s into tier %q: %w", len(ids), ids[0], dst.cfg.Name, wrapIO(err))
+		return 0, 0, fmt.Errorf("relocate a batch of %d blocks from %s into tier %q: %w", len(ids), ids[0], dst.Name(), wrapIO(err))
 	}
 	return len(good), b.Extent(), nil
 }

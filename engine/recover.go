@@ -115,7 +115,7 @@ func (e *Engine) listSegments(cleanup bool) (map[uint64]bool, uint64, error) {
 	files := map[uint64]bool{}
 	var maxNum uint64
 	for _, t := range e.tiers {
-		for _, dir := range t.dirs {
+		for _, dir := range t.Dirs() {
 			names, err := e.fs.List(dir)
 			if err != nil {
 				return nil, 0, fmt.Errorf("recover %s: %w", dir, err)
@@ -232,7 +232,7 @@ func (e *Engine) truncated(row index.SegmentMeta) bool {
 func (e *Engine) recoverActive(row index.SegmentMeta, wasSealed bool) error {
 	path := e.segPath(row.Number)
 	// The seal never completed, so a footer found here is not authoritative: trustFooter false.
-	res, err := wal.RecoverSegment(e.fs, path, row.Number, e.tierOf(row.Number).direct, e.tierOf(row.Number).io, false)
+	res, err := wal.RecoverSegment(e.fs, path, row.Number, e.tierOf(row.Number).Direct(), e.tierOf(row.Number).Backend(), false)
 	if errors.Is(err, wal.ErrNoHeader) || e.recycledUnwritten(res, err) {
 		// Created (or reusing a recycled file), its header (written with the first records)
 		// never written: nothing in it was acknowledged.
@@ -339,7 +339,7 @@ func (e *Engine) quarantine(row index.SegmentMeta, cause error) error {
 // another schema means the whole store is foreign: ErrSchemaMismatch.
 func (e *Engine) adopt(n uint64, indexLost bool) error {
 	path := e.segPath(n)
-	res, err := wal.RecoverSegment(e.fs, path, n, e.tierOf(n).direct, e.tierOf(n).io, true)
+	res, err := wal.RecoverSegment(e.fs, path, n, e.tierOf(n).Direct(), e.tierOf(n).Backend(), true)
 	if errors.Is(err, wal.ErrNoHeader) || e.recycledUnwritten(res, err) {
 		// Created just before a crash, its header never written (zeros, a file shorter than a
 		// header, or a recycled file still naming the retired segment): not data.

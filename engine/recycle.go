@@ -41,7 +41,7 @@ type pooledFile struct {
 	size int64
 }
 
-// recyclePool holds the recycled files of one tier's segment directories, oldest first (a
+// recyclePool holds the recycled files of one local tier's segment directories, oldest first (a
 // directory belongs to one tier). Its lock is taken before the tier's tiers.Space lock (never
 // the other way round), so that the pool's files and the tier's pooled bytes change together.
 type recyclePool struct {
@@ -52,7 +52,7 @@ type recyclePool struct {
 // poolHasRoom reports whether dir's pool takes one more file, of size bytes: at most
 // t.recycleMax files per directory, and no more bytes than t's headroom above its high
 // watermark (tiers.Space.PoolRoom), so that kept files never take room from blocks.
-func (t *diskTier) poolHasRoom(dir string, size int64) bool {
+func (t *localDisk) poolHasRoom(dir string, size int64) bool {
 	t.pool.mu.Lock()
 	defer t.pool.mu.Unlock()
 	return len(t.pool.files[dir]) < t.recycleMax && t.space.PoolRoom(size)
@@ -61,7 +61,7 @@ func (t *diskTier) poolHasRoom(dir string, size int64) bool {
 // addPooled puts a recycled file into dir's pool and accounts it as pooled (its bytes are in
 // t's used bytes already). A pool filled meanwhile by another retirement gets the file deleted
 // instead.
-func (t *diskTier) addPooled(dir string, f pooledFile) {
+func (t *localDisk) addPooled(dir string, f pooledFile) {
 	t.pool.mu.Lock()
 	if len(t.pool.files[dir]) < t.recycleMax && t.space.PoolRoom(f.size) {
 		if t.pool.files == nil {
@@ -83,7 +83,7 @@ func (t *diskTier) addPooled(dir string, f pooledFile) {
 
 // takePooled removes the oldest recycled file of dir from its pool and from t's pooled bytes
 // (they stay in used: the caller reuses the file or deletes it and frees them).
-func (t *diskTier) takePooled(dir string) (pooledFile, bool) {
+func (t *localDisk) takePooled(dir string) (pooledFile, bool) {
 	t.pool.mu.Lock()
 	files := t.pool.files[dir]
 	if len(files) == 0 {
@@ -101,7 +101,7 @@ func (t *diskTier) takePooled(dir string) (pooledFile, bool) {
 // dir's oldest recycled file for the segment, gives it back if the reservation waits, and
 // deletes recycled files of the tier to make room.
 type reservationRecycler struct {
-	t     *diskTier
+	t     *localDisk
 	dir   string
 	taken pooledFile // the file the segment reuses (path "" if none)
 }
@@ -127,7 +127,7 @@ func (r *reservationRecycler) Release(need int64) int64 { return r.t.releasePool
 // releasePooled deletes recycled files of t until need bytes are freed or none is left, and
 // returns the bytes freed: tiers.Space calls it when a new segment does not fit only because
 // of them.
-func (t *diskTier) releasePooled(need int64) int64 {
+func (t *localDisk) releasePooled(need int64) int64 {
 	var freed int64
 	for _, dir := range t.dirs {
 		for freed < need {
@@ -161,13 +161,11 @@ func (e *Engine) fileSize(path string) int64 { return fileSize(e.fs, path) }
 
 // poolFound puts the recycled files Open found back into their tiers' pools (accounted to their
 // tier), up to each pool's size, and deletes the others: those beyond it, those a new segment
-// could not reuse (empty, or larger than a segment's reservation) and those on file systems
-// that cannot trim a reused file (no kernel descriptor).
+// could not reuse (empty, or larger than a segment's reservation), those on file systems that
+// cannot trim a reused file (no kernel descriptor) and any on a tier that keeps none.
 func (e *Engine) poolFound() {
 	for _, r := range e.foundRecycled {
-		if size, ok := e.reusable(r); ok {
-			r.tier.space.Add(size)
-			r.tier.addPooled(r.dir, pooledFile{path: r.path, size: size})
+		if _, ok := r.tier.FoundRecycled(r.path, r.dir); ok {
 			continue
 		}
 		if err := e.fs.Remove(r.path); err != nil && !isNotExist(err) {
@@ -182,29 +180,15 @@ func (e *Engine) poolFound() {
 func (e *Engine) accountFound() {
 	for _, r := range e.foundRecycled {
 		if size := e.fileSize(r.path); size > 0 {
-			r.tier.space.Add(size)
-			r.tier.space.Pool(size)
+			r.tier.Space().Add(size)
+			r.tier.Space().Pool(size)
 		}
 	}
 	e.foundRecycled = nil
 }
 
-// reusable returns the size of a recycled file found at Open and whether it may join its pool.
-func (e *Engine) reusable(r foundFile) (int64, bool) {
-	size := e.fileSize(r.path)
-	if size <= 0 || size > e.reservation(r.tier) || !r.tier.poolHasRoom(r.dir, size) {
-		return 0, false
-	}
-	f, err := e.fs.Open(r.path)
-	if err != nil {
-		return 0, false
-	}
-	defer func() { _ = f.Close() }()
-	return size, f.Fd() != vfs.InvalidFd
-}
-
 // foundFile is a recycled file found at Open.
 type foundFile struct {
-	tier      *diskTier
+	tier      disk
 	dir, path string
 }

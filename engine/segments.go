@@ -25,7 +25,7 @@ type segments struct {
 
 // segHome says where a segment lives.
 type segHome struct {
-	tier     *diskTier
+	tier     disk
 	dir      string
 	reserved int64 // bytes reserved at creation while active; 0 once sealed or found at Open
 }
@@ -112,7 +112,7 @@ func (e *Engine) segPath(n uint64) string {
 
 // tierOf returns the tier holding segment n (for a foreign alias, the shared tier it was
 // found in), or nil.
-func (e *Engine) tierOf(n uint64) *diskTier {
+func (e *Engine) tierOf(n uint64) disk {
 	if isForeign(n) {
 		fs, _ := e.foreignSegment(n)
 		return fs.tier
@@ -126,9 +126,9 @@ func (e *Engine) tierOf(n uint64) *diskTier {
 
 // placer returns the DirFor of t's writers: placement by segment number across t's paths. The
 // segment's home is recorded before its file is created, so readers and accounting find it.
-func (e *Engine) placer(t *diskTier) func(uint64) string {
+func (e *Engine) placer(t disk) func(uint64) string {
 	return func(n uint64) string {
-		dir := tiers.PathFor(t.dirs, n)
+		dir := tiers.PathFor(t.Dirs(), n)
 		e.segs.setHome(n, segHome{tier: t, dir: dir, reserved: e.reservation(t)})
 		return dir
 	}
@@ -145,7 +145,7 @@ func (e *Engine) addSegment(s *wal.Segment) {
 // settleSealed replaces a sealed segment's reservation by its final size.
 func (e *Engine) settleSealed(n uint64, size int64) {
 	if h, reserved := e.segs.settle(n); reserved > 0 {
-		h.tier.space.Add(size - reserved)
+		h.tier.Space().Add(size - reserved)
 	}
 }
 
@@ -177,7 +177,7 @@ func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 					p.mu.Unlock()
 					return nil, fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone)
 				}
-				s, err = wal.OpenSegmentForRead(e.fs, h.dir, n, meta.Generation, h.tier.direct, h.tier.io)
+				s, err = h.tier.OpenSegment(h.dir, n, meta.Generation)
 			}
 			if err != nil {
 				p.mu.Unlock()

@@ -59,7 +59,7 @@ type foreignSeg struct {
 	number     uint64
 	generation uint64
 	dir        string // its segment directory
-	tier       *diskTier
+	tier       disk
 }
 
 type foreignKey struct {
@@ -250,8 +250,8 @@ func (e *Engine) openSharing() error {
 		fs.generation = binary.LittleEndian.Uint64(val[24:])
 		fs.dir = string(val[foreignSegPrefix:])
 		for _, t := range e.tiers {
-			for _, root := range t.cfg.Paths {
-				if strings.HasPrefix(fs.dir, tiers.NamespaceDir(root, fs.inst)) && t.cfg.Shared {
+			for _, root := range t.Config().Paths {
+				if strings.HasPrefix(fs.dir, tiers.NamespaceDir(root, fs.inst)) && t.Shared() {
 					fs.tier = t
 				}
 			}
@@ -331,21 +331,11 @@ func (e *Engine) sealAgedShared() {
 		return
 	}
 	for _, t := range e.tiers {
-		if !t.cfg.Shared {
+		if !t.Shared() {
 			continue
 		}
-		for i, w := range []*wal.Writer{t.w, t.rw} {
-			if w == nil || !t.sealing[i].CompareAndSwap(false, true) {
-				continue
-			}
-			e.bg.Add(1)
-			go func() {
-				defer e.bg.Done()
-				defer t.sealing[i].Store(false)
-				if err := w.SealOlderThan(e.opts.SharedSealAge); err != nil && !errors.Is(err, wal.ErrWriterClosed) {
-					e.opts.Logger.Warn("ucm: could not seal an aging shared segment", "tier", t.cfg.Name, "err", err)
-				}
-			}()
+		if sd, ok := t.(*sharedDisk); ok {
+			sd.SealAged(e.opts.SharedSealAge, &e.bg)
 		}
 	}
 }
@@ -374,10 +364,10 @@ func (e *Engine) publishShared() {
 	}
 	byDir := map[string]*ns{}
 	for _, t := range e.tiers {
-		if !t.cfg.Shared {
+		if !t.Shared() {
 			continue
 		}
-		for _, d := range t.dirs {
+		for _, d := range t.Dirs() {
 			byDir[d] = &ns{dir: filepath.Dir(d)}
 		}
 	}
@@ -458,11 +448,11 @@ func (e *Engine) refreshShared() {
 	s.refreshes.Add(1)
 	e.syncPublogs()
 	for _, t := range e.tiers {
-		if !t.cfg.Shared {
+		if !t.Shared() {
 			continue
 		}
 		var manifests []nsManifest // the other instances'
-		for _, root := range t.cfg.Paths {
+		for _, root := range t.Config().Paths {
 			ms, err := e.refreshRoot(t, root)
 			if err != nil {
 				s.refreshErrors.Add(1)
@@ -486,7 +476,7 @@ type nsManifest struct {
 // refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
 // and returns the manifests it read, of every schema (only this store's are indexed; the
 // reclaimer counts them all), after noting each one's sequence for the liveness of its owner.
-func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
+func (e *Engine) refreshRoot(t disk, root string) ([]nsManifest, error) {
 	s := e.share
 	insts, err := tiers.ListNamespaces(e.fs, root)
 	if err != nil {
@@ -584,7 +574,7 @@ func (e *Engine) refreshRoot(t *diskTier, root string) ([]nsManifest, error) {
 // from its summary, or else its footer and record headers (foreignRecords). Blocks and
 // sidecars the foreign index already holds keep their entry; this segment's copy of them is
 // remembered (copyKey) for when that entry's segment is dropped.
-func (e *Engine) indexForeign(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
+func (e *Engine) indexForeign(t disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
 	recs, err := e.foreignRecords(t, segDir, inst, ent)
 	if err != nil {
@@ -881,7 +871,7 @@ func (e *Engine) openForeignLocked(alias uint64) (*wal.Segment, error) {
 	if !ok {
 		return nil, fmt.Errorf("foreign segment alias %#x: %w", alias, wal.ErrSegmentGone)
 	}
-	return wal.OpenSegmentForRead(e.fs, fs.dir, fs.number, fs.generation, fs.tier.direct, fs.tier.io)
+	return wal.OpenSegmentForRead(e.fs, fs.dir, fs.number, fs.generation, fs.tier.Direct(), fs.tier.Backend())
 }
 
 // foreignGet returns the foreign index's entry of id, or else the one a publication log gave.

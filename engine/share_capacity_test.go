@@ -61,7 +61,7 @@ func accounts(es []*Engine) string {
 	var out strings.Builder
 	for i, e := range es {
 		t := e.tiers[0]
-		fmt.Fprintf(&out, "  instance %d (%x): %v\n", i, e.instance[:4], t.acct)
+		fmt.Fprintf(&out, "  instance %d (%x): %v\n", i, e.instance[:4], accountOf(t))
 	}
 	return out.String()
 }
@@ -280,7 +280,7 @@ func TestSharedRequestAnsweredOnce(t *testing.T) {
 	if err := tiers.WriteManifest(vfs.Default, nsDir, m); err != nil {
 		t.Fatal(err)
 	}
-	issued := func() int64 { return h.tiers[0].acct.Issued(gone) }
+	issued := func() int64 { return accountOf(h.tiers[0]).Issued(gone) }
 	waitFor(t, "the request answered", func() bool { return issued() > seen })
 	passes := h.Stats().Sharing.Refreshes
 	waitFor(t, "ten more passes", func() bool { return h.Stats().Sharing.Refreshes >= passes+10 })

@@ -18,7 +18,7 @@ import (
 // publication.
 func sealShared(t *testing.T, e *Engine) {
 	t.Helper()
-	for _, w := range []*wal.Writer{e.tiers[0].w, e.tiers[0].rw} {
+	for _, w := range []*wal.Writer{e.tiers[0].Writer(false), e.tiers[0].Writer(true)} {
 		if w != nil {
 			if err := w.SealOlderThan(time.Nanosecond); err != nil {
 				t.Fatal(err)

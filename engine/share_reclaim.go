@@ -52,7 +52,7 @@ func (e *Engine) noteAccess(n uint64) {
 		s.mu.Unlock()
 		return
 	}
-	if t := e.tierOf(n); t == nil || !t.cfg.Shared {
+	if t := e.tierOf(n); t == nil || !t.Shared() {
 		return
 	}
 	s.mu.Lock()
@@ -93,7 +93,7 @@ func (e *Engine) publishNotesLocked() []format.ManifestNote {
 // NoteRetire in the lease holder's (asked to), NoteReclaimed in its own (taken by a reclaimer
 // while it was presumed gone). The generation must match: a reused number is another segment.
 // done counts the segments retired.
-func (e *Engine) obeyNotes(t *diskTier, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
+func (e *Engine) obeyNotes(t disk, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
 	for _, nt := range m.Notes {
 		if nt.Kind != kind || nt.Owner != e.instance {
 			continue
@@ -112,7 +112,7 @@ func (e *Engine) obeyNotes(t *diskTier, m *format.Manifest, kind format.NoteKind
 
 // evictSegment evicts every live block of sealed segment n of tier t (demoted to the next tier
 // when there is one, else dropped) and retires the segment.
-func (e *Engine) evictSegment(t *diskTier, n uint64) error {
+func (e *Engine) evictSegment(t disk, n uint64) error {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	refs, err := e.liveRecords(n)
@@ -125,7 +125,7 @@ func (e *Engine) evictSegment(t *diskTier, n uint64) error {
 			ids = append(ids, r.id)
 		}
 	}
-	lru := t.recency()
+	lru := recencyOf(t)
 	if lru == nil {
 		lru = tiers.NewLRU()
 	}
@@ -189,19 +189,19 @@ func (e *Engine) sharedSkew() time.Duration {
 // of every instance are above the high watermark, the least recently used segments are
 // retired until they would be at the low watermark. It holds or renews the lease first, and
 // does nothing without it. others are the other instances' manifests just read.
-func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
+func (e *Engine) reclaimSharedTier(t disk, others []nsManifest) {
 	s := e.share
-	if t.cfg.Capacity <= 0 || len(t.cfg.Paths) == 0 {
+	if t.Config().Capacity <= 0 || len(t.Config().Paths) == 0 {
 		return
 	}
-	if t.acct != nil {
-		t.acct.Settle(manifestsOf(others))
+	if accountOf(t) != nil {
+		accountOf(t).Settle(manifestsOf(others))
 	}
-	l := &tiers.Leaser{FS: e.fs, Root: t.cfg.Paths[0], Self: e.instance,
+	l := &tiers.Leaser{FS: e.fs, Root: t.Config().Paths[0], Self: e.instance,
 		Duration: 10 * e.opts.SharedRefreshInterval, Skew: e.sharedSkew()}
 	held, _, err := l.Hold(time.Now())
 	if err != nil {
-		e.opts.Logger.Warn("ucm: reclaimer lease", "path", t.cfg.Paths[0], "err", err)
+		e.opts.Logger.Warn("ucm: reclaimer lease", "path", t.Config().Paths[0], "err", err)
 		return
 	}
 	s.mu.Lock()
@@ -211,8 +211,8 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	s.mu.Unlock()
 	s.leaseHeld.Store(held)
 	if !held {
-		if t.acct != nil {
-			t.acct.LeaseLost()
+		if accountOf(t) != nil {
+			accountOf(t).LeaseLost()
 		}
 		return
 	}
@@ -245,13 +245,13 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 	// granted is made room for by retiring segments, like bytes above the high watermark: down
 	// to where, once the retired files' grace is over, the instances' counts leave room for it.
 	var unsatisfied, beyond int64
-	if t.acct != nil {
-		unsatisfied, beyond = t.acct.Grant(manifestsOf(manifests))
+	if accountOf(t) != nil {
+		unsatisfied, beyond = accountOf(t).Grant(manifestsOf(manifests))
 	}
-	high := int64(float64(t.cfg.Capacity) * t.cfg.HighWatermark)
-	low := int64(float64(t.cfg.Capacity) * t.cfg.LowWatermark)
+	high := int64(float64(t.Config().Capacity) * t.Config().HighWatermark)
+	low := int64(float64(t.Config().Capacity) * t.Config().LowWatermark)
 	if unsatisfied > 0 {
-		low = min(low, t.cfg.Capacity-unsatisfied-beyond)
+		low = min(low, t.Config().Capacity-unsatisfied-beyond)
 	}
 	if used <= high && (unsatisfied == 0 || used <= low) {
 		s.mu.Lock()
@@ -301,10 +301,10 @@ func (e *Engine) reclaimSharedTier(t *diskTier, others []nsManifest) {
 // with its reads of other instances' segments as access notes: the holder's own reads rank
 // segments as much as any other instance's (they would otherwise reach the pass only through
 // its published manifest, which the pass does not read).
-func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
+func (e *Engine) ownManifestFor(t disk) *format.Manifest {
 	m := &format.Manifest{Instance: e.instance}
 	dirs := map[string]bool{}
-	for _, d := range t.dirs {
+	for _, d := range t.Dirs() {
 		dirs[d] = true
 	}
 	for _, row := range e.ix.Segments() {
@@ -335,7 +335,7 @@ func (e *Engine) ownManifestFor(t *diskTier) *format.Manifest {
 // (unlinkReclaimed). The owner's share of the capacity is taken back with them
 // (tiers.ShareAccount.CreditOfGone): the reclaimed bytes stay counted for it until the grants
 // are redone.
-func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
+func (e *Engine) reclaimFromGone(t disk, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
 	s := e.share
 	drop := map[uint64]uint64{}
 	for _, v := range victims {
@@ -353,8 +353,8 @@ func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.M
 			m.Notes = append(m.Notes, nt) // and the grants it issued as holder: they stay counted
 		}
 	}
-	if t.acct != nil {
-		m.Notes = append(m.Notes, t.acct.CreditOfGone(ns.Manifest, m.Segments, reclaimed)...)
+	if accountOf(t) != nil {
+		m.Notes = append(m.Notes, accountOf(t).CreditOfGone(ns.Manifest, m.Segments, reclaimed)...)
 	}
 	for _, v := range victims {
 		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteReclaimed, Owner: ns.Instance, Number: v.Number, Generation: v.Generation, Time: now})
@@ -382,7 +382,7 @@ func (e *Engine) reclaimFromGone(t *diskTier, ns *nsManifest, victims []format.M
 // their manifests) once the grace period and the clock skew margin have passed since the note,
 // if the owner is still presumed gone and the file still carries the generation reclaimed.
 // Any lease holder finishes what an earlier one started.
-func (e *Engine) unlinkReclaimed(t *diskTier, others []nsManifest) {
+func (e *Engine) unlinkReclaimed(t disk, others []nsManifest) {
 	s := e.share
 	due := time.Now().Add(-e.opts.SharedRetireGrace - e.sharedSkew()).UnixNano()
 	for _, ns := range others {
@@ -401,7 +401,7 @@ func (e *Engine) unlinkReclaimed(t *diskTier, others []nsManifest) {
 			if _, listed := ns.Find(nt.Number); listed {
 				continue // listed again: not ours to delete
 			}
-			seg, err := wal.OpenSegmentForRead(e.fs, segDir, nt.Number, nt.Generation, t.direct, t.io)
+			seg, err := wal.OpenSegmentForRead(e.fs, segDir, nt.Number, nt.Generation, t.Direct(), t.Backend())
 			var ce *wal.CorruptionError
 			switch {
 			case errors.Is(err, wal.ErrSegmentGone), errors.As(err, &ce):
@@ -439,10 +439,10 @@ func (e *Engine) obeyReclaims() {
 		return
 	}
 	for _, t := range e.tiers {
-		if !t.cfg.Shared {
+		if !t.Shared() {
 			continue
 		}
-		for _, d := range t.dirs {
+		for _, d := range t.Dirs() {
 			nsDir := filepath.Dir(d)
 			seq, ok, err := tiers.LatestManifest(e.fs, nsDir)
 			if err != nil {
@@ -461,8 +461,8 @@ func (e *Engine) obeyReclaims() {
 				continue
 			}
 			e.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
-			if nsDir == filepath.Dir(t.dirs[0]) && t.acct != nil {
-				t.acct.AdoptCredit(m)
+			if nsDir == filepath.Dir(t.Dirs()[0]) && accountOf(t) != nil {
+				accountOf(t).AdoptCredit(m)
 			}
 			s.mu.Lock()
 			s.lastSeq[nsDir] = m.Sequence

@@ -20,7 +20,7 @@ import (
 // shareEnv is the environment of shared tier t's account (tiers.ShareEnv).
 type shareEnv struct {
 	e     *Engine
-	t     *diskTier
+	t     disk
 	nsDir string // the namespace (first path) whose manifest carries the account's notes
 }
 
@@ -34,25 +34,26 @@ func (v shareEnv) Now() time.Time                          { return time.Now() }
 // openSharedAccount starts the account of shared tier t: admission bounded by the limit the
 // account's notes in this instance's newest manifest give (none before its first grant). A
 // lookup-only instance keeps one too: it writes nothing, but may hold the lease and grant.
-func (e *Engine) openSharedAccount(t *diskTier) error {
-	if !t.cfg.Shared || t.cfg.Capacity <= 0 || e.opts.ReadOnly || len(t.dirs) == 0 {
+func (e *Engine) openSharedAccount(t disk) error {
+	sd, ok := t.(*sharedDisk)
+	if !ok || t.Config().Capacity <= 0 || e.opts.ReadOnly || len(t.Dirs()) == 0 {
 		return nil
 	}
-	nsDir := filepath.Dir(t.dirs[0])
+	nsDir := filepath.Dir(t.Dirs()[0])
 	m, err := tiers.ReadManifest(e.fs, nsDir, e.instance)
 	switch {
 	case errors.Is(err, tiers.ErrNoManifest):
 		m = nil
 	case err != nil:
-		return fmt.Errorf("open tier %q: this instance's share of the capacity: %w", t.cfg.Name, err)
+		return fmt.Errorf("open tier %q: this instance's share of the capacity: %w", t.Name(), err)
 	}
-	cfg := tiers.ShareConfig{Self: e.instance, Capacity: t.cfg.Capacity, Below: t.pos > 0,
+	cfg := tiers.ShareConfig{Self: e.instance, Capacity: t.Config().Capacity, Below: t.Pos() > 0,
 		RefreshInterval: e.opts.SharedRefreshInterval}
-	a, err := tiers.NewShareAccount(cfg, t.space, shareEnv{e: e, t: t, nsDir: nsDir}, m)
+	a, err := tiers.NewShareAccount(cfg, t.Space(), shareEnv{e: e, t: t, nsDir: nsDir}, m)
 	if err != nil {
-		return fmt.Errorf("open tier %q: %w", t.cfg.Name, err)
+		return fmt.Errorf("open tier %q: %w", t.Name(), err)
 	}
-	t.acct = a
+	sd.SetAccount(a)
 	return nil
 }
 
@@ -95,7 +96,7 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 }
 
 // graceBytes sums this instance's retired segments of tier t waiting for their grace.
-func (e *Engine) graceBytes(t *diskTier) int64 {
+func (e *Engine) graceBytes(t disk) int64 {
 	s := e.share
 	s.mu.Lock()
 	ns := make([]uint64, 0, len(s.grace))
@@ -117,8 +118,8 @@ func (e *Engine) graceBytes(t *diskTier) int64 {
 func (e *Engine) spaceNotes(dir string) []format.ManifestNote {
 	var notes []format.ManifestNote
 	for _, t := range e.tiers {
-		if t.acct != nil && filepath.Dir(t.dirs[0]) == dir {
-			notes = append(notes, t.acct.Notes()...)
+		if accountOf(t) != nil && filepath.Dir(t.Dirs()[0]) == dir {
+			notes = append(notes, accountOf(t).Notes()...)
 		}
 	}
 	return notes
@@ -127,10 +128,10 @@ func (e *Engine) spaceNotes(dir string) []format.ManifestNote {
 // shareStats sums this instance's shares, held bytes and requests over its shared tiers.
 func (e *Engine) shareStats() (share, held, asked int64) {
 	for _, t := range e.tiers {
-		if t.acct == nil {
+		if accountOf(t) == nil {
 			continue
 		}
-		s, h, a := t.acct.Stats()
+		s, h, a := accountOf(t).Stats()
 		share, held, asked = share+s, held+h, asked+a
 	}
 	return share, held, asked

@@ -141,10 +141,10 @@ func summaryEntries(recs []wal.ScannedRecord) []format.SummaryEntry {
 // summary when there is one that checks and agrees with the segment's footer, else from its
 // footer and record headers. The segment's header must name the segment, the instance and
 // this store's schema either way.
-func (e *Engine) foreignRecords(t *diskTier, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+func (e *Engine) foreignRecords(t disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
 	s := e.share
 	recs, sumErr := e.readSummary(segDir, inst, ent)
-	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.direct, t.io)
+	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +155,7 @@ func (e *Engine) foreignRecords(t *diskTier, segDir string, inst format.Instance
 	if sumErr == nil {
 		// The footer binds every record's block id, place, sequence number and header
 		// checksum: a summary that names another is refused.
-		entries, err := wal.ReadFooter(seg, ent.Size, t.io)
+		entries, err := wal.ReadFooter(seg, ent.Size, t.Backend())
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +169,7 @@ func (e *Engine) foreignRecords(t *diskTier, segDir string, inst format.Instance
 		s.summaryDamaged.Add(1)
 		e.opts.Logger.Warn("ucm: segment summary unusable; indexing the segment from its footer and record headers", "err", sumErr)
 	}
-	recs, err = wal.ReadSealedRecords(seg, ent.Size, t.io)
+	recs, err = wal.ReadSealedRecords(seg, ent.Size, t.Backend())
 	if err == nil {
 		s.fromHeaders.Add(1)
 	}
@@ -271,7 +271,7 @@ func (e *Engine) writeSummaries() {
 			continue
 		}
 		h, ok := e.home(row.Number)
-		if !ok || h.tier == nil || !h.tier.cfg.Shared {
+		if !ok || h.tier == nil || !h.tier.Shared() {
 			continue
 		}
 		s.mu.Lock()
@@ -303,12 +303,12 @@ func (e *Engine) writeSummary(h segHome, row index.SegmentMeta) error {
 	if _, err := e.readSummary(h.dir, e.instance, ent); err == nil {
 		return nil
 	}
-	seg, err := wal.OpenSegmentForRead(e.fs, h.dir, row.Number, row.Generation, h.tier.direct, h.tier.io)
+	seg, err := wal.OpenSegmentForRead(e.fs, h.dir, row.Number, row.Generation, h.tier.Direct(), h.tier.Backend())
 	if err != nil {
 		return err
 	}
 	defer seg.Release()
-	recs, err := wal.ReadSealedRecords(seg, row.Size, h.tier.io)
+	recs, err := wal.ReadSealedRecords(seg, row.Size, h.tier.Backend())
 	if err != nil {
 		return err
 	}

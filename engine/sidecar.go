@@ -234,7 +234,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		id   BlockID
 		loc  index.Location
 		seg  *wal.Segment
-		tier *diskTier
+		tier disk
 		buf  []byte
 	}
 	var (
@@ -280,7 +280,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.ShardOffset(0)}) // the packed payload
 	}
 	if len(ops) > 0 {
-		_ = e.submit(ops, func(k int) *diskTier { return reads[k].tier })
+		_ = e.submit(ops, func(k int) disk { return reads[k].tier })
 	}
 	for k, r := range reads {
 		err := ops[k].Err
@@ -380,7 +380,7 @@ func (e *Engine) dropBrokenSidecar(id BlockID, kind SidecarKind, loc index.Locat
 
 // evictSidecars moves the sidecars still live in segment n of tier t (their blocks are
 // elsewhere) to the next tier, or drops them when there is none or it has no room.
-func (e *Engine) evictSidecars(t *diskTier, n uint64) error {
+func (e *Engine) evictSidecars(t disk, n uint64) error {
 	refs, err := e.liveRecords(n)
 	if err != nil {
 		return err
@@ -394,8 +394,8 @@ func (e *Engine) evictSidecars(t *diskTier, n uint64) error {
 	if len(side) == 0 {
 		return nil
 	}
-	if t.pos+1 < len(e.tiers) {
-		_, _, _, err := e.relocate(side, e.tiers[t.pos+1])
+	if t.Pos()+1 < len(e.tiers) {
+		_, _, _, err := e.relocate(side, e.tiers[t.Pos()+1])
 		if err == nil {
 			return nil
 		}

@@ -313,7 +313,7 @@ func TestSidecarsFollowTheirBlocks(t *testing.T) {
 			dumpBlocks(t, e, blocks[i:i+1])
 			dumpSidecars(t, e, 6, blocks[i:i+1])
 		}
-		waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].space.OverHigh() })
+		waitFor(t, "the first tier to get under its high watermark", func() bool { return !e.tiers[0].Space().OverHigh() })
 		st := e.TierStats()
 		if st[1].Blocks == 0 || st[1].Sidecars == 0 {
 			t.Fatalf("nothing demoted: %+v", st)
@@ -327,7 +327,7 @@ func TestSidecarsFollowTheirBlocks(t *testing.T) {
 					t.Fatalf("sidecar of %s outlives its block", id)
 				}
 				if okb && oks && e.tierOf(bl.Segment) != e.tierOf(sl.Segment) {
-					t.Fatalf("block %s in tier %s, its sidecar in %s", id, e.tierOf(bl.Segment).cfg.Name, e.tierOf(sl.Segment).cfg.Name)
+					t.Fatalf("block %s in tier %s, its sidecar in %s", id, e.tierOf(bl.Segment).Name(), e.tierOf(sl.Segment).Name())
 				}
 			}
 		}
@@ -335,7 +335,7 @@ func TestSidecarsFollowTheirBlocks(t *testing.T) {
 		checkSidecars(t, e, 6, blocks, nil)
 		var low BlockID
 		for _, id := range blocks {
-			if loc, _, _ := e.ix.Get(id); e.tierOf(loc.Segment).pos == 1 {
+			if loc, _, _ := e.ix.Get(id); e.tierOf(loc.Segment).Pos() == 1 {
 				low = id
 				break
 			}
@@ -343,7 +343,7 @@ func TestSidecarsFollowTheirBlocks(t *testing.T) {
 		if _, err := e.promoteBlocks([]BlockID{low}); err != nil {
 			t.Fatal(err)
 		}
-		if loc, _, _ := e.ix.GetSidecar(low, 6); e.tierOf(loc.Segment).pos != 0 {
+		if loc, _, _ := e.ix.GetSidecar(low, 6); e.tierOf(loc.Segment).Pos() != 0 {
 			t.Fatal("the sidecar stayed below its promoted block")
 		}
 		sameTier()
@@ -651,7 +651,7 @@ func TestLoadSidecarsFollowsRelocation(t *testing.T) {
 			if _, err := e.Evict("ssd", 0); err != nil {
 				t.Error(err)
 			}
-			if loc, _, _ := e.ix.GetSidecar(keep, 5); e.tierOf(loc.Segment).cfg.Name != "cold" {
+			if loc, _, _ := e.ix.GetSidecar(keep, 5); e.tierOf(loc.Segment).Name() != "cold" {
 				t.Errorf("sidecar not demoted: in segment %d", loc.Segment)
 			}
 		}},

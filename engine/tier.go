@@ -137,7 +137,7 @@ func (e *Engine) checkDroppedPaths(row index.SegmentMeta) error {
 // dirInUse reports whether segment directory d belongs to a configured tier.
 func (e *Engine) dirInUse(d string) bool {
 	for _, t := range e.tiers {
-		for _, td := range t.dirs {
+		for _, td := range t.Dirs() {
 			if filepath.Clean(td) == filepath.Clean(d) {
 				return true
 			}
@@ -176,7 +176,7 @@ func (e *Engine) recordTiers() error {
 func (e *Engine) SegmentDirs() []string {
 	var out []string
 	for _, t := range e.tiers {
-		out = append(out, t.dirs...)
+		out = append(out, t.Dirs()...)
 	}
 	return out
 }
@@ -213,6 +213,12 @@ func (e *Engine) openTiers() error {
 			return b, nil
 		},
 	}
+	disks := 0
+	for _, c := range cfgs {
+		if c.Kind != tiers.KindMemory && c.Kind != tiers.KindMooncake {
+			disks++
+		}
+	}
 	for _, c := range cfgs {
 		if c.Kind == tiers.KindMemory {
 			e.mem = tiers.NewMemCache(c.Name, c.Capacity)
@@ -233,6 +239,7 @@ func (e *Engine) openTiers() error {
 				}
 			}
 		}
+		o.HasLower = len(e.tiers)+1 < disks
 		t, err := newDiskTier(c, len(e.tiers), o, diskEnv{e})
 		if err != nil {
 			if errors.Is(err, tiers.ErrInvalidConfig) {
@@ -248,15 +255,9 @@ func (e *Engine) openTiers() error {
 	if len(e.tiers) == 0 {
 		return fmt.Errorf("open %s: no disk tier configured: %w", e.dir, ErrInvalidArgument)
 	}
-	// Eviction needs recency only where a tier can fill up or can hand blocks down.
-	for i, t := range e.tiers {
-		if t.cfg.Capacity > 0 || i+1 < len(e.tiers) {
-			t.lru = tiers.NewLRU()
-		}
-	}
 	e.deferrals = make([]deferral, len(e.tiers))
 	first := e.tiers[0]
-	e.io, e.direct, e.segDir = first.io, first.direct, first.dirs[0]
+	e.io, e.direct, e.segDir = first.Backend(), first.Direct(), first.Dirs()[0]
 	return nil
 }
 
@@ -282,12 +283,12 @@ func isLockHeld(err error) bool {
 func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
 
 // reservation is the most a new segment of t can grow to (diskTier.reservation).
-func (e *Engine) reservation(t *diskTier) int64 { return t.reservation() }
+func (e *Engine) reservation(t disk) int64 { return t.Reservation() }
 
 // startWriters starts each tier's relocation writer and the first tier's dump writer.
 func (e *Engine) startWriters() error {
 	for _, t := range e.tiers {
-		err := t.openWriters(wal.Options{
+		err := t.OpenWriters(wal.Options{
 			FS: e.fs, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
 			Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
 			Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
@@ -295,12 +296,12 @@ func (e *Engine) startWriters() error {
 			// Layer-wise dumps write batch records through the first tier's dump writer;
 			// relocation writers keep the blocks of a batch layer-major (relocateBatches).
 			BatchRecords: !e.opts.StageLayerWise,
-		}, t.pos == 0)
+		}, t.Pos() == 0)
 		if err != nil {
 			return err
 		}
 	}
-	e.w = e.tiers[0].w
+	e.w = e.tiers[0].Writer(false)
 	return nil
 }
 
@@ -318,7 +319,7 @@ func (e *Engine) kickReclaimer() {
 func (e *Engine) accountSegments() {
 	for _, row := range e.ix.Segments() {
 		if t := e.tierOf(row.Number); t != nil {
-			t.space.Add(row.Size)
+			t.Space().Add(row.Size)
 		}
 	}
 }
@@ -330,7 +331,7 @@ func (e *Engine) initAccounting() error {
 	e.accountSegments()
 	need := false
 	for _, t := range e.tiers {
-		need = need || t.lru != nil
+		need = need || t.LRU() != nil
 	}
 	if !need {
 		close(e.recencyReady)
@@ -345,7 +346,7 @@ func (e *Engine) initAccounting() error {
 		defer close(e.recencyReady)
 		err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
 			if t := e.tierOf(loc.Segment); t != nil {
-				return t.lru
+				return t.LRU()
 			}
 			return nil
 		})
@@ -439,15 +440,15 @@ func (e *Engine) TierStats() []TierStats {
 	out := e.cacheTierStats()
 	start := len(out)
 	for _, t := range e.tiers {
-		u := t.usage()
-		out = append(out, TierStats{Name: t.cfg.Name, Kind: tiers.KindDisk, Paths: t.cfg.Paths, Capacity: u.Capacity, SegmentSize: u.SegmentSize, Used: u.Used, Recycled: u.Recycled})
+		u := t.Usage()
+		out = append(out, TierStats{Name: t.Name(), Kind: tiers.KindDisk, Paths: t.Config().Paths, Capacity: u.Capacity, SegmentSize: u.SegmentSize, Used: u.Used, Recycled: u.Recycled})
 	}
 	for _, row := range e.ix.Segments() {
 		t := e.tierOf(row.Number)
 		if t == nil {
 			continue
 		}
-		s := &out[start+t.pos]
+		s := &out[start+t.Pos()]
 		s.FileBytes += row.Size
 		s.LiveBytes += row.LiveBytes
 		s.Blocks += row.LiveRecords - row.LiveSidecars
@@ -462,7 +463,7 @@ func (e *Engine) TierStats() []TierStats {
 
 // submit runs ops, each on the I/O backend of the tier tierOf(i) names (the first tier's when
 // nil); with one backend (the usual case) it is a single Submit. Per-op errors are in ops.
-func (e *Engine) submit(ops []devio.Op, tierOf func(i int) *diskTier) error {
+func (e *Engine) submit(ops []devio.Op, tierOf func(i int) disk) error {
 	if len(e.backends) == 1 {
 		return e.io.Submit(ops)
 	}
@@ -470,7 +471,7 @@ func (e *Engine) submit(ops []devio.Op, tierOf func(i int) *diskTier) error {
 	for i := range ops {
 		b := e.io
 		if t := tierOf(i); t != nil {
-			b = t.io
+			b = t.Backend()
 		}
 		groups[b] = append(groups[b], i)
 	}

@@ -316,7 +316,7 @@ func TestTierPinnedBlocksSurvive(t *testing.T) {
 		ids[i] = blockID(i)
 	}
 	dumpBlocks(t, e, ids)
-	lru := e.tiers[0].lru
+	lru := e.tiers[0].LRU()
 	// Two blocks of two sealed segments: the active one is not compacted, seals complete in the
 	// background, and which blocks land where depends on how the concurrent dumps were placed.
 	var pinned []BlockID
@@ -373,7 +373,7 @@ func TestTierDemotionAndPromotion(t *testing.T) {
 		dumpBlocks(t, e, ids[i:i+1])
 	}
 	waitFor(t, "the first tier to get under its high watermark", func() bool {
-		return !e.tiers[0].space.OverHigh()
+		return !e.tiers[0].Space().OverHigh()
 	})
 	st := e.TierStats()
 	if st[1].Blocks == 0 || e.Stats().EvictedBlocks == 0 {
@@ -385,7 +385,7 @@ func TestTierDemotionAndPromotion(t *testing.T) {
 	var low BlockID
 	for _, id := range ids {
 		loc, _, _ := e.ix.Get(id)
-		if e.tierOf(loc.Segment).pos == 1 {
+		if e.tierOf(loc.Segment).Pos() == 1 {
 			low = id
 			break
 		}
@@ -394,7 +394,7 @@ func TestTierDemotionAndPromotion(t *testing.T) {
 	// The entry moves inside the promotion; the counter is bumped when it returns.
 	waitFor(t, "the promotion", func() bool {
 		loc, _, _ := e.ix.Get(low)
-		return e.tierOf(loc.Segment).pos == 0 && e.Stats().Promotions > 0
+		return e.tierOf(loc.Segment).Pos() == 0 && e.Stats().Promotions > 0
 	})
 	checkBlock(t, e, low)
 	checkAllIndexed(t, e)
