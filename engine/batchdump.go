@@ -8,6 +8,7 @@ import (
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -63,7 +64,7 @@ func (e *Engine) batchable() bool {
 // chunkBlocks is how many of n blocks of the store's layout one batch record written into
 // tier t holds at most: its extent must fit MaxBatchBytes and an empty segment of t, and one
 // layer's run of it MaxStagingBytes. 0 if not even one fits.
-func (e *Engine) chunkBlocks(t disk, n int) int {
+func (e *Engine) chunkBlocks(t tiers.Disk, n int) int {
 	l := e.opts.Layout
 	limit := min(e.opts.MaxBatchBytes, t.SegmentSize()-format.SegmentHeaderSize-format.FooterSize(1))
 	// A chunk's run of one layer must also fit staging memory, which it may need whole as

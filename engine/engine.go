@@ -26,11 +26,11 @@ import (
 // Store directory layout.
 const (
 	// LockFile is the file in the store directory that Open locks.
-	LockFile = "LOCK"
+	LockFile = tiers.LockFile
 	// IndexDir holds the Pebble index.
 	IndexDir = "index"
 	// SegmentDir holds the segment files.
-	SegmentDir = "segments"
+	SegmentDir = tiers.SegmentDir
 )
 
 // Meta keys in the index.
@@ -75,8 +75,8 @@ type Engine struct {
 
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
-	tiers      []disk   // disk tiers, fastest first
-	storedDirs []string // segment directories of the tiers the store last recorded
+	tiers      []tiers.Disk // disk tiers, fastest first
+	storedDirs []string     // segment directories of the tiers the store last recorded
 	// caches are the cache tiers in front of the disk tiers, fastest first (cache.go); mem is
 	// the memory tier among them, or nil (it caches sidecars too).
 	caches []tiers.Cache

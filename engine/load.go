@@ -175,7 +175,7 @@ type blockRead struct {
 	i    int
 	loc  index.Location
 	seg  *wal.Segment
-	tier disk
+	tier tiers.Disk
 	// foreign: the block is another instance's (a foreign index entry): not in this
 	// instance's recency lists; a hit is promoted into its faster tiers.
 	foreign bool
@@ -486,10 +486,10 @@ func (b *loadBatch) readDisk() {
 	if len(b.ops) == 0 {
 		return
 	}
-	var owner []disk // built only when the tiers use more than one backend
-	tierOf := func(o int) disk {
+	var owner []tiers.Disk // built only when the tiers use more than one backend
+	tierOf := func(o int) tiers.Disk {
 		if owner == nil {
-			owner = make([]disk, len(b.ops))
+			owner = make([]tiers.Disk, len(b.ops))
 			for k := range b.reads {
 				for i := b.reads[k].opLo; i < b.reads[k].opHi; i++ {
 					owner[i] = b.reads[k].tier
@@ -581,14 +581,14 @@ const maxFollow = 3
 // the entry was read is not a miss when compaction or eviction moved the block meanwhile: the
 // entry is read again and followed (up to maxFollow times). It returns the segment pinned, the
 // entry it belongs to and the segment's tier, or the error of the last attempt.
-func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, disk, error) {
+func (e *Engine) acquireLatest(id BlockID, loc index.Location) (*wal.Segment, index.Location, tiers.Disk, error) {
 	return e.acquireFollowing(id, 0, loc)
 }
 
 // acquireInTier pins segment n and returns it with its tier. The tier is looked up before the
 // pin: a segment retired, or an alias forgotten, just after it was pinned stays readable, but
 // its number no longer names a tier.
-func (e *Engine) acquireInTier(n uint64) (*wal.Segment, disk, error) {
+func (e *Engine) acquireInTier(n uint64) (*wal.Segment, tiers.Disk, error) {
 	t := e.tierOf(n)
 	seg, err := e.acquireSegment(n)
 	if err != nil {
@@ -628,7 +628,7 @@ func (e *Engine) entryLike(id BlockID, kind format.SidecarKind, loc index.Locati
 
 // acquireFollowing is acquireLatest for any entry, block id's (kind 0) or its sidecar of kind:
 // the entry is read again when loc's segment is gone.
-func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, disk, error) {
+func (e *Engine) acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, tiers.Disk, error) {
 	for attempt := 0; ; attempt++ {
 		seg, t, err := e.acquireInTier(loc.Segment)
 		if err == nil {
@@ -748,7 +748,7 @@ func (e *Engine) checkFailed(r *blockRead, id BlockID, shard int, cause error, i
 	}
 	out := e.pool.Get(int(want))
 	defer e.pool.Put(out)
-	_ = e.submit(ops, func(int) disk { return r.tier }) // per-op errors: finishRead's
+	_ = e.submit(ops, func(int) tiers.Disk { return r.tier }) // per-op errors: finishRead's
 	if err := e.finishRead(&again, id, shard, out, ops); err != nil {
 		return err // corrupt on the medium too (dropped), or the read again failed
 	}

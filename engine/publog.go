@@ -373,7 +373,7 @@ func (e *Engine) closePublogs() {
 type publogTail struct {
 	inst     format.InstanceID
 	nsDir    string
-	tier     disk
+	tier     tiers.Disk
 	f        vfs.File // nil until a log is found
 	seq      uint64
 	off      int64
@@ -612,7 +612,7 @@ func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest, s
 }
 
 // discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
-func (e *Engine) discoverPublogs(t disk, root string, trustTimes bool) {
+func (e *Engine) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
 	ov := &e.share.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
 	now := time.Now()

@@ -86,7 +86,7 @@ func (e *Engine) reclaimer() {
 
 // tierFileBytes is the bytes of t's segment files as the segment table records them (an active
 // segment's size is its durable end).
-func (e *Engine) tierFileBytes(t disk) int64 {
+func (e *Engine) tierFileBytes(t tiers.Disk) int64 {
 	var n int64
 	for _, row := range e.ix.Segments() {
 		if e.tierOf(row.Number) == t {
@@ -98,7 +98,7 @@ func (e *Engine) tierFileBytes(t disk) int64 {
 
 // compactTier retires t's empty sealed segments and compacts those at or below liveRatio (0:
 // only retires the empty ones, copying nothing).
-func (e *Engine) compactTier(t disk, liveRatio float64) error {
+func (e *Engine) compactTier(t tiers.Disk, liveRatio float64) error {
 	select {
 	case <-e.stop:
 		return ErrClosed
@@ -129,14 +129,14 @@ type ReclaimReport struct {
 // reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
 // it did; it stops early, without error, when nothing more can be evicted (everything left is
 // pinned or the tier is empty).
-func (e *Engine) reclaimTier(t disk, target int64, lru recency) (ReclaimReport, error) {
+func (e *Engine) reclaimTier(t tiers.Disk, target int64, lru recency) (ReclaimReport, error) {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	return e.reclaimTierLocked(t, target, lru)
 }
 
 // reclaimTierLocked is reclaimTier with reclaimMu held.
-func (e *Engine) reclaimTierLocked(t disk, target int64, lru recency) (rep ReclaimReport, err error) {
+func (e *Engine) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep ReclaimReport, err error) {
 	before := t.Space().Segments()
 	defer func() { rep.BytesReclaimed = before - t.Space().Segments() }()
 	excess := func() int64 {
@@ -199,7 +199,7 @@ const pressureLiveRatio = 0.9
 // reclaimSegments retires t's empty sealed segments and compacts those at or below
 // liveRatio, emptiest first, while excess() > 0 (or all of them when excess is nil), calling
 // progress (if not nil) after each segment.
-func (e *Engine) reclaimSegments(t disk, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
+func (e *Engine) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
 	type cand struct {
 		row   index.SegmentMeta
 		ratio float64
@@ -248,7 +248,7 @@ func (e *Engine) reclaimSegments(t disk, liveRatio float64, rep *ReclaimReport, 
 // relocation writer. The segment's footer lists its records, so only those are looked up (a
 // damaged footer falls back to a scan of the index). Entries that moved or went away meanwhile
 // are left alone by the conditional index batch.
-func (e *Engine) compactSegment(t disk, n uint64) (int, int64, error) {
+func (e *Engine) compactSegment(t tiers.Disk, n uint64) (int, int64, error) {
 	refs, err := e.liveRecords(n)
 	if err != nil {
 		return 0, 0, err
@@ -328,7 +328,7 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 // sidecarsOf returns the sidecars of the blocks in refs that are stored in tier t (all tiers
 // when t is nil) and not in refs already: what must move with the blocks so that a tier is
 // not left holding representations of blocks it no longer has.
-func (e *Engine) sidecarsOf(refs []recordRef, t disk) []recordRef {
+func (e *Engine) sidecarsOf(refs []recordRef, t tiers.Disk) []recordRef {
 	var out []recordRef
 	for _, r := range refs {
 		if r.kind != 0 {
@@ -359,7 +359,7 @@ const relocateBatch = 16
 // The moves are published by the writer's Publish hook with a compare-and-set per entry. It
 // returns how many records were copied (and how many of them are blocks) and the bytes they
 // take in dst.
-func (e *Engine) relocate(refs []recordRef, dst disk) (moved, blocks int, written int64, err error) {
+func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, written int64, err error) {
 	groups, refs := e.batchGroups(refs, dst)
 	for _, g := range groups {
 		n, w, err := e.relocateBatch(g, dst)
@@ -417,7 +417,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		rec    *wal.Record
 		seg    *wal.Segment
 		ref    recordRef
-		tier   disk
+		tier   tiers.Disk
 		header bool // ops[lo] reads the record header
 		lo, hi int  // ops[lo:hi] are this record's
 	}
@@ -428,7 +428,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 	for _, ref := range refs {
 		var (
 			seg  *wal.Segment
-			tier disk
+			tier tiers.Disk
 			err  error
 		)
 		if isForeign(ref.loc.Segment) {
@@ -474,13 +474,13 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		reads = append(reads, r)
 	}
 	if len(ops) > 0 {
-		owner := make([]disk, len(ops))
+		owner := make([]tiers.Disk, len(ops))
 		for _, r := range reads {
 			for i := r.lo; i < r.hi; i++ {
 				owner[i] = r.tier
 			}
 		}
-		_ = e.submit(ops, func(i int) disk { return owner[i] })
+		_ = e.submit(ops, func(i int) tiers.Disk { return owner[i] })
 	}
 	var out []*wal.Record
 	for _, r := range reads {
@@ -571,7 +571,7 @@ const evictionDeferral = 4
 // ahead of need and arrives within an interval or two, and a block dropped is a prefill
 // recomputed. Without limit while t is within its capacity and no writer waits for room in it;
 // for evictionDeferral sharing passes when writers wait (then they are dropped as before).
-func (e *Engine) evict(t disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
+func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
 		loc, ok, err := e.ix.Get(id)
@@ -740,7 +740,7 @@ type recency interface {
 }
 
 // recencyOf returns t's LRU, or nil (an interface holding no pointer) when it keeps none.
-func recencyOf(t disk) recency {
+func recencyOf(t tiers.Disk) recency {
 	if t.LRU() == nil {
 		return nil
 	}
@@ -748,7 +748,7 @@ func recencyOf(t disk) recency {
 }
 
 // writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
-func (e *Engine) writeOrder(t disk) (recency, error) {
+func (e *Engine) writeOrder(t tiers.Disk) (recency, error) {
 	lru := tiers.NewLRU()
 	err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
 		if e.tierOf(loc.Segment) == t {
@@ -804,7 +804,7 @@ func (r *ReclaimReport) add(o ReclaimReport) {
 }
 
 // diskTierNamed returns the disk tier called name ("" = the first).
-func (e *Engine) diskTierNamed(name string) (disk, error) {
+func (e *Engine) diskTierNamed(name string) (tiers.Disk, error) {
 	if name == "" {
 		return e.tiers[0], nil
 	}

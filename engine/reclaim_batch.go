@@ -8,6 +8,7 @@ import (
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -29,7 +30,7 @@ const minRelocatedBatch = 2
 // relocateBatch copies layer-major into dst, and the rest, which relocate copies record by
 // record. Batches are not compressed: into a tier that compresses, every block goes the record
 // way.
-func (e *Engine) batchGroups(refs []recordRef, dst disk) (groups [][]recordRef, rest []recordRef) {
+func (e *Engine) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recordRef, rest []recordRef) {
 	if e.opts.StageLayerWise || dst.Codec() != format.CompressionNone {
 		return nil, refs
 	}
@@ -79,7 +80,7 @@ func (e *Engine) batchGroups(refs []recordRef, dst disk) (groups [][]recordRef, 
 // of dst's relocation writer. Blocks that cannot be read are handled as readRecords handles
 // them (a broken one dropped from the index, a failed read counted and left where it is). It
 // returns the blocks copied and the bytes the new record takes.
-func (e *Engine) relocateBatch(group []recordRef, dst disk) (int, int64, error) {
+func (e *Engine) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, error) {
 	l := e.opts.Layout
 	src := group[0].loc
 	seg, err := e.acquireSegment(src.Segment)
@@ -113,7 +114,7 @@ func (e *Engine) relocateBatch(group []recordRef, dst disk) (int, int64, error) 
 		}
 	}
 	from := e.tierOf(src.Segment)
-	_ = e.submit(ops, func(int) disk { return from })
+	_ = e.submit(ops, func(int) tiers.Disk { return from })
 	var good []int // positions in group of the blocks read whole and verified
 	for k, r := range group {
 		var err error

@@ -25,7 +25,7 @@ type segments struct {
 
 // segHome says where a segment lives.
 type segHome struct {
-	tier     disk
+	tier     tiers.Disk
 	dir      string
 	reserved int64 // bytes reserved at creation while active; 0 once sealed or found at Open
 }
@@ -112,7 +112,7 @@ func (e *Engine) segPath(n uint64) string {
 
 // tierOf returns the tier holding segment n (for a foreign alias, the shared tier it was
 // found in), or nil.
-func (e *Engine) tierOf(n uint64) disk {
+func (e *Engine) tierOf(n uint64) tiers.Disk {
 	if isForeign(n) {
 		fs, _ := e.foreignSegment(n)
 		return fs.tier
@@ -126,7 +126,7 @@ func (e *Engine) tierOf(n uint64) disk {
 
 // placer returns the DirFor of t's writers: placement by segment number across t's paths. The
 // segment's home is recorded before its file is created, so readers and accounting find it.
-func (e *Engine) placer(t disk) func(uint64) string {
+func (e *Engine) placer(t tiers.Disk) func(uint64) string {
 	return func(n uint64) string {
 		dir := tiers.PathFor(t.Dirs(), n)
 		e.segs.setHome(n, segHome{tier: t, dir: dir, reserved: e.reservation(t)})

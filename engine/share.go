@@ -59,7 +59,7 @@ type foreignSeg struct {
 	number     uint64
 	generation uint64
 	dir        string // its segment directory
-	tier       disk
+	tier       tiers.Disk
 }
 
 type foreignKey struct {
@@ -334,7 +334,7 @@ func (e *Engine) sealAgedShared() {
 		if !t.Shared() {
 			continue
 		}
-		if sd, ok := t.(*sharedDisk); ok {
+		if sd, ok := t.(*tiers.SharedDisk); ok {
 			sd.SealAged(e.opts.SharedSealAge, &e.bg)
 		}
 	}
@@ -476,7 +476,7 @@ type nsManifest struct {
 // refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
 // and returns the manifests it read, of every schema (only this store's are indexed; the
 // reclaimer counts them all), after noting each one's sequence for the liveness of its owner.
-func (e *Engine) refreshRoot(t disk, root string) ([]nsManifest, error) {
+func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 	s := e.share
 	insts, err := tiers.ListNamespaces(e.fs, root)
 	if err != nil {
@@ -574,7 +574,7 @@ func (e *Engine) refreshRoot(t disk, root string) ([]nsManifest, error) {
 // from its summary, or else its footer and record headers (foreignRecords). Blocks and
 // sidecars the foreign index already holds keep their entry; this segment's copy of them is
 // remembered (copyKey) for when that entry's segment is dropped.
-func (e *Engine) indexForeign(t disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
+func (e *Engine) indexForeign(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
 	s := e.share
 	recs, err := e.foreignRecords(t, segDir, inst, ent)
 	if err != nil {

@@ -93,7 +93,7 @@ func (e *Engine) publishNotesLocked() []format.ManifestNote {
 // NoteRetire in the lease holder's (asked to), NoteReclaimed in its own (taken by a reclaimer
 // while it was presumed gone). The generation must match: a reused number is another segment.
 // done counts the segments retired.
-func (e *Engine) obeyNotes(t disk, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
+func (e *Engine) obeyNotes(t tiers.Disk, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
 	for _, nt := range m.Notes {
 		if nt.Kind != kind || nt.Owner != e.instance {
 			continue
@@ -112,7 +112,7 @@ func (e *Engine) obeyNotes(t disk, m *format.Manifest, kind format.NoteKind, don
 
 // evictSegment evicts every live block of sealed segment n of tier t (demoted to the next tier
 // when there is one, else dropped) and retires the segment.
-func (e *Engine) evictSegment(t disk, n uint64) error {
+func (e *Engine) evictSegment(t tiers.Disk, n uint64) error {
 	e.reclaimMu.Lock()
 	defer e.reclaimMu.Unlock()
 	refs, err := e.liveRecords(n)
@@ -189,7 +189,7 @@ func (e *Engine) sharedSkew() time.Duration {
 // of every instance are above the high watermark, the least recently used segments are
 // retired until they would be at the low watermark. It holds or renews the lease first, and
 // does nothing without it. others are the other instances' manifests just read.
-func (e *Engine) reclaimSharedTier(t disk, others []nsManifest) {
+func (e *Engine) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 	s := e.share
 	if t.Config().Capacity <= 0 || len(t.Config().Paths) == 0 {
 		return
@@ -301,7 +301,7 @@ func (e *Engine) reclaimSharedTier(t disk, others []nsManifest) {
 // with its reads of other instances' segments as access notes: the holder's own reads rank
 // segments as much as any other instance's (they would otherwise reach the pass only through
 // its published manifest, which the pass does not read).
-func (e *Engine) ownManifestFor(t disk) *format.Manifest {
+func (e *Engine) ownManifestFor(t tiers.Disk) *format.Manifest {
 	m := &format.Manifest{Instance: e.instance}
 	dirs := map[string]bool{}
 	for _, d := range t.Dirs() {
@@ -335,7 +335,7 @@ func (e *Engine) ownManifestFor(t disk) *format.Manifest {
 // (unlinkReclaimed). The owner's share of the capacity is taken back with them
 // (tiers.ShareAccount.CreditOfGone): the reclaimed bytes stay counted for it until the grants
 // are redone.
-func (e *Engine) reclaimFromGone(t disk, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
+func (e *Engine) reclaimFromGone(t tiers.Disk, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
 	s := e.share
 	drop := map[uint64]uint64{}
 	for _, v := range victims {
@@ -382,7 +382,7 @@ func (e *Engine) reclaimFromGone(t disk, ns *nsManifest, victims []format.Manife
 // their manifests) once the grace period and the clock skew margin have passed since the note,
 // if the owner is still presumed gone and the file still carries the generation reclaimed.
 // Any lease holder finishes what an earlier one started.
-func (e *Engine) unlinkReclaimed(t disk, others []nsManifest) {
+func (e *Engine) unlinkReclaimed(t tiers.Disk, others []nsManifest) {
 	s := e.share
 	due := time.Now().Add(-e.opts.SharedRetireGrace - e.sharedSkew()).UnixNano()
 	for _, ns := range others {

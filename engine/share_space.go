@@ -20,7 +20,7 @@ import (
 // shareEnv is the environment of shared tier t's account (tiers.ShareEnv).
 type shareEnv struct {
 	e     *Engine
-	t     disk
+	t     tiers.Disk
 	nsDir string // the namespace (first path) whose manifest carries the account's notes
 }
 
@@ -34,8 +34,8 @@ func (v shareEnv) Now() time.Time                          { return time.Now() }
 // openSharedAccount starts the account of shared tier t: admission bounded by the limit the
 // account's notes in this instance's newest manifest give (none before its first grant). A
 // lookup-only instance keeps one too: it writes nothing, but may hold the lease and grant.
-func (e *Engine) openSharedAccount(t disk) error {
-	sd, ok := t.(*sharedDisk)
+func (e *Engine) openSharedAccount(t tiers.Disk) error {
+	sd, ok := t.(*tiers.SharedDisk)
 	if !ok || t.Config().Capacity <= 0 || e.opts.ReadOnly || len(t.Dirs()) == 0 {
 		return nil
 	}
@@ -96,7 +96,7 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 }
 
 // graceBytes sums this instance's retired segments of tier t waiting for their grace.
-func (e *Engine) graceBytes(t disk) int64 {
+func (e *Engine) graceBytes(t tiers.Disk) int64 {
 	s := e.share
 	s.mu.Lock()
 	ns := make([]uint64, 0, len(s.grace))

@@ -141,7 +141,7 @@ func summaryEntries(recs []wal.ScannedRecord) []format.SummaryEntry {
 // summary when there is one that checks and agrees with the segment's footer, else from its
 // footer and record headers. The segment's header must name the segment, the instance and
 // this store's schema either way.
-func (e *Engine) foreignRecords(t disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
 	s := e.share
 	recs, sumErr := e.readSummary(segDir, inst, ent)
 	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())

@@ -10,6 +10,7 @@ import (
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/internal/par"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -234,7 +235,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		id   BlockID
 		loc  index.Location
 		seg  *wal.Segment
-		tier disk
+		tier tiers.Disk
 		buf  []byte
 	}
 	var (
@@ -280,7 +281,7 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		ops = append(ops, devio.Op{File: seg.File(), Buf: buf, Off: loc.ShardOffset(0)}) // the packed payload
 	}
 	if len(ops) > 0 {
-		_ = e.submit(ops, func(k int) disk { return reads[k].tier })
+		_ = e.submit(ops, func(k int) tiers.Disk { return reads[k].tier })
 	}
 	for k, r := range reads {
 		err := ops[k].Err
@@ -380,7 +381,7 @@ func (e *Engine) dropBrokenSidecar(id BlockID, kind SidecarKind, loc index.Locat
 
 // evictSidecars moves the sidecars still live in segment n of tier t (their blocks are
 // elsewhere) to the next tier, or drops them when there is none or it has no room.
-func (e *Engine) evictSidecars(t disk, n uint64) error {
+func (e *Engine) evictSidecars(t tiers.Disk, n uint64) error {
 	refs, err := e.liveRecords(n)
 	if err != nil {
 		return err

@@ -195,11 +195,12 @@ func (e *Engine) SegmentPath(n uint64) (string, bool) {
 func (e *Engine) openTiers() error {
 	cfgs := e.opts.tierConfigs(e.dir)
 	backends := map[devio.IOEngine]devio.Backend{}
-	o := diskOptions{
+	o := tiers.DiskOptions{
 		FS: e.fs, ReadOnly: e.opts.ReadOnly, Instance: e.instance, StoreDir: e.dir,
-		IOEngine: e.opts.IOEngine, DirectIO: e.opts.DirectIO, SegmentSize: e.opts.SegmentSize,
+		IOEngine: e.opts.IOEngine, DirectIO: e.opts.DirectIO,
 		RecordBytes: func() int64 { return e.opts.Layout.RecordBytes() }, RecycleSegments: e.opts.RecycleSegments,
-		TaskTimeout: e.opts.TaskTimeout, Logger: e.opts.Logger,
+		TaskTimeout: e.opts.TaskTimeout, Logger: e.opts.Logger, LockHeld: isLockHeld,
+		ErrNoSpace: ErrNoSpace, ErrLocked: ErrLocked,
 		Backend: func(eng devio.IOEngine) (devio.Backend, error) {
 			if b := backends[eng]; b != nil {
 				return b, nil
@@ -240,7 +241,8 @@ func (e *Engine) openTiers() error {
 			}
 		}
 		o.HasLower = len(e.tiers)+1 < disks
-		t, err := newDiskTier(c, len(e.tiers), o, diskEnv{e})
+		o.SegmentSize = SegmentSizeFor(e.opts.SegmentSize, c.Capacity)
+		t, err := tiers.OpenDisk(c, len(e.tiers), o, diskEnv{e})
 		if err != nil {
 			if errors.Is(err, tiers.ErrInvalidConfig) {
 				return fmt.Errorf("open %s: %w: %w", e.dir, ErrInvalidArgument, err)
@@ -263,7 +265,7 @@ func (e *Engine) openTiers() error {
 
 // tierRoot is the directory of tier path p this instance owns: p itself, or for a shared tier
 // its namespace under p (tiers.NamespaceDir).
-func (e *Engine) tierRoot(c tiers.Config, p string) string { return tierRoot(c, p, e.instance) }
+func (e *Engine) tierRoot(c tiers.Config, p string) string { return tiers.TierRoot(c, p, e.instance) }
 
 // isLockHeld reports whether a failed Lock means another holder: errLockHeld (this process),
 // EAGAIN, EWOULDBLOCK or (on some systems) EACCES from fcntl or flock, or the "lock held by
@@ -282,8 +284,8 @@ func isLockHeld(err error) bool {
 // allocSegment hands out a new segment number, shared by every writer of the store.
 func (e *Engine) allocSegment() uint64 { return e.nextSeg.Add(1) - 1 }
 
-// reservation is the most a new segment of t can grow to (diskTier.reservation).
-func (e *Engine) reservation(t disk) int64 { return t.Reservation() }
+// reservation is the most a new segment of t can grow to (tiers.Disk.Reservation).
+func (e *Engine) reservation(t tiers.Disk) int64 { return t.Reservation() }
 
 // startWriters starts each tier's relocation writer and the first tier's dump writer.
 func (e *Engine) startWriters() error {
@@ -463,7 +465,7 @@ func (e *Engine) TierStats() []TierStats {
 
 // submit runs ops, each on the I/O backend of the tier tierOf(i) names (the first tier's when
 // nil); with one backend (the usual case) it is a single Submit. Per-op errors are in ops.
-func (e *Engine) submit(ops []devio.Op, tierOf func(i int) disk) error {
+func (e *Engine) submit(ops []devio.Op, tierOf func(i int) tiers.Disk) error {
 	if len(e.backends) == 1 {
 		return e.io.Submit(ops)
 	}
