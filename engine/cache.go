@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/ucm-go/ucm/tiers"
@@ -19,11 +20,16 @@ import (
 //   - Lookup, LookupPrefix and Prefetch ask the caches that are not Inclusive for the blocks
 //     the indexes do not hold (lookupCaches, cachedPrefix);
 //   - a block dropped from the disk tiers is removed from every cache (uncache);
-//   - TierStats reports each cache's accounting (cacheTierStats).
+//   - TierStats reports each cache's accounting (with the disk tiers': Engine.chain).
 //
-// A new kind of cache is a tiers.Cache implementation, and one case where the chain is built
-// (openTiers for caches built with the tiers, openCaches for those built once the schema is
-// final).
+// A new kind of cache is a tiers.Cache implementation and one case in tiers.OpenCache (opened by
+// openTiers, or by openCaches when it needs the final schema).
+
+// cacheOptions is what tiers.OpenCache needs of the engine (the layout and fingerprint are
+// final once the schema is checked).
+func (e *Engine) cacheOptions() tiers.CacheOptions {
+	return tiers.CacheOptions{Layout: e.opts.Layout, Fingerprint: e.fingerprint, Logger: e.opts.Logger, OpenPool: openMooncakePool}
+}
 
 // openCaches opens the cache tiers whose objects carry the schema's fingerprint, once it is
 // final, and appends them to the chain after the memory tier (openTiers); a store opened
@@ -35,15 +41,11 @@ func (e *Engine) openCaches() error {
 	}
 	opened := len(e.caches)
 	for _, cfg := range e.laterCaches {
-		var (
-			c   tiers.Cache
-			err error
-		)
-		switch cfg.Kind {
-		case tiers.KindMooncake:
-			c, err = e.openMooncake(cfg)
-		default:
-			err = fmt.Errorf("open %s: tier %q: kind %s is not a cache tier: %w", e.dir, cfg.Name, cfg.Kind, ErrInvalidArgument)
+		c, err := tiers.OpenCache(cfg, e.cacheOptions())
+		if errors.Is(err, tiers.ErrInvalidConfig) {
+			err = fmt.Errorf("open %s: %w: %w", e.dir, ErrInvalidArgument, err)
+		} else if err != nil {
+			err = fmt.Errorf("open %s: %w", e.dir, err)
 		}
 		if err != nil {
 			for _, c := range e.caches[opened:] {
@@ -150,17 +152,6 @@ func (e *Engine) cachedPrefix(ids []BlockID, n int) int {
 		}
 	}
 	return n
-}
-
-// cacheTierStats returns a TierStats row per cache, fastest first.
-func (e *Engine) cacheTierStats() []TierStats {
-	var out []TierStats
-	for _, c := range e.caches {
-		s := c.Usage()
-		out = append(out, TierStats{Name: c.Name(), Kind: c.Kind(), Capacity: s.Capacity, Used: s.Bytes, LiveBytes: s.Bytes,
-			FileBytes: s.Bytes, Blocks: s.Blocks, Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Corrupt: s.Corrupt})
-	}
-	return out
 }
 
 // closeCaches closes the caches (at Close, once no task runs). They stay in the chain: a

@@ -190,8 +190,10 @@ func (e *Engine) SegmentPath(n uint64) (string, bool) {
 	return wal.SegmentPath(h.dir, n), true
 }
 
-// openTiers builds the tier stack: the memory cache and every disk tier with its directories
-// (created unless read-only), locks, I/O backend and direct-I/O mode.
+// openTiers builds the tier chain, one configuration at a time by kind: the cache tiers
+// (tiers.OpenCache; the mooncake tier once the schema is final, openCaches) and every disk tier
+// (tiers.OpenDisk) with its directories (created unless read-only), locks, I/O backend and
+// direct-I/O mode.
 func (e *Engine) openTiers() error {
 	cfgs := e.opts.tierConfigs(e.dir)
 	backends := map[devio.IOEngine]devio.Backend{}
@@ -221,12 +223,17 @@ func (e *Engine) openTiers() error {
 		}
 	}
 	for _, c := range cfgs {
-		if c.Kind == tiers.KindMemory {
-			e.mem = tiers.NewMemCache(c.Name, c.Capacity)
-			e.caches = append(e.caches, e.mem)
+		switch c.Kind {
+		case tiers.KindMemory:
+			cache, err := tiers.OpenCache(c, e.cacheOptions())
+			if err != nil {
+				return fmt.Errorf("open %s: %w", e.dir, err)
+			}
+			e.mem = cache.(*tiers.MemCache)
+			e.caches = append(e.caches, cache)
 			continue
-		}
-		if c.Kind == tiers.KindMooncake {
+		case tiers.KindMooncake:
+			// Opened once the schema is final (openCaches).
 			if err := e.checkMooncakeTier(c); err != nil {
 				return err
 			}
@@ -437,13 +444,33 @@ type TierStats struct {
 	Hits, Misses, Evictions, Corrupt int64
 }
 
+// chain returns every tier, fastest first: the caches, then the disk tiers.
+func (e *Engine) chain() []tiers.Tier {
+	out := make([]tiers.Tier, 0, len(e.caches)+len(e.tiers))
+	for _, c := range e.caches {
+		out = append(out, c)
+	}
+	for _, t := range e.tiers {
+		out = append(out, t)
+	}
+	return out
+}
+
 // TierStats returns every cache tier (memory, Mooncake) and every disk tier, fastest first.
 func (e *Engine) TierStats() []TierStats {
-	out := e.cacheTierStats()
-	start := len(out)
-	for _, t := range e.tiers {
-		u := t.Usage()
-		out = append(out, TierStats{Name: t.Name(), Kind: tiers.KindDisk, Paths: t.Config().Paths, Capacity: u.Capacity, SegmentSize: u.SegmentSize, Used: u.Used, Recycled: u.Recycled})
+	var out []TierStats
+	start := len(e.caches) // the first disk tier's row
+	for _, t := range e.chain() {
+		switch t := t.(type) {
+		case tiers.Cache:
+			s := t.Usage()
+			out = append(out, TierStats{Name: t.Name(), Kind: t.Kind(), Capacity: s.Capacity, Used: s.Bytes, LiveBytes: s.Bytes,
+				FileBytes: s.Bytes, Blocks: s.Blocks, Hits: s.Hits, Misses: s.Misses, Evictions: s.Evictions, Corrupt: s.Corrupt})
+		case tiers.Disk:
+			u := t.Usage()
+			out = append(out, TierStats{Name: t.Name(), Kind: t.Kind(), Paths: t.Config().Paths, Capacity: u.Capacity,
+				SegmentSize: u.SegmentSize, Used: u.Used, Recycled: u.Recycled})
+		}
 	}
 	for _, row := range e.ix.Segments() {
 		t := e.tierOf(row.Number)

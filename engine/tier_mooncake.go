@@ -8,8 +8,8 @@ import (
 
 // The mooncake tier (tiers.KindMooncake, docs/mooncake.md): a tiers.Cache in a Mooncake Store
 // pool, after the memory tier and before the disk tiers. The engine routes over it as over any
-// cache (cache.go); its part here is construction (the pool's client is set up once the schema
-// is final: its fingerprint is in every object key and header), its statistics and Flush.
+// cache (cache.go); tiers.OpenCache builds it once the schema is final (its fingerprint is in
+// every object key and header); this file holds the check at Open, its statistics and Flush.
 // Sidecars are not stored in the pool. A pool that is down is skipped (tiers.MooncakeTier);
 // nothing waits for it.
 
@@ -31,25 +31,6 @@ func (e *Engine) checkMooncakeTier(c tiers.Config) error {
 	}
 	e.laterCaches = append(e.laterCaches, c)
 	return nil
-}
-
-// openMooncake sets up the mooncake tier c's client. A master that does not answer does not
-// fail Open: the tier starts down and joins when the master answers.
-func (e *Engine) openMooncake(c tiers.Config) (tiers.Cache, error) {
-	pool, err := openMooncakePool(*c.Mooncake)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: tier %q: %w", e.dir, c.Name, err)
-	}
-	mc, err := tiers.NewMooncakeTier(c.Name, *c.Mooncake, pool, e.opts.Layout, e.fingerprint, e.opts.Logger)
-	if err != nil {
-		_ = pool.Close()
-		return nil, fmt.Errorf("open %s: %w: %w", e.dir, ErrInvalidArgument, err)
-	}
-	if !mc.Up() {
-		e.opts.Logger.Error("ucm: mooncake tier down at open: skipped until its master answers", "tier", c.Name,
-			"master", c.Mooncake.MasterServerAddress)
-	}
-	return mc, nil
 }
 
 // mooncake returns the mooncake tier, or nil without one.

@@ -23,10 +23,9 @@ package tiers
 // Implementations are safe for concurrent use. Name, Kind and Inclusive are constant. Close
 // is called once, after which no other method but Name, Kind, Inclusive and Usage is called.
 type Cache interface {
-	// Name returns the tier's configured name (for logs and statistics).
-	Name() string
-	// Kind returns the tier's kind (KindMemory, KindMooncake).
-	Kind() Kind
+	// Tier: Name, Kind (KindMemory, KindMooncake) and Close (queued asynchronous Puts are
+	// dropped).
+	Tier
 	// Inclusive reports whether the cache holds only blocks the engine put into it (write-
 	// through and backfill of blocks stored in the disk tiers), so that the index answers
 	// lookups for it. A cache other instances fill too (Mooncake's pool) is not inclusive:
@@ -61,8 +60,6 @@ type Cache interface {
 	Remove(id ID)
 	// Usage returns a snapshot of the cache's accounting.
 	Usage() CacheStats
-	// Close releases the cache's resources (queued asynchronous Puts are dropped).
-	Close() error
 }
 
 // CacheStats is the accounting of a Cache, common to its kinds; each kind has more of its own

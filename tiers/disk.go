@@ -38,8 +38,9 @@ var ErrLocked = errors.New("tier path locked")
 // Lock order: a LocalDisk's recycle pool lock is taken before its Space's lock; a Disk holds
 // neither while it calls its DiskEnv, and never takes the engine's locks.
 type Disk interface {
-	// Name is the configured name.
-	Name() string
+	// Tier: Name, Kind (KindDisk) and Close, which releases the path locks (the engine
+	// closes the writers first).
+	Tier
 	// Config is the tier's configuration as given (with defaults).
 	Config() Config
 	// Pos is the tier's position among the disk tiers, 0 = fastest.
@@ -94,8 +95,6 @@ type Disk interface {
 	FoundRecycled(path, dir string) (size int64, ok bool)
 	// Usage is the tier's own accounting.
 	Usage() DiskUsage
-	// Close releases the path locks (the engine closes the writers first).
-	Close() error
 }
 
 // DiskUsage is a disk tier's own accounting (the engine adds its index's totals).
@@ -290,6 +289,9 @@ type diskBase struct {
 
 // Name is the configured name.
 func (t *diskBase) Name() string { return t.cfg.Name }
+
+// Kind is KindDisk.
+func (t *diskBase) Kind() Kind { return KindDisk }
 
 // Config is the tier's configuration.
 func (t *diskBase) Config() Config { return t.cfg }
