@@ -13,10 +13,11 @@
 // (backfill), each with the shard checksums its bytes were just checked against. A dump is
 // written through to every cache once it is durable on disk. Lookups ask the caches that are
 // not Inclusive (filled by other instances too) for the blocks the index does not hold. A block
-// dropped from the disk tiers is removed from every cache. The disk tiers themselves (segments,
-// the index, Space and LRU) are routed by the engine: a block's index entry names its segment,
-// and the segment its tier. A new kind of cache is one file here implementing Cache and one
-// case where the engine builds the chain.
+// dropped from the disk tiers is removed from every cache. The disk tiers implement Disk
+// (LocalDisk, SharedDisk) and are routed, not probed: a block's index entry names its segment,
+// and the engine's table of segments names the segment's Disk. Both families embed Tier, so
+// the engine's tiers form one chain, caches then disks. A new kind is one file here
+// implementing Cache or Disk and one case in OpenCache or OpenDisk.
 // docs/tiers.md describes the whole (configuration, accounting, eviction, reclamation),
 // docs/sharing.md the shared tiers, docs/mooncake.md the Mooncake tier.
 //
@@ -28,16 +29,25 @@
 //     one disk tier, no path used twice or nested in another; a ConfigError wrapping
 //     ErrInvalidConfig names the tier and the field), and the placement of segments across a
 //     tier's paths (jump consistent hashing: adding a path moves about 1/(n+1) of them).
-//   - Space: the exact byte account of one disk tier and its admission of new segments.
+//   - Tier: what every kind shares (Name, Kind, Close).
+//   - Disk, DiskOptions, DiskEnv, DiskUsage, OpenDisk, TierRoot, SegmentDir, LockFile,
+//     ErrLocked: one disk tier (its segment directories, locks, I/O backend, writers,
+//     admission, retirement and accounting) and what it needs from the engine; LocalDisk (a
+//     local file system: retired files kept for reuse, a per-directory pool) and SharedDisk (a
+//     file system several instances mount: its namespace, files never kept, admission by its
+//     ShareAccount, sealing by age) implement it.
+//   - Space, Recycler: the exact byte account of one disk tier and its admission of new
+//     segments, drawing on a recycle pool.
 //   - ShareAccount, ShareEnv, ShareConfig: one instance's admission account on a shared tier
 //     with a capacity (its share granted by the lease holder, given back, asked for; as
 //     holder, the grants to every instance), over plain manifests and a small environment
 //     the engine provides.
 //   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks
 //     eviction victims.
-//   - Cache, CacheStats: what a cache tier in front of the disk tiers guarantees (lookup, a
-//     verified load of whole blocks or shards, write-through and backfill, removal, its
-//     accounting); MemCache and MooncakeTier implement it.
+//   - Cache, CacheStats, CacheOptions, OpenCache: what a cache tier in front of the disk tiers
+//     guarantees (lookup, a verified load of whole blocks or shards, write-through and
+//     backfill, removal, its accounting), and its construction by kind; MemCache and
+//     MooncakeTier implement it.
 //   - MemCache: the memory tier, a host-DRAM LRU of whole blocks and their sidecars.
 //   - NamespaceDir, WriteManifest, ReadManifest, ListNamespaces, the publication log names,
 //     Leaser: a shared tier's path layout, each instance's manifest of published segments,
@@ -48,6 +58,12 @@
 //
 // # Guarantees
 //
+//   - Exact accounting through retirement. A Disk's Space changes only by Admit (a
+//     reservation), the engine's settling of a sealed segment, Released (after Unlink) and its
+//     own pool: a LocalDisk's kept file stays in used bytes, marked pooled, until it is reused
+//     (its bytes become the new segment's reservation) or deleted; a SharedDisk never keeps a
+//     file. OpenDisk locks every path (namespace) outside the store directory, so a second
+//     open of it fails with ErrLocked until the first closes.
 //   - Exact capacity. Space counts the bytes of every segment file of a tier, active segments
 //     at the size they may grow to. A segment for new dumps is admitted only if it fits within
 //     the capacity; a segment for relocations (which reclamation needs to free space) only
@@ -78,7 +94,11 @@
 //
 // # Concurrency
 //
-// Space, ShareAccount, LRU and every Cache (MemCache, MooncakeTier) are safe for concurrent use. A Leaser keeps no state
+// Space, ShareAccount, LRU, every Cache (MemCache, MooncakeTier) and every Disk (LocalDisk,
+// SharedDisk; except SetCodec and SetAccount, called once at Open) are safe for concurrent
+// use. Lock order: a LocalDisk's pool lock before its Space's; a Disk calls its DiskEnv with
+// none of its locks held and never takes the engine's (which takes its reclamation lock, then
+// its segments' lock, then its sharing state's). A Leaser keeps no state
 // between calls: the lease is the file, and Hold's election tolerates contenders. LRU and MemCache
 // hold one mutex for short, bounded steps (MemCache copies bytes outside it, so readers of
 // large blocks copy in parallel); LRU.Victims works in proportion to what it returns. Space
