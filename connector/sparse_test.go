@@ -117,6 +117,8 @@ func sameBits(a, b []float32) bool {
 var methodCases = []struct{ name, cfg string }{
 	{"ESA", "pool: mean\nsparse_ratio: 0.3\n"},
 	{"ESA", "pool: max\nhead_select: kv\nhead_score: softmax\nsparse_ratio: 0.3\n"},
+	{"ESA", "retrieval_lag: 1\nsparse_ratio: 0.3\n"},                // a step attends the previous step's retrieval
+	{"KVStarMultiStep", "sparse_ratio: 0.5\nretrieval_stride: 2\n"}, // selections held for 2 steps
 	{"Quest", "sparse_ratio: 0.3\n"},
 	{"GSA", "sparse_ratio: 0.3\n"},
 	{"KVStarMultiStep", "sparse_ratio: 0.3\nretrieval_stride: 1\ninit_window_sz: 1\nlocal_window_sz: 2\n"},
