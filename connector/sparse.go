@@ -447,15 +447,21 @@ func (x *Selector) validate(a *SelectArgs) (int, error) {
 	return n, checkIDs("select", a.IDs)
 }
 
-// Select runs one selection and returns it: Submit, then Wait and Release.
+// Select runs one selection on the calling goroutine (after the selections submitted before
+// for the same request and layer) and returns it; the same as Submit, Wait and Release,
+// without a goroutine between the caller and the method.
 func (x *Selector) Select(a SelectArgs) (*Selection, error) {
-	id, err := x.Submit(a, nil)
+	n, err := x.validate(&a)
 	if err != nil {
 		return nil, err
 	}
-	sel, err := x.Wait(id)
-	_ = x.Release(id)
-	return sel, err
+	a.Q, a.IDs = slices.Clone(a.Q), slices.Clone(a.IDs)
+	t, prev, key, err := x.enqueue(&a)
+	if err != nil {
+		return nil, err
+	}
+	x.execute(t, prev, key, &a, n, nil)
+	return t.sel, t.err
 }
 
 // selectTask is one submitted selection.
@@ -475,39 +481,53 @@ func (x *Selector) Submit(a SelectArgs, then func(*Selection, error)) (uint64, e
 		return 0, err
 	}
 	a.Q, a.IDs = slices.Clone(a.Q), slices.Clone(a.IDs)
-	t := &selectTask{done: make(chan struct{})}
-	key := fmt.Sprintf("%s\x00%d", a.Request, a.Layer)
-	x.mu.Lock()
-	if x.closed {
-		x.mu.Unlock()
-		return 0, fmt.Errorf("selector: %w", engine.ErrClosed)
+	t, prev, key, err := x.enqueue(&a)
+	if err != nil {
+		return 0, err
 	}
-	prev := x.last[key]
-	x.last[key] = t
+	x.mu.Lock()
 	x.next++
 	id := x.next
 	x.tasks[id] = t
-	x.wg.Add(1)
 	x.mu.Unlock()
-	go func() {
-		defer x.wg.Done()
-		if prev != nil {
-			<-prev.done
-		}
-		x.sem <- struct{}{}
-		t.sel, t.err = x.run(&a, n)
-		<-x.sem
-		if then != nil {
-			then(t.sel, t.err)
-		}
-		x.mu.Lock()
-		if x.last[key] == t {
-			delete(x.last, key)
-		}
-		x.mu.Unlock()
-		close(t.done)
-	}()
+	go x.execute(t, prev, key, &a, n, then)
 	return id, nil
+}
+
+// enqueue makes a's task the latest of its (request, layer) and returns the one before it
+// (nil: none), so that the calls of one pair run in order, as the hooks require.
+func (x *Selector) enqueue(a *SelectArgs) (t, prev *selectTask, key string, err error) {
+	t = &selectTask{done: make(chan struct{})}
+	key = fmt.Sprintf("%s\x00%d", a.Request, a.Layer)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.closed {
+		return nil, nil, "", fmt.Errorf("selector: %w", engine.ErrClosed)
+	}
+	prev = x.last[key]
+	x.last[key] = t
+	x.wg.Add(1)
+	return t, prev, key, nil
+}
+
+// execute runs task t once prev is done, calls then, and marks t done.
+func (x *Selector) execute(t, prev *selectTask, key string, a *SelectArgs, n int, then func(*Selection, error)) {
+	defer x.wg.Done()
+	if prev != nil {
+		<-prev.done
+	}
+	x.sem <- struct{}{}
+	t.sel, t.err = x.run(a, n)
+	<-x.sem
+	if then != nil {
+		then(t.sel, t.err)
+	}
+	x.mu.Lock()
+	if x.last[key] == t {
+		delete(x.last, key)
+	}
+	x.mu.Unlock()
+	close(t.done)
 }
 
 // run is one selection: the method's AttentionBegin on a decode call over an identity block

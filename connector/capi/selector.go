@@ -477,8 +477,8 @@ func selectSubmit(h int64, request uintptr, layer int32, step int64, q uintptr, 
 	return int64(task)
 }
 
-// ucmgo_select is ucmgo_select_submit, then ucmgo_select_wait and ucmgo_select_release:
-// returns the selection's status, its outputs written.
+// ucmgo_select is ucmgo_select_submit, then ucmgo_select_wait and ucmgo_select_release, run on
+// the calling thread: returns the selection's status, its outputs written.
 //
 //export ucmgo_select
 func ucmgo_select(sel C.int64_t, request *C.char, layer C.int32_t, step C.int64_t, q *C.float, qLen C.size_t, ids *C.uint8_t, n C.size_t,
@@ -490,13 +490,20 @@ func ucmgo_select(sel C.int64_t, request *C.char, layer C.int32_t, step C.int64_
 
 func selectSync(h int64, request uintptr, layer int32, step int64, q uintptr, qLen uint64, ids uintptr, n uint64, seqLen int64,
 	blocks uintptr, capacity uint64, count, heads, headCounts uintptr) int32 {
-	task := selectSubmit(h, request, layer, step, q, qLen, ids, n, seqLen, blocks, capacity, count, heads, headCounts)
-	if task < 0 {
-		return int32(task)
+	e, err := selector(h)
+	if err != nil {
+		return int32(fail(err))
 	}
-	st := selectWait(h, task)
-	_ = selectRelease(h, task)
-	return st
+	c, err := decodeSelect(e, request, layer, step, q, qLen, ids, n, seqLen, blocks, capacity, count, heads, headCounts)
+	if err != nil {
+		return int32(fail(err))
+	}
+	sel, err := e.x.Select(c.args) // on this thread: no goroutine between the caller and the method
+	if err != nil {
+		return int32(fail(err))
+	}
+	c.write(sel)
+	return int32(statusOK)
 }
 
 // ucmgo_select_check sets *finished to 1 when the selection task is done (its outputs

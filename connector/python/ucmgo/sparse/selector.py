@@ -239,6 +239,12 @@ class Selector:
         last token selects), block_ids the stored ids of its leading full blocks, seq_len the
         tokens attended (the context is ceil(seq_len / block_size) blocks). Selections of one
         (request, layer) run in submission order. poll, wait and result follow it."""
+        args, out = self._prepare(request_id, layer, step, q, block_ids, seq_len, per_head)
+        task = _check(self._lib.ucmgo_select_submit(self._h, *args))
+        return SelectTask(task, *out)
+
+    def _prepare(self, request_id, layer, step, q, block_ids, seq_len, per_head):
+        """The selection's arguments after the handle, and SelectTask's fields but the id."""
         qa = _float32(q, "select: query")
         bs = int(self.shape["block_size"])
         if seq_len < 1:
@@ -253,9 +259,9 @@ class Selector:
             head_counts = np.zeros(self.heads, dtype=np.int64)
             hp, hcp = heads.ctypes.data, head_counts.ctypes.data
         ids = _ids(block_ids)
-        task = _check(self._lib.ucmgo_select_submit(self._h, request_id.encode("utf-8"), int(layer), int(step), qa.ctypes.data, qa.size,
-                                                    ids, len(block_ids), int(seq_len), blocks.ctypes.data, cap, count.ctypes.data, hp, hcp))
-        return SelectTask(task, blocks, count, heads, head_counts, per_head, (qa, ids))
+        args = (request_id.encode("utf-8"), int(layer), int(step), qa.ctypes.data, qa.size, ids, len(block_ids), int(seq_len),
+                blocks.ctypes.data, cap, count.ctypes.data, hp, hcp)
+        return args, (blocks, count, heads, head_counts, per_head, (qa, ids))
 
     def poll(self, task: SelectTask) -> bool:
         """True once the selection is done (its outcome written), without blocking."""
@@ -282,15 +288,21 @@ class Selector:
         task.released, task._keep = True, None
         if st < 0:
             raise UcmGoError(st, msg)
-        blocks = task.blocks[: int(task.count[0])].copy()
-        if not task.per_head:
-            return blocks
-        return blocks, [task.heads[h, : int(task.head_counts[h])].copy() for h in range(self.heads)]
+        return self._outcome(task.blocks, task.count, task.heads, task.head_counts, task.per_head)
+
+    def _outcome(self, blocks, count, heads, head_counts, per_head):
+        out = blocks[: int(count[0])].copy()
+        if not per_head:
+            return out
+        return out, [heads[h, : int(head_counts[h])].copy() for h in range(self.heads)]
 
     def select(self, request_id: str, layer: int, step: int, q, block_ids: Sequence[bytes], seq_len: int, per_head: bool = False):
-        """submit_select then result: the blocks (and per KV head with per_head) one decode step
-        of one layer attends."""
-        return self.result(self.submit_select(request_id, layer, step, q, block_ids, seq_len, per_head))
+        """The blocks (and per KV head with per_head) one decode step of one layer attends, as
+        submit_select then result would return them, selected on the calling thread
+        (ucmgo_select)."""
+        args, out = self._prepare(request_id, layer, step, q, block_ids, seq_len, per_head)
+        _check(self._lib.ucmgo_select(self._h, *args))
+        return self._outcome(*out[:5])
 
     def request_finished(self, request_id: str) -> None:
         """Forgets the request's state in the method (held selections, lag, pool references)."""
