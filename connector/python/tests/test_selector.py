@@ -82,6 +82,19 @@ def test_reprs_survive_restart(backend):
         sel.close()
 
 
+def test_dump_reprs_bfloat16_k(stored):
+    """K in bfloat16 (a CPU torch tensor): Quest's bounds are its exact per-channel min and max."""
+    store, ids, _ = stored
+    k = make_k(4, seed=5).float().bfloat16()
+    with Selector(store, {"Quest": {}}, SHAPE) as sel:
+        store.wait(sel.dump_reprs(ids[:4], k))
+        for l in range(LAYERS):
+            vals, found = sel.load_reprs(l, ids[:4])
+            assert found.all()
+            np.testing.assert_array_equal(vals[:, 0], k[:, l].float().amin(dim=1).numpy())
+            np.testing.assert_array_equal(vals[:, 1], k[:, l].float().amax(dim=1).numpy())
+
+
 def test_select_orders_by_score(stored):
     """The middle blocks a step selects all score at least as high as those it leaves out
     (ESA: the sum over KV heads of the GQA-reduced query · the block's mean), the windows are
