@@ -246,8 +246,8 @@ func (x *Selector) storeSidecars(ids []engine.BlockID, payloads [][]byte) uint64
 
 // PutReprs stores precomputed representations as the blocks' sidecars: reprs[i] is block
 // ids[i]'s, Layout().BlockFloats() float32 values in the layout ReprLayout describes (the
-// values are stored as float16; hash codes must have been computed with the selector's hash
-// encoders). The task is as DumpReprs's; a block that already has a representation of this
+// values are stored as float16 and must be finite; hash codes must have been computed with the
+// selector's hash encoders). The task is as DumpReprs's; a block that already has a representation of this
 // kind keeps it (ESA mean and GSA share one). Values of the wrong count, channels out of order or
 // range, codes that are not bytes, or values float16 cannot hold fail the call, naming the
 // block.
@@ -307,6 +307,11 @@ func (x *Selector) decodeFloats(r []float32) (*kernels.Sidecar, error) {
 		}
 	default:
 		sc.Values = r
+	}
+	for j, v := range sc.Values {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, fmt.Errorf("value %d (layer %d): %v: representations are finite", j, j/max(len(sc.Values)/lay.Layers, 1), v)
+		}
 	}
 	return sc, nil
 }

@@ -326,6 +326,13 @@ func TestSelectorPutReprs(t *testing.T) {
 		if _, err := x.PutReprs(ids[:2], bad); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), "position 1") {
 			t.Fatalf("%s: short representation: %v", c.name, err)
 		}
+		if lay.Kind != kernels.SidecarHash {
+			nan := append([]float32(nil), reprs[0]...)
+			nan[len(nan)-1] = float32(math.NaN())
+			if _, err := x.PutReprs(ids[:1], [][]float32{nan}); !errors.Is(err, engine.ErrInvalidArgument) || !strings.Contains(err.Error(), "finite") {
+				t.Fatalf("%s: a NaN: %v", c.name, err)
+			}
+		}
 		big := append([]float32(nil), reprs[0]...)
 		big[len(big)-1] = 1e9
 		if _, err := x.PutReprs(ids[:1], [][]float32{big}); !errors.Is(err, engine.ErrInvalidArgument) || StatusOf(err) != StatusEParam {
