@@ -32,9 +32,11 @@ build:
 	$(GO) build $(BUILDFLAGS) -o $(BIN)/ucm-lab ./lab/cmd/ucm-lab
 
 # The C ABI for inference engines (docs/connector.md): lib/libucmgo.so and its header lib/ucmgo.h.
+# The nonvml tag leaves NVML discovery out of the library: go-nvml leaves NVML's symbols
+# unresolved, which a program linking the library would fail on (kernels/nvml_nocgo.go).
 LIB := $(CURDIR)/lib
 lib:
-	$(GO) build $(BUILDFLAGS) -buildmode=c-shared -o $(LIB)/libucmgo.so ./connector/capi
+	$(GO) build -tags '$(TAGS) nonvml' -ldflags '$(LDFLAGS)' -buildmode=c-shared -o $(LIB)/libucmgo.so ./connector/capi
 	rm -f $(LIB)/libucmgo.h
 	cp connector/capi/ucmgo.h $(LIB)/ucmgo.h
 
@@ -206,7 +208,7 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./connector/ucmhash:FuzzHasher:40000x ./connector/ucmconfig:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
                 ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./lab/model:FuzzLoadWeights:200000x \
-                ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
+                ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./connector/capi:FuzzSelectorABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
 FUZZSMOKE   ?= per-target
 
 fuzz:

@@ -324,17 +324,19 @@ func (s *Store) Stats() (engine.Stats, error) {
 // by the engine's completion directly, not through another goroutine (each hop between threads
 // costs a wake-up).
 type Task struct {
-	id      uint64
-	load    bool
-	ids     []engine.BlockID
-	start   time.Time
-	bytes   int64
-	parts   []*engine.Task
-	members [][]int // call positions of each part's blocks
-	settled sync.Once
-	done    chan struct{}
-	errs    []error // per block, once done
-	err     error
+	id   uint64
+	load bool
+	// sidecars: a Selector's representation dump (no transfer metrics)
+	sidecars bool
+	ids      []engine.BlockID
+	start    time.Time
+	bytes    int64
+	parts    []*engine.Task
+	members  [][]int // call positions of each part's blocks
+	settled  sync.Once
+	done     chan struct{}
+	errs     []error // per block, once done
+	err      error
 }
 
 // Load reads shard shards[i] of block ids[i] into dst[i] (one span of the shard, or one span per
@@ -551,7 +553,9 @@ func (s *Store) settle(t *Task) {
 		if len(failed) > 0 {
 			t.err = fmt.Errorf("%d of %d blocks failed: %w", len(failed), len(t.ids), errors.Join(failed...))
 		}
-		s.metrics.transfer(t.load, len(t.ids), t.bytes, time.Since(t.start), t.err == nil)
+		if !t.sidecars {
+			s.metrics.transfer(t.load, len(t.ids), t.bytes, time.Since(t.start), t.err == nil)
+		}
 		close(t.done)
 	})
 }

@@ -260,6 +260,7 @@ func ucmgo_open_env(config *C.char, env **C.char) C.int64_t {
 func ucmgo_close(h C.int64_t) C.int32_t { return C.int32_t(closeStore(int64(h))) }
 
 func closeStore(h int64) int32 {
+	closeSelectorsOf(h) // their selections read the store
 	// Calls queued on the store are submitted before it closes, as if they had entered Go.
 	C.ucmgoi_store_drop(C.int64_t(h))
 	takeQueue(false)

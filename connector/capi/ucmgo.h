@@ -163,6 +163,135 @@ int32_t ucmgo_commit(int64_t store, const uint8_t *ids, size_t n, int32_t succes
  */
 int64_t ucmgo_stats(int64_t store, char *buf, size_t len);
 
+/* ---- BEGIN SPARSE ATTENTION: SELECTORS ------------------------------------------------------
+ *
+ * A selector is a sparse-attention method (ESA, Quest, GSA, KVStarMultiStep, GSAOnDevice) over a
+ * store: it writes the blocks' representations into the store as sidecars of the blocks
+ * (computed from K on the host, or precomputed), reads them back by block id, and selects the
+ * blocks a decode step of a layer attends, with exactly the semantics of the method's hooks
+ * (windows, budget, retrieval stride, lag, per-KV-head selection; docs/sparse.md).
+ * Representations survive restarts, are seen by every instance sharing the store's backends,
+ * and go with their block. A handle is an int64_t > 0 from ucmgo_selector_open; closing the
+ * store closes its selectors. Bad arguments are UCMGO_EPARAM with ucmgo_last_error naming the
+ * field, as everywhere in this header.
+ *
+ * Representation layout (ucmgo_reprs_shape): one layer of one block is rows x heads x cols
+ * float32, row-major; a whole block is layers of those. ESA (and GSA): rows 1, cols head_dim
+ * (the mean, or the max with pool: max). Quest: rows 2 (per-channel min, then max). KVStar:
+ * rows 1 + block_size / merge: row 0 holds each head's kept channels (integers, ascending), then
+ * the merged rows; cols the kept channels. GSAOnDevice: rows block_size (one per token), cols
+ * the code bytes of a token and head, each byte as a float in [0, 255]. Values are stored as
+ * float16.
+ */
+
+/* Sidecar kinds (ucmgo_reprs_shape's kind). */
+enum {
+	UCMGO_REPR_ESA_MEAN = 1,
+	UCMGO_REPR_ESA_MAX = 2,
+	UCMGO_REPR_QUEST = 3,
+	UCMGO_REPR_KVSTAR = 4,
+	UCMGO_REPR_HASH = 5,
+};
+
+/* K dtypes (ucmgo_reprs_dump's k_dtype). */
+enum {
+	UCMGO_DTYPE_FLOAT16 = 1,
+	UCMGO_DTYPE_BFLOAT16 = 2,
+	UCMGO_DTYPE_FLOAT8_E4M3 = 3,
+	UCMGO_DTYPE_FLOAT8_E5M2 = 4,
+	UCMGO_DTYPE_FLOAT32 = 5,
+};
+
+/*
+ * ucmgo_selector_open builds a selector over a worker's store. sparse_config is a
+ * ucm_sparse_config mapping in YAML or JSON ({"ESA": {"sparse_ratio": 0.3}}, or a document
+ * with it under ucm_sparse_config) enabling one method (several need sparse_type); shape is a
+ * JSON object {"layers", "q_heads", "kv_heads", "head_dim", "block_size"}. Returns a selector
+ * handle > 0, or a status < 0.
+ */
+int64_t ucmgo_selector_open(int64_t store, const char *sparse_config, const char *shape);
+
+/* ucmgo_selector_close waits for the selector's selections and frees the handle. */
+int32_t ucmgo_selector_close(int64_t selector);
+
+/* ucmgo_reprs_shape writes the representation layout (above) and the kind. */
+int32_t ucmgo_reprs_shape(int64_t selector, int64_t *layers, int64_t *rows, int64_t *heads, int64_t *cols,
+                          int32_t *kind);
+
+/*
+ * ucmgo_reprs_dump computes each block's representation from its K and starts storing it:
+ * k_addrs is n x addrs_per_block pointers, block-major, addrs_per_block the layers, each
+ * pointing to [block_size][kv_heads][head_dim] of k_dtype (read before the call returns).
+ * Returns a task of the selector's store, waited with ucmgo_wait(store, task, failed, n): a
+ * block that is not stored fails alone (UCMGO_ENOOBJ); one that already has this kind of
+ * representation keeps it. Or a status < 0.
+ */
+int64_t ucmgo_reprs_dump(int64_t selector, const uint8_t *ids, size_t n, void *const *k_addrs,
+                         size_t addrs_per_block, int32_t k_dtype);
+
+/*
+ * ucmgo_reprs_put starts storing precomputed representations: reprs is n x floats_per_block
+ * float32, floats_per_block = layers x rows x heads x cols (read before the call returns).
+ * Returns a store task as ucmgo_reprs_dump does, or a status < 0.
+ */
+int64_t ucmgo_reprs_put(int64_t selector, const uint8_t *ids, size_t n, const float *reprs,
+                        size_t floats_per_block);
+
+/*
+ * ucmgo_reprs_load reads one layer's representation of each block into dst (n x
+ * floats_per_block float32, floats_per_block = rows x heads x cols) and sets found[i] to 1 when
+ * block i has one, else 0 (its values are zero: not stored, never given one, or failing a
+ * check); a block's miss loses nothing else.
+ */
+int32_t ucmgo_reprs_load(int64_t selector, int32_t layer, const uint8_t *ids, size_t n, float *dst,
+                         size_t floats_per_block, uint8_t *found);
+
+/*
+ * ucmgo_select_submit starts selecting the blocks decode step `step` of `layer` attends for a
+ * request. q is the step's queries after RoPE, q_len floats ([tokens][q_heads][head_dim], the
+ * last token's select); ids are the stored ids of the request's leading full blocks (n); the
+ * context is ceil(seq_len / block_size) blocks, at least n (the blocks past n have no
+ * representation: they are kept first within the budget). q, ids and request_id are copied.
+ * Outputs, written before the task counts as finished: out_blocks (out_capacity >= the context's
+ * blocks) the attended blocks' positions, ascending, out_count their number (every block when
+ * the windows and budget cover the context); out_heads (kv_heads x out_capacity, head-major)
+ * and out_head_counts (kv_heads), both NULL or both given: each KV head's own selection with
+ * head_select: kv, else every head gets out_blocks. The outputs must stay valid until
+ * ucmgo_select_release returns. Selections of one (request, layer) run in submission order.
+ * Returns a selection task > 0, or a status < 0.
+ */
+int64_t ucmgo_select_submit(int64_t selector, const char *request_id, int32_t layer, int64_t step, const float *q,
+                            size_t q_len, const uint8_t *ids, size_t n, int64_t seq_len, int32_t *out_blocks,
+                            size_t out_capacity, int64_t *out_count, int32_t *out_heads, int64_t *out_head_counts);
+
+/* ucmgo_select is ucmgo_select_submit, wait and release: the selection's status, outputs written. */
+int32_t ucmgo_select(int64_t selector, const char *request_id, int32_t layer, int64_t step, const float *q,
+                     size_t q_len, const uint8_t *ids, size_t n, int64_t seq_len, int32_t *out_blocks,
+                     size_t out_capacity, int64_t *out_count, int32_t *out_heads, int64_t *out_head_counts);
+
+/*
+ * ucmgo_select_check sets *finished to 1 when the selection task is done (outputs written),
+ * else 0, without consuming it. Returns UCMGO_OK, or the selection's failure status once done.
+ */
+int32_t ucmgo_select_check(int64_t selector, int64_t task, int32_t *finished);
+
+/* ucmgo_select_wait blocks until the selection task is done; returns its status; repeatable. */
+int32_t ucmgo_select_wait(int64_t selector, int64_t task);
+
+/*
+ * ucmgo_select_release waits for the selection task and frees it: nothing is written into its
+ * outputs afterwards, and the handle is unknown (UCMGO_ENOOBJ) to every later call.
+ */
+int32_t ucmgo_select_release(int64_t selector, int64_t task);
+
+/*
+ * ucmgo_selector_request_finished forgets a request's state in the selector's method (held
+ * selections, lag, representation pool references) once its selections in flight are done.
+ */
+int32_t ucmgo_selector_request_finished(int64_t selector, const char *request_id);
+
+/* ---- END SPARSE ATTENTION: SELECTORS -------------------------------------------------------- */
+
 /*
  * ucmgo_last_error returns the calling thread's last error message: the reason of the last call
  * on this thread that failed ("" before any). It stays valid until the next failing call on the

@@ -47,8 +47,9 @@ PACKAGE = "ucmgo"
 LIB_NAME = "libucmgo.so"
 
 # The Makefile's BUILDFLAGS: the io_uring backend is behind the `uring` tag and links into
-# syscall internals, which Go >= 1.23 allows only with -checklinkname=0.
-GO_BUILD_FLAGS = ["-tags", "uring", "-ldflags=-checklinkname=0"]
+# syscall internals, which Go >= 1.23 allows only with -checklinkname=0; `nonvml` leaves NVML
+# discovery (whose symbols go-nvml leaves unresolved) out of the shared library, as `make lib` does.
+GO_BUILD_FLAGS = ["-tags", "uring nonvml", "-ldflags=-checklinkname=0"]
 
 # Python's machine names for Go's GOARCH values on the platforms the engine supports.
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
