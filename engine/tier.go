@@ -423,9 +423,12 @@ func (e *Engine) startWriters() error {
 			if !relocation && t.pos != 0 {
 				continue
 			}
-			var onFlight func(wal.FlightTiming)
+			var (
+				onFlight func(wal.FlightTiming)
+				syncs    *atomic.Int64
+			)
 			if !relocation {
-				onFlight = e.opts.OnFlight
+				onFlight, syncs = e.opts.OnFlight, &e.stats.dumpSyncs
 			}
 			w, err := wal.NewWriter(wal.Options{
 				FS: e.fs, SegmentSize: t.segSize, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
@@ -436,6 +439,7 @@ func (e *Engine) startWriters() error {
 				// fills. Relocations come in bursts; their writer creates segments as needed.
 				PrepareNext: !relocation,
 				OnFlight:    onFlight,
+				DataSyncs:   syncs,
 				// Layer-wise dumps write batch records through the first tier's dump writer;
 				// relocation writers keep the blocks of a batch layer-major (relocateBatches).
 				BatchRecords: !e.opts.StageLayerWise,
