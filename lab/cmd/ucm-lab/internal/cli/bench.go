@@ -818,7 +818,14 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		}
 	}
 	for _, f := range r.Fio {
-		row("fio", "%s bs=%s iodepth=%d mem=%s: %.1f MB/s", f.RW, cliutil.FormatSize(f.BlockSize), f.IODepth, f.Mem, f.MBps)
+		synced := ""
+		if f.FdatasyncEvery > 0 {
+			synced = fmt.Sprintf(" fdatasync=%d", f.FdatasyncEvery)
+		}
+		row("fio", "%s bs=%s iodepth=%d mem=%s%s: %.1f MB/s", f.RW, cliutil.FormatSize(f.BlockSize), f.IODepth, f.Mem, synced, f.MBps)
+		if f.IO != nil {
+			row("fio i/o", "%s", f.IO)
+		}
 	}
 	if t := bracketText(r.FioBefore, r.FioAfter); t != "" {
 		row("fio", "ratios against the%s", t)
@@ -892,7 +899,7 @@ func durableText(ratio, fioMBps float64, syncBytes int64) string {
 	if ratio == 0 {
 		return ""
 	}
-	return fmt.Sprintf(", %.2f x fio durable write (fdatasync every %s: %.1f MB/s)", ratio, cliutil.FormatSize(syncBytes), fioMBps)
+	return fmt.Sprintf(", %.2f x fio durable write (an fdatasync every %s: %.1f MB/s)", ratio, cliutil.HumanBytes(syncBytes), fioMBps)
 }
 
 // startCPUProfile starts a CPU profile into path (nothing when path is empty) and returns the

@@ -359,7 +359,7 @@ func TestBenchFio(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	clitest.MustContain(t, out, "x fio write (1000.0 MB/s)", "x fio read (2000.0 MB/s)", "randread bs=64KiB iodepth=16",
-		"x fio durable write (fdatasync every",
+		"x fio durable write (an fdatasync every", "fdatasync=",
 		"x fio 2 MiB read (2000.0 MB/s)", "x fio randread (2000.0 MB/s)")
 	b, _ = os.ReadFile(jobs)
 	// 2 MiB sequential writes and reads (the disk's sequential speed) and random shard reads.
