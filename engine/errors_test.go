@@ -271,3 +271,25 @@ func TestIndexFullDiskFailsDumpsNotProcess(t *testing.T) {
 	}
 	dumpBlocks(t, e, ids(300, 302))
 }
+
+// DumpSyncs counts the dump writer's fdatasyncs: under SyncAlways each acknowledged dump was
+// flushed (one at least per dump waited for in turn, none by relocation writers); under
+// SyncNone the records are not (only a seal's flush would count).
+func TestDumpSyncsCounted(t *testing.T) {
+	o := testOptions(vfs.Default, mhaLayout)
+	e := mustOpen(t, t.TempDir(), o)
+	defer e.Close()
+	for i := 0; i < 5; i++ {
+		dumpBlocks(t, e, ids(i, i+1))
+	}
+	if st := e.Stats(); st.DumpSyncs < 5 || st.DumpSyncs > 10 {
+		t.Fatalf("%d syncs for 5 dumps waited for in turn (SyncAlways), want 5 to 10", st.DumpSyncs)
+	}
+	o.SyncPolicy = SyncNone
+	e2 := mustOpen(t, t.TempDir(), o)
+	defer e2.Close()
+	dumpBlocks(t, e2, ids(0, 5))
+	if st := e2.Stats(); st.DumpSyncs != 0 {
+		t.Fatalf("%d syncs under SyncNone before any seal, want 0", st.DumpSyncs)
+	}
+}

@@ -52,6 +52,7 @@ var statMetrics = []metricDesc{
 	}),
 	counterDesc("ucm_dumped_blocks_total", "Blocks written to the log.", func(s *Stats) int64 { return s.DumpedBlocks }),
 	counterDesc("ucm_dumped_bytes_total", "Block bytes written to the log.", func(s *Stats) int64 { return s.DumpedBytes }),
+	counterDesc("ucm_dump_syncs_total", "fdatasyncs of the dump writer's segments (dumped bytes / syncs: what one flush covers).", func(s *Stats) int64 { return s.DumpSyncs }),
 	counterDesc("ucm_deduped_dumps_total", "Dumps of blocks already stored or in flight.", func(s *Stats) int64 { return s.DedupedDumps }),
 	counterDesc("ucm_failed_blocks_total", "Layer-wise blocks failed by a bad shard.", func(s *Stats) int64 { return s.FailedBlocks }),
 	counterDesc("ucm_loaded_blocks_total", "Whole blocks loaded and verified.", func(s *Stats) int64 { return s.LoadedBlocks }),

@@ -36,6 +36,10 @@ type Stats struct {
 	// (engine/batchdump.go): their blocks are in DumpedBlocks too.
 	BatchRecords int64
 	DedupedDumps int64 // dumps of blocks already stored or in flight (not written again)
+	// DumpSyncs counts the fdatasyncs of the dump writer's segments (group commits, batch
+	// commits, seals; none under SyncNone but the seals): DumpedBytes / DumpSyncs is what one
+	// flush covers, the interval a durable baseline (fio --fdatasync) should flush at.
+	DumpSyncs    int64
 	FailedBlocks int64 // blocks whose layer-wise dump failed on a shard
 	// Compression (Options.Compression, or a disk tier's): CompressedBlocks records were stored
 	// compressed, CompressSkipped were compressed but stored raw (saving below
@@ -145,7 +149,7 @@ type counters struct {
 	stagingWaits, callerBufferChanged                                        atomic.Int64
 	lookups, lookupHits                                                      atomic.Int64
 	memoryHits, evictedBlocks, segmentsRetired, segmentsRecycled, promotions atomic.Int64
-	relocationsLost, batchRecords                                            atomic.Int64
+	relocationsLost, batchRecords, dumpSyncs                                 atomic.Int64
 	compressedBlocks, compressSkipped, storedPayloadBytes                    atomic.Int64
 	dumpedSidecars, sidecarMemoryHits, sidecarDiskReads, sidecarMisses       atomic.Int64
 }
@@ -154,6 +158,7 @@ func (c *counters) snapshot() Stats {
 	return Stats{
 		DumpTasks: c.dumpTasks.Load(), DumpedBlocks: c.dumpedBlocks.Load(), DumpedBytes: c.dumpedBytes.Load(),
 		DedupedDumps: c.dedupedDumps.Load(), FailedBlocks: c.failedBlocks.Load(), BatchRecords: c.batchRecords.Load(),
+		DumpSyncs: c.dumpSyncs.Load(),
 		LoadTasks: c.loadTasks.Load(), LoadedBlocks: c.loadedBlocks.Load(), LoadedShards: c.loadedShards.Load(),
 		LoadedBytes: c.loadedBytes.Load(), LoadMisses: c.loadMisses.Load(),
 		CorruptReads: c.corruptReads.Load(), CallerBufferChanged: c.callerBufferChanged.Load(), MissingSegmentReads: c.missingSegmentReads.Load(),

@@ -301,7 +301,7 @@ func (e *Engine) startWriters() error {
 			FS: e.fs, Sync: e.opts.SyncPolicy, SyncInterval: e.opts.SyncInterval,
 			Instance: e.instance, Schema: e.fingerprint, Hooks: (*walHooks)(e),
 			Logger: e.opts.Logger, OnSegment: e.addSegment, Allocate: e.allocSegment,
-			DirFor: e.placer(t), OnFlight: e.opts.OnFlight,
+			DirFor: e.placer(t), OnFlight: e.opts.OnFlight, DataSyncs: &e.stats.dumpSyncs,
 			// Layer-wise dumps write batch records through the first tier's dump writer;
 			// relocation writers keep the blocks of a batch layer-major (relocateBatches).
 			BatchRecords: !e.opts.StageLayerWise,

@@ -70,7 +70,8 @@ type Disk interface {
 	Direct() devio.DirectMode
 	// OpenWriters starts the relocation writer and, when dump is true, the dump writer, from
 	// base (the engine's part: hooks, placement, sync policy); the tier sets its segment size,
-	// I/O, preparation of the next segment (dumps only) and admission (Admit).
+	// I/O, preparation of the next segment (dumps only) and admission (Admit). base's OnFlight
+	// and DataSyncs are the dump writer's only.
 	OpenWriters(base wal.Options, dump bool) error
 	// Writer returns the relocation writer (compaction, demotion into the tier, promotion
 	// from below) or the dump writer (nil below the first tier); nil before OpenWriters.
@@ -377,7 +378,7 @@ func (t *diskBase) openWriters(base wal.Options, dump bool, admit func(n uint64,
 		// fills. Relocations come in bursts; their writer creates segments as needed.
 		o.PrepareNext = !relocation
 		if relocation {
-			o.OnFlight = nil
+			o.OnFlight, o.DataSyncs = nil, nil // the dump writer's diagnostics
 		}
 		w, err := wal.NewWriter(o)
 		if err != nil {

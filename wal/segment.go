@@ -113,8 +113,19 @@ type Segment struct {
 	openBatches sync.WaitGroup
 	// syncs shares fdatasyncs between concurrent batch commits (syncCovering).
 	syncs syncGroup
+	// dataSyncs, if set, counts the fdatasyncs of the segment (its Writer's
+	// Options.DataSyncs).
+	dataSyncs *atomic.Int64
 	// failed holds the first write or sync error of the segment; appends stop there.
 	failed atomic.Pointer[error]
+}
+
+// syncData fdatasyncs the segment's file, counted in dataSyncs.
+func (s *Segment) syncData() error {
+	if s.dataSyncs != nil {
+		s.dataSyncs.Add(1)
+	}
+	return s.file.SyncData()
 }
 
 // syncGroup shares fdatasyncs of one file between concurrent callers: a caller needs a sync
@@ -156,7 +167,7 @@ func (s *Segment) syncCovering() error {
 		g.started++
 		n := g.started
 		g.mu.Unlock()
-		err := s.file.SyncData()
+		err := s.syncData()
 		g.mu.Lock()
 		g.syncing, g.done = false, n
 		if err != nil && g.err == nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -199,6 +200,9 @@ type Options struct {
 	// segment it creates then carries format.FeatureBatchRecords, which builds that predate
 	// batches refuse by name. Off, segments are byte-identical to those of such builds.
 	BatchRecords bool
+	// DataSyncs, if set, counts the fdatasyncs of the segments the Writer creates (group
+	// commits, batch commits and seals): with the bytes appended, how much each flush covers.
+	DataSyncs *atomic.Int64
 	// OnFlight, if set, is told when each flight of records passed each step of the pipeline
 	// (FlightTiming), from the publisher goroutine once the flight is settled; it must return
 	// quickly. A diagnostic: unset, the Writer reads no clocks for it.
@@ -759,7 +763,7 @@ func (w *Writer) settle(batch []*flight) {
 				// (its write completed first); a batch's commit syncs its header with it.
 				continue
 			}
-			if err := f.seg.file.SyncData(); err != nil {
+			if err := f.seg.syncData(); err != nil {
 				w.markFailed(f.seg, fmt.Errorf("wal: sync segment %d: %w", f.seg.Number, err))
 			}
 			if timed {
@@ -846,7 +850,7 @@ func (w *Writer) markDirty(seg *Segment) {
 func (w *Writer) syncDirty() error {
 	for len(w.dirty) > 0 {
 		seg := w.dirty[0]
-		if err := seg.file.SyncData(); err != nil {
+		if err := seg.syncData(); err != nil {
 			w.abandon(seg, err)
 			return fmt.Errorf("wal: sync segment %d: %w", seg.Number, err)
 		}
@@ -978,6 +982,7 @@ func (w *Writer) createSegment() (*Segment, error) {
 	// of the log): appends then write inside the file instead of extending it, which O_DIRECT
 	// writes on ext4 and XFS do one at a time. Best effort: without it appends extend the file.
 	seg.allocated = seg.file.Allocate(w.opts.SegmentSize)
+	seg.dataSyncs = w.opts.DataSyncs
 	// The directory entry and the registration are made durable side by side: each waits for
 	// a flush, queued behind a full device under load. Either may survive a crash without the
 	// other: recovery forgets a registered segment without a file, and deletes a segment file
@@ -1034,7 +1039,7 @@ func (w *Writer) sealFlight(f *flight) {
 			w.batchSeals.Add(1)
 			defer w.batchSeals.Done()
 			if w.opts.Sync != SyncAlways {
-				if err := seg.file.SyncData(); err != nil {
+				if err := seg.syncData(); err != nil {
 					w.markFailed(seg, fmt.Errorf("wal: sync segment %d: %w", seg.Number, err))
 				}
 			}
@@ -1114,7 +1119,7 @@ func sealAt(seg *Segment, dataEnd int64, entries []format.FooterEntry, backend d
 	if err := backend.Submit(ops); err != nil {
 		return fmt.Errorf("wal: write footer of segment %d: %w", seg.Number, err)
 	}
-	if err := seg.file.SyncData(); err != nil {
+	if err := seg.syncData(); err != nil {
 		return fmt.Errorf("wal: sync footer of segment %d: %w", seg.Number, err)
 	}
 	return nil

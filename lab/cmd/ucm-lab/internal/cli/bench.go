@@ -166,6 +166,15 @@ type benchResult struct {
 	DumpRatio    float64  `json:"dump_ratio,omitempty"`
 	LoadRatio    float64  `json:"load_ratio,omitempty"`
 	FioNote      string   `json:"fio_note,omitempty"`
+	// The durable limit: fio's sequential write with an fdatasync every SyncBytes (the
+	// engine's mean record bytes per fdatasync in the round's dump, --sync always), and the
+	// dump against it. The plain write job syncs once, at its end.
+	SyncBytes           int64   `json:"sync_bytes,omitempty"`
+	FioDurableWriteMBps float64 `json:"fio_durable_write_MBps,omitempty"`
+	DumpDurableRatio    float64 `json:"dump_durable_ratio,omitempty"`
+	// seq: what the timed dump and load issued to the device (requests, sizes, flushes, depth).
+	DumpIO *ioShape `json:"dump_io,omitempty"`
+	LoadIO *ioShape `json:"load_io,omitempty"`
 	// FioBefore and FioAfter are fio's figures just before and just after the round
 	// (--fio-bracket): the fio rates above are then their means.
 	FioBefore *fioFigures `json:"fio_before,omitempty"`
@@ -216,6 +225,9 @@ type roundResult struct {
 	FioReadMBps    float64 `json:"fio_read_MBps,omitempty"`
 	DumpRatio      float64 `json:"dump_ratio,omitempty"`
 	LoadRatio      float64 `json:"load_ratio,omitempty"`
+	// The durable limit and the dump against it (benchResult.FioDurableWriteMBps).
+	FioDurableWriteMBps float64 `json:"fio_durable_write_MBps,omitempty"`
+	DumpDurableRatio    float64 `json:"dump_durable_ratio,omitempty"`
 	// layerwise: fio's random reads of one shard, and each order's figures.
 	FioRandReadMBps float64          `json:"fio_randread_MBps,omitempty"`
 	Layerwise       []layerwiseOrder `json:"layerwise,omitempty"`
@@ -588,6 +600,7 @@ func combineRounds(rounds []*benchResult) *benchResult {
 		res.Rounds[i] = roundResult{DumpMBps: r.DumpMBps, LoadMBps: r.LoadMBps, DumpCPUSeconds: r.DumpCPUSeconds,
 			LoadCPUSeconds: r.LoadCPUSeconds, OpenSeconds: r.OpenSeconds,
 			FioWriteMBps: r.FioWriteMBps, FioReadMBps: r.FioReadMBps, DumpRatio: r.DumpRatio, LoadRatio: r.LoadRatio,
+			FioDurableWriteMBps: r.FioDurableWriteMBps, DumpDurableRatio: r.DumpDurableRatio,
 			FioRandReadMBps: r.FioRandReadMBps, Layerwise: r.Layerwise, FioBefore: r.FioBefore, FioAfter: r.FioAfter}
 		if !r.Verified && res.Verified {
 			res.Verified, res.mismatch = false, r.mismatch
@@ -609,6 +622,8 @@ func combineRounds(rounds []*benchResult) *benchResult {
 	res.FioReadMBps = med(func(r roundResult) float64 { return r.FioReadMBps })
 	res.DumpRatio = med(func(r roundResult) float64 { return r.DumpRatio })
 	res.LoadRatio = med(func(r roundResult) float64 { return r.LoadRatio })
+	res.FioDurableWriteMBps = med(func(r roundResult) float64 { return r.FioDurableWriteMBps })
+	res.DumpDurableRatio = med(func(r roundResult) float64 { return r.DumpDurableRatio })
 	res.FioRandReadMBps = med(func(r roundResult) float64 { return r.FioRandReadMBps })
 	res.dumpTime, res.loadTime = 0, 0
 	res.LoadRandRatio, res.StagingPeakBytes, res.StagingPeakBlocks = 0, 0, 0
@@ -631,6 +646,7 @@ func combineRounds(rounds []*benchResult) *benchResult {
 		o.DumpCPUSeconds = of(func(o layerwiseOrder) float64 { return o.DumpCPUSeconds })
 		o.LoadCPUSeconds = of(func(o layerwiseOrder) float64 { return o.LoadCPUSeconds })
 		o.DumpRatio = of(func(o layerwiseOrder) float64 { return o.DumpRatio })
+		o.DumpDurableRatio = of(func(o layerwiseOrder) float64 { return o.DumpDurableRatio })
 		o.LoadRatio = of(func(o layerwiseOrder) float64 { return o.LoadRatio })
 		o.LoadRandRatio = of(func(o layerwiseOrder) float64 { return o.LoadRandRatio })
 		for _, r := range res.Rounds {
@@ -724,7 +740,11 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		row("rounds", "%d (dump, load, open and fio: medians; ratios: median of each round's ratio)", len(r.Rounds))
 	}
 	if r.DumpMBps > 0 {
-		row("dump", "%.1f MB/s%s%s%s", r.DumpMBps, elapsed(r.dumpTime), cpuText(r.DumpCPUSeconds, r.TotalBytes), ratioText(r.DumpRatio, r.FioWriteMBps, "write"))
+		row("dump", "%.1f MB/s%s%s%s%s", r.DumpMBps, elapsed(r.dumpTime), cpuText(r.DumpCPUSeconds, r.TotalBytes), ratioText(r.DumpRatio, r.FioWriteMBps, "write"),
+			durableText(r.DumpDurableRatio, r.FioDurableWriteMBps, r.SyncBytes))
+		if r.DumpIO != nil {
+			row("dump i/o", "%s", r.DumpIO)
+		}
 	}
 	if r.OpenSeconds > 0 {
 		what := "reopen before loading"
@@ -745,6 +765,9 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	if r.LoadMBps > 0 {
 		row("load", "%.1f MB/s%s%s%s", r.LoadMBps, elapsed(r.loadTime), cpuText(r.LoadCPUSeconds, r.TotalBytes), ratioText(r.LoadRatio, r.FioReadMBps, "read"))
+		if r.LoadIO != nil {
+			row("load i/o", "%s", r.LoadIO)
+		}
 	}
 	if r.LookupBatches > 0 {
 		row("lookup", "p50 %.3f ms, p99 %.3f ms per batch of %d (%.0f%% hits); %.1f M ids/s",
@@ -795,7 +818,14 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 		}
 	}
 	for _, f := range r.Fio {
-		row("fio", "%s bs=%s iodepth=%d mem=%s: %.1f MB/s", f.RW, cliutil.FormatSize(f.BlockSize), f.IODepth, f.Mem, f.MBps)
+		synced := ""
+		if f.FdatasyncEvery > 0 {
+			synced = fmt.Sprintf(" fdatasync=%d", f.FdatasyncEvery)
+		}
+		row("fio", "%s bs=%s iodepth=%d mem=%s%s: %.1f MB/s", f.RW, cliutil.FormatSize(f.BlockSize), f.IODepth, f.Mem, synced, f.MBps)
+		if f.IO != nil {
+			row("fio i/o", "%s", f.IO)
+		}
 	}
 	if t := bracketText(r.FioBefore, r.FioAfter); t != "" {
 		row("fio", "ratios against the%s", t)
@@ -861,6 +891,15 @@ func ratioText(ratio, fioMBps float64, what string) string {
 		return ""
 	}
 	return fmt.Sprintf(" = %.2f x fio %s (%.1f MB/s)", ratio, what, fioMBps)
+}
+
+// durableText is the dump against the durable limit, fio's write with an fdatasync every
+// syncBytes ("" when it was not measured).
+func durableText(ratio, fioMBps float64, syncBytes int64) string {
+	if ratio == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %.2f x fio durable write (an fdatasync every %s: %.1f MB/s)", ratio, cliutil.HumanBytes(syncBytes), fioMBps)
 }
 
 // startCPUProfile starts a CPU profile into path (nothing when path is empty) and returns the

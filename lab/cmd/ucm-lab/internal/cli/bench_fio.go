@@ -17,11 +17,15 @@ import (
 
 // fioRun is one fio job of a --fio comparison.
 type fioRun struct {
-	RW        string  `json:"rw"` // write, read, randread
-	BlockSize int64   `json:"bs"`
-	IODepth   int     `json:"iodepth"`
-	Mem       string  `json:"mem"` // fio's buffers: malloc (4 KiB pages) or mmaphuge (hugetlb pages)
-	MBps      float64 `json:"MBps"`
+	RW        string `json:"rw"` // write, read, randread
+	BlockSize int64  `json:"bs"`
+	IODepth   int    `json:"iodepth"`
+	Mem       string `json:"mem"` // fio's buffers: malloc (4 KiB pages) or mmaphuge (hugetlb pages)
+	// FdatasyncEvery: the job fdatasyncs after this many writes (the durable limit); 0: once,
+	// at its end.
+	FdatasyncEvery int      `json:"fdatasync_every,omitempty"`
+	MBps           float64  `json:"MBps"`
+	IO             *ioShape `json:"io,omitempty"` // what the job issued to the device
 }
 
 // fioMems are fio's buffer kinds: malloc always, and mmaphuge (hugetlb pages) when the machine
@@ -92,11 +96,14 @@ func fioDepths(cfg benchConfig) []int {
 // fioFigures is one fio measurement of a --fio comparison: the best rate of each kind of job
 // over the depths and buffer kinds run, and the runs themselves.
 type fioFigures struct {
-	WriteMBps    float64 `json:"write_MBps"`
-	ReadMBps     float64 `json:"read_MBps"`
-	RandReadMBps float64 `json:"randread_MBps,omitempty"`
-	runs         []fioRun
-	note         string // why fio ran from malloc buffers only, when it did
+	WriteMBps float64 `json:"write_MBps"`
+	// DurableWriteMBps: the write with an fdatasync every time the engine's dump synced
+	// (benchResult.SyncBytes); 0 when the round's dump did not sync.
+	DurableWriteMBps float64 `json:"durable_write_MBps,omitempty"`
+	ReadMBps         float64 `json:"read_MBps"`
+	RandReadMBps     float64 `json:"randread_MBps,omitempty"`
+	runs             []fioRun
+	note             string // why fio ran from malloc buffers only, when it did
 }
 
 // fioShapes returns the request sizes of fio's write, read and random-read jobs for a workload
@@ -140,17 +147,31 @@ func measureFio(cfg benchConfig, res *benchResult, stderr io.Writer) (*fioFigure
 	if len(mems) == 1 {
 		fig.note = fioHugeNote
 	}
-	run := func(rw string, bs int64, depth int, mem string) (float64, error) {
+	// The durable job fdatasyncs as often as the engine's dump did: every SyncBytes, in writes
+	// of writeBS (at least every write).
+	syncEvery := 0
+	if res.SyncBytes > 0 {
+		syncEvery = int(max(1, (res.SyncBytes+writeBS/2)/writeBS))
+	}
+	runSynced := func(rw string, bs int64, depth int, mem string, every int) (float64, error) {
 		if !cfg.json {
-			fmt.Fprintf(stderr, "bench: fio %s bs=%s iodepth=%d mem=%s size=%s ...\n", rw, cliutil.FormatSize(bs), depth, mem, cliutil.FormatSize(size))
+			synced := ""
+			if every > 0 {
+				synced = fmt.Sprintf(" fdatasync=%d", every)
+			}
+			fmt.Fprintf(stderr, "bench: fio %s bs=%s iodepth=%d mem=%s size=%s%s ...\n", rw, cliutil.FormatSize(bs), depth, mem, cliutil.FormatSize(size), synced)
 		}
+		meter := startIOMeter(cfg.dir)
 		mb, err := runFio(bin, cfg.dir, fioJob{file: file, rw: rw, bs: bs, size: size, depth: depth,
-			direct: res.Direct, ioengine: ioengine, mem: mem})
+			direct: res.Direct, ioengine: ioengine, mem: mem, fdatasync: every})
 		if err != nil {
 			return 0, err
 		}
-		fig.runs = append(fig.runs, fioRun{RW: rw, BlockSize: bs, IODepth: depth, Mem: mem, MBps: mb})
+		fig.runs = append(fig.runs, fioRun{RW: rw, BlockSize: bs, IODepth: depth, Mem: mem, FdatasyncEvery: every, MBps: mb, IO: meter.end()})
 		return mb, nil
+	}
+	run := func(rw string, bs int64, depth int, mem string) (float64, error) {
+		return runSynced(rw, bs, depth, mem, 0)
 	}
 	// A job from huge pages that fails (the reserved pages taken by someone else meanwhile) is
 	// dropped with a note: the malloc runs still give a denominator.
@@ -175,21 +196,35 @@ func measureFio(cfg benchConfig, res *benchResult, stderr io.Writer) (*fioFigure
 			return nil, "", err
 		}
 	}
+	writeKinds := []int{0}
+	if syncEvery > 0 {
+		writeKinds = append(writeKinds, syncEvery) // the durable limit
+	}
 	for _, mem := range mems {
+	writes:
 		for _, d := range fioDepths(cfg) { // writes first: they lay out the file the reads read
-			// Each write run starts from no file, as the engine's dumps fill new segment files: a
-			// second run over the first one's file would measure overwrites of allocated blocks,
-			// which skip the block allocation and extent conversion every new write pays (on ext4
-			// here 2.8–3.2 GB/s against 1.6–1.9 for the same job on a fresh file). With
-			// --recycled the engine's dumps are such overwrites, and so are fio's.
-			if !cfg.recycled {
-				if err := os.Remove(file); err != nil && !os.IsNotExist(err) {
-					return nil, "", err
+			for _, every := range writeKinds {
+				// Each write run starts from no file, as the engine's dumps fill new segment
+				// files: a second run over the first one's file would measure overwrites of
+				// allocated blocks, which skip the block allocation and extent conversion every
+				// new write pays (on ext4 here 2.8–3.2 GB/s against 1.6–1.9 for the same job on
+				// a fresh file). With --recycled the engine's dumps are such overwrites, and so
+				// are fio's.
+				if !cfg.recycled {
+					if err := os.Remove(file); err != nil && !os.IsNotExist(err) {
+						return nil, "", err
+					}
 				}
-			}
-			settleFS(cfg.dir)
-			mb, err := run("write", writeBS, d, mem)
-			if err != nil {
+				settleFS(cfg.dir)
+				mb, err := runSynced("write", writeBS, d, mem, every)
+				if err == nil {
+					if every == 0 {
+						fig.WriteMBps = max(fig.WriteMBps, mb)
+					} else {
+						fig.DurableWriteMBps = max(fig.DurableWriteMBps, mb)
+					}
+					continue
+				}
 				if !hugeFailed(mem, err) {
 					return nil, "", err
 				}
@@ -201,9 +236,8 @@ func measureFio(cfg benchConfig, res *benchResult, stderr io.Writer) (*fioFigure
 				if _, err := run("write", writeBS, fioDepths(cfg)[0], "malloc"); err != nil {
 					return nil, "", err
 				}
-				break
+				break writes
 			}
-			fig.WriteMBps = max(fig.WriteMBps, mb)
 		}
 	}
 	reads := []struct {
@@ -246,11 +280,17 @@ func applyFio(res *benchResult, before, after *fioFigures) {
 		return
 	}
 	res.FioWriteMBps, res.FioReadMBps, res.FioRandReadMBps = after.WriteMBps, after.ReadMBps, after.RandReadMBps
+	// The fio before the first round of a bracketed run knows no flush interval yet: then the
+	// durable limit is the one after.
+	res.FioDurableWriteMBps = after.DurableWriteMBps
 	res.FioNote = after.note
 	if before != nil {
 		res.FioBefore, res.FioAfter = before, after
 		res.FioWriteMBps = (before.WriteMBps + after.WriteMBps) / 2
 		res.FioReadMBps = (before.ReadMBps + after.ReadMBps) / 2
+		if before.DurableWriteMBps > 0 && after.DurableWriteMBps > 0 {
+			res.FioDurableWriteMBps = (before.DurableWriteMBps + after.DurableWriteMBps) / 2
+		}
 		res.FioRandReadMBps = (before.RandReadMBps + after.RandReadMBps) / 2
 		res.Fio = append(res.Fio, before.runs...)
 		if res.FioNote == "" {
@@ -266,8 +306,10 @@ func applyFio(res *benchResult, before, after *fioFigures) {
 	}
 	res.DumpRatio, res.LoadRatio = ratio(res.DumpMBps, res.FioWriteMBps), ratio(res.LoadMBps, res.FioReadMBps)
 	res.LoadRandRatio = ratio(res.LoadMBps, res.FioRandReadMBps)
+	res.DumpDurableRatio = ratio(res.DumpMBps, res.FioDurableWriteMBps)
 	for k := range res.Layerwise {
 		o := &res.Layerwise[k]
+		o.DumpDurableRatio = ratio(o.DumpMBps, res.FioDurableWriteMBps)
 		o.DumpRatio, o.LoadRatio = ratio(o.DumpMBps, res.FioWriteMBps), ratio(o.LoadMBps, res.FioReadMBps)
 		o.LoadRandRatio = ratio(o.LoadMBps, res.FioRandReadMBps)
 	}
@@ -286,6 +328,9 @@ type fioJob struct {
 	direct   bool
 	ioengine string
 	mem      string // fio's iomem: malloc or mmaphuge
+	// fdatasync > 0: an fdatasync after every fdatasync writes (a write job), as the engine's
+	// group commit makes each group durable before acknowledging it.
+	fdatasync int
 }
 
 func (j fioJob) text() string {
@@ -302,6 +347,9 @@ func (j fioJob) text() string {
 	}
 	if j.rw == "write" {
 		b.WriteString("end_fsync=1\n") // dumps are durable too (--sync always)
+		if j.fdatasync > 0 {
+			fmt.Fprintf(&b, "fdatasync=%d\n", j.fdatasync)
+		}
 	}
 	return b.String()
 }

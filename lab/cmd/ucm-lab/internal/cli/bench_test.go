@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -65,9 +66,10 @@ for a in "$@"; do case "$a" in --*) ;; *) cat "$a" >> ` + jobsLog + `
   if [ -n "$FAKE_FIO_FAIL_HUGE" ] && grep -q mmaphuge "$a"; then echo "fio: hugetlb mmap: Cannot allocate memory" >&2; exit 1; fi ;; esac; done
 w=1000000000; r=2000000000
 if [ -n "$FAKE_FIO_DRIFT" ]; then
-  [ "$(grep -c 'rw=write' ` + jobsLog + `)" -gt 2 ] && w=3000000000
+  [ "$(( $(grep -c 'rw=write' ` + jobsLog + `) - $(grep -c 'fdatasync=' ` + jobsLog + `) ))" -gt 2 ] && w=3000000000
   [ "$(grep -c 'rw=read' ` + jobsLog + `)" -gt 2 ] && r=6000000000
 fi
+grep -q fdatasync= "$a" && w=$((w / 2)) # the durable limit: half the plain write here
 echo "fio: a warning before the JSON"
 cat <<JSON
 {"fio version": "fio-3.33", "jobs": [{"jobname": "ucm-bench", "error": 0,
@@ -317,20 +319,35 @@ func TestBenchFio(t *testing.T) {
 	m := benchJSON(t, "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
 		"--fio", "--fio-iodepth", "8")
 	mustHaveKeys(t, m, "workload", "dump_MBps", "load_MBps", "fio_write_MBps", "fio_read_MBps", "dump_ratio", "load_ratio", "fio",
-		"dump_cpu_s", "load_cpu_s")
-	if m["fio_write_MBps"] != 1000.0 || m["fio_read_MBps"] != 2000.0 ||
-		m["dump_ratio"] != m["dump_MBps"].(float64)/1000 || m["load_ratio"] != m["load_MBps"].(float64)/2000 {
+		"dump_cpu_s", "load_cpu_s", "sync_bytes", "fio_durable_write_MBps", "dump_durable_ratio")
+	if m["fio_write_MBps"] != 1000.0 || m["fio_read_MBps"] != 2000.0 || m["fio_durable_write_MBps"] != 500.0 ||
+		m["dump_ratio"] != m["dump_MBps"].(float64)/1000 || m["load_ratio"] != m["load_MBps"].(float64)/2000 ||
+		m["dump_durable_ratio"] != m["dump_MBps"].(float64)/500 {
 		t.Errorf("JSON %v", m)
 	}
-	if runs := m["fio"].([]any); len(runs) != 8 {
-		t.Errorf("%d fio runs, want write and read at depths 8 and 64, before and after the run", len(runs))
+	// Before the run: write and read at depths 8 and 64; after it, the durable write at both
+	// depths too (before the first round no flush interval is known yet).
+	runs := m["fio"].([]any)
+	if len(runs) != 10 {
+		t.Errorf("%d fio runs, want 4 before the run and 6 after", len(runs))
+	}
+	// The durable job syncs every write at least, and as often as the dump did.
+	syncBytes := m["sync_bytes"].(float64)
+	every := 0.0
+	for _, r := range runs {
+		if e, ok := r.(map[string]any)["fdatasync_every"].(float64); ok {
+			every = e
+		}
+	}
+	if want := max(1, math.Round(syncBytes/(256<<10))); syncBytes <= 0 || every != want {
+		t.Errorf("durable fio fdatasync every %v writes, want %v (%v bytes per engine sync)", every, want, syncBytes)
 	}
 	b, err := os.ReadFile(jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clitest.MustContain(t, string(b), "rw=write", "rw=read", "bs=262144", "size=4194304", "iodepth=8", "iodepth=64", "filename="+dir,
-		"iomem=malloc")
+		"iomem=malloc", "fdatasync=")
 	if strings.Contains(string(b), "mmaphuge") || !strings.Contains(m["fio_note"].(string), "vm.nr_hugepages") {
 		t.Errorf("without hugetlb pages fio must run from malloc buffers and say how to reserve huge pages: %v", m["fio_note"])
 	}
@@ -342,6 +359,7 @@ func TestBenchFio(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	clitest.MustContain(t, out, "x fio write (1000.0 MB/s)", "x fio read (2000.0 MB/s)", "randread bs=64KiB iodepth=16",
+		"x fio durable write (an fdatasync every", "fdatasync=",
 		"x fio 2 MiB read (2000.0 MB/s)", "x fio randread (2000.0 MB/s)")
 	b, _ = os.ReadFile(jobs)
 	// 2 MiB sequential writes and reads (the disk's sequential speed) and random shard reads.
@@ -367,8 +385,8 @@ func TestBenchFioHugePages(t *testing.T) {
 	for _, r := range runs {
 		mems[r.(map[string]any)["mem"].(string)]++
 	}
-	if len(runs) != 8 || mems["malloc"] != 4 || mems["mmaphuge"] != 4 {
-		t.Errorf("fio runs %v, want write and read at depths 8 and 64 from malloc and from huge pages", runs)
+	if len(runs) != 12 || mems["malloc"] != 6 || mems["mmaphuge"] != 6 {
+		t.Errorf("fio runs %v, want write, durable write and read at depths 8 and 64 from malloc and from huge pages", runs)
 	}
 	if _, ok := m["fio_note"]; ok {
 		t.Errorf("fio_note %v with huge pages available", m["fio_note"])
@@ -379,8 +397,8 @@ func TestBenchFioHugePages(t *testing.T) {
 	withHugetlbFree(t, 64*256<<10)
 	m = benchJSON(t, "--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB", "--fio",
 		"--fio-bracket=false")
-	if runs := m["fio"].([]any); len(runs) != 4 {
-		t.Errorf("%d fio runs with too few huge pages, want 4 from malloc", len(runs))
+	if runs := m["fio"].([]any); len(runs) != 6 {
+		t.Errorf("%d fio runs with too few huge pages, want 6 from malloc", len(runs))
 	}
 }
 
@@ -410,8 +428,8 @@ func TestBenchFioHugePagesFail(t *testing.T) {
 			reads++
 		}
 	}
-	if writes != 3 || reads != 2 {
-		t.Errorf("%d writes and %d reads, want 2 + 1 relayout writes and 2 reads, from malloc", writes, reads)
+	if writes != 5 || reads != 2 {
+		t.Errorf("%d writes and %d reads, want 2 + 2 durable + 1 relayout writes and 2 reads, from malloc", writes, reads)
 	}
 	b, _ := os.ReadFile(jobs)
 	clitest.MustContain(t, string(b), "iomem=mmaphuge")
@@ -645,8 +663,8 @@ func TestBenchRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(b), "rw=write"); n != 4 {
-		t.Errorf("%d fio write jobs, want one before the first round and one after each", n)
+	if n, durable := strings.Count(string(b), "rw=write"), strings.Count(string(b), "fdatasync="); n != 7 || durable != 3 {
+		t.Errorf("%d fio write jobs (%d durable), want a plain one before the first round and a plain and a durable one after each", n, durable)
 	}
 	out, _, code := run(t, "bench", "--dir", dir, "--total", "1MiB", "--block-size", "256KiB", "--shards", "4",
 		"--segment-size", "1MiB", "--rounds", "2")
@@ -711,15 +729,15 @@ func TestBenchRecycled(t *testing.T) {
 		if n, _ := m["segments_recycled"].(float64); n < 3 {
 			t.Errorf("%s: %v segments of the timed dump reused a file, want all but the one prepared before the eviction (3 or more)", workload, m["segments_recycled"])
 		}
-		if runs := m["fio"].([]any); len(runs) != 8 && workload == "seq" {
-			t.Errorf("%s: %d timed fio runs, want 8", workload, len(runs))
+		if runs := m["fio"].([]any); len(runs) != 10 && workload == "seq" {
+			t.Errorf("%s: %d timed fio runs, want 10 (4 before the round, 6 with the durable writes after)", workload, len(runs))
 		}
 		b, err := os.ReadFile(jobs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := strings.Count(string(b), "rw=write"); n != 6 {
-			t.Errorf("%s: %d fio write jobs, want 2 measurements × (1 untimed layout + depths 8 and 64)", workload, n)
+		if n := strings.Count(string(b), "rw=write"); n != 8 {
+			t.Errorf("%s: %d fio write jobs, want 2 measurements × (1 untimed layout + depths 8 and 64) + the durable writes after the round", workload, n)
 		}
 	}
 	m := benchJSON(t, "--dir", dir, "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB")

@@ -232,9 +232,16 @@ func printLayerwiseOrder(row func(k, format string, args ...any), r *benchResult
 	if o.Requests > 0 {
 		row(k, "%d requests of %.1f blocks on average (at most %d)", o.Requests, o.MeanRequestBlocks, o.MaxRequestBlocks)
 	}
-	row(k, "dump %.1f MB/s%s%s%s", o.DumpMBps, elapsed(o.dumpTime), cpuText(o.DumpCPUSeconds, r.TotalBytes), ratioText(o.DumpRatio, r.FioWriteMBps, "2 MiB write"))
+	row(k, "dump %.1f MB/s%s%s%s%s", o.DumpMBps, elapsed(o.dumpTime), cpuText(o.DumpCPUSeconds, r.TotalBytes), ratioText(o.DumpRatio, r.FioWriteMBps, "2 MiB write"),
+		durableText(o.DumpDurableRatio, r.FioDurableWriteMBps, r.SyncBytes))
+	if o.DumpIO != nil {
+		row(k, "dump i/o %s", o.DumpIO)
+	}
 	row(k, "load %.1f MB/s%s%s%s%s", o.LoadMBps, elapsed(o.loadTime), cpuText(o.LoadCPUSeconds, r.TotalBytes), ratioText(o.LoadRatio, r.FioReadMBps, "2 MiB read"),
 		ratioText(o.LoadRandRatio, r.FioRandReadMBps, "randread"))
+	if o.LoadIO != nil {
+		row(k, "load i/o %s", o.LoadIO)
+	}
 	row(k, "staging peak %s (%d blocks) of %s", cliutil.HumanBytes(o.StagingPeakBytes), o.StagingPeakBlocks, cliutil.HumanBytes(r.MaxStagingBytes))
 	span := func(s spanStats) string {
 		return fmt.Sprintf("%.2f/%.2f/%.2f/%.1f", s.Mean, s.P50, s.P90, s.Max)

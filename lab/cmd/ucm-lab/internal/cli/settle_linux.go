@@ -29,18 +29,13 @@ func settleFS(dir string) {
 // file counts only the requests the driver holds: on this development VM (virtio, mq-deadline)
 // it read 0–2 while fio kept 32 writes in flight and `stat` read 30–35.
 func inflightReader(dir string) (read func() (int, bool), closeFn func(), name string) {
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
+	path, name := blockStatPath(dir)
+	if path == "" {
 		return nil, nil, ""
 	}
-	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
-	f, err := os.Open(filepath.Join("/sys/dev/block", dev, "stat"))
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, ""
-	}
-	name = dev
-	if link, err := os.Readlink(filepath.Join("/sys/dev/block", dev)); err == nil {
-		name = filepath.Base(link)
 	}
 	buf := make([]byte, 512)
 	return func() (int, bool) {
@@ -50,4 +45,39 @@ func inflightReader(dir string) (read func() (int, bool), closeFn func(), name s
 		}
 		return parseStatInFlight(buf[:n])
 	}, func() { _ = f.Close() }, name
+}
+
+// blockStatReader returns a function reading the counters of the block device holding dir, and
+// the device's name; nil where there is none.
+func blockStatReader(dir string) (read func() (blockCounters, bool), name string) {
+	path, name := blockStatPath(dir)
+	if path == "" {
+		return nil, ""
+	}
+	return func() (blockCounters, bool) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return blockCounters{}, false
+		}
+		return parseBlockStat(b)
+	}, name
+}
+
+// blockStatPath returns the stat file of the block device (or partition) holding dir and the
+// device's name; "" where dir's file system has no block device (tmpfs, FUSE, NFS).
+func blockStatPath(dir string) (path, name string) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return "", ""
+	}
+	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	path = filepath.Join("/sys/dev/block", dev, "stat")
+	if _, err := os.Stat(path); err != nil {
+		return "", ""
+	}
+	name = dev
+	if link, err := os.Readlink(filepath.Join("/sys/dev/block", dev)); err == nil {
+		name = filepath.Base(link)
+	}
+	return path, name
 }

@@ -61,6 +61,12 @@ type layerwiseOrder struct {
 	DumpRatio     float64 `json:"dump_ratio,omitempty"`
 	LoadRatio     float64 `json:"load_ratio,omitempty"`
 	LoadRandRatio float64 `json:"load_randread_ratio,omitempty"`
+	// DumpDurableRatio: the dump against fio's 2 MiB write with the first order's flush
+	// interval (benchResult.FioDurableWriteMBps).
+	DumpDurableRatio float64 `json:"dump_durable_ratio,omitempty"`
+	// What the timed dump and load issued to the device.
+	DumpIO *ioShape `json:"dump_io,omitempty"`
+	LoadIO *ioShape `json:"load_io,omitempty"`
 	// Staging memory of the dump: the engine's high-water marks (Stats.StagingPeakBytes,
 	// StagingPeakBlocks) against its bound (Options.MaxStagingBytes, --max-staging).
 	StagingPeakBytes  int64 `json:"staging_peak_bytes"`
@@ -101,6 +107,7 @@ func (layerwiseWorkload) run(env *benchEnv, res *benchResult) error {
 			res.DumpCPUSeconds, res.LoadCPUSeconds = o.DumpCPUSeconds, o.LoadCPUSeconds
 			res.OpenSeconds, res.StagingPeakBytes, res.StagingPeakBlocks = sub.OpenSeconds, o.StagingPeakBytes, o.StagingPeakBlocks
 			res.Recycled, res.SegmentsRecycled = sub.Recycled, sub.SegmentsRecycled
+			res.SyncBytes = sub.SyncBytes
 		}
 		if !sub.Verified {
 			res.Verified, res.mismatch = false, fmt.Sprintf("%s order: %s", order, sub.mismatch)
@@ -163,7 +170,9 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 	}
 	defer release()
 	env.takeTimings() // nothing before the timed phase
+	before := e.Stats()
 	queue := env.sampleQueue()
+	meter := startIOMeter(cfg.dir)
 	cpu := processCPU()
 	dumpTime, err := parallel(len(reqs), cfg.concurrency, func(w, r int) error {
 		req := reqs[r]
@@ -188,6 +197,10 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		return first
 	})
 	dumpQueue := queue.end()
+	o.DumpIO = meter.end()
+	if syncBytes := syncInterval(before, e.Stats()); res.SyncBytes == 0 {
+		res.SyncBytes = syncBytes // the first order's: the durable fio job's flush interval
+	}
 	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
 	env.countRecycled(e, res, recycledBefore)
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
@@ -230,6 +243,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		return nil
 	}
 	queue = env.sampleQueue()
+	meter = startIOMeter(cfg.dir)
 	cpu = processCPU()
 	var loadTime time.Duration
 	if o.Order == orderConnector {
@@ -283,6 +297,7 @@ func runLayerwiseOrder(env *benchEnv, res *benchResult, o *layerwiseOrder) error
 		})
 	}
 	loadQueue := queue.end()
+	o.LoadIO = meter.end()
 	res.LoadCPUSeconds = (processCPU() - cpu).Seconds()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)

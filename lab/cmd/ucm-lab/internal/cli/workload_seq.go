@@ -33,6 +33,8 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 	blockBytes := e.Layout().BlockBytes()
 
 	// Phase 1: dump.
+	before := e.Stats()
+	meter := startIOMeter(env.cfg.dir)
 	cpu := processCPU()
 	dumpTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
@@ -41,6 +43,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		return e.Dump(ids, bufs).Wait()
 	})
 	res.DumpCPUSeconds = (processCPU() - cpu).Seconds()
+	res.DumpIO, res.SyncBytes = meter.end(), syncInterval(before, e.Stats())
 	env.countRecycled(e, res, recycledBefore)
 	// Phase 2: reopen (timed) and load everything back.
 	e, err = env.reopenAfterDump(e, err, res, dumpTime)
@@ -52,6 +55,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		res.CachesDropped = dropCaches()
 	}
 	var mismatch atomic.Pointer[error]
+	meter = startIOMeter(env.cfg.dir)
 	cpu = processCPU()
 	loadTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
@@ -65,6 +69,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		return nil
 	})
 	res.LoadCPUSeconds = (processCPU() - cpu).Seconds()
+	res.LoadIO = meter.end()
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
