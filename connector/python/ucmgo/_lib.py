@@ -55,7 +55,10 @@ def _load():
     for path in _candidates():
         tried.append(str(path))
         if path.is_file():
-            return ctypes.CDLL(str(path))
+            # Lazy binding: the library links NVML's functions (go-nvml) that resolve only once
+            # NVML is loaded, and ctypes' default (RTLD_NOW) refuses a library with unresolved
+            # functions where no NVIDIA driver is installed.
+            return ctypes.CDLL(str(path), mode=os.RTLD_LAZY | os.RTLD_LOCAL)
     raise ImportError(
         "libucmgo.so not found (tried %s): run `make lib` or set UCMGO_LIB" % ", ".join(tried)
     )
