@@ -176,3 +176,137 @@ func DotTopK(a *DotArgs, workers int) error {
 	})
 	return nil
 }
+
+// MaxDotArgs is one GSA offload selection (UCM's gsa_offload_ops CalKpreAndTopk, for one
+// request and layer): the query heads averaged per KV head group, each block scored
+// Σ_h max_m q̄_h·r_{b,h,m} over its representation rows, and the blocks chosen in UCM's order.
+type MaxDotArgs struct {
+	Q []float32 // QHeads × Dim: read, never written (UCM replaces the rows by their means)
+	// Reprs holds the blocks' rows, block-major: Blocks × KVHeads × M × Dim (UCM's kpre cache,
+	// [slots][kv head][numKrepre][head size]).
+	Reprs                   []float32
+	QHeads, KVHeads, M, Dim int
+	K                       int // the selection's length (UCM's topk_lens entry)
+	Init, Local             int // the leading and trailing windows always kept (UCM: 1 and 2)
+	// Out receives the selection (MaxDotTopK says how many entries).
+	Out []int32
+}
+
+// Blocks is the number of blocks in Reprs (0 when a shape is not positive).
+func (a *MaxDotArgs) Blocks() int {
+	per := a.KVHeads * a.M * a.Dim
+	if a.KVHeads <= 0 || a.M <= 0 || a.Dim <= 0 {
+		return 0
+	}
+	return len(a.Reprs) / per
+}
+
+// maxDotLen is how many entries MaxDotTopK writes for n blocks (UCM's TopKImpl).
+func (a *MaxDotArgs) maxDotLen(n int) int {
+	switch {
+	case n == 0 || a.K == 0:
+		return 0
+	case a.Init+a.Local >= n || a.K >= n:
+		return n
+	}
+	return a.Init + a.Local + max(a.K-a.Init-a.Local, 0)
+}
+
+// Check validates a's shapes: every error wraps ErrInvalid and names the field.
+func (a *MaxDotArgs) Check() error {
+	if a.QHeads <= 0 || a.KVHeads <= 0 || a.M <= 0 || a.Dim <= 0 || a.QHeads%a.KVHeads != 0 || a.QHeads > kernels.MaxHeads {
+		return fmt.Errorf("maxdot retrieval: %d query heads over %d KV heads, %d rows of %d per head: %w", a.QHeads, a.KVHeads, a.M, a.Dim, ErrInvalid)
+	}
+	if int64(a.QHeads)*int64(a.Dim) > MaxRetrieveElems || len(a.Q) != a.QHeads*a.Dim {
+		return fmt.Errorf("maxdot retrieval: q of %d values: want %d heads × %d: %w", len(a.Q), a.QHeads, a.Dim, ErrInvalid)
+	}
+	per := int64(a.KVHeads) * int64(a.M) * int64(a.Dim)
+	if per > MaxRetrieveElems || len(a.Reprs) > MaxRetrieveElems || int64(len(a.Reprs))%per != 0 {
+		return fmt.Errorf("maxdot retrieval: reprs of %d values: not whole blocks of %d: %w", len(a.Reprs), per, ErrInvalid)
+	}
+	if a.K < 0 || a.Init < 0 || a.Local < 0 {
+		return fmt.Errorf("maxdot retrieval: topk %d, windows %d and %d: %w", a.K, a.Init, a.Local, ErrInvalid)
+	}
+	if n := a.maxDotLen(a.Blocks()); len(a.Out) < n {
+		return fmt.Errorf("maxdot retrieval: out of %d for %d entries: %w", len(a.Out), n, ErrInvalid)
+	}
+	return nil
+}
+
+// MaxDotTopK runs the selection a describes on the calling goroutine and up to workers-1
+// helpers (blocks in chunks) and returns how many entries of a.Out it wrote, as UCM does:
+// none for no block or K 0; every block 0 … n−1 when the windows cover them or K ≥ n; else
+// the Init leading blocks, the Local trailing ones, then the K − Init − Local best of the
+// blocks between (score descending, ties to the lower block, NaN last) — Init + Local entries
+// even when K is smaller. The means are UCM's: the group's rows summed in head order, then
+// times float32(1/g); a head's maximum ignores NaN (fmax) and starts at −MaxFloat32.
+func MaxDotTopK(a *MaxDotArgs, workers int) (int, error) {
+	if err := a.Check(); err != nil {
+		return 0, err
+	}
+	n, d := a.Blocks(), a.Dim
+	out := a.maxDotLen(n)
+	if out == 0 {
+		return 0, nil
+	}
+	if a.Init+a.Local >= n || a.K >= n {
+		for i := range n {
+			a.Out[i] = int32(i)
+		}
+		return n, nil
+	}
+	g := a.QHeads / a.KVHeads
+	inv := float32(1) / float32(g)
+	qbar := make([]float32, a.KVHeads*d)
+	for h := range a.KVHeads {
+		m := qbar[h*d : (h+1)*d]
+		copy(m, a.Q[h*g*d:(h*g+1)*d])
+		for j := 1; j < g; j++ {
+			for i, x := range a.Q[(h*g+j)*d : (h*g+j+1)*d] {
+				m[i] += x
+			}
+		}
+		for i := range m {
+			m[i] *= inv
+		}
+	}
+	scores := make([]float32, n)
+	per := a.KVHeads * a.M * d
+	par.Chunks(n, max(1, (1<<20)/per), workers, func(lo, hi int) {
+		dots := make([]float32, a.M)
+		for b := lo; b < hi; b++ {
+			var s float32
+			for h := range a.KVHeads {
+				_ = kernels.DotsF32(dots, qbar[h*d:(h+1)*d], a.Reprs[b*per+h*a.M*d:b*per+(h+1)*a.M*d], d, 0, d)
+				best := -float32(math.MaxFloat32)
+				for _, x := range dots {
+					if x > best { // fmax: a NaN never wins
+						best = x
+					}
+				}
+				s += best
+			}
+			scores[b] = s
+		}
+	})
+	w := 0
+	for i := range a.Init {
+		a.Out[w] = int32(i)
+		w++
+	}
+	for i := n - a.Local; i < n; i++ {
+		a.Out[w] = int32(i)
+		w++
+	}
+	if mid := a.K - a.Init - a.Local; mid > 0 {
+		pos := make([]int32, mid)
+		sc := make([]float32, mid)
+		var keys []uint64
+		topKDesc(pos, sc, scores[a.Init:n-a.Local], mid, &keys)
+		for _, p := range pos {
+			a.Out[w] = p + int32(a.Init)
+			w++
+		}
+	}
+	return w, nil
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -207,5 +208,103 @@ func TestDotTopKRefusesBadArguments(t *testing.T) {
 	}
 	if err := DotTopK(good(), 2); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// maxDotRef is MaxDotTopK by brute force, from UCM's TopKImpl: float64 means and dots (exact
+// on the test's dyadic values), a stable sort of the middle blocks.
+func maxDotRef(a *MaxDotArgs) []int32 {
+	n, d := a.Blocks(), a.Dim
+	if n == 0 || a.K == 0 {
+		return nil
+	}
+	var out []int32
+	if a.Init+a.Local >= n || a.K >= n {
+		for i := range n {
+			out = append(out, int32(i))
+		}
+		return out
+	}
+	g := a.QHeads / a.KVHeads
+	score := make([]float64, n)
+	for b := range n {
+		for h := range a.KVHeads {
+			best := math.Inf(-1)
+			for m := range a.M {
+				var s float64
+				for i := range d {
+					var q float64
+					for j := range g {
+						q += float64(a.Q[(h*g+j)*d+i])
+					}
+					s += q / float64(g) * float64(a.Reprs[((b*a.KVHeads+h)*a.M+m)*d+i])
+				}
+				best = math.Max(best, s)
+			}
+			score[b] += best
+		}
+	}
+	for i := range a.Init {
+		out = append(out, int32(i))
+	}
+	for i := n - a.Local; i < n; i++ {
+		out = append(out, int32(i))
+	}
+	var mid []int
+	for i := a.Init; i < n-a.Local; i++ {
+		mid = append(mid, i)
+	}
+	sort.SliceStable(mid, func(x, y int) bool { return score[mid[x]] > score[mid[y]] })
+	for _, i := range mid[:max(a.K-a.Init-a.Local, 0)] {
+		out = append(out, int32(i))
+	}
+	return out
+}
+
+// TestMaxDotTopK: MaxDotTopK equals the reference exactly, for group sizes 1 to 8, several
+// rows per head, ties, UCM's windows and others, and the edge cases (no block, K 0, K ≥ n,
+// windows covering the blocks, K below the windows); the query is not modified.
+func TestMaxDotTopK(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for it := range 400 {
+		kv := 1 + r.IntN(4)
+		g := []int{1, 2, 4, 8}[r.IntN(4)]
+		a := &MaxDotArgs{QHeads: kv * g, KVHeads: kv, M: 1 + r.IntN(3), Dim: []int{1, 8, 16, 24}[r.IntN(4)],
+			Init: 1, Local: 2}
+		if r.IntN(4) == 0 {
+			a.Init, a.Local = r.IntN(3), r.IntN(3)
+		}
+		n := r.IntN(40)
+		a.K = []int{0, 1, 2, 3, 4, r.IntN(n + 3), n, n + 1}[r.IntN(8)]
+		a.Q = make([]float32, a.QHeads*a.Dim)
+		for i := range a.Q {
+			a.Q[i] = float32(r.IntN(5) - 2)
+		}
+		a.Reprs = make([]float32, n*kv*a.M*a.Dim)
+		for i := range a.Reprs {
+			a.Reprs[i] = float32(r.IntN(3) - 1)
+		}
+		q0 := slices.Clone(a.Q)
+		want := maxDotRef(a)
+		a.Out = make([]int32, len(want)+2)
+		a.Out[len(want)] = 99
+		got, err := MaxDotTopK(a, 1+r.IntN(3))
+		if err != nil {
+			t.Fatalf("case %d: %v", it, err)
+		}
+		if !slices.Equal(a.Out[:got], want) || a.Out[len(want)] != 99 {
+			t.Fatalf("case %d (n %d, k %d, windows %d/%d, g %d, m %d): %v, want %v", it, n, a.K, a.Init, a.Local, g, a.M, a.Out[:got], want)
+		}
+		if !slices.Equal(a.Q, q0) {
+			t.Fatalf("case %d: q modified", it)
+		}
+	}
+	bad := &MaxDotArgs{QHeads: 3, KVHeads: 2, M: 1, Dim: 4}
+	if _, err := MaxDotTopK(bad, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("3 heads over 2: %v", err)
+	}
+	short := &MaxDotArgs{QHeads: 2, KVHeads: 2, M: 1, Dim: 1, Q: []float32{1, 1}, Reprs: make([]float32, 20), K: 5, Init: 1, Local: 2, Out: make([]int32, 4)}
+	if _, err := MaxDotTopK(short, 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "out of 4 for 5") {
+		t.Fatalf("short out: %v", err)
 	}
 }
