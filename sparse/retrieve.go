@@ -310,3 +310,147 @@ func MaxDotTopK(a *MaxDotArgs, workers int) (int, error) {
 	}
 	return w, nil
 }
+
+// SoftmaxArgs is one KVStar retrieval (UCM's kvstar_retrieve AsyncRetrieveByCPU): each query
+// head of each token against every representation row, a softmax per (token, head) over all
+// rows, and each block scored by the probability mass of its rows summed over tokens and heads.
+type SoftmaxArgs struct {
+	Q []byte // fp16 (little-endian) Tokens × QHeads × QDim: the query group
+	// Reprs holds fp16 Blocks × M × KVHeads × Dim: the blocks' representation rows.
+	Reprs []byte
+	// Channels (KVHeads × Dim, or nil) names for each KV head the query channel behind each of
+	// the Dim kept dimensions (UCM's dPrunedIndex); nil: QDim must equal Dim.
+	Channels                              []int64
+	Tokens, QHeads, QDim, KVHeads, M, Dim int
+	K                                     int
+	Idx                                   []int64 // out: min(K, Blocks) block ids
+}
+
+// Blocks is the number of blocks in Reprs (0 when a shape is not positive).
+func (a *SoftmaxArgs) Blocks() int {
+	if a.M <= 0 || a.KVHeads <= 0 || a.Dim <= 0 {
+		return 0
+	}
+	return len(a.Reprs) / (2 * a.M * a.KVHeads * a.Dim)
+}
+
+// Check validates a's shapes and channels: every error wraps ErrInvalid and names the field,
+// or the head and column of a channel outside [0, QDim).
+func (a *SoftmaxArgs) Check() error {
+	if a.Tokens < 0 || a.QHeads <= 0 || a.KVHeads <= 0 || a.QHeads%a.KVHeads != 0 || a.QHeads > kernels.MaxHeads ||
+		a.QDim <= 0 || a.Dim <= 0 || a.M <= 0 {
+		return fmt.Errorf("softmax retrieval: %d tokens of %d query heads of %d over %d KV heads, %d rows of %d per block: %w",
+			a.Tokens, a.QHeads, a.QDim, a.KVHeads, a.M, a.Dim, ErrInvalid)
+	}
+	nq := int64(a.Tokens) * int64(a.QHeads) * int64(a.QDim)
+	if nq > MaxRetrieveElems || int64(len(a.Q)) != 2*nq {
+		return fmt.Errorf("softmax retrieval: q of %d bytes: want fp16 %d × %d × %d: %w", len(a.Q), a.Tokens, a.QHeads, a.QDim, ErrInvalid)
+	}
+	row := int64(a.M) * int64(a.KVHeads) * int64(a.Dim)
+	if row > MaxRetrieveElems || int64(len(a.Reprs)) > 2*MaxRetrieveElems || int64(len(a.Reprs))%(2*row) != 0 {
+		return fmt.Errorf("softmax retrieval: reprs of %d bytes: not whole fp16 blocks of %d × %d × %d: %w", len(a.Reprs), a.M, a.KVHeads, a.Dim, ErrInvalid)
+	}
+	n := a.Blocks()
+	if int64(a.Tokens)*int64(a.QHeads)*int64(n) > MaxRetrieveElems {
+		return fmt.Errorf("softmax retrieval: %d tokens × %d heads × %d blocks: more than %d: %w", a.Tokens, a.QHeads, n, int64(MaxRetrieveElems), ErrInvalid)
+	}
+	if a.K < 0 || len(a.Idx) < min(a.K, n) {
+		return fmt.Errorf("softmax retrieval: topk %d with an output of %d: %w", a.K, len(a.Idx), ErrInvalid)
+	}
+	if a.Channels == nil {
+		if a.QDim != a.Dim {
+			return fmt.Errorf("softmax retrieval: query dim %d, representation dim %d and no channels: %w", a.QDim, a.Dim, ErrInvalid)
+		}
+		return nil
+	}
+	if len(a.Channels) != a.KVHeads*a.Dim {
+		return fmt.Errorf("softmax retrieval: %d channels: want %d KV heads × %d: %w", len(a.Channels), a.KVHeads, a.Dim, ErrInvalid)
+	}
+	for i, c := range a.Channels {
+		if c < 0 || c >= int64(a.QDim) {
+			return fmt.Errorf("softmax retrieval: channel %d (KV head %d, column %d): outside [0, %d): %w", c, i/a.Dim, i%a.Dim, a.QDim, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// SoftmaxTopK runs the retrieval a describes on the calling goroutine and up to workers-1
+// helpers (one (token, head) pair per claim) and returns how many ids it wrote to a.Idx:
+// min(K, blocks), in score order (descending, ties to the lower block). Query head H reads KV
+// head H/g (g = QHeads/KVHeads) through its channels; logits are float32 dot products of the
+// fp16 values, unscaled (UCM's, no 1/√d); the softmax uses kernels.ExpColumns; a block's score
+// is Σ_{token, head} Σ_{m<M} p(row). Each pair's share is kept apart and the shares are added
+// in pair order, so the result does not depend on workers. UCM's module returns the same set
+// in no defined order, its exponential an approximation of its own (near ties may swap).
+func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
+	if err := a.Check(); err != nil {
+		return 0, err
+	}
+	n := a.Blocks()
+	k := min(a.K, n)
+	if k == 0 {
+		return 0, nil
+	}
+	g, d, s := a.QHeads/a.KVHeads, a.Dim, n*a.M
+	pairs := a.Tokens * a.QHeads
+	share := make([]float32, pairs*n)
+	par.Chunks(pairs, 1, workers, func(lo, hi int) {
+		q := make([]float32, d)
+		y := make([]float32, s)
+		for p := lo; p < hi; p++ {
+			x, hq := p/a.QHeads, p%a.QHeads
+			h := hq / g
+			base := (x*a.QHeads + hq) * a.QDim
+			for i := range q {
+				c := i
+				if a.Channels != nil {
+					c = int(a.Channels[h*d+i])
+				}
+				q[i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
+			}
+			_ = kernels.DotsF16(y, q, a.Reprs[2*h*d:], d, 0, a.KVHeads*d)
+			mx := float32(math.Inf(-1))
+			for _, v := range y {
+				if v > mx {
+					mx = v
+				}
+			}
+			var sum float32
+			wide := s - s%8
+			var shift, sums [8]float32
+			for i := range shift {
+				shift[i] = mx
+			}
+			_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
+			for _, v := range sums {
+				sum += v
+			}
+			var one [1]float32
+			_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
+			sum += one[0]
+			inv := 1 / sum
+			out := share[p*n : (p+1)*n]
+			for b := range n {
+				var m float32
+				for _, v := range y[b*a.M : (b+1)*a.M] {
+					m += v
+				}
+				out[b] = m * inv
+			}
+		}
+	})
+	scores := make([]float32, n)
+	for p := range pairs {
+		for b, v := range share[p*n : (p+1)*n] {
+			scores[b] += v
+		}
+	}
+	pos := make([]int32, k)
+	sc := make([]float32, k)
+	var keys []uint64
+	topKDesc(pos, sc, scores, k, &keys)
+	for i, b := range pos {
+		a.Idx[i] = int64(b)
+	}
+	return k, nil
+}

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/ucm-go/ucm/kernels"
 )
 
 // dotRef is DotTopK by brute force: float64 dot products, a stable sort by score descending.
@@ -306,5 +308,118 @@ func TestMaxDotTopK(t *testing.T) {
 	short := &MaxDotArgs{QHeads: 2, KVHeads: 2, M: 1, Dim: 1, Q: []float32{1, 1}, Reprs: make([]float32, 20), K: 5, Init: 1, Local: 2, Out: make([]int32, 4)}
 	if _, err := MaxDotTopK(short, 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "out of 4 for 5") {
 		t.Fatalf("short out: %v", err)
+	}
+}
+
+// softmaxRef is SoftmaxTopK's block scores in float64 from the same fp16 values.
+func softmaxRef(a *SoftmaxArgs) []float64 {
+	f16 := func(b []byte, i int) float64 {
+		return float64(kernels.Float16ToFloat32(uint16(b[2*i]) | uint16(b[2*i+1])<<8))
+	}
+	n, g, d := a.Blocks(), a.QHeads/a.KVHeads, a.Dim
+	s := n * a.M
+	scores := make([]float64, n)
+	for x := range a.Tokens {
+		for hq := range a.QHeads {
+			h := hq / g
+			y := make([]float64, s)
+			mx := math.Inf(-1)
+			for r := range s {
+				for i := range d {
+					c := i
+					if a.Channels != nil {
+						c = int(a.Channels[h*d+i])
+					}
+					y[r] += f16(a.Q, (x*a.QHeads+hq)*a.QDim+c) * f16(a.Reprs, (r*a.KVHeads+h)*d+i)
+				}
+				mx = math.Max(mx, y[r])
+			}
+			var sum float64
+			for r := range y {
+				y[r] = math.Exp(y[r] - mx)
+				sum += y[r]
+			}
+			for r := range y {
+				scores[r/a.M] += y[r] / sum
+			}
+		}
+	}
+	return scores
+}
+
+// TestSoftmaxTopK: the ids are the reference's best min(K, n) up to float32 rounding (a
+// swap only between scores within 1e-5 of each other), in descending order by the reference
+// scores up to the same rounding, with and without channels; one worker and three agree
+// exactly.
+func TestSoftmaxTopK(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	f16 := func(n int, scale float64) []byte {
+		b := make([]byte, 2*n)
+		for i := range n {
+			h := kernels.Float32ToFloat16(float32(r.NormFloat64() * scale))
+			b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+		}
+		return b
+	}
+	for it := range 120 {
+		kv := 1 + r.IntN(3)
+		a := &SoftmaxArgs{Tokens: 1 + r.IntN(3), QHeads: kv * (1 + r.IntN(3)), KVHeads: kv, M: 1 + r.IntN(4), Dim: []int{8, 16, 20}[r.IntN(3)]}
+		a.QDim = a.Dim
+		if r.IntN(2) == 0 {
+			a.QDim = a.Dim + r.IntN(9)
+			a.Channels = make([]int64, kv*a.Dim)
+			for h := range kv {
+				for i, c := range r.Perm(a.QDim)[:a.Dim] {
+					a.Channels[h*a.Dim+i] = int64(c)
+				}
+			}
+		}
+		n := 1 + r.IntN(60)
+		a.Q = f16(a.Tokens*a.QHeads*a.QDim, 0.7)
+		a.Reprs = f16(n*a.M*kv*a.Dim, 0.7)
+		a.K = r.IntN(n + 3)
+		a.Idx = make([]int64, min(a.K, n))
+		got, err := SoftmaxTopK(a, 1)
+		if err != nil {
+			t.Fatalf("case %d: %v", it, err)
+		}
+		if got != min(a.K, n) {
+			t.Fatalf("case %d: %d ids, want %d", it, got, min(a.K, n))
+		}
+		one := slices.Clone(a.Idx)
+		if _, err := SoftmaxTopK(a, 3); err != nil || !slices.Equal(a.Idx, one) {
+			t.Fatalf("case %d: three workers %v, one %v (%v)", it, a.Idx, one, err)
+		}
+		ref := softmaxRef(a)
+		order := make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(x, y int) bool { return ref[order[x]] > ref[order[y]] })
+		const tol = 1e-5
+		kept := map[int64]bool{}
+		for i, b := range a.Idx[:got] {
+			kept[b] = true
+			if ref[b] < ref[order[i]]-tol {
+				t.Fatalf("case %d: entry %d is block %d (%v), the reference's is %d (%v)", it, i, b, ref[b], order[i], ref[order[i]])
+			}
+		}
+		if got > 0 {
+			last := ref[order[got-1]]
+			for b := range n {
+				if !kept[int64(b)] && ref[b] > last+tol {
+					t.Fatalf("case %d: block %d (%v) left out, the k-th scores %v", it, b, ref[b], last)
+				}
+			}
+		}
+	}
+	bad := &SoftmaxArgs{Tokens: 1, QHeads: 2, KVHeads: 2, M: 1, Dim: 2, QDim: 3, Q: make([]byte, 12), Reprs: make([]byte, 16),
+		Channels: []int64{0, 1, 2, 3}, K: 1, Idx: make([]int64, 1)}
+	if _, err := SoftmaxTopK(bad, 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "channel 3 (KV head 1, column 1)") {
+		t.Fatalf("bad channel: %v", err)
+	}
+	bad.Channels = nil
+	if _, err := SoftmaxTopK(bad, 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "no channels") {
+		t.Fatalf("dims without channels: %v", err)
 	}
 }
