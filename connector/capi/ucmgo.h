@@ -240,7 +240,7 @@ int32_t ucmgo_retrieve_release(int64_t retriever, int64_t task);
 
 /*
  * ucmgo_retrieve runs *a to completion on the calling thread, with up to workers - 1 of the
- * retriever's helper threads (ucmgo_retrieve_submit's validation, then the results).
+ * retriever's helpers (ucmgo_retrieve_submit's validation, then the results).
  */
 int32_t ucmgo_retrieve(int64_t retriever, const ucmgo_retrieval *a);
 
