@@ -46,6 +46,20 @@ func DotsF16(out, q []float32, v []byte, d, qs, vs int) error {
 	return nil
 }
 
+// DotsF32 sets out[i] = Σ_{j<d} q[i·qs+j]·v[i·vs+j] for float32 v: the dot products of
+// representations kept as float32 rows (ESA's retrieval over a caller's matrix). On amd64 the
+// sums run over sixteen lanes with AVX-512 (d a multiple of 16) or eight with AVX2 and FMA (d a
+// multiple of 8), four accumulators each; otherwise in order in float32.
+func DotsF32(out, q, v []float32, d, qs, vs int) error {
+	if err := scoreRuns("dots f32", len(out), d, qs, vs, len(q), len(v)); err != nil {
+		return err
+	}
+	if len(out) > 0 {
+		dotsF32(out, q, v, d, qs, vs)
+	}
+	return nil
+}
+
 // SqDistsF16 sets out[i] = Σ_{j<d} (q[i·qs+j] − v[i·vs+j])² for the fp16 elements v.
 func SqDistsF16(out, q []float32, v []byte, d, qs, vs int) error {
 	if err := scoreRuns("sqdists f16", len(out), d, qs, vs, len(q), len(v)/2); err != nil {
@@ -104,6 +118,17 @@ func dotsF16Go(out, q []float32, v []byte, d, qs, vs int) {
 		var s float32
 		for j, x := range qq {
 			s += x * t[binary.LittleEndian.Uint16(vv[2*j:])]
+		}
+		out[i] = s
+	}
+}
+
+func dotsF32Go(out, q, v []float32, d, qs, vs int) {
+	for i := range out {
+		qq, vv := q[i*qs:i*qs+d], v[i*vs:i*vs+d]
+		var s float32
+		for j, x := range qq {
+			s += x * vv[j]
 		}
 		out[i] = s
 	}

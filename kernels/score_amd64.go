@@ -23,6 +23,12 @@ func questF16AVX2(out, q *float32, lo, hi *byte, n, d, qs, vs int)
 func dotsInt8AVX2(out, q *float32, v *int8, n, d, qs, vs int)
 
 //go:noescape
+func dotsF32AVX2(out, q, v *float32, n, d, qs, vs int)
+
+//go:noescape
+func dotsF32AVX512(out, q, v *float32, n, d, qs, vs int)
+
+//go:noescape
 func hammingRowsAVX512(q, codes *byte, w, rows int) (minDist, total int)
 
 // hammingPlanesAVX512 writes n·ones − 2·dot of each of rows key codes (score_amd64.s).
@@ -36,6 +42,10 @@ var (
 	// haveHammingPlanes enables HammingTable's planes kernel (a variable so tests can
 	// compare it with the tables).
 	haveHammingPlanes = havePopcnt32
+	haveF32FMA        = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+	// haveF32AVX512 enables DotsF32's sixteen-lane kernel (a variable so tests can compare it
+	// with the eight-lane one).
+	haveF32AVX512 = cpu.X86.HasAVX512F
 )
 
 func dotsF16(out, q []float32, v []byte, d, qs, vs int) {
@@ -54,6 +64,17 @@ func dotsF16(out, q []float32, v []byte, d, qs, vs int) {
 		return
 	}
 	dotsF16Go(out, q, v, d, qs, vs)
+}
+
+func dotsF32(out, q, v []float32, d, qs, vs int) {
+	switch {
+	case haveF32AVX512 && d%16 == 0:
+		dotsF32AVX512(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+	case haveF32FMA && d%8 == 0:
+		dotsF32AVX2(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+	default:
+		dotsF32Go(out, q, v, d, qs, vs)
+	}
 }
 
 func sqDistsF16(out, q []float32, v []byte, d, qs, vs int) {

@@ -474,3 +474,128 @@ hp_mask:
 	JNZ          hp_row
 	VZEROUPPER
 	RET
+
+// func dotsF32AVX2(out, q, v *float32, n, d, qs, vs int)
+// DotsF32 with eight float32 lanes (d a multiple of 8): four accumulators over 32 elements a
+// step, then one over 8.
+TEXT ·dotsF32AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ v+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ d+32(FP), R8
+	MOVQ qs+40(FP), R9
+	MOVQ vs+48(FP), R10
+	SHLQ $2, R9
+	SHLQ $2, R10
+
+f32_row:
+	MOVQ SI, R11
+	MOVQ DX, R12
+	MOVQ R8, R13
+	ZERO4
+
+f32_32:
+	CMPQ        R13, $32
+	JLT         f32_8
+	VMOVUPS     0(R12), Y4
+	VMOVUPS     32(R12), Y5
+	VMOVUPS     64(R12), Y6
+	VMOVUPS     96(R12), Y7
+	VFMADD231PS 0(R11), Y4, Y0
+	VFMADD231PS 32(R11), Y5, Y1
+	VFMADD231PS 64(R11), Y6, Y2
+	VFMADD231PS 96(R11), Y7, Y3
+	ADDQ        $128, R12
+	ADDQ        $128, R11
+	SUBQ        $32, R13
+	JMP         f32_32
+
+f32_8:
+	TESTQ       R13, R13
+	JZ          f32_sum
+	VMOVUPS     0(R12), Y4
+	VFMADD231PS 0(R11), Y4, Y0
+	ADDQ        $32, R12
+	ADDQ        $32, R11
+	SUBQ        $8, R13
+	JMP         f32_8
+
+f32_sum:
+	HSUM4
+	VMOVSS X0, 0(DI)
+	ADDQ   $4, DI
+	ADDQ   R9, SI
+	ADDQ   R10, DX
+	DECQ   CX
+	JNZ    f32_row
+	VZEROUPPER
+	RET
+
+// func dotsF32AVX512(out, q, v *float32, n, d, qs, vs int)
+// DotsF32 with sixteen lanes (d a multiple of 16): four accumulators over 64 elements a step,
+// then one over 16; the four are added and folded to eight lanes for HSUM4's tail.
+TEXT ·dotsF32AVX512(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ v+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ d+32(FP), R8
+	MOVQ qs+40(FP), R9
+	MOVQ vs+48(FP), R10
+	SHLQ $2, R9
+	SHLQ $2, R10
+
+z32_row:
+	MOVQ   SI, R11
+	MOVQ   DX, R12
+	MOVQ   R8, R13
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+
+z32_64:
+	CMPQ        R13, $64
+	JLT         z32_16
+	VMOVUPS     0(R12), Z4
+	VMOVUPS     64(R12), Z5
+	VMOVUPS     128(R12), Z6
+	VMOVUPS     192(R12), Z7
+	VFMADD231PS 0(R11), Z4, Z0
+	VFMADD231PS 64(R11), Z5, Z1
+	VFMADD231PS 128(R11), Z6, Z2
+	VFMADD231PS 192(R11), Z7, Z3
+	ADDQ        $256, R12
+	ADDQ        $256, R11
+	SUBQ        $64, R13
+	JMP         z32_64
+
+z32_16:
+	TESTQ       R13, R13
+	JZ          z32_sum
+	VMOVUPS     0(R12), Z4
+	VFMADD231PS 0(R11), Z4, Z0
+	ADDQ        $64, R12
+	ADDQ        $64, R11
+	SUBQ        $16, R13
+	JMP         z32_16
+
+z32_sum:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VADDPS        X1, X0, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	VMOVSS        X0, 0(DI)
+	ADDQ          $4, DI
+	ADDQ          R9, SI
+	ADDQ          R10, DX
+	DECQ          CX
+	JNZ           z32_row
+	VZEROUPPER
+	RET

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"encoding/binary"
+	"math"
 	"testing"
 )
 
@@ -38,5 +39,47 @@ func BenchmarkDotsF16Group(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestDotsF32Assembly checks each assembly kernel the CPU has against float64 sums, and
+// against the portable loop on the same inputs (both within rounding of the float64 sum).
+func TestDotsF32Assembly(t *testing.T) {
+	kernels := map[string]struct {
+		have bool
+		lane int
+		run  func(out, q, v *float32, n, d, qs, vs int)
+	}{
+		"avx2":   {haveF32FMA, 8, dotsF32AVX2},
+		"avx512": {haveF32AVX512, 16, dotsF32AVX512},
+	}
+	for name, k := range kernels {
+		if !k.have {
+			t.Logf("%s: not on this CPU", name)
+			continue
+		}
+		ran := 0
+		checkDotsF32(t, name, 3, func(out, q, v []float32, d, qs, vs int) {
+			if d%k.lane != 0 {
+				dotsF32Go(out, q, v, d, qs, vs)
+				return
+			}
+			ran++
+			k.run(&out[0], &q[0], &v[0], len(out), d, qs, vs)
+			ref := make([]float32, len(out))
+			dotsF32Go(ref, q, v, d, qs, vs)
+			for i := range out {
+				var mag float64
+				for j := range d {
+					mag += math.Abs(float64(q[i*qs+j]) * float64(v[i*vs+j]))
+				}
+				if math.Abs(float64(out[i]-ref[i])) > 2e-5*mag+1e-6 {
+					t.Fatalf("%s: d %d run %d: %v, portable %v", name, d, i, out[i], ref[i])
+				}
+			}
+		})
+		if ran == 0 {
+			t.Fatalf("%s: no case took the kernel", name)
+		}
 	}
 }

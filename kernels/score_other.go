@@ -4,6 +4,8 @@ package kernels
 
 func dotsF16(out, q []float32, v []byte, d, qs, vs int) { dotsF16Go(out, q, v, d, qs, vs) }
 
+func dotsF32(out, q, v []float32, d, qs, vs int) { dotsF32Go(out, q, v, d, qs, vs) }
+
 func sqDistsF16(out, q []float32, v []byte, d, qs, vs int) { sqDistsF16Go(out, q, v, d, qs, vs) }
 
 func questF16(out, q []float32, lo, hi []byte, d, qs, vs int) { questF16Go(out, q, lo, hi, d, qs, vs) }

@@ -374,3 +374,68 @@ func TestHammingTablePlanes(t *testing.T) {
 		}
 	}
 }
+
+// randF32Case draws n runs of d float32 values with strides qs, vs over q and v, d spanning
+// the kernels' shapes: below a lane width, multiples of 8 and of 16, and ESA's row widths.
+func randF32Case(r *rand.Rand) (n, d, qs, vs int, q, v []float32) {
+	n = 1 + r.IntN(9)
+	d = []int{1, 3, 8, 16, 24, 40, 64, 72, 128, 136, 1024, 4096}[r.IntN(12)]
+	qs = []int{0, d, d + 8}[r.IntN(3)]
+	vs = []int{0, d, 2*d + 3}[r.IntN(3)]
+	q = make([]float32, (n-1)*qs+d)
+	v = make([]float32, (n-1)*vs+d)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * 3)
+	}
+	return
+}
+
+// checkDotsF32 runs dots over a random case and compares every result with a float64 sum
+// (relative to the sum of the terms' magnitudes), and checks nothing past out is written.
+func checkDotsF32(t *testing.T, name string, seed uint64, dots func(out, q, v []float32, d, qs, vs int)) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 11))
+	for it := range 600 {
+		n, d, qs, vs, q, v := randF32Case(r)
+		out := make([]float32, n+1)
+		out[n] = 42
+		dots(out[:n], q, v, d, qs, vs)
+		if out[n] != 42 {
+			t.Fatalf("%s case %d wrote past out", name, it)
+		}
+		for i := range n {
+			var want, mag float64
+			for j := range d {
+				p := float64(q[i*qs+j]) * float64(v[i*vs+j])
+				want, mag = want+p, mag+math.Abs(p)
+			}
+			if !closeTo(out[i], want, mag) {
+				t.Fatalf("%s case %d: n %d d %d qs %d vs %d: run %d = %v, want %v", name, it, n, d, qs, vs, i, out[i], want)
+			}
+		}
+	}
+}
+
+// TestDotsF32 checks DotsF32 (the kernel the CPU takes) and the portable loop against float64
+// sums, and that short arguments are ErrInvalid with nothing written.
+func TestDotsF32(t *testing.T) {
+	checkDotsF32(t, "exported", 1, func(out, q, v []float32, d, qs, vs int) { must(t, DotsF32(out, q, v, d, qs, vs)) })
+	checkDotsF32(t, "go", 2, dotsF32Go)
+	out := []float32{7, 7}
+	for _, err := range []error{
+		DotsF32(out, make([]float32, 16), make([]float32, 16), 16, 16, 0), // q needs 32
+		DotsF32(out, make([]float32, 16), make([]float32, 31), 16, 0, 16), // v needs 32
+		DotsF32(out, nil, nil, 0, 0, 0),
+		DotsF32(out, make([]float32, 8), make([]float32, 8), 8, 0, -1),
+	} {
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("err %v, want ErrInvalid", err)
+		}
+	}
+	if out[0] != 7 || out[1] != 7 {
+		t.Fatalf("out written: %v", out)
+	}
+}

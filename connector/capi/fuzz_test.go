@@ -158,6 +158,9 @@ func FuzzABI(f *testing.F) {
 	f.Add(seed(0, 9, 0, id, 0, 0, 4))                               // stats with a 1 GiB+1 buffer
 	f.Add(seed(0, 10, 0, id, 0, 0, 0, 1, 'A', '=', 'b'))            // open_env
 	f.Add(seed(241, 1, 2, 3, 4, 5, 6, 7, 8, 0, 2))                  // another handle
+	for _, r := range retrieveSeeds() {
+		f.Add(r)
+	}
 	m, err := syscall.Mmap(-1, 0, fzSlots+fzMax*fzBlock, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		f.Fatal(err)
@@ -203,10 +206,21 @@ func fuzzOne(t *testing.T, mem *cmem, h int64, in *fuzzInput) {
 		}
 		must(true, "store handle")
 	}
-	op := in.byte() % 11
+	op := in.byte() % 12
 	// Which arguments the op takes: check (3), stats (9) and open_env (10) take no count, and
 	// only the transfers and the id calls take the id table.
 	takesCount := op <= 2 || (op >= 4 && op <= 8)
+	if op == 11 { // the retriever ABI (retrieve_fuzz_test.go): its own handle and arguments
+		st, why := fuzzRetrieve(t, mem, in)
+		refuse = why
+		if !statuses[st] && st <= 0 {
+			t.Fatalf("retrieve: status %d is none of UCM's", st)
+		}
+		if refuse != "" && (st != int64(connector.StatusEParam) || lastError() == "") {
+			t.Fatalf("retrieve: %s impossible, got %d, want EPARAM (%d): %s", refuse, st, connector.StatusEParam, lastError())
+		}
+		return
+	}
 	takesIDs := op <= 1 || (op >= 4 && op <= 8)
 	n, nOK := in.count()
 	must(takesCount && !nOK, "count")

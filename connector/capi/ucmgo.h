@@ -300,6 +300,81 @@ int32_t ucmgo_selector_request_finished(int64_t selector, const char *request_id
  */
 const char *ucmgo_last_error(void);
 
+/* BEGIN RETRIEVER (sparse retrieval over a caller's representation matrix) */
+
+/*
+ * A retriever runs retrievals over representation rows the caller keeps in memory: the CPU
+ * work of UCM's sparse modules (ESA's retrieval_backend), as tasks on a pool of worker
+ * threads. docs/connector.md, "Sparse retrieval", is the guide.
+ *
+ * UCMGO_RM_DOT (ESA): for each of batch query rows q[b] (dim floats), the topk rows r of reprs
+ * (n_reprs rows of dim floats) among the row's candidates with the largest float32 q[b]·r,
+ * score descending, ties to the earlier candidate in the row. cand holds batch rows of
+ * cand_width row numbers, -1 for none (padding; duplicates are scored twice); NULL makes every
+ * row of reprs a candidate of every query row. Row b's results are out_idx[b*topk ...] and
+ * out_scores[b*topk ...]: min(topk, its candidates) entries, then -1 and -inf; out_count[b]
+ * (out_count may be NULL) is that count.
+ */
+enum { UCMGO_RM_DOT = 1 };
+
+typedef struct ucmgo_retrieval {
+	size_t size;          /* sizeof(ucmgo_retrieval): any other value is UCMGO_EPARAM */
+	int32_t method;       /* UCMGO_RM_DOT */
+	int32_t topk;         /* >= 0 */
+	int64_t batch;        /* query rows, >= 0 */
+	int64_t dim;          /* floats per row, >= 1 */
+	const float *q;       /* batch x dim: copied at submit */
+	const float *reprs;   /* n_reprs x dim: read in place until the task is done */
+	int64_t n_reprs;
+	const int32_t *cand;  /* batch x cand_width, or NULL: copied at submit */
+	int64_t cand_width;
+	int32_t *out_idx;     /* batch x topk */
+	float *out_scores;    /* batch x topk */
+	int64_t *out_count;   /* batch, or NULL */
+} ucmgo_retrieval;
+
+/*
+ * ucmgo_retriever_new starts a retriever of workers threads (1 to 1024); with ncpus > 0, worker
+ * i is pinned to CPU cpus[i % ncpus] (a CPU the process may not run on is UCMGO_EPARAM). A
+ * task's retrieval runs on one worker with up to workers - 1 helpers. Returns a
+ * retriever handle > 0, or a status < 0.
+ */
+int64_t ucmgo_retriever_new(int32_t workers, const int32_t *cpus, size_t ncpus);
+
+/* ucmgo_retriever_free waits for the retriever's queued tasks, stops it and frees the handle. */
+int32_t ucmgo_retriever_free(int64_t retriever);
+
+/*
+ * ucmgo_retrieve_submit validates *a and queues its retrieval. Every bad field is UCMGO_EPARAM
+ * here, naming it: size, method, dims and counts out of range (each product at most 2^31
+ * elements), pointers that cannot be the caller's memory for their extent, a candidate outside
+ * [-1, n_reprs) (naming its row and column). Nothing is read from reprs or written to the
+ * outputs before it returns a task handle > 0; both are the caller's memory, which must stay
+ * valid (reprs unchanged) until ucmgo_retrieve_check says finished or ucmgo_retrieve_wait
+ * returns.
+ */
+int64_t ucmgo_retrieve_submit(int64_t retriever, const ucmgo_retrieval *a);
+
+/*
+ * ucmgo_retrieve_check sets *finished to 1 when the task is done, else 0, without consuming
+ * it. UCMGO_ENOOBJ for a task never returned or already released.
+ */
+int32_t ucmgo_retrieve_check(int64_t retriever, int64_t task, int32_t *finished);
+
+/* ucmgo_retrieve_wait blocks until the task is done, without consuming it (repeatable). */
+int32_t ucmgo_retrieve_wait(int64_t retriever, int64_t task);
+
+/* ucmgo_retrieve_release waits for the task and consumes it: UCMGO_ENOOBJ afterwards. */
+int32_t ucmgo_retrieve_release(int64_t retriever, int64_t task);
+
+/*
+ * ucmgo_retrieve runs *a to completion on the calling thread, with up to workers - 1 of the
+ * retriever's helpers (ucmgo_retrieve_submit's validation, then the results).
+ */
+int32_t ucmgo_retrieve(int64_t retriever, const ucmgo_retrieval *a);
+
+/* END RETRIEVER */
+
 #ifdef __cplusplus
 }
 #endif

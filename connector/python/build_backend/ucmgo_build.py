@@ -7,7 +7,7 @@ access. What it does:
 
 * ``build_wheel``: ``go build -buildmode=c-shared`` of the C ABI (connector/capi) with the
   repository's build flags (the ``uring`` tag, ``-ldflags=-checklinkname=0``; the Makefile's
-  BUILDFLAGS), then a wheel holding the ``ucmgo`` package with ``libucmgo.so`` inside its
+  BUILDFLAGS), then a wheel holding the ``ucmgo`` package (its subpackages too) with ``libucmgo.so`` inside its
   directory, where ``ucmgo/_lib.py`` looks for it after UCMGO_LIB. The wheel is tagged
   ``py3-none-<platform>``: pure Python over a native library loaded with ctypes, so any
   Python 3 on this platform, but only this platform.
@@ -169,12 +169,13 @@ def _write_wheel(wheel_directory, project, files):
 
 
 def _package_files():
-    """The package's Python modules as wheel entries."""
+    """The package's Python modules, its subpackages' included (ucmgo/sparse/...), as wheel
+    entries."""
     src = PKG_ROOT / PACKAGE
-    files = sorted(p for p in src.glob("*.py") if p.is_file())
+    files = sorted(p for p in src.rglob("*.py") if p.is_file() and "__pycache__" not in p.parts)
     if not files:
         raise BuildError("no Python modules in %s" % src)
-    return [("%s/%s" % (PACKAGE, p.name), p.read_bytes(), False) for p in files]
+    return [("%s/%s" % (PACKAGE, p.relative_to(src).as_posix()), p.read_bytes(), False) for p in files]
 
 
 def _prepare_metadata(metadata_directory):

@@ -46,7 +46,8 @@ def check_dist_info(pkg_dir):
         want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         assert digest == want and int(size) == len(data), line
         hashed.add(path)
-    assert {"ucmgo/libucmgo.so", "ucmgo/__init__.py", "ucmgo/_lib.py", "ucmgo/store.py"} <= hashed, hashed
+    assert {"ucmgo/libucmgo.so", "ucmgo/__init__.py", "ucmgo/_lib.py", "ucmgo/store.py",
+            "ucmgo/sparse/__init__.py", "ucmgo/sparse/esa/retrieval_backend.py"} <= hashed, hashed
 
 
 def address(m):

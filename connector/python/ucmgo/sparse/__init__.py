@@ -1,4 +1,12 @@
-"""ucmgo.sparse: sparse attention's block representations and selection over a UcmGoStore."""
+"""ucmgo.sparse: UCM-Go's sparse attention from Python (docs/connector.md).
+
+Selector computes and stores a block's representations beside it in a UcmGoStore, loads them by
+block id and selects the blocks a decode step attends ("Sparse selection").
+ucmgo.sparse.esa.retrieval_backend.RetrievalWorkerBackend is a drop-in for UCM's ESA CPU module
+(ucm.sparse.esa.retrieval.retrieval_backend): same constructor, submit, poll, wait and
+get_result, backed by libucmgo.so's retriever ABI over rows the caller holds ("Sparse
+retrieval").
+"""
 
 from .selector import SelectTask, Selector
 
