@@ -29,7 +29,7 @@ func (v diskEnv) Stop() <-chan struct{} { return v.e.stop }
 // accountOf returns shared tier t's admission account; nil for a local tier or a shared one
 // without a capacity.
 func accountOf(t tiers.Disk) *tiers.ShareAccount {
-	if s, ok := t.(*tiers.SharedDisk); ok {
+	if s, ok := t.(interface{ Account() *tiers.ShareAccount }); ok { // *tiers.SharedDisk
 		return s.Account()
 	}
 	return nil

@@ -87,12 +87,9 @@ type Engine struct {
 	backends    []devio.Backend // one per I/O engine in use
 	nextSeg     atomic.Uint64   // the next segment number
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
-	reclaimMu   sync.Mutex      // one reclamation at a time; taken before segments.mu
-	// deferrals is, per disk tier (by position), how long background eviction from it has
-	// waited for a shared next tier's share while writers wait there (evict). Guarded by
-	// reclaimMu.
-	deferrals   []deferral
-	reclaimKick chan struct{}
+	// rc is the reclamation of the disk tiers (reclaim.go), made once the schema is known.
+	// Lock order: rc.mu → segs.mu → share.mu.
+	rc *reclaimer
 	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
 	// background after Open).
 	recencyReady chan struct{}
@@ -226,7 +223,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: newSegments(), stop: make(chan struct{}), closed: make(chan struct{}),
-		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
+		promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.mu.batches = map[string]*layerBatch{}
@@ -315,6 +312,7 @@ func (e *Engine) open() error {
 	if err != nil {
 		return err
 	}
+	e.rc = newReclaimer(e)
 	if e.opts.ReadOnly {
 		if err := e.findSegments(); err != nil {
 			return err
@@ -358,7 +356,10 @@ func (e *Engine) open() error {
 	}
 	e.bg.Add(3)
 	go e.janitor()
-	go e.reclaimer()
+	go func() {
+		defer e.bg.Done()
+		e.rc.run()
+	}()
 	go e.promoter()
 	if e.share != nil {
 		e.bg.Add(2)
