@@ -789,10 +789,10 @@ func (rc *reclaimer) finishRetire(n uint64, size int64, recyclable bool) {
 // keep their files (their evicted blocks are gone from the index) until a later reclamation
 // finds them sealed and empty. Sync first waits for the seals under way.
 func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return ReclaimReport{}, ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	t, err := e.diskTierNamed(tier)
 	if err != nil {
 		return ReclaimReport{}, err
@@ -850,10 +850,10 @@ func (rc *reclaimer) writeOrder(t tiers.Disk) (recency, error) {
 // ratio is at most liveRatio (0 < liveRatio < 1), in every disk tier, whatever the watermarks:
 // what `ucm-tool compact` runs. progress, if not nil, is called after each segment.
 func (e *Engine) Compact(liveRatio float64, progress func(ReclaimReport)) (ReclaimReport, error) {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return ReclaimReport{}, ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	if liveRatio <= 0 || liveRatio >= 1 {
 		return ReclaimReport{}, fmt.Errorf("compact: live ratio %v out of (0, 1): %w", liveRatio, ErrInvalidArgument)
 	}
