@@ -92,8 +92,8 @@ type reclaimEnv interface {
 	forgetSegment(n uint64) (*wal.Segment, segHome)
 	// forgetHome forgets where segment n lives (its file is gone).
 	forgetHome(n uint64)
-	// Index entries, this instance's or (for a foreign segment) the foreign index's.
-	entry(id BlockID, kind format.SidecarKind) (index.Location, bool, error)
+	// entryLike reads again the entry loc was read from: this instance's index or, for a
+	// foreign segment, the foreign index.
 	entryLike(id BlockID, kind format.SidecarKind, loc index.Location) (index.Location, bool, error)
 	// Records and I/O.
 	submit(ops []devio.Op, tierOf func(i int) tiers.Disk) error
@@ -375,7 +375,7 @@ func (rc *reclaimer) liveRecords(n uint64) ([]recordRef, error) {
 						ids = bh.IDs
 					}
 					for _, id := range ids {
-						loc, ok, err := rc.env.entry(id, fe.Kind)
+						loc, ok, err := rc.entry(id, fe.Kind)
 						if err != nil {
 							seg.Release()
 							return nil, err
@@ -409,6 +409,14 @@ func (rc *reclaimer) liveRecords(n uint64) ([]recordRef, error) {
 		})
 	}
 	return refs, err
+}
+
+// entry reads an index entry: block id's (kind 0) or its sidecar of kind.
+func (rc *reclaimer) entry(id BlockID, kind format.SidecarKind) (index.Location, bool, error) {
+	if kind == 0 {
+		return rc.ix.Get(id)
+	}
+	return rc.ix.GetSidecar(id, kind)
 }
 
 // sidecarsOf returns the sidecars of the blocks in refs that are stored in tier t (all tiers

@@ -59,14 +59,11 @@ func (f *fakeReclaimEnv) forgetHome(n uint64) {
 	f.event("forgetHome", n)
 	delete(f.homes, n)
 }
-func (f *fakeReclaimEnv) entry(id BlockID, kind format.SidecarKind) (index.Location, bool, error) {
+func (f *fakeReclaimEnv) entryLike(id BlockID, kind format.SidecarKind, _ index.Location) (index.Location, bool, error) {
 	if kind == 0 {
 		return f.ix.Get(id)
 	}
 	return f.ix.GetSidecar(id, kind)
-}
-func (f *fakeReclaimEnv) entryLike(id BlockID, kind format.SidecarKind, _ index.Location) (index.Location, bool, error) {
-	return f.entry(id, kind)
 }
 func (f *fakeReclaimEnv) submit([]devio.Op, func(int) tiers.Disk) error {
 	return errors.New("fake reclaim env: no I/O")
@@ -287,5 +284,42 @@ func TestRetireRefusesLiveSegment(t *testing.T) {
 	}
 	if row, ok := rc.ix.Segment(7); !ok || row.State != index.SegmentSealed || len(env.events) != 0 {
 		t.Fatalf("refused retire changed the segment: row %+v (%v), steps %q", row, ok, env.events)
+	}
+}
+
+// TestEvictDeferralRestarts: a bounded wait for a shared next tier's share ends when the next
+// tier answers otherwise than "no room" (here an I/O error, which eviction returns): a later
+// refusal starts a new wait rather than dropping the blocks at once for the old one.
+func TestEvictDeferralRestarts(t *testing.T) {
+	space := tiers.NewSpace(1000, 0.9, 0.8)
+	space.Add(500)
+	top := &fakeDisk{name: "top", pos: 0, capacity: 100, space: space}
+	next := &fakeDisk{name: "shared", pos: 1, capacity: 1000, space: tiers.NewSpace(1000, 0.9, 0.8), shared: true, acct: &tiers.ShareAccount{}}
+	rc, env := newTestReclaimer(t, top, next)
+	ids := putBlocks(t, rc, env, top, 1, 2)
+	lru := tiers.NewLRU()
+	evict := func(cause error) error {
+		env.acquireErr = fmt.Errorf("pin for a demotion: %w", cause)
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		var rep ReclaimReport
+		return rc.evict(top, lru, ids, true, &rep)
+	}
+	if err := evict(syscall.ENOSPC); !errors.Is(err, errEvictionDeferred) || rc.deferrals[0].since.IsZero() {
+		t.Fatalf("first refusal: %v, wait started %v; want deferred and the wait started", err, !rc.deferrals[0].since.IsZero())
+	}
+	if err := evict(syscall.EIO); !errors.Is(err, ErrIO) {
+		t.Fatalf("an I/O error from the next tier: %v, want ErrIO", err)
+	}
+	if !rc.deferrals[0].since.IsZero() {
+		t.Fatal("the wait for room went on after the next tier answered otherwise")
+	}
+	if err := evict(syscall.ENOSPC); !errors.Is(err, errEvictionDeferred) {
+		t.Fatalf("a refusal after the wait ended: %v, want deferred again (a new wait)", err)
+	}
+	for _, id := range ids {
+		if !rc.ix.Contains(id) {
+			t.Fatalf("%s dropped although every wait was deferred", id)
+		}
 	}
 }
