@@ -286,7 +286,7 @@ func TestBatchGroups(t *testing.T) {
 		recordRef{id: blockID(101), loc: index.Location{Segment: 7, Offset: 1 << 20, Layout: mhaLayout}}, // a record
 		recordRef{id: blockID(0), kind: 1, loc: index.Location{Segment: 7, Offset: 2 << 20}},             // a sidecar
 	)
-	groups, rest := e.batchGroups(refs, e.tiers[0])
+	groups, rest := e.rc.batchGroups(refs, e.tiers[0])
 	if len(rest) != 3 {
 		t.Fatalf("%d refs to copy record by record, want the lone batch block, the record and the sidecar", len(rest))
 	}
@@ -308,7 +308,7 @@ func TestBatchGroups(t *testing.T) {
 	opts.Tiers = []tiers.Config{{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{"/b"}, Compression: "lz4"}}
 	c := mustOpen(t, "/store2", opts)
 	defer c.Close()
-	if groups, rest := c.batchGroups(refs, c.tiers[0]); len(groups) != 0 || len(rest) != len(refs) {
+	if groups, rest := c.rc.batchGroups(refs, c.tiers[0]); len(groups) != 0 || len(rest) != len(refs) {
 		t.Fatalf("into a compressing tier: %d chunks, %d refs record by record", len(groups), len(rest))
 	}
 }

@@ -27,9 +27,10 @@ func (v diskEnv) KickSharer() { v.e.kickSharing() }
 func (v diskEnv) Stop() <-chan struct{} { return v.e.stop }
 
 // accountOf returns shared tier t's admission account; nil for a local tier or a shared one
-// without a capacity.
+// without a capacity. Any tier with an Account method has one (*tiers.SharedDisk, and the fake
+// tiers of the reclaimer's tests).
 func accountOf(t tiers.Disk) *tiers.ShareAccount {
-	if s, ok := t.(*tiers.SharedDisk); ok {
+	if s, ok := t.(interface{ Account() *tiers.ShareAccount }); ok {
 		return s.Account()
 	}
 	return nil

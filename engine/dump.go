@@ -137,12 +137,12 @@ func (e *Engine) dump(ids []BlockID, shard int, src []spans) *Task {
 // startTask runs work as a task in its own goroutine, unless the engine is closing, and
 // observes its latency.
 func (e *Engine) startTask(ids []BlockID, latency prometheus.Histogram, work func(*Task)) *Task {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return failedTask(ids, ErrClosed)
 	}
 	t := newTask(ids, e.opts.TaskTimeout)
 	go func() {
-		defer e.tasks.Done()
+		defer e.life.Done()
 		defer t.finish()
 		start := time.Now()
 		work(t)
@@ -530,9 +530,9 @@ func (e *Engine) janitor() {
 // created, ErrInvalidArgument for a zero id, ErrNoSpace when staging memory is full.
 func (e *Engine) Create(ids []BlockID) []error {
 	errs := make([]error, len(ids))
-	if e.closing.Load() || e.opts.LookupOnly || e.opts.ReadOnly {
+	if e.life.Closing() || e.opts.LookupOnly || e.opts.ReadOnly {
 		cause := ErrClosed
-		if !e.closing.Load() {
+		if !e.life.Closing() {
 			cause = fmt.Errorf("create: store opened read-only or lookup-only: %w", ErrInvalidArgument)
 		}
 		for i := range errs {
@@ -565,10 +565,10 @@ func (e *Engine) Create(ids []BlockID) []error {
 // discarded and reported with ErrBlockFailed: it is never published with holes. An id that was
 // not created is reported with ErrNotFound.
 func (e *Engine) Commit(ids []BlockID, ok bool) error {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	var (
 		errs    []error
 		recs    []*wal.Record

@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/lifecycle"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -87,12 +88,9 @@ type Engine struct {
 	backends    []devio.Backend // one per I/O engine in use
 	nextSeg     atomic.Uint64   // the next segment number
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
-	reclaimMu   sync.Mutex      // one reclamation at a time; taken before segments.mu
-	// deferrals is, per disk tier (by position), how long background eviction from it has
-	// waited for a shared next tier's share while writers wait there (evict). Guarded by
-	// reclaimMu.
-	deferrals   []deferral
-	reclaimKick chan struct{}
+	// rc is the reclamation of the disk tiers (reclaim.go), made once the schema is known.
+	// Lock order: rc.mu → segs.mu → share.mu.
+	rc *reclaimer
 	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
 	// background after Open).
 	recencyReady chan struct{}
@@ -117,12 +115,11 @@ type Engine struct {
 	stagingBudget *semaphore.Weighted
 	stagingOnce   sync.Once
 
-	closing atomic.Bool
-	closed  chan struct{}  // closed when Close begins: tasks waiting for staging memory give up
-	closeMu sync.RWMutex   // orders enter's tasks.Add before Close's tasks.Wait
-	tasks   sync.WaitGroup // running task goroutines
-	stop    chan struct{}
-	bg      sync.WaitGroup // background goroutines
+	// life admits tasks (Dump, Load, Evict, Compact...) until Close begins and makes Close
+	// wait for them; its Closed channel ends a task's wait for staging memory.
+	life *lifecycle.Runner
+	stop chan struct{}
+	bg   sync.WaitGroup // background goroutines
 
 	// seam is nil except in tests, which set it (setSeam) to force an interleaving of a load
 	// with reclamation or with the sharer at the points seamPoint names.
@@ -225,8 +222,8 @@ func Open(dir string, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
-		segs: newSegments(), stop: make(chan struct{}), closed: make(chan struct{}),
-		reclaimKick: make(chan struct{}, 1), promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
+		segs: newSegments(), stop: make(chan struct{}), life: lifecycle.NewRunner(),
+		promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.mu.batches = map[string]*layerBatch{}
@@ -315,6 +312,7 @@ func (e *Engine) open() error {
 	if err != nil {
 		return err
 	}
+	e.rc = newReclaimer(e)
 	if e.opts.ReadOnly {
 		if err := e.findSegments(); err != nil {
 			return err
@@ -358,7 +356,10 @@ func (e *Engine) open() error {
 	}
 	e.bg.Add(3)
 	go e.janitor()
-	go e.reclaimer()
+	go func() {
+		defer e.bg.Done()
+		e.rc.run()
+	}()
 	go e.promoter()
 	if e.share != nil {
 		e.bg.Add(2)
@@ -496,15 +497,15 @@ func (e *Engine) release() {
 // Close waits for running tasks, makes everything written durable, seals the active segment
 // and releases the directory. Tasks started after Close began fail with ErrClosed; partly
 // dumped blocks are discarded. Close is idempotent.
+//
+// The order: the tasks (life.Close: none enters after it began, every one entered before has
+// ended), then the cache tiers, then the background workers (stop; the reclaimer's and the
+// sharer's passes end), then sharing's grace, the staged blocks, the writers (sealing), the
+// last publication and the files.
 func (e *Engine) Close() error {
-	e.closeMu.Lock()
-	first := e.closing.CompareAndSwap(false, true)
-	e.closeMu.Unlock()
-	if !first {
+	if !e.life.Close() { // refuses new tasks, ends waits for staging memory, waits for the tasks
 		return nil
 	}
-	close(e.closed)
-	e.tasks.Wait()
 	e.closeCaches()
 	close(e.stop)
 	e.bg.Wait()
@@ -532,17 +533,6 @@ func (e *Engine) Close() error {
 		return fmt.Errorf("close %s: %w", e.dir, wrapIO(err))
 	}
 	return nil
-}
-
-// enter registers a task goroutine; it fails once Close has begun.
-func (e *Engine) enter() bool {
-	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
-	if e.closing.Load() {
-		return false
-	}
-	e.tasks.Add(1)
-	return true
 }
 
 // Dir returns the store directory.
@@ -575,7 +565,7 @@ func (e *Engine) IOEngine() (name string, direct bool) {
 
 // Sync makes every block dumped so far durable (useful under SyncInterval and SyncNone).
 func (e *Engine) Sync() error {
-	if e.closing.Load() {
+	if e.life.Closing() {
 		return ErrClosed
 	}
 	var errs []error

@@ -17,7 +17,7 @@ import (
 // visible once its dump task has completed successfully.
 func (e *Engine) Lookup(ids []BlockID) []bool {
 	hits := make([]bool, len(ids))
-	if e.closing.Load() {
+	if e.life.Closing() {
 		return hits
 	}
 	if err := e.ix.Has(ids, hits); err != nil {
@@ -81,7 +81,7 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 // blocks a scheduler can load instead of recomputing (UCM's lookup_on_prefix returns this
 // minus one). Like Lookup it is served from memory.
 func (e *Engine) LookupPrefix(ids []BlockID) int {
-	if e.closing.Load() {
+	if e.life.Closing() {
 		return 0
 	}
 	n, err := e.ix.PrefixLen(ids)

@@ -118,7 +118,7 @@ func TestSharedOverlayEntryFollowed(t *testing.T) {
 	for i, id := range blocks {
 		refs[i] = recordRef{id: id, loc: stale[i]}
 	}
-	recs, err := b.readRecords(refs)
+	recs, err := b.rc.readRecords(refs)
 	if err != nil {
 		t.Fatal(err)
 	}

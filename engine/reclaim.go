@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/lifecycle"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -40,45 +43,128 @@ const DefaultCompactLiveRatio = 0.5
 // block or stops).
 const reclaimRounds = 64
 
-// reclaimer runs reclamation for tiers above their high watermark, when kicked by a writer
-// waiting for space and once a second. Below the watermarks, unless Options.CompactInterval is
-// negative, it also reclaims dead space (failed, abandoned, relocated, evicted or dropped
-// records): every second it retires the sealed segments no entry points into, and on its first
-// second after Open and then every CompactInterval it compacts those at or below
-// CompactLiveRatio (online compaction; docs/tiers.md, "When dead space comes back").
-func (e *Engine) reclaimer() {
-	defer e.bg.Done()
+// reclaimer is the space reclamation of the disk tiers: the background pass (run), eviction,
+// compaction, retirement of segments and the relocation of records they share with promotion
+// and the sharing code. It holds the index and the tiers (values below the engine) and reaches
+// the rest of the engine only through env.
+//
+// Lock order: mu → the provider's lock (segments.mu) → sharing's mu. mu is held for a whole
+// reclamation (one at a time: a tier's pass, Evict, Compact, the sharing code's evictSegment);
+// env's methods are called with mu held or not, and none of them takes mu.
+type reclaimer struct {
+	mu sync.Mutex // one reclamation at a time; taken before segments.mu
+	// kick asks run for a pass now (a writer waits for room; kick).
+	kick lifecycle.Kick
+	// deferrals is, per disk tier (by position), how long background eviction from it has
+	// waited for a shared next tier's share while writers wait there (evict). Guarded by mu.
+	deferrals []deferral
+	ix        *index.Index
+	tiers     []tiers.Disk // disk tiers, fastest first
+	pool      *devio.BufferPool
+	stats     *counters
+	cfg       reclaimConfig
+	env       reclaimEnv
+}
+
+// reclaimConfig is what the reclaimer reads of the engine's options (final once the schema is
+// known: see newReclaimer).
+type reclaimConfig struct {
+	Layout                Layout
+	StageLayerWise        bool
+	CompactInterval       time.Duration
+	CompactLiveRatio      float64
+	SharedRefreshInterval time.Duration
+	TaskTimeout           time.Duration
+	Logger                *slog.Logger
+}
+
+// reclaimEnv is what the reclaimer needs from the rest of the engine. None of its methods
+// takes the reclaimer's mu; those that lock the provider (segments.mu) or sharing's mu do so
+// after it, in the order the reclaimer documents.
+type reclaimEnv interface {
+	// The provider (segments.go): where segments live and their open files.
+	tierOf(n uint64) tiers.Disk
+	home(n uint64) (segHome, bool)
+	acquireSegment(n uint64) (*wal.Segment, error)
+	acquireInTier(n uint64) (*wal.Segment, tiers.Disk, error)
+	acquireFollowing(id BlockID, kind format.SidecarKind, loc index.Location) (*wal.Segment, index.Location, tiers.Disk, error)
+	// forgetSegment drops segment n's open handle (nil if none) and returns it with n's home.
+	forgetSegment(n uint64) (*wal.Segment, segHome)
+	// forgetHome forgets where segment n lives (its file is gone).
+	forgetHome(n uint64)
+	// entryLike reads again the entry loc was read from: this instance's index or, for a
+	// foreign segment, the foreign index.
+	entryLike(id BlockID, kind format.SidecarKind, loc index.Location) (index.Location, bool, error)
+	// Records and I/O.
+	submit(ops []devio.Op, tierOf func(i int) tiers.Disk) error
+	putRecord(rec *wal.Record)
+	compressRecord(rec *wal.Record, code format.Compression)
+	chunkBlocks(t tiers.Disk, n int) int
+	// Effects on the other parts: the cache tiers, broken entries, the shared tiers.
+	uncache(id BlockID)
+	dropBroken(id BlockID, loc index.Location, cause error) error
+	dropBrokenSidecar(id BlockID, kind SidecarKind, loc index.Location, cause error) error
+	// retireShared defers finish (the unlink) of shared segment n for its grace; takes
+	// sharing's mu.
+	retireShared(n uint64, finish func())
+	// sharingPasses counts the sharing passes started so far (0 without shared tiers).
+	sharingPasses() int64
+	// Recency and lifecycle.
+	fillWriteOrder(pick func(index.Location) *tiers.LRU) error
+	waitRecency() bool
+	stopped() <-chan struct{}
+}
+
+// newReclaimer returns the reclaimer of e's disk tiers. It is made once the index, the tiers
+// and the schema (the layout) are final.
+func newReclaimer(e *Engine) *reclaimer {
+	o := e.opts
+	return &reclaimer{kick: lifecycle.NewKick(), deferrals: make([]deferral, len(e.tiers)),
+		ix: e.ix, tiers: e.tiers, pool: e.pool, stats: &e.stats, env: e,
+		cfg: reclaimConfig{Layout: o.Layout, StageLayerWise: o.StageLayerWise, CompactInterval: o.CompactInterval,
+			CompactLiveRatio: o.CompactLiveRatio, SharedRefreshInterval: o.SharedRefreshInterval,
+			TaskTimeout: o.TaskTimeout, Logger: o.Logger}}
+}
+
+// run reclaims space for tiers above their high watermark, when kicked by a writer waiting for
+// space and once a second, until the engine stops. Below the watermarks, unless
+// Options.CompactInterval is negative, it also reclaims dead space (failed, abandoned,
+// relocated, evicted or dropped records): every second it retires the sealed segments no entry
+// points into, and on its first second after Open and then every CompactInterval it compacts
+// those at or below CompactLiveRatio (online compaction; docs/tiers.md, "When dead space comes
+// back").
+func (rc *reclaimer) run() {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	online := e.opts.CompactInterval > 0
+	online := rc.cfg.CompactInterval > 0
 	var lastCompact time.Time // zero: the first pass after Open compacts, whatever the interval
 	for {
 		select {
-		case <-e.stop:
+		case <-rc.env.stopped():
 			return
 		case <-tick.C:
-		case <-e.reclaimKick:
+		case <-rc.kick:
 		}
-		compact := online && time.Since(lastCompact) >= e.opts.CompactInterval
+		compact := online && time.Since(lastCompact) >= rc.cfg.CompactInterval
 		if compact {
 			lastCompact = time.Now()
 		}
-		for _, t := range e.tiers {
+		for _, t := range rc.tiers {
 			var err error
 			switch {
 			case t.Space().OverHigh():
-				_, err = e.reclaimTier(t, -1, recencyOf(t))
+				_, err = rc.reclaimTier(t, -1, recencyOf(t))
 			case compact:
 				// Online compaction: dead space is reclaimed in every tier, also below the
 				// watermarks and in unlimited tiers.
-				err = e.compactTier(t, e.opts.CompactLiveRatio)
+				err = rc.compactTier(t, rc.cfg.CompactLiveRatio)
 			case online:
 				// A segment with nothing live costs no copy to reclaim: retired at once, not
 				// after a compaction interval that a short-lived process never reaches.
-				err = e.compactTier(t, 0)
+				err = rc.compactTier(t, 0)
 			}
 			if err != nil && !errors.Is(err, ErrClosed) {
-				e.opts.Logger.Warn("ucm: reclamation failed", "tier", t.Name(), "err", err)
+				rc.cfg.Logger.Warn("ucm: reclamation failed", "tier", t.Name(), "err", err)
 			}
 		}
 	}
@@ -86,10 +172,10 @@ func (e *Engine) reclaimer() {
 
 // tierFileBytes is the bytes of t's segment files as the segment table records them (an active
 // segment's size is its durable end).
-func (e *Engine) tierFileBytes(t tiers.Disk) int64 {
+func (rc *reclaimer) tierFileBytes(t tiers.Disk) int64 {
 	var n int64
-	for _, row := range e.ix.Segments() {
-		if e.tierOf(row.Number) == t {
+	for _, row := range rc.ix.Segments() {
+		if rc.env.tierOf(row.Number) == t {
 			n += row.Size
 		}
 	}
@@ -98,16 +184,16 @@ func (e *Engine) tierFileBytes(t tiers.Disk) int64 {
 
 // compactTier retires t's empty sealed segments and compacts those at or below liveRatio (0:
 // only retires the empty ones, copying nothing).
-func (e *Engine) compactTier(t tiers.Disk, liveRatio float64) error {
+func (rc *reclaimer) compactTier(t tiers.Disk, liveRatio float64) error {
 	select {
-	case <-e.stop:
+	case <-rc.env.stopped():
 		return ErrClosed
 	default:
 	}
-	e.reclaimMu.Lock()
-	defer e.reclaimMu.Unlock()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
 	var rep ReclaimReport
-	return e.reclaimSegments(t, liveRatio, &rep, nil, nil)
+	return rc.reclaimSegments(t, liveRatio, &rep, nil, nil)
 }
 
 // ReclaimReport says what one reclamation did.
@@ -129,14 +215,14 @@ type ReclaimReport struct {
 // reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
 // it did; it stops early, without error, when nothing more can be evicted (everything left is
 // pinned or the tier is empty).
-func (e *Engine) reclaimTier(t tiers.Disk, target int64, lru recency) (ReclaimReport, error) {
-	e.reclaimMu.Lock()
-	defer e.reclaimMu.Unlock()
-	return e.reclaimTierLocked(t, target, lru)
+func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64, lru recency) (ReclaimReport, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.reclaimTierLocked(t, target, lru)
 }
 
-// reclaimTierLocked is reclaimTier with reclaimMu held.
-func (e *Engine) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep ReclaimReport, err error) {
+// reclaimTierLocked is reclaimTier with rc.mu held.
+func (rc *reclaimer) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep ReclaimReport, err error) {
 	before := t.Space().Segments()
 	defer func() { rep.BytesReclaimed = before - t.Space().Segments() }()
 	excess := func() int64 {
@@ -145,37 +231,37 @@ func (e *Engine) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep
 		}
 		// An explicit target is about the files: active segments count what they hold, not
 		// their reservation (which a target below one segment could never get under).
-		return e.tierFileBytes(t) - target
+		return rc.tierFileBytes(t) - target
 	}
 	// Emptying the tier moves every evictable block out of it (demoted or deleted): compacting
 	// before evicting would copy records forward only to move or delete them next, and leave
 	// the segment they were copied into behind. Only segments already empty are retired
 	// first; what eviction cannot take (pinned blocks) is compacted after it.
-	compactRatio := e.opts.CompactLiveRatio
+	compactRatio := rc.cfg.CompactLiveRatio
 	if target == 0 {
 		compactRatio = 0
 	}
 	for round := 0; round < reclaimRounds && excess() > 0; round++ {
 		select {
-		case <-e.stop:
+		case <-rc.env.stopped():
 			return rep, ErrClosed
 		default:
 		}
-		if err := e.reclaimSegments(t, compactRatio, &rep, excess, nil); err != nil {
+		if err := rc.reclaimSegments(t, compactRatio, &rep, excess, nil); err != nil {
 			return rep, err
 		}
 		need := excess()
 		if need <= 0 || lru == nil {
 			break
 		}
-		if !e.waitRecency() {
+		if !rc.env.waitRecency() {
 			return rep, ErrClosed
 		}
 		victims := lru.Victims(need)
 		if len(victims) == 0 {
 			break
 		}
-		if err := e.evict(t, lru, victims, target < 0, &rep); err != nil {
+		if err := rc.evict(t, lru, victims, target < 0, &rep); err != nil {
 			if errors.Is(err, errEvictionDeferred) {
 				break // the next tier's share is on its way; it kicks the reclaimer
 			}
@@ -184,7 +270,7 @@ func (e *Engine) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep
 		// The victims left holes across segments. Before evicting more, rewrite the hot
 		// remainder of the sparsest segments forward: compaction costs I/O, eviction costs a
 		// recomputation.
-		if err := e.reclaimSegments(t, pressureLiveRatio, &rep, excess, nil); err != nil {
+		if err := rc.reclaimSegments(t, pressureLiveRatio, &rep, excess, nil); err != nil {
 			return rep, err
 		}
 	}
@@ -199,14 +285,14 @@ const pressureLiveRatio = 0.9
 // reclaimSegments retires t's empty sealed segments and compacts those at or below
 // liveRatio, emptiest first, while excess() > 0 (or all of them when excess is nil), calling
 // progress (if not nil) after each segment.
-func (e *Engine) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
+func (rc *reclaimer) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimReport, excess func() int64, progress func()) error {
 	type cand struct {
 		row   index.SegmentMeta
 		ratio float64
 	}
 	var cands []cand
-	for _, row := range e.ix.Segments() {
-		if row.State != index.SegmentSealed || e.tierOf(row.Number) != t || row.Size <= 0 {
+	for _, row := range rc.ix.Segments() {
+		if row.State != index.SegmentSealed || rc.env.tierOf(row.Number) != t || row.Size <= 0 {
 			continue
 		}
 		ratio := float64(row.LiveBytes) / float64(row.Size)
@@ -221,7 +307,7 @@ func (e *Engine) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimRe
 		}
 		var written int64
 		if c.row.LiveRecords > 0 {
-			moved, w, err := e.compactSegment(t, c.row.Number)
+			moved, w, err := rc.compactSegment(t, c.row.Number)
 			rep.RecordsMoved += moved
 			written = w
 			if err != nil {
@@ -232,7 +318,7 @@ func (e *Engine) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimRe
 			}
 			rep.SegmentsCompacted++
 		}
-		if err := e.retire(c.row.Number); err != nil {
+		if err := rc.retire(c.row.Number); err != nil {
 			return err
 		}
 		rep.SegmentsRetired++
@@ -248,12 +334,12 @@ func (e *Engine) reclaimSegments(t tiers.Disk, liveRatio float64, rep *ReclaimRe
 // relocation writer. The segment's footer lists its records, so only those are looked up (a
 // damaged footer falls back to a scan of the index). Entries that moved or went away meanwhile
 // are left alone by the conditional index batch.
-func (e *Engine) compactSegment(t tiers.Disk, n uint64) (int, int64, error) {
-	refs, err := e.liveRecords(n)
+func (rc *reclaimer) compactSegment(t tiers.Disk, n uint64) (int, int64, error) {
+	refs, err := rc.liveRecords(n)
 	if err != nil {
 		return 0, 0, err
 	}
-	moved, _, written, err := e.relocate(refs, t)
+	moved, _, written, err := rc.relocate(refs, t)
 	return moved, written, err
 }
 
@@ -266,10 +352,10 @@ type recordRef struct {
 
 // liveRecords returns the records (blocks, then sidecars, in footer order) whose index entry
 // points into sealed segment n.
-func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
+func (rc *reclaimer) liveRecords(n uint64) ([]recordRef, error) {
 	var refs []recordRef
-	if row, ok := e.ix.Segment(n); ok {
-		if seg, t, err := e.acquireInTier(n); err == nil {
+	if row, ok := rc.ix.Segment(n); ok {
+		if seg, t, err := rc.env.acquireInTier(n); err == nil {
 			var (
 				entries []format.FooterEntry
 				ferr    = fmt.Errorf("segment %d: %w", n, wal.ErrSegmentGone) // no tier: retired meanwhile
@@ -289,7 +375,7 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 						ids = bh.IDs
 					}
 					for _, id := range ids {
-						loc, ok, err := e.entry(id, fe.Kind)
+						loc, ok, err := rc.entry(id, fe.Kind)
 						if err != nil {
 							seg.Release()
 							return nil, err
@@ -305,17 +391,17 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 				return refs, nil
 			}
 			refs = refs[:0]
-			e.opts.Logger.Warn("ucm: segment footer unreadable; finding its records in the index", "segment", n, "err", ferr)
+			rc.cfg.Logger.Warn("ucm: segment footer unreadable; finding its records in the index", "segment", n, "err", ferr)
 		}
 	}
-	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
+	err := rc.ix.Iterate(func(id BlockID, loc index.Location) bool {
 		if loc.Segment == n {
 			refs = append(refs, recordRef{id, 0, loc})
 		}
 		return true
 	})
 	if err == nil {
-		err = e.ix.IterateSidecars(func(id BlockID, kind format.SidecarKind, loc index.Location) bool {
+		err = rc.ix.IterateSidecars(func(id BlockID, kind format.SidecarKind, loc index.Location) bool {
 			if loc.Segment == n {
 				refs = append(refs, recordRef{id, kind, loc})
 			}
@@ -325,21 +411,29 @@ func (e *Engine) liveRecords(n uint64) ([]recordRef, error) {
 	return refs, err
 }
 
+// entry reads an index entry: block id's (kind 0) or its sidecar of kind.
+func (rc *reclaimer) entry(id BlockID, kind format.SidecarKind) (index.Location, bool, error) {
+	if kind == 0 {
+		return rc.ix.Get(id)
+	}
+	return rc.ix.GetSidecar(id, kind)
+}
+
 // sidecarsOf returns the sidecars of the blocks in refs that are stored in tier t (all tiers
 // when t is nil) and not in refs already: what must move with the blocks so that a tier is
 // not left holding representations of blocks it no longer has.
-func (e *Engine) sidecarsOf(refs []recordRef, t tiers.Disk) []recordRef {
+func (rc *reclaimer) sidecarsOf(refs []recordRef, t tiers.Disk) []recordRef {
 	var out []recordRef
 	for _, r := range refs {
 		if r.kind != 0 {
 			continue
 		}
-		for _, kind := range e.ix.SidecarKinds(r.id) {
+		for _, kind := range rc.ix.SidecarKinds(r.id) {
 			if slices.ContainsFunc(refs, func(o recordRef) bool { return o.id == r.id && o.kind == kind }) {
 				continue
 			}
-			loc, ok, err := e.ix.GetSidecar(r.id, kind)
-			if err != nil || !ok || (t != nil && e.tierOf(loc.Segment) != t) {
+			loc, ok, err := rc.ix.GetSidecar(r.id, kind)
+			if err != nil || !ok || (t != nil && rc.env.tierOf(loc.Segment) != t) {
 				continue
 			}
 			out = append(out, recordRef{r.id, kind, loc})
@@ -359,10 +453,10 @@ const relocateBatch = 16
 // The moves are published by the writer's Publish hook with a compare-and-set per entry. It
 // returns how many records were copied (and how many of them are blocks) and the bytes they
 // take in dst.
-func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, written int64, err error) {
-	groups, refs := e.batchGroups(refs, dst)
+func (rc *reclaimer) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, written int64, err error) {
+	groups, refs := rc.batchGroups(refs, dst)
 	for _, g := range groups {
-		n, w, err := e.relocateBatch(g, dst)
+		n, w, err := rc.relocateBatch(g, dst)
 		moved, blocks, written = moved+n, blocks+n, written+w
 		if err != nil {
 			return moved, blocks, written, err
@@ -370,7 +464,7 @@ func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, 
 	}
 	for lo := 0; lo < len(refs); lo += relocateBatch {
 		hi := min(len(refs), lo+relocateBatch)
-		recs, err := e.readRecords(refs[lo:hi])
+		recs, err := rc.readRecords(refs[lo:hi])
 		if err != nil {
 			return moved, blocks, written, err
 		}
@@ -379,7 +473,7 @@ func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, 
 		}
 		for _, r := range recs {
 			if r.Kind == 0 {
-				e.compressRecord(r, dst.Codec())
+				rc.env.compressRecord(r, dst.Codec())
 			}
 			if isForeign(r.Origin.Segment) {
 				r.Origin = nil // another instance's block: the copy is this instance's own
@@ -390,7 +484,7 @@ func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, 
 		}
 		err = wrapIO(dst.Writer(true).Append(recs))
 		for _, r := range recs {
-			e.putRecord(r)
+			rc.env.putRecord(r)
 		}
 		if err != nil {
 			return moved, blocks, written, fmt.Errorf("relocate into tier %q: %w", dst.Name(), err)
@@ -411,8 +505,8 @@ func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, 
 // does not move with others of its batch (relocateBatch) is read shard by shard (its shards
 // lie N × ShardStride apart) into a payload laid out as a record's, and written as a record of
 // its own.
-func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
-	l := e.opts.Layout
+func (rc *reclaimer) readRecords(refs []recordRef) ([]*wal.Record, error) {
+	l := rc.cfg.Layout
 	type read struct {
 		rec    *wal.Record
 		seg    *wal.Segment
@@ -434,31 +528,31 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 		if isForeign(ref.loc.Segment) {
 			// Another instance's block is copied from wherever it is now: its publication log's
 			// segment alias gives way to its manifest's.
-			seg, ref.loc, tier, err = e.acquireFollowing(ref.id, ref.kind, ref.loc)
+			seg, ref.loc, tier, err = rc.env.acquireFollowing(ref.id, ref.kind, ref.loc)
 		} else {
-			seg, tier, err = e.acquireInTier(ref.loc.Segment)
+			seg, tier, err = rc.env.acquireInTier(ref.loc.Segment)
 		}
 		loc := ref.loc
 		if err != nil {
 			var ce *wal.CorruptionError
 			switch {
-			case errors.Is(err, wal.ErrSegmentGone) && e.movedAway(ref):
+			case errors.Is(err, wal.ErrSegmentGone) && rc.movedAway(ref):
 				// Moved or dropped by a relocation that ran since the ref was read (a
 				// promotion beside a compaction), and its segment retired: not broken, and
 				// nothing to copy from here.
 				continue
 			case errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce):
-				_ = e.dropBrokenRef(ref, err)
+				_ = rc.dropBrokenRef(ref, err)
 				continue
 			}
 			for _, r := range reads {
 				r.seg.Release()
-				e.putRecord(r.rec)
+				rc.env.putRecord(r.rec)
 			}
 			return nil, wrapIO(err)
 		}
 		rec := &wal.Record{ID: ref.id, Kind: ref.kind, Layout: loc.Layout, ShardCRCs: loc.ShardCRCs,
-			Buf: e.pool.Get(format.RecordHeaderSize), Payload: e.pool.Get(int(loc.PayloadBytes())),
+			Buf: rc.pool.Get(format.RecordHeaderSize), Payload: rc.pool.Get(int(loc.PayloadBytes())),
 			Compression: loc.Compression, StoredLens: loc.StoredLens, StoredCRCs: loc.StoredCRCs,
 			Origin: &wal.Origin{Segment: loc.Segment, Offset: loc.Offset}}
 		r := read{rec: rec, seg: seg, ref: ref, tier: tier, header: !loc.IsBatch(), lo: len(ops)}
@@ -480,7 +574,7 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 				owner[i] = r.tier
 			}
 		}
-		_ = e.submit(ops, func(i int) tiers.Disk { return owner[i] })
+		_ = rc.env.submit(ops, func(i int) tiers.Disk { return owner[i] })
 	}
 	var out []*wal.Record
 	for _, r := range reads {
@@ -496,18 +590,18 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 			if r.header {
 				header = r.rec.Buf
 			}
-			err = e.checkRecord(r.ref.id, r.ref.loc, header, r.rec.Payload)
+			err = rc.checkRecord(r.ref.id, r.ref.loc, header, r.rec.Payload)
 			if err != nil {
-				_ = e.dropBrokenRef(r.ref, err)
+				_ = rc.dropBrokenRef(r.ref, err)
 			}
 		case shortRead(err) && cutShort(r.seg, r.ref.loc):
-			_ = e.dropBrokenRef(r.ref, truncatedRecord(r.ref.loc, err))
+			_ = rc.dropBrokenRef(r.ref, truncatedRecord(r.ref.loc, err))
 		default:
-			e.stats.readErrors.Add(1)
+			rc.stats.readErrors.Add(1)
 		}
 		r.seg.Release()
 		if err != nil || (r.ref.kind == 0 && r.ref.loc.Layout != l) {
-			e.putRecord(r.rec)
+			rc.env.putRecord(r.rec)
 			continue
 		}
 		out = append(out, r.rec)
@@ -516,23 +610,23 @@ func (e *Engine) readRecords(refs []recordRef) ([]*wal.Record, error) {
 }
 
 // movedAway reports whether r's entry no longer points where r says (moved or gone).
-func (e *Engine) movedAway(r recordRef) bool {
-	cur, ok, err := e.entryLike(r.id, r.kind, r.loc)
+func (rc *reclaimer) movedAway(r recordRef) bool {
+	cur, ok, err := rc.env.entryLike(r.id, r.kind, r.loc)
 	return err == nil && (!ok || cur.Segment != r.loc.Segment || cur.Offset != r.loc.Offset)
 }
 
 // dropBrokenRef is dropBroken for a block or a sidecar.
-func (e *Engine) dropBrokenRef(r recordRef, cause error) error {
+func (rc *reclaimer) dropBrokenRef(r recordRef, cause error) error {
 	if r.kind == 0 {
-		return e.dropBroken(r.id, r.loc, cause)
+		return rc.env.dropBroken(r.id, r.loc, cause)
 	}
-	return e.dropBrokenSidecar(r.id, r.kind, r.loc, cause)
+	return rc.env.dropBrokenSidecar(r.id, r.kind, r.loc, cause)
 }
 
 // checkRecord verifies a whole record, read into header and payload, against its index entry.
 // A block of a batch record has no header of its own (header nil): its shards are checked
 // against the index's checksums.
-func (e *Engine) checkRecord(id BlockID, loc index.Location, header, payload []byte) error {
+func (rc *reclaimer) checkRecord(id BlockID, loc index.Location, header, payload []byte) error {
 	if !loc.IsBatch() {
 		if err := checkHeader(id, loc, header); err != nil {
 			return err
@@ -571,14 +665,14 @@ const evictionDeferral = 4
 // ahead of need and arrives within an interval or two, and a block dropped is a prefill
 // recomputed. Without limit while t is within its capacity and no writer waits for room in it;
 // for evictionDeferral sharing passes when writers wait (then they are dropped as before).
-func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
+func (rc *reclaimer) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
-		loc, ok, err := e.ix.Get(id)
+		loc, ok, err := rc.ix.Get(id)
 		if err != nil {
 			return err
 		}
-		if !ok || e.tierOf(loc.Segment) != t {
+		if !ok || rc.env.tierOf(loc.Segment) != t {
 			lru.Remove(id) // already gone from this tier
 			continue
 		}
@@ -587,17 +681,17 @@ func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bo
 	if len(refs) == 0 {
 		return nil
 	}
-	if t.Pos()+1 < len(e.tiers) {
-		next := e.tiers[t.Pos()+1]
+	if t.Pos()+1 < len(rc.tiers) {
+		next := rc.tiers[t.Pos()+1]
 		// The blocks' sidecars in this tier go down with them.
-		_, moved, _, err := e.relocate(append(refs, e.sidecarsOf(refs, t)...), next)
+		_, moved, _, err := rc.relocate(append(refs, rc.sidecarsOf(refs, t)...), next)
 		if moved > 0 || !errors.Is(err, ErrNoSpace) {
-			e.deferrals[t.Pos()].reset() // room came (or the blocks went elsewhere): a new wait starts afresh
+			rc.deferrals[t.Pos()].reset() // room came (or the blocks went elsewhere): a new wait starts afresh
 		}
 		if err == nil {
 			rep.BlocksDemoted += moved
 			rep.BlocksEvicted += len(refs)
-			e.stats.evictedBlocks.Add(int64(len(refs)))
+			rc.stats.evictedBlocks.Add(int64(len(refs)))
 			for _, r := range refs {
 				lru.Remove(r.id) // moved ones left via Publish; broken ones were dropped
 			}
@@ -610,24 +704,20 @@ func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bo
 			if t.Space().Demand() == 0 && t.Space().Used() <= t.Config().Capacity {
 				return errEvictionDeferred // costs nothing: no writer waits for this room
 			}
-			var passes int64
-			if e.share != nil {
-				passes = e.share.refreshes.Load()
-			}
-			if !e.deferrals[t.Pos()].over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
+			if !rc.deferrals[t.Pos()].over(rc.env.sharingPasses(), evictionDeferral, rc.cfg.SharedRefreshInterval, rc.cfg.TaskTimeout/4) {
 				return errEvictionDeferred
 			}
 		}
-		e.kickReclaimer()
-		e.opts.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.Name(), "next", next.Name(), "err", err)
+		rc.kick.Kick()
+		rc.cfg.Logger.Warn("ucm: next tier full; evicted blocks dropped instead of demoted", "tier", t.Name(), "next", next.Name(), "err", err)
 		// Some may have moved before the refusal; drop only those still here.
 	}
-	b := e.ix.NewBatch()
+	b := rc.ix.NewBatch()
 	results := make([]*bool, len(refs))
 	for k, r := range refs {
 		results[k] = b.DeleteIf(r.id, r.loc) // with its sidecars
 	}
-	if err := e.ix.Apply(b, false); err != nil {
+	if err := rc.ix.Apply(b, false); err != nil {
 		return err
 	}
 	for k, r := range refs {
@@ -635,8 +725,8 @@ func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bo
 		lru.Remove(id)
 		if *results[k] {
 			rep.BlocksEvicted++
-			e.stats.evictedBlocks.Add(1)
-			e.uncache(id)
+			rc.stats.evictedBlocks.Add(1)
+			rc.env.uncache(id)
 		}
 	}
 	return nil
@@ -644,8 +734,8 @@ func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bo
 
 // retire deletes segment n: marked deleting in the index (durably), then unlinked once its last
 // reader releases it, then its row removed and its bytes released from its tier's account.
-func (e *Engine) retire(n uint64) error {
-	row, ok := e.ix.Segment(n)
+func (rc *reclaimer) retire(n uint64) error {
+	row, ok := rc.ix.Segment(n)
 	if !ok {
 		return nil
 	}
@@ -654,20 +744,20 @@ func (e *Engine) retire(n uint64) error {
 	}
 	wasSealed := row.State == index.SegmentSealed
 	row.State = index.SegmentDeleting
-	b := e.ix.NewBatch()
+	b := rc.ix.NewBatch()
 	b.SetSegment(row)
-	if err := e.ix.Apply(b, true); err != nil {
+	if err := rc.ix.Apply(b, true); err != nil {
 		return fmt.Errorf("retire segment %d: %w", n, err)
 	}
-	s, h := e.segs.forget(n)
+	s, h := rc.env.forgetSegment(n)
 	shared := h.tier != nil && h.tier.Shared()
 	// A shared tier's files are read by other instances: never overwritten in place, and a
 	// published one stays a grace period after it leaves the manifest.
 	recyclable := s != nil && s.Recyclable() && !shared
-	remove := func() { e.finishRetire(n, row.Size, recyclable) }
+	remove := func() { rc.finishRetire(n, row.Size, recyclable) }
 	if shared && wasSealed {
 		finish := remove
-		remove = func() { e.retireShared(n, finish) }
+		remove = func() { rc.env.retireShared(n, finish) }
 	}
 	if s == nil {
 		remove()
@@ -680,24 +770,24 @@ func (e *Engine) retire(n uint64) error {
 // finishRetire unlinks a retired segment (or renames its file for reuse, when recyclable and
 // its directory's pool has room), makes that durable and forgets it. Failures are logged: the
 // row stays deleting and the next Open finishes the job.
-func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
-	h, ok := e.home(n)
+func (rc *reclaimer) finishRetire(n uint64, size int64, recyclable bool) {
+	h, ok := rc.env.home(n)
 	if !ok {
 		return
 	}
 	kept, err := h.tier.Unlink(n, h.dir, size, recyclable)
 	if err != nil {
-		e.opts.Logger.Error("ucm: could not delete retired segment; the next Open will", "segment", n, "err", err)
+		rc.cfg.Logger.Error("ucm: could not delete retired segment; the next Open will", "segment", n, "err", err)
 		return
 	}
-	b := e.ix.NewBatch()
+	b := rc.ix.NewBatch()
 	b.DeleteSegment(n)
-	if err := e.ix.Apply(b, false); err != nil {
-		e.opts.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
+	if err := rc.ix.Apply(b, false); err != nil {
+		rc.cfg.Logger.Error("ucm: could not remove retired segment's row; the next Open will", "segment", n, "err", err)
 	}
-	e.segs.forgetHome(n)
+	rc.env.forgetHome(n)
 	h.tier.Released(h.dir, n, size, kept)
-	e.stats.segmentsRetired.Add(1)
+	rc.stats.segmentsRetired.Add(1)
 }
 
 // Evict frees space in the disk tier named tier (the first disk tier when empty) until its
@@ -707,10 +797,10 @@ func (e *Engine) finishRetire(n uint64, size int64, recyclable bool) {
 // keep their files (their evicted blocks are gone from the index) until a later reclamation
 // finds them sealed and empty. Sync first waits for the seals under way.
 func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return ReclaimReport{}, ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	t, err := e.diskTierNamed(tier)
 	if err != nil {
 		return ReclaimReport{}, err
@@ -718,19 +808,24 @@ func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	if toBytes < 0 {
 		return ReclaimReport{}, fmt.Errorf("evict to %d bytes: %w", toBytes, ErrInvalidArgument)
 	}
+	return e.rc.evictTo(t, toBytes)
+}
+
+// evictTo is Evict of tier t down to toBytes (at least 0).
+func (rc *reclaimer) evictTo(t tiers.Disk, toBytes int64) (ReclaimReport, error) {
 	if lru := recencyOf(t); lru != nil {
-		return e.reclaimTier(t, toBytes, lru)
+		return rc.reclaimTier(t, toBytes, lru)
 	}
 	// An unlimited last tier keeps no recency; evict by write order, oldest first. The list
 	// is built under the reclamation lock: blocks that a reclamation of the tier above was
 	// demoting into t meanwhile are in it, so Evict(t, 0) leaves t empty.
-	e.reclaimMu.Lock()
-	defer e.reclaimMu.Unlock()
-	lru, err := e.writeOrder(t)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	lru, err := rc.writeOrder(t)
 	if err != nil {
 		return ReclaimReport{}, err
 	}
-	return e.reclaimTierLocked(t, toBytes, lru)
+	return rc.reclaimTierLocked(t, toBytes, lru)
 }
 
 // recency is what eviction needs of a tier's LRU.
@@ -748,10 +843,10 @@ func recencyOf(t tiers.Disk) recency {
 }
 
 // writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
-func (e *Engine) writeOrder(t tiers.Disk) (recency, error) {
+func (rc *reclaimer) writeOrder(t tiers.Disk) (recency, error) {
 	lru := tiers.NewLRU()
-	err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
-		if e.tierOf(loc.Segment) == t {
+	err := rc.env.fillWriteOrder(func(loc index.Location) *tiers.LRU {
+		if rc.env.tierOf(loc.Segment) == t {
 			return lru
 		}
 		return nil
@@ -763,21 +858,26 @@ func (e *Engine) writeOrder(t tiers.Disk) (recency, error) {
 // ratio is at most liveRatio (0 < liveRatio < 1), in every disk tier, whatever the watermarks:
 // what `ucm-tool compact` runs. progress, if not nil, is called after each segment.
 func (e *Engine) Compact(liveRatio float64, progress func(ReclaimReport)) (ReclaimReport, error) {
-	if !e.enter() {
+	if !e.life.Enter() {
 		return ReclaimReport{}, ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	if liveRatio <= 0 || liveRatio >= 1 {
 		return ReclaimReport{}, fmt.Errorf("compact: live ratio %v out of (0, 1): %w", liveRatio, ErrInvalidArgument)
 	}
-	e.reclaimMu.Lock()
-	defer e.reclaimMu.Unlock()
+	return e.rc.compactAll(liveRatio, progress)
+}
+
+// compactAll is Compact of every tier.
+func (rc *reclaimer) compactAll(liveRatio float64, progress func(ReclaimReport)) (ReclaimReport, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
 	var total ReclaimReport
 	// The bytes are counted segment by segment, not as the fall of the tier's account: that
 	// holds the segment the moved records went to at its whole reservation while it is active.
-	for _, t := range e.tiers {
+	for _, t := range rc.tiers {
 		var rep ReclaimReport
-		err := e.reclaimSegments(t, liveRatio, &rep, nil, func() {
+		err := rc.reclaimSegments(t, liveRatio, &rep, nil, func() {
 			if progress != nil {
 				p := total
 				rep.BytesReclaimed = rep.compactedBytes
@@ -815,3 +915,36 @@ func (e *Engine) diskTierNamed(name string) (tiers.Disk, error) {
 	}
 	return nil, fmt.Errorf("no disk tier named %q: %w", name, ErrInvalidArgument)
 }
+
+// The reclaimer's relocation and retirement, as the rest of the engine (promotion, sidecars,
+// the walHooks, the sharing code) calls them.
+
+// relocate copies records into dst (reclaimer.relocate).
+func (e *Engine) relocate(refs []recordRef, dst tiers.Disk) (moved, blocks int, written int64, err error) {
+	return e.rc.relocate(refs, dst)
+}
+
+// sidecarsOf returns the sidecars that move with the blocks of refs (reclaimer.sidecarsOf).
+func (e *Engine) sidecarsOf(refs []recordRef, t tiers.Disk) []recordRef {
+	return e.rc.sidecarsOf(refs, t)
+}
+
+// liveRecords returns the records live in sealed segment n (reclaimer.liveRecords).
+func (e *Engine) liveRecords(n uint64) ([]recordRef, error) { return e.rc.liveRecords(n) }
+
+// retire deletes segment n (reclaimer.retire).
+func (e *Engine) retire(n uint64) error { return e.rc.retire(n) }
+
+// The engine as the reclaimer's environment (reclaimEnv); the other methods it needs are the
+// engine's own.
+
+// sharingPasses counts the sharing passes started so far (0 without shared tiers).
+func (e *Engine) sharingPasses() int64 {
+	if e.share == nil {
+		return 0
+	}
+	return e.share.refreshes.Load()
+}
+
+// stopped is closed when the engine stops its background work.
+func (e *Engine) stopped() <-chan struct{} { return e.stop }

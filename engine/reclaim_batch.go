@@ -30,8 +30,8 @@ const minRelocatedBatch = 2
 // relocateBatch copies layer-major into dst, and the rest, which relocate copies record by
 // record. Batches are not compressed: into a tier that compresses, every block goes the record
 // way.
-func (e *Engine) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recordRef, rest []recordRef) {
-	if e.opts.StageLayerWise || dst.Codec() != format.CompressionNone {
+func (rc *reclaimer) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recordRef, rest []recordRef) {
+	if rc.cfg.StageLayerWise || dst.Codec() != format.CompressionNone {
 		return nil, refs
 	}
 	type source struct {
@@ -41,7 +41,7 @@ func (e *Engine) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recor
 	byBatch := map[source][]recordRef{}
 	var order []source
 	for _, r := range refs {
-		if r.kind != 0 || !r.loc.IsBatch() || r.loc.Compression != format.CompressionNone || r.loc.Layout != e.opts.Layout {
+		if r.kind != 0 || !r.loc.IsBatch() || r.loc.Compression != format.CompressionNone || r.loc.Layout != rc.cfg.Layout {
 			rest = append(rest, r)
 			continue
 		}
@@ -61,7 +61,7 @@ func (e *Engine) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recor
 		// come in it already; demotion's come coldest first), so that the shards of a layer
 		// are read in file order and merged where adjacent.
 		slices.SortStableFunc(g, func(a, b recordRef) int { return cmp.Compare(a.loc.BatchPos, b.loc.BatchPos) })
-		per := e.chunkBlocks(dst, len(g))
+		per := rc.env.chunkBlocks(dst, len(g))
 		if per < minRelocatedBatch {
 			rest = append(rest, g...)
 			continue
@@ -80,17 +80,17 @@ func (e *Engine) batchGroups(refs []recordRef, dst tiers.Disk) (groups [][]recor
 // of dst's relocation writer. Blocks that cannot be read are handled as readRecords handles
 // them (a broken one dropped from the index, a failed read counted and left where it is). It
 // returns the blocks copied and the bytes the new record takes.
-func (e *Engine) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, error) {
-	l := e.opts.Layout
+func (rc *reclaimer) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, error) {
+	l := rc.cfg.Layout
 	src := group[0].loc
-	seg, err := e.acquireSegment(src.Segment)
+	seg, err := rc.env.acquireSegment(src.Segment)
 	if err != nil {
 		var ce *wal.CorruptionError
 		for _, r := range group {
 			switch {
-			case errors.Is(err, wal.ErrSegmentGone) && e.movedAway(r):
+			case errors.Is(err, wal.ErrSegmentGone) && rc.movedAway(r):
 			case errors.Is(err, wal.ErrSegmentGone) || errors.As(err, &ce):
-				_ = e.dropBrokenRef(r, err)
+				_ = rc.dropBrokenRef(r, err)
 			default:
 				return 0, 0, wrapIO(err)
 			}
@@ -101,8 +101,8 @@ func (e *Engine) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, e
 	n, stride := len(group), l.ShardStride()
 	// buf holds the group layer-major, as the new record does: shard i of block k at
 	// (i·n + k)·stride.
-	buf := e.pool.Get(n * l.Shards * int(stride))
-	defer e.pool.Put(buf)
+	buf := rc.pool.Get(n * l.Shards * int(stride))
+	defer rc.pool.Put(buf)
 	shard := func(i, k int) []byte {
 		off := (int64(i)*int64(n) + int64(k)) * stride
 		return buf[off : off+stride]
@@ -113,8 +113,8 @@ func (e *Engine) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, e
 			ops = append(ops, devio.Op{File: seg.File(), Buf: shard(i, k), Off: r.loc.ShardOffset(i)})
 		}
 	}
-	from := e.tierOf(src.Segment)
-	_ = e.submit(ops, func(int) tiers.Disk { return from })
+	from := rc.env.tierOf(src.Segment)
+	_ = rc.env.submit(ops, func(int) tiers.Disk { return from })
 	var good []int // positions in group of the blocks read whole and verified
 	for k, r := range group {
 		var err error
@@ -135,11 +135,11 @@ func (e *Engine) relocateBatch(group []recordRef, dst tiers.Disk) (int, int64, e
 		case err == nil:
 			good = append(good, k)
 		case shortRead(err) && cutShort(seg, r.loc):
-			_ = e.dropBrokenRef(r, truncatedRecord(r.loc, err))
+			_ = rc.dropBrokenRef(r, truncatedRecord(r.loc, err))
 		case errors.Is(err, ErrCorrupt):
-			_ = e.dropBrokenRef(r, err)
+			_ = rc.dropBrokenRef(r, err)
 		default:
-			e.stats.readErrors.Add(1)
+			rc.stats.readErrors.Add(1)
 		}
 	}
 	if len(good) == 0 {

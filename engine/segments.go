@@ -15,7 +15,7 @@ import (
 // the tiers; a foreign alias (another instance's segment on a shared tier) is routed by the
 // sharing state instead (tierOf, acquireSegment).
 //
-// Lock order: the engine's reclaimMu → segments.mu → sharing's mu. mu is never taken under
+// Lock order: the reclaimer's mu → segments.mu → sharing's mu. mu is never taken under
 // sharing's mu, nor under a recycle pool's or a tiers.Space's lock.
 type segments struct {
 	mu    sync.RWMutex
@@ -98,6 +98,13 @@ func (s *segments) releaseAll() {
 	}
 	s.mu.Unlock()
 }
+
+// forgetSegment removes segment n's open handle (nil if none) and returns it with n's home
+// (segments.forget).
+func (e *Engine) forgetSegment(n uint64) (*wal.Segment, segHome) { return e.segs.forget(n) }
+
+// forgetHome forgets where segment n lives (its file is gone).
+func (e *Engine) forgetHome(n uint64) { e.segs.forgetHome(n) }
 
 // home returns where segment n lives.
 func (e *Engine) home(n uint64) (segHome, bool) { return e.segs.home(n) }

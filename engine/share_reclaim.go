@@ -113,8 +113,8 @@ func (e *Engine) obeyNotes(t tiers.Disk, m *format.Manifest, kind format.NoteKin
 // evictSegment evicts every live block of sealed segment n of tier t (demoted to the next tier
 // when there is one, else dropped) and retires the segment.
 func (e *Engine) evictSegment(t tiers.Disk, n uint64) error {
-	e.reclaimMu.Lock()
-	defer e.reclaimMu.Unlock()
+	e.rc.mu.Lock()
+	defer e.rc.mu.Unlock()
 	refs, err := e.liveRecords(n)
 	if err != nil {
 		return err
@@ -130,7 +130,7 @@ func (e *Engine) evictSegment(t tiers.Disk, n uint64) error {
 		lru = tiers.NewLRU()
 	}
 	var rep ReclaimReport
-	if err := e.evict(t, lru, ids, false, &rep); err != nil {
+	if err := e.rc.evict(t, lru, ids, false, &rep); err != nil {
 		return err
 	}
 	if err := e.evictSidecars(t, n); err != nil {

@@ -224,10 +224,10 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 	case e.opts.LookupOnly:
 		return nil, errLookupOnly
 	}
-	if !e.enter() {
+	if !e.life.Enter() {
 		return nil, ErrClosed
 	}
-	defer e.tasks.Done()
+	defer e.life.Done()
 	n := len(dst) / len(ids)
 	found = make([]bool, len(ids))
 	type read struct {

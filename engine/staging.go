@@ -83,7 +83,7 @@ func (e *Engine) waitStaging(t *Task, n int64, what string) error {
 	go func() {
 		select {
 		case <-t.aborted:
-		case <-e.closed:
+		case <-e.life.Closed():
 		case <-stop:
 			return
 		}
@@ -96,7 +96,7 @@ func (e *Engine) waitStaging(t *Task, n int64, what string) error {
 		e.mu.Unlock()
 		waited := time.Since(start).Round(time.Millisecond)
 		kind := ErrTimeout
-		if e.closing.Load() && !t.cancelled() && !errors.Is(err, context.DeadlineExceeded) {
+		if e.life.Closing() && !t.cancelled() && !errors.Is(err, context.DeadlineExceeded) {
 			kind = ErrClosed
 		}
 		return fmt.Errorf("%s waited %v for %d bytes of staging memory (%d of max_staging_bytes %d in use) and gave up: %w",

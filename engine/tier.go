@@ -264,7 +264,6 @@ func (e *Engine) openTiers() error {
 	if len(e.tiers) == 0 {
 		return fmt.Errorf("open %s: no disk tier configured: %w", e.dir, ErrInvalidArgument)
 	}
-	e.deferrals = make([]deferral, len(e.tiers))
 	first := e.tiers[0]
 	e.io, e.direct, e.segDir = first.Backend(), first.Direct(), first.Dirs()[0]
 	return nil
@@ -317,9 +316,8 @@ func (e *Engine) startWriters() error {
 // kickReclaimer asks the reclaimer to look at the tiers now (one that a writer waits on is
 // over its high watermark: tiers.Space.OverHigh).
 func (e *Engine) kickReclaimer() {
-	select {
-	case e.reclaimKick <- struct{}{}:
-	default:
+	if e.rc != nil { // nil until the schema is known: nothing to reclaim yet
+		e.rc.kick.Kick()
 	}
 }
 
