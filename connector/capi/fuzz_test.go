@@ -84,7 +84,7 @@ func (in *fuzzInput) count() (uint64, bool) {
 // each input: the store must still work.
 func fuzzStore(t testing.TB, mem *cmem, dir string) (int64, []byte) {
 	t.Helper()
-	config := fmt.Sprintf(`{"storage_backends": [%q], "device_id": 0, "tensor_size_list": [%d, %d], "shard_size": %d, "block_size": %d, "posix_gc_enable": false}`+"\x00",
+	config := fmt.Sprintf(`{"storage_backends": [%q], "device_id": 0, "tensor_size_list": [%d, %d], "shard_size": %d, "block_size": %d, "posix_gc_enable": false, "segment_size": 1048576}`+"\x00",
 		dir, fzTensor, fzTensor, fzShard, fzBlock)
 	copy(mem.b, config)
 	h := openStore(mem.addr(0), 0)
