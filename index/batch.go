@@ -160,6 +160,7 @@ type entryKey struct {
 // blockState is the in-batch view of one block or sidecar entry.
 type blockState struct {
 	present bool
+	was     bool // present in the committed state, before the batch (the membership's update)
 	side    bool // a sidecar entry
 	seg     uint64
 	off     int64
@@ -315,12 +316,17 @@ func (a *applyState) current(k entryKey) (*blockState, error) {
 		return st, nil
 	}
 	ix := a.ix
-	// The membership set and kind sets are exactly the committed state (updated under
-	// applyMu): an entry they do not list needs no Pebble read.
+	// The membership lists every committed entry (updated under applyMu), and more where
+	// fingerprints collide: an entry it does not list needs no Pebble read. Until it is built,
+	// every entry is read.
+	member := true
 	ix.members.RLock()
-	_, member := ix.members.set[k.id]
-	if k.side != 0 {
-		member = ix.members.sidecars[k.id]&(1<<k.side) != 0
+	if tab := ix.members.tab; tab != nil {
+		if k.side == 0 {
+			member = tab.has(fingerprint(k.id))
+		} else {
+			member = tab.kindsOf(fingerprint(k.id))&(1<<k.side) != 0
+		}
 	}
 	ix.members.RUnlock()
 	if !member {
@@ -338,7 +344,7 @@ func (a *applyState) current(k entryKey) (*blockState, error) {
 	}
 	st := &blockState{}
 	if ok {
-		*st = blockState{present: true, side: k.side != 0, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
+		*st = blockState{present: true, was: true, side: k.side != 0, seg: loc.Segment, off: loc.Offset, bytes: loc.RecordBytes()}
 	}
 	a.blocks[k] = st
 	return st, nil
@@ -364,21 +370,19 @@ func (a *applyState) put(st *blockState, o *op) {
 	if st.present {
 		a.adjust(st, -1)
 	}
-	*st = blockState{present: true, side: o.side != 0, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
+	*st = blockState{present: true, was: st.was, side: o.side != 0, seg: o.loc.Segment, off: o.loc.Offset, bytes: o.loc.RecordBytes(), enc: o.enc, dirty: true}
 	a.adjust(st, 1)
 }
 
 // remove deletes entry st.
 func (a *applyState) remove(st *blockState) {
 	a.adjust(st, -1)
-	*st = blockState{dirty: true}
+	*st = blockState{dirty: true, was: st.was}
 }
 
 // dropSidecars deletes every sidecar of a block whose entry goes: none outlives it.
 func (a *applyState) dropSidecars(id format.BlockID) error {
-	a.ix.members.RLock()
-	kinds := a.ix.members.sidecars[id]
-	a.ix.members.RUnlock()
+	kinds := a.ix.sidecarKindsOf(id)
 	for kinds |= a.batchKinds[id]; kinds != 0; kinds &= kinds - 1 {
 		st, err := a.current(entryKey{id, format.SidecarKind(bits.TrailingZeros64(kinds))})
 		if err != nil {
@@ -581,25 +585,33 @@ func (a *applyState) writeEntries(pb *pebble.Batch, ops []op) error {
 // batch is committed.
 func (a *applyState) publish(newRows map[uint64]*SegmentMeta) {
 	ix := a.ix
-	ix.members.Lock()
-	for k, st := range a.blocks {
-		switch {
-		case !st.dirty:
-		case k.side != 0 && st.present:
-			ix.members.sidecars[k.id] |= 1 << k.side
-		case k.side != 0:
-			if kinds := ix.members.sidecars[k.id] &^ (1 << k.side); kinds != 0 {
-				ix.members.sidecars[k.id] = kinds
-			} else {
-				delete(ix.members.sidecars, k.id)
+	m := &ix.members
+	m.Lock()
+	// Blocks that came first, then sidecar kinds (a kind needs its block's slot), then blocks
+	// that went.
+	for pass := 0; pass < 3; pass++ {
+		for k, st := range a.blocks {
+			if !st.dirty || st.present == st.was || (pass == 1) != (k.side != 0) || (pass == 0 && !st.present) || (pass == 2 && st.present) {
+				continue
 			}
-		case st.present:
-			ix.members.set[k.id] = struct{}{}
-		default:
-			delete(ix.members.set, k.id)
+			if m.tab == nil {
+				m.noteChange(k, st.was, st.present)
+				continue
+			}
+			fp := fingerprint(k.id)
+			switch {
+			case k.side != 0 && st.present:
+				m.tab.setKind(fp, k.side)
+			case k.side != 0:
+				m.tab.clearKind(fp, k.side)
+			case st.present:
+				m.tab.add(fp)
+			default:
+				m.tab.remove(fp)
+			}
 		}
 	}
-	ix.members.Unlock()
+	m.Unlock()
 	ix.mu.Lock()
 	for n, m := range newRows {
 		if m == nil {

@@ -16,6 +16,14 @@
 //     another goroutine's Sync.
 //   - Nothing read from the DB is trusted: a value that fails to decode is an error wrapping
 //     format.ErrCorrupt naming its block id or segment number, never a panic.
+//   - Open reads the segment table only; exact and prefix lookups (Has, Contains, PrefixLen,
+//     HasSidecar) are answered from an in-memory membership built in the background from a
+//     snapshot taken at Open, and from the DB until it is built (WaitMembers waits for it). It
+//     holds a 64-bit fingerprint of each block (the id's first 8 bytes) and a byte of its
+//     sidecar kinds, 10–15 bytes a block. It never reports a stored block absent; it may report
+//     present an absent id whose fingerprint a stored block shares (about n/2^64 for n blocks,
+//     more for crafted MD5 prefixes), which a Get or a load then does not find. Apply reads the
+//     DB for every entry the membership lists, so accounting stays exact.
 //
 // # Pebble configuration
 //

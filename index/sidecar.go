@@ -29,20 +29,30 @@ func sidecarKey(dst []byte, id format.BlockID, kind format.SidecarKind) []byte {
 
 // decodeSidecarEntry decodes one sidecar key and value, naming the block and kind in any error.
 func decodeSidecarEntry(k, v []byte) (format.BlockID, format.SidecarKind, Location, error) {
-	var id format.BlockID
-	if len(k) != sidecarKeySize || k[0] != prefixSidecar {
-		return id, 0, Location{}, fmt.Errorf("%w: index: sidecar key %x: bad length %d", format.ErrCorrupt, k, len(k))
-	}
-	copy(id[:], k[1:])
-	kind := format.SidecarKind(k[blockKeySize])<<8 | format.SidecarKind(k[blockKeySize+1])
-	if !format.ValidSidecarKind(kind) {
-		return id, kind, Location{}, fmt.Errorf("%w: index: sidecar of %s: kind %d out of range [1, %d]", format.ErrCorrupt, id, kind, format.MaxSidecarKind)
+	id, kind, err := parseSidecarKey(k)
+	if err != nil {
+		return id, kind, Location{}, err
 	}
 	loc, err := DecodeLocation(v)
 	if err != nil {
 		return id, kind, Location{}, fmt.Errorf("index: sidecar %d of %s: %w", kind, id, err)
 	}
 	return id, kind, loc, nil
+}
+
+// parseSidecarKey returns the block and kind of a sidecar key, or an error wrapping
+// format.ErrCorrupt naming what is wrong.
+func parseSidecarKey(k []byte) (format.BlockID, format.SidecarKind, error) {
+	var id format.BlockID
+	if len(k) != sidecarKeySize || k[0] != prefixSidecar {
+		return id, 0, fmt.Errorf("%w: index: sidecar key %x: bad length %d", format.ErrCorrupt, k, len(k))
+	}
+	copy(id[:], k[1:])
+	kind := format.SidecarKind(k[blockKeySize])<<8 | format.SidecarKind(k[blockKeySize+1])
+	if !format.ValidSidecarKind(kind) {
+		return id, kind, fmt.Errorf("%w: index: sidecar of %s: kind %d out of range [1, %d]", format.ErrCorrupt, id, kind, format.MaxSidecarKind)
+	}
+	return id, kind, nil
 }
 
 // GetSidecar returns the location of block id's sidecar of kind; ok=false if absent. Errors are
@@ -58,21 +68,20 @@ func (ix *Index) GetSidecar(id format.BlockID, kind format.SidecarKind) (loc Loc
 	return ix.getLocation(sidecarKey(kb[:], id, kind), id)
 }
 
-// HasSidecar reports whether block id has a sidecar of kind, from memory (no I/O).
+// HasSidecar reports whether block id has a sidecar of kind, from memory (no I/O; until the
+// membership is built after Open, from the DB). Like Has, it may report one that a read then
+// does not find, never the other way round.
 func (ix *Index) HasSidecar(id format.BlockID, kind format.SidecarKind) bool {
 	if !format.ValidSidecarKind(kind) {
 		return false
 	}
-	ix.members.RLock()
-	defer ix.members.RUnlock()
-	return ix.members.sidecars[id]&(1<<kind) != 0
+	return ix.sidecarKindsOf(id)&(1<<kind) != 0
 }
 
-// SidecarKinds returns the kinds of block id's sidecars, in increasing order, from memory.
+// SidecarKinds returns the kinds of block id's sidecars, in increasing order, as HasSidecar
+// answers them.
 func (ix *Index) SidecarKinds(id format.BlockID) []format.SidecarKind {
-	ix.members.RLock()
-	kinds := ix.members.sidecars[id]
-	ix.members.RUnlock()
+	kinds := ix.sidecarKindsOf(id)
 	var out []format.SidecarKind
 	for k := format.SidecarKind(1); k <= format.MaxSidecarKind; k++ {
 		if kinds&(1<<k) != 0 {
@@ -82,17 +91,16 @@ func (ix *Index) SidecarKinds(id format.BlockID) []format.SidecarKind {
 	return out
 }
 
-// SidecarCount returns how many sidecar entries the index holds, from memory.
+// SidecarCount returns how many sidecar entries the index holds, from the segment table
+// (exact).
 func (ix *Index) SidecarCount() int {
-	ix.members.RLock()
-	defer ix.members.RUnlock()
-	n := 0
-	for _, kinds := range ix.members.sidecars {
-		for ; kinds != 0; kinds &= kinds - 1 {
-			n++
-		}
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	n := int64(0)
+	for _, m := range ix.mu.segments {
+		n += m.LiveSidecars
 	}
-	return n
+	return int(n)
 }
 
 // IterateSidecars calls fn for every sidecar entry in (block id, kind) order, on a snapshot

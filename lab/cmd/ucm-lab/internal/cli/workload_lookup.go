@@ -193,10 +193,25 @@ func indexBlocks(env *benchEnv, res *benchResult) (*engine.Engine, error) {
 // before and after Open. Both include the index's block cache as filled by Open.
 func openMeasured(env *benchEnv, dir string, res *benchResult) (*engine.Engine, error) {
 	rss0, heap0 := memNow()
+	start := time.Now()
 	e, d, err := env.openDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open: %w", err)
 	}
+	// A first lookup at once, while the membership is built: a batch of stored ids.
+	batch := make([]format.BlockID, min(lookupBatch, env.blocks))
+	for i := range batch {
+		batch[i] = blockID(i % env.blocks)
+	}
+	t0 := time.Now()
+	_ = e.Lookup(batch)
+	res.FirstLookupMs = float64(time.Since(t0)) / 1e6
+	res.LookupBatch = len(batch)
+	if err := e.Index().WaitMembers(); err != nil {
+		_ = e.Close()
+		return nil, fmt.Errorf("open: the index's membership: %w", err)
+	}
+	res.MembersReadySeconds = time.Since(start).Seconds()
 	rss1, heap1 := memNow()
 	res.OpenSeconds = d.Seconds()
 	blocks := e.Stats().Blocks
