@@ -362,8 +362,8 @@ func (e *Engine) open() error {
 	go e.promoter()
 	if e.share != nil {
 		e.bg.Add(2)
-		go e.sharer()
-		go e.publogTailer()
+		go e.share.sharer()
+		go e.share.publogTailer()
 	}
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
 		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
@@ -508,7 +508,7 @@ func (e *Engine) Close() error {
 	e.closeCaches()
 	close(e.stop)
 	e.bg.Wait()
-	e.closeSharing()
+	e.share.closeSharing()
 	e.mu.Lock()
 	for id, s := range e.mu.staging {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
@@ -521,10 +521,10 @@ func (e *Engine) Close() error {
 	for _, w := range e.writers() {
 		errs = append(errs, w.Close())
 	}
-	e.publishShared() // the segments the writers just sealed
-	e.writeSummaries()
+	e.share.publishShared() // the segments the writers just sealed
+	e.share.writeSummaries()
 	if e.share != nil {
-		e.closePublogs()
+		e.share.closePublogs()
 	}
 	err := errors.Join(errs...)
 	e.release()
@@ -681,7 +681,7 @@ func (e *Engine) Stats() Stats {
 		}
 		s.mu.Unlock()
 		st.Sharing.LogRecords = s.ov.records.Load()
-		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.shareStats()
+		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.share.shareStats()
 		s.logs.mu.Lock()
 		st.Sharing.LogAppendErrors = s.logs.appendErrors
 		s.logs.mu.Unlock()

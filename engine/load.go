@@ -51,14 +51,14 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 	}
 	subHits := make([]bool, len(sub))
 	tailed := false
-	_, err := e.foreignLookup(func() (bool, error) {
+	_, err := e.share.foreignLookup(func() (bool, error) {
 		if err := e.share.fx.Has(sub, subHits); err != nil {
 			return false, err
 		}
 		for k, i := range miss {
 			hits[i] = subHits[k]
 		}
-		if e.overlayHas(ids, hits) {
+		if e.share.overlayHas(ids, hits) {
 			return true, nil
 		}
 		if tailed {
@@ -66,8 +66,8 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 		}
 		// Blocks another instance on this host dumped since: its publication log has them.
 		tailed = true
-		e.tailPublogs(true)
-		return e.overlayHas(ids, hits), nil
+		e.share.tailPublogs(true)
+		return e.share.overlayHas(ids, hits), nil
 	})
 	if err != nil {
 		for _, i := range miss {
@@ -105,7 +105,7 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 		}
 	}
 	if e.share != nil && e.share.fx != nil && n < len(ids) {
-		n = e.publishedPrefix(ids, n)
+		n = e.share.publishedPrefix(ids, n)
 	}
 	n = e.cachedPrefix(ids, n)
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
@@ -397,7 +397,7 @@ func (b *loadBatch) planRead(i int) {
 	id := t.ids[i]
 	loc, ok, err := b.locate(i)
 	if err == nil && !ok {
-		loc, ok = e.foreignGetTailing(id)
+		loc, ok = e.share.foreignGetTailing(id)
 	}
 	if err != nil || !ok {
 		if err == nil {
@@ -554,7 +554,7 @@ func (b *loadBatch) finishHit(r *blockRead) {
 		e.share.foreignHits.Add(1)
 	}
 	if e.share != nil {
-		e.noteAccess(r.loc.Segment)
+		e.share.noteAccess(r.loc.Segment)
 	}
 	if r.tier.Pos() > 0 || (r.foreign && !e.tiers[0].Shared()) {
 		e.wantPromotion(id)
@@ -617,7 +617,7 @@ func (e *Engine) entryLike(id BlockID, kind format.SidecarKind, loc index.Locati
 		return e.entry(id, kind)
 	}
 	if kind == 0 {
-		now, ok := e.foreignGet(id)
+		now, ok := e.share.foreignGet(id)
 		return now, ok, nil
 	}
 	if e.share == nil || e.share.fx == nil {
@@ -892,14 +892,14 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 	}
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
 	if !e.opts.ReadOnly && isOverlay(loc.Segment) {
-		e.dropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
+		e.share.dropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
 	} else if !e.opts.ReadOnly && isForeign(loc.Segment) {
 		// Another instance's block: forget this copy here; its owner's files are not ours.
 		// Its sidecars leave the foreign index with it, and the memory tier after. A segment
 		// gone means this view of its owner is older than the grace (a block compacted away
 		// lives on in another segment): refresh now rather than at the next interval.
 		if errors.Is(cause, wal.ErrSegmentGone) {
-			defer e.kickSharing()
+			defer e.share.kickSharing()
 		}
 		if e.share != nil && e.share.fx != nil {
 			b := e.share.fx.NewBatch()

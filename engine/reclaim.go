@@ -667,7 +667,7 @@ func (e *Engine) retire(n uint64) error {
 	remove := func() { e.finishRetire(n, row.Size, recyclable) }
 	if shared && wasSealed {
 		finish := remove
-		remove = func() { e.retireShared(n, finish) }
+		remove = func() { e.share.retireShared(n, finish) }
 	}
 	if s == nil {
 		remove()

@@ -67,8 +67,14 @@ type foreignKey struct {
 	number uint64
 }
 
-// sharing is the engine's state for its shared tiers; nil when it has none.
+// sharing is the engine's state for its shared tiers; nil when it has none. It reaches the
+// rest of the engine only through env (share_env.go) and holds the values it was opened with
+// in cfg. Lock order: the reclaimer's lock, then the segments' lock, then mu: mu is never held
+// around a call into env that takes either (see sharingEnv).
 type sharing struct {
+	cfg sharingConfig
+	env sharingEnv
+
 	fx   *index.Index // the foreign index
 	kick chan struct{}
 
@@ -203,34 +209,46 @@ func newInstanceID() (format.InstanceID, error) {
 	return id, nil
 }
 
-// openSharing opens the foreign index (rebuilt empty when unreadable: it is a cache of what
-// the manifests and footers say) and loads its segment aliases.
+// openSharing opens the sharing of the engine's shared tiers, if it has any (e.share stays
+// nil otherwise, and when a read-only open finds no readable foreign index).
 func (e *Engine) openSharing() error {
 	if !hasShared(e.opts.tierConfigs(e.dir)) {
 		return nil
 	}
-	s := &sharing{opened: time.Now().UnixNano(), kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
+	cfg := sharingConfig{FS: e.fs, Dir: e.dir, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly, LookupOnly: e.opts.LookupOnly,
+		RefreshInterval: e.opts.SharedRefreshInterval, OwnerTimeout: e.opts.SharedOwnerTimeout, SealAge: e.opts.SharedSealAge,
+		RetireGrace: e.opts.SharedRetireGrace, Tiers: e.tiers, Stop: e.stop, BG: &e.bg}
+	s, err := newSharing(cfg, engineSharingEnv{e})
+	e.share = s // also on an error once the foreign index is open: release closes it
+	return err
+}
+
+// newSharing opens the foreign index (rebuilt empty when unreadable: it is a cache of what
+// the manifests and footers say) and loads its segment aliases. It returns nil and no error
+// when a read-only open finds no readable foreign index; on a later error, the sharing with
+// its foreign index open (for the caller to close).
+func newSharing(cfg sharingConfig, env sharingEnv) (*sharing, error) {
+	s := &sharing{cfg: cfg, env: env, opened: time.Now().UnixNano(), kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
 		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{},
 		summarized: map[uint64]uint64{}, listedByNS: map[string]int{}}
-	dir := filepath.Join(e.dir, ForeignDir)
-	fx, err := index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly})
-	if err != nil && e.opts.ReadOnly {
-		e.opts.Logger.Warn("ucm: no readable foreign index; other instances' blocks are not visible to this read-only open", "dir", dir, "err", err)
-		return nil
+	dir := filepath.Join(s.cfg.Dir, ForeignDir)
+	fx, err := index.Open(dir, index.Options{FS: s.cfg.FS, Logger: s.cfg.Logger, ReadOnly: s.cfg.ReadOnly})
+	if err != nil && s.cfg.ReadOnly {
+		s.cfg.Logger.Warn("ucm: no readable foreign index; other instances' blocks are not visible to this read-only open", "dir", dir, "err", err)
+		return nil, nil
 	}
 	if err != nil {
-		e.opts.Logger.Warn("ucm: foreign index unreadable; rebuilding it from the other instances' manifests", "dir", dir, "err", err)
-		if err := e.fs.RemoveAll(dir); err != nil {
-			return fmt.Errorf("open %s: remove foreign index: %w", e.dir, err)
+		s.cfg.Logger.Warn("ucm: foreign index unreadable; rebuilding it from the other instances' manifests", "dir", dir, "err", err)
+		if err := s.cfg.FS.RemoveAll(dir); err != nil {
+			return nil, fmt.Errorf("open %s: remove foreign index: %w", s.cfg.Dir, err)
 		}
-		if fx, err = index.Open(dir, index.Options{FS: e.fs, Logger: e.opts.Logger}); err != nil {
-			return fmt.Errorf("open %s: %w", e.dir, err)
+		if fx, err = index.Open(dir, index.Options{FS: s.cfg.FS, Logger: s.cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("open %s: %w", s.cfg.Dir, err)
 		}
 	}
 	s.fx = fx
-	e.share = s
 	if v, ok, err := fx.Meta(metaForeignNext); err == nil && ok && len(v) == 8 {
 		s.next = binary.LittleEndian.Uint64(v)
 	}
@@ -249,7 +267,7 @@ func (e *Engine) openSharing() error {
 		fs.number = binary.LittleEndian.Uint64(val[16:])
 		fs.generation = binary.LittleEndian.Uint64(val[24:])
 		fs.dir = string(val[foreignSegPrefix:])
-		for _, t := range e.tiers {
+		for _, t := range s.cfg.Tiers {
 			for _, root := range t.Config().Paths {
 				if strings.HasPrefix(fs.dir, tiers.NamespaceDir(root, fs.inst)) && t.Shared() {
 					fs.tier = t
@@ -266,10 +284,10 @@ func (e *Engine) openSharing() error {
 		return true
 	})
 	if err != nil {
-		return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+		return s, fmt.Errorf("open %s: foreign index: %w", s.cfg.Dir, err)
 	}
-	if e.opts.ReadOnly {
-		return nil
+	if s.cfg.ReadOnly {
+		return s, nil
 	}
 	for _, key := range stale {
 		alias, perr := parseAliasKey(key)
@@ -278,16 +296,16 @@ func (e *Engine) openSharing() error {
 		if perr == nil {
 			if _, ok := fx.Segment(alias); ok {
 				if _, err := fx.DropSegmentEntries(alias, 0, false); err != nil {
-					return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+					return s, fmt.Errorf("open %s: foreign index: %w", s.cfg.Dir, err)
 				}
 				b.DeleteSegment(alias)
 			}
 		}
 		if err := fx.Apply(b, false); err != nil {
-			return fmt.Errorf("open %s: foreign index: %w", e.dir, err)
+			return s, fmt.Errorf("open %s: foreign index: %w", s.cfg.Dir, err)
 		}
 	}
-	return nil
+	return s, nil
 }
 
 func aliasKey(alias uint64) string { return fmt.Sprintf("%s%016x", metaForeignSeg, alias) }
@@ -303,21 +321,21 @@ func parseAliasKey(key string) (uint64, error) {
 
 // sharer is the background goroutine of sharing: it publishes this instance's manifests when
 // kicked (a segment sealed or retired) and refreshes the foreign index every interval.
-func (e *Engine) sharer() {
-	defer e.bg.Done()
-	tick := time.NewTicker(e.opts.SharedRefreshInterval)
+func (s *sharing) sharer() {
+	defer s.cfg.BG.Done()
+	tick := time.NewTicker(s.cfg.RefreshInterval)
 	defer tick.Stop()
 	for {
-		e.sealAgedShared()
-		e.obeyReclaims()
-		e.publishShared()
-		e.refreshShared()
-		e.writeSummaries()
+		s.sealAgedShared()
+		s.obeyReclaims()
+		s.publishShared()
+		s.refreshShared()
+		s.writeSummaries()
 		select {
-		case <-e.stop:
+		case <-s.cfg.Stop:
 			return
 		case <-tick.C:
-		case <-e.share.kick:
+		case <-s.kick:
 		}
 	}
 }
@@ -326,27 +344,27 @@ func (e *Engine) sharer() {
 // SharedSealAge (the seal then kicks publication). The requests go out in the background, one
 // per writer at a time: a writer waiting for the lease holder to grant it room (tiers.ShareAccount)
 // takes them only once admitted, and the sharer must go on publishing what it asks for.
-func (e *Engine) sealAgedShared() {
-	if e.opts.SharedSealAge < 0 || e.opts.ReadOnly {
+func (s *sharing) sealAgedShared() {
+	if s.cfg.SealAge < 0 || s.cfg.ReadOnly {
 		return
 	}
-	for _, t := range e.tiers {
+	for _, t := range s.cfg.Tiers {
 		if !t.Shared() {
 			continue
 		}
 		if sd, ok := t.(*tiers.SharedDisk); ok {
-			sd.SealAged(e.opts.SharedSealAge, &e.bg)
+			sd.SealAged(s.cfg.SealAge, s.cfg.BG)
 		}
 	}
 }
 
 // kickSharing asks the sharer to publish now.
-func (e *Engine) kickSharing() {
-	if e.share == nil {
+func (s *sharing) kickSharing() {
+	if s == nil {
 		return
 	}
 	select {
-	case e.share.kick <- struct{}{}:
+	case s.kick <- struct{}{}:
 	default:
 	}
 }
@@ -354,8 +372,8 @@ func (e *Engine) kickSharing() {
 // publishShared writes the manifest of every namespace of this instance whose list of sealed
 // segments changed since it last wrote it. A segment is listed once sealed (durable, footer
 // written) and no longer once marked deleting; its file is unlinked a grace period later.
-func (e *Engine) publishShared() {
-	if e.share == nil || e.opts.ReadOnly {
+func (s *sharing) publishShared() {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
 	type ns struct {
@@ -363,7 +381,7 @@ func (e *Engine) publishShared() {
 		list []format.ManifestEntry
 	}
 	byDir := map[string]*ns{}
-	for _, t := range e.tiers {
+	for _, t := range s.cfg.Tiers {
 		if !t.Shared() {
 			continue
 		}
@@ -372,17 +390,16 @@ func (e *Engine) publishShared() {
 		}
 	}
 	now := time.Now().UnixNano()
-	s := e.share
 	type sealed struct {
 		row index.SegmentMeta
 		ns  *ns
 	}
 	var rows []sealed // found before s.mu is taken: home takes segments.mu, which is held around s.mu elsewhere
-	for _, row := range e.ix.Segments() {
+	for _, row := range s.env.OwnSegments() {
 		if row.State != index.SegmentSealed {
 			continue
 		}
-		h, ok := e.home(row.Number)
+		h, ok := s.env.Home(row.Number)
 		if n := byDir[h.dir]; ok && n != nil {
 			rows = append(rows, sealed{row, n})
 		}
@@ -398,17 +415,17 @@ func (e *Engine) publishShared() {
 		n.list = append(n.list, format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size,
 			Sealed: at, Accessed: s.ownAccess[row.Number], Records: uint32(min(row.LiveRecords, 1<<32-1))})
 	}
-	notes := e.publishNotesLocked()
+	notes := s.publishNotesLocked()
 	s.mu.Unlock()
 	for _, n := range byDir {
 		// The encoded lists (the header carries the time) say whether the content changed
 		// since the last manifest written.
-		m := &format.Manifest{Instance: e.instance, Schema: e.fingerprint, Sequence: uint64(now), Written: now, Segments: n.list,
-			Notes: slices.Concat(notes, e.spaceNotes(n.dir))}
+		m := &format.Manifest{Instance: s.env.Instance(), Schema: s.env.Fingerprint(), Sequence: uint64(now), Written: now, Segments: n.list,
+			Notes: slices.Concat(notes, s.spaceNotes(n.dir))}
 		enc, err := format.EncodeManifest(m)
 		if err != nil {
 			s.publishErrors.Add(1)
-			e.opts.Logger.Error("ucm: could not encode the manifest", "dir", n.dir, "err", err)
+			s.cfg.Logger.Error("ucm: could not encode the manifest", "dir", n.dir, "err", err)
 			continue
 		}
 		// Entries and notes have the same size: the segment count tells where one list ends.
@@ -416,22 +433,22 @@ func (e *Engine) publishShared() {
 		body = append(body, enc[format.ManifestHeaderSize:]...)
 		s.mu.Lock()
 		last, written := s.lastPub[n.dir]
-		fresh := time.Since(s.lastWrite[n.dir]) < e.opts.SharedOwnerTimeout/4 // else a heartbeat
+		fresh := time.Since(s.lastWrite[n.dir]) < s.cfg.OwnerTimeout/4 // else a heartbeat
 		s.mu.Unlock()
 		if written && bytes.Equal(last, body) && fresh {
 			continue
 		}
-		if err := tiers.WriteManifest(e.fs, n.dir, m); err != nil {
+		if err := tiers.WriteManifest(s.cfg.FS, n.dir, m); err != nil {
 			s.publishErrors.Add(1)
-			e.opts.Logger.Error("ucm: could not publish the manifest; other instances keep the previous list", "dir", n.dir, "err", err)
+			s.cfg.Logger.Error("ucm: could not publish the manifest; other instances keep the previous list", "dir", n.dir, "err", err)
 			continue
 		}
 		s.published.Add(1)
 		s.mu.Lock()
 		s.lastPub[n.dir], s.lastSeq[n.dir], s.lastWrite[n.dir] = body, m.Sequence, time.Now()
 		s.mu.Unlock()
-		e.prunePublogs(n.dir, n.list)
-		e.pruneSummaries(n.dir, n.list)
+		s.prunePublogs(n.dir, n.list)
+		s.pruneSummaries(n.dir, n.list)
 	}
 }
 
@@ -440,30 +457,29 @@ func (e *Engine) publishShared() {
 // listed is indexed from its summary (or its footer and record headers); a segment no longer
 // listed (or whose namespace is gone) loses its entries. A namespace whose manifest cannot be read keeps what was indexed
 // of it (a transient failure must not turn hits into misses); one of another schema is ignored.
-func (e *Engine) refreshShared() {
-	s := e.share
-	if s == nil || s.fx == nil || e.opts.ReadOnly {
+func (s *sharing) refreshShared() {
+	if s == nil || s.fx == nil || s.cfg.ReadOnly {
 		return
 	}
 	s.refreshes.Add(1)
-	e.syncPublogs()
-	for _, t := range e.tiers {
+	s.syncPublogs()
+	for _, t := range s.cfg.Tiers {
 		if !t.Shared() {
 			continue
 		}
 		var manifests []nsManifest // the other instances'
 		for _, root := range t.Config().Paths {
-			ms, err := e.refreshRoot(t, root)
+			ms, err := s.refreshRoot(t, root)
 			if err != nil {
 				s.refreshErrors.Add(1)
-				e.opts.Logger.Warn("ucm: refreshing a shared path failed; its known segments stay indexed", "path", root, "err", err)
+				s.cfg.Logger.Warn("ucm: refreshing a shared path failed; its known segments stay indexed", "path", root, "err", err)
 			}
 			manifests = append(manifests, ms...)
 		}
 		for _, m := range manifests {
-			e.obeyNotes(t, m.Manifest, format.NoteRetire, &s.retiredOnRequest)
+			s.obeyNotes(t, m.Manifest, format.NoteRetire, &s.retiredOnRequest)
 		}
-		e.reclaimSharedTier(t, manifests)
+		s.reclaimSharedTier(t, manifests)
 	}
 }
 
@@ -476,9 +492,8 @@ type nsManifest struct {
 // refreshRoot refreshes the foreign index from the namespaces under one path of shared tier t
 // and returns the manifests it read, of every schema (only this store's are indexed; the
 // reclaimer counts them all), after noting each one's sequence for the liveness of its owner.
-func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
-	s := e.share
-	insts, err := tiers.ListNamespaces(e.fs, root)
+func (s *sharing) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
+	insts, err := tiers.ListNamespaces(s.cfg.FS, root)
 	if err != nil {
 		return nil, err
 	}
@@ -486,15 +501,15 @@ func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 	listed := map[foreignKey]bool{}
 	unreadable := map[format.InstanceID]bool{}
 	present := map[string]bool{}
-	defer e.forgetListedCounts(root, present)
+	defer s.forgetListedCounts(root, present)
 	for _, inst := range insts {
-		if inst == e.instance {
+		if inst == s.env.Instance() {
 			continue
 		}
 		nsDir := tiers.NamespaceDir(root, inst)
 		present[nsDir] = true
-		logSeq, logRead := e.logsRead(inst)
-		m, err := tiers.ReadManifest(e.fs, nsDir, inst)
+		logSeq, logRead := s.logsRead(inst)
+		m, err := tiers.ReadManifest(s.cfg.FS, nsDir, inst)
 		if errors.Is(err, tiers.ErrNoManifest) {
 			s.mu.Lock()
 			delete(s.listedByNS, nsDir)
@@ -504,23 +519,23 @@ func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 		if err != nil {
 			unreadable[inst] = true
 			s.refreshErrors.Add(1)
-			e.opts.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
+			s.cfg.Logger.Warn("ucm: manifest unreadable; keeping what was indexed of that instance", "dir", nsDir, "err", err)
 			continue
 		}
-		e.atSeam(seamManifestRead, BlockID{})
+		s.env.AtSeam(seamManifestRead, BlockID{})
 		ns := nsManifest{m, nsDir}
-		e.observe(ns)
-		e.overlayReclaimed(inst, m)
-		defer e.forgetUnannounced(inst, m, logSeq, logRead)
+		s.observe(ns)
+		s.overlayReclaimed(inst, m)
+		defer s.forgetUnannounced(inst, m, logSeq, logRead)
 		read = append(read, ns)
-		if m.Schema != e.fingerprint && !e.opts.LookupOnly {
+		if m.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly {
 			if len(m.Segments) == 0 {
 				continue // a lookup-only instance (UCM's scheduler) publishes nothing: no news
 			}
 			s.mu.Lock()
 			if !s.ignored[inst] {
 				s.ignored[inst] = true
-				e.opts.Logger.Warn("ucm: shared namespace written under another schema; ignored", "dir", nsDir)
+				s.cfg.Logger.Warn("ucm: shared namespace written under another schema; ignored", "dir", nsDir)
 			}
 			s.mu.Unlock()
 			continue
@@ -537,18 +552,18 @@ func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 			gen := s.segs[alias].generation
 			s.mu.Unlock()
 			if known && gen == ent.Generation {
-				e.forgetOverlay(k) // learned from its log after it was indexed
+				s.forgetOverlay(k) // learned from its log after it was indexed
 				continue
 			}
 			if known {
-				e.dropForeign(alias) // the number was reused with another file: not ours to keep
+				s.dropForeign(alias) // the number was reused with another file: not ours to keep
 			}
-			if err := e.indexForeign(t, segDir, inst, ent); err != nil {
+			if err := s.indexForeign(t, segDir, inst, ent); err != nil {
 				s.refreshErrors.Add(1)
-				e.opts.Logger.Warn("ucm: could not index another instance's segment; skipped", "dir", segDir, "segment", ent.Number, "err", err)
+				s.cfg.Logger.Warn("ucm: could not index another instance's segment; skipped", "dir", segDir, "segment", ent.Number, "err", err)
 				continue
 			}
-			e.forgetOverlay(k) // the foreign index holds it now
+			s.forgetOverlay(k) // the foreign index holds it now
 			// A segment published before this instance opened says nothing of visibility.
 			if ent.Sealed >= s.opened {
 				s.visibleAt.Add(time.Now().UnixNano() - ent.Sealed)
@@ -566,7 +581,7 @@ func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 		}
 	}
 	s.mu.Unlock()
-	e.dropForeign(gone...)
+	s.dropForeign(gone...)
 	return read, nil
 }
 
@@ -574,9 +589,8 @@ func (e *Engine) refreshRoot(t tiers.Disk, root string) ([]nsManifest, error) {
 // from its summary, or else its footer and record headers (foreignRecords). Blocks and
 // sidecars the foreign index already holds keep their entry; this segment's copy of them is
 // remembered (copyKey) for when that entry's segment is dropped.
-func (e *Engine) indexForeign(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
-	s := e.share
-	recs, err := e.foreignRecords(t, segDir, inst, ent)
+func (s *sharing) indexForeign(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) error {
+	recs, err := s.foreignRecords(t, segDir, inst, ent)
 	if err != nil {
 		return err
 	}
@@ -606,7 +620,7 @@ func (e *Engine) indexForeign(t tiers.Disk, segDir string, inst format.InstanceI
 			}
 			continue
 		}
-		if (r.Header.Layout != e.opts.Layout && !e.opts.LookupOnly) || seen[r.Header.ID] {
+		if (r.Header.Layout != s.env.Layout() && !s.cfg.LookupOnly) || seen[r.Header.ID] {
 			continue
 		}
 		seen[r.Header.ID] = true
@@ -639,15 +653,15 @@ func (e *Engine) indexForeign(t tiers.Disk, segDir string, inst format.InstanceI
 		s.mu.Unlock()
 		return err
 	}
-	e.atSeam(seamForeignIndexed, BlockID{})
+	s.env.AtSeam(seamForeignIndexed, BlockID{})
 	if len(pending) > 0 {
 		s.mu.Lock()
 		s.pendingSidecars[alias] = pending
 		s.mu.Unlock()
 	}
 	s.segmentsIndexed.Add(1)
-	e.noteIndexed(len(recs))
-	e.indexPendingSidecars()
+	s.noteIndexed(len(recs))
+	s.indexPendingSidecars()
 	return nil
 }
 
@@ -659,8 +673,7 @@ type pendingSidecar struct {
 }
 
 // indexPendingSidecars indexes the pending foreign sidecars whose block is now indexed.
-func (e *Engine) indexPendingSidecars() {
-	s := e.share
+func (s *sharing) indexPendingSidecars() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.pendingSidecars) == 0 {
@@ -684,7 +697,7 @@ func (e *Engine) indexPendingSidecars() {
 	}
 	if b.Len() > 0 {
 		if err := s.fx.Apply(b, false); err != nil {
-			e.opts.Logger.Warn("ucm: could not index other instances' sidecars", "err", err)
+			s.cfg.Logger.Warn("ucm: could not index other instances' sidecars", "err", err)
 		}
 	}
 }
@@ -695,8 +708,7 @@ func (e *Engine) indexPendingSidecars() {
 // memory tier cached go too: it serves sidecars without asking the index. (Blocks copied there
 // stay: docs/sharing.md.) Only the sharer calls it, as it alone indexes segments: a copy it
 // promotes is in a segment that stays indexed until its own next drop.
-func (e *Engine) dropForeign(aliases ...uint64) {
-	s := e.share
+func (s *sharing) dropForeign(aliases ...uint64) {
 	drop := map[uint64]bool{}
 	s.mu.Lock()
 	for _, alias := range aliases {
@@ -708,11 +720,11 @@ func (e *Engine) dropForeign(aliases ...uint64) {
 	if len(drop) == 0 {
 		return
 	}
-	e.promoteCopies(drop)
+	s.promoteCopies(drop)
 	for _, alias := range aliases {
-		e.dropForeignSegment(alias)
+		s.dropForeignSegment(alias)
 	}
-	e.uncacheUnindexedSidecars(nil)
+	s.env.UncacheUnindexedSidecars(nil)
 }
 
 // copyKey is the foreign-index meta key remembering that foreign segment alias holds a copy of
@@ -748,8 +760,7 @@ func parseCopyKey(key string) (id BlockID, kind SidecarKind, alias uint64, err e
 // checks its bytes as any other. The dropped segments' own copies are forgotten, with any key
 // left stale. One batch; a crash before it leaves the segments indexed, to be dropped (and
 // this redone) at the next refresh.
-func (e *Engine) promoteCopies(drop map[uint64]bool) {
-	s := e.share
+func (s *sharing) promoteCopies(drop map[uint64]bool) {
 	type copied struct {
 		id   BlockID
 		kind SidecarKind
@@ -781,7 +792,7 @@ func (e *Engine) promoteCopies(drop map[uint64]bool) {
 		return true
 	})
 	if err != nil {
-		e.opts.Logger.Error("ucm: could not read the copies of foreign blocks; their entries go with their segment", "err", err)
+		s.cfg.Logger.Error("ucm: could not read the copies of foreign blocks; their entries go with their segment", "err", err)
 		return
 	}
 	for _, k := range order { // blocks before their sidecars
@@ -802,7 +813,7 @@ func (e *Engine) promoteCopies(drop map[uint64]bool) {
 			err = fmt.Errorf("%w: location in segment %#x, batch %d, for a copy in segment %#x", ErrCorrupt, loc.Segment, loc.BatchBlocks, c.alias)
 		}
 		if err != nil {
-			e.opts.Logger.Warn("ucm: a remembered copy of a foreign block is invalid; forgotten", "block", k.id, "kind", k.kind, "err", err)
+			s.cfg.Logger.Warn("ucm: a remembered copy of a foreign block is invalid; forgotten", "block", k.id, "kind", k.kind, "err", err)
 			b.DeleteMeta(copyKey(k.id, k.kind, c.alias))
 			continue
 		}
@@ -816,13 +827,12 @@ func (e *Engine) promoteCopies(drop map[uint64]bool) {
 		return
 	}
 	if err := s.fx.Apply(b, false); err != nil {
-		e.opts.Logger.Error("ucm: could not move foreign entries to their other copies; they go with their segment", "err", err)
+		s.cfg.Logger.Error("ucm: could not move foreign entries to their other copies; they go with their segment", "err", err)
 	}
 }
 
 // dropForeignSegment forgets one foreign segment for dropForeign.
-func (e *Engine) dropForeignSegment(alias uint64) {
-	s := e.share
+func (s *sharing) dropForeignSegment(alias uint64) {
 	s.mu.Lock()
 	fs, ok := s.segs[alias]
 	delete(s.segs, alias)
@@ -836,15 +846,15 @@ func (e *Engine) dropForeignSegment(alias uint64) {
 		return
 	}
 	if _, err := s.fx.DropSegmentEntries(alias, 0, false); err != nil {
-		e.opts.Logger.Error("ucm: could not drop a foreign segment's entries", "segment", fs.number, "err", err)
+		s.cfg.Logger.Error("ucm: could not drop a foreign segment's entries", "segment", fs.number, "err", err)
 	}
 	b := s.fx.NewBatch()
 	b.DeleteSegment(alias)
 	b.DeleteMeta(aliasKey(alias))
 	if err := s.fx.Apply(b, false); err != nil {
-		e.opts.Logger.Error("ucm: could not drop a foreign segment", "segment", fs.number, "err", err)
+		s.cfg.Logger.Error("ucm: could not drop a foreign segment", "segment", fs.number, "err", err)
 	}
-	seg := e.dropOpen(alias)
+	seg := s.env.ForgetOpen(alias)
 	if seg != nil {
 		seg.Retire(func() {})
 	}
@@ -852,46 +862,46 @@ func (e *Engine) dropForeignSegment(alias uint64) {
 }
 
 // foreignSegment returns the foreign segment an alias stands for.
-func (e *Engine) foreignSegment(alias uint64) (foreignSeg, bool) {
-	if e.share == nil {
+func (s *sharing) foreignSegment(alias uint64) (foreignSeg, bool) {
+	if s == nil {
 		return foreignSeg{}, false
 	}
 	if isOverlay(alias) {
-		return e.overlaySegment(alias)
+		return s.overlaySegment(alias)
 	}
-	e.share.mu.Lock()
-	defer e.share.mu.Unlock()
-	fs, ok := e.share.segs[alias]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs, ok := s.segs[alias]
 	return fs, ok
 }
 
 // openForeign opens a foreign segment for reading (segments.mu held).
-func (e *Engine) openForeignLocked(alias uint64) (*wal.Segment, error) {
-	fs, ok := e.foreignSegment(alias)
+func (s *sharing) openForeignLocked(alias uint64) (*wal.Segment, error) {
+	fs, ok := s.foreignSegment(alias)
 	if !ok {
 		return nil, fmt.Errorf("foreign segment alias %#x: %w", alias, wal.ErrSegmentGone)
 	}
-	return wal.OpenSegmentForRead(e.fs, fs.dir, fs.number, fs.generation, fs.tier.Direct(), fs.tier.Backend())
+	return wal.OpenSegmentForRead(s.cfg.FS, fs.dir, fs.number, fs.generation, fs.tier.Direct(), fs.tier.Backend())
 }
 
 // foreignGet returns the foreign index's entry of id, or else the one a publication log gave.
-func (e *Engine) foreignGet(id BlockID) (index.Location, bool) {
-	if e.share == nil || e.share.fx == nil {
+func (s *sharing) foreignGet(id BlockID) (index.Location, bool) {
+	if s == nil || s.fx == nil {
 		return index.Location{}, false
 	}
 	var loc index.Location
-	found, err := e.foreignLookup(func() (bool, error) {
+	found, err := s.foreignLookup(func() (bool, error) {
 		var ok bool
 		var err error
-		if loc, ok, err = e.share.fx.Get(id); ok || err != nil {
+		if loc, ok, err = s.fx.Get(id); ok || err != nil {
 			return ok, err
 		}
-		e.atSeam(seamForeignMissed, id)
-		loc, ok = e.overlayGet(id)
+		s.env.AtSeam(seamForeignMissed, id)
+		loc, ok = s.overlayGet(id)
 		return ok, nil
 	})
 	if err != nil {
-		e.opts.Logger.Warn("ucm: foreign index read failed; a miss", "block", id, "err", err)
+		s.cfg.Logger.Warn("ucm: foreign index read failed; a miss", "block", id, "err", err)
 	}
 	return loc, found
 }
@@ -900,8 +910,8 @@ func (e *Engine) foreignGet(id BlockID) (index.Location, bool) {
 // everything it looks for, fails, or no overlay segment was forgotten meanwhile: a segment's
 // entries move from the overlay to the foreign index when its manifest is read, and a reader
 // passing between the two reads would miss them in both.
-func (e *Engine) foreignLookup(find func() (bool, error)) (bool, error) {
-	ov := &e.share.ov
+func (s *sharing) foreignLookup(find func() (bool, error)) (bool, error) {
+	ov := &s.ov
 	for {
 		g := ov.forgets.Load()
 		found, err := find()
@@ -913,25 +923,25 @@ func (e *Engine) foreignLookup(find func() (bool, error)) (bool, error) {
 
 // foreignGetTailing is foreignGet for a load: on a miss it first reads what the instances on
 // this host appended to their publication logs.
-func (e *Engine) foreignGetTailing(id BlockID) (index.Location, bool) {
-	loc, ok := e.foreignGet(id)
-	if !ok && e.share != nil && e.share.fx != nil {
-		e.tailPublogs(true)
-		loc, ok = e.overlayGet(id)
+func (s *sharing) foreignGetTailing(id BlockID) (index.Location, bool) {
+	loc, ok := s.foreignGet(id)
+	if !ok && s != nil && s.fx != nil {
+		s.tailPublogs(true)
+		loc, ok = s.overlayGet(id)
 	}
 	return loc, ok
 }
 
 // foreignContains reports whether the foreign index holds id.
-func (e *Engine) foreignContains(id BlockID) bool {
-	if e.share == nil || e.share.fx == nil {
+func (s *sharing) foreignContains(id BlockID) bool {
+	if s == nil || s.fx == nil {
 		return false
 	}
-	found, _ := e.foreignLookup(func() (bool, error) {
-		if e.share.fx.Contains(id) {
+	found, _ := s.foreignLookup(func() (bool, error) {
+		if s.fx.Contains(id) {
 			return true, nil
 		}
-		_, ok := e.overlayGet(id)
+		_, ok := s.overlayGet(id)
 		return ok, nil
 	})
 	return found
@@ -941,15 +951,14 @@ func (e *Engine) foreignContains(id BlockID) bool {
 // readers on other instances may still use it until they see the new manifest. The manifest
 // without it is published at once; finish (the unlink) runs after the grace period, or at
 // Close.
-func (e *Engine) retireShared(n uint64, finish func()) {
-	s := e.share
-	e.kickSharing()
+func (s *sharing) retireShared(n uint64, finish func()) {
+	s.kickSharing()
 	g := &graceEntry{finish: finish}
 	s.mu.Lock()
 	delete(s.firstAt, n)
 	delete(s.ownAccess, n)
 	s.grace[n] = g
-	g.timer = time.AfterFunc(e.opts.SharedRetireGrace, func() {
+	g.timer = time.AfterFunc(s.cfg.RetireGrace, func() {
 		s.mu.Lock()
 		pending := s.grace[n] == g
 		if pending {
@@ -971,12 +980,11 @@ type graceEntry struct {
 
 // closeSharing finishes the pending retirements (their grace is cut short: the instance
 // stops); release closes the foreign index.
-func (e *Engine) closeSharing() {
-	s := e.share
+func (s *sharing) closeSharing() {
 	if s == nil {
 		return
 	}
-	e.closeOverlay()
+	s.closeOverlay()
 	s.mu.Lock()
 	var pending []*graceEntry
 	for n, g := range s.grace {

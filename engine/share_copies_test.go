@@ -25,7 +25,7 @@ func sealShared(t *testing.T, e *Engine) {
 			}
 		}
 	}
-	e.kickSharing()
+	e.share.kickSharing()
 }
 
 // foreignKnown reports whether e's foreign index holds segment n of instance inst.
@@ -39,8 +39,8 @@ func foreignKnown(e *Engine, inst format.InstanceID, n uint64) bool {
 // foreignHome returns the owner and segment number of the foreign index's entry of id.
 func foreignHome(t *testing.T, e *Engine, id BlockID) (format.InstanceID, uint64) {
 	t.Helper()
-	loc, ok := e.foreignGet(id)
-	fs, known := e.foreignSegment(loc.Segment)
+	loc, ok := e.share.foreignGet(id)
+	fs, known := e.share.foreignSegment(loc.Segment)
 	if !ok || !known {
 		t.Fatalf("block %s not in the foreign index", id)
 	}
@@ -180,8 +180,8 @@ func TestSharedTierForeignMovedBlock(t *testing.T) {
 // another instance that e's foreign index points at, in place (a file e may have open).
 func damageForeignBlock(t *testing.T, e *Engine, id BlockID) {
 	t.Helper()
-	loc, ok := e.foreignGet(id)
-	fs, known := e.foreignSegment(loc.Segment)
+	loc, ok := e.share.foreignGet(id)
+	fs, known := e.share.foreignSegment(loc.Segment)
 	if !ok || !known {
 		t.Fatalf("block %s not in the foreign index", id)
 	}

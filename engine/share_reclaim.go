@@ -39,11 +39,10 @@ import (
 const maxAccessNotes = 1 << 16
 
 // noteAccess records a successful read of segment n (own or a foreign alias) of a shared tier.
-func (e *Engine) noteAccess(n uint64) {
-	s := e.share
+func (s *sharing) noteAccess(n uint64) {
 	now := time.Now().UnixNano()
 	if isForeign(n) {
-		fs, ok := e.foreignSegment(n)
+		fs, ok := s.foreignSegment(n)
 		if !ok {
 			return
 		}
@@ -52,7 +51,7 @@ func (e *Engine) noteAccess(n uint64) {
 		s.mu.Unlock()
 		return
 	}
-	if t := e.tierOf(n); t == nil || !t.Shared() {
+	if t := s.env.TierOf(n); t == nil || !t.Shared() {
 		return
 	}
 	s.mu.Lock()
@@ -67,8 +66,7 @@ type accessNote struct {
 
 // publishNotes returns the notes this instance's manifests carry: its reads of other instances'
 // segments (the most recent maxAccessNotes) and, as lease holder, its retire requests.
-func (e *Engine) publishNotesLocked() []format.ManifestNote {
-	s := e.share
+func (s *sharing) publishNotesLocked() []format.ManifestNote {
 	notes := make([]format.ManifestNote, 0, len(s.accessed)+len(s.retireReqs))
 	for k, a := range s.accessed {
 		notes = append(notes, format.ManifestNote{Kind: format.NoteAccess, Owner: k.inst, Number: k.number, Generation: a.generation, Time: a.at})
@@ -93,17 +91,17 @@ func (e *Engine) publishNotesLocked() []format.ManifestNote {
 // NoteRetire in the lease holder's (asked to), NoteReclaimed in its own (taken by a reclaimer
 // while it was presumed gone). The generation must match: a reused number is another segment.
 // done counts the segments retired.
-func (e *Engine) obeyNotes(t tiers.Disk, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
+func (s *sharing) obeyNotes(t tiers.Disk, m *format.Manifest, kind format.NoteKind, done *atomic.Int64) {
 	for _, nt := range m.Notes {
-		if nt.Kind != kind || nt.Owner != e.instance {
+		if nt.Kind != kind || nt.Owner != s.env.Instance() {
 			continue
 		}
-		row, ok := e.ix.Segment(nt.Number)
-		if !ok || row.State != index.SegmentSealed || row.Generation != nt.Generation || e.tierOf(nt.Number) != t {
+		row, ok := s.env.OwnSegment(nt.Number)
+		if !ok || row.State != index.SegmentSealed || row.Generation != nt.Generation || s.env.TierOf(nt.Number) != t {
 			continue
 		}
-		if err := e.evictSegment(t, nt.Number); err != nil {
-			e.opts.Logger.Warn("ucm: could not retire a segment of the shared tier another instance's notes name", "segment", nt.Number, "note", kind, "err", err)
+		if err := s.env.EvictSegment(t, nt.Number); err != nil {
+			s.cfg.Logger.Warn("ucm: could not retire a segment of the shared tier another instance's notes name", "segment", nt.Number, "note", kind, "err", err)
 			continue
 		}
 		done.Add(1)
@@ -160,8 +158,7 @@ type manifestSeen struct {
 }
 
 // observe notes the sequence of a namespace's newest manifest, for the liveness of its owner.
-func (e *Engine) observe(m nsManifest) {
-	s := e.share
+func (s *sharing) observe(m nsManifest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seen, ok := s.seen[m.dir]; !ok || seen.seq != m.Sequence {
@@ -171,37 +168,35 @@ func (e *Engine) observe(m nsManifest) {
 
 // ownerGone reports whether the owner of namespace dir is presumed gone: its manifest has not
 // changed for SharedOwnerTimeout.
-func (e *Engine) ownerGone(dir string) bool {
-	s := e.share
+func (s *sharing) ownerGone(dir string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seen, ok := s.seen[dir]
-	return ok && time.Since(seen.since) >= e.opts.SharedOwnerTimeout
+	return ok && time.Since(seen.since) >= s.cfg.OwnerTimeout
 }
 
 // sharedSkew is the difference between hosts' clocks the shared tier tolerates (the lease's
 // takeover margin; the reclaimed segments' unlink waits for it too).
-func (e *Engine) sharedSkew() time.Duration {
-	return max(5*e.opts.SharedRefreshInterval, 2*time.Second)
+func (s *sharing) sharedSkew() time.Duration {
+	return max(5*s.cfg.RefreshInterval, 2*time.Second)
 }
 
 // reclaimSharedTier runs the lease holder's pass over shared tier t: when the published bytes
 // of every instance are above the high watermark, the least recently used segments are
 // retired until they would be at the low watermark. It holds or renews the lease first, and
 // does nothing without it. others are the other instances' manifests just read.
-func (e *Engine) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
-	s := e.share
+func (s *sharing) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 	if t.Config().Capacity <= 0 || len(t.Config().Paths) == 0 {
 		return
 	}
 	if accountOf(t) != nil {
 		accountOf(t).Settle(manifestsOf(others))
 	}
-	l := &tiers.Leaser{FS: e.fs, Root: t.Config().Paths[0], Self: e.instance,
-		Duration: 10 * e.opts.SharedRefreshInterval, Skew: e.sharedSkew()}
+	l := &tiers.Leaser{FS: s.cfg.FS, Root: t.Config().Paths[0], Self: s.env.Instance(),
+		Duration: 10 * s.cfg.RefreshInterval, Skew: s.sharedSkew()}
 	held, _, err := l.Hold(time.Now())
 	if err != nil {
-		e.opts.Logger.Warn("ucm: reclaimer lease", "path", t.Config().Paths[0], "err", err)
+		s.cfg.Logger.Warn("ucm: reclaimer lease", "path", t.Config().Paths[0], "err", err)
 		return
 	}
 	s.mu.Lock()
@@ -216,8 +211,8 @@ func (e *Engine) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 		}
 		return
 	}
-	e.unlinkReclaimed(t, others)
-	manifests := append([]nsManifest{{Manifest: e.ownManifestFor(t)}}, others...)
+	s.unlinkReclaimed(t, others)
+	manifests := append([]nsManifest{{Manifest: s.ownManifestFor(t)}}, others...)
 	// Last access per segment: the owner's publication and reads, every instance's notes.
 	last := map[foreignKey]int64{}
 	var segs []sharedSegment
@@ -274,13 +269,13 @@ func (e *Engine) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 			break
 		}
 		used -= sg.size
-		if sg.owner == e.instance {
-			if err := e.evictSegment(t, sg.number); err != nil && !errors.Is(err, ErrClosed) {
-				e.opts.Logger.Warn("ucm: shared reclaimer could not retire its own segment", "segment", sg.number, "err", err)
+		if sg.owner == s.env.Instance() {
+			if err := s.env.EvictSegment(t, sg.number); err != nil && !errors.Is(err, ErrClosed) {
+				s.cfg.Logger.Warn("ucm: shared reclaimer could not retire its own segment", "segment", sg.number, "err", err)
 			}
 			continue
 		}
-		if e.ownerGone(sg.ns.dir) {
+		if s.ownerGone(sg.ns.dir) {
 			ofGone[sg.ns] = append(ofGone[sg.ns], format.ManifestEntry{Number: sg.number, Generation: sg.generation})
 			reclaimed[sg.ns] += sg.size
 			continue
@@ -288,41 +283,41 @@ func (e *Engine) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 		reqs[foreignKey{sg.owner, sg.number}] = accessNote{sg.generation, now}
 	}
 	for ns, victims := range ofGone {
-		e.reclaimFromGone(t, ns, victims, reclaimed[ns])
+		s.reclaimFromGone(t, ns, victims, reclaimed[ns])
 	}
 	s.mu.Lock()
 	s.retireReqs = reqs
 	s.mu.Unlock()
 	s.reclaimRounds.Add(1)
-	e.kickSharing()
+	s.kickSharing()
 }
 
 // ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them,
 // with its reads of other instances' segments as access notes: the holder's own reads rank
 // segments as much as any other instance's (they would otherwise reach the pass only through
 // its published manifest, which the pass does not read).
-func (e *Engine) ownManifestFor(t tiers.Disk) *format.Manifest {
-	m := &format.Manifest{Instance: e.instance}
+func (s *sharing) ownManifestFor(t tiers.Disk) *format.Manifest {
+	m := &format.Manifest{Instance: s.env.Instance()}
 	dirs := map[string]bool{}
 	for _, d := range t.Dirs() {
 		dirs[d] = true
 	}
-	for _, row := range e.ix.Segments() {
-		if h, ok := e.home(row.Number); row.State == index.SegmentSealed && ok && dirs[h.dir] {
+	for _, row := range s.env.OwnSegments() {
+		if h, ok := s.env.Home(row.Number); row.State == index.SegmentSealed && ok && dirs[h.dir] {
 			m.Segments = append(m.Segments, format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size})
 		}
 	}
-	e.share.mu.Lock() // after home: segments.mu is never taken under share.mu
-	defer e.share.mu.Unlock()
+	s.mu.Lock() // after home: segments.mu is never taken under share.mu
+	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
 	for i := range m.Segments {
-		sealed, published := e.share.firstAt[m.Segments[i].Number]
+		sealed, published := s.firstAt[m.Segments[i].Number]
 		if !published {
 			sealed = now // sealed since the last publication: the newest there is
 		}
-		m.Segments[i].Sealed, m.Segments[i].Accessed = sealed, e.share.ownAccess[m.Segments[i].Number]
+		m.Segments[i].Sealed, m.Segments[i].Accessed = sealed, s.ownAccess[m.Segments[i].Number]
 	}
-	for k, a := range e.share.accessed {
+	for k, a := range s.accessed {
 		m.Notes = append(m.Notes, format.ManifestNote{Kind: format.NoteAccess, Owner: k.inst, Number: k.number, Generation: a.generation, Time: a.at})
 	}
 	return m
@@ -335,8 +330,7 @@ func (e *Engine) ownManifestFor(t tiers.Disk) *format.Manifest {
 // (unlinkReclaimed). The owner's share of the capacity is taken back with them
 // (tiers.ShareAccount.CreditOfGone): the reclaimed bytes stay counted for it until the grants
 // are redone.
-func (e *Engine) reclaimFromGone(t tiers.Disk, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
-	s := e.share
+func (s *sharing) reclaimFromGone(t tiers.Disk, ns *nsManifest, victims []format.ManifestEntry, reclaimed int64) {
 	drop := map[uint64]uint64{}
 	for _, v := range victims {
 		drop[v.Number] = v.Generation
@@ -364,8 +358,8 @@ func (e *Engine) reclaimFromGone(t tiers.Disk, ns *nsManifest, victims []format.
 		m.Notes = m.Notes[:format.MaxManifestNotes] // the oldest were unlinked long ago
 	}
 	slices.SortFunc(m.Notes, func(a, b format.ManifestNote) int { return cmp.Compare(a.Number, b.Number) })
-	if err := tiers.WriteManifest(e.fs, ns.dir, m); err != nil {
-		e.opts.Logger.Warn("ucm: shared reclaimer could not rewrite a gone instance's manifest", "dir", ns.dir, "err", err)
+	if err := tiers.WriteManifest(s.cfg.FS, ns.dir, m); err != nil {
+		s.cfg.Logger.Warn("ucm: shared reclaimer could not rewrite a gone instance's manifest", "dir", ns.dir, "err", err)
 		return
 	}
 	s.mu.Lock()
@@ -374,19 +368,18 @@ func (e *Engine) reclaimFromGone(t tiers.Disk, ns *nsManifest, victims []format.
 	}
 	s.mu.Unlock()
 	s.reclaimedOfGone.Add(int64(len(victims)))
-	e.opts.Logger.Info("ucm: shared reclaimer retired segments of an instance presumed gone",
-		"dir", ns.dir, "segments", len(victims), "owner_timeout", e.opts.SharedOwnerTimeout)
+	s.cfg.Logger.Info("ucm: shared reclaimer retired segments of an instance presumed gone",
+		"dir", ns.dir, "segments", len(victims), "owner_timeout", s.cfg.OwnerTimeout)
 }
 
 // unlinkReclaimed deletes the files of segments reclaimed from gone owners (NoteReclaimed in
 // their manifests) once the grace period and the clock skew margin have passed since the note,
 // if the owner is still presumed gone and the file still carries the generation reclaimed.
 // Any lease holder finishes what an earlier one started.
-func (e *Engine) unlinkReclaimed(t tiers.Disk, others []nsManifest) {
-	s := e.share
-	due := time.Now().Add(-e.opts.SharedRetireGrace - e.sharedSkew()).UnixNano()
+func (s *sharing) unlinkReclaimed(t tiers.Disk, others []nsManifest) {
+	due := time.Now().Add(-s.cfg.RetireGrace - s.sharedSkew()).UnixNano()
 	for _, ns := range others {
-		if !e.ownerGone(ns.dir) {
+		if !s.ownerGone(ns.dir) {
 			continue
 		}
 		segDir := filepath.Join(ns.dir, SegmentDir)
@@ -401,25 +394,25 @@ func (e *Engine) unlinkReclaimed(t tiers.Disk, others []nsManifest) {
 			if _, listed := ns.Find(nt.Number); listed {
 				continue // listed again: not ours to delete
 			}
-			seg, err := wal.OpenSegmentForRead(e.fs, segDir, nt.Number, nt.Generation, t.Direct(), t.Backend())
+			seg, err := wal.OpenSegmentForRead(s.cfg.FS, segDir, nt.Number, nt.Generation, t.Direct(), t.Backend())
 			var ce *wal.CorruptionError
 			switch {
 			case errors.Is(err, wal.ErrSegmentGone), errors.As(err, &ce):
 				// Gone already, or another file (or damaged) under that name: leave it.
 			case err != nil:
-				e.opts.Logger.Warn("ucm: shared reclaimer could not check a reclaimed segment", "dir", segDir, "segment", nt.Number, "err", err)
+				s.cfg.Logger.Warn("ucm: shared reclaimer could not check a reclaimed segment", "dir", segDir, "segment", nt.Number, "err", err)
 				continue
 			default:
 				path := seg.Path()
 				seg.Release()
-				if err := e.fs.Remove(path); err != nil && !isNotExist(err) {
-					e.opts.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment", "path", path, "err", err)
+				if err := s.cfg.FS.Remove(path); err != nil && !isNotExist(err) {
+					s.cfg.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment", "path", path, "err", err)
 					continue
 				}
 				s.unlinkedOfGone.Add(1)
 				// Its summary goes with it: nothing reads a summary of an unlisted segment.
-				if err := e.fs.Remove(summaryPath(ns.dir, nt.Number)); err != nil && !isNotExist(err) {
-					e.opts.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment's summary", "path", summaryPath(ns.dir, nt.Number), "err", err)
+				if err := s.cfg.FS.Remove(summaryPath(ns.dir, nt.Number)); err != nil && !isNotExist(err) {
+					s.cfg.Logger.Warn("ucm: shared reclaimer could not delete a reclaimed segment's summary", "path", summaryPath(ns.dir, nt.Number), "err", err)
 				}
 			}
 			s.mu.Lock()
@@ -433,20 +426,19 @@ func (e *Engine) unlinkReclaimed(t tiers.Disk, others []nsManifest) {
 // is not the one it last wrote (at Open, or after a reclaimer rewrote it, believing this
 // instance gone), retires the segments its NoteReclaimed notes name, and has the manifest
 // written again. One directory listing per namespace and interval.
-func (e *Engine) obeyReclaims() {
-	s := e.share
-	if s == nil || e.opts.ReadOnly {
+func (s *sharing) obeyReclaims() {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
-	for _, t := range e.tiers {
+	for _, t := range s.cfg.Tiers {
 		if !t.Shared() {
 			continue
 		}
 		for _, d := range t.Dirs() {
 			nsDir := filepath.Dir(d)
-			seq, ok, err := tiers.LatestManifest(e.fs, nsDir)
+			seq, ok, err := tiers.LatestManifest(s.cfg.FS, nsDir)
 			if err != nil {
-				e.opts.Logger.Warn("ucm: could not list this instance's manifests", "dir", nsDir, "err", err)
+				s.cfg.Logger.Warn("ucm: could not list this instance's manifests", "dir", nsDir, "err", err)
 				continue
 			}
 			s.mu.Lock()
@@ -455,12 +447,12 @@ func (e *Engine) obeyReclaims() {
 			if !ok || (written && seq == last) {
 				continue
 			}
-			m, err := tiers.ReadManifest(e.fs, nsDir, e.instance)
+			m, err := tiers.ReadManifest(s.cfg.FS, nsDir, s.env.Instance())
 			if err != nil {
-				e.opts.Logger.Warn("ucm: could not read this instance's manifest", "dir", nsDir, "err", err)
+				s.cfg.Logger.Warn("ucm: could not read this instance's manifest", "dir", nsDir, "err", err)
 				continue
 			}
-			e.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
+			s.obeyNotes(t, m, format.NoteReclaimed, &s.reclaimedWhileGone)
 			if nsDir == filepath.Dir(t.Dirs()[0]) && accountOf(t) != nil {
 				accountOf(t).AdoptCredit(m)
 			}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 )
@@ -25,9 +26,9 @@ type shareEnv struct {
 }
 
 func (v shareEnv) Reservation() int64                      { return v.e.reservation(v.t) }
-func (v shareEnv) MetadataCharge() (charge int64, ok bool) { return v.e.metadataCharge(v.nsDir) }
-func (v shareEnv) GraceBytes() int64                       { return v.e.graceBytes(v.t) }
-func (v shareEnv) KickSharer()                             { v.e.kickSharing() }
+func (v shareEnv) MetadataCharge() (charge int64, ok bool) { return metadataCharge(v.e.fs, v.nsDir) }
+func (v shareEnv) GraceBytes() int64                       { return v.e.share.graceBytes(v.t) }
+func (v shareEnv) KickSharer()                             { v.e.share.kickSharing() }
 func (v shareEnv) KickReclaimer()                          { v.e.kickReclaimer() }
 func (v shareEnv) Now() time.Time                          { return time.Now() }
 
@@ -73,8 +74,8 @@ const metadataAhead = 64 << 10
 // metadataCharge is what the files of namespace nsDir other than segments take on the tier
 // (the manifest, counted twice: a new one is written before the old is deleted; publication
 // logs; the lock), plus metadataAhead: one listing.
-func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
-	names, err := e.fs.List(nsDir)
+func metadataCharge(fs vfs.FS, nsDir string) (int64, bool) {
+	names, err := fs.List(nsDir)
 	if err != nil {
 		return 0, false
 	}
@@ -83,7 +84,7 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 		if n == SegmentDir {
 			continue
 		}
-		st, err := e.fs.Stat(filepath.Join(nsDir, n))
+		st, err := fs.Stat(filepath.Join(nsDir, n))
 		if err != nil || st.IsDir() {
 			continue
 		}
@@ -96,8 +97,7 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 }
 
 // graceBytes sums this instance's retired segments of tier t waiting for their grace.
-func (e *Engine) graceBytes(t tiers.Disk) int64 {
-	s := e.share
+func (s *sharing) graceBytes(t tiers.Disk) int64 {
 	s.mu.Lock()
 	ns := make([]uint64, 0, len(s.grace))
 	for n := range s.grace {
@@ -106,7 +106,7 @@ func (e *Engine) graceBytes(t tiers.Disk) int64 {
 	s.mu.Unlock()
 	var sum int64
 	for _, n := range ns {
-		if row, ok := e.ix.Segment(n); ok && e.tierOf(n) == t {
+		if row, ok := s.env.OwnSegment(n); ok && s.env.TierOf(n) == t {
 			sum += row.Size
 		}
 	}
@@ -115,9 +115,9 @@ func (e *Engine) graceBytes(t tiers.Disk) int64 {
 
 // spaceNotes returns the account notes the manifest of namespace dir carries: this instance's
 // credit and space, and the grants it issued as lease holder.
-func (e *Engine) spaceNotes(dir string) []format.ManifestNote {
+func (s *sharing) spaceNotes(dir string) []format.ManifestNote {
 	var notes []format.ManifestNote
-	for _, t := range e.tiers {
+	for _, t := range s.cfg.Tiers {
 		if accountOf(t) != nil && filepath.Dir(t.Dirs()[0]) == dir {
 			notes = append(notes, accountOf(t).Notes()...)
 		}
@@ -126,8 +126,8 @@ func (e *Engine) spaceNotes(dir string) []format.ManifestNote {
 }
 
 // shareStats sums this instance's shares, held bytes and requests over its shared tiers.
-func (e *Engine) shareStats() (share, held, asked int64) {
-	for _, t := range e.tiers {
+func (s *sharing) shareStats() (share, held, asked int64) {
+	for _, t := range s.cfg.Tiers {
 		if accountOf(t) == nil {
 			continue
 		}

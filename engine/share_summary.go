@@ -63,11 +63,11 @@ func summaryPath(nsDir string, n uint64) string {
 // segment directory is segDir, in one read, and returns its records as a footer-and-headers
 // read would. A missing file is an error wrapping os.ErrNotExist; any other failure a
 // *SummaryError.
-func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+func (s *sharing) readSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
 	path := summaryPath(filepath.Dir(segDir), ent.Number)
 	fail := func(err error) error { return &SummaryError{Path: path, Segment: ent.Number, Err: err} }
 	var buf []byte
-	err := tiers.ReadReplaced(e.fs, path, func(f vfs.File) error {
+	err := tiers.ReadReplaced(s.cfg.FS, path, func(f vfs.File) error {
 		st, err := f.Stat()
 		if err != nil {
 			return err
@@ -99,7 +99,7 @@ func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.M
 			errStaleSummary, sum.Generation, sum.Size, ent.Generation, ent.Size))
 	case sum.Instance != inst:
 		return nil, fail(fmt.Errorf("%w: names instance %x", format.ErrCorrupt, sum.Instance))
-	case sum.Schema != e.fingerprint && !e.opts.LookupOnly:
+	case sum.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly:
 		return nil, fail(fmt.Errorf("%w: written under another schema", format.ErrCorrupt))
 	}
 	return summaryRecords(sum), nil
@@ -141,15 +141,14 @@ func summaryEntries(recs []wal.ScannedRecord) []format.SummaryEntry {
 // summary when there is one that checks and agrees with the segment's footer, else from its
 // footer and record headers. The segment's header must name the segment, the instance and
 // this store's schema either way.
-func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
-	s := e.share
-	recs, sumErr := e.readSummary(segDir, inst, ent)
-	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
+func (s *sharing) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+	recs, sumErr := s.readSummary(segDir, inst, ent)
+	seg, err := wal.OpenSegmentForRead(s.cfg.FS, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
 	if err != nil {
 		return nil, err
 	}
 	defer seg.Release()
-	if info := seg.Info(); info.Instance != inst || (info.Schema != e.fingerprint && !e.opts.LookupOnly) {
+	if info := seg.Info(); info.Instance != inst || (info.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly) {
 		return nil, fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
 	}
 	if sumErr == nil {
@@ -167,7 +166,7 @@ func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.Instanc
 	}
 	if !errors.Is(sumErr, os.ErrNotExist) && !errors.Is(sumErr, errStaleSummary) {
 		s.summaryDamaged.Add(1)
-		e.opts.Logger.Warn("ucm: segment summary unusable; indexing the segment from its footer and record headers", "err", sumErr)
+		s.cfg.Logger.Warn("ucm: segment summary unusable; indexing the segment from its footer and record headers", "err", sumErr)
 	}
 	recs, err = wal.ReadSealedRecords(seg, ent.Size, t.Backend())
 	if err == nil {
@@ -219,8 +218,7 @@ func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry
 
 // noteIndexed counts a foreign segment of n records just indexed and, during a long
 // indexing, logs its progress every progressEvery.
-func (e *Engine) noteIndexed(n int) {
-	s := e.share
+func (s *sharing) noteIndexed(n int) {
 	s.indexedRecords.Add(int64(n))
 	now := time.Now()
 	s.mu.Lock()
@@ -239,14 +237,13 @@ func (e *Engine) noteIndexed(n int) {
 	for _, n := range s.listedByNS {
 		listed += n
 	}
-	e.opts.Logger.Info("ucm: indexing other instances' segments", "indexed", len(s.segs), "listed", listed,
+	s.cfg.Logger.Info("ucm: indexing other instances' segments", "indexed", len(s.segs), "listed", listed,
 		"from_summary", s.fromSummary.Load(), "from_headers", s.fromHeaders.Load(), "records_per_s", int64(rate))
 }
 
 // forgetListedCounts drops the progress counts of the namespaces under root that are gone
 // (not in present).
-func (e *Engine) forgetListedCounts(root string, present map[string]bool) {
-	s := e.share
+func (s *sharing) forgetListedCounts(root string, present map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for nsDir := range s.listedByNS {
@@ -260,17 +257,16 @@ func (e *Engine) forgetListedCounts(root string, present map[string]bool) {
 // that has none yet, within summaryBudget (the rest at the next round). A summary already on
 // disk for the segment's generation is kept. A summary is built from the sealed segment as a
 // reader sees it (footer and record headers, checked), so it never says more than the segment.
-func (e *Engine) writeSummaries() {
-	s := e.share
-	if s == nil || e.opts.ReadOnly {
+func (s *sharing) writeSummaries() {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
 	deadline := time.Now().Add(summaryBudget)
-	for _, row := range e.ix.Segments() {
+	for _, row := range s.env.OwnSegments() {
 		if row.State != index.SegmentSealed {
 			continue
 		}
-		h, ok := e.home(row.Number)
+		h, ok := s.env.Home(row.Number)
 		if !ok || h.tier == nil || !h.tier.Shared() {
 			continue
 		}
@@ -283,10 +279,10 @@ func (e *Engine) writeSummaries() {
 		if time.Now().After(deadline) {
 			return
 		}
-		if err := e.writeSummary(h, row); err != nil {
+		if err := s.writeSummary(h, row); err != nil {
 			// Readers index the segment from its footer and headers; not retried until the
 			// next Open (a segment that cannot be read back will fail them too).
-			e.opts.Logger.Warn("ucm: could not write a segment summary; other instances read its record headers instead",
+			s.cfg.Logger.Warn("ucm: could not write a segment summary; other instances read its record headers instead",
 				"segment", row.Number, "err", err)
 		}
 		s.mu.Lock()
@@ -297,13 +293,13 @@ func (e *Engine) writeSummaries() {
 
 // writeSummary writes the summary of own sealed segment row, in home h, unless one of its
 // generation is there.
-func (e *Engine) writeSummary(h segHome, row index.SegmentMeta) error {
+func (s *sharing) writeSummary(h segHome, row index.SegmentMeta) error {
 	nsDir := filepath.Dir(h.dir)
 	ent := format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size}
-	if _, err := e.readSummary(h.dir, e.instance, ent); err == nil {
+	if _, err := s.readSummary(h.dir, s.env.Instance(), ent); err == nil {
 		return nil
 	}
-	seg, err := wal.OpenSegmentForRead(e.fs, h.dir, row.Number, row.Generation, h.tier.Direct(), h.tier.Backend())
+	seg, err := wal.OpenSegmentForRead(s.cfg.FS, h.dir, row.Number, row.Generation, h.tier.Direct(), h.tier.Backend())
 	if err != nil {
 		return err
 	}
@@ -312,24 +308,24 @@ func (e *Engine) writeSummary(h segHome, row index.SegmentMeta) error {
 	if err != nil {
 		return err
 	}
-	enc, err := format.EncodeSummary(&format.Summary{Instance: e.instance, Schema: e.fingerprint, Segment: row.Number,
+	enc, err := format.EncodeSummary(&format.Summary{Instance: s.env.Instance(), Schema: s.env.Fingerprint(), Segment: row.Number,
 		Generation: row.Generation, Size: row.Size, Entries: summaryEntries(recs)})
 	if err != nil {
 		return err
 	}
-	if err := e.fs.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
+	if err := s.cfg.FS.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
 		return err
 	}
 	path := summaryPath(nsDir, row.Number)
-	return wal.ReplaceFile(e.fs, path, path+".tmp", enc)
+	return wal.ReplaceFile(s.cfg.FS, path, path+".tmp", enc)
 }
 
 // pruneSummaries removes the summaries in the namespace at nsDir of segments its manifest no
 // longer lists (retired, reclaimed, or a leftover .tmp), after a manifest without them was
 // written.
-func (e *Engine) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
+func (s *sharing) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
 	dir := filepath.Join(nsDir, SummaryDir)
-	names, err := e.fs.List(dir)
+	names, err := s.cfg.FS.List(dir)
 	if err != nil {
 		return // none written yet
 	}
@@ -337,14 +333,13 @@ func (e *Engine) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
 	for _, ent := range listed {
 		keep[ent.Number] = true
 	}
-	s := e.share
 	for _, name := range names {
 		n, ok := wal.ParseSegmentFileName(strings.TrimSuffix(name, format.SummaryExt))
 		if ok && keep[n] && strings.HasSuffix(name, format.SummaryExt) {
 			continue
 		}
-		if err := e.fs.Remove(filepath.Join(dir, name)); err != nil && !isNotExist(err) {
-			e.opts.Logger.Warn("ucm: could not remove a segment summary", "path", filepath.Join(dir, name), "err", err)
+		if err := s.cfg.FS.Remove(filepath.Join(dir, name)); err != nil && !isNotExist(err) {
+			s.cfg.Logger.Warn("ucm: could not remove a segment summary", "path", filepath.Join(dir, name), "err", err)
 			continue
 		}
 		if ok {

@@ -129,7 +129,7 @@ func TestSharedIndexDamagedSummary(t *testing.T) {
 	checkBlocks(t, b, blocks)
 	// The refusal is a typed error naming the file.
 	ent := format.ManifestEntry{Number: mustParse(t, sums[0]), Generation: 0}
-	if _, err := b.readSummary(filepath.Join(nsDir, SegmentDir), [16]byte{}, ent); err == nil {
+	if _, err := b.share.readSummary(filepath.Join(nsDir, SegmentDir), [16]byte{}, ent); err == nil {
 		t.Fatal("a damaged summary was accepted")
 	} else if se := (*SummaryError)(nil); !errors.As(err, &se) || se.Path != sums[0] || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("error %v: want a *SummaryError for %s wrapping ErrCorrupt", err, sums[0])
@@ -267,7 +267,7 @@ func TestSharedLookupsWhileIndexing(t *testing.T) {
 			})
 		}
 	})
-	b.kickSharing()
+	b.share.kickSharing()
 	select {
 	case <-first:
 	case <-time.After(testwait.Bound):
@@ -405,7 +405,7 @@ func TestPruneSummaries(t *testing.T) {
 	if err := os.WriteFile(tmp, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a.pruneSummaries(nsDir, []format.ManifestEntry{keep})
+	a.share.pruneSummaries(nsDir, []format.ManifestEntry{keep})
 	left, _ := filepath.Glob(filepath.Join(nsDir, SummaryDir, "*"))
 	if len(left) != 1 || left[0] != sums[0] {
 		t.Fatalf("after pruning to segment %d: %v", keep.Number, left)

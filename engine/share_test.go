@@ -679,14 +679,14 @@ func TestSharedTierIdleOwnerNotGone(t *testing.T) {
 	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, ids(0, 4)) })
 	nsA := tiers.NamespaceDir(sharedB, a.instance)
 	for end := time.Now().Add(5 * opts("").SharedOwnerTimeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if b.ownerGone(nsA) {
+		if b.share.ownerGone(nsA) {
 			t.Fatalf("B presumes the idle but running A gone (A published %d manifests)", a.Stats().Sharing.ManifestsPublished)
 		}
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "B presumes A gone once it stopped", func() bool { return b.ownerGone(nsA) })
+	waitFor(t, "B presumes A gone once it stopped", func() bool { return b.share.ownerGone(nsA) })
 }
 
 // TestSharedTierCapacityEverySchema: the shared tier's capacity bounds the bytes of every
