@@ -63,9 +63,6 @@ type sharingEnv interface {
 	// EvictSegment evicts own segment n of tier t and retires it (takes the reclaimer's lock,
 	// then the segments' lock; retiring calls back retireShared).
 	EvictSegment(t tiers.Disk, n uint64) error
-	// KickReclaimer asks the reclaimer for a pass; it does not block. May be called with
-	// sharing.mu held.
-	KickReclaimer()
 	// UncacheUnindexedSidecars drops from the memory tier the cached sidecars of blocks ids
 	// (nil: all) that neither index holds; it reads the foreign index, never sharing.mu.
 	UncacheUnindexedSidecars(ids []BlockID)
@@ -85,7 +82,6 @@ func (v engineSharingEnv) TierOf(n uint64) tiers.Disk       { return v.e.tierOf(
 func (v engineSharingEnv) OwnSegments() []index.SegmentMeta { return v.e.ix.Segments() }
 func (v engineSharingEnv) Indexed(id BlockID) bool          { return v.e.ix.Contains(id) }
 func (v engineSharingEnv) ForgetOpen(n uint64) *wal.Segment { return v.e.dropOpen(n) }
-func (v engineSharingEnv) KickReclaimer()                   { v.e.kickReclaimer() }
 func (v engineSharingEnv) AtSeam(p seamPoint, id BlockID)   { v.e.atSeam(p, id) }
 func (v engineSharingEnv) UncacheUnindexedSidecars(ids []BlockID) {
 	v.e.uncacheUnindexedSidecars(ids)
