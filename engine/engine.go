@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/seam"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -129,28 +130,18 @@ type Engine struct {
 	seam atomic.Pointer[func(p seamPoint, id BlockID)]
 }
 
-// seamPoint names a point where Engine.seam is called.
-type seamPoint int
+// seamPoint names a point where Engine.seam is called (the points are in engine/internal/seam,
+// where the engine's internal parts name them too).
+type seamPoint = seam.Point
 
+// The seam's points, by their engine names.
 const (
-	// seamSidecarLookedUp: LoadSidecars has read a sidecar's index entry and not yet pinned
-	// its segment.
-	seamSidecarLookedUp seamPoint = iota + 1
-	// seamSidecarRead: a sidecar's bytes were read from disk (LoadSidecars) or appended
-	// (DumpSidecars) and are not yet in the memory tier.
-	seamSidecarRead
-	// seamForeignIndexed: the sharer has applied the entries of another instance's segment
-	// to the foreign index (id is zero).
-	seamForeignIndexed
-	// seamManifestRead: the sharer has read another instance's manifest and not yet indexed
-	// what it lists (id is zero).
-	seamManifestRead
-	// seamForeignMissed: a load found no entry of block id in the foreign index and has not
-	// yet read the overlay.
-	seamForeignMissed
-	// seamSegmentPinned: a load or a copy pinned the segment of block id's entry and has not
-	// read it yet.
-	seamSegmentPinned
+	seamSidecarLookedUp = seam.SidecarLookedUp
+	seamSidecarRead     = seam.SidecarRead
+	seamForeignIndexed  = seam.ForeignIndexed
+	seamManifestRead    = seam.ManifestRead
+	seamForeignMissed   = seam.ForeignMissed
+	seamSegmentPinned   = seam.SegmentPinned
 )
 
 // atSeam calls the test seam, if any.
