@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine/internal/seam"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -72,7 +73,7 @@ type Engine struct {
 
 	segs segments // the provider: where every segment lives, and the open files (segments.go)
 
-	share *sharing // shared tiers: publication and the foreign index (share.go); nil without
+	share *share.Sharing // shared tiers: publication and the foreign index (share.go); nil without
 
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
@@ -353,8 +354,8 @@ func (e *Engine) open() error {
 	go e.promoter()
 	if e.share != nil {
 		e.bg.Add(2)
-		go e.share.sharer()
-		go e.share.publogTailer()
+		go e.share.Run()
+		go e.share.RunTailer()
 	}
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
 		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
@@ -473,8 +474,8 @@ func (e *Engine) release() {
 	if e.ix != nil {
 		_ = e.ix.Close()
 	}
-	if e.share != nil && e.share.fx != nil {
-		_ = e.share.fx.Close()
+	if e.share != nil && e.share.ForeignIndex() != nil {
+		_ = e.share.ForeignIndex().Close()
 	}
 	for _, t := range e.tiers {
 		_ = t.Close()
@@ -499,7 +500,7 @@ func (e *Engine) Close() error {
 	e.closeCaches()
 	close(e.stop)
 	e.bg.Wait()
-	e.share.closeSharing()
+	e.share.FinishGrace()
 	e.mu.Lock()
 	for id, s := range e.mu.staging {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
@@ -512,10 +513,10 @@ func (e *Engine) Close() error {
 	for _, w := range e.writers() {
 		errs = append(errs, w.Close())
 	}
-	e.share.publishShared() // the segments the writers just sealed
-	e.share.writeSummaries()
+	e.share.Publish() // the segments the writers just sealed
+	e.share.WriteSummaries()
 	if e.share != nil {
-		e.share.closePublogs()
+		e.share.ClosePublogs()
 	}
 	err := errors.Join(errs...)
 	e.release()
@@ -657,32 +658,8 @@ func (e *Engine) Stats() Stats {
 	st.Blocks, st.LiveBytes, st.FileBytes = e.ix.Totals()
 	st.Sidecars = int64(e.ix.SidecarCount())
 	st.Segments = len(e.ix.Segments())
-	if s := e.share; s != nil {
-		st.Sharing = SharingStats{ForeignHits: s.foreignHits.Load(), Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
-			SegmentsIndexed: s.segmentsIndexed.Load(), SegmentsDropped: s.dropped.Load(),
-			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load(),
-			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
-			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
-			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load(),
-			IndexedFromSummary: s.fromSummary.Load(), IndexedFromHeaders: s.fromHeaders.Load(), SummariesDamaged: s.summaryDamaged.Load(),
-			IndexedRecords: s.indexedRecords.Load()}
-		s.mu.Lock()
-		for _, n := range s.listedByNS {
-			st.Sharing.SegmentsListed += n
-		}
-		s.mu.Unlock()
-		st.Sharing.LogRecords = s.ov.records.Load()
-		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.share.shareStats()
-		s.logs.mu.Lock()
-		st.Sharing.LogAppendErrors = s.logs.appendErrors
-		s.logs.mu.Unlock()
-		if n := st.Sharing.VisibilitySamples; n > 0 {
-			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)
-		}
-		if s.fx != nil {
-			st.Sharing.ForeignBlocks, _, _ = s.fx.Totals()
-			st.Sharing.ForeignSegments = len(s.fx.Segments())
-		}
+	if e.share != nil {
+		st.Sharing = SharingStats(e.share.Stats())
 	}
 	e.mu.Lock()
 	st.StagingBytes = e.mu.stagingBytes

@@ -612,7 +612,7 @@ func (e *Engine) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bo
 			}
 			var passes int64
 			if e.share != nil {
-				passes = e.share.refreshes.Load()
+				passes = e.share.Refreshes()
 			}
 			if !e.deferrals[t.Pos()].over(passes, evictionDeferral, e.opts.SharedRefreshInterval, e.opts.TaskTimeout/4) {
 				return errEvictionDeferred
@@ -667,7 +667,7 @@ func (e *Engine) retire(n uint64) error {
 	remove := func() { e.finishRetire(n, row.Size, recyclable) }
 	if shared && wasSealed {
 		finish := remove
-		remove = func() { e.share.retireShared(n, finish) }
+		remove = func() { e.share.RetireShared(n, finish) }
 	}
 	if s == nil {
 		remove()

@@ -8,15 +8,14 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 )
 
 // Admission on a shared tier (docs/tiers.md, "Shared tiers"): each shared tier with a capacity
 // keeps a tiers.ShareAccount, which holds the rules (monotone grants and credits, a request
 // answered once, a new holder's wait, the credit of a gone instance). This file opens it and
-// is its environment: the reservation, the namespace's metadata charge, the bytes under grace,
-// the kicks and the clock.
+// is its environment: the reservation, the namespace's metadata charge, the bytes under grace
+// (the sharing's), the kicks and the clock.
 
 // shareEnv is the environment of shared tier t's account (tiers.ShareEnv).
 type shareEnv struct {
@@ -27,8 +26,8 @@ type shareEnv struct {
 
 func (v shareEnv) Reservation() int64                      { return v.e.reservation(v.t) }
 func (v shareEnv) MetadataCharge() (charge int64, ok bool) { return metadataCharge(v.e.fs, v.nsDir) }
-func (v shareEnv) GraceBytes() int64                       { return v.e.share.graceBytes(v.t) }
-func (v shareEnv) KickSharer()                             { v.e.share.kickSharing() }
+func (v shareEnv) GraceBytes() int64                       { return v.e.share.GraceBytes(v.t) }
+func (v shareEnv) KickSharer()                             { v.e.share.Kick() }
 func (v shareEnv) KickReclaimer()                          { v.e.kickReclaimer() }
 func (v shareEnv) Now() time.Time                          { return time.Now() }
 
@@ -58,15 +57,6 @@ func (e *Engine) openSharedAccount(t tiers.Disk) error {
 	return nil
 }
 
-// manifestsOf returns the manifests of ms, for the account.
-func manifestsOf(ms []nsManifest) []*format.Manifest {
-	out := make([]*format.Manifest, len(ms))
-	for i := range ms {
-		out[i] = ms[i].Manifest
-	}
-	return out
-}
-
 // metadataAhead is how far ahead of its size the namespace's other files are accounted: what a
 // publication log may grow by until the next refresh.
 const metadataAhead = 64 << 10
@@ -94,45 +84,4 @@ func metadataCharge(fs vfs.FS, nsDir string) (int64, bool) {
 		charge += st.Size()
 	}
 	return charge, true
-}
-
-// graceBytes sums this instance's retired segments of tier t waiting for their grace.
-func (s *sharing) graceBytes(t tiers.Disk) int64 {
-	s.mu.Lock()
-	ns := make([]uint64, 0, len(s.grace))
-	for n := range s.grace {
-		ns = append(ns, n)
-	}
-	s.mu.Unlock()
-	var sum int64
-	for _, n := range ns {
-		if row, ok := s.env.OwnSegment(n); ok && s.env.TierOf(n) == t {
-			sum += row.Size
-		}
-	}
-	return sum
-}
-
-// spaceNotes returns the account notes the manifest of namespace dir carries: this instance's
-// credit and space, and the grants it issued as lease holder.
-func (s *sharing) spaceNotes(dir string) []format.ManifestNote {
-	var notes []format.ManifestNote
-	for _, t := range s.cfg.Tiers {
-		if accountOf(t) != nil && filepath.Dir(t.Dirs()[0]) == dir {
-			notes = append(notes, accountOf(t).Notes()...)
-		}
-	}
-	return notes
-}
-
-// shareStats sums this instance's shares, held bytes and requests over its shared tiers.
-func (s *sharing) shareStats() (share, held, asked int64) {
-	for _, t := range s.cfg.Tiers {
-		if accountOf(t) == nil {
-			continue
-		}
-		s, h, a := accountOf(t).Stats()
-		share, held, asked = share+s, held+h, asked+a
-	}
-	return share, held, asked
 }

@@ -1,4 +1,4 @@
-package engine
+package share
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
@@ -54,17 +55,17 @@ func (e *SummaryError) Error() string {
 // Unwrap returns the cause.
 func (e *SummaryError) Unwrap() error { return e.Err }
 
-// summaryPath is the summary of segment n of the namespace at nsDir.
-func summaryPath(nsDir string, n uint64) string {
+// SummaryPath is the summary of segment n of the namespace at nsDir.
+func SummaryPath(nsDir string, n uint64) string {
 	return filepath.Join(nsDir, SummaryDir, wal.SegmentFileName(n)+format.SummaryExt)
 }
 
-// readSummary reads and checks the summary of published segment ent of instance inst, whose
+// ReadSummary reads and checks the summary of published segment ent of instance inst, whose
 // segment directory is segDir, in one read, and returns its records as a footer-and-headers
 // read would. A missing file is an error wrapping os.ErrNotExist; any other failure a
 // *SummaryError.
-func (s *sharing) readSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
-	path := summaryPath(filepath.Dir(segDir), ent.Number)
+func (s *Sharing) ReadSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+	path := SummaryPath(filepath.Dir(segDir), ent.Number)
 	fail := func(err error) error { return &SummaryError{Path: path, Segment: ent.Number, Err: err} }
 	var buf []byte
 	err := tiers.ReadReplaced(s.cfg.FS, path, func(f vfs.File) error {
@@ -81,7 +82,7 @@ func (s *sharing) readSummary(segDir string, inst format.InstanceID, ent format.
 		}
 		return nil
 	})
-	if isNotExist(err) {
+	if oserror.IsNotExist(err) {
 		return nil, fmt.Errorf("summary %s: %w", path, os.ErrNotExist)
 	}
 	if err != nil {
@@ -141,15 +142,15 @@ func summaryEntries(recs []wal.ScannedRecord) []format.SummaryEntry {
 // summary when there is one that checks and agrees with the segment's footer, else from its
 // footer and record headers. The segment's header must name the segment, the instance and
 // this store's schema either way.
-func (s *sharing) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
-	recs, sumErr := s.readSummary(segDir, inst, ent)
+func (s *Sharing) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+	recs, sumErr := s.ReadSummary(segDir, inst, ent)
 	seg, err := wal.OpenSegmentForRead(s.cfg.FS, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
 	if err != nil {
 		return nil, err
 	}
 	defer seg.Release()
 	if info := seg.Info(); info.Instance != inst || (info.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly) {
-		return nil, fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
+		return nil, fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, format.ErrCorrupt)
 	}
 	if sumErr == nil {
 		// The footer binds every record's block id, place, sequence number and header
@@ -158,11 +159,11 @@ func (s *sharing) foreignRecords(t tiers.Disk, segDir string, inst format.Instan
 		if err != nil {
 			return nil, err
 		}
-		if sumErr = summaryMatchesFooter(recs, entries); sumErr == nil {
+		if sumErr = SummaryMatchesFooter(recs, entries); sumErr == nil {
 			s.fromSummary.Add(1)
 			return recs, nil
 		}
-		sumErr = &SummaryError{Path: summaryPath(filepath.Dir(segDir), ent.Number), Segment: ent.Number, Err: sumErr}
+		sumErr = &SummaryError{Path: SummaryPath(filepath.Dir(segDir), ent.Number), Segment: ent.Number, Err: sumErr}
 	}
 	if !errors.Is(sumErr, os.ErrNotExist) && !errors.Is(sumErr, errStaleSummary) {
 		s.summaryDamaged.Add(1)
@@ -175,13 +176,13 @@ func (s *sharing) foreignRecords(t tiers.Disk, segDir string, inst format.Instan
 	return recs, err
 }
 
-// summaryMatchesFooter checks a summary's records against the footer of their segment: each
+// SummaryMatchesFooter checks a summary's records against the footer of their segment: each
 // footer entry is one record of the summary, in order, with its block id, offset, sequence
 // number, header checksum, type, kind and length (what the layout and stored lengths the
 // summary names make); a batch entry is the batch's blocks, positions 0 to
 // N-1 at its offset with its header checksum, block 0 its id, sequence numbers consecutive
 // from its own. A mismatch wraps format.ErrCorrupt naming the entry.
-func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry) error {
+func SummaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry) error {
 	i := 0
 	for k, fe := range entries {
 		if i >= len(recs) {
@@ -218,7 +219,7 @@ func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry
 
 // noteIndexed counts a foreign segment of n records just indexed and, during a long
 // indexing, logs its progress every progressEvery.
-func (s *sharing) noteIndexed(n int) {
+func (s *Sharing) noteIndexed(n int) {
 	s.indexedRecords.Add(int64(n))
 	now := time.Now()
 	s.mu.Lock()
@@ -243,7 +244,7 @@ func (s *sharing) noteIndexed(n int) {
 
 // forgetListedCounts drops the progress counts of the namespaces under root that are gone
 // (not in present).
-func (s *sharing) forgetListedCounts(root string, present map[string]bool) {
+func (s *Sharing) forgetListedCounts(root string, present map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for nsDir := range s.listedByNS {
@@ -253,11 +254,11 @@ func (s *sharing) forgetListedCounts(root string, present map[string]bool) {
 	}
 }
 
-// writeSummaries writes the summary of every sealed segment of this instance on a shared tier
+// WriteSummaries writes the summary of every sealed segment of this instance on a shared tier
 // that has none yet, within summaryBudget (the rest at the next round). A summary already on
 // disk for the segment's generation is kept. A summary is built from the sealed segment as a
 // reader sees it (footer and record headers, checked), so it never says more than the segment.
-func (s *sharing) writeSummaries() {
+func (s *Sharing) WriteSummaries() {
 	if s == nil || s.cfg.ReadOnly {
 		return
 	}
@@ -267,7 +268,7 @@ func (s *sharing) writeSummaries() {
 			continue
 		}
 		h, ok := s.env.Home(row.Number)
-		if !ok || h.tier == nil || !h.tier.Shared() {
+		if !ok || h.Tier == nil || !h.Tier.Shared() {
 			continue
 		}
 		s.mu.Lock()
@@ -293,18 +294,18 @@ func (s *sharing) writeSummaries() {
 
 // writeSummary writes the summary of own sealed segment row, in home h, unless one of its
 // generation is there.
-func (s *sharing) writeSummary(h segHome, row index.SegmentMeta) error {
-	nsDir := filepath.Dir(h.dir)
+func (s *Sharing) writeSummary(h Home, row index.SegmentMeta) error {
+	nsDir := filepath.Dir(h.Dir)
 	ent := format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size}
-	if _, err := s.readSummary(h.dir, s.env.Instance(), ent); err == nil {
+	if _, err := s.ReadSummary(h.Dir, s.env.Instance(), ent); err == nil {
 		return nil
 	}
-	seg, err := wal.OpenSegmentForRead(s.cfg.FS, h.dir, row.Number, row.Generation, h.tier.Direct(), h.tier.Backend())
+	seg, err := wal.OpenSegmentForRead(s.cfg.FS, h.Dir, row.Number, row.Generation, h.Tier.Direct(), h.Tier.Backend())
 	if err != nil {
 		return err
 	}
 	defer seg.Release()
-	recs, err := wal.ReadSealedRecords(seg, row.Size, h.tier.Backend())
+	recs, err := wal.ReadSealedRecords(seg, row.Size, h.Tier.Backend())
 	if err != nil {
 		return err
 	}
@@ -316,14 +317,14 @@ func (s *sharing) writeSummary(h segHome, row index.SegmentMeta) error {
 	if err := s.cfg.FS.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
 		return err
 	}
-	path := summaryPath(nsDir, row.Number)
+	path := SummaryPath(nsDir, row.Number)
 	return wal.ReplaceFile(s.cfg.FS, path, path+".tmp", enc)
 }
 
-// pruneSummaries removes the summaries in the namespace at nsDir of segments its manifest no
+// PruneSummaries removes the summaries in the namespace at nsDir of segments its manifest no
 // longer lists (retired, reclaimed, or a leftover .tmp), after a manifest without them was
 // written.
-func (s *sharing) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
+func (s *Sharing) PruneSummaries(nsDir string, listed []format.ManifestEntry) {
 	dir := filepath.Join(nsDir, SummaryDir)
 	names, err := s.cfg.FS.List(dir)
 	if err != nil {
@@ -338,7 +339,7 @@ func (s *sharing) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
 		if ok && keep[n] && strings.HasSuffix(name, format.SummaryExt) {
 			continue
 		}
-		if err := s.cfg.FS.Remove(filepath.Join(dir, name)); err != nil && !isNotExist(err) {
+		if err := s.cfg.FS.Remove(filepath.Join(dir, name)); err != nil && !oserror.IsNotExist(err) {
 			s.cfg.Logger.Warn("ucm: could not remove a segment summary", "path", filepath.Join(dir, name), "err", err)
 			continue
 		}

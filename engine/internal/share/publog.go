@@ -1,4 +1,4 @@
-package engine
+package share
 
 import (
 	"crypto/md5"
@@ -45,19 +45,21 @@ const (
 	publogRelistEvery = 8
 	// publogEntryRecords bounds the records of one entry.
 	publogEntryRecords = 1024
-	// racyDirWindow: a directory listed less than this after its modification time may have
+	// RacyDirWindow: a directory listed less than this after its modification time may have
 	// changed again within the same time stamp (file times tick coarsely; a network file
 	// system's come from the server's clock), so an unchanged time says nothing until then.
-	racyDirWindow = 2 * time.Second
+	RacyDirWindow = 2 * time.Second
 )
 
 // dirUnchanged reports whether a directory whose modification time is now mod was listed
 // entire after it last changed: listed at listedAt, when its time was seen.
 func dirUnchanged(mod, seen, listedAt time.Time) bool {
-	return mod.Equal(seen) && listedAt.Sub(mod) > racyDirWindow
+	return mod.Equal(seen) && listedAt.Sub(mod) > RacyDirWindow
 }
 
-func isOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
+// IsOverlay reports whether segment number n is an alias the overlay of the publication logs
+// gave (a foreign segment not yet in a manifest).
+func IsOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
 
 var (
 	hostOnce sync.Once
@@ -116,10 +118,10 @@ type retiredLog struct {
 	at   time.Time
 }
 
-// publogCarry is how long a log keeps naming a segment after a manifest listed it, and how long
+// PublogCarry is how long a log keeps naming a segment after a manifest listed it, and how long
 // a continued log stays on disk: two refresh intervals (at least a second), in which every
 // reader has read that manifest, or followed the old log to its continuation.
-func (s *sharing) publogCarry() time.Duration {
+func (s *Sharing) PublogCarry() time.Duration {
 	return max(2*s.cfg.RefreshInterval, time.Second)
 }
 
@@ -138,10 +140,10 @@ type publogs struct {
 	warned       bool
 }
 
-// appendPublog announces recs (just indexed; locs their locations) in the publication logs of
+// AppendPublog announces recs (just indexed; locs their locations) in the publication logs of
 // the shared tiers holding them. A failure is logged and counted, never the dump's: the
 // manifest publishes the block when its segment is sealed.
-func (s *sharing) appendPublog(recs []*wal.Record, locs []index.Location) {
+func (s *Sharing) AppendPublog(recs []*wal.Record, locs []index.Location) {
 	if s == nil || s.cfg.ReadOnly {
 		return
 	}
@@ -155,7 +157,7 @@ func (s *sharing) appendPublog(recs []*wal.Record, locs []index.Location) {
 		g := groups[r.Segment]
 		if g == nil {
 			h, ok := s.env.Home(r.Segment)
-			if !ok || !h.tier.Shared() {
+			if !ok || !h.Tier.Shared() {
 				continue
 			}
 			meta, ok := s.env.OwnSegment(r.Segment)
@@ -165,7 +167,7 @@ func (s *sharing) appendPublog(recs []*wal.Record, locs []index.Location) {
 			if groups == nil {
 				groups = map[uint64]*group{}
 			}
-			g = &group{nsDir: filepath.Dir(h.dir), gen: meta.Generation}
+			g = &group{nsDir: filepath.Dir(h.Dir), gen: meta.Generation}
 			groups[r.Segment] = g
 		}
 		g.recs = append(g.recs, format.PublogRecord{ID: r.ID, Kind: r.Kind, Location: index.EncodeLocation(nil, locs[k])})
@@ -187,7 +189,7 @@ func (s *sharing) appendPublog(recs []*wal.Record, locs []index.Location) {
 	}
 }
 
-func (s *sharing) appendPublogLocked(nsDir string, number, gen uint64, recs []format.PublogRecord) error {
+func (s *Sharing) appendPublogLocked(nsDir string, number, gen uint64, recs []format.PublogRecord) error {
 	p := &s.logs
 	w := p.w[nsDir]
 	if w == nil || w.f == nil || w.size >= publogRotateBytes {
@@ -235,7 +237,7 @@ func (w *publogWriter) write(number, gen uint64, recs []format.PublogRecord) err
 
 // startPublog creates a new log in nsDir, continuing prev (if any) into it, and makes the
 // earlier logs retired ones.
-func (s *sharing) startPublog(nsDir string, prev *publogWriter) (*publogWriter, error) {
+func (s *Sharing) startPublog(nsDir string, prev *publogWriter) (*publogWriter, error) {
 	p := &s.logs
 	seqs, err := tiers.PublogNames(s.cfg.FS, nsDir)
 	if err != nil {
@@ -289,7 +291,7 @@ func (s *sharing) startPublog(nsDir string, prev *publogWriter) (*publogWriter, 
 
 // syncPublogs flushes the logs appended to since the last call (the sharer's tick), so that a
 // network file system's client passes them on to other hosts within one interval.
-func (s *sharing) syncPublogs() {
+func (s *Sharing) syncPublogs() {
 	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -305,7 +307,7 @@ func (s *sharing) syncPublogs() {
 // earlier logs continued longer than publogCarry ago are deleted (their readers were sent on),
 // and when the current log names a segment listed longer than publogCarry ago, or one that is
 // retired or no longer this instance's, the log is continued in a new one without it.
-func (s *sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
+func (s *Sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -315,7 +317,7 @@ func (s *sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	}
 	keep := w.retired[:0]
 	for _, r := range w.retired {
-		if time.Since(r.at) < s.publogCarry() {
+		if time.Since(r.at) < s.PublogCarry() {
 			keep = append(keep, r)
 			continue
 		}
@@ -339,7 +341,7 @@ func (s *sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 		case pl.listedAt.IsZero():
 			pl.listedAt = now
 			continue
-		case now.Sub(pl.listedAt) < s.publogCarry():
+		case now.Sub(pl.listedAt) < s.PublogCarry():
 			continue
 		}
 		delete(w.pending, n)
@@ -353,9 +355,9 @@ func (s *sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	}
 }
 
-// closePublogs closes this instance's logs (Close). They stay: readers use them until the
+// ClosePublogs closes this instance's logs (Close). They stay: readers use them until the
 // segments they name are listed, and the next Open deletes them.
-func (s *sharing) closePublogs() {
+func (s *Sharing) ClosePublogs() {
 	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -387,7 +389,7 @@ type publogTail struct {
 // overlaySeg is a segment known only from a publication log.
 type overlaySeg struct {
 	seg foreignSeg
-	ids []BlockID
+	ids []format.BlockID
 	seq uint64 // the log that last named it
 }
 
@@ -408,7 +410,7 @@ type overlay struct {
 	forgets atomic.Uint64
 
 	emu    sync.RWMutex // guards what follows; taken last, never held across another lock
-	blocks map[BlockID]index.Location
+	blocks map[format.BlockID]index.Location
 	segs   map[uint64]*overlaySeg
 	byKey  map[foreignKey]uint64
 	// current is, per instance, the newest log read to its end: what it names is all its
@@ -421,7 +423,7 @@ type overlay struct {
 
 // overlayReclaimed forgets, and from now on ignores in logs, the segments m's NoteReclaimed
 // notes say a reclaimer took from m's owner inst.
-func (s *sharing) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
+func (s *Sharing) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
 	ov := &s.ov
 	var keys []foreignKey
 	ov.emu.Lock()
@@ -444,8 +446,8 @@ func (s *sharing) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
 	}
 }
 
-// overlayGet returns the location a publication log gave block id.
-func (s *sharing) overlayGet(id BlockID) (index.Location, bool) {
+// OverlayGet returns the location a publication log gave block id.
+func (s *Sharing) OverlayGet(id format.BlockID) (index.Location, bool) {
 	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
@@ -453,9 +455,9 @@ func (s *sharing) overlayGet(id BlockID) (index.Location, bool) {
 	return loc, ok
 }
 
-// overlayHas sets hits[i] for the ids of misses the overlay holds and reports whether every
+// OverlayHas sets hits[i] for the ids of misses the overlay holds and reports whether every
 // one is now a hit.
-func (s *sharing) overlayHas(ids []BlockID, hits []bool) bool {
+func (s *Sharing) OverlayHas(ids []format.BlockID, hits []bool) bool {
 	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
@@ -470,7 +472,7 @@ func (s *sharing) overlayHas(ids []BlockID, hits []bool) bool {
 }
 
 // overlaySegment returns the segment an overlay alias stands for.
-func (s *sharing) overlaySegment(alias uint64) (foreignSeg, bool) {
+func (s *Sharing) overlaySegment(alias uint64) (foreignSeg, bool) {
 	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
@@ -482,7 +484,7 @@ func (s *sharing) overlaySegment(alias uint64) (foreignSeg, bool) {
 
 // forgetOverlay drops the overlay's segment k (indexed from a manifest now, gone, or replaced)
 // with its entries, and closes its open file once its readers are done.
-func (s *sharing) forgetOverlay(k foreignKey) {
+func (s *Sharing) forgetOverlay(k foreignKey) {
 	ov := &s.ov
 	ov.emu.Lock()
 	alias, ok := ov.byKey[k]
@@ -507,9 +509,9 @@ func (s *sharing) forgetOverlay(k foreignKey) {
 	}
 }
 
-// dropOverlayBlock forgets id's overlay entry at loc (a load found it unusable); the whole
+// DropOverlayBlock forgets id's overlay entry at loc (a load found it unusable); the whole
 // segment when it is gone.
-func (s *sharing) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
+func (s *Sharing) DropOverlayBlock(id format.BlockID, loc index.Location, gone bool) {
 	ov := &s.ov
 	ov.emu.Lock()
 	if cur, ok := ov.blocks[id]; ok && cur.Segment == loc.Segment && cur.Offset == loc.Offset {
@@ -522,13 +524,13 @@ func (s *sharing) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
 	}
 }
 
-// tailPublogs reads what the other instances appended to their publication logs. onMiss (a
+// TailPublogs reads what the other instances appended to their publication logs. onMiss (a
 // lookup or load missed): only logs written on this host; otherwise (the sharer's tick) every
 // log. A namespace or root directory is listed again only when its modification time changed,
 // but at every publogRelistEvery-th tick, when every one is (a network file system's client may
 // show a directory's time late; a reader in a log follows its continuations without a listing,
 // so listings only find new instances and restarted writers).
-func (s *sharing) tailPublogs(onMiss bool) {
+func (s *Sharing) TailPublogs(onMiss bool) {
 	if s == nil || s.cfg.ReadOnly {
 		return
 	}
@@ -558,15 +560,15 @@ func (s *sharing) tailPublogs(onMiss bool) {
 	}
 }
 
-// publogTailer reads every other instance's log each refresh interval, in a goroutine of its
+// RunTailer reads every other instance's log each refresh interval, in a goroutine of its
 // own: on a network file system a pass takes tens of milliseconds that the sharer's manifests
 // and heartbeats must not wait for.
-func (s *sharing) publogTailer() {
+func (s *Sharing) RunTailer() {
 	defer s.cfg.BG.Done()
 	tick := time.NewTicker(s.cfg.RefreshInterval)
 	defer tick.Stop()
 	for {
-		s.tailPublogs(false)
+		s.TailPublogs(false)
 		select {
 		case <-s.cfg.Stop:
 			return
@@ -576,7 +578,7 @@ func (s *sharing) publogTailer() {
 }
 
 // logsRead returns the sequence of the newest log of instance inst read to its end, if any.
-func (s *sharing) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
+func (s *Sharing) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
 	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
@@ -590,7 +592,7 @@ func (s *sharing) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
 // a while after; the overlay forgets a listed one when the foreign index takes it). A log read
 // after m may be a continuation begun at a newer manifest that lists a segment m does not: the
 // segment is forgotten only by what was read before m.
-func (s *sharing) forgetUnannounced(inst format.InstanceID, m *format.Manifest, seq uint64, ok bool) {
+func (s *Sharing) forgetUnannounced(inst format.InstanceID, m *format.Manifest, seq uint64, ok bool) {
 	ov := &s.ov
 	listed := make(map[uint64]bool, len(m.Segments))
 	for _, ent := range m.Segments {
@@ -610,7 +612,7 @@ func (s *sharing) forgetUnannounced(inst format.InstanceID, m *format.Manifest, 
 }
 
 // discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
-func (s *sharing) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
+func (s *Sharing) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
 	ov := &s.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
 	now := time.Now()
@@ -656,7 +658,7 @@ func (s *sharing) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
 
 // forgetOverlayOf drops the overlay's segments of instance inst, whose namespace is gone, and
 // what it knew of its reclaimed segments.
-func (s *sharing) forgetOverlayOf(inst format.InstanceID) {
+func (s *Sharing) forgetOverlayOf(inst format.InstanceID) {
 	ov := &s.ov
 	var keys []foreignKey
 	ov.emu.Lock()
@@ -681,7 +683,7 @@ func (s *sharing) forgetOverlayOf(inst format.InstanceID) {
 // it reads (the writer restarted, or tl has none yet), after reading what the current one still
 // holds, and reads it. trustTimes: only when the namespace directory changed since it was last
 // listed.
-func (s *sharing) findPublog(tl *publogTail, trustTimes bool) {
+func (s *Sharing) findPublog(tl *publogTail, trustTimes bool) {
 	now := time.Now()
 	st, err := s.cfg.FS.Stat(tl.nsDir)
 	if err != nil || (trustTimes && !tl.stuck && !tl.stale && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
@@ -710,7 +712,7 @@ func (s *sharing) findPublog(tl *publogTail, trustTimes bool) {
 }
 
 // openPublog makes tl read log seq of its namespace from its start.
-func (s *sharing) openPublog(tl *publogTail, seq uint64) {
+func (s *Sharing) openPublog(tl *publogTail, seq uint64) {
 	path := filepath.Join(tl.nsDir, tiers.PublogName(seq))
 	f, err := s.cfg.FS.Open(path)
 	if err != nil {
@@ -741,7 +743,7 @@ func (s *sharing) openPublog(tl *publogTail, seq uint64) {
 
 // readPublog reads tl's log from its position to its end and adds what it announces to the
 // overlay, following continuations.
-func (s *sharing) readPublog(tl *publogTail) {
+func (s *Sharing) readPublog(tl *publogTail) {
 	for tl.f != nil && !tl.stuck {
 		st, err := tl.f.Stat()
 		if err != nil || st.Size() <= tl.off {
@@ -795,7 +797,7 @@ func (s *sharing) readPublog(tl *publogTail) {
 // deleted through another host, or a distributed file system's client lost it): the next tail
 // that lists the namespace opens its newest log again, from the start (entries already applied
 // are known, and applied once).
-func (s *sharing) dropStaleLog(tl *publogTail, err error) {
+func (s *Sharing) dropStaleLog(tl *publogTail, err error) {
 	if !errors.Is(err, syscall.ESTALE) {
 		return
 	}
@@ -804,7 +806,7 @@ func (s *sharing) dropStaleLog(tl *publogTail, err error) {
 }
 
 // caughtUp notes that tl read its log to its end: every segment the log names is known.
-func (s *sharing) caughtUp(tl *publogTail) {
+func (s *Sharing) caughtUp(tl *publogTail) {
 	ov := &s.ov
 	ov.emu.Lock()
 	defer ov.emu.Unlock()
@@ -816,7 +818,7 @@ func (s *sharing) caughtUp(tl *publogTail) {
 
 // applyPublogEntry adds the blocks of one entry to the overlay, unless the foreign index holds
 // their segment already.
-func (s *sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
+func (s *Sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 	k := foreignKey{tl.inst, ent.Segment}
 	s.mu.Lock()
 	alias, indexed := s.aliases[k]
@@ -832,7 +834,7 @@ func (s *sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 		return // taken by a reclaimer from its gone owner
 	}
 	if ov.blocks == nil {
-		ov.blocks, ov.segs, ov.byKey = map[BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
+		ov.blocks, ov.segs, ov.byKey = map[format.BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
 	}
 	alias, ok := ov.byKey[k]
 	o := ov.segs[alias]
@@ -849,7 +851,7 @@ func (s *sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 	if !ok {
 		ov.next++
 		alias = foreignAlias | overlayAlias | ov.next
-		o = &overlaySeg{seg: foreignSeg{inst: tl.inst, number: ent.Segment, generation: ent.Generation, dir: filepath.Join(tl.nsDir, SegmentDir), tier: tl.tier}}
+		o = &overlaySeg{seg: foreignSeg{inst: tl.inst, number: ent.Segment, generation: ent.Generation, dir: filepath.Join(tl.nsDir, tiers.SegmentDir), tier: tl.tier}}
 		ov.segs[alias] = o
 		ov.byKey[k] = alias
 	}
@@ -872,7 +874,7 @@ func (s *sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 }
 
 // closeOverlay closes the logs being tailed (Close).
-func (s *sharing) closeOverlay() {
+func (s *Sharing) closeOverlay() {
 	ov := &s.ov
 	ov.mu.Lock()
 	defer ov.mu.Unlock()
@@ -884,21 +886,21 @@ func (s *sharing) closeOverlay() {
 	}
 }
 
-// publishedPrefix extends the leading run ids[:n] of stored blocks over the blocks the
+// PublishedPrefix extends the leading run ids[:n] of stored blocks over the blocks the
 // publication logs announced, and over own and foreign ones after them, reading this host's
 // logs once at the first miss.
-func (s *sharing) publishedPrefix(ids []BlockID, n int) int {
+func (s *Sharing) PublishedPrefix(ids []format.BlockID, n int) int {
 	tailed := false
 	for n < len(ids) {
 		id := ids[n]
-		if _, ok := s.overlayGet(id); ok || s.env.Indexed(id) || s.fx.Contains(id) {
+		if _, ok := s.OverlayGet(id); ok || s.env.Indexed(id) || s.fx.Contains(id) {
 			n++
 			continue
 		}
 		if tailed {
 			break
 		}
-		s.tailPublogs(true)
+		s.TailPublogs(true)
 		tailed = true
 	}
 	return n

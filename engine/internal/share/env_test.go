@@ -1,4 +1,4 @@
-package engine
+package share
 
 import (
 	"encoding/binary"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/ucm-go/ucm/engine/internal/seam"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/internal/testwait"
@@ -18,10 +19,20 @@ import (
 	"github.com/ucm-go/ucm/wal"
 )
 
+// mhaLayout is a record layout of the tests' blocks.
+var mhaLayout = format.Layout{Shards: 4, TensorsPerShard: 2, ShardBytes: 2 * 4096}
+
+// blockID returns a block id made of n.
+func blockID(n int) format.BlockID {
+	var id format.BlockID
+	binary.LittleEndian.PutUint64(id[:], uint64(n)+1)
+	return id
+}
+
 // These tests build the sharing without an Engine, on a fake environment: what the
 // two-instance tests (share_test.go) reach only through whole refresh rounds.
 
-// fakeSharingEnv is a sharingEnv over a table of own segments; it records the calls the
+// fakeSharingEnv is a Env over a table of own segments; it records the calls the
 // sharing makes into the engine.
 type fakeSharingEnv struct {
 	inst format.InstanceID
@@ -36,9 +47,9 @@ type fakeSharingEnv struct {
 func (f *fakeSharingEnv) Instance() format.InstanceID     { return f.inst }
 func (f *fakeSharingEnv) Fingerprint() format.Fingerprint { return format.Fingerprint{} }
 func (f *fakeSharingEnv) Layout() format.Layout           { return mhaLayout }
-func (f *fakeSharingEnv) Home(n uint64) (segHome, bool) {
+func (f *fakeSharingEnv) Home(n uint64) (Home, bool) {
 	t, ok := f.tier[n]
-	return segHome{tier: t}, ok
+	return Home{Tier: t}, ok
 }
 func (f *fakeSharingEnv) TierOf(n uint64) tiers.Disk { return f.tier[n] }
 func (f *fakeSharingEnv) OwnSegments() []index.SegmentMeta {
@@ -52,7 +63,7 @@ func (f *fakeSharingEnv) OwnSegment(n uint64) (index.SegmentMeta, bool) {
 	r, ok := f.rows[n]
 	return r, ok
 }
-func (f *fakeSharingEnv) Indexed(BlockID) bool { return false }
+func (f *fakeSharingEnv) Indexed(format.BlockID) bool { return false }
 func (f *fakeSharingEnv) ForgetOpen(n uint64) *wal.Segment {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -60,12 +71,12 @@ func (f *fakeSharingEnv) ForgetOpen(n uint64) *wal.Segment {
 	return nil
 }
 func (f *fakeSharingEnv) EvictSegment(tiers.Disk, uint64) error { return nil }
-func (f *fakeSharingEnv) UncacheUnindexedSidecars([]BlockID) {
+func (f *fakeSharingEnv) UncacheUnindexedSidecars([]format.BlockID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.uncached++
 }
-func (f *fakeSharingEnv) AtSeam(seamPoint, BlockID) {}
+func (f *fakeSharingEnv) AtSeam(seam.Point, format.BlockID) {}
 
 // fakeSharedDisk is a shared tier with configured paths; the sharing asks nothing else of it
 // in these tests (any other method panics).
@@ -77,8 +88,8 @@ type fakeSharedDisk struct {
 func (d fakeSharedDisk) Config() tiers.Config { return d.cfg }
 func (d fakeSharedDisk) Shared() bool         { return true }
 
-func testSharingConfig(fs vfs.FS, grace time.Duration, readOnly bool, ts ...tiers.Disk) sharingConfig {
-	return sharingConfig{FS: fs, Dir: "/store", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ReadOnly: readOnly,
+func testConfig(fs vfs.FS, grace time.Duration, readOnly bool, ts ...tiers.Disk) Config {
+	return Config{FS: fs, Dir: "/store", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ReadOnly: readOnly,
 		RefreshInterval: time.Hour, OwnerTimeout: time.Hour, SealAge: -1, RetireGrace: grace, Tiers: ts,
 		Stop: make(chan struct{}), BG: &sync.WaitGroup{}}
 }
@@ -90,7 +101,7 @@ func foreignLoc(alias uint64, off int64) index.Location {
 
 // putForeignSegment writes what indexForeign writes for a segment: its row, its entries and
 // its alias key (inst, number, generation, directory).
-func putForeignSegment(t *testing.T, fx *index.Index, alias uint64, inst format.InstanceID, number uint64, dir string, ids ...BlockID) {
+func putForeignSegment(t *testing.T, fx *index.Index, alias uint64, inst format.InstanceID, number uint64, dir string, ids ...format.BlockID) {
 	t.Helper()
 	b := fx.NewBatch()
 	b.SetSegment(index.SegmentMeta{Number: alias, Generation: 1, State: index.SegmentSealed, Size: 1 << 20})
@@ -119,16 +130,16 @@ func TestSharingAliasBookkeeping(t *testing.T) {
 	disk := &fakeSharedDisk{cfg: tiers.Config{Name: "shared", Paths: []string{root}, Shared: true}}
 	other := format.InstanceID{7}
 	env := &fakeSharingEnv{inst: format.InstanceID{1}}
-	segDir := filepath.Join(tiers.NamespaceDir(root, other), SegmentDir)
+	segDir := filepath.Join(tiers.NamespaceDir(root, other), tiers.SegmentDir)
 
-	s, err := newSharing(testSharingConfig(fs, time.Hour, false, disk), env)
+	s, err := Open(testConfig(fs, time.Hour, false, disk), env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var a1, a2, a3, a9 uint64 = foreignAlias | 5, foreignAlias | 6, foreignAlias | 3, foreignAlias | 9
 	putForeignSegment(t, s.fx, a1, other, 70, segDir, blockID(1))
 	putForeignSegment(t, s.fx, a2, other, 71, segDir, blockID(2))
-	putForeignSegment(t, s.fx, a3, other, 72, filepath.Join(tiers.NamespaceDir(gone, other), SegmentDir), blockID(3))
+	putForeignSegment(t, s.fx, a3, other, 72, filepath.Join(tiers.NamespaceDir(gone, other), tiers.SegmentDir), blockID(3))
 	b := s.fx.NewBatch()
 	b.SetMeta(aliasKey(a9), make([]byte, foreignSegPrefix+4)) // no row: the leftover of a drop
 	b.SetMeta(copyKey(blockID(1), 0, a2), index.EncodeLocation(nil, foreignLoc(a2, 1<<20)))
@@ -139,14 +150,14 @@ func TestSharingAliasBookkeeping(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	keys := func(s *sharing) []string {
+	keys := func(s *Sharing) []string {
 		var ks []string
 		if err := s.fx.MetaRange(metaForeignSeg, func(k string, _ []byte) bool { ks = append(ks, k); return true }); err != nil {
 			t.Fatal(err)
 		}
 		return ks
 	}
-	ro, err := newSharing(testSharingConfig(fs, time.Hour, true, disk), env)
+	ro, err := Open(testConfig(fs, time.Hour, true, disk), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +171,7 @@ func TestSharingAliasBookkeeping(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s, err = newSharing(testSharingConfig(fs, time.Hour, false, disk), env)
+	s, err = Open(testConfig(fs, time.Hour, false, disk), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +221,7 @@ func TestSharingAliasBookkeeping(t *testing.T) {
 }
 
 // TestSharingGrace: a retired shared segment waits for its grace period; its bytes count in
-// graceBytes of its own tier only; a second retirement of the same number replaces the first
+// GraceBytes of its own tier only; a second retirement of the same number replaces the first
 // (whose unlink never runs); Close cuts the grace short and runs each pending unlink once; an
 // unlink whose grace has passed runs once and not again at Close.
 func TestSharingGrace(t *testing.T) {
@@ -220,7 +231,7 @@ func TestSharingGrace(t *testing.T) {
 		rows: map[uint64]index.SegmentMeta{10: {Number: 10, Size: 1000}, 11: {Number: 11, Size: 200}, 12: {Number: 12, Size: 30}},
 		tier: map[uint64]tiers.Disk{10: t1, 11: t2, 12: t1},
 	}
-	s, err := newSharing(testSharingConfig(vfs.NewMem(), time.Hour, false, t1, t2), env)
+	s, err := Open(testConfig(vfs.NewMem(), time.Hour, false, t1, t2), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,50 +241,50 @@ func TestSharingGrace(t *testing.T) {
 	finish := func(name string) func() {
 		return func() { mu.Lock(); runs[name]++; mu.Unlock() }
 	}
-	s.retireShared(10, finish("10 first"))
+	s.RetireShared(10, finish("10 first"))
 	select {
 	case <-s.kick:
 	default:
 		t.Fatal("retiring a shared segment did not kick the sharer to publish the manifest without it")
 	}
-	s.retireShared(11, finish("11"))
-	s.retireShared(10, finish("10 again"))
-	if got := s.graceBytes(t1); got != 1000 {
-		t.Fatalf("graceBytes(one) = %d, want 1000 (segment 10 only)", got)
+	s.RetireShared(11, finish("11"))
+	s.RetireShared(10, finish("10 again"))
+	if got := s.GraceBytes(t1); got != 1000 {
+		t.Fatalf("GraceBytes(one) = %d, want 1000 (segment 10 only)", got)
 	}
-	if got := s.graceBytes(t2); got != 200 {
-		t.Fatalf("graceBytes(two) = %d, want 200", got)
+	if got := s.GraceBytes(t2); got != 200 {
+		t.Fatalf("GraceBytes(two) = %d, want 200", got)
 	}
 	mu.Lock()
 	if len(runs) != 0 {
 		t.Fatalf("unlinks ran before their grace: %v", runs)
 	}
 	mu.Unlock()
-	s.closeSharing()
+	s.FinishGrace()
 	mu.Lock()
 	if runs["10 again"] != 1 || runs["11"] != 1 || runs["10 first"] != 0 || len(runs) != 2 {
 		t.Fatalf("unlinks run at close: %v; want each pending one once, the replaced one never", runs)
 	}
 	mu.Unlock()
-	if got := s.graceBytes(t1) + s.graceBytes(t2); got != 0 {
+	if got := s.GraceBytes(t1) + s.GraceBytes(t2); got != 0 {
 		t.Fatalf("bytes under grace after close: %d", got)
 	}
 
-	short, err := newSharing(testSharingConfig(vfs.NewMem(), time.Nanosecond, false, t1), env)
+	short, err := Open(testConfig(vfs.NewMem(), time.Nanosecond, false, t1), env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = short.fx.Close() }()
-	short.retireShared(12, finish("12"))
+	short.RetireShared(12, finish("12"))
 	testwait.Until(t, "the unlink after a short grace", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return runs["12"] == 1
 	})
-	if got := short.graceBytes(t1); got != 0 {
+	if got := short.GraceBytes(t1); got != 0 {
 		t.Fatalf("bytes under grace once it passed: %d", got)
 	}
-	short.closeSharing()
+	short.FinishGrace()
 	mu.Lock()
 	defer mu.Unlock()
 	if runs["12"] != 1 {
