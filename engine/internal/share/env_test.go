@@ -291,3 +291,63 @@ func TestSharingGrace(t *testing.T) {
 		t.Fatalf("unlink whose grace passed ran %d times (Close must not run it again)", runs["12"])
 	}
 }
+
+// TestSharingPendingSidecars: another instance's sidecar met before its block was indexed
+// waits, per segment, until the block is; then it is indexed beside it and no longer pending.
+// The pending sidecars of a dropped segment are forgotten with it.
+func TestSharingPendingSidecars(t *testing.T) {
+	root := "/shared"
+	disk := &fakeSharedDisk{cfg: tiers.Config{Name: "shared", Paths: []string{root}, Shared: true}}
+	other := format.InstanceID{7}
+	segDir := filepath.Join(tiers.NamespaceDir(root, other), tiers.SegmentDir)
+	s, err := Open(testConfig(vfs.NewMem(), time.Hour, false, disk), &fakeSharingEnv{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.fx.Close() }()
+	var a1, a2 uint64 = foreignAlias | 1, foreignAlias | 2
+	putForeignSegment(t, s.fx, a1, other, 10, segDir, blockID(1))
+	putForeignSegment(t, s.fx, a2, other, 11, segDir)
+	s.mu.Lock()
+	s.segs[a1] = foreignSeg{inst: other, number: 10, dir: segDir, tier: disk}
+	s.segs[a2] = foreignSeg{inst: other, number: 11, dir: segDir, tier: disk}
+	s.pendingSidecars[a2] = []pendingSidecar{{blockID(1), 1, foreignLoc(a2, 0)}, {blockID(5), 1, foreignLoc(a2, 1<<16)}}
+	s.pendingSidecars[a1] = []pendingSidecar{{blockID(9), 2, foreignLoc(a1, 1<<17)}}
+	s.mu.Unlock()
+	pending := func(alias uint64) int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.pendingSidecars[alias])
+	}
+
+	s.indexPendingSidecars()
+	if !s.fx.HasSidecar(blockID(1), 1) {
+		t.Fatal("a pending sidecar whose block is indexed was not indexed")
+	}
+	if s.fx.HasSidecar(blockID(5), 1) || pending(a2) != 1 {
+		t.Fatalf("the sidecar of a block not indexed: indexed %v, pending %d (want kept pending)", s.fx.HasSidecar(blockID(5), 1), pending(a2))
+	}
+	b := s.fx.NewBatch()
+	b.Put(blockID(5), foreignLoc(a1, 1<<18))
+	if err := s.fx.Apply(b, false); err != nil {
+		t.Fatal(err)
+	}
+	s.indexPendingSidecars()
+	if !s.fx.HasSidecar(blockID(5), 1) || pending(a2) != 0 {
+		t.Fatalf("once its block is indexed: sidecar indexed %v, pending %d", s.fx.HasSidecar(blockID(5), 1), pending(a2))
+	}
+	s.mu.Lock()
+	_, kept := s.pendingSidecars[a2]
+	s.mu.Unlock()
+	if kept {
+		t.Fatal("a segment with no pending sidecar left keeps an empty list")
+	}
+
+	s.dropForeign(a1)
+	s.mu.Lock()
+	_, kept = s.pendingSidecars[a1]
+	s.mu.Unlock()
+	if kept {
+		t.Fatal("the pending sidecars of a dropped segment were not forgotten")
+	}
+}
