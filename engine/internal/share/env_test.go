@@ -29,10 +29,10 @@ func blockID(n int) format.BlockID {
 	return id
 }
 
-// These tests build the sharing without an Engine, on a fake environment: what the
-// two-instance tests (share_test.go) reach only through whole refresh rounds.
+// These tests build the sharing without an engine, on a fake environment: what the
+// engine's two-instance tests (engine/share_test.go) reach only through whole refresh rounds.
 
-// fakeSharingEnv is a Env over a table of own segments; it records the calls the
+// fakeSharingEnv is an Env over a table of own segments; it records the calls the
 // sharing makes into the engine.
 type fakeSharingEnv struct {
 	inst format.InstanceID
