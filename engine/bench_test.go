@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 )
@@ -405,9 +406,9 @@ func BenchmarkSharedLookupMiss(b *testing.B) {
 	if !allHit(e, ids(0, 1)) {
 		b.Fatal("a worker's block is not found")
 	}
-	// Past the window in which an unchanged directory time proves nothing (racyDirWindow),
+	// Past the window in which an unchanged directory time proves nothing (share.RacyDirWindow),
 	// as in steady state: the instances opened long ago.
-	time.Sleep(racyDirWindow + 500*time.Millisecond)
+	time.Sleep(share.RacyDirWindow + 500*time.Millisecond)
 	miss := ids(1_000_000, 1_000_000+1024)
 	for _, c := range []struct {
 		name string

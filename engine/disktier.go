@@ -21,7 +21,7 @@ func (v diskEnv) AdmitStore(dir string, reservation int64) error {
 func (v diskEnv) KickReclaimer() { v.e.kickReclaimer() }
 
 // KickSharer asks the sharer for a pass (a shared tier's lease holder grants room).
-func (v diskEnv) KickSharer() { v.e.kickSharing() }
+func (v diskEnv) KickSharer() { v.e.share.Kick() }
 
 // Stop is closed when the engine stops.
 func (v diskEnv) Stop() <-chan struct{} { return v.e.stop }

@@ -17,6 +17,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine/internal/lifecycle"
+	"github.com/ucm-go/ucm/engine/internal/seam"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/tiers"
@@ -72,7 +74,7 @@ type Engine struct {
 
 	segs segments // the provider: where every segment lives, and the open files (segments.go)
 
-	share *sharing // shared tiers: publication and the foreign index (share.go); nil without
+	share *share.Sharing // shared tiers: publication and the foreign index (share.go); nil without
 
 	foundRecycled []foundFile // recycled files found at Open, pooled once tiers are accounted
 
@@ -126,28 +128,18 @@ type Engine struct {
 	seam atomic.Pointer[func(p seamPoint, id BlockID)]
 }
 
-// seamPoint names a point where Engine.seam is called.
-type seamPoint int
+// seamPoint names a point where Engine.seam is called (the points are in engine/internal/seam,
+// where the engine's internal parts name them too).
+type seamPoint = seam.Point
 
+// The seam's points, by their engine names.
 const (
-	// seamSidecarLookedUp: LoadSidecars has read a sidecar's index entry and not yet pinned
-	// its segment.
-	seamSidecarLookedUp seamPoint = iota + 1
-	// seamSidecarRead: a sidecar's bytes were read from disk (LoadSidecars) or appended
-	// (DumpSidecars) and are not yet in the memory tier.
-	seamSidecarRead
-	// seamForeignIndexed: the sharer has applied the entries of another instance's segment
-	// to the foreign index (id is zero).
-	seamForeignIndexed
-	// seamManifestRead: the sharer has read another instance's manifest and not yet indexed
-	// what it lists (id is zero).
-	seamManifestRead
-	// seamForeignMissed: a load found no entry of block id in the foreign index and has not
-	// yet read the overlay.
-	seamForeignMissed
-	// seamSegmentPinned: a load or a copy pinned the segment of block id's entry and has not
-	// read it yet.
-	seamSegmentPinned
+	seamSidecarLookedUp = seam.SidecarLookedUp
+	seamSidecarRead     = seam.SidecarRead
+	seamForeignIndexed  = seam.ForeignIndexed
+	seamManifestRead    = seam.ManifestRead
+	seamForeignMissed   = seam.ForeignMissed
+	seamSegmentPinned   = seam.SegmentPinned
 )
 
 // atSeam calls the test seam, if any.
@@ -363,8 +355,8 @@ func (e *Engine) open() error {
 	go e.promoter()
 	if e.share != nil {
 		e.bg.Add(2)
-		go e.sharer()
-		go e.publogTailer()
+		go e.share.Run()
+		go e.share.RunTailer()
 	}
 	e.opts.Logger.Info("ucm: store open", "dir", e.dir, "io", e.io.Name(), "direct", e.direct == devio.DirectOn,
 		"sync", e.opts.SyncPolicy, "tiers", len(e.tiers), "recovered_segments", e.recovery.SegmentsRecovered, "took", e.recovery.Duration)
@@ -483,8 +475,8 @@ func (e *Engine) release() {
 	if e.ix != nil {
 		_ = e.ix.Close()
 	}
-	if e.share != nil && e.share.fx != nil {
-		_ = e.share.fx.Close()
+	if e.share != nil && e.share.ForeignIndex() != nil {
+		_ = e.share.ForeignIndex().Close()
 	}
 	for _, t := range e.tiers {
 		_ = t.Close()
@@ -509,7 +501,7 @@ func (e *Engine) Close() error {
 	e.closeCaches()
 	close(e.stop)
 	e.bg.Wait()
-	e.closeSharing()
+	e.share.FinishGrace()
 	e.mu.Lock()
 	for id, s := range e.mu.staging {
 		e.dropSlotLocked(id, s, fmt.Errorf("engine closed before the block was complete: %w", ErrClosed))
@@ -522,10 +514,10 @@ func (e *Engine) Close() error {
 	for _, w := range e.writers() {
 		errs = append(errs, w.Close())
 	}
-	e.publishShared() // the segments the writers just sealed
-	e.writeSummaries()
+	e.share.Publish() // the segments the writers just sealed
+	e.share.WriteSummaries()
 	if e.share != nil {
-		e.closePublogs()
+		e.share.ClosePublogs()
 	}
 	err := errors.Join(errs...)
 	e.release()
@@ -656,32 +648,8 @@ func (e *Engine) Stats() Stats {
 	st.Blocks, st.LiveBytes, st.FileBytes = e.ix.Totals()
 	st.Sidecars = int64(e.ix.SidecarCount())
 	st.Segments = len(e.ix.Segments())
-	if s := e.share; s != nil {
-		st.Sharing = SharingStats{ForeignHits: s.foreignHits.Load(), Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
-			SegmentsIndexed: s.segmentsIndexed.Load(), SegmentsDropped: s.dropped.Load(),
-			ManifestsPublished: s.published.Load(), PublishErrors: s.publishErrors.Load(), VisibilitySamples: s.visibleSamples.Load(),
-			LeaseHeld: s.leaseHeld.Load(), SharedUsed: s.sharedUsed.Load(), ReclaimRounds: s.reclaimRounds.Load(), RetiredOnRequest: s.retiredOnRequest.Load(),
-			ReclaimedOfGone: s.reclaimedOfGone.Load(), UnlinkedOfGone: s.unlinkedOfGone.Load(), ReclaimedWhileGone: s.reclaimedWhileGone.Load(),
-			CopiedToMemory: s.copiedToMemory.Load(), CopiedToDisk: s.copiedToDisk.Load(),
-			IndexedFromSummary: s.fromSummary.Load(), IndexedFromHeaders: s.fromHeaders.Load(), SummariesDamaged: s.summaryDamaged.Load(),
-			IndexedRecords: s.indexedRecords.Load()}
-		s.mu.Lock()
-		for _, n := range s.listedByNS {
-			st.Sharing.SegmentsListed += n
-		}
-		s.mu.Unlock()
-		st.Sharing.LogRecords = s.ov.records.Load()
-		st.Sharing.SharedShare, st.Sharing.SharedHeld, st.Sharing.SharedAsked = e.shareStats()
-		s.logs.mu.Lock()
-		st.Sharing.LogAppendErrors = s.logs.appendErrors
-		s.logs.mu.Unlock()
-		if n := st.Sharing.VisibilitySamples; n > 0 {
-			st.Sharing.VisibilityLatency = time.Duration(s.visibleAt.Load() / n)
-		}
-		if s.fx != nil {
-			st.Sharing.ForeignBlocks, _, _ = s.fx.Totals()
-			st.Sharing.ForeignSegments = len(s.fx.Segments())
-		}
+	if e.share != nil {
+		st.Sharing = SharingStats(e.share.Stats())
 	}
 	e.mu.Lock()
 	st.StagingBytes = e.mu.stagingBytes

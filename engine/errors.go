@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ucm-go/ucm/engine/internal/base"
 	"github.com/ucm-go/ucm/format"
 )
 
@@ -20,8 +21,9 @@ var (
 	// ErrCorrupt: bytes on disk failed a check. For a load this is a miss: the block is
 	// dropped from the index and never returned.
 	ErrCorrupt = format.ErrCorrupt
-	// ErrClosed: the engine is closed or closing.
-	ErrClosed = errors.New("ucm: engine closed")
+	// ErrClosed: the engine is closed or closing (the value of engine/internal/base, which
+	// the engine's internal parts return).
+	ErrClosed = base.ErrClosed
 	// ErrTimeout: a task did not finish within its timeout; it was cancelled.
 	ErrTimeout = errors.New("ucm: timeout")
 	// ErrSchemaMismatch: the store was written under another schema (model, dtype, layout,

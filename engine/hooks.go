@@ -87,7 +87,7 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 	}
 	if locs != nil {
 		// Before the dump completes: other instances find the blocks from now on.
-		e.appendPublog(recs, locs)
+		e.share.AppendPublog(recs, locs)
 	}
 	// Recency: a dumped block is the newest of its tier; a block moved to another tier leaves
 	// the old tier's list; compaction within a tier keeps the block's recency.
@@ -140,7 +140,7 @@ func (h *walHooks) SegmentSealed(number uint64, size int64) error {
 		return err
 	}
 	if t := e.tierOf(number); t != nil && t.Shared() {
-		e.kickSharing() // publish it to the other instances
+		e.share.Kick() // publish it to the other instances
 	}
 	return nil
 }

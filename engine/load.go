@@ -33,7 +33,7 @@ func (e *Engine) Lookup(ids []BlockID) []bool {
 // lookupForeign sets hits[i] for the ids among the misses that the foreign index holds
 // (blocks other instances published on a shared tier).
 func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
-	if e.share == nil || e.share.fx == nil {
+	if e.share == nil || e.share.ForeignIndex() == nil {
 		return
 	}
 	var miss []int
@@ -51,14 +51,14 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 	}
 	subHits := make([]bool, len(sub))
 	tailed := false
-	_, err := e.foreignLookup(func() (bool, error) {
-		if err := e.share.fx.Has(sub, subHits); err != nil {
+	_, err := e.share.Lookup(func() (bool, error) {
+		if err := e.share.ForeignIndex().Has(sub, subHits); err != nil {
 			return false, err
 		}
 		for k, i := range miss {
 			hits[i] = subHits[k]
 		}
-		if e.overlayHas(ids, hits) {
+		if e.share.OverlayHas(ids, hits) {
 			return true, nil
 		}
 		if tailed {
@@ -66,8 +66,8 @@ func (e *Engine) lookupForeign(ids []BlockID, hits []bool) {
 		}
 		// Blocks another instance on this host dumped since: its publication log has them.
 		tailed = true
-		e.tailPublogs(true)
-		return e.overlayHas(ids, hits), nil
+		e.share.TailPublogs(true)
+		return e.share.OverlayHas(ids, hits), nil
 	})
 	if err != nil {
 		for _, i := range miss {
@@ -89,10 +89,10 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 		e.opts.Logger.Warn("ucm: prefix lookup failed; reporting no hits", "err", err)
 		return 0
 	}
-	if e.share != nil && e.share.fx != nil {
+	if e.share != nil && e.share.ForeignIndex() != nil {
 		// The leading run may alternate between own and foreign blocks.
 		for n < len(ids) {
-			f, err := e.share.fx.PrefixLen(ids[n:])
+			f, err := e.share.ForeignIndex().PrefixLen(ids[n:])
 			if err != nil || f == 0 {
 				break
 			}
@@ -104,8 +104,8 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 			n += own
 		}
 	}
-	if e.share != nil && e.share.fx != nil && n < len(ids) {
-		n = e.publishedPrefix(ids, n)
+	if e.share != nil && e.share.ForeignIndex() != nil && n < len(ids) {
+		n = e.share.PublishedPrefix(ids, n)
 	}
 	n = e.cachedPrefix(ids, n)
 	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
@@ -397,7 +397,7 @@ func (b *loadBatch) planRead(i int) {
 	id := t.ids[i]
 	loc, ok, err := b.locate(i)
 	if err == nil && !ok {
-		loc, ok = e.foreignGetTailing(id)
+		loc, ok = e.share.GetTailing(id)
 	}
 	if err != nil || !ok {
 		if err == nil {
@@ -551,10 +551,10 @@ func (b *loadBatch) finishReads() {
 func (b *loadBatch) finishHit(r *blockRead) {
 	e, id := b.e, b.t.ids[r.i]
 	if r.foreign {
-		e.share.foreignHits.Add(1)
+		e.share.NoteForeignHit()
 	}
 	if e.share != nil {
-		e.noteAccess(r.loc.Segment)
+		e.share.NoteAccess(r.loc.Segment)
 	}
 	if r.tier.Pos() > 0 || (r.foreign && !e.tiers[0].Shared()) {
 		e.wantPromotion(id)
@@ -570,7 +570,7 @@ func (b *loadBatch) finishHit(r *blockRead) {
 	// The next load of it needs no disk.
 	e.backfill(id, block, r.loc.ShardCRCs, len(e.caches))
 	if r.foreign && e.mem != nil {
-		e.share.copiedToMemory.Add(1)
+		e.share.NoteCopiedToMemory()
 	}
 }
 
@@ -617,13 +617,13 @@ func (e *Engine) entryLike(id BlockID, kind format.SidecarKind, loc index.Locati
 		return e.entry(id, kind)
 	}
 	if kind == 0 {
-		now, ok := e.foreignGet(id)
+		now, ok := e.share.Get(id)
 		return now, ok, nil
 	}
-	if e.share == nil || e.share.fx == nil {
+	if e.share == nil || e.share.ForeignIndex() == nil {
 		return index.Location{}, false, nil
 	}
-	return e.share.fx.GetSidecar(id, kind)
+	return e.share.ForeignIndex().GetSidecar(id, kind)
 }
 
 // acquireFollowing is acquireLatest for any entry, block id's (kind 0) or its sidecar of kind:
@@ -892,19 +892,19 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 	}
 	e.opts.Logger.Error("ucm: stored block unusable; dropped from the index", "block", id, "segment", loc.Segment, "offset", loc.Offset, "err", cause)
 	if !e.opts.ReadOnly && isOverlay(loc.Segment) {
-		e.dropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
+		e.share.DropOverlayBlock(id, loc, errors.Is(cause, wal.ErrSegmentGone))
 	} else if !e.opts.ReadOnly && isForeign(loc.Segment) {
 		// Another instance's block: forget this copy here; its owner's files are not ours.
 		// Its sidecars leave the foreign index with it, and the memory tier after. A segment
 		// gone means this view of its owner is older than the grace (a block compacted away
 		// lives on in another segment): refresh now rather than at the next interval.
 		if errors.Is(cause, wal.ErrSegmentGone) {
-			defer e.kickSharing()
+			defer e.share.Kick()
 		}
-		if e.share != nil && e.share.fx != nil {
-			b := e.share.fx.NewBatch()
+		if e.share != nil && e.share.ForeignIndex() != nil {
+			b := e.share.ForeignIndex().NewBatch()
 			b.DeleteIf(id, loc)
-			if err := e.share.fx.Apply(b, false); err != nil {
+			if err := e.share.ForeignIndex().Apply(b, false); err != nil {
 				e.opts.Logger.Error("ucm: could not drop broken foreign block", "block", id, "err", err)
 			}
 			e.uncacheUnindexedSidecars([]BlockID{id})

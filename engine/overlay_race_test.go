@@ -38,7 +38,7 @@ func learnedFromLog(t *testing.T) (b *Engine, blocks []BlockID) {
 		t.Fatal("A's blocks not found by B through A's publication log")
 	}
 	for _, id := range blocks {
-		if loc, ok := b.overlayGet(id); !ok || !isOverlay(loc.Segment) {
+		if loc, ok := b.share.OverlayGet(id); !ok || !isOverlay(loc.Segment) {
 			t.Fatalf("block %s: overlay entry %+v %v", id, loc, ok)
 		}
 	}
@@ -52,9 +52,9 @@ func learnedFromLog(t *testing.T) (b *Engine, blocks []BlockID) {
 // and the overlay forgot id; false if that did not happen within testwait.Bound. It may run
 // on a goroutine other than the test's.
 func indexedFromManifest(b *Engine, id BlockID) bool {
-	b.kickSharing()
+	b.share.Kick()
 	for deadline := time.Now().Add(testwait.Bound); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if _, ok := b.overlayGet(id); !ok && b.Stats().Sharing.SegmentsIndexed > 0 {
+		if _, ok := b.share.OverlayGet(id); !ok && b.Stats().Sharing.SegmentsIndexed > 0 {
 			return true
 		}
 	}
@@ -99,7 +99,7 @@ func TestSharedOverlayEntryFollowed(t *testing.T) {
 	b, blocks := learnedFromLog(t)
 	stale := make([]index.Location, len(blocks))
 	for i, id := range blocks {
-		stale[i], _ = b.overlayGet(id)
+		stale[i], _ = b.share.OverlayGet(id)
 	}
 	if !indexedFromManifest(b, blocks[0]) {
 		t.Fatal("B never indexed A's segment from its manifest")
@@ -143,7 +143,7 @@ func TestSharedLoadWhileIndexing(t *testing.T) {
 	var loadErr error
 	done := holdOnce(b, seamForeignIndexed, func(BlockID) bool {
 		for _, id := range blocks {
-			if loc, ok := b.foreignGet(id); !ok || isOverlay(loc.Segment) {
+			if loc, ok := b.share.Get(id); !ok || isOverlay(loc.Segment) {
 				loadErr = blockErr(ErrNotFound, id, "not in the foreign index once indexed")
 				return true
 			}
@@ -151,7 +151,7 @@ func TestSharedLoadWhileIndexing(t *testing.T) {
 		loadErr = loadExact(b, blocks)
 		return true
 	})
-	b.kickSharing()
+	b.share.Kick()
 	select {
 	case <-done:
 	case <-time.After(testwait.Bound):
@@ -245,24 +245,24 @@ func TestSharedManifestOlderThanLog(t *testing.T) {
 		}
 	}
 	publishes := func(e *Engine) int64 { return e.Stats().Sharing.ManifestsPublished }
-	b.kickSharing()
+	b.share.Kick()
 	wait(steps[0], "read A's manifest")
 	// B holds A's manifest that lists nothing. A lists its segment, then, after the carry
 	// period, a second one: its log goes on in a new file without the first.
 	n := publishes(a)
 	sealShared(t, a)
 	waitFor(t, "A's manifest listing its segment", func() bool { return publishes(a) > n })
-	time.Sleep(a.publogCarry() + 100*time.Millisecond)
+	time.Sleep(a.share.PublogCarry() + 100*time.Millisecond)
 	dumpBlocks(t, a, ids(100, 101))
 	n = publishes(a)
 	sealShared(t, a)
 	waitFor(t, "A's manifest listing its second segment", func() bool { return publishes(a) > n })
 	b.Lookup([]BlockID{blockID(999)}) // a miss: B reads this host's logs to their end
 	close(steps[0].resume)
-	b.kickSharing()
+	b.share.Kick()
 	wait(steps[1], "read A's manifest again")
 	// The first refresh is over; the second has read A's newest manifest and indexed nothing.
-	_, kept := b.overlayGet(blocks[0])
+	_, kept := b.share.OverlayGet(blocks[0])
 	close(steps[1].resume)
 	if !kept {
 		t.Fatal("the overlay forgot A's listed segment by a log read after a manifest from before the listing")

@@ -67,7 +67,7 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 			return 0, err
 		}
 		if !ok && foreignToo {
-			if loc, ok = e.foreignGet(id); ok {
+			if loc, ok = e.share.Get(id); ok {
 				foreign = append(foreign, recordRef{id: id, loc: loc})
 				continue
 			}
@@ -91,7 +91,7 @@ func (e *Engine) promoteBlocks(ids []BlockID) (int, error) {
 	// Other instances' blocks, apart: counted as local copies (their sidecars too).
 	_, nf, _, err := e.relocate(append(foreign, e.foreignSidecarsOf(foreign)...), e.tiers[0])
 	e.stats.promotions.Add(int64(nf))
-	e.share.copiedToDisk.Add(int64(nf))
+	e.share.NoteCopiedToDisk(int64(nf))
 	return n + nf, err
 }
 
@@ -109,7 +109,7 @@ func (e *Engine) Prefetch(ids []BlockID) *Task {
 	return e.startTask(ids, e.metrics.loadLatency, func(t *Task) {
 		stored := make([]bool, len(t.ids))
 		for i, id := range t.ids {
-			stored[i] = e.ix.Contains(id) || e.foreignContains(id)
+			stored[i] = e.ix.Contains(id) || e.share.Contains(id)
 		}
 		e.lookupCaches(t.ids, stored) // blocks only a shared cache (Mooncake's pool) holds are read into memory too
 		for i, id := range t.ids {
@@ -166,7 +166,7 @@ func (e *Engine) belowFirstTier(id BlockID) bool {
 		return true
 	}
 	if !ok {
-		return e.share != nil && !e.tiers[0].Shared() && e.foreignContains(id)
+		return e.share != nil && !e.tiers[0].Shared() && e.share.Contains(id)
 	}
 	t := e.tierOf(loc.Segment)
 	return t != nil && t.Pos() > 0

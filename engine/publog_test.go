@@ -74,9 +74,7 @@ func TestSharedReadYourWrites(t *testing.T) {
 	defer d.Close()
 	waitFor(t, "A's segment indexed from its manifest", func() bool { return d.Stats().Sharing.SegmentsIndexed > 0 })
 	checkBlocks(t, d, append(all, more...))
-	d.share.ov.emu.RLock()
-	left := len(d.share.ov.blocks)
-	d.share.ov.emu.RUnlock()
+	left := d.share.OverlaySize()
 	if left != 0 {
 		t.Fatalf("%d blocks still in the overlay after their segment was indexed", left)
 	}

@@ -943,8 +943,11 @@ func (e *Engine) sharingPasses() int64 {
 	if e.share == nil {
 		return 0
 	}
-	return e.share.refreshes.Load()
+	return e.share.Refreshes()
 }
+
+// retireShared defers finish (the unlink) of shared segment n for its grace (share.Sharing).
+func (e *Engine) retireShared(n uint64, finish func()) { e.share.RetireShared(n, finish) }
 
 // stopped is closed when the engine stops its background work.
 func (e *Engine) stopped() <-chan struct{} { return e.stop }

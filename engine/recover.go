@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
 	"github.com/ucm-go/ucm/wal"
@@ -395,10 +396,7 @@ func (e *Engine) removeOrphan(n uint64, path string) error {
 // scannedLocation is the index location of a record (or block of a batch record) a scan of
 // segment n found, or of a sealed segment's footer listed (wal.ReadSealedRecords).
 func scannedLocation(n uint64, r *wal.ScannedRecord) index.Location {
-	return index.Location{Segment: n, Offset: r.Offset, Layout: r.Header.Layout, Seq: r.Header.Seq,
-		HeaderCRC: r.HeaderCRC, ShardCRCs: r.Header.ShardCRCs,
-		Compression: r.Header.Compression, StoredLens: r.Header.StoredLens, StoredCRCs: r.Header.StoredCRCs,
-		BatchBlocks: r.BatchBlocks, BatchPos: r.BatchPos}
+	return share.ScannedLocation(n, r)
 }
 
 // indexRecords adds to b an entry for every scanned record of segment n whose block the index

@@ -121,8 +121,8 @@ func (e *Engine) segPath(n uint64) string {
 // found in), or nil.
 func (e *Engine) tierOf(n uint64) tiers.Disk {
 	if isForeign(n) {
-		fs, _ := e.foreignSegment(n)
-		return fs.tier
+		fs, _ := e.share.ForeignSegment(n)
+		return fs.Tier
 	}
 	h, ok := e.home(n)
 	if !ok {
@@ -176,7 +176,7 @@ func (e *Engine) acquireSegment(n uint64) (*wal.Segment, error) {
 		if s = p.open[n]; s == nil {
 			var err error
 			if isForeign(n) {
-				s, err = e.openForeignLocked(n)
+				s, err = e.share.OpenForeign(n)
 			} else {
 				meta, ok := e.ix.Segment(n)
 				h, known := p.homes[n]

@@ -25,26 +25,23 @@ func sealShared(t *testing.T, e *Engine) {
 			}
 		}
 	}
-	e.kickSharing()
+	e.share.Kick()
 }
 
 // foreignKnown reports whether e's foreign index holds segment n of instance inst.
 func foreignKnown(e *Engine, inst format.InstanceID, n uint64) bool {
-	e.share.mu.Lock()
-	defer e.share.mu.Unlock()
-	_, ok := e.share.aliases[foreignKey{inst, n}]
-	return ok
+	return e.share.HasAlias(inst, n)
 }
 
 // foreignHome returns the owner and segment number of the foreign index's entry of id.
 func foreignHome(t *testing.T, e *Engine, id BlockID) (format.InstanceID, uint64) {
 	t.Helper()
-	loc, ok := e.foreignGet(id)
-	fs, known := e.foreignSegment(loc.Segment)
+	loc, ok := e.share.Get(id)
+	fs, known := e.share.ForeignSegment(loc.Segment)
 	if !ok || !known {
 		t.Fatalf("block %s not in the foreign index", id)
 	}
-	return fs.inst, fs.number
+	return fs.Instance, fs.Number
 }
 
 // TestSharedTierForeignMovedBlock: a block another instance holds in two published segments
@@ -132,12 +129,12 @@ func TestSharedTierForeignMovedBlock(t *testing.T) {
 			}
 
 			// The owner of B's copy retires that segment; B drops it at its next refresh.
-			dropped := b.share.dropped.Load()
+			dropped := b.share.Stats().SegmentsDropped
 			if err := first.evictSegment(first.tiers[0], firstSeg); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "B drops the retired segment", func() bool {
-				return b.share.dropped.Load() > dropped && !foreignKnown(b, first.instance, firstSeg)
+				return b.share.Stats().SegmentsDropped > dropped && !foreignKnown(b, first.instance, firstSeg)
 			})
 			if !allHit(b, side) || countTrue(b.HasSidecars(8, side)) != 1 {
 				t.Fatalf("B lost the block (hit %v, sidecars %v) although a listed segment holds it", b.Lookup(side), b.HasSidecars(8, side))
@@ -180,12 +177,12 @@ func TestSharedTierForeignMovedBlock(t *testing.T) {
 // another instance that e's foreign index points at, in place (a file e may have open).
 func damageForeignBlock(t *testing.T, e *Engine, id BlockID) {
 	t.Helper()
-	loc, ok := e.foreignGet(id)
-	fs, known := e.foreignSegment(loc.Segment)
+	loc, ok := e.share.Get(id)
+	fs, known := e.share.ForeignSegment(loc.Segment)
 	if !ok || !known {
 		t.Fatalf("block %s not in the foreign index", id)
 	}
-	f, err := os.OpenFile(wal.SegmentPath(fs.dir, fs.number), os.O_WRONLY, 0)
+	f, err := os.OpenFile(wal.SegmentPath(fs.Dir, fs.Number), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,15 +7,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ucm-go/ucm/format"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/tiers"
 )
 
 // Admission on a shared tier (docs/tiers.md, "Shared tiers"): each shared tier with a capacity
 // keeps a tiers.ShareAccount, which holds the rules (monotone grants and credits, a request
 // answered once, a new holder's wait, the credit of a gone instance). This file opens it and
-// is its environment: the reservation, the namespace's metadata charge, the bytes under grace,
-// the kicks and the clock.
+// is its environment: the reservation, the namespace's metadata charge, the bytes under grace
+// (the sharing's), the kicks and the clock.
 
 // shareEnv is the environment of shared tier t's account (tiers.ShareEnv).
 type shareEnv struct {
@@ -25,9 +25,9 @@ type shareEnv struct {
 }
 
 func (v shareEnv) Reservation() int64                      { return v.e.reservation(v.t) }
-func (v shareEnv) MetadataCharge() (charge int64, ok bool) { return v.e.metadataCharge(v.nsDir) }
-func (v shareEnv) GraceBytes() int64                       { return v.e.graceBytes(v.t) }
-func (v shareEnv) KickSharer()                             { v.e.kickSharing() }
+func (v shareEnv) MetadataCharge() (charge int64, ok bool) { return metadataCharge(v.e.fs, v.nsDir) }
+func (v shareEnv) GraceBytes() int64                       { return v.e.share.GraceBytes(v.t) }
+func (v shareEnv) KickSharer()                             { v.e.share.Kick() }
 func (v shareEnv) KickReclaimer()                          { v.e.kickReclaimer() }
 func (v shareEnv) Now() time.Time                          { return time.Now() }
 
@@ -57,15 +57,6 @@ func (e *Engine) openSharedAccount(t tiers.Disk) error {
 	return nil
 }
 
-// manifestsOf returns the manifests of ms, for the account.
-func manifestsOf(ms []nsManifest) []*format.Manifest {
-	out := make([]*format.Manifest, len(ms))
-	for i := range ms {
-		out[i] = ms[i].Manifest
-	}
-	return out
-}
-
 // metadataAhead is how far ahead of its size the namespace's other files are accounted: what a
 // publication log may grow by until the next refresh.
 const metadataAhead = 64 << 10
@@ -73,8 +64,8 @@ const metadataAhead = 64 << 10
 // metadataCharge is what the files of namespace nsDir other than segments take on the tier
 // (the manifest, counted twice: a new one is written before the old is deleted; publication
 // logs; the lock), plus metadataAhead: one listing.
-func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
-	names, err := e.fs.List(nsDir)
+func metadataCharge(fs vfs.FS, nsDir string) (int64, bool) {
+	names, err := fs.List(nsDir)
 	if err != nil {
 		return 0, false
 	}
@@ -83,7 +74,7 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 		if n == SegmentDir {
 			continue
 		}
-		st, err := e.fs.Stat(filepath.Join(nsDir, n))
+		st, err := fs.Stat(filepath.Join(nsDir, n))
 		if err != nil || st.IsDir() {
 			continue
 		}
@@ -93,46 +84,4 @@ func (e *Engine) metadataCharge(nsDir string) (int64, bool) {
 		charge += st.Size()
 	}
 	return charge, true
-}
-
-// graceBytes sums this instance's retired segments of tier t waiting for their grace.
-func (e *Engine) graceBytes(t tiers.Disk) int64 {
-	s := e.share
-	s.mu.Lock()
-	ns := make([]uint64, 0, len(s.grace))
-	for n := range s.grace {
-		ns = append(ns, n)
-	}
-	s.mu.Unlock()
-	var sum int64
-	for _, n := range ns {
-		if row, ok := e.ix.Segment(n); ok && e.tierOf(n) == t {
-			sum += row.Size
-		}
-	}
-	return sum
-}
-
-// spaceNotes returns the account notes the manifest of namespace dir carries: this instance's
-// credit and space, and the grants it issued as lease holder.
-func (e *Engine) spaceNotes(dir string) []format.ManifestNote {
-	var notes []format.ManifestNote
-	for _, t := range e.tiers {
-		if accountOf(t) != nil && filepath.Dir(t.Dirs()[0]) == dir {
-			notes = append(notes, accountOf(t).Notes()...)
-		}
-	}
-	return notes
-}
-
-// shareStats sums this instance's shares, held bytes and requests over its shared tiers.
-func (e *Engine) shareStats() (share, held, asked int64) {
-	for _, t := range e.tiers {
-		if accountOf(t) == nil {
-			continue
-		}
-		s, h, a := accountOf(t).Stats()
-		share, held, asked = share+s, held+h, asked+a
-	}
-	return share, held, asked
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
@@ -128,7 +129,7 @@ func benchStartup(b *testing.B, shared string, first BlockID) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			for !e.share.fx.Contains(first) {
+			for !e.share.ForeignIndex().Contains(first) {
 				time.Sleep(100 * time.Microsecond)
 			}
 			hitAt.Store(int64(time.Since(start)))
@@ -219,7 +220,7 @@ func simulateTier(b *testing.B, shared string, gib int) BlockID {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := os.WriteFile(summaryPath(nsDir, n), enc, 0o644); err != nil {
+		if err := os.WriteFile(share.SummaryPath(nsDir, n), enc, 0o644); err != nil {
 			b.Fatal(err)
 		}
 		m.Segments = append(m.Segments, format.ManifestEntry{Number: n, Generation: gen, Size: size, Sealed: 1, Records: uint32(perSeg)})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/testwait"
 	"github.com/ucm-go/ucm/tiers"
@@ -129,7 +130,7 @@ func TestSharedIndexDamagedSummary(t *testing.T) {
 	checkBlocks(t, b, blocks)
 	// The refusal is a typed error naming the file.
 	ent := format.ManifestEntry{Number: mustParse(t, sums[0]), Generation: 0}
-	if _, err := b.readSummary(filepath.Join(nsDir, SegmentDir), [16]byte{}, ent); err == nil {
+	if _, err := b.share.ReadSummary(filepath.Join(nsDir, SegmentDir), [16]byte{}, ent); err == nil {
 		t.Fatal("a damaged summary was accepted")
 	} else if se := (*SummaryError)(nil); !errors.As(err, &se) || se.Path != sums[0] || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("error %v: want a *SummaryError for %s wrapping ErrCorrupt", err, sums[0])
@@ -267,7 +268,7 @@ func TestSharedLookupsWhileIndexing(t *testing.T) {
 			})
 		}
 	})
-	b.kickSharing()
+	b.share.Kick()
 	select {
 	case <-first:
 	case <-time.After(testwait.Bound):
@@ -275,7 +276,7 @@ func TestSharedLookupsWhileIndexing(t *testing.T) {
 	}
 	var indexed []BlockID
 	for _, id := range blocks {
-		if b.share.fx.Contains(id) {
+		if b.share.ForeignIndex().Contains(id) {
 			indexed = append(indexed, id)
 		}
 	}
@@ -323,7 +324,7 @@ func TestSharedSummaryBatchesAndSidecars(t *testing.T) {
 	}
 	checkBlocks(t, b, all)
 	checkShards(t, b, all)
-	waitFor(t, "B to index A's sidecars beside their blocks", func() bool { return b.share.fx.SidecarCount() == len(all) })
+	waitFor(t, "B to index A's sidecars beside their blocks", func() bool { return b.share.ForeignIndex().SidecarCount() == len(all) })
 	checkSidecars(t, b, 2, all, nil)
 }
 
@@ -346,7 +347,7 @@ func TestSummaryMatchesFooter(t *testing.T) {
 		{ID: ids[0], Offset: 4096, Length: format.RecordHeaderSize + 2*lay.ShardStride(), Seq: 10, HeaderCRC: 7, Type: format.RecordBlock},
 		{ID: ids[1], Offset: 5 * 4096, Length: batchLen, Seq: 11, HeaderCRC: 9, Type: format.RecordBatch},
 	}
-	if err := summaryMatchesFooter(recs(), foot); err != nil {
+	if err := share.SummaryMatchesFooter(recs(), foot); err != nil {
 		t.Fatalf("matching summary refused: %v", err)
 	}
 	lies := map[string]func(r []wal.ScannedRecord) []wal.ScannedRecord{
@@ -378,7 +379,7 @@ func TestSummaryMatchesFooter(t *testing.T) {
 		"no records": func(r []wal.ScannedRecord) []wal.ScannedRecord { return nil },
 	}
 	for name, lie := range lies {
-		if err := summaryMatchesFooter(lie(recs()), foot); !errors.Is(err, format.ErrCorrupt) {
+		if err := share.SummaryMatchesFooter(lie(recs()), foot); !errors.Is(err, format.ErrCorrupt) {
 			t.Errorf("%s: %v, want ErrCorrupt", name, err)
 		}
 	}
@@ -405,7 +406,7 @@ func TestPruneSummaries(t *testing.T) {
 	if err := os.WriteFile(tmp, []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a.pruneSummaries(nsDir, []format.ManifestEntry{keep})
+	a.share.PruneSummaries(nsDir, []format.ManifestEntry{keep})
 	left, _ := filepath.Glob(filepath.Join(nsDir, SummaryDir, "*"))
 	if len(left) != 1 || left[0] != sums[0] {
 		t.Fatalf("after pruning to segment %d: %v", keep.Number, left)

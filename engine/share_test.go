@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/devio"
+	"github.com/ucm-go/ucm/engine/internal/share"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
@@ -564,7 +565,7 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range cSegs {
-		if _, err := os.Stat(summaryPath(tiers.NamespaceDir(shared, cInst), n)); err != nil {
+		if _, err := os.Stat(share.SummaryPath(tiers.NamespaceDir(shared, cInst), n)); err != nil {
 			t.Fatalf("C's segment %d has no summary: %v", n, err)
 		}
 	}
@@ -637,7 +638,7 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 		if _, err := os.Stat(segPath(cInst, n)); !os.IsNotExist(err) {
 			t.Fatalf("C's reclaimed segment %d still there: %v", n, err)
 		}
-		if _, err := os.Stat(summaryPath(tiers.NamespaceDir(shared, cInst), n)); !os.IsNotExist(err) {
+		if _, err := os.Stat(share.SummaryPath(tiers.NamespaceDir(shared, cInst), n)); !os.IsNotExist(err) {
 			t.Fatalf("C's reclaimed segment %d's summary still there: %v", n, err)
 		}
 	}
@@ -679,14 +680,14 @@ func TestSharedTierIdleOwnerNotGone(t *testing.T) {
 	waitFor(t, "A's blocks visible in B", func() bool { return allHit(b, ids(0, 4)) })
 	nsA := tiers.NamespaceDir(sharedB, a.instance)
 	for end := time.Now().Add(5 * opts("").SharedOwnerTimeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if b.ownerGone(nsA) {
+		if b.share.OwnerGone(nsA) {
 			t.Fatalf("B presumes the idle but running A gone (A published %d manifests)", a.Stats().Sharing.ManifestsPublished)
 		}
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "B presumes A gone once it stopped", func() bool { return b.ownerGone(nsA) })
+	waitFor(t, "B presumes A gone once it stopped", func() bool { return b.share.OwnerGone(nsA) })
 }
 
 // TestSharedTierCapacityEverySchema: the shared tier's capacity bounds the bytes of every

@@ -200,7 +200,7 @@ func (e *Engine) HasSidecars(kind SidecarKind, ids []BlockID) []bool {
 // hasSidecar reports whether block id's sidecar of kind is indexed, here or in the foreign
 // index.
 func (e *Engine) hasSidecar(id BlockID, kind SidecarKind) bool {
-	return e.ix.HasSidecar(id, kind) || (e.share != nil && e.share.fx != nil && e.share.fx.HasSidecar(id, kind))
+	return e.ix.HasSidecar(id, kind) || (e.share != nil && e.share.ForeignIndex() != nil && e.share.ForeignIndex().HasSidecar(id, kind))
 }
 
 // LoadSidecars copies part `part` of the sidecar of kind of every block into dst, one after
@@ -252,8 +252,8 @@ func (e *Engine) LoadSidecars(kind SidecarKind, part int, ids []BlockID, dst []b
 		out := dst[i*n : (i+1)*n]
 		clear(out)
 		loc, ok, err := e.ix.GetSidecar(id, kind)
-		if err == nil && !ok && e.share != nil && e.share.fx != nil {
-			loc, ok, err = e.share.fx.GetSidecar(id, kind)
+		if err == nil && !ok && e.share != nil && e.share.ForeignIndex() != nil {
+			loc, ok, err = e.share.ForeignIndex().GetSidecar(id, kind)
 		}
 		if err != nil || !ok || loc.Layout.ShardBytes != int64(n) || part >= loc.Layout.Shards || loc.Compression != format.CompressionPacked {
 			if err != nil {
@@ -363,7 +363,7 @@ func (e *Engine) dropBrokenSidecar(id BlockID, kind SidecarKind, loc index.Locat
 	if isForeign(loc.Segment) {
 		ix = nil
 		if e.share != nil {
-			ix = e.share.fx
+			ix = e.share.ForeignIndex()
 		}
 	}
 	if ix != nil && !e.opts.ReadOnly {
@@ -421,13 +421,13 @@ func (e *Engine) evictSidecars(t tiers.Disk, n uint64) error {
 
 // foreignSidecarsOf returns the sidecars, in the foreign index, of the foreign blocks in refs.
 func (e *Engine) foreignSidecarsOf(refs []recordRef) []recordRef {
-	if e.share == nil || e.share.fx == nil {
+	if e.share == nil || e.share.ForeignIndex() == nil {
 		return nil
 	}
 	var out []recordRef
 	for _, r := range refs {
-		for _, kind := range e.share.fx.SidecarKinds(r.id) {
-			if loc, ok, err := e.share.fx.GetSidecar(r.id, kind); err == nil && ok {
+		for _, kind := range e.share.ForeignIndex().SidecarKinds(r.id) {
+			if loc, ok, err := e.share.ForeignIndex().GetSidecar(r.id, kind); err == nil && ok {
 				out = append(out, recordRef{r.id, kind, loc})
 			}
 		}

@@ -1,4 +1,4 @@
-package engine
+package share
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/errors/oserror"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
@@ -54,20 +55,20 @@ func (e *SummaryError) Error() string {
 // Unwrap returns the cause.
 func (e *SummaryError) Unwrap() error { return e.Err }
 
-// summaryPath is the summary of segment n of the namespace at nsDir.
-func summaryPath(nsDir string, n uint64) string {
+// SummaryPath is the summary of segment n of the namespace at nsDir.
+func SummaryPath(nsDir string, n uint64) string {
 	return filepath.Join(nsDir, SummaryDir, wal.SegmentFileName(n)+format.SummaryExt)
 }
 
-// readSummary reads and checks the summary of published segment ent of instance inst, whose
+// ReadSummary reads and checks the summary of published segment ent of instance inst, whose
 // segment directory is segDir, in one read, and returns its records as a footer-and-headers
 // read would. A missing file is an error wrapping os.ErrNotExist; any other failure a
 // *SummaryError.
-func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
-	path := summaryPath(filepath.Dir(segDir), ent.Number)
+func (s *Sharing) ReadSummary(segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+	path := SummaryPath(filepath.Dir(segDir), ent.Number)
 	fail := func(err error) error { return &SummaryError{Path: path, Segment: ent.Number, Err: err} }
 	var buf []byte
-	err := tiers.ReadReplaced(e.fs, path, func(f vfs.File) error {
+	err := tiers.ReadReplaced(s.cfg.FS, path, func(f vfs.File) error {
 		st, err := f.Stat()
 		if err != nil {
 			return err
@@ -81,7 +82,7 @@ func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.M
 		}
 		return nil
 	})
-	if isNotExist(err) {
+	if oserror.IsNotExist(err) {
 		return nil, fmt.Errorf("summary %s: %w", path, os.ErrNotExist)
 	}
 	if err != nil {
@@ -99,7 +100,7 @@ func (e *Engine) readSummary(segDir string, inst format.InstanceID, ent format.M
 			errStaleSummary, sum.Generation, sum.Size, ent.Generation, ent.Size))
 	case sum.Instance != inst:
 		return nil, fail(fmt.Errorf("%w: names instance %x", format.ErrCorrupt, sum.Instance))
-	case sum.Schema != e.fingerprint && !e.opts.LookupOnly:
+	case sum.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly:
 		return nil, fail(fmt.Errorf("%w: written under another schema", format.ErrCorrupt))
 	}
 	return summaryRecords(sum), nil
@@ -141,16 +142,15 @@ func summaryEntries(recs []wal.ScannedRecord) []format.SummaryEntry {
 // summary when there is one that checks and agrees with the segment's footer, else from its
 // footer and record headers. The segment's header must name the segment, the instance and
 // this store's schema either way.
-func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
-	s := e.share
-	recs, sumErr := e.readSummary(segDir, inst, ent)
-	seg, err := wal.OpenSegmentForRead(e.fs, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
+func (s *Sharing) foreignRecords(t tiers.Disk, segDir string, inst format.InstanceID, ent format.ManifestEntry) ([]wal.ScannedRecord, error) {
+	recs, sumErr := s.ReadSummary(segDir, inst, ent)
+	seg, err := wal.OpenSegmentForRead(s.cfg.FS, segDir, ent.Number, ent.Generation, t.Direct(), t.Backend())
 	if err != nil {
 		return nil, err
 	}
 	defer seg.Release()
-	if info := seg.Info(); info.Instance != inst || (info.Schema != e.fingerprint && !e.opts.LookupOnly) {
-		return nil, fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, ErrCorrupt)
+	if info := seg.Info(); info.Instance != inst || (info.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly) {
+		return nil, fmt.Errorf("segment %s: header names instance %x and another schema or owner: %w", seg.Path(), info.Instance, format.ErrCorrupt)
 	}
 	if sumErr == nil {
 		// The footer binds every record's block id, place, sequence number and header
@@ -159,15 +159,15 @@ func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.Instanc
 		if err != nil {
 			return nil, err
 		}
-		if sumErr = summaryMatchesFooter(recs, entries); sumErr == nil {
+		if sumErr = SummaryMatchesFooter(recs, entries); sumErr == nil {
 			s.fromSummary.Add(1)
 			return recs, nil
 		}
-		sumErr = &SummaryError{Path: summaryPath(filepath.Dir(segDir), ent.Number), Segment: ent.Number, Err: sumErr}
+		sumErr = &SummaryError{Path: SummaryPath(filepath.Dir(segDir), ent.Number), Segment: ent.Number, Err: sumErr}
 	}
 	if !errors.Is(sumErr, os.ErrNotExist) && !errors.Is(sumErr, errStaleSummary) {
 		s.summaryDamaged.Add(1)
-		e.opts.Logger.Warn("ucm: segment summary unusable; indexing the segment from its footer and record headers", "err", sumErr)
+		s.cfg.Logger.Warn("ucm: segment summary unusable; indexing the segment from its footer and record headers", "err", sumErr)
 	}
 	recs, err = wal.ReadSealedRecords(seg, ent.Size, t.Backend())
 	if err == nil {
@@ -176,13 +176,13 @@ func (e *Engine) foreignRecords(t tiers.Disk, segDir string, inst format.Instanc
 	return recs, err
 }
 
-// summaryMatchesFooter checks a summary's records against the footer of their segment: each
+// SummaryMatchesFooter checks a summary's records against the footer of their segment: each
 // footer entry is one record of the summary, in order, with its block id, offset, sequence
 // number, header checksum, type, kind and length (what the layout and stored lengths the
 // summary names make); a batch entry is the batch's blocks, positions 0 to
 // N-1 at its offset with its header checksum, block 0 its id, sequence numbers consecutive
 // from its own. A mismatch wraps format.ErrCorrupt naming the entry.
-func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry) error {
+func SummaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry) error {
 	i := 0
 	for k, fe := range entries {
 		if i >= len(recs) {
@@ -219,8 +219,7 @@ func summaryMatchesFooter(recs []wal.ScannedRecord, entries []format.FooterEntry
 
 // noteIndexed counts a foreign segment of n records just indexed and, during a long
 // indexing, logs its progress every progressEvery.
-func (e *Engine) noteIndexed(n int) {
-	s := e.share
+func (s *Sharing) noteIndexed(n int) {
 	s.indexedRecords.Add(int64(n))
 	now := time.Now()
 	s.mu.Lock()
@@ -239,14 +238,13 @@ func (e *Engine) noteIndexed(n int) {
 	for _, n := range s.listedByNS {
 		listed += n
 	}
-	e.opts.Logger.Info("ucm: indexing other instances' segments", "indexed", len(s.segs), "listed", listed,
+	s.cfg.Logger.Info("ucm: indexing other instances' segments", "indexed", len(s.segs), "listed", listed,
 		"from_summary", s.fromSummary.Load(), "from_headers", s.fromHeaders.Load(), "records_per_s", int64(rate))
 }
 
 // forgetListedCounts drops the progress counts of the namespaces under root that are gone
 // (not in present).
-func (e *Engine) forgetListedCounts(root string, present map[string]bool) {
-	s := e.share
+func (s *Sharing) forgetListedCounts(root string, present map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for nsDir := range s.listedByNS {
@@ -256,22 +254,21 @@ func (e *Engine) forgetListedCounts(root string, present map[string]bool) {
 	}
 }
 
-// writeSummaries writes the summary of every sealed segment of this instance on a shared tier
+// WriteSummaries writes the summary of every sealed segment of this instance on a shared tier
 // that has none yet, within summaryBudget (the rest at the next round). A summary already on
 // disk for the segment's generation is kept. A summary is built from the sealed segment as a
 // reader sees it (footer and record headers, checked), so it never says more than the segment.
-func (e *Engine) writeSummaries() {
-	s := e.share
-	if s == nil || e.opts.ReadOnly {
+func (s *Sharing) WriteSummaries() {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
 	deadline := time.Now().Add(summaryBudget)
-	for _, row := range e.ix.Segments() {
+	for _, row := range s.env.OwnSegments() {
 		if row.State != index.SegmentSealed {
 			continue
 		}
-		h, ok := e.home(row.Number)
-		if !ok || h.tier == nil || !h.tier.Shared() {
+		h, ok := s.env.Home(row.Number)
+		if !ok || h.Tier == nil || !h.Tier.Shared() {
 			continue
 		}
 		s.mu.Lock()
@@ -283,10 +280,10 @@ func (e *Engine) writeSummaries() {
 		if time.Now().After(deadline) {
 			return
 		}
-		if err := e.writeSummary(h, row); err != nil {
+		if err := s.writeSummary(h, row); err != nil {
 			// Readers index the segment from its footer and headers; not retried until the
 			// next Open (a segment that cannot be read back will fail them too).
-			e.opts.Logger.Warn("ucm: could not write a segment summary; other instances read its record headers instead",
+			s.cfg.Logger.Warn("ucm: could not write a segment summary; other instances read its record headers instead",
 				"segment", row.Number, "err", err)
 		}
 		s.mu.Lock()
@@ -297,39 +294,39 @@ func (e *Engine) writeSummaries() {
 
 // writeSummary writes the summary of own sealed segment row, in home h, unless one of its
 // generation is there.
-func (e *Engine) writeSummary(h segHome, row index.SegmentMeta) error {
-	nsDir := filepath.Dir(h.dir)
+func (s *Sharing) writeSummary(h Home, row index.SegmentMeta) error {
+	nsDir := filepath.Dir(h.Dir)
 	ent := format.ManifestEntry{Number: row.Number, Generation: row.Generation, Size: row.Size}
-	if _, err := e.readSummary(h.dir, e.instance, ent); err == nil {
+	if _, err := s.ReadSummary(h.Dir, s.env.Instance(), ent); err == nil {
 		return nil
 	}
-	seg, err := wal.OpenSegmentForRead(e.fs, h.dir, row.Number, row.Generation, h.tier.Direct(), h.tier.Backend())
+	seg, err := wal.OpenSegmentForRead(s.cfg.FS, h.Dir, row.Number, row.Generation, h.Tier.Direct(), h.Tier.Backend())
 	if err != nil {
 		return err
 	}
 	defer seg.Release()
-	recs, err := wal.ReadSealedRecords(seg, row.Size, h.tier.Backend())
+	recs, err := wal.ReadSealedRecords(seg, row.Size, h.Tier.Backend())
 	if err != nil {
 		return err
 	}
-	enc, err := format.EncodeSummary(&format.Summary{Instance: e.instance, Schema: e.fingerprint, Segment: row.Number,
+	enc, err := format.EncodeSummary(&format.Summary{Instance: s.env.Instance(), Schema: s.env.Fingerprint(), Segment: row.Number,
 		Generation: row.Generation, Size: row.Size, Entries: summaryEntries(recs)})
 	if err != nil {
 		return err
 	}
-	if err := e.fs.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
+	if err := s.cfg.FS.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
 		return err
 	}
-	path := summaryPath(nsDir, row.Number)
-	return wal.ReplaceFile(e.fs, path, path+".tmp", enc)
+	path := SummaryPath(nsDir, row.Number)
+	return wal.ReplaceFile(s.cfg.FS, path, path+".tmp", enc)
 }
 
-// pruneSummaries removes the summaries in the namespace at nsDir of segments its manifest no
+// PruneSummaries removes the summaries in the namespace at nsDir of segments its manifest no
 // longer lists (retired, reclaimed, or a leftover .tmp), after a manifest without them was
 // written.
-func (e *Engine) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
+func (s *Sharing) PruneSummaries(nsDir string, listed []format.ManifestEntry) {
 	dir := filepath.Join(nsDir, SummaryDir)
-	names, err := e.fs.List(dir)
+	names, err := s.cfg.FS.List(dir)
 	if err != nil {
 		return // none written yet
 	}
@@ -337,14 +334,13 @@ func (e *Engine) pruneSummaries(nsDir string, listed []format.ManifestEntry) {
 	for _, ent := range listed {
 		keep[ent.Number] = true
 	}
-	s := e.share
 	for _, name := range names {
 		n, ok := wal.ParseSegmentFileName(strings.TrimSuffix(name, format.SummaryExt))
 		if ok && keep[n] && strings.HasSuffix(name, format.SummaryExt) {
 			continue
 		}
-		if err := e.fs.Remove(filepath.Join(dir, name)); err != nil && !isNotExist(err) {
-			e.opts.Logger.Warn("ucm: could not remove a segment summary", "path", filepath.Join(dir, name), "err", err)
+		if err := s.cfg.FS.Remove(filepath.Join(dir, name)); err != nil && !oserror.IsNotExist(err) {
+			s.cfg.Logger.Warn("ucm: could not remove a segment summary", "path", filepath.Join(dir, name), "err", err)
 			continue
 		}
 		if ok {

@@ -1,4 +1,4 @@
-package engine
+package share
 
 import (
 	"crypto/md5"
@@ -45,19 +45,21 @@ const (
 	publogRelistEvery = 8
 	// publogEntryRecords bounds the records of one entry.
 	publogEntryRecords = 1024
-	// racyDirWindow: a directory listed less than this after its modification time may have
+	// RacyDirWindow: a directory listed less than this after its modification time may have
 	// changed again within the same time stamp (file times tick coarsely; a network file
 	// system's come from the server's clock), so an unchanged time says nothing until then.
-	racyDirWindow = 2 * time.Second
+	RacyDirWindow = 2 * time.Second
 )
 
 // dirUnchanged reports whether a directory whose modification time is now mod was listed
 // entire after it last changed: listed at listedAt, when its time was seen.
 func dirUnchanged(mod, seen, listedAt time.Time) bool {
-	return mod.Equal(seen) && listedAt.Sub(mod) > racyDirWindow
+	return mod.Equal(seen) && listedAt.Sub(mod) > RacyDirWindow
 }
 
-func isOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
+// IsOverlay reports whether segment number n is an alias the overlay of the publication logs
+// gave (a foreign segment not yet in a manifest).
+func IsOverlay(n uint64) bool { return n&(foreignAlias|overlayAlias) == foreignAlias|overlayAlias }
 
 var (
 	hostOnce sync.Once
@@ -116,11 +118,11 @@ type retiredLog struct {
 	at   time.Time
 }
 
-// publogCarry is how long a log keeps naming a segment after a manifest listed it, and how long
+// PublogCarry is how long a log keeps naming a segment after a manifest listed it, and how long
 // a continued log stays on disk: two refresh intervals (at least a second), in which every
 // reader has read that manifest, or followed the old log to its continuation.
-func (e *Engine) publogCarry() time.Duration {
-	return max(2*e.opts.SharedRefreshInterval, time.Second)
+func (s *Sharing) PublogCarry() time.Duration {
+	return max(2*s.cfg.RefreshInterval, time.Second)
 }
 
 // pendingLog is what a log said of one segment it still names.
@@ -138,12 +140,11 @@ type publogs struct {
 	warned       bool
 }
 
-// appendPublog announces recs (just indexed; locs their locations) in the publication logs of
+// AppendPublog announces recs (just indexed; locs their locations) in the publication logs of
 // the shared tiers holding them. A failure is logged and counted, never the dump's: the
 // manifest publishes the block when its segment is sealed.
-func (e *Engine) appendPublog(recs []*wal.Record, locs []index.Location) {
-	s := e.share
-	if s == nil || e.opts.ReadOnly {
+func (s *Sharing) AppendPublog(recs []*wal.Record, locs []index.Location) {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
 	type group struct {
@@ -155,18 +156,18 @@ func (e *Engine) appendPublog(recs []*wal.Record, locs []index.Location) {
 	for k, r := range recs {
 		g := groups[r.Segment]
 		if g == nil {
-			h, ok := e.home(r.Segment)
-			if !ok || !h.tier.Shared() {
+			h, ok := s.env.Home(r.Segment)
+			if !ok || !h.Tier.Shared() {
 				continue
 			}
-			meta, ok := e.ix.Segment(r.Segment)
+			meta, ok := s.env.OwnSegment(r.Segment)
 			if !ok {
 				continue
 			}
 			if groups == nil {
 				groups = map[uint64]*group{}
 			}
-			g = &group{nsDir: filepath.Dir(h.dir), gen: meta.Generation}
+			g = &group{nsDir: filepath.Dir(h.Dir), gen: meta.Generation}
 			groups[r.Segment] = g
 		}
 		g.recs = append(g.recs, format.PublogRecord{ID: r.ID, Kind: r.Kind, Location: index.EncodeLocation(nil, locs[k])})
@@ -178,21 +179,21 @@ func (e *Engine) appendPublog(recs []*wal.Record, locs []index.Location) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n, g := range groups {
-		if err := e.appendPublogLocked(g.nsDir, n, g.gen, g.recs); err != nil {
+		if err := s.appendPublogLocked(g.nsDir, n, g.gen, g.recs); err != nil {
 			p.appendErrors++
 			if !p.warned {
 				p.warned = true
-				e.opts.Logger.Warn("ucm: could not append to the publication log; other instances see new blocks when their segment is published", "dir", g.nsDir, "err", err)
+				s.cfg.Logger.Warn("ucm: could not append to the publication log; other instances see new blocks when their segment is published", "dir", g.nsDir, "err", err)
 			}
 		}
 	}
 }
 
-func (e *Engine) appendPublogLocked(nsDir string, number, gen uint64, recs []format.PublogRecord) error {
-	p := &e.share.logs
+func (s *Sharing) appendPublogLocked(nsDir string, number, gen uint64, recs []format.PublogRecord) error {
+	p := &s.logs
 	w := p.w[nsDir]
 	if w == nil || w.f == nil || w.size >= publogRotateBytes {
-		nw, err := e.startPublog(nsDir, w)
+		nw, err := s.startPublog(nsDir, w)
 		if err != nil {
 			return err
 		}
@@ -236,9 +237,9 @@ func (w *publogWriter) write(number, gen uint64, recs []format.PublogRecord) err
 
 // startPublog creates a new log in nsDir, continuing prev (if any) into it, and makes the
 // earlier logs retired ones.
-func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, error) {
-	p := &e.share.logs
-	seqs, err := tiers.PublogNames(e.fs, nsDir)
+func (s *Sharing) startPublog(nsDir string, prev *publogWriter) (*publogWriter, error) {
+	p := &s.logs
+	seqs, err := tiers.PublogNames(s.cfg.FS, nsDir)
 	if err != nil {
 		return nil, err
 	}
@@ -247,14 +248,14 @@ func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, e
 		seq = seqs[len(seqs)-1] + 1
 	}
 	path := filepath.Join(nsDir, tiers.PublogName(seq))
-	f, err := e.fs.Create(path, vfs.WriteCategoryUnspecified)
+	f, err := s.cfg.FS.Create(path, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return nil, fmt.Errorf("publication log %s: %w", path, err)
 	}
-	hdr := format.EncodePublogHeader(format.PublogHeader{Instance: e.instance, Host: thisHost(), Sequence: seq, Schema: e.fingerprint})
+	hdr := format.EncodePublogHeader(format.PublogHeader{Instance: s.env.Instance(), Host: thisHost(), Sequence: seq, Schema: s.env.Fingerprint()})
 	if _, err := f.WriteAt(hdr, 0); err != nil {
 		_ = f.Close()
-		_ = e.fs.Remove(path)
+		_ = s.cfg.FS.Remove(path)
 		return nil, fmt.Errorf("publication log %s: %w", path, err)
 	}
 	w := &publogWriter{nsDir: nsDir, f: f, seq: seq, size: int64(len(hdr)), dirty: true, pending: map[uint64]*pendingLog{}}
@@ -267,7 +268,7 @@ func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, e
 		// What the old log said of unlisted segments, again, before readers are sent here.
 		for n, pl := range prev.pending {
 			if err := w.write(n, pl.gen, pl.recs); err != nil {
-				_ = e.fs.Remove(path)
+				_ = s.cfg.FS.Remove(path)
 				return nil, err
 			}
 		}
@@ -290,8 +291,8 @@ func (e *Engine) startPublog(nsDir string, prev *publogWriter) (*publogWriter, e
 
 // syncPublogs flushes the logs appended to since the last call (the sharer's tick), so that a
 // network file system's client passes them on to other hosts within one interval.
-func (e *Engine) syncPublogs() {
-	p := &e.share.logs
+func (s *Sharing) syncPublogs() {
+	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range p.w {
@@ -306,8 +307,8 @@ func (e *Engine) syncPublogs() {
 // earlier logs continued longer than publogCarry ago are deleted (their readers were sent on),
 // and when the current log names a segment listed longer than publogCarry ago, or one that is
 // retired or no longer this instance's, the log is continued in a new one without it.
-func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
-	p := &e.share.logs
+func (s *Sharing) prunePublogs(nsDir string, listed []format.ManifestEntry) {
+	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	w := p.w[nsDir]
@@ -316,12 +317,12 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	}
 	keep := w.retired[:0]
 	for _, r := range w.retired {
-		if time.Since(r.at) < e.publogCarry() {
+		if time.Since(r.at) < s.PublogCarry() {
 			keep = append(keep, r)
 			continue
 		}
-		if err := e.fs.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			e.opts.Logger.Warn("ucm: could not delete a publication log", "path", r.path, "err", err)
+		if err := s.cfg.FS.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.cfg.Logger.Warn("ucm: could not delete a publication log", "path", r.path, "err", err)
 		}
 	}
 	w.retired = keep
@@ -332,7 +333,7 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 	changed := false
 	now := time.Now()
 	for n, pl := range w.pending {
-		meta, own := e.ix.Segment(n)
+		meta, own := s.env.OwnSegment(n)
 		switch {
 		case !own || meta.State == index.SegmentDeleting:
 		case !in[n]:
@@ -340,24 +341,24 @@ func (e *Engine) prunePublogs(nsDir string, listed []format.ManifestEntry) {
 		case pl.listedAt.IsZero():
 			pl.listedAt = now
 			continue
-		case now.Sub(pl.listedAt) < e.publogCarry():
+		case now.Sub(pl.listedAt) < s.PublogCarry():
 			continue
 		}
 		delete(w.pending, n)
 		changed = true
 	}
 	if changed && w.f != nil {
-		if _, err := e.startPublog(nsDir, w); err != nil {
+		if _, err := s.startPublog(nsDir, w); err != nil {
 			p.appendErrors++
-			e.opts.Logger.Warn("ucm: could not continue the publication log", "dir", nsDir, "err", err)
+			s.cfg.Logger.Warn("ucm: could not continue the publication log", "dir", nsDir, "err", err)
 		}
 	}
 }
 
-// closePublogs closes this instance's logs (Close). They stay: readers use them until the
+// ClosePublogs closes this instance's logs (Close). They stay: readers use them until the
 // segments they name are listed, and the next Open deletes them.
-func (e *Engine) closePublogs() {
-	p := &e.share.logs
+func (s *Sharing) ClosePublogs() {
+	p := &s.logs
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range p.w {
@@ -388,7 +389,7 @@ type publogTail struct {
 // overlaySeg is a segment known only from a publication log.
 type overlaySeg struct {
 	seg foreignSeg
-	ids []BlockID
+	ids []format.BlockID
 	seq uint64 // the log that last named it
 }
 
@@ -409,7 +410,7 @@ type overlay struct {
 	forgets atomic.Uint64
 
 	emu    sync.RWMutex // guards what follows; taken last, never held across another lock
-	blocks map[BlockID]index.Location
+	blocks map[format.BlockID]index.Location
 	segs   map[uint64]*overlaySeg
 	byKey  map[foreignKey]uint64
 	// current is, per instance, the newest log read to its end: what it names is all its
@@ -422,8 +423,8 @@ type overlay struct {
 
 // overlayReclaimed forgets, and from now on ignores in logs, the segments m's NoteReclaimed
 // notes say a reclaimer took from m's owner inst.
-func (e *Engine) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
-	ov := &e.share.ov
+func (s *Sharing) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
+	ov := &s.ov
 	var keys []foreignKey
 	ov.emu.Lock()
 	for _, nt := range m.Notes {
@@ -441,23 +442,23 @@ func (e *Engine) overlayReclaimed(inst format.InstanceID, m *format.Manifest) {
 	}
 	ov.emu.Unlock()
 	for _, k := range keys {
-		e.forgetOverlay(k)
+		s.forgetOverlay(k)
 	}
 }
 
-// overlayGet returns the location a publication log gave block id.
-func (e *Engine) overlayGet(id BlockID) (index.Location, bool) {
-	ov := &e.share.ov
+// OverlayGet returns the location a publication log gave block id.
+func (s *Sharing) OverlayGet(id format.BlockID) (index.Location, bool) {
+	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
 	loc, ok := ov.blocks[id]
 	return loc, ok
 }
 
-// overlayHas sets hits[i] for the ids of misses the overlay holds and reports whether every
+// OverlayHas sets hits[i] for the ids of misses the overlay holds and reports whether every
 // one is now a hit.
-func (e *Engine) overlayHas(ids []BlockID, hits []bool) bool {
-	ov := &e.share.ov
+func (s *Sharing) OverlayHas(ids []format.BlockID, hits []bool) bool {
+	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
 	all := true
@@ -471,8 +472,8 @@ func (e *Engine) overlayHas(ids []BlockID, hits []bool) bool {
 }
 
 // overlaySegment returns the segment an overlay alias stands for.
-func (e *Engine) overlaySegment(alias uint64) (foreignSeg, bool) {
-	ov := &e.share.ov
+func (s *Sharing) overlaySegment(alias uint64) (foreignSeg, bool) {
+	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
 	if o := ov.segs[alias]; o != nil {
@@ -483,8 +484,8 @@ func (e *Engine) overlaySegment(alias uint64) (foreignSeg, bool) {
 
 // forgetOverlay drops the overlay's segment k (indexed from a manifest now, gone, or replaced)
 // with its entries, and closes its open file once its readers are done.
-func (e *Engine) forgetOverlay(k foreignKey) {
-	ov := &e.share.ov
+func (s *Sharing) forgetOverlay(k foreignKey) {
+	ov := &s.ov
 	ov.emu.Lock()
 	alias, ok := ov.byKey[k]
 	if ok {
@@ -502,16 +503,16 @@ func (e *Engine) forgetOverlay(k foreignKey) {
 	if !ok {
 		return
 	}
-	seg := e.dropOpen(alias)
+	seg := s.env.ForgetOpen(alias)
 	if seg != nil {
 		seg.Retire(func() {})
 	}
 }
 
-// dropOverlayBlock forgets id's overlay entry at loc (a load found it unusable); the whole
+// DropOverlayBlock forgets id's overlay entry at loc (a load found it unusable); the whole
 // segment when it is gone.
-func (e *Engine) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
-	ov := &e.share.ov
+func (s *Sharing) DropOverlayBlock(id format.BlockID, loc index.Location, gone bool) {
+	ov := &s.ov
 	ov.emu.Lock()
 	if cur, ok := ov.blocks[id]; ok && cur.Segment == loc.Segment && cur.Offset == loc.Offset {
 		delete(ov.blocks, id)
@@ -519,19 +520,18 @@ func (e *Engine) dropOverlayBlock(id BlockID, loc index.Location, gone bool) {
 	o := ov.segs[loc.Segment]
 	ov.emu.Unlock()
 	if gone && o != nil {
-		e.forgetOverlay(foreignKey{o.seg.inst, o.seg.number})
+		s.forgetOverlay(foreignKey{o.seg.inst, o.seg.number})
 	}
 }
 
-// tailPublogs reads what the other instances appended to their publication logs. onMiss (a
+// TailPublogs reads what the other instances appended to their publication logs. onMiss (a
 // lookup or load missed): only logs written on this host; otherwise (the sharer's tick) every
 // log. A namespace or root directory is listed again only when its modification time changed,
 // but at every publogRelistEvery-th tick, when every one is (a network file system's client may
 // show a directory's time late; a reader in a log follows its continuations without a listing,
 // so listings only find new instances and restarted writers).
-func (e *Engine) tailPublogs(onMiss bool) {
-	s := e.share
-	if s == nil || e.opts.ReadOnly {
+func (s *Sharing) TailPublogs(onMiss bool) {
+	if s == nil || s.cfg.ReadOnly {
 		return
 	}
 	ov := &s.ov
@@ -541,36 +541,36 @@ func (e *Engine) tailPublogs(onMiss bool) {
 	if !onMiss {
 		ov.ticks++
 	}
-	for _, t := range e.tiers {
+	for _, t := range s.cfg.Tiers {
 		if !t.Shared() {
 			continue
 		}
 		for _, root := range t.Config().Paths {
-			e.discoverPublogs(t, root, trustTimes)
+			s.discoverPublogs(t, root, trustTimes)
 		}
 	}
 	for _, tl := range ov.tails {
 		if onMiss && tl.f != nil && !tl.sameHost {
 			continue
 		}
-		e.findPublog(tl, trustTimes)
+		s.findPublog(tl, trustTimes)
 		if tl.f != nil && !tl.ignored {
-			e.readPublog(tl)
+			s.readPublog(tl)
 		}
 	}
 }
 
-// publogTailer reads every other instance's log each refresh interval, in a goroutine of its
+// RunTailer reads every other instance's log each refresh interval, in a goroutine of its
 // own: on a network file system a pass takes tens of milliseconds that the sharer's manifests
 // and heartbeats must not wait for.
-func (e *Engine) publogTailer() {
-	defer e.bg.Done()
-	tick := time.NewTicker(e.opts.SharedRefreshInterval)
+func (s *Sharing) RunTailer() {
+	defer s.cfg.BG.Done()
+	tick := time.NewTicker(s.cfg.RefreshInterval)
 	defer tick.Stop()
 	for {
-		e.tailPublogs(false)
+		s.TailPublogs(false)
 		select {
-		case <-e.stop:
+		case <-s.cfg.Stop:
 			return
 		case <-tick.C:
 		}
@@ -578,8 +578,8 @@ func (e *Engine) publogTailer() {
 }
 
 // logsRead returns the sequence of the newest log of instance inst read to its end, if any.
-func (e *Engine) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
-	ov := &e.share.ov
+func (s *Sharing) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
+	ov := &s.ov
 	ov.emu.RLock()
 	defer ov.emu.RUnlock()
 	seq, ok = ov.current[inst]
@@ -592,8 +592,8 @@ func (e *Engine) logsRead(inst format.InstanceID) (seq uint64, ok bool) {
 // a while after; the overlay forgets a listed one when the foreign index takes it). A log read
 // after m may be a continuation begun at a newer manifest that lists a segment m does not: the
 // segment is forgotten only by what was read before m.
-func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest, seq uint64, ok bool) {
-	ov := &e.share.ov
+func (s *Sharing) forgetUnannounced(inst format.InstanceID, m *format.Manifest, seq uint64, ok bool) {
+	ov := &s.ov
 	listed := make(map[uint64]bool, len(m.Segments))
 	for _, ent := range m.Segments {
 		listed[ent.Number] = true
@@ -607,23 +607,23 @@ func (e *Engine) forgetUnannounced(inst format.InstanceID, m *format.Manifest, s
 	}
 	ov.emu.RUnlock()
 	for _, k := range keys {
-		e.forgetOverlay(k)
+		s.forgetOverlay(k)
 	}
 }
 
 // discoverPublogs keeps a tail for every other namespace under root (ov.mu held).
-func (e *Engine) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
-	ov := &e.share.ov
+func (s *Sharing) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
+	ov := &s.ov
 	dir := filepath.Join(root, tiers.InstancesDir)
 	now := time.Now()
-	st, err := e.fs.Stat(dir)
+	st, err := s.cfg.FS.Stat(dir)
 	if err != nil {
 		return
 	}
 	if trustTimes && dirUnchanged(st.ModTime(), ov.rootMod[root], ov.listed[root]) {
 		return
 	}
-	insts, err := tiers.ListNamespaces(e.fs, root)
+	insts, err := tiers.ListNamespaces(s.cfg.FS, root)
 	if err != nil {
 		return
 	}
@@ -634,7 +634,7 @@ func (e *Engine) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
 	ov.rootMod[root], ov.listed[root] = st.ModTime(), now
 	present := map[string]bool{}
 	for _, inst := range insts {
-		if inst == e.instance {
+		if inst == s.env.Instance() {
 			continue
 		}
 		nsDir := tiers.NamespaceDir(root, inst)
@@ -651,15 +651,15 @@ func (e *Engine) discoverPublogs(t tiers.Disk, root string, trustTimes bool) {
 				_ = tl.f.Close()
 			}
 			delete(ov.tails, nsDir)
-			e.forgetOverlayOf(tl.inst)
+			s.forgetOverlayOf(tl.inst)
 		}
 	}
 }
 
 // forgetOverlayOf drops the overlay's segments of instance inst, whose namespace is gone, and
 // what it knew of its reclaimed segments.
-func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
-	ov := &e.share.ov
+func (s *Sharing) forgetOverlayOf(inst format.InstanceID) {
+	ov := &s.ov
 	var keys []foreignKey
 	ov.emu.Lock()
 	for k := range ov.byKey {
@@ -675,7 +675,7 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 	delete(ov.current, inst)
 	ov.emu.Unlock()
 	for _, k := range keys {
-		e.forgetOverlay(k)
+		s.forgetOverlay(k)
 	}
 }
 
@@ -683,13 +683,13 @@ func (e *Engine) forgetOverlayOf(inst format.InstanceID) {
 // it reads (the writer restarted, or tl has none yet), after reading what the current one still
 // holds, and reads it. trustTimes: only when the namespace directory changed since it was last
 // listed.
-func (e *Engine) findPublog(tl *publogTail, trustTimes bool) {
+func (s *Sharing) findPublog(tl *publogTail, trustTimes bool) {
 	now := time.Now()
-	st, err := e.fs.Stat(tl.nsDir)
+	st, err := s.cfg.FS.Stat(tl.nsDir)
 	if err != nil || (trustTimes && !tl.stuck && !tl.stale && dirUnchanged(st.ModTime(), tl.nsMod, tl.nsListed)) {
 		return
 	}
-	seqs, err := tiers.PublogNames(e.fs, tl.nsDir)
+	seqs, err := tiers.PublogNames(s.cfg.FS, tl.nsDir)
 	if err != nil || len(seqs) == 0 {
 		return
 	}
@@ -699,22 +699,22 @@ func (e *Engine) findPublog(tl *publogTail, trustTimes bool) {
 		return
 	}
 	if tl.f != nil && !tl.ignored && !tl.stuck {
-		e.readPublog(tl) // what the current log still holds, first: it may continue into the newest
+		s.readPublog(tl) // what the current log still holds, first: it may continue into the newest
 		if tl.seq >= newest {
 			return
 		}
 	}
 	// The newest log names every segment not listed long enough for this instance to have
 	// read its manifest: the older ones are not needed (and may name retired segments).
-	if e.openPublog(tl, newest); tl.seq == newest && !tl.ignored {
-		e.readPublog(tl)
+	if s.openPublog(tl, newest); tl.seq == newest && !tl.ignored {
+		s.readPublog(tl)
 	}
 }
 
 // openPublog makes tl read log seq of its namespace from its start.
-func (e *Engine) openPublog(tl *publogTail, seq uint64) {
+func (s *Sharing) openPublog(tl *publogTail, seq uint64) {
 	path := filepath.Join(tl.nsDir, tiers.PublogName(seq))
-	f, err := e.fs.Open(path)
+	f, err := s.cfg.FS.Open(path)
 	if err != nil {
 		return
 	}
@@ -730,7 +730,7 @@ func (e *Engine) openPublog(tl *publogTail, seq uint64) {
 	}
 	if err != nil {
 		_ = f.Close()
-		e.opts.Logger.Warn("ucm: publication log unreadable; its blocks are seen when their segment is published", "path", path, "err", err)
+		s.cfg.Logger.Warn("ucm: publication log unreadable; its blocks are seen when their segment is published", "path", path, "err", err)
 		return
 	}
 	if tl.f != nil {
@@ -738,22 +738,22 @@ func (e *Engine) openPublog(tl *publogTail, seq uint64) {
 	}
 	tl.f, tl.seq, tl.off, tl.stuck, tl.stale = f, seq, format.PublogHeaderSize, false, false
 	tl.sameHost = h.Host == thisHost()
-	tl.ignored = h.Schema != e.fingerprint && !e.opts.LookupOnly
+	tl.ignored = h.Schema != s.env.Fingerprint() && !s.cfg.LookupOnly
 }
 
 // readPublog reads tl's log from its position to its end and adds what it announces to the
 // overlay, following continuations.
-func (e *Engine) readPublog(tl *publogTail) {
+func (s *Sharing) readPublog(tl *publogTail) {
 	for tl.f != nil && !tl.stuck {
 		st, err := tl.f.Stat()
 		if err != nil || st.Size() <= tl.off {
-			e.dropStaleLog(tl, err)
+			s.dropStaleLog(tl, err)
 			return
 		}
 		buf := make([]byte, min(st.Size()-tl.off, publogReadMax))
 		n, err := tl.f.ReadAt(buf, tl.off)
 		if n == 0 {
-			e.dropStaleLog(tl, err)
+			s.dropStaleLog(tl, err)
 		}
 		buf = buf[:n]
 		used := 0
@@ -765,7 +765,7 @@ func (e *Engine) readPublog(tl *publogTail) {
 			}
 			if err != nil {
 				tl.stuck = true
-				e.opts.Logger.Warn("ucm: publication log damaged; what follows is seen when its segment is published",
+				s.cfg.Logger.Warn("ucm: publication log damaged; what follows is seen when its segment is published",
 					"path", filepath.Join(tl.nsDir, tiers.PublogName(tl.seq)), "offset", tl.off+int64(used), "err", err)
 				break
 			}
@@ -774,14 +774,14 @@ func (e *Engine) readPublog(tl *publogTail) {
 				next = ent.Next
 				break
 			}
-			e.applyPublogEntry(tl, &ent)
+			s.applyPublogEntry(tl, &ent)
 		}
 		tl.off += int64(used)
 		if next == 0 && tl.off >= st.Size() {
-			e.caughtUp(tl)
+			s.caughtUp(tl)
 		}
 		if next != 0 {
-			e.openPublog(tl, next)
+			s.openPublog(tl, next)
 			if tl.seq != next {
 				return
 			}
@@ -797,7 +797,7 @@ func (e *Engine) readPublog(tl *publogTail) {
 // deleted through another host, or a distributed file system's client lost it): the next tail
 // that lists the namespace opens its newest log again, from the start (entries already applied
 // are known, and applied once).
-func (e *Engine) dropStaleLog(tl *publogTail, err error) {
+func (s *Sharing) dropStaleLog(tl *publogTail, err error) {
 	if !errors.Is(err, syscall.ESTALE) {
 		return
 	}
@@ -806,8 +806,8 @@ func (e *Engine) dropStaleLog(tl *publogTail, err error) {
 }
 
 // caughtUp notes that tl read its log to its end: every segment the log names is known.
-func (e *Engine) caughtUp(tl *publogTail) {
-	ov := &e.share.ov
+func (s *Sharing) caughtUp(tl *publogTail) {
+	ov := &s.ov
 	ov.emu.Lock()
 	defer ov.emu.Unlock()
 	if ov.current == nil {
@@ -818,8 +818,7 @@ func (e *Engine) caughtUp(tl *publogTail) {
 
 // applyPublogEntry adds the blocks of one entry to the overlay, unless the foreign index holds
 // their segment already.
-func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
-	s := e.share
+func (s *Sharing) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 	k := foreignKey{tl.inst, ent.Segment}
 	s.mu.Lock()
 	alias, indexed := s.aliases[k]
@@ -835,7 +834,7 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 		return // taken by a reclaimer from its gone owner
 	}
 	if ov.blocks == nil {
-		ov.blocks, ov.segs, ov.byKey = map[BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
+		ov.blocks, ov.segs, ov.byKey = map[format.BlockID]index.Location{}, map[uint64]*overlaySeg{}, map[foreignKey]uint64{}
 	}
 	alias, ok := ov.byKey[k]
 	o := ov.segs[alias]
@@ -852,7 +851,7 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 	if !ok {
 		ov.next++
 		alias = foreignAlias | overlayAlias | ov.next
-		o = &overlaySeg{seg: foreignSeg{inst: tl.inst, number: ent.Segment, generation: ent.Generation, dir: filepath.Join(tl.nsDir, SegmentDir), tier: tl.tier}}
+		o = &overlaySeg{seg: foreignSeg{inst: tl.inst, number: ent.Segment, generation: ent.Generation, dir: filepath.Join(tl.nsDir, tiers.SegmentDir), tier: tl.tier}}
 		ov.segs[alias] = o
 		ov.byKey[k] = alias
 	}
@@ -862,7 +861,7 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 			continue // sidecars are seen with their segment's manifest
 		}
 		loc, err := index.DecodeLocation(r.Location)
-		if err != nil || (loc.Layout != e.opts.Layout && !e.opts.LookupOnly) {
+		if err != nil || (loc.Layout != s.env.Layout() && !s.cfg.LookupOnly) {
 			continue
 		}
 		loc.Segment = alias
@@ -875,8 +874,8 @@ func (e *Engine) applyPublogEntry(tl *publogTail, ent *format.PublogEntry) {
 }
 
 // closeOverlay closes the logs being tailed (Close).
-func (e *Engine) closeOverlay() {
-	ov := &e.share.ov
+func (s *Sharing) closeOverlay() {
+	ov := &s.ov
 	ov.mu.Lock()
 	defer ov.mu.Unlock()
 	for _, tl := range ov.tails {
@@ -887,21 +886,21 @@ func (e *Engine) closeOverlay() {
 	}
 }
 
-// publishedPrefix extends the leading run ids[:n] of stored blocks over the blocks the
+// PublishedPrefix extends the leading run ids[:n] of stored blocks over the blocks the
 // publication logs announced, and over own and foreign ones after them, reading this host's
 // logs once at the first miss.
-func (e *Engine) publishedPrefix(ids []BlockID, n int) int {
+func (s *Sharing) PublishedPrefix(ids []format.BlockID, n int) int {
 	tailed := false
 	for n < len(ids) {
 		id := ids[n]
-		if _, ok := e.overlayGet(id); ok || e.ix.Contains(id) || e.share.fx.Contains(id) {
+		if _, ok := s.OverlayGet(id); ok || s.env.Indexed(id) || s.fx.Contains(id) {
 			n++
 			continue
 		}
 		if tailed {
 			break
 		}
-		e.tailPublogs(true)
+		s.TailPublogs(true)
 		tailed = true
 	}
 	return n
