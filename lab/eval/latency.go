@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ucm-go/ucm/engine"
@@ -28,11 +29,16 @@ type LatencyOptions struct {
 	Init, Local int
 	// Seed seeds the synthetic keys and queries.
 	Seed uint64
+	// EvictBytes, when positive, is a buffer written between steps (untimed) so that a step
+	// reads its rows from memory, not from a cache the previous step warmed: in a model of
+	// many layers, the other layers' selections and attention run between two steps of one
+	// layer. Make it larger than the last-level cache.
+	EvictBytes int
 }
 
 // DefaultLatency is a 128K-token context's layer: 1,024 blocks of 128 tokens, 32 query heads on
-// 32 KV heads of 128 dims, 200 steps, windows of 1 and 2 blocks.
-var DefaultLatency = LatencyOptions{Blocks: 1024, BlockTokens: 128, QHeads: 32, KVHeads: 32, HeadDim: 128, Steps: 200, Init: 1, Local: 2, Seed: 1}
+// 32 KV heads of 128 dims, 200 steps, windows of 1 and 2 blocks, 64 MiB evicted between steps.
+var DefaultLatency = LatencyOptions{Blocks: 1024, BlockTokens: 128, QHeads: 32, KVHeads: 32, HeadDim: 128, Steps: 200, Init: 1, Local: 2, Seed: 1, EvictBytes: 64 << 20}
 
 // LatencyResult is one method configuration's selection cost at a LatencyOptions shape.
 type LatencyResult struct {
@@ -45,8 +51,9 @@ type LatencyResult struct {
 	QHeads      int `json:"q_heads"`
 	KVHeads     int `json:"kv_heads"`
 	HeadDim     int `json:"head_dim"`
-	// Steps is the steps timed.
-	Steps int `json:"steps"`
+	// Steps is the steps timed; EvictBytes the bytes written between them (LatencyOptions).
+	Steps      int `json:"steps"`
+	EvictBytes int `json:"evict_bytes"`
 	// Attended is the fraction of the layer's (block, KV head) units the steps attended,
 	// windows included (what the budget costs at this context).
 	Attended float64 `json:"attended_fraction"`
@@ -74,7 +81,7 @@ func SelectLatency(name string, budget float64, o LatencyOptions) (LatencyResult
 	o.QHeads, o.KVHeads, o.HeadDim = cmp0(o.QHeads, d.QHeads), cmp0(o.KVHeads, d.KVHeads), cmp0(o.HeadDim, d.HeadDim)
 	o.Steps, o.Seed = cmp0(o.Steps, d.Steps), cmp0(o.Seed, d.Seed)
 	res := LatencyResult{Method: name, Budget: budget, Blocks: o.Blocks, BlockTokens: o.BlockTokens, QHeads: o.QHeads,
-		KVHeads: o.KVHeads, HeadDim: o.HeadDim, Steps: o.Steps}
+		KVHeads: o.KVHeads, HeadDim: o.HeadDim, Steps: o.Steps, EvictBytes: max(o.EvictBytes, 0)}
 	if o.QHeads%o.KVHeads != 0 || o.Init < 0 || o.Local < 1 {
 		return res, fmt.Errorf("%w: latency: %d query heads on %d KV heads, windows %d and %d", sparse.ErrInvalid, o.QHeads, o.KVHeads, o.Init, o.Local)
 	}
@@ -101,6 +108,10 @@ func SelectLatency(name string, budget float64, o LatencyOptions) (LatencyResult
 	if err != nil {
 		return res, err
 	}
+	var evict []byte
+	if o.EvictBytes > 0 {
+		evict = make([]byte, o.EvictBytes)
+	}
 	table := make([]int, o.Blocks)
 	for i := range table {
 		table[i] = i
@@ -111,6 +122,9 @@ func SelectLatency(name string, budget float64, o LatencyOptions) (LatencyResult
 	cpu, wall := make([]float64, 0, o.Steps), make([]float64, 0, o.Steps)
 	for i := -1; i < o.Steps; i++ {
 		q := keys.query(r)
+		for j := 0; j < len(evict); j += 64 { // one write per cache line
+			evict[j]++
+		}
 		a := &sparse.Attention{Phase: sparse.PhaseDecode, Step: i + 1, Request: req, Q: q, BlockTable: table, SeqLen: o.Blocks * o.BlockTokens}
 		c0, _ := processCPU()
 		w0 := time.Now()
@@ -196,24 +210,73 @@ func newSyntheticKeys(r *rand.Rand, o LatencyOptions) *syntheticKeys {
 	return k
 }
 
+// latencySidecars is the last set of sidecars SelectLatency wrote, by spec and shape: the
+// configurations of one method that read the same representation share them (writing 1,024
+// blocks of 128 tokens × 4,096 values takes seconds).
+var latencySidecars struct {
+	sync.Mutex
+	key      latencyKey
+	payloads [][]byte
+}
+
+type latencyKey struct {
+	spec                                                 kernels.SidecarSpec
+	blocks, blockTokens, qHeads, kvHeads, headDim, seedN uint64
+}
+
+// noiseLen is the length of the table of normal draws a token's noise is read from (at a
+// random offset per token): drawing 537 M values per configuration would take longer than
+// timing it.
+const noiseLen = 1 << 16
+
 // store writes every block's sidecar of spec (the kernels' writer over the block's fp16 K)
 // into src and returns the blocks' ids.
 func (k *syntheticKeys) store(src *sparse.MapSidecars, spec kernels.SidecarSpec) ([]engine.BlockID, error) {
+	o := k.o
+	ids := make([]engine.BlockID, o.Blocks)
+	for b := range ids {
+		ids[b] = md5.Sum(fmt.Appendf(nil, "latency block %d", b))
+	}
+	key := latencyKey{spec, uint64(o.Blocks), uint64(o.BlockTokens), uint64(o.QHeads), uint64(o.KVHeads), uint64(o.HeadDim), o.Seed}
+	latencySidecars.Lock()
+	defer latencySidecars.Unlock()
+	if latencySidecars.key != key || latencySidecars.payloads == nil {
+		latencySidecars.payloads = nil
+		ps, err := k.write(spec)
+		if err != nil {
+			return nil, err
+		}
+		latencySidecars.key, latencySidecars.payloads = key, ps
+	}
+	for b, p := range latencySidecars.payloads {
+		if err := src.Put(engine.SidecarKind(spec.Kind), ids[b], 1, p); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// write computes every block's sidecar payload of spec.
+func (k *syntheticKeys) write(spec kernels.SidecarSpec) ([][]byte, error) {
 	o := k.o
 	w, err := kernels.NewSidecarWriter(spec, kernels.Float16)
 	if err != nil {
 		return nil, err
 	}
 	r := rand.New(rand.NewPCG(o.Seed, 0x5eed))
+	noise := make([]float32, noiseLen)
+	for i := range noise {
+		noise[i] = float32(r.NormFloat64())
+	}
 	row := o.KVHeads * o.HeadDim
 	kb := make([]byte, o.BlockTokens*row*2)
-	ids := make([]engine.BlockID, o.Blocks)
-	var p []byte
+	out := make([][]byte, o.Blocks)
 	for b := range o.Blocks {
 		topic := k.topics[b]
 		for t := range o.BlockTokens {
+			off := r.IntN(noiseLen)
 			for i := range row {
-				v := k.offset[i] + topic[i] + float32(r.NormFloat64())
+				v := k.offset[i] + topic[i] + noise[(off+i)%noiseLen]
 				binary.LittleEndian.PutUint16(kb[(t*row+i)*2:], kernels.Float32ToFloat16(v))
 			}
 		}
@@ -223,15 +286,11 @@ func (k *syntheticKeys) store(src *sparse.MapSidecars, spec kernels.SidecarSpec)
 		if err := w.AddLayer(0, kb); err != nil {
 			return nil, err
 		}
-		if p, err = w.AppendPayload(p[:0]); err != nil {
-			return nil, err
-		}
-		ids[b] = md5.Sum(fmt.Appendf(nil, "latency block %d", b))
-		if err := src.Put(engine.SidecarKind(spec.Kind), ids[b], 1, slices.Clone(p)); err != nil {
+		if out[b], err = w.AppendPayload(nil); err != nil {
 			return nil, err
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 // query returns a step's queries, [QHeads][HeadDim].

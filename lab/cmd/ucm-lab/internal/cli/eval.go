@@ -33,6 +33,7 @@ type evalSparseOptions struct {
 	fitWindows   int
 	layerBudgets []float64
 	latency      eval.LatencyOptions
+	evictMiB     int
 }
 
 func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -90,6 +91,7 @@ to the quality figures (run with GOMAXPROCS=1 to time one core).`,
 	f.IntVar(&o.latency.KVHeads, "latency-kv-heads", o.latency.KVHeads, "KV heads of the timed layer")
 	f.IntVar(&o.latency.QHeads, "latency-q-heads", o.latency.QHeads, "query heads of the timed layer")
 	f.IntVar(&o.latency.HeadDim, "latency-head-dim", o.latency.HeadDim, "head dim of the timed layer")
+	f.IntVar(&o.evictMiB, "latency-evict-mib", o.latency.EvictBytes>>20, "MiB written between timed steps (untimed) so that a step reads its rows from memory, as in a model of many layers; 0: the previous step's cache stays warm")
 	f.IntVar(&o.fitWindows, "fit-windows", o.fitWindows, "windows of training text (never held out) the learned representations fit the model's queries on")
 	return cmd
 }
@@ -106,8 +108,8 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return cliutil.UsageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
 	case o.split != "a" && o.split != "b":
 		return cliutil.UsageErr("--split %q: want a or b", o.split)
-	case o.latency.Steps < 0:
-		return cliutil.UsageErr("--latency-steps %d: want ≥ 0", o.latency.Steps)
+	case o.latency.Steps < 0 || o.evictMiB < 0 || o.evictMiB > 1<<14:
+		return cliutil.UsageErr("--latency-steps %d, --latency-evict-mib %d: want ≥ 0, and at most 16384 MiB", o.latency.Steps, o.evictMiB)
 	case o.latency.Steps > 0 && (o.latency.Blocks < 1 || o.latency.BlockTokens < 1 || o.latency.KVHeads < 1 || o.latency.HeadDim < 1 ||
 		o.latency.QHeads < o.latency.KVHeads || o.latency.QHeads%o.latency.KVHeads != 0):
 		return cliutil.UsageErr("--latency-blocks %d, --latency-block-tokens %d, --latency-q-heads %d, --latency-kv-heads %d, --latency-head-dim %d: want positive, query heads a multiple of KV heads",
@@ -185,8 +187,8 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return err
 	}
 	l0 := lat[0]
-	fmt.Fprintf(stdout, "\nthe same configurations at %d blocks of %d tokens × %d query heads on %d KV heads × %d dims, one layer, %d steps: process CPU time per step\n",
-		l0.Blocks, l0.BlockTokens, l0.QHeads, l0.KVHeads, l0.HeadDim, l0.Steps)
+	fmt.Fprintf(stdout, "\nthe same configurations at %d blocks of %d tokens × %d query heads on %d KV heads × %d dims, one layer, %d steps, %d MiB evicted between steps: process CPU time per step\n",
+		l0.Blocks, l0.BlockTokens, l0.QHeads, l0.KVHeads, l0.HeadDim, l0.Steps, l0.EvictBytes>>20)
 	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "method\tblock\tnominal\tattended\tattended sparse layers\ttop-1\tΔppl\tattended at long context\tCPU µs median\tp90\tmean\twall µs median\t")
 	for _, r := range res {
@@ -214,7 +216,7 @@ func selectLatencies(res []eval.Result, o evalSparseOptions) ([]eval.LatencyResu
 			continue
 		}
 		lo := o.latency
-		lo.Init, lo.Local = o.init, o.local
+		lo.Init, lo.Local, lo.EvictBytes = o.init, o.local, o.evictMiB<<20
 		l, err := eval.SelectLatency(r.Method, r.Budget, lo)
 		if err != nil {
 			return nil, fmt.Errorf("latency of %s at %.0f%%: %w", r.Method, 100*r.Budget, err)

@@ -49,7 +49,7 @@ func TestEvalSparse(t *testing.T) {
 	// --latency-steps times the same configurations at the --latency-* shape: ⌊32·0.3⌋ = 9 of
 	// 32 blocks per KV head, next to the quality figures, and in the JSON.
 	lat := append(args, "--latency-steps", "3", "--latency-blocks", "32", "--latency-block-tokens", "16", "--latency-q-heads", "4",
-		"--latency-kv-heads", "2", "--latency-head-dim", "16")
+		"--latency-kv-heads", "2", "--latency-head-dim", "16", "--latency-evict-mib", "1")
 	out, _, code = run(t, lat...)
 	if code != cliutil.ExitOK {
 		t.Fatalf("eval sparse --latency-steps: exit %d", code)
@@ -60,7 +60,7 @@ func TestEvalSparse(t *testing.T) {
 		Latency []eval.LatencyResult `json:"latency"`
 	}
 	if code != cliutil.ExitOK || json.Unmarshal([]byte(out), &rl) != nil || len(rl.Latency) != 2 || rl.Latency[1].Method != "ESA" ||
-		rl.Latency[0].Attended != 9.0/32 || rl.Latency[0].Steps != 3 || rl.Latency[0].KVHeads != 2 {
+		rl.Latency[0].Attended != 9.0/32 || rl.Latency[0].Steps != 3 || rl.Latency[0].KVHeads != 2 || rl.Latency[0].EvictBytes != 1<<20 {
 		t.Fatalf("eval sparse --latency-steps --json: exit %d, %+v", code, rl)
 	}
 	for _, bad := range [][]string{
