@@ -597,12 +597,22 @@ func TestSelectorRetrieveDot(t *testing.T) {
 		return sparse.DotArgs{Q: q[:dim], Dim: dim, K: 2, Idx: make([]int32, 2), Scores: make([]float32, 2)}
 	}
 	for name, call := range map[string]func() error{
-		"data given": func() error { a := out(); a.Data = make([]float32, dim); _, err := x.RetrieveDot(0, ids, &a, 1); return err },
-		"dim":        func() error { a := out(); a.Dim, a.Q = 8, q[:8]; _, err := x.RetrieveDot(0, ids, &a, 1); return err },
-		"layer":      func() error { a := out(); _, err := x.RetrieveDot(4, ids, &a, 1); return err },
-		"candidate":  func() error { a := out(); a.Cand, a.Width = []int32{20}, 1; _, err := x.RetrieveDot(0, ids, &a, 1); return err },
-		"zero id":    func() error { a := out(); _, err := x.RetrieveDot(0, []engine.BlockID{{}}, &a, 1); return err },
-		"nil args":   func() error { _, err := x.RetrieveDot(0, ids, nil, 1); return err },
+		"data given": func() error {
+			a := out()
+			a.Data = make([]float32, dim)
+			_, err := x.RetrieveDot(0, ids, &a, 1)
+			return err
+		},
+		"dim":   func() error { a := out(); a.Dim, a.Q = 8, q[:8]; _, err := x.RetrieveDot(0, ids, &a, 1); return err },
+		"layer": func() error { a := out(); _, err := x.RetrieveDot(4, ids, &a, 1); return err },
+		"candidate": func() error {
+			a := out()
+			a.Cand, a.Width = []int32{20}, 1
+			_, err := x.RetrieveDot(0, ids, &a, 1)
+			return err
+		},
+		"zero id":  func() error { a := out(); _, err := x.RetrieveDot(0, []engine.BlockID{{}}, &a, 1); return err },
+		"nil args": func() error { _, err := x.RetrieveDot(0, ids, nil, 1); return err },
 		"quest": func() error {
 			a := out()
 			_, err := newSelector(t, s, "Quest", "").RetrieveDot(0, ids, &a, 1)

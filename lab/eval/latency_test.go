@@ -33,3 +33,25 @@ func TestSelectLatency(t *testing.T) {
 		t.Errorf("6 query heads on 4 KV heads: %v, want ErrInvalid", err)
 	}
 }
+
+// BenchmarkSelectLatency reports SelectLatency's per-step process CPU time (median, p90) of
+// the configurations docs/sparse.md compares, at DefaultLatency's shape and a 30 % budget, b.N
+// steps each (the setup, writing the sidecars, is in the benchmark's own time: read the
+// metrics). For a profile of the step:
+//
+//	GOMAXPROCS=1 go test -run '^$' -bench SelectLatency -benchtime 2000x -cpuprofile cpu.prof ./lab/eval/
+func BenchmarkSelectLatency(b *testing.B) {
+	for _, name := range []string{"ESA+softmax", "ESA+softmax+kv", "ESA+int8+softmax+kv"} {
+		b.Run(name, func(b *testing.B) {
+			o := DefaultLatency
+			o.Steps = b.N
+			r, err := SelectLatency(name, 0.3, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(r.CPUMedianMicros, "cpu-µs-median")
+			b.ReportMetric(r.CPUP90Micros, "cpu-µs-p90")
+			b.ReportMetric(r.Attended, "attended")
+		})
+	}
+}
