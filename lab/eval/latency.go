@@ -74,7 +74,9 @@ type LatencyResult struct {
 // offsets of a few large channels, a per-block component and per-token noise) go through the
 // kernels' SidecarWriter as a dump's do; each step's query leans on one block's keys. Per-step
 // CPU time is read from the process clock (CLOCK_PROCESS_CPUTIME_ID), so time the machine
-// gives to other processes is not counted; run with GOMAXPROCS=1 to time one core's work.
+// gives to other processes is not counted; run with GOMAXPROCS=1 to time one core's work. While
+// a CPU profiler runs, the kernel serves that clock from the process's tick-updated timer, so
+// per-step readings are then tick-grained: take the figures from runs without one.
 func SelectLatency(name string, budget float64, o LatencyOptions) (LatencyResult, error) {
 	d := DefaultLatency
 	o.Blocks, o.BlockTokens = cmp0(o.Blocks, d.Blocks), cmp0(o.BlockTokens, d.BlockTokens)

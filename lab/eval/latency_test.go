@@ -37,7 +37,7 @@ func TestSelectLatency(t *testing.T) {
 // BenchmarkSelectLatency reports SelectLatency's per-step process CPU time (median, p90) of
 // the configurations docs/sparse.md compares, at DefaultLatency's shape and a 30 % budget, b.N
 // steps each (the setup, writing the sidecars, is in the benchmark's own time: read the
-// metrics). For a profile of the step:
+// metrics). For a profile of the step (whose metrics are then tick-grained: SelectLatency):
 //
 //	GOMAXPROCS=1 go test -run '^$' -bench SelectLatency -benchtime 2000x -cpuprofile cpu.prof ./lab/eval/
 func BenchmarkSelectLatency(b *testing.B) {
