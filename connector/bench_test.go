@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/sparse"
 )
 
 // BenchmarkStoreLoadShard is the Go side of one UCM layer-wise load call (4 blocks × one 64 KiB
@@ -209,4 +211,98 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkRetrieveDot1024: ESA's retrieval at 1,024 blocks × 4,096 dims (32 KV heads × 128
+// dims of mean keys), one query row, every block a candidate, top 307 (30 %), in its two
+// forms: "matrix", sparse.DotTopK over float32 rows the caller keeps (the retriever ABI, UCM's
+// RetrievalWorkerBackend); "store", Selector.RetrieveDot reading the same representations
+// from the store by block id (one LoadSidecars from the memory tier, verify, fp16 → float32
+// into pooled rows) and then the same DotTopK. workers is DotTopK's. Run on one core:
+//
+//	GOMAXPROCS=1 go test -run '^$' -bench RetrieveDot1024 -benchtime 200x ./connector/
+func BenchmarkRetrieveDot1024(b *testing.B) {
+	s, err := Open(mustConfig(b, fmt.Sprintf(`{"storage_backends": %q, "device_id": 0, "tensor_size_list": [4096, 4096], "shard_size": 8192, "block_size": 8192, "sync_policy": "none"}`, b.TempDir())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	shape := sparse.Shape{Layers: 1, QHeads: 32, KVHeads: 32, HeadDim: 128, BlockSize: 128}
+	x, err := s.NewSelector(methodConfig(b, "ESA", "pool: mean\n"), shape)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer x.Close()
+	const blocks, k = 1024, 307
+	dim := x.Layout().LayerFloats()
+	ids := randomIDs(blocks)
+	body := [][]byte{devio.AlignedBuffer(8192)}
+	r := rand.New(rand.NewPCG(1, 2))
+	reprs := make([][]float32, blocks)
+	for i := range reprs {
+		reprs[i] = make([]float32, dim)
+		for j := range reprs[i] {
+			reprs[i][j] = float32(r.IntN(2048)-1024) / 256 // float16-exact
+		}
+	}
+	for lo := 0; lo < blocks; lo += 256 {
+		batch := ids[lo : lo+256]
+		bodies := make([][][]byte, len(batch))
+		for i := range bodies {
+			bodies[i] = body
+		}
+		for _, call := range []func() (uint64, error){
+			func() (uint64, error) { return s.Dump(batch, repeat(0, len(batch)), bodies) },
+			func() (uint64, error) { return x.PutReprs(batch, reprs[lo:lo+256]) },
+		} {
+			t, err := call()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Wait(t, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	data := make([]float32, blocks*dim)
+	if found, err := x.LoadReprs(0, ids, data); err != nil || slices.Contains(found, false) {
+		b.Fatalf("load reprs: %v, found %v", err, found)
+	}
+	q := make([]float32, dim)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	for _, workers := range []int{1, 2} {
+		args := func() *sparse.DotArgs {
+			return &sparse.DotArgs{Q: q, Dim: dim, K: k, Idx: make([]int32, k), Scores: make([]float32, k)}
+		}
+		b.Run(fmt.Sprintf("matrix/workers=%d", workers), func(b *testing.B) {
+			a := args()
+			a.Data = data
+			b.SetBytes(int64(len(data) * 4))
+			for range b.N {
+				if err := sparse.DotTopK(a, workers); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("store/workers=%d", workers), func(b *testing.B) {
+			a := args()
+			b.SetBytes(int64(len(data) * 2)) // the fp16 parts read
+			for range b.N {
+				if _, err := x.RetrieveDot(0, ids, a, workers); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func mustConfig(b *testing.B, text string) *StoreConfig {
+	b.Helper()
+	cfg, err := ParseStoreConfig(text, noEnv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cfg
 }

@@ -343,11 +343,30 @@ func (x *Selector) LoadReprs(layer int, ids []engine.BlockID, dst []float32) ([]
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	pb := x.spec.PartBytes()
-	buf := make([]byte, len(ids)*pb)
-	found, err := x.s.eng.LoadSidecars(engine.SidecarKind(x.spec.Kind), layer, ids, buf)
+	found, err := x.loadInto(layer, ids, dst, nil)
 	if err != nil {
 		return nil, fmt.Errorf("load reprs: %w", err)
+	}
+	return found, nil
+}
+
+// loadInto reads layer's representation of each block of ids (checked by the caller) into
+// dst (len(ids) × LayerFloats) with one LoadSidecars call through buf (grown as needed;
+// returned for reuse by the caller's pool) and returns which blocks had a usable one; the
+// others' values are zero.
+func (x *Selector) loadInto(layer int, ids []engine.BlockID, dst []float32, buf *[]byte) ([]bool, error) {
+	per, pb := x.layout.LayerFloats(), x.spec.PartBytes()
+	var local []byte
+	if buf == nil {
+		buf = &local
+	}
+	if cap(*buf) < len(ids)*pb {
+		*buf = make([]byte, len(ids)*pb)
+	}
+	raw := (*buf)[:len(ids)*pb]
+	found, err := x.s.eng.LoadSidecars(engine.SidecarKind(x.spec.Kind), layer, ids, raw)
+	if err != nil {
+		return nil, err
 	}
 	chN := 0
 	if x.spec.Kind == kernels.SidecarKVStar {
@@ -356,10 +375,102 @@ func (x *Selector) LoadReprs(layer int, ids []engine.BlockID, dst []float32) ([]
 	ch := make([]uint16, chN)
 	for i := range ids {
 		out := dst[i*per : (i+1)*per]
-		if !found[i] || !x.decodePart(buf[i*pb:(i+1)*pb], layer, out, ch) {
+		if !found[i] || !x.decodePart(raw[i*pb:(i+1)*pb], layer, out, ch) {
 			found[i] = false
 			clear(out)
 		}
+	}
+	return found, nil
+}
+
+// dotRows is RetrieveDot's pooled working memory: the sidecar parts read and the float32 rows.
+type dotRows struct {
+	raw  []byte
+	rows []float32
+	cand []int32
+}
+
+var dotRowsPool = sync.Pool{New: func() any { return new(dotRows) }}
+
+// RetrieveDot is ESA's retrieval (sparse.DotTopK: per query row, the a.K candidate rows of
+// largest dot product) over representations read from the store by block id instead of a
+// matrix the caller keeps: layer's representation of each block of ids is loaded in one
+// engine LoadSidecars call, verified and converted into pooled float32 rows (row i is ids[i]'s,
+// Layout().LayerFloats() values: every KV head's pooled key, head after head), and the
+// retrieval runs over them on the calling goroutine and up to workers−1 helpers. a.Data must
+// be nil (the rows are the store's) and a.Dim Layout().LayerFloats(); a.Cand (nil: every
+// block) and the results number blocks by their position in ids. A block without a usable
+// representation (not stored, none dumped, corrupt) is no candidate of any row and found[i]
+// is false; on the same rows the results are DotTopK's over the matrix LoadReprs returns.
+// Only the methods whose representation is one row per block (ESA's mean or max key, GSA's
+// mean) have it; others, bad arguments and more than one call's blocks are
+// ErrInvalidArgument naming the field.
+func (x *Selector) RetrieveDot(layer int, ids []engine.BlockID, a *sparse.DotArgs, workers int) (found []bool, err error) {
+	if err := x.checkOpen(); err != nil {
+		return nil, err
+	}
+	switch {
+	case x.layout.Rows != 1 || x.spec.Kind == kernels.SidecarKVStar || x.spec.Kind == kernels.SidecarHash:
+		return nil, fmt.Errorf("retrieve dot: %s's %v representation is not one row per block: %w", x.m.Name(), x.spec.Kind, engine.ErrInvalidArgument)
+	case layer < 0 || layer >= x.spec.Layers:
+		return nil, fmt.Errorf("retrieve dot: layer %d not in [0, %d): %w", layer, x.spec.Layers, engine.ErrInvalidArgument)
+	case a == nil:
+		return nil, fmt.Errorf("retrieve dot: no arguments: %w", engine.ErrInvalidArgument)
+	case a.Data != nil:
+		return nil, fmt.Errorf("retrieve dot: data of %d values given: the rows are read from the store: %w", len(a.Data), engine.ErrInvalidArgument)
+	case a.Dim != x.layout.LayerFloats():
+		return nil, fmt.Errorf("retrieve dot: dim %d: want the representation's %d (%d heads × %d): %w", a.Dim, x.layout.LayerFloats(), x.layout.Heads, x.layout.Cols, engine.ErrInvalidArgument)
+	case len(ids) > maxCallBlocks:
+		return nil, fmt.Errorf("retrieve dot: %d block ids: more than %d in one call: %w", len(ids), maxCallBlocks, engine.ErrInvalidArgument)
+	}
+	for i, id := range ids {
+		if id.IsZero() {
+			return nil, fmt.Errorf("retrieve dot: position %d: zero block id: %w", i, engine.ErrInvalidArgument)
+		}
+	}
+	w := dotRowsPool.Get().(*dotRows)
+	defer dotRowsPool.Put(w)
+	per := x.layout.LayerFloats()
+	if cap(w.rows) < len(ids)*per {
+		w.rows = make([]float32, len(ids)*per)
+	}
+	run := *a
+	run.Data = w.rows[:len(ids)*per]
+	// Check the shapes and candidates against the rows before reading anything.
+	if err := run.Check(); err != nil {
+		return nil, fmt.Errorf("retrieve dot: %w", err) // sparse.ErrInvalid: ErrInvalidArgument
+	}
+	if len(ids) > 0 {
+		if found, err = x.loadInto(layer, ids, run.Data, &w.raw); err != nil {
+			return nil, fmt.Errorf("retrieve dot: %w", err)
+		}
+	}
+	missing := 0
+	for _, f := range found {
+		if !f {
+			missing++
+		}
+	}
+	if missing > 0 { // the blocks without a representation are no candidates
+		b := run.Batch()
+		if run.Cand == nil {
+			run.Width = len(ids)
+			w.cand = slices.Grow(w.cand[:0], b*len(ids))[:b*len(ids)]
+			for i := range w.cand {
+				w.cand[i] = int32(i % len(ids))
+			}
+		} else {
+			w.cand = append(w.cand[:0], run.Cand...)
+		}
+		for i, c := range w.cand {
+			if c >= 0 && !found[c] {
+				w.cand[i] = -1
+			}
+		}
+		run.Cand = w.cand
+	}
+	if err := sparse.DotTopK(&run, workers); err != nil {
+		return nil, fmt.Errorf("retrieve dot: %w", err)
 	}
 	return found, nil
 }

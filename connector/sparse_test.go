@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -516,6 +517,110 @@ func TestSelectorAsyncConcurrent(t *testing.T) {
 	for g := range 3 {
 		if err := x.RequestFinished(fmt.Sprintf("req-%d", g)); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestSelectorRetrieveDot: ESA's retrieval reading the representations from the store by block
+// id returns exactly what sparse.DotTopK returns over the matrix LoadReprs gives for the same
+// blocks, with every block a candidate and with caller candidates, a block without a
+// representation (stored without one, or not stored) being no candidate; bad arguments and a
+// method whose representation is not one row per block are ErrInvalidArgument.
+func TestSelectorRetrieveDot(t *testing.T) {
+	s := openStore(t, workerJSON(t.TempDir(), 0, ""))
+	ids := randomIDs(20)
+	dumpLayers(t, s, ids[:19], 0) // ids[19] is not stored
+	x := newSelector(t, s, "ESA", "pool: mean\n")
+	task, err := x.DumpReprs(ids[:18], randomK(18, 3), kernels.Float16) // ids[18]: stored, no representation
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(task, nil); err != nil {
+		t.Fatal(err)
+	}
+	dim := x.Layout().LayerFloats()
+	r := rand.New(rand.NewPCG(8, 9))
+	const batch, k = 3, 17 // more than the 18 usable blocks' top: a missing block would show
+	q := make([]float32, batch*dim)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	// Caller candidates: width 7, a padding entry, the two blocks without a representation.
+	cand := []int32{0, 5, 18, 3, -1, 19, 7, 1, 2, 4, 6, 8, 9, 10, 19, 18, 17, 16, 15, 14, 13}
+	for layer := range selShape.Layers {
+		data, found := loadReprsAll(t, x, layer, ids)
+		all := make([]int32, batch*len(ids))
+		for i := range all {
+			all[i] = int32(i % len(ids))
+			if !found[all[i]] {
+				all[i] = -1
+			}
+		}
+		for _, c := range []struct {
+			cand, matrixCand []int32
+			width, k         int
+		}{{nil, all, len(ids), k}, {cand, nil, 7, 4}} {
+			want := sparse.DotArgs{Q: q, Data: data, Dim: dim, Cand: c.matrixCand, Width: c.width, K: c.k,
+				Idx: make([]int32, batch*c.k), Scores: make([]float32, batch*c.k), Count: make([]int64, batch)}
+			if c.cand != nil {
+				want.Cand = slices.Clone(c.cand)
+				for i, b := range want.Cand {
+					if b >= 0 && !found[b] {
+						want.Cand[i] = -1
+					}
+				}
+			}
+			if err := sparse.DotTopK(&want, 1); err != nil {
+				t.Fatal(err)
+			}
+			got := sparse.DotArgs{Q: q, Dim: dim, Cand: c.cand, Width: c.width, K: c.k,
+				Idx: make([]int32, batch*c.k), Scores: make([]float32, batch*c.k), Count: make([]int64, batch)}
+			gotFound, err := x.RetrieveDot(layer, ids, &got, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(gotFound, found) || found[18] || found[19] {
+				t.Fatalf("layer %d: found %v, LoadReprs %v", layer, gotFound, found)
+			}
+			if !slices.Equal(got.Idx, want.Idx) || !sameBits(got.Scores, want.Scores) || !slices.Equal(got.Count, want.Count) {
+				t.Fatalf("layer %d, candidates %v: store form %v %v %v, matrix form %v %v %v", layer, c.cand != nil, got.Idx, got.Scores, got.Count, want.Idx, want.Scores, want.Count)
+			}
+			if c.cand == nil && got.Count[0] != 17 {
+				t.Fatalf("count %v: want 17 (18 usable blocks, top 17)", got.Count)
+			}
+		}
+	}
+	if c := []int32{0, 5, 18, 3, -1, 19, 7}; !slices.Equal(cand[:7], c) {
+		t.Fatalf("the caller's candidates were written: %v", cand[:7])
+	}
+	out := func() sparse.DotArgs {
+		return sparse.DotArgs{Q: q[:dim], Dim: dim, K: 2, Idx: make([]int32, 2), Scores: make([]float32, 2)}
+	}
+	for name, call := range map[string]func() error{
+		"data given": func() error {
+			a := out()
+			a.Data = make([]float32, dim)
+			_, err := x.RetrieveDot(0, ids, &a, 1)
+			return err
+		},
+		"dim":   func() error { a := out(); a.Dim, a.Q = 8, q[:8]; _, err := x.RetrieveDot(0, ids, &a, 1); return err },
+		"layer": func() error { a := out(); _, err := x.RetrieveDot(4, ids, &a, 1); return err },
+		"candidate": func() error {
+			a := out()
+			a.Cand, a.Width = []int32{20}, 1
+			_, err := x.RetrieveDot(0, ids, &a, 1)
+			return err
+		},
+		"zero id":  func() error { a := out(); _, err := x.RetrieveDot(0, []engine.BlockID{{}}, &a, 1); return err },
+		"nil args": func() error { _, err := x.RetrieveDot(0, ids, nil, 1); return err },
+		"quest": func() error {
+			a := out()
+			_, err := newSelector(t, s, "Quest", "").RetrieveDot(0, ids, &a, 1)
+			return err
+		},
+	} {
+		if err := call(); !errors.Is(err, engine.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
 		}
 	}
 }

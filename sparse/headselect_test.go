@@ -108,10 +108,42 @@ func (f *fixture) refScoreKV(t testing.TB, method string, b, l int, q []float32)
 // TestHeadSelectKV: with head_select kv every KV head's selection is the windows plus the
 // top-K of its own score computed the long way (ESA's softmax variant: the softmax shares of
 // the head's query heads), Selected and the rewritten table are their union, and restoring
-// clears them; a stride holds every head's selection.
+// clears them; a stride holds every head's selection. Also with one query head per KV head
+// (ESA's softmax variant: each KV head's score is its one query head's share).
 func TestHeadSelectKV(t *testing.T) {
 	f := newFixture(t, testShape, 40, 71)
+	headSelectKV(t, f, testShape, "")
+	mha := Shape{Layers: 2, QHeads: 2, KVHeads: 2, HeadDim: 16, BlockSize: 8}
+	headSelectKV(t, newFixture(t, mha, 40, 74), mha, "mha/")
 	s := testShape
+	r := rand.New(rand.NewPCG(72, 73))
+	// A stride holds each head's selection.
+	m := newMethod(t, NameKVStar, f.src, "{init_window_sz: 1, local_window_sz: 2, sparse_ratio: 0.2, retrieval_stride: 4, head_select: kv}", s)
+	var held [][]int
+	for step := range 12 {
+		a := f.decodeCall(30, 0, 1, step, randomQuery(r, s))
+		if err := m.AttentionBegin(a); err != nil {
+			t.Fatal(err)
+		}
+		if step%4 == 0 {
+			held = a.HeadSelected
+		} else if !slices.EqualFunc(a.HeadSelected, held, slices.Equal) {
+			t.Fatalf("step %d: %v changed within the stride window (held %v)", step, a.HeadSelected, held)
+		}
+	}
+	node := sparseBlock(t, "ucm_sparse_config:\n  ESA: {retrieval_lag: 1, head_select: kv}\n")["ESA"]
+	if _, err := ParseMethodConfig(NameESA, &node); !isConfigErr(err, "ucm_sparse_config.ESA.retrieval_lag") {
+		t.Fatalf("lag with head_select kv: %v", err)
+	}
+	node = sparseBlock(t, "ucm_sparse_config:\n  Quest: {head_select: token}\n")["Quest"]
+	if _, err := ParseMethodConfig(NameQuest, &node); !isConfigErr(err, "ucm_sparse_config.Quest.head_select") {
+		t.Fatalf("head_select token: %v", err)
+	}
+}
+
+// headSelectKV is TestHeadSelectKV's check of every method's per-head selection on fixture f
+// of shape s, its subtests named with prefix.
+func headSelectKV(t *testing.T, f *fixture, s Shape, prefix string) {
 	confs := map[string]string{}
 	for name, c := range methodConfigs {
 		confs[name] = strings.TrimSuffix(c, "}") + ", head_select: kv}"
@@ -120,7 +152,7 @@ func TestHeadSelectKV(t *testing.T) {
 	r := rand.New(rand.NewPCG(72, 73))
 	for label, conf := range confs {
 		name, variant, _ := cutPlus(label)
-		t.Run(label, func(t *testing.T) {
+		t.Run(prefix+label, func(t *testing.T) {
 			m := newMethod(t, name, f.src, conf, s).(*blockMethod)
 			if !m.perKV {
 				t.Fatal("head_select kv not set")
@@ -206,27 +238,5 @@ func TestHeadSelectKV(t *testing.T) {
 				t.Fatal("the heads always selected the same blocks: the test cannot tell per-head selection apart")
 			}
 		})
-	}
-	// A stride holds each head's selection.
-	m := newMethod(t, NameKVStar, f.src, "{init_window_sz: 1, local_window_sz: 2, sparse_ratio: 0.2, retrieval_stride: 4, head_select: kv}", s)
-	var held [][]int
-	for step := range 12 {
-		a := f.decodeCall(30, 0, 1, step, randomQuery(r, s))
-		if err := m.AttentionBegin(a); err != nil {
-			t.Fatal(err)
-		}
-		if step%4 == 0 {
-			held = a.HeadSelected
-		} else if !slices.EqualFunc(a.HeadSelected, held, slices.Equal) {
-			t.Fatalf("step %d: %v changed within the stride window (held %v)", step, a.HeadSelected, held)
-		}
-	}
-	node := sparseBlock(t, "ucm_sparse_config:\n  ESA: {retrieval_lag: 1, head_select: kv}\n")["ESA"]
-	if _, err := ParseMethodConfig(NameESA, &node); !isConfigErr(err, "ucm_sparse_config.ESA.retrieval_lag") {
-		t.Fatalf("lag with head_select kv: %v", err)
-	}
-	node = sparseBlock(t, "ucm_sparse_config:\n  Quest: {head_select: token}\n")["Quest"]
-	if _, err := ParseMethodConfig(NameQuest, &node); !isConfigErr(err, "ucm_sparse_config.Quest.head_select") {
-		t.Fatalf("head_select token: %v", err)
 	}
 }

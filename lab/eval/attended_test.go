@@ -40,7 +40,8 @@ func TestAttendedFractionByHand(t *testing.T) {
 // TestAttendedFraction: on the model (4 layers, 2 KV heads), 16-token blocks, every decode
 // position at 10 blocks, layer 0 dense and a nominal 30 % budget of which the windows (1 + 2
 // blocks) are all: the run attends (10 + 3·3)/40 = 47.5 % of its (block, layer, KV head)
-// units, for the oracle and for Quest alike; dense attends all of them.
+// units, for the oracle and for Quest alike, and 3/10 of the sparse layers' units; dense
+// attends all of them.
 func TestAttendedFraction(t *testing.T) {
 	m := loadModel(t)
 	o := Options{Model: m, Windows: [][]byte{testWindow(t, 160)}, Prefill: 150, BlockSizes: []int{16}, Budgets: []float64{0.3},
@@ -49,12 +50,15 @@ func TestAttendedFraction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 3 || res[0].Attended != 1 {
+	if len(res) != 3 || res[0].Attended != 1 || res[0].AttendedSparse != 1 {
 		t.Fatalf("results %+v", res)
 	}
 	for _, r := range res[1:] {
 		if r.Budget != 0.3 || r.Attended != 19.0/40 || math.Abs(r.Kept-19.0/40) > 1e-12 {
 			t.Errorf("%s: budget %v, attended %v, kept %v; want 0.3, 0.475, 0.475", r.Method, r.Budget, r.Attended, r.Kept)
+		}
+		if r.AttendedSparse != 9.0/30 {
+			t.Errorf("%s: sparse layers attended %v, want 0.3", r.Method, r.AttendedSparse)
 		}
 	}
 }

@@ -99,6 +99,11 @@ type BlendResult struct {
 	PPL       float64 `json:"ppl"`
 	DensePPL  float64 `json:"dense_ppl"`
 	PPLChange float64 `json:"ppl_change"`
+	// KLRecovered is the share of reusing without recompute's KL that this run's recompute
+	// removes, 1 − KL / KL(ratio 0), against the run of the same source and correction at
+	// ratio 0 (Ratios must hold 0; else, and for the reference, 0): what a selection buys over
+	// no recompute, comparable between HKVD and random at the same ratio.
+	KLRecovered float64 `json:"kl_recovered"`
 	// PrefillMillis is the mean wall time of the prompt's prefill (the reference: full).
 	PrefillMillis float64 `json:"prefill_ms"`
 }
@@ -247,7 +252,27 @@ func RunBlend(ctx context.Context, o BlendOptions) ([]BlendResult, error) {
 			}
 		}
 	}
+	klRecovered(out)
 	return out, nil
+}
+
+// klRecovered sets every Blend run's KLRecovered against the ratio-0 run of its source and
+// correction (the first such run: at ratio 0 no selection recomputes anything).
+func klRecovered(res []BlendResult) {
+	for i := range res {
+		r := &res[i]
+		if r.Source == "full" {
+			continue
+		}
+		for _, b := range res {
+			if b.Source == r.Source && b.Corrected == r.Corrected && b.Ratio == 0 {
+				if b.KL > 0 {
+					r.KLRecovered = 1 - r.KL/b.KL
+				}
+				break
+			}
+		}
+	}
 }
 
 // blendStats is one window's Blend prefill.

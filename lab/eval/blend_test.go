@@ -39,8 +39,11 @@ func TestRunBlend(t *testing.T) {
 		if want := (1 + 3*r.Recomputed) / 4; math.Abs(r.LayerWork-want) > 1e-12 { // layer 0 all; 1 (after selecting), 2, 3 the selected
 			t.Fatalf("layer work %v, want %v", r.LayerWork, want)
 		}
-		if r.Ratio == 1 && (r.Top1 != 1 || r.KL != 0 || r.PPL != res[0].PPL) {
-			t.Fatalf("ratio 1 is not full recompute: %+v", r)
+		if r.Ratio == 1 && (r.Top1 != 1 || r.KL != 0 || r.PPL != res[0].PPL || r.KLRecovered != 1) {
+			t.Fatalf("ratio 1 is not full recompute (all of ratio 0's KL recovered): %+v", r)
+		}
+		if r.Ratio == 0 && (r.KL == 0 || r.KLRecovered != 0) {
+			t.Fatalf("ratio 0 recovers nothing of its own KL: %+v", r)
 		}
 		kl[[2]any{r.Source, r.Corrected}] = max(kl[[2]any{r.Source, r.Corrected}], r.KL)
 	}

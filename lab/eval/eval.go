@@ -70,6 +70,9 @@ type Result struct {
 	// head (every block in a layer left dense; the windows included) over the context's blocks
 	// times layers times KV heads. It is what a budget costs, where Budget is what was asked.
 	Attended float64 `json:"attended_fraction"`
+	// AttendedSparse is Attended over the layers not left dense (Options.DenseLayers) only:
+	// what the budget costs in a layer that selects, comparable with LatencyResult.Attended.
+	AttendedSparse float64 `json:"attended_fraction_sparse_layers"`
 	// Kept is the mean over (position, layer) of the fraction of the context's blocks attended
 	// (averaged over KV heads): Attended with every step weighted alike, whatever its context.
 	Kept float64 `json:"kept_fraction"`
@@ -260,7 +263,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	var out []Result
 	for _, bs := range o.BlockSizes {
 		snaps := make([]prefillSnap, len(o.Windows))
-		base := Result{Method: "dense", BlockSize: bs, Budget: 1, Attended: 1, Kept: 1, Recall: 1, MinRecall: 1, Top1: 1, LayerRelErr: make([]float64, cfg.Layers)}
+		base := Result{Method: "dense", BlockSize: bs, Budget: 1, Attended: 1, AttendedSparse: 1, Kept: 1, Recall: 1, MinRecall: 1, Top1: 1, LayerRelErr: make([]float64, cfg.Layers)}
 		var nll float64
 		for wi, w := range o.Windows {
 			for i, lg := range dense[wi] {
@@ -319,7 +322,7 @@ type run struct {
 	// hookErr is the first error of a selection (the model's hook cannot return one).
 	hookErr error
 	// accumulators
-	attended                   attendance
+	attended, attendedSparse   attendance
 	keptSum, recallSum, layerN float64
 	layerErr                   []float64
 	selTime                    time.Duration
@@ -439,7 +442,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	var nll, kl float64
 	var top1 int
 	var keptSum, recallSum, layerN float64
-	var att attendance
+	var att, attSparse attendance
 	var selTime time.Duration
 	var selN int
 	for wi, w := range o.Windows {
@@ -477,6 +480,8 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 		keptSum += r.keptSum
 		att.units += r.attended.units
 		att.total += r.attended.total
+		attSparse.units += r.attendedSparse.units
+		attSparse.total += r.attendedSparse.total
 		recallSum += r.recallSum
 		layerN += r.layerN
 		for l, e := range r.layerErr {
@@ -491,6 +496,7 @@ func runMethod(ctx context.Context, o Options, name string, budget float64, bs i
 	res.PPL = math.Exp(nll / n)
 	res.Kept = keptSum / layerN
 	res.Attended = att.fraction()
+	res.AttendedSparse = attSparse.fraction()
 	res.Recall = recallSum / layerN
 	for l := range res.LayerRelErr {
 		res.LayerRelErr[l] /= n
@@ -742,6 +748,9 @@ func (r *run) measure(layer, pos int, sel [][]int) {
 	r.res.MinRecall = min(r.res.MinRecall, recall)
 	r.keptSum += float64(kept) / float64(n*cfg.KVHeads)
 	r.attended.add(kept, n*cfg.KVHeads)
+	if !slices.Contains(r.denseLayers, layer) {
+		r.attendedSparse.add(kept, n*cfg.KVHeads)
+	}
 	r.layerN++
 	if den > 0 {
 		r.layerErr[layer] += math.Sqrt(num / den)

@@ -32,6 +32,8 @@ type evalSparseOptions struct {
 	split        string
 	fitWindows   int
 	layerBudgets []float64
+	latency      eval.LatencyOptions
+	evictMiB     int
 }
 
 func newEvalCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -58,7 +60,13 @@ the whole run (layers left dense and the windows included), the attention-mass r
 layer's attention-output relative error, next-token top-1 agreement with full attention, the
 KL divergence and the perplexity change, and the selection time per layer. Each window is
 prefilled densely for --prefill tokens; the rest are decode positions. --text measures on
-any text file or directory instead of the model's held-out Go files.`,
+any text file or directory instead of the model's held-out Go files.
+
+--latency-steps N also times each method configuration (the same name, budget and windows)
+at a long context's shape, by default 1,024 blocks of 128 tokens × 32 KV heads × 128 dims
+(--latency-*), over sidecars the kernels' writer computes from K-shaped data: the process CPU
+time per step (median, 90th percentile) and the fraction of that layer's units attended, next
+to the quality figures (run with GOMAXPROCS=1 to time one core).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEvalSparse(cmd.Context(), o, stdout, stderr)
@@ -75,6 +83,15 @@ any text file or directory instead of the model's held-out Go files.`,
 	f.IntVar(&o.local, "local", o.local, "trailing blocks every method keeps (the current block included)")
 	f.StringVar(&o.split, "split", o.split, "held-out windows: a (evenly spread, train.py's) or b (the windows between a's, disjoint from them)")
 	f.Float64SliceVar(&o.layerBudgets, "layer-budgets", nil, "one budget per layer for the oracles and probes only (not the methods): what an uneven spread of the budget over layers would be worth")
+	o.latency = eval.DefaultLatency
+	o.latency.Steps = 0
+	f.IntVar(&o.latency.Steps, "latency-steps", 0, "decode steps to time each method's selection at the --latency-* shape (0: not timed)")
+	f.IntVar(&o.latency.Blocks, "latency-blocks", o.latency.Blocks, "blocks of the timed context")
+	f.IntVar(&o.latency.BlockTokens, "latency-block-tokens", o.latency.BlockTokens, "tokens per block of the timed context")
+	f.IntVar(&o.latency.KVHeads, "latency-kv-heads", o.latency.KVHeads, "KV heads of the timed layer")
+	f.IntVar(&o.latency.QHeads, "latency-q-heads", o.latency.QHeads, "query heads of the timed layer")
+	f.IntVar(&o.latency.HeadDim, "latency-head-dim", o.latency.HeadDim, "head dim of the timed layer")
+	f.IntVar(&o.evictMiB, "latency-evict-mib", o.latency.EvictBytes>>20, "MiB written between timed steps (untimed) so that a step reads its rows from memory, as in a model of many layers; 0: the previous step's cache stays warm")
 	f.IntVar(&o.fitWindows, "fit-windows", o.fitWindows, "windows of training text (never held out) the learned representations fit the model's queries on")
 	return cmd
 }
@@ -91,6 +108,12 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		return cliutil.UsageErr("--init %d, --local %d: want ≥ 0 and ≥ 1", o.init, o.local)
 	case o.split != "a" && o.split != "b":
 		return cliutil.UsageErr("--split %q: want a or b", o.split)
+	case o.latency.Steps < 0 || o.evictMiB < 0 || o.evictMiB > 1<<14:
+		return cliutil.UsageErr("--latency-steps %d, --latency-evict-mib %d: want ≥ 0, and at most 16384 MiB", o.latency.Steps, o.evictMiB)
+	case o.latency.Steps > 0 && (o.latency.Blocks < 1 || o.latency.BlockTokens < 1 || o.latency.KVHeads < 1 || o.latency.HeadDim < 1 ||
+		o.latency.QHeads < o.latency.KVHeads || o.latency.QHeads%o.latency.KVHeads != 0):
+		return cliutil.UsageErr("--latency-blocks %d, --latency-block-tokens %d, --latency-q-heads %d, --latency-kv-heads %d, --latency-head-dim %d: want positive, query heads a multiple of KV heads",
+			o.latency.Blocks, o.latency.BlockTokens, o.latency.QHeads, o.latency.KVHeads, o.latency.HeadDim)
 	}
 	for _, l := range o.denseLayers {
 		if l < 0 || l >= m.Config().Layers {
@@ -136,9 +159,17 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
+	lat, err := selectLatencies(res, o)
+	if err != nil {
+		return err
+	}
 	if o.asJSON {
-		return writeJSON(stdout, text.json(map[string]any{"model": modelName(man),
-			"windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res}))
+		doc := map[string]any{"model": modelName(man),
+			"windows": o.windows, "split": o.split, "context": o.context, "prefill": o.prefill, "init": o.init, "local": o.local, "dense_layers": o.denseLayers, "results": res}
+		if lat != nil {
+			doc["latency"] = lat
+		}
+		return writeJSON(stdout, text.json(doc))
 	}
 	fmt.Fprintf(stdout, "model %s; %d windows (split %s) of %d tokens from %s, prefill %d, %d decode positions per run; windows init %d, local %d blocks\n",
 		modelName(man), o.windows, o.split, o.context, text.describe(), o.prefill, res[0].Positions, o.init, o.local)
@@ -152,7 +183,47 @@ func runEvalSparse(ctx context.Context, o evalSparseOptions, stdout, stderr io.W
 		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.1f%%\t%.4f\t%.3f\t%s\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.1f\t\n", r.Method, r.BlockSize, 100*r.Budget,
 			100*r.Attended, r.Recall, r.MinRecall, strings.Join(errs, " "), r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.SelectMicros)
 	}
+	if err := tw.Flush(); err != nil || lat == nil {
+		return err
+	}
+	l0 := lat[0]
+	fmt.Fprintf(stdout, "\nthe same configurations at %d blocks of %d tokens × %d query heads on %d KV heads × %d dims, one layer, %d steps, %d MiB evicted between steps: process CPU time per step\n",
+		l0.Blocks, l0.BlockTokens, l0.QHeads, l0.KVHeads, l0.HeadDim, l0.Steps, l0.EvictBytes>>20)
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "method\tblock\tnominal\tattended\tattended sparse layers\ttop-1\tΔppl\tattended at long context\tCPU µs median\tp90\tmean\twall µs median\t")
+	for _, r := range res {
+		i := slices.IndexFunc(lat, func(l eval.LatencyResult) bool { return l.Method == r.Method && l.Budget == r.Budget })
+		if i < 0 {
+			continue
+		}
+		l := lat[i]
+		fmt.Fprintf(tw, "%s\t%d\t%.0f%%\t%.1f%%\t%.1f%%\t%.4f\t%+.2f%%\t%.1f%%\t%.0f\t%.0f\t%.0f\t%.0f\t\n", r.Method, r.BlockSize, 100*r.Budget, 100*r.Attended,
+			100*r.AttendedSparse, r.Top1, 100*r.PPLChange, 100*l.Attended, l.CPUMedianMicros, l.CPUP90Micros, l.CPUMeanMicros, l.WallMedianMicros)
+	}
 	return tw.Flush()
+}
+
+// selectLatencies times every selecting method of res at each of its budgets (once per
+// method and budget, whatever the block size) when --latency-steps is set; nil otherwise.
+func selectLatencies(res []eval.Result, o evalSparseOptions) ([]eval.LatencyResult, error) {
+	if o.latency.Steps == 0 {
+		return nil, nil
+	}
+	var out []eval.LatencyResult
+	for _, r := range res {
+		if r.Method == "dense" || r.Method == eval.Oracle || r.Method == eval.OracleKV || strings.HasPrefix(r.Method, eval.ProbePrefix) ||
+			slices.ContainsFunc(out, func(l eval.LatencyResult) bool { return l.Method == r.Method && l.Budget == r.Budget }) {
+			continue
+		}
+		lo := o.latency
+		lo.Init, lo.Local, lo.EvictBytes = o.init, o.local, o.evictMiB<<20
+		l, err := eval.SelectLatency(r.Method, r.Budget, lo)
+		if err != nil {
+			return nil, fmt.Errorf("latency of %s at %.0f%%: %w", r.Method, 100*r.Budget, err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
 }
 
 // fitQueries fits the model's queries on --fit-windows windows of training text of the

@@ -26,7 +26,7 @@ type evalBlendOptions struct {
 
 func newEvalBlendCmd(stdout, stderr io.Writer) *cobra.Command {
 	o := evalBlendOptions{heldOutOptions: heldOutOptions{windows: 8, context: 1024}, suffix: 256, blockSize: 16, chunkSize: 64, checkLayer: 1,
-		ratios: []float64{0, 0.05, 0.1, 0.15, 0.2}, sources: []string{eval.SourceStandalone, eval.SourceShuffled}, selections: []string{eval.SelectHKVD}}
+		ratios: []float64{0, 0.05, 0.1, 0.15, 0.2}, sources: []string{eval.SourceStandalone, eval.SourceShuffled}, selections: []string{eval.SelectHKVD, eval.SelectRandom}}
 	cmd := &cobra.Command{
 		Use:   "blend",
 		Short: "Prefill RAG-like prompts of reused chunks by Blend against full recompute",
@@ -38,7 +38,9 @@ matching by position-independent ids, the matched K/V loaded with K rotated to t
 positions, and the --ratio of the reused tokens whose layer --check-layer K deviates most
 recomputed (HKVD; every layer before it computes every token). It prints, over the query's
 next-token predictions: top-1 agreement with full recompute, KL divergence, perplexity and its
-change, and the share of reused tokens recomputed.`,
+change, and the share of reused tokens recomputed. With ratio 0 among --ratios, each run also
+reports the share of ratio 0's KL its recompute removes, and HKVD is tabled against its two
+baselines from the same run: no recompute (ratio 0) and random selection at the same ratio.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runEvalBlend(cmd.Context(), o, stdout, stderr)
@@ -108,10 +110,59 @@ func runEvalBlend(ctx context.Context, o evalBlendOptions, stdout, stderr io.Wri
 	fmt.Fprintf(stdout, "model %s; %d prompts of %d tokens from %s: %d reused tokens in chunks of %d, then a %d-token query; blocks of %d; HKVD at layer %d; %d predictions per run\n",
 		modelName(man), o.windows, o.context, text.describe(), o.context-o.suffix, o.chunkSize, o.suffix, o.blockSize, o.checkLayer, res[0].Positions)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tppl\tΔppl\tprefill ms\t")
+	fmt.Fprintln(tw, "source\tcorrection\tselection\tratio\treused\trecomputed\tlayer work\ttop-1\tKL nats\tKL recovered\tppl\tΔppl\tprefill ms\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.3f\t%+.2f%%\t%.0f\t\n", r.Source, r.Corrected, r.Selection, r.Ratio,
-			r.HitFraction, r.Recomputed, r.LayerWork, r.Top1, r.KL, r.PPL, 100*r.PPLChange, r.PrefillMillis)
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%.2f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.1f%%\t%.3f\t%+.2f%%\t%.0f\t\n", r.Source, r.Corrected, r.Selection, r.Ratio,
+			r.HitFraction, r.Recomputed, r.LayerWork, r.Top1, r.KL, 100*r.KLRecovered, r.PPL, 100*r.PPLChange, r.PrefillMillis)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return blendBaselines(stdout, res)
+}
+
+// blendBaselines prints each HKVD run next to its baselines from the same run: no recompute
+// (ratio 0, same source and correction) and random selection at the same ratio; nothing when
+// the run has neither.
+func blendBaselines(w io.Writer, res []eval.BlendResult) error {
+	find := func(r eval.BlendResult, sel string, ratio float64) (eval.BlendResult, bool) {
+		for _, b := range res {
+			if b.Source == r.Source && b.Corrected == r.Corrected && b.Ratio == ratio && (sel == "" || b.Selection == sel) {
+				return b, true
+			}
+		}
+		return eval.BlendResult{}, false
+	}
+	cell := func(r eval.BlendResult, ok bool) string {
+		if !ok {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f%% %.4f %+.2f%%", 100*r.Top1, r.KL, 100*r.PPLChange)
+	}
+	var rows []string
+	for _, r := range res {
+		if r.Selection != eval.SelectHKVD || r.Ratio == 0 {
+			continue
+		}
+		none, okN := find(r, "", 0)
+		rnd, okR := find(r, eval.SelectRandom, r.Ratio)
+		if !okN && !okR {
+			continue
+		}
+		rec := "—"
+		if okN && okR {
+			rec = fmt.Sprintf("%.1f%% / %.1f%%", 100*r.KLRecovered, 100*rnd.KLRecovered)
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%v\t%.2f\t%s\t%s\t%s\t%s\t", r.Source, r.Corrected, r.Ratio, cell(none, okN), cell(rnd, okR), cell(r, true), rec))
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nHKVD against its baselines in this run (each cell: top-1, KL nats, Δppl)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "source\tcorrection\tratio\tno recompute\trandom\thkvd\tKL recovered hkvd / random\t")
+	for _, row := range rows {
+		fmt.Fprintln(tw, row)
 	}
 	return tw.Flush()
 }

@@ -10,15 +10,17 @@ import (
 )
 
 // TestEvalBlend: eval blend on a tiny setting reports the full-recompute reference and every
-// run, in the table and in --json; bad flags are usage errors.
+// run, in the table and in --json, and HKVD against its baselines (ratio 0, random at the
+// same ratio) from the same run; bad flags are usage errors.
 func TestEvalBlend(t *testing.T) {
 	args := []string{"eval", "blend", "--weights", testWeights, "--windows", "1", "--context", "96", "--suffix", "32",
-		"--chunk-tokens", "32", "--ratios", "0.2", "--sources", "standalone", "--selections", "hkvd,random"}
+		"--chunk-tokens", "32", "--ratios", "0,0.2", "--sources", "standalone", "--selections", "hkvd,random"}
 	out, _, code := run(t, args...)
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	clitest.MustContain(t, out, "held-out files", "full", "standalone", "recomputed", "Δppl")
+	clitest.MustContain(t, out, "held-out files", "full", "standalone", "recomputed", "Δppl", "KL recovered",
+		"HKVD against its baselines", "no recompute")
 	out, _, code = run(t, append(args, "--json")...)
 	if code != cliutil.ExitOK {
 		t.Fatalf("exit %d", code)
@@ -29,8 +31,10 @@ func TestEvalBlend(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Results) != 3 || r.Results[0].Source != "full" || r.Results[1].Source != "standalone" || r.Results[1].Positions != 32 || r.Results[1].Recomputed != 0.1875 ||
-		r.Results[1].Selection != "hkvd" || r.Results[2].Selection != "random" || r.Results[2].Recomputed != 0.1875 {
+	// full, then hkvd at 0 and 0.2, then random at 0 and 0.2.
+	if len(r.Results) != 5 || r.Results[0].Source != "full" || r.Results[2].Source != "standalone" || r.Results[2].Positions != 32 || r.Results[2].Recomputed != 0.1875 ||
+		r.Results[2].Selection != "hkvd" || r.Results[4].Selection != "random" || r.Results[4].Recomputed != 0.1875 || r.Results[1].KLRecovered != 0 ||
+		r.Results[2].KLRecovered != 1-r.Results[2].KL/r.Results[1].KL {
 		t.Fatalf("eval blend --json: %+v", r.Results)
 	}
 	for _, bad := range [][]string{

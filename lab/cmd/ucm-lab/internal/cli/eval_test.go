@@ -46,7 +46,26 @@ func TestEvalSparse(t *testing.T) {
 	if code != cliutil.ExitOK || json.Unmarshal([]byte(out), &rb) != nil || rb.Split != "b" || len(rb.Results) != 3 || rb.Results[0].PPL == r.Results[0].PPL {
 		t.Fatalf("eval sparse --split b: exit %d, %+v", code, rb)
 	}
+	// --latency-steps times the same configurations at the --latency-* shape: ⌊32·0.3⌋ = 9 of
+	// 32 blocks per KV head, next to the quality figures, and in the JSON.
+	lat := append(args, "--latency-steps", "3", "--latency-blocks", "32", "--latency-block-tokens", "16", "--latency-q-heads", "4",
+		"--latency-kv-heads", "2", "--latency-head-dim", "16", "--latency-evict-mib", "1")
+	out, _, code = run(t, lat...)
+	if code != cliutil.ExitOK {
+		t.Fatalf("eval sparse --latency-steps: exit %d", code)
+	}
+	clitest.MustContain(t, out, "process CPU time per step", "CPU µs median", "attended sparse layers", "28.1%")
+	out, _, code = run(t, append(lat, "--json")...)
+	var rl struct {
+		Latency []eval.LatencyResult `json:"latency"`
+	}
+	if code != cliutil.ExitOK || json.Unmarshal([]byte(out), &rl) != nil || len(rl.Latency) != 2 || rl.Latency[1].Method != "ESA" ||
+		rl.Latency[0].Attended != 9.0/32 || rl.Latency[0].Steps != 3 || rl.Latency[0].KVHeads != 2 || rl.Latency[0].EvictBytes != 1<<20 {
+		t.Fatalf("eval sparse --latency-steps --json: exit %d, %+v", code, rl)
+	}
 	for _, bad := range [][]string{
+		{"eval", "sparse", "--weights", testWeights, "--latency-steps", "-1"},
+		{"eval", "sparse", "--weights", testWeights, "--latency-steps", "2", "--latency-q-heads", "3"},
 		{"eval", "sparse", "--weights", "/nonexistent"},
 		{"eval", "sparse", "--weights", testWeights, "--methods", "Blend"},
 		{"eval", "sparse", "--weights", testWeights, "--budgets", "1.5"},
