@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ucm-go/ucm/engine"
 )
 
@@ -55,14 +53,8 @@ func NewRetriever(workers int, cpus []int) (*Retriever, error) {
 		return nil, fmt.Errorf("retriever: %d workers: want 1 … %d: %w", workers, MaxRetrieverWorkers, ErrInvalid)
 	}
 	if len(cpus) > 0 {
-		var allowed unix.CPUSet
-		if err := unix.SchedGetaffinity(0, &allowed); err != nil {
-			return nil, fmt.Errorf("retriever: the process's CPUs: %w", err)
-		}
-		for i, c := range cpus {
-			if c < 0 || c >= 1024 || !allowed.IsSet(c) {
-				return nil, fmt.Errorf("retriever: cpu %d (entry %d): not one this process may run on: %w", c, i, ErrInvalid)
-			}
+		if err := checkCPUs(cpus); err != nil {
+			return nil, err
 		}
 	}
 	r := &Retriever{workers: workers, tasks: map[uint64]*retrieveTask{}}
@@ -85,9 +77,7 @@ func (r *Retriever) work(cpu int) {
 	defer r.wg.Done()
 	if cpu >= 0 {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		var set unix.CPUSet
-		set.Set(cpu)
-		_ = unix.SchedSetaffinity(0, &set) // checked allowed at NewRetriever; a later refusal only loses the pinning
+		pinThread(cpu)
 	}
 	for {
 		r.mu.Lock()
