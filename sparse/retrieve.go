@@ -375,7 +375,7 @@ func (a *SoftmaxArgs) Check() error {
 }
 
 // SoftmaxTopK runs the retrieval a describes on the calling goroutine and up to workers-1
-// helpers (one (token, head) pair per claim) and returns how many ids it wrote to a.Idx:
+// helpers (one token's KV head per claim) and returns how many ids it wrote to a.Idx:
 // min(K, blocks), in score order (descending, ties to the lower block). Query head H reads KV
 // head H/g (g = QHeads/KVHeads) through its channels; logits are float32 dot products of the
 // fp16 values, unscaled (UCM's, no 1/√d); the softmax uses kernels.ExpColumns; a block's score
@@ -394,48 +394,30 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 	g, d, s := a.QHeads/a.KVHeads, a.Dim, n*a.M
 	pairs := a.Tokens * a.QHeads
 	share := make([]float32, pairs*n)
-	par.Chunks(pairs, 1, workers, func(lo, hi int) {
-		q := make([]float32, d)
+	// One claim is a token's KV head: its g query heads against each of the head's rows, each
+	// fp16 row converted once for the group (kernels.DotsF16Rows).
+	par.Chunks(a.Tokens*a.KVHeads, 1, workers, func(lo, hi int) {
+		qg := make([]float32, g*d)
+		yg := make([]float32, s*g)
 		y := make([]float32, s)
-		for p := lo; p < hi; p++ {
-			x, hq := p/a.QHeads, p%a.QHeads
-			h := hq / g
-			base := (x*a.QHeads + hq) * a.QDim
-			for i := range q {
-				c := i
-				if a.Channels != nil {
-					c = int(a.Channels[h*d+i])
-				}
-				q[i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
-			}
-			_ = kernels.DotsF16(y, q, a.Reprs[2*h*d:], d, 0, a.KVHeads*d)
-			mx := float32(math.Inf(-1))
-			for _, v := range y {
-				if v > mx {
-					mx = v
+		for u := lo; u < hi; u++ {
+			x, h := u/a.KVHeads, u%a.KVHeads
+			for j := range g {
+				base := (x*a.QHeads + h*g + j) * a.QDim
+				for i := range d {
+					c := i
+					if a.Channels != nil {
+						c = int(a.Channels[h*d+i])
+					}
+					qg[j*d+i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
 				}
 			}
-			var sum float32
-			wide := s - s%8
-			var shift, sums [8]float32
-			for i := range shift {
-				shift[i] = mx
-			}
-			_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
-			for _, v := range sums {
-				sum += v
-			}
-			var one [1]float32
-			_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
-			sum += one[0]
-			inv := 1 / sum
-			out := share[p*n : (p+1)*n]
-			for b := range n {
-				var m float32
-				for _, v := range y[b*a.M : (b+1)*a.M] {
-					m += v
+			_ = kernels.DotsF16Rows(yg, qg, a.Reprs[2*h*d:], g, d, d, a.KVHeads*d)
+			for j := range g {
+				for r := range y {
+					y[r] = yg[r*g+j]
 				}
-				out[b] = m * inv
+				softmaxShares(y, share[(x*a.QHeads+h*g+j)*n:(x*a.QHeads+h*g+j+1)*n], a.M)
 			}
 		}
 	})
@@ -453,6 +435,40 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 		a.Idx[i] = int64(b)
 	}
 	return k, nil
+}
+
+// softmaxShares turns one (token, head)'s logits y (one per row, overwritten) into each
+// block's probability mass: out[b] = Σ_{m<M} softmax(y)[b·M+m] (kernels.ExpColumns for the
+// exponentials, eight running sums, then the tail).
+func softmaxShares(y, out []float32, m int) {
+	s := len(y)
+	mx := float32(math.Inf(-1))
+	for _, v := range y {
+		if v > mx {
+			mx = v
+		}
+	}
+	var sum float32
+	wide := s - s%8
+	var shift, sums [8]float32
+	for i := range shift {
+		shift[i] = mx
+	}
+	_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
+	for _, v := range sums {
+		sum += v
+	}
+	var one [1]float32
+	_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
+	sum += one[0]
+	inv := 1 / sum
+	for b := range out {
+		var t float32
+		for _, v := range y[b*m : (b+1)*m] {
+			t += v
+		}
+		out[b] = t * inv
+	}
 }
 
 // MaxDotBatch is a batch of GSA offload selections over one representation array (UCM's
