@@ -46,6 +46,30 @@ func DotsF16(out, q []float32, v []byte, d, qs, vs int) error {
 	return nil
 }
 
+// DotsF16Rows sets out[r·g+j] = Σ_{i<d} q[j·qs+i]·v[r·vs+i] for the n = len(out)/g rows of the
+// fp16 (little-endian) v and the g query runs of q: every row against every query (the g query
+// heads of a GQA group against each row of their KV head). On amd64 (AVX2, FMA, F16C, d a
+// multiple of 8) each row is converted once per four queries, as DotsF16 does with vs = 0.
+func DotsF16Rows(out, q []float32, v []byte, g, d, qs, vs int) error {
+	if g < 1 || len(out)%g != 0 {
+		return errorf(ErrInvalid, "dots f16 rows: %d results for %d queries", len(out), g)
+	}
+	n := len(out) / g
+	if n == 0 {
+		return nil
+	}
+	if err := scoreRuns("dots f16 rows: queries", g, d, qs, 0, len(q), d); err != nil {
+		return err
+	}
+	if err := scoreRuns("dots f16 rows: rows", n, d, 0, vs, d, len(v)/2); err != nil {
+		return err
+	}
+	for r := range n {
+		dotsF16(out[r*g:(r+1)*g], q, v[2*r*vs:], d, qs, 0)
+	}
+	return nil
+}
+
 // DotsF32 sets out[i] = Σ_{j<d} q[i·qs+j]·v[i·vs+j] for float32 v: the dot products of
 // representations kept as float32 rows (ESA's retrieval over a caller's matrix). On amd64 the
 // sums run over sixteen lanes with AVX-512 (d a multiple of 16) or eight with AVX2 and FMA (d a

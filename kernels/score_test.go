@@ -439,3 +439,43 @@ func TestDotsF32(t *testing.T) {
 		t.Fatalf("out written: %v", out)
 	}
 }
+
+// TestDotsF16Rows: every row against every query equals a float64 sum within rounding, for
+// group sizes 1 to 9 (the four-query kernel and the remainder), row strides and query strides;
+// bad shapes are refused.
+func TestDotsF16Rows(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for it := range 300 {
+		g, n, d := 1+r.IntN(9), 1+r.IntN(20), []int{3, 8, 16, 64, 72}[r.IntN(5)]
+		qs, vs := []int{d, d + 8}[r.IntN(2)], []int{d, 3 * d}[r.IntN(2)]
+		q := make([]float32, (g-1)*qs+d)
+		for i := range q {
+			q[i] = float32(r.NormFloat64())
+		}
+		v := make([]byte, 2*((n-1)*vs+d))
+		for i := range len(v) / 2 {
+			binary.LittleEndian.PutUint16(v[2*i:], Float32ToFloat16(float32(r.NormFloat64())))
+		}
+		out := make([]float32, n*g)
+		must(t, DotsF16Rows(out, q, v, g, d, qs, vs))
+		for row := range n {
+			for j := range g {
+				var want, mag float64
+				for i := range d {
+					x := float64(q[j*qs+i]) * f16At(v, row*vs+i)
+					want += x
+					mag += math.Abs(x)
+				}
+				if !closeTo(out[row*g+j], want, mag) {
+					t.Fatalf("case %d (g %d, d %d): row %d query %d: %v, want %v", it, g, d, row, j, out[row*g+j], want)
+				}
+			}
+		}
+	}
+	if err := DotsF16Rows(make([]float32, 5), make([]float32, 16), make([]byte, 32), 2, 8, 8, 8); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("5 results for 2 queries: %v", err)
+	}
+	if err := DotsF16Rows(make([]float32, 4), make([]float32, 16), make([]byte, 30), 2, 8, 8, 8); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("short rows: %v", err)
+	}
+}

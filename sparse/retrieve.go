@@ -375,7 +375,7 @@ func (a *SoftmaxArgs) Check() error {
 }
 
 // SoftmaxTopK runs the retrieval a describes on the calling goroutine and up to workers-1
-// helpers (one (token, head) pair per claim) and returns how many ids it wrote to a.Idx:
+// helpers (one token's KV head per claim) and returns how many ids it wrote to a.Idx:
 // min(K, blocks), in score order (descending, ties to the lower block). Query head H reads KV
 // head H/g (g = QHeads/KVHeads) through its channels; logits are float32 dot products of the
 // fp16 values, unscaled (UCM's, no 1/√d); the softmax uses kernels.ExpColumns; a block's score
@@ -394,48 +394,30 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 	g, d, s := a.QHeads/a.KVHeads, a.Dim, n*a.M
 	pairs := a.Tokens * a.QHeads
 	share := make([]float32, pairs*n)
-	par.Chunks(pairs, 1, workers, func(lo, hi int) {
-		q := make([]float32, d)
+	// One claim is a token's KV head: its g query heads against each of the head's rows, each
+	// fp16 row converted once for the group (kernels.DotsF16Rows).
+	par.Chunks(a.Tokens*a.KVHeads, 1, workers, func(lo, hi int) {
+		qg := make([]float32, g*d)
+		yg := make([]float32, s*g)
 		y := make([]float32, s)
-		for p := lo; p < hi; p++ {
-			x, hq := p/a.QHeads, p%a.QHeads
-			h := hq / g
-			base := (x*a.QHeads + hq) * a.QDim
-			for i := range q {
-				c := i
-				if a.Channels != nil {
-					c = int(a.Channels[h*d+i])
-				}
-				q[i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
-			}
-			_ = kernels.DotsF16(y, q, a.Reprs[2*h*d:], d, 0, a.KVHeads*d)
-			mx := float32(math.Inf(-1))
-			for _, v := range y {
-				if v > mx {
-					mx = v
+		for u := lo; u < hi; u++ {
+			x, h := u/a.KVHeads, u%a.KVHeads
+			for j := range g {
+				base := (x*a.QHeads + h*g + j) * a.QDim
+				for i := range d {
+					c := i
+					if a.Channels != nil {
+						c = int(a.Channels[h*d+i])
+					}
+					qg[j*d+i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
 				}
 			}
-			var sum float32
-			wide := s - s%8
-			var shift, sums [8]float32
-			for i := range shift {
-				shift[i] = mx
-			}
-			_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
-			for _, v := range sums {
-				sum += v
-			}
-			var one [1]float32
-			_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
-			sum += one[0]
-			inv := 1 / sum
-			out := share[p*n : (p+1)*n]
-			for b := range n {
-				var m float32
-				for _, v := range y[b*a.M : (b+1)*a.M] {
-					m += v
+			_ = kernels.DotsF16Rows(yg, qg, a.Reprs[2*h*d:], g, d, d, a.KVHeads*d)
+			for j := range g {
+				for r := range y {
+					y[r] = yg[r*g+j]
 				}
-				out[b] = m * inv
+				softmaxShares(y, share[(x*a.QHeads+h*g+j)*n:(x*a.QHeads+h*g+j+1)*n], a.M)
 			}
 		}
 	})
@@ -453,4 +435,186 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 		a.Idx[i] = int64(b)
 	}
 	return k, nil
+}
+
+// softmaxShares turns one (token, head)'s logits y (one per row, overwritten) into each
+// block's probability mass: out[b] = Σ_{m<M} softmax(y)[b·M+m] (kernels.ExpColumns for the
+// exponentials, eight running sums, then the tail).
+func softmaxShares(y, out []float32, m int) {
+	s := len(y)
+	mx := float32(math.Inf(-1))
+	for _, v := range y {
+		if v > mx {
+			mx = v
+		}
+	}
+	var sum float32
+	wide := s - s%8
+	var shift, sums [8]float32
+	for i := range shift {
+		shift[i] = mx
+	}
+	_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
+	for _, v := range sums {
+		sum += v
+	}
+	var one [1]float32
+	_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
+	sum += one[0]
+	inv := 1 / sum
+	for b := range out {
+		var t float32
+		for _, v := range y[b*m : (b+1)*m] {
+			t += v
+		}
+		out[b] = t * inv
+	}
+}
+
+// MaxDotBatch is a batch of GSA offload selections over one representation array (UCM's
+// CalKpreAndTopk for one layer: each decode request's query against its own blocks).
+type MaxDotBatch struct {
+	Q []float32 // Batch × QHeads × Dim: the requests' queries (read, never written)
+	// Reprs holds the blocks' rows, block-major: Blocks × KVHeads × M × Dim.
+	Reprs                   []float32
+	QHeads, KVHeads, M, Dim int
+	// Cand holds Batch rows of Width block numbers of Reprs: a request's blocks are its row's
+	// entries that are not -1, in order (positions in the selection are positions in that
+	// list). nil: every block of Reprs, in order, for every request (Width is then ignored).
+	Cand  []int32
+	Width int
+	// K holds each request's selection length (UCM's topk_lens); Init and Local the windows.
+	K           []int32
+	Init, Local int
+	// Out holds Batch rows of OutWidth entries: row b's first Count[b] entries are request b's
+	// selection in UCM's order (MaxDotTopK); the rest of the row is left as it was. Count may
+	// be nil.
+	Out      []int32
+	OutWidth int
+	Count    []int64
+}
+
+// Batch is the number of requests (0 when a shape is not positive).
+func (b *MaxDotBatch) Batch() int {
+	if b.QHeads <= 0 || b.Dim <= 0 {
+		return 0
+	}
+	return len(b.Q) / (b.QHeads * b.Dim)
+}
+
+// row returns request i's MaxDotArgs over Reprs when its blocks are a run of consecutive
+// blocks (or all), else over a gathered copy.
+func (b *MaxDotBatch) row(i int) *MaxDotArgs {
+	per, qn := b.KVHeads*b.M*b.Dim, b.QHeads*b.Dim
+	a := &MaxDotArgs{Q: b.Q[i*qn : (i+1)*qn], QHeads: b.QHeads, KVHeads: b.KVHeads, M: b.M, Dim: b.Dim,
+		K: int(b.K[i]), Init: b.Init, Local: b.Local, Out: b.Out[i*b.OutWidth : (i+1)*b.OutWidth]}
+	if b.Cand == nil {
+		a.Reprs = b.Reprs
+		return a
+	}
+	var blocks []int32
+	run := true
+	for _, c := range b.Cand[i*b.Width : (i+1)*b.Width] {
+		if c < 0 {
+			continue
+		}
+		if len(blocks) > 0 && c != blocks[len(blocks)-1]+1 {
+			run = false
+		}
+		blocks = append(blocks, c)
+	}
+	switch {
+	case len(blocks) == 0:
+		a.Reprs = nil
+	case run:
+		a.Reprs = b.Reprs[int(blocks[0])*per : (int(blocks[len(blocks)-1])+1)*per]
+	default:
+		a.Reprs = make([]float32, 0, len(blocks)*per)
+		for _, c := range blocks {
+			a.Reprs = append(a.Reprs, b.Reprs[int(c)*per:(int(c)+1)*per]...)
+		}
+	}
+	return a
+}
+
+// blocksOf is how many blocks request i selects among.
+func (b *MaxDotBatch) blocksOf(i int) int {
+	if b.Cand == nil {
+		return len(b.Reprs) / (b.KVHeads * b.M * b.Dim)
+	}
+	n := 0
+	for _, c := range b.Cand[i*b.Width : (i+1)*b.Width] {
+		if c >= 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Check validates b's shapes, candidates and output room: every error wraps ErrInvalid and
+// names the field, or the request (row) and column at fault.
+func (b *MaxDotBatch) Check() error {
+	if b.QHeads <= 0 || b.KVHeads <= 0 || b.M <= 0 || b.Dim <= 0 || b.QHeads%b.KVHeads != 0 || b.QHeads > kernels.MaxHeads {
+		return fmt.Errorf("maxdot retrieval: %d query heads over %d KV heads, %d rows of %d per head: %w", b.QHeads, b.KVHeads, b.M, b.Dim, ErrInvalid)
+	}
+	qn := int64(b.QHeads) * int64(b.Dim)
+	if qn > MaxRetrieveElems || len(b.Q) > MaxRetrieveElems || int64(len(b.Q))%qn != 0 {
+		return fmt.Errorf("maxdot retrieval: q of %d values: not whole requests of %d heads × %d: %w", len(b.Q), b.QHeads, b.Dim, ErrInvalid)
+	}
+	per := int64(b.KVHeads) * int64(b.M) * int64(b.Dim)
+	if per > MaxRetrieveElems || len(b.Reprs) > MaxRetrieveElems || int64(len(b.Reprs))%per != 0 {
+		return fmt.Errorf("maxdot retrieval: reprs of %d values: not whole blocks of %d: %w", len(b.Reprs), per, ErrInvalid)
+	}
+	if b.Init < 0 || b.Local < 0 || b.Init > MaxRetrieveElems || b.Local > MaxRetrieveElems {
+		return fmt.Errorf("maxdot retrieval: windows %d and %d: %w", b.Init, b.Local, ErrInvalid)
+	}
+	n, blocks := b.Batch(), int(int64(len(b.Reprs))/per)
+	if len(b.K) != n {
+		return fmt.Errorf("maxdot retrieval: %d topk lengths for %d requests: %w", len(b.K), n, ErrInvalid)
+	}
+	if b.OutWidth < 0 || int64(b.OutWidth)*int64(n) > MaxRetrieveElems || len(b.Out) < n*b.OutWidth {
+		return fmt.Errorf("maxdot retrieval: out of %d for %d requests of width %d: %w", len(b.Out), n, b.OutWidth, ErrInvalid)
+	}
+	if b.Count != nil && len(b.Count) < n {
+		return fmt.Errorf("maxdot retrieval: count of %d for %d requests: %w", len(b.Count), n, ErrInvalid)
+	}
+	if b.Cand != nil {
+		if b.Width < 0 || int64(b.Width)*int64(n) != int64(len(b.Cand)) {
+			return fmt.Errorf("maxdot retrieval: %d candidates: not %d requests of width %d: %w", len(b.Cand), n, b.Width, ErrInvalid)
+		}
+		for i, c := range b.Cand {
+			if c < -1 || int(c) >= blocks {
+				return fmt.Errorf("maxdot retrieval: block %d (request %d, column %d): outside [-1, %d): %w", c, i/b.Width, i%b.Width, blocks, ErrInvalid)
+			}
+		}
+	}
+	for i, k := range b.K {
+		if k < 0 {
+			return fmt.Errorf("maxdot retrieval: topk %d of request %d: %w", k, i, ErrInvalid)
+		}
+		a := MaxDotArgs{K: int(k), Init: b.Init, Local: b.Local}
+		if need := a.maxDotLen(b.blocksOf(i)); need > b.OutWidth {
+			return fmt.Errorf("maxdot retrieval: request %d selects %d entries (topk %d of %d blocks): its out row has %d: %w", i, need, k, b.blocksOf(i), b.OutWidth, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// MaxDotBatchTopK runs MaxDotTopK for each request of b in turn (each on the calling goroutine
+// and up to workers-1 helpers), writing the selections into b.Out's rows and their lengths
+// into b.Count. It checks b first (MaxDotBatch.Check) and writes nothing when that fails.
+func MaxDotBatchTopK(b *MaxDotBatch, workers int) error {
+	if err := b.Check(); err != nil {
+		return err
+	}
+	for i := range b.Batch() {
+		n, err := MaxDotTopK(b.row(i), workers)
+		if err != nil {
+			return fmt.Errorf("maxdot retrieval: request %d: %w", i, err)
+		}
+		if b.Count != nil {
+			b.Count[i] = int64(n)
+		}
+	}
+	return nil
 }

@@ -122,6 +122,31 @@ func (r *Retriever) SubmitDot(a *DotArgs) (uint64, error) {
 	return r.submit(func(workers int) error { return DotTopK(a, workers) })
 }
 
+// SubmitMaxDot checks b (MaxDotBatch.Check: a bad argument is an error here, and no task) and
+// queues MaxDotBatchTopK over it; the task's id as SubmitDot's.
+func (r *Retriever) SubmitMaxDot(b *MaxDotBatch) (uint64, error) {
+	if err := b.Check(); err != nil {
+		return 0, err
+	}
+	return r.submit(func(workers int) error { return MaxDotBatchTopK(b, workers) })
+}
+
+// SubmitSoftmax checks a (SoftmaxArgs.Check: a bad argument is an error here, and no task)
+// and queues SoftmaxTopK over it; done, when not nil, receives the number of ids written,
+// on the worker, before the task is done. The task's id as SubmitDot's.
+func (r *Retriever) SubmitSoftmax(a *SoftmaxArgs, done func(n int)) (uint64, error) {
+	if err := a.Check(); err != nil {
+		return 0, err
+	}
+	return r.submit(func(workers int) error {
+		n, err := SoftmaxTopK(a, workers)
+		if err == nil && done != nil {
+			done(n)
+		}
+		return err
+	})
+}
+
 func (r *Retriever) task(id uint64) (*retrieveTask, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/ucm-go/ucm/engine"
+	"github.com/ucm-go/ucm/kernels"
 	"github.com/ucm-go/ucm/sparse"
 )
 
@@ -40,11 +41,21 @@ type retrievalArgs struct {
 	OutIdx    uintptr
 	OutScores uintptr
 	OutCount  uintptr
+	QDtype    int32
+	RDtype    int32
+	QHeads    int64
+	KVHeads   int64
+	RowsPer   int64
+	Channels  uintptr
+	Kept      int64
+	RowTopK   uintptr
+	Init      int32
+	Local     int32
 }
 
 // retrievalLayout returns the C struct's size and field offsets, and the Go mirror's.
 func retrievalLayout() (c, g []uintptr) {
-	var off [12]C.size_t
+	var off [22]C.size_t
 	size := C.ucmgoi_retrieval_offsets(&off[0])
 	c = []uintptr{uintptr(size)}
 	for _, o := range off {
@@ -54,15 +65,26 @@ func retrievalLayout() (c, g []uintptr) {
 	g = []uintptr{unsafe.Sizeof(a), unsafe.Offsetof(a.Method), unsafe.Offsetof(a.TopK), unsafe.Offsetof(a.Batch),
 		unsafe.Offsetof(a.Dim), unsafe.Offsetof(a.Q), unsafe.Offsetof(a.Reprs), unsafe.Offsetof(a.NReprs),
 		unsafe.Offsetof(a.Cand), unsafe.Offsetof(a.CandWidth), unsafe.Offsetof(a.OutIdx), unsafe.Offsetof(a.OutScores),
-		unsafe.Offsetof(a.OutCount)}
+		unsafe.Offsetof(a.OutCount), unsafe.Offsetof(a.QDtype), unsafe.Offsetof(a.RDtype), unsafe.Offsetof(a.QHeads),
+		unsafe.Offsetof(a.KVHeads), unsafe.Offsetof(a.RowsPer), unsafe.Offsetof(a.Channels), unsafe.Offsetof(a.Kept),
+		unsafe.Offsetof(a.RowTopK), unsafe.Offsetof(a.Init), unsafe.Offsetof(a.Local)}
 	return c, g
 }
 
 // retrievalSize is sizeof(ucmgo_retrieval).
 var retrievalSize = uint64(unsafe.Sizeof(retrievalArgs{}))
 
-// rmDot is UCMGO_RM_DOT.
-const rmDot = 1
+// The methods (UCMGO_RM_*) and the dtypes a retrieval takes (UCMGO_DTYPE_*).
+const (
+	rmDot     = 1
+	rmMaxDot  = 2
+	rmSoftmax = 3
+	dtF16     = 1
+	dtF32     = 5
+)
+
+// methodNames names the methods in errors.
+var methodNames = map[int32]string{rmDot: "UCMGO_RM_DOT", rmMaxDot: "UCMGO_RM_MAXDOT", rmSoftmax: "UCMGO_RM_SOFTMAX"}
 
 // maxRetrieverCPUs bounds ucmgo_retriever_new's CPU list.
 const maxRetrieverCPUs = 1024
@@ -148,9 +170,67 @@ func product(what string, x, y int64) (uint64, error) {
 	return 0, fmt.Errorf("ucmgo_retrieval.%s: %d × %d elements: more than %d: %w", what, x, y, int64(sparse.MaxRetrieveElems), engine.ErrInvalidArgument)
 }
 
-// retrieval decodes and checks the ucmgo_retrieval at p: the query and candidates copied, the
-// representations and outputs in place in the caller's memory.
-func retrieval(p uintptr) (*sparse.DotArgs, error) {
+// retrievalJob is a decoded ucmgo_retrieval: one of the three methods' arguments.
+type retrievalJob struct {
+	dot    *sparse.DotArgs
+	maxdot *sparse.MaxDotBatch
+	soft   *sparse.SoftmaxArgs
+	// SOFTMAX's outputs in the caller's memory: out_idx (topk) and out_count (1 or none).
+	softIdx   []int32
+	softCount []int64
+}
+
+// softDone writes a SOFTMAX retrieval's n ids to the caller's out_idx, then -1 up to topk.
+func (j *retrievalJob) softDone(n int) {
+	for i := range j.softIdx {
+		if i < n {
+			j.softIdx[i] = int32(j.soft.Idx[i])
+		} else {
+			j.softIdx[i] = -1
+		}
+	}
+	if j.softCount != nil {
+		j.softCount[0] = int64(n)
+	}
+}
+
+// submit queues the job on r.
+func (j *retrievalJob) submit(r *sparse.Retriever) (uint64, error) {
+	switch {
+	case j.dot != nil:
+		return r.SubmitDot(j.dot)
+	case j.maxdot != nil:
+		return r.SubmitMaxDot(j.maxdot)
+	}
+	return r.SubmitSoftmax(j.soft, j.softDone)
+}
+
+// run runs the job on the calling goroutine and up to workers-1 helpers.
+func (j *retrievalJob) run(workers int) error {
+	switch {
+	case j.dot != nil:
+		return sparse.DotTopK(j.dot, workers)
+	case j.maxdot != nil:
+		return sparse.MaxDotBatchTopK(j.maxdot, workers)
+	}
+	n, err := sparse.SoftmaxTopK(j.soft, workers)
+	if err == nil {
+		j.softDone(n)
+	}
+	return err
+}
+
+// span is one of the caller's arrays a retrieval names: its field, address, entries and
+// entry size.
+type span struct {
+	name    string
+	p       uintptr
+	n, size uint64
+}
+
+// retrieval decodes and checks the ucmgo_retrieval at p: the query, candidates, channels and
+// lengths copied, the representations and outputs in place in the caller's memory.
+func retrieval(p uintptr) (*retrievalJob, error) {
 	if err := region("ucmgo_retrieval", p, 1, 8); err != nil {
 		return nil, err
 	}
@@ -161,8 +241,37 @@ func retrieval(p uintptr) (*sparse.DotArgs, error) {
 		return nil, err
 	}
 	a := *(*retrievalArgs)(at(p))
-	if a.Method != rmDot {
-		return nil, fmt.Errorf("ucmgo_retrieval.method %d: want UCMGO_RM_DOT (%d): %w", a.Method, rmDot, engine.ErrInvalidArgument)
+	name, ok := methodNames[a.Method]
+	if !ok {
+		return nil, fmt.Errorf("ucmgo_retrieval.method %d: want UCMGO_RM_DOT (%d), UCMGO_RM_MAXDOT (%d) or UCMGO_RM_SOFTMAX (%d): %w",
+			a.Method, rmDot, rmMaxDot, rmSoftmax, engine.ErrInvalidArgument)
+	}
+	// The fields the method does not use must be zero.
+	unused := map[int32][]struct {
+		name string
+		set  bool
+	}{
+		rmDot: {{"q_heads", a.QHeads != 0}, {"kv_heads", a.KVHeads != 0}, {"rows_per_block", a.RowsPer != 0},
+			{"channels", a.Channels != 0}, {"kept", a.Kept != 0}, {"row_topk", a.RowTopK != 0}, {"init", a.Init != 0}, {"local", a.Local != 0}},
+		rmMaxDot:  {{"out_scores", a.OutScores != 0}, {"channels", a.Channels != 0}, {"kept", a.Kept != 0}},
+		rmSoftmax: {{"out_scores", a.OutScores != 0}, {"cand", a.Cand != 0}, {"cand_width", a.CandWidth != 0}, {"row_topk", a.RowTopK != 0}, {"init", a.Init != 0}, {"local", a.Local != 0}},
+	}
+	for _, f := range unused[a.Method] {
+		if f.set {
+			return nil, fmt.Errorf("ucmgo_retrieval.%s: not used by %s: want 0: %w", f.name, name, engine.ErrInvalidArgument)
+		}
+	}
+	want := int32(dtF32)
+	if a.Method == rmSoftmax {
+		want = dtF16
+	}
+	for _, f := range []struct {
+		name string
+		v    int32
+	}{{"q_dtype", a.QDtype}, {"r_dtype", a.RDtype}} {
+		if f.v != 0 && f.v != want {
+			return nil, fmt.Errorf("ucmgo_retrieval.%s %d: %s takes %d (or 0): %w", f.name, f.v, name, want, engine.ErrInvalidArgument)
+		}
 	}
 	if a.Dim < 1 {
 		return nil, fmt.Errorf("ucmgo_retrieval.dim %d: want at least 1: %w", a.Dim, engine.ErrInvalidArgument)
@@ -173,11 +282,52 @@ func retrieval(p uintptr) (*sparse.DotArgs, error) {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"dim", a.Dim}, {"batch", a.Batch}, {"n_reprs", a.NReprs}} {
+	}{{"dim", a.Dim}, {"batch", a.Batch}, {"n_reprs", a.NReprs}, {"q_heads", a.QHeads}, {"kv_heads", a.KVHeads},
+		{"rows_per_block", a.RowsPer}, {"kept", a.Kept}} {
 		if err := fieldElems(f.name, f.v); err != nil {
 			return nil, err
 		}
 	}
+	if a.Method != rmDot {
+		if a.QHeads < 1 || a.KVHeads < 1 || a.QHeads%a.KVHeads != 0 || a.QHeads > kernels.MaxHeads {
+			return nil, fmt.Errorf("ucmgo_retrieval.q_heads %d over kv_heads %d: want a multiple, 1 … %d: %w", a.QHeads, a.KVHeads, kernels.MaxHeads, engine.ErrInvalidArgument)
+		}
+		if a.RowsPer < 1 {
+			return nil, fmt.Errorf("ucmgo_retrieval.rows_per_block %d: want at least 1: %w", a.RowsPer, engine.ErrInvalidArgument)
+		}
+	}
+	switch a.Method {
+	case rmMaxDot:
+		return maxDotRetrieval(&a)
+	case rmSoftmax:
+		return softmaxRetrieval(&a)
+	}
+	return dotRetrieval(&a)
+}
+
+// checkSpans checks that each array is the caller's memory for its extent.
+func checkSpans(spans []span) error {
+	for _, r := range spans {
+		if err := region("ucmgo_retrieval."+r.name, r.p, r.n, r.size); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// candidates copies the cand table (batch × cand_width entries), nil when cand is NULL.
+func candidates(a *retrievalArgs, nc uint64) []int32 {
+	if a.Cand == 0 {
+		return nil
+	}
+	c := make([]int32, nc)
+	if nc > 0 {
+		copy(c, unsafe.Slice((*int32)(at(a.Cand)), nc))
+	}
+	return c
+}
+
+func dotRetrieval(a *retrievalArgs) (*retrievalJob, error) {
 	nq, err := product("q (batch × dim)", a.Batch, a.Dim)
 	if err != nil {
 		return nil, err
@@ -199,33 +349,20 @@ func retrieval(p uintptr) (*sparse.DotArgs, error) {
 			return nil, err
 		}
 	}
-	for _, r := range []struct {
-		name    string
-		p       uintptr
-		n, size uint64
-	}{{"q", a.Q, nq, 4}, {"reprs", a.Reprs, nr, 4}, {"cand", a.Cand, nc, 4}, {"out_idx", a.OutIdx, nout, 4},
-		{"out_scores", a.OutScores, nout, 4}} {
-		if err := region("ucmgo_retrieval."+r.name, r.p, r.n, r.size); err != nil {
-			return nil, err
-		}
-	}
+	spans := []span{{"q", a.Q, nq, 4}, {"reprs", a.Reprs, nr, 4}, {"cand", a.Cand, nc, 4}, {"out_idx", a.OutIdx, nout, 4},
+		{"out_scores", a.OutScores, nout, 4}}
 	if a.OutCount != 0 {
-		if err := region("ucmgo_retrieval.out_count", a.OutCount, uint64(a.Batch), 8); err != nil {
-			return nil, err
-		}
+		spans = append(spans, span{"out_count", a.OutCount, uint64(a.Batch), 8})
 	}
-	d := &sparse.DotArgs{Dim: int(a.Dim), K: int(a.TopK), Width: int(a.CandWidth), Q: make([]float32, nq)}
+	if err := checkSpans(spans); err != nil {
+		return nil, err
+	}
+	d := &sparse.DotArgs{Dim: int(a.Dim), K: int(a.TopK), Width: int(a.CandWidth), Q: make([]float32, nq), Cand: candidates(a, nc)}
 	if nq > 0 {
 		copy(d.Q, unsafe.Slice((*float32)(at(a.Q)), nq))
 	}
 	if nr > 0 {
 		d.Data = unsafe.Slice((*float32)(at(a.Reprs)), nr)
-	}
-	if a.Cand != 0 {
-		d.Cand = make([]int32, nc)
-		if nc > 0 {
-			copy(d.Cand, unsafe.Slice((*int32)(at(a.Cand)), nc))
-		}
 	}
 	if nout > 0 {
 		d.Idx = unsafe.Slice((*int32)(at(a.OutIdx)), nout)
@@ -240,7 +377,149 @@ func retrieval(p uintptr) (*sparse.DotArgs, error) {
 	if err := d.Check(); err != nil {
 		return nil, fmt.Errorf("ucmgo_retrieval: %w", err)
 	}
-	return d, nil
+	return &retrievalJob{dot: d}, nil
+}
+
+func maxDotRetrieval(a *retrievalArgs) (*retrievalJob, error) {
+	qn, err := product("q (q_heads × dim)", a.QHeads, a.Dim)
+	if err != nil {
+		return nil, err
+	}
+	nq, err := product("q (batch × q_heads × dim)", a.Batch, int64(qn))
+	if err != nil {
+		return nil, err
+	}
+	hm, err := product("a block (kv_heads × rows_per_block)", a.KVHeads, a.RowsPer)
+	if err != nil {
+		return nil, err
+	}
+	per, err := product("a block (kv_heads × rows_per_block × dim)", int64(hm), a.Dim)
+	if err != nil {
+		return nil, err
+	}
+	nr, err := product("reprs (n_reprs blocks)", a.NReprs, int64(per))
+	if err != nil {
+		return nil, err
+	}
+	nout, err := product("out_idx (batch × topk)", a.Batch, int64(a.TopK))
+	if err != nil {
+		return nil, err
+	}
+	var nc uint64
+	if a.Cand != 0 {
+		if err := fieldElems("cand_width", a.CandWidth); err != nil {
+			return nil, err
+		}
+		if nc, err = product("cand (batch × cand_width)", a.Batch, a.CandWidth); err != nil {
+			return nil, err
+		}
+	}
+	spans := []span{{"q", a.Q, nq, 4}, {"reprs", a.Reprs, nr, 4}, {"cand", a.Cand, nc, 4}, {"out_idx", a.OutIdx, nout, 4}}
+	if a.RowTopK != 0 {
+		spans = append(spans, span{"row_topk", a.RowTopK, uint64(a.Batch), 4})
+	}
+	if a.OutCount != 0 {
+		spans = append(spans, span{"out_count", a.OutCount, uint64(a.Batch), 8})
+	}
+	if err := checkSpans(spans); err != nil {
+		return nil, err
+	}
+	if a.Init < 0 || a.Local < 0 {
+		return nil, fmt.Errorf("ucmgo_retrieval.init %d, local %d: want at least 0: %w", a.Init, a.Local, engine.ErrInvalidArgument)
+	}
+	b := &sparse.MaxDotBatch{Q: make([]float32, nq), QHeads: int(a.QHeads), KVHeads: int(a.KVHeads), M: int(a.RowsPer), Dim: int(a.Dim),
+		Cand: candidates(a, nc), Width: int(a.CandWidth), K: make([]int32, a.Batch), Init: int(a.Init), Local: int(a.Local),
+		OutWidth: int(a.TopK)}
+	if nq > 0 {
+		copy(b.Q, unsafe.Slice((*float32)(at(a.Q)), nq))
+	}
+	if nr > 0 {
+		b.Reprs = unsafe.Slice((*float32)(at(a.Reprs)), nr)
+	}
+	for i := range b.K {
+		b.K[i] = a.TopK
+	}
+	if a.RowTopK != 0 && a.Batch > 0 {
+		copy(b.K, unsafe.Slice((*int32)(at(a.RowTopK)), a.Batch))
+	}
+	if nout > 0 {
+		b.Out = unsafe.Slice((*int32)(at(a.OutIdx)), nout)
+	}
+	if a.OutCount != 0 && a.Batch > 0 {
+		b.Count = unsafe.Slice((*int64)(at(a.OutCount)), a.Batch)
+	}
+	if err := b.Check(); err != nil {
+		return nil, fmt.Errorf("ucmgo_retrieval: %w", err)
+	}
+	return &retrievalJob{maxdot: b}, nil
+}
+
+func softmaxRetrieval(a *retrievalArgs) (*retrievalJob, error) {
+	w := a.Dim
+	if a.Channels != 0 {
+		if a.Kept < 1 {
+			return nil, fmt.Errorf("ucmgo_retrieval.kept %d: want at least 1 with channels: %w", a.Kept, engine.ErrInvalidArgument)
+		}
+		w = a.Kept
+	} else if a.Kept != 0 {
+		return nil, fmt.Errorf("ucmgo_retrieval.kept %d: without channels: want 0: %w", a.Kept, engine.ErrInvalidArgument)
+	}
+	qn, err := product("q (q_heads × dim)", a.QHeads, a.Dim)
+	if err != nil {
+		return nil, err
+	}
+	nq, err := product("q (batch × q_heads × dim)", a.Batch, int64(qn))
+	if err != nil {
+		return nil, err
+	}
+	hm, err := product("a block (rows_per_block × kv_heads)", a.RowsPer, a.KVHeads)
+	if err != nil {
+		return nil, err
+	}
+	per, err := product("a block (rows_per_block × kv_heads × width)", int64(hm), w)
+	if err != nil {
+		return nil, err
+	}
+	nr, err := product("reprs (n_reprs blocks)", a.NReprs, int64(per))
+	if err != nil {
+		return nil, err
+	}
+	var nch uint64
+	if a.Channels != 0 {
+		if nch, err = product("channels (kv_heads × kept)", a.KVHeads, a.Kept); err != nil {
+			return nil, err
+		}
+	}
+	spans := []span{{"q", a.Q, nq, 2}, {"reprs", a.Reprs, nr, 2}, {"channels", a.Channels, nch, 8}, {"out_idx", a.OutIdx, uint64(a.TopK), 4}}
+	if a.OutCount != 0 {
+		spans = append(spans, span{"out_count", a.OutCount, 1, 8})
+	}
+	if err := checkSpans(spans); err != nil {
+		return nil, err
+	}
+	s := &sparse.SoftmaxArgs{Q: make([]byte, 2*nq), Tokens: int(a.Batch), QHeads: int(a.QHeads), QDim: int(a.Dim), KVHeads: int(a.KVHeads),
+		M: int(a.RowsPer), Dim: int(w), K: int(a.TopK), Idx: make([]int64, min(uint64(a.TopK), uint64(a.NReprs)))}
+	if nq > 0 {
+		copy(s.Q, unsafe.Slice((*byte)(at(a.Q)), 2*nq))
+	}
+	if nr > 0 {
+		s.Reprs = unsafe.Slice((*byte)(at(a.Reprs)), 2*nr)
+	}
+	if a.Channels != 0 {
+		s.Channels = make([]int64, nch)
+		copy(s.Channels, unsafe.Slice((*int64)(at(a.Channels)), nch))
+	}
+	j := &retrievalJob{soft: s}
+	if a.TopK > 0 {
+		j.softIdx = unsafe.Slice((*int32)(at(a.OutIdx)), a.TopK)
+	}
+	if a.OutCount != 0 {
+		j.softCount = unsafe.Slice((*int64)(at(a.OutCount)), 1)
+	}
+	if err := s.Check(); err != nil {
+		return nil, fmt.Errorf("ucmgo_retrieval: %w", err)
+	}
+	return j, nil
 }
 
 // ucmgo_retrieve_submit validates *a and queues its retrieval; returns a task > 0.
@@ -255,11 +534,11 @@ func retrieveSubmit(h int64, p uintptr) int64 {
 	if err != nil {
 		return int64(fail(err))
 	}
-	d, err := retrieval(p)
+	j, err := retrieval(p)
 	if err != nil {
 		return int64(fail(err))
 	}
-	id, err := r.SubmitDot(d)
+	id, err := j.submit(r)
 	if err != nil {
 		return int64(fail(err))
 	}
@@ -347,11 +626,11 @@ func retrieveSync(h int64, p uintptr) int32 {
 	if err != nil {
 		return int32(fail(err))
 	}
-	d, err := retrieval(p)
+	j, err := retrieval(p)
 	if err != nil {
 		return int32(fail(err))
 	}
-	if err := sparse.DotTopK(d, r.Workers()); err != nil {
+	if err := j.run(r.Workers()); err != nil {
 		return int32(fail(err))
 	}
 	return int32(statusOK)

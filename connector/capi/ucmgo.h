@@ -314,23 +314,61 @@ const char *ucmgo_last_error(void);
  * row of reprs a candidate of every query row. Row b's results are out_idx[b*topk ...] and
  * out_scores[b*topk ...]: min(topk, its candidates) entries, then -1 and -inf; out_count[b]
  * (out_count may be NULL) is that count.
+ *
+ * UCMGO_RM_MAXDOT (GSA offload: UCM's gsa_offload_ops CalKpreAndTopk, one layer): batch
+ * requests; q[b] is q_heads x dim floats; reprs is n_reprs blocks of kv_heads x rows_per_block
+ * x dim floats (block-major: UCM's kpre cache). Request b's blocks are its row of cand that
+ * are not -1, in order (NULL: every block of reprs); each block scores
+ * Σ_h max_m mean_g(q)_h·r[block][h][m], the mean over the g = q_heads / kv_heads query heads of
+ * KV head h (summed in head order, then times float32(1/g)). Its selection, in UCM's order: all
+ * its n blocks 0 … n-1 when init + local >= n or k >= n; none when n or k is 0; else the init
+ * leading positions, the local trailing ones, then the k - init - local best of those between
+ * (score descending, ties to the earlier). Positions are indices into the request's block
+ * list. k is row_topk[b] (row_topk NULL: topk for every request); topk is the width of out_idx's
+ * rows, which must hold each selection; the rest of a row is left as it was. out_count[b]
+ * is the selection's length. out_scores must be NULL. q is not modified (UCM's module writes
+ * the means over its rows).
+ *
+ * UCMGO_RM_SOFTMAX (KVStar: UCM's kvstar_retrieve AsyncRetrieveByCPU): batch query tokens of
+ * q_heads x dim float16 values (q_dtype and r_dtype UCMGO_DTYPE_FLOAT16 or 0); reprs is n_reprs
+ * blocks of rows_per_block x kv_heads x w float16 values, w = kept with channels, else dim.
+ * channels (kv_heads x kept channel numbers in [0, dim)) names the query channels each KV
+ * head's rows keep (UCM's dPrunedIndex). Query head H reads KV head H / g; its logits are the
+ * unscaled dot products with every row of every block, a softmax over all of them per (token,
+ * head), and a block's score is the probability of its rows summed over tokens and heads.
+ * out_idx receives min(topk, n_reprs) block numbers, score descending (ties to the lower
+ * block), then -1 up to topk; out_count (one entry, or NULL) that count. cand, row_topk and
+ * out_scores must be NULL, init and local 0.
+ *
+ * A field a method does not use must be 0 (NULL): anything else is UCMGO_EPARAM naming it.
  */
-enum { UCMGO_RM_DOT = 1 };
+enum { UCMGO_RM_DOT = 1, UCMGO_RM_MAXDOT = 2, UCMGO_RM_SOFTMAX = 3 };
 
 typedef struct ucmgo_retrieval {
 	size_t size;          /* sizeof(ucmgo_retrieval): any other value is UCMGO_EPARAM */
-	int32_t method;       /* UCMGO_RM_DOT */
+	int32_t method;       /* UCMGO_RM_DOT, UCMGO_RM_MAXDOT or UCMGO_RM_SOFTMAX */
 	int32_t topk;         /* >= 0 */
-	int64_t batch;        /* query rows, >= 0 */
-	int64_t dim;          /* floats per row, >= 1 */
-	const float *q;       /* batch x dim: copied at submit */
-	const float *reprs;   /* n_reprs x dim: read in place until the task is done */
-	int64_t n_reprs;
+	int64_t batch;        /* DOT: query rows; MAXDOT: requests; SOFTMAX: query tokens; >= 0 */
+	int64_t dim;          /* values per row (DOT), per head (MAXDOT, SOFTMAX's q), >= 1 */
+	const void *q;        /* copied at submit */
+	const void *reprs;    /* read in place until the task is done */
+	int64_t n_reprs;      /* DOT: rows; MAXDOT, SOFTMAX: blocks */
 	const int32_t *cand;  /* batch x cand_width, or NULL: copied at submit */
 	int64_t cand_width;
-	int32_t *out_idx;     /* batch x topk */
-	float *out_scores;    /* batch x topk */
-	int64_t *out_count;   /* batch, or NULL */
+	int32_t *out_idx;     /* DOT, MAXDOT: batch x topk; SOFTMAX: topk */
+	float *out_scores;    /* DOT: batch x topk */
+	int64_t *out_count;   /* DOT, MAXDOT: batch; SOFTMAX: 1; or NULL */
+	/* MAXDOT and SOFTMAX (0 for DOT) */
+	int32_t q_dtype;      /* 0 or the method's: UCMGO_DTYPE_FLOAT32 (DOT, MAXDOT), _FLOAT16 (SOFTMAX) */
+	int32_t r_dtype;      /* likewise, for reprs */
+	int64_t q_heads;      /* query heads, a multiple of kv_heads, at most 1024 */
+	int64_t kv_heads;
+	int64_t rows_per_block; /* MAXDOT: rows per block and KV head; SOFTMAX: rows per block */
+	const int64_t *channels; /* SOFTMAX: kv_heads x kept, or NULL: copied at submit */
+	int64_t kept;         /* SOFTMAX with channels: values per KV head in a row of reprs */
+	const int32_t *row_topk; /* MAXDOT: batch selection lengths, or NULL: copied at submit */
+	int32_t init;         /* MAXDOT: leading window (UCM: 1) */
+	int32_t local;        /* MAXDOT: trailing window (UCM: 2) */
 } ucmgo_retrieval;
 
 /*
@@ -348,7 +386,8 @@ int32_t ucmgo_retriever_free(int64_t retriever);
  * ucmgo_retrieve_submit validates *a and queues its retrieval. Every bad field is UCMGO_EPARAM
  * here, naming it: size, method, dims and counts out of range (each product at most 2^31
  * elements), pointers that cannot be the caller's memory for their extent, a candidate outside
- * [-1, n_reprs) (naming its row and column). Nothing is read from reprs or written to the
+ * [-1, n_reprs) (naming its row and column), a channel outside [0, dim), a MAXDOT selection
+ * longer than topk (naming the request). Nothing is read from reprs or written to the
  * outputs before it returns a task handle > 0; both are the caller's memory, which must stay
  * valid (reprs unchanged) until ucmgo_retrieve_check says finished or ucmgo_retrieve_wait
  * returns.

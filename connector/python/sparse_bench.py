@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""ESA's CPU retrieval through Python: UCM's RetrievalWorkerBackend (built from UCM's source by
-/work/shared/tools/ucm-sparse-ref/build.sh, outside this repository) against UCM-Go's drop-in
-(ucmgo.sparse.esa.retrieval_backend), in one process, on the same inputs.
+"""UCM's sparse CPU modules through Python against UCM-Go's drop-ins, in one process, on the same
+inputs: ESA's RetrievalWorkerBackend, KVStar's kvstar_retrieve and GSA's CalKpreAndTopk (built
+from UCM's source by /work/shared/tools/ucm-sparse-ref/build.sh, outside this repository)
+against ucmgo.sparse.esa.retrieval_backend, ucmgo.sparse.kvstar.kvstar_retrieve and
+ucmgo.sparse.gsa.gsa_offload_ops.
 
     make lib && /work/shared/tools/ucm-sparse-ref/build.sh
     UCM_SPARSE_REF=/tmp/ucm-sparse-ref/lib /usr/bin/python3 connector/python/sparse_bench.py
@@ -15,9 +17,20 @@ each round times --calls calls of each; the figures are medians over rounds of p
 time and process CPU time (getrusage: every thread of the process), with the range of the
 wall times. The copy floor is np.copyto of the bytes one call's candidates read (one thread):
 what moving them through memory once costs on this machine. speedup = UCM's wall / ours.
+
+KVStar (kvstar-1024): 1,024 blocks of 128 tokens merged by 4 (M 32 rows), 8 KV heads of 64
+kept dims (dPrunedIndex) under 32 query heads of 128, one query token, top 307; a call is
+AsyncRetrieveByCPU -> Wait -> GetTaskResult; both pools have two workers (bindInfo cores 0, 1).
+GSA (gsa-1024): 32 layers, one decode request over 1,024 kpre slots of 8 KV heads x 128, 32
+query heads, top 307; a call is one decode step: set_topk_param, set_topk_cache, 32
+add_copy_req, then polling until the last layer's row is written and is_calculate_finish()
+(UCM's says True before its copy thread has begun, so the row is the signal for both). UCM's
+module scores blocks with 16 OpenMP threads (its fixed OMP_THREAD_NUM); ours with 2 workers.
+The copy floor is the bytes a call reads (the representations of every block, once).
 """
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -114,18 +127,116 @@ def case(name, rows, dim, batch, topk, idx, flight, rounds, calls, ucm_cls, rng)
     return out
 
 
+def set_differences(a, b):
+    return len(set(a) ^ set(b)) // 2
+
+
+def kvstar_case(rounds, calls, ref):
+    import torch
+
+    import kvstar_retrieve as ucm_kv  # UCM's, built outside the repository
+    from ucmgo.sparse.kvstar import kvstar_retrieve as ours_kv
+    mods = {"ucm": ucm_kv, "ucmgo": ours_kv}
+    for m in mods.values():
+        m.Setup(m.SetupParam(cpuNumaIds=[0], bindInfo=[(0, 0), (1, 0)], deviceType=m.CPU, totalTpSize=1, localRankId=0))
+    gen = torch.Generator().manual_seed(0)
+    n, bm, h, dp, nh, d, x, k = 1024, 32, 8, 64, 32, 128, 1, 307
+    q = torch.randn(x, nh, d, generator=gen).half()
+    r = torch.randn(n, bm, h, dp, generator=gen).half()
+    idx = torch.stack([torch.randperm(d, generator=gen)[:dp] for _ in range(h)]).long().contiguous()
+
+    def call(m):
+        def fn():
+            t = m.AsyncRetrieveByCPU(q, r, idx, k, 1, m.CPU)
+            m.Wait(t)
+            return m.GetTaskResult(t)["data"]
+        return fn
+    fns = {name: call(m) for name, m in mods.items()}
+    diff = set_differences(fns["ucm"](), fns["ucmgo"]())
+    return measure("kvstar 1024", fns, rounds, calls, r.numpy(), diff,
+                   {"blocks": n, "rows_per_block": bm, "kv_heads": h, "kept": dp, "q_heads": nh, "dim": d, "tokens": x, "topk": k})
+
+
+def gsa_case(rounds, calls, ref):
+    import torch
+
+    import gsa_offload_ops as ucm_gsa  # UCM's, built outside the repository
+    from ucmgo.sparse.gsa import gsa_offload_ops as ours_gsa
+    layers, n, kvh, nh, d, k, maxbs = 32, 1024, 8, 32, 128, 307, 4
+    gen = torch.Generator().manual_seed(1)
+    kpre = [torch.randn(n, 1, kvh, d, generator=gen) for _ in range(layers)]
+    q = torch.randn(layers, maxbs, nh, d, generator=gen)
+    keep = []
+
+    def step(mod):
+        op = mod.CalKpreAndTopk(layers, 128, maxbs, nh, d)
+        keep.append(op)  # UCM's destructor never returns: both kept for the process's life
+        op.set_kpre_method_param(kvh, 1)
+        op.set_kpre_cache(kpre)
+        topk = [torch.zeros((maxbs, n), dtype=torch.int32) for _ in range(layers)]
+        last = topk[-1][0]
+
+        def fn():
+            last[k - 1] = -7
+            op.set_common_param([0], [True])
+            op.set_topk_param([list(range(n))])
+            op.set_topk_cache(topk, [k])
+            for layer in range(layers):
+                op.add_copy_req(False, layer, [0], q[layer])
+            while int(last[k - 1]) == -7 or not op.is_calculate_finish():
+                pass
+            return topk[0][0, :k].tolist()
+        return fn
+    fns = {"ucm": step(ucm_gsa), "ucmgo": step(ours_gsa)}
+    diff = set_differences(fns["ucm"](), fns["ucmgo"]())
+    out = measure("gsa 32 layers", fns, rounds, calls, torch.stack(kpre).numpy(), diff,
+                  {"layers": layers, "blocks": n, "kv_heads": kvh, "q_heads": nh, "dim": d, "topk": k})
+    for op in keep:  # UCM's destructor never returns: its objects are never freed
+        if not isinstance(op, ours_gsa.CalKpreAndTopk):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(op))
+    return out
+
+
+def measure(name, fns, rounds, calls, src, diff, shape):
+    """Interleaved rounds of calls of each fn (the order alternating); medians over rounds."""
+    for fn in fns.values():  # warm
+        fn()
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    wall = {k: [] for k in fns}
+    cpus = {k: [] for k in fns}
+    floor = []
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            w, c = timed(fns[k], calls, 1)
+            wall[k].append(w)
+            cpus[k].append(c)
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        floor.append(time.perf_counter() - t0)
+    out = {"case": name, **shape, "rounds": rounds, "calls": calls, "set_differences": diff,
+           "copy_floor_ms": round(statistics.median(floor) * 1e3, 3), "copy_mib": round(src.nbytes / 2**20, 1)}
+    for k in fns:
+        out[k + "_wall_ms"] = round(statistics.median(wall[k]) * 1e3, 3)
+        out[k + "_wall_range_ms"] = [round(min(wall[k]) * 1e3, 3), round(max(wall[k]) * 1e3, 3)]
+        out[k + "_cpu_ms"] = round(statistics.median(cpus[k]) * 1e3, 3)
+    out["speedup"] = round(out["ucm_wall_ms"] / out["ucmgo_wall_ms"], 2)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default=os.environ.get("UCM_SPARSE_REF", "/tmp/ucm-sparse-ref/lib"),
                     help="the directory of UCM's built retrieval_backend (ucm-sparse-ref)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=5, help="calls of each module per round (x4 at 1,024 rows)")
-    ap.add_argument("--cases", default="demo,demo-inflight8,1024x4096-b1,1024x4096-b2")
+    ap.add_argument("--cases", default="demo,demo-inflight8,1024x4096-b1,1024x4096-b2,kvstar-1024,gsa-1024")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
+    if any(c.startswith(("kvstar", "gsa")) for c in args.cases.split(",")):
+        import torch  # noqa: F401  (UCM's KVStar and GSA modules need libtorch_python loaded)
     sys.path.insert(0, args.ref)
     import retrieval_backend  # UCM's, built outside the repository
-    sys.path.remove(args.ref)
     rng = np.random.default_rng(0)
     demo_idx = np.arange(16000, dtype=np.int32).reshape(2, -1)
     cases = {
@@ -136,6 +247,8 @@ def main():
                                      args.rounds, 4 * args.calls, retrieval_backend.RetrievalWorkerBackend, rng),
         "1024x4096-b2": lambda: case("1024x4096 b2", 1024, 4096, 2, 307, np.tile(np.arange(1024, dtype=np.int32), (2, 1)), 1,
                                      args.rounds, 4 * args.calls, retrieval_backend.RetrievalWorkerBackend, rng),
+        "kvstar-1024": lambda: kvstar_case(args.rounds, 4 * args.calls, args.ref),
+        "gsa-1024": lambda: gsa_case(args.rounds, args.calls, args.ref),
     }
     results = []
     print("%-18s %10s %10s %10s %10s %8s %10s %5s" % ("case", "ucm ms", "ucmgo ms", "ucm cpu", "ucmgo cpu", "speedup", "copy ms", "diff"))
@@ -148,6 +261,8 @@ def main():
     print(json.dumps(results, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # UCM's GSA module's destructor never returns: no interpreter teardown
 
 
 if __name__ == "__main__":

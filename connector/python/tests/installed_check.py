@@ -47,7 +47,8 @@ def check_dist_info(pkg_dir):
         assert digest == want and int(size) == len(data), line
         hashed.add(path)
     assert {"ucmgo/libucmgo.so", "ucmgo/__init__.py", "ucmgo/_lib.py", "ucmgo/store.py",
-            "ucmgo/sparse/__init__.py", "ucmgo/sparse/esa/retrieval_backend.py"} <= hashed, hashed
+            "ucmgo/sparse/__init__.py", "ucmgo/sparse/esa/retrieval_backend.py",
+            "ucmgo/sparse/kvstar/kvstar_retrieve.py", "ucmgo/sparse/gsa/gsa_offload_ops.py"} <= hashed, hashed
 
 
 def address(m):

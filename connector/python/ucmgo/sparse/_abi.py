@@ -4,8 +4,12 @@ import ctypes
 
 from .. import _lib
 
-# ucmgo.h's UCMGO_RM_DOT.
+# ucmgo.h's UCMGO_RM_* methods and the dtypes a retrieval names (UCMGO_DTYPE_*).
 RM_DOT = 1
+RM_MAXDOT = 2
+RM_SOFTMAX = 3
+DTYPE_FLOAT16 = 1
+DTYPE_FLOAT32 = 5
 
 
 class Retrieval(ctypes.Structure):
@@ -25,6 +29,16 @@ class Retrieval(ctypes.Structure):
         ("out_idx", ctypes.c_void_p),
         ("out_scores", ctypes.c_void_p),
         ("out_count", ctypes.c_void_p),
+        ("q_dtype", ctypes.c_int32),
+        ("r_dtype", ctypes.c_int32),
+        ("q_heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("rows_per_block", ctypes.c_int64),
+        ("channels", ctypes.c_void_p),
+        ("kept", ctypes.c_int64),
+        ("row_topk", ctypes.c_void_p),
+        ("init", ctypes.c_int32),
+        ("local", ctypes.c_int32),
     ]
 
 
