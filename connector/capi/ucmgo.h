@@ -290,6 +290,29 @@ int32_t ucmgo_select_release(int64_t selector, int64_t task);
  */
 int32_t ucmgo_selector_request_finished(int64_t selector, const char *request_id);
 
+/*
+ * ucmgo_selector_retrieve_dot is ESA's retrieval (UCMGO_RM_DOT, "RETRIEVER" below) over the
+ * representations the store holds instead of a matrix the caller keeps: layer's representation
+ * of each of the n blocks of ids is read from the store by id (one sidecar read, verified,
+ * float16 decoded to float32) and row i of the matrix is ids[i]'s (dim = rows x heads x cols of
+ * ucmgo_reprs_shape: ESA's and GSA's one row per block; other methods are UCMGO_EPARAM). query
+ * is batch rows of dim floats; cand holds batch rows of cand_width positions into ids, -1 for
+ * none (NULL: every block is a candidate of every row). Synchronous: the retrieval runs on the
+ * calling thread and up to workers - 1 helpers (workers 1 to 1024), and everything is read and
+ * written before the call returns. Row b's results are out_idx[b*topk ...] (positions into
+ * ids) and out_scores[b*topk ...] (float32 dot products), score descending, ties to the earlier
+ * candidate in the row: out_count[b] (out_count may be NULL) entries, then -1 and -inf. A block
+ * without a stored representation (not stored, none dumped, failing its check) is no candidate
+ * of any row: out_count[b] is min(topk, row b's candidates that have one), and found[i] (found
+ * may be NULL, else n bytes) is 0 for it, 1 for the others. Bad arguments are UCMGO_EPARAM
+ * naming the argument (dim, batch, topk, workers, cand_width, a candidate outside [-1, n) by
+ * row and column, a pointer that cannot be the caller's memory); nothing is written then.
+ */
+int32_t ucmgo_selector_retrieve_dot(int64_t selector, int32_t layer, const uint8_t *ids, size_t n, const float *query,
+                                    int64_t batch, int64_t dim, const int32_t *cand, int64_t cand_width, int32_t topk,
+                                    int32_t workers, int32_t *out_idx, float *out_scores, int64_t *out_count,
+                                    uint8_t *found);
+
 /* ---- END SPARSE ATTENTION: SELECTORS -------------------------------------------------------- */
 
 /*

@@ -148,10 +148,90 @@ int main(int argc, char **argv) {
 	EXPECT_STATUS(ucmgo_select_check(sel, stask, &fin), UCMGO_ENOOBJ, "already released");
 	CHECK(ucmgo_selector_request_finished(sel, "req-a") == UCMGO_OK, "request_finished");
 
+	// ESA's retrieval reading the representations from the store by block id equals the
+	// retriever's over the matrix ucmgo_reprs_load returns, the block without one left out.
+	{
+		enum { B = 2, D = KV * HD, K = 5 };
+		float rq[B * D];
+		for (int i = 0; i < B * D; i++) rq[i] = (float)((i * 5) % 7) - 3;
+		int32_t sidx[B * 2 * N], midx[B * 2 * N];
+		float ssc[B * 2 * N], msc[B * 2 * N];
+		int64_t scount[B], mcount[B];
+		uint8_t sfound[N + 1];
+		memset(sfound, 7, sizeof sfound);
+		st = ucmgo_selector_retrieve_dot(sel, 2, ids, N + 1, rq, B, D, NULL, 0, K, 2, sidx, ssc, scount, sfound);
+		CHECK(st == UCMGO_OK, "selector_retrieve_dot: %d", st);
+		for (int i = 0; i <= N; i++) CHECK(sfound[i] == (i < N), "retrieve found[%d] = %d", i, sfound[i]);
+		CHECK(ucmgo_reprs_load(sel, 2, ids, N + 1, dst, D, found) == UCMGO_OK, "reprs_load layer 2");
+		int32_t every[B * N];
+		for (int i = 0; i < B * N; i++) every[i] = i % N; // the stored blocks only
+		int64_t ret = ucmgo_retriever_new(1, NULL, 0);
+		CHECK(ret > 0, "retriever_new: %lld", (long long)ret);
+		for (int k = K; k <= 2 * N; k += 2 * N - K) { // topk 5, and 24: more than the 12 with one
+			ucmgo_retrieval a;
+			memset(&a, 0, sizeof a);
+			a.size = sizeof a;
+			a.method = UCMGO_RM_DOT;
+			a.topk = k;
+			a.batch = B;
+			a.dim = D;
+			a.q = rq;
+			a.reprs = dst;
+			a.n_reprs = N + 1;
+			a.cand = every;
+			a.cand_width = N;
+			a.out_idx = midx;
+			a.out_scores = msc;
+			a.out_count = mcount;
+			CHECK(ucmgo_retrieve(ret, &a) == UCMGO_OK, "retrieve over the matrix, topk %d", k);
+			st = ucmgo_selector_retrieve_dot(sel, 2, ids, N + 1, rq, B, D, NULL, 0, k, 1, sidx, ssc, scount, NULL);
+			CHECK(st == UCMGO_OK, "selector_retrieve_dot topk %d: %d", k, st);
+			for (int b = 0; b < B; b++) {
+				CHECK(scount[b] == (k < N ? k : N) && scount[b] == mcount[b], "topk %d row %d: count %lld, matrix %lld", k, b,
+				      (long long)scount[b], (long long)mcount[b]);
+				for (int j = 0; j < k; j++) {
+					int x = b * k + j;
+					CHECK(sidx[x] == midx[x] && (ssc[x] == msc[x] || (isinf(ssc[x]) && isinf(msc[x]))),
+					      "topk %d row %d entry %d: store %d %g, matrix %d %g", k, b, j, sidx[x], ssc[x], midx[x], msc[x]);
+					if (j >= N) CHECK(sidx[x] == -1 && isinf(ssc[x]) && ssc[x] < 0, "topk %d row %d entry %d: not padding", k, b, j);
+				}
+			}
+		}
+		CHECK(ucmgo_retriever_free(ret) == UCMGO_OK, "retriever_free");
+		// Candidates: the block without a representation and padding are none.
+		int32_t cand[B * 4] = {N, 3, -1, 5, 0, N, N, -1};
+		st = ucmgo_selector_retrieve_dot(sel, 2, ids, N + 1, rq, B, D, cand, 4, 3, 1, sidx, ssc, scount, NULL);
+		CHECK(st == UCMGO_OK && scount[0] == 2 && scount[1] == 1, "candidates: %d, counts %lld %lld", st, (long long)scount[0],
+		      (long long)scount[1]);
+		CHECK((sidx[0] == 3 || sidx[0] == 5) && (sidx[1] == 3 || sidx[1] == 5) && sidx[0] != sidx[1] && sidx[2] == -1, "row 0: %d %d %d",
+		      sidx[0], sidx[1], sidx[2]);
+		CHECK(sidx[3] == 0 && sidx[4] == -1, "row 1: %d %d", sidx[3], sidx[4]);
+		// Bad input: EPARAM naming the argument.
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D - 1, NULL, 0, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "dim 31");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 9, ids, N, rq, B, D, NULL, 0, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "layer 9");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D, NULL, 0, K, 0, sidx, ssc, scount, NULL), UCMGO_EPARAM, "workers 0");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D, NULL, 0, -1, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "topk -1");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, -2, D, NULL, 0, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "batch -2");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, NULL, B, D, NULL, 0, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "query");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D, NULL, 0, K, 1, NULL, ssc, scount, NULL), UCMGO_EPARAM, "out_idx");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D, NULL, 0, K, 1, sidx, ssc, scount, (uint8_t *)8), UCMGO_EPARAM, "found");
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, NULL, N, rq, B, D, NULL, 0, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM, "block ids");
+		int32_t outside[B * 4] = {0, 1, 2, 3, 4, N, 6, 7}; // N is outside [-1, N) over N blocks
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(sel, 2, ids, N, rq, B, D, outside, 4, K, 1, sidx, ssc, scount, NULL), UCMGO_EPARAM,
+		              "row 1, column 1");
+	}
+
 	// Precomputed representations on a second selector (Quest: min and max rows).
 	int64_t quest = ucmgo_selector_open(store, "{\"ucm_sparse_config\": {\"Quest\": {}}}", shape);
 	CHECK(quest > 0, "quest selector");
 	CHECK(ucmgo_reprs_shape(quest, &layers, &rows, &heads, &cols, &kind) == UCMGO_OK && rows == 2 && kind == UCMGO_REPR_QUEST, "quest shape");
+	{
+		float rq[2 * KV * HD] = {0};
+		int32_t ri[1];
+		float rs[1];
+		EXPECT_STATUS(ucmgo_selector_retrieve_dot(quest, 0, ids, 1, rq, 1, 2 * KV * HD, NULL, 0, 1, 1, ri, rs, NULL, NULL), UCMGO_EPARAM,
+		              "not one row per block");
+	}
 	static float put[2][SHARDS * 2 * KV * HD];
 	for (int b = 0; b < 2; b++)
 		for (int j = 0; j < SHARDS * 2 * KV * HD; j++) put[b][j] = (float)((j * 13 + b) % 31) / 8 - 2;
