@@ -51,6 +51,16 @@ func FuzzSelectorABI(f *testing.F) {
 	f.Add([]byte{4, 2, 0, 0, 0, 0, 0, 236})  // select into 2^63
 	f.Add([]byte{0, 230})                    // 2^24+1 blocks
 	f.Add([]byte{6, 201})                    // request_finished with a bogus id
+	// retrieve_dot over the reference blocks and one without a representation (the bytes after
+	// the count fill the 8 ids of the table), every row a candidate; then with candidates.
+	ids := make([]byte, 16*fzMax)
+	f.Add(append([]byte{0, 7, 3}, ids...))
+	withCand := append(append([]byte{0, 7, 3}, ids...), 0, 0, 0, 0, 1, 0, 0, 0) // batch 2
+	for i := range 2 * fsLayerF {
+		withCand = append(withCand, byte(i*7))
+	}
+	withCand = append(withCand, 1, 0, 3, 2, 1, 0) // width 2: {2, 1}, {0, -1}
+	f.Add(withCand)
 	m, err := syscall.Mmap(-1, 0, fzSlots+fzMax*fzBlock, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		f.Fatal(err)
@@ -79,7 +89,7 @@ func FuzzSelectorABI(f *testing.F) {
 		defer runtime.UnlockOSThread()
 		clear(mem.b[:fzSlots])
 		in := &fuzzInput{data}
-		fuzzSelectorOne(t, mem, h, sel, in)
+		fuzzSelectorOne(t, mem, h, sel, in, refIDs)
 		// The selector still selects over the reference blocks.
 		copy(mem.b[offIDs:], refIDs)
 		for i := range fsQ {
@@ -98,7 +108,7 @@ func FuzzSelectorABI(f *testing.F) {
 	})
 }
 
-func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput) {
+func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput, refIDs []byte) {
 	refuse := ""
 	must := func(cond bool, why string) {
 		if cond && refuse == "" {
@@ -112,14 +122,17 @@ func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput) {
 		}
 		must(true, "selector handle")
 	}
-	op := in.byte() % 7
-	takesIDs := op <= 2 || op == 4 || op == 5
+	op := in.byte() % 8
+	takesIDs := op <= 2 || op == 4 || op == 5 || op == 7
 	n, nOK := in.count()
 	must(takesIDs && !nOK, "count")
 	for i := range fzMax {
 		for j := range 16 {
 			mem.b[offIDs+16*i+j] = in.byte() ^ byte(i+1)
 		}
+	}
+	if op == 7 && in.byte()%2 == 0 { // the reference blocks, which have representations, first
+		copy(mem.b[offIDs:], refIDs)
 	}
 	ids, idsOK := in.pointer(mem.addr(offIDs))
 	must(takesIDs && n > 0 && !idsOK, "id table")
@@ -253,6 +266,8 @@ func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput) {
 		req, reqOK := in.pointer(cString(mem, offStr, "fz"))
 		must(!reqOK, "request id")
 		st = int64(selectorRequestFinished(handle, req))
+	case 7: // ucmgo_selector_retrieve_dot
+		st = fuzzRetrieveDot(t, mem, handle, in, ids, n, nOK && (n == 0 || idsOK), must)
 	}
 	if !statuses[st] && st <= 0 {
 		t.Fatalf("op %d: status %d is none of UCM's", op, st)
@@ -265,4 +280,99 @@ func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput) {
 			t.Fatalf("op %d: EPARAM without a message", op)
 		}
 	}
+}
+
+// fuzzRetrieveDot drives ucmgo_selector_retrieve_dot with the selector's n ids at ids (idsOK:
+// real memory of a bounded count): layer, dim, batch, topk, workers, the query, candidate and
+// output pointers and the candidates themselves; must records what has to be refused. A
+// retrieval that succeeds must have written well-formed rows: at most topk positions into ids
+// of blocks found, then -1.
+func fuzzRetrieveDot(t *testing.T, mem *cmem, handle int64, in *fuzzInput, ids uintptr, n uint64, idsOK bool, must func(bool, string)) int64 {
+	layers := []int32{1, 0, 3, fsLayers, -1, 1 << 30}
+	layer := layers[int(in.byte())%len(layers)]
+	must(layer < 0 || layer >= fsLayers, "layer")
+	dims := []int64{fsLayerF, 0, fsLayerF - 1, 1 << 62}
+	dim := dims[int(in.byte())%len(dims)]
+	must(dim != fsLayerF, "dim")
+	batches := []int64{1, 2, 0, -1, 1 << 40}
+	batch := batches[int(in.byte())%len(batches)]
+	must(batch < 0 || batch > 1<<31, "batch")
+	topks := []int32{3, 0, 9, -1}
+	topk := topks[int(in.byte())%len(topks)]
+	must(topk < 0, "topk")
+	workerChoices := []int32{1, 2, 0, 2000}
+	workers := workerChoices[int(in.byte())%len(workerChoices)]
+	must(workers < 1 || workers > maxRetrieverCPUs, "workers")
+	sane := dim == fsLayerF && batch >= 0 && batch <= 2 && topk >= 0
+	q, qOK := in.pointer(mem.addr(offQ))
+	must(sane && batch > 0 && !qOK, "query")
+	for i := range 2 * fsLayerF {
+		binary.LittleEndian.PutUint32(mem.b[offQ+4*i:], math.Float32bits(float32(int8(in.byte()))/16))
+	}
+	var cand uintptr
+	var width int64
+	switch in.byte() % 3 {
+	case 1:
+		widths := []int64{2, 0, 3, -1}
+		width = widths[int(in.byte())%len(widths)]
+		must(width < 0, "cand_width")
+		cand = mem.addr(offOut + 2048)
+		for i := range 6 {
+			c := int32(in.byte()%(fzMax+2)) - 1 // -1 … fzMax: outside [-1, n) for some
+			binary.LittleEndian.PutUint32(mem.b[offOut+2048+4*i:], uint32(c))
+			if sane && width > 0 && int64(i) < batch*width && int64(c) >= int64(n) && idsOK {
+				must(true, "candidate")
+			}
+		}
+	case 2:
+		var ok bool
+		cand, ok = in.pointer(mem.addr(offOut + 2048))
+		width = 2
+		must(sane && batch > 0 && !ok, "cand")
+		if ok {
+			clear(mem.b[offOut+2048 : offOut+2048+4*4]) // block 0 for every entry
+			if n == 0 && idsOK {
+				must(sane && batch > 0, "candidate")
+			}
+		}
+	}
+	outIdx, iOK := in.pointer(mem.addr(offOut))
+	outScores, sOK := in.pointer(mem.addr(offOut + 512))
+	must(sane && batch > 0 && topk > 0 && (!iOK || !sOK), "outputs")
+	var count, found uintptr
+	if in.byte()%2 == 0 {
+		var ok bool
+		count, ok = in.pointer(mem.addr(offOut + 1024))
+		must(sane && batch > 0 && !ok, "out_count")
+	}
+	if in.byte()%2 == 0 {
+		var ok bool
+		found, ok = in.pointer(mem.addr(offOut + 1536))
+		must(sane && n > 0 && idsOK && !ok, "found")
+	}
+	st := int64(selectorRetrieveDot(handle, layer, ids, n, q, batch, dim, cand, width, topk, workers, outIdx, outScores, count, found))
+	if st != 0 || batch == 0 || topk == 0 {
+		return st
+	}
+	for b := range int(batch) {
+		c := int64(topk)
+		if count != 0 {
+			c = int64(binary.LittleEndian.Uint64(mem.b[offOut+1024+8*b:]))
+			if c < 0 || c > int64(topk) { // duplicate candidates may count a block twice
+				t.Fatalf("row %d: count %d for topk %d", b, c, topk)
+			}
+		}
+		for j := range int64(topk) {
+			x := int32(binary.LittleEndian.Uint32(mem.b[offOut+4*(b*int(topk)+int(j)):]))
+			switch {
+			case count != 0 && j >= c && x != -1:
+				t.Fatalf("row %d entry %d past the count %d: %d, want -1", b, j, c, x)
+			case x < -1 || int64(x) >= int64(n):
+				t.Fatalf("row %d entry %d: position %d outside [-1, %d)", b, j, x, n)
+			case x >= 0 && found != 0 && mem.b[offOut+1536+int(x)] != 1:
+				t.Fatalf("row %d entry %d: position %d, a block without a representation", b, j, x)
+			}
+		}
+	}
+	return st
 }
