@@ -54,6 +54,7 @@ def _lib_selector():
             ("ucmgo_select_wait", i32, [i64, i64]),
             ("ucmgo_select_release", i32, [i64, i64]),
             ("ucmgo_selector_request_finished", i32, [i64, cs]),
+            ("ucmgo_selector_retrieve_dot", i32, [i64, i32, p, sz, p, i64, i64, p, i64, i32, i32, p, p, p, p]),
         ]:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -86,6 +87,10 @@ def _float32(x, what: str) -> np.ndarray:
             raise UcmGoError(_lib.EPARAM, "%s: on %s; the selector reads host memory (CPU tensors)" % (what, x.device.type))
         x = x.detach().float().contiguous().numpy()
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+# A valid address for a candidate table of no entries (width 0): the library reads nothing there.
+_EMPTY_CAND = np.zeros(1, dtype=np.int32)
 
 
 class SelectTask:
@@ -229,6 +234,56 @@ class Selector:
         _check(self._lib.ucmgo_reprs_load(self._h, int(layer), _ids(block_ids), n, out.ctypes.data if n else None,
                                           self.layer_floats, found.ctypes.data if n else None))
         return out, found.astype(bool)
+
+    # -- retrieval over the stored representations ---------------------------------------------
+
+    def retrieve_dot(self, layer: int, block_ids: Sequence[bytes], query, topk: int, candidates=None,
+                     workers: int = 1) -> Dict[str, np.ndarray]:
+        """ESA's retrieval over layer's representations of block_ids read from the store by id
+        (ucmgo_selector_retrieve_dot), instead of a matrix the caller keeps: per row of query
+        ([batch, heads × cols] float32, heads × cols = layer_floats, ESA's and GSA's one row per
+        block) the topk blocks of largest float32 dot product, score descending, ties to the
+        earlier candidate. candidates is None (every block) or [batch, width] positions into
+        block_ids, -1 for none. A block without a stored representation (not stored, none
+        dumped, failing its check) is no candidate. Runs on the calling thread (the GIL
+        released) and up to workers - 1 helpers.
+
+        Returns {"indices": int32 [batch, k], "scores": float32 [batch, k], "found": bool [n]}
+        as UCM's RetrievalWorkerBackend.get_result does (indices are positions into block_ids; k
+        = min(topk, row 0's candidates with a representation); a row with fewer is padded with
+        -1 and -inf), and found[i] says whether block i had a representation. Bad arguments
+        raise UcmGoError EPARAM naming the argument."""
+        q = _float32(query, "retrieve_dot: query")
+        if q.ndim != 2:
+            raise UcmGoError(_lib.EPARAM, "retrieve_dot: query of %d dimensions: want [batch, %d]" % (q.ndim, self.layer_floats))
+        batch, dim = q.shape
+        topk = int(topk)
+        if topk < 0 or topk >= 1 << 31:
+            raise UcmGoError(_lib.EPARAM, "retrieve_dot: topk %d: want 0 ... 2^31-1" % topk)
+        cand, width = None, 0
+        if candidates is not None:
+            c = candidates.numpy() if _is_torch(candidates) else np.asarray(candidates)
+            if c.ndim != 2 or c.shape[0] != batch:
+                raise UcmGoError(_lib.EPARAM, "retrieve_dot: candidates of shape %s: want [batch %d, width]" % (tuple(c.shape), batch))
+            if c.size and (c.dtype.kind not in "iu" or c.min() < -1 or c.max() >= len(block_ids)):
+                bad = np.argwhere((c < -1) | (c >= len(block_ids)) | (c != np.floor(c)))
+                where = " (row %d, column %d)" % tuple(bad[0]) if len(bad) else ""
+                raise UcmGoError(_lib.EPARAM, "retrieve_dot: candidates%s: want positions in [-1, %d) of dtype int" % (where, len(block_ids)))
+            cand = np.ascontiguousarray(c, dtype=np.int32)
+            width = cand.shape[1]
+        n = len(block_ids)
+        idx = np.empty((batch, topk), dtype=np.int32)
+        scores = np.empty((batch, topk), dtype=np.float32)
+        count = np.zeros(max(batch, 1), dtype=np.int64)
+        found = np.zeros(max(n, 1), dtype=np.uint8)
+        addr = lambda a: a.ctypes.data if a is not None and a.size else None
+        cptr = addr(cand) if cand is None or cand.size else _EMPTY_CAND.ctypes.data  # a table of no entries
+        _check(self._lib.ucmgo_selector_retrieve_dot(self._h, int(layer), _ids(block_ids), n, addr(q), batch, dim, cptr, width,
+                                                     topk, int(workers), addr(idx), addr(scores), count.ctypes.data, found.ctypes.data))
+        k = int(count[0]) if batch else 0
+        if k < topk:
+            idx, scores = np.ascontiguousarray(idx[:, :k]), np.ascontiguousarray(scores[:, :k])
+        return {"indices": idx, "scores": scores, "found": found[:n].astype(bool)}
 
     # -- selection -----------------------------------------------------------------------------
 

@@ -20,8 +20,13 @@ IndexError at submit (UCM reads past data), a negative topk a ValueError, a row 
 candidates than row 0 padded with -1 and -inf (UCM reads past its vectors); equal scores rank
 the earlier candidate first (UCM: unspecified); wait releases the GIL. Cores the process may
 not run on are left out of the pinning (UCM prints an error and runs on).
+
+StoreRetrievalBackend(selector, layer, block_ids, cpu_idx_tbl) is the same interface over the
+representations a ucmgo.sparse.Selector stored beside the blocks, read from the store by block
+id at each request instead of a matrix the caller keeps (row i is block_ids[i]'s).
 """
 
+import concurrent.futures
 import ctypes
 import os
 import threading
@@ -30,7 +35,7 @@ import numpy as np
 
 from .. import _abi
 
-__all__ = ["RetrievalWorkerBackend"]
+__all__ = ["RetrievalWorkerBackend", "StoreRetrievalBackend"]
 
 
 def _as_matrix(data):
@@ -167,6 +172,106 @@ class RetrievalWorkerBackend:
         h, self._h = self._h, 0
         if h > 0:
             self._lib.ucmgo_retriever_free(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+class StoreRetrievalBackend:
+    """UCM's RetrievalWorkerBackend interface (submit, poll, wait, get_result) over the
+    representations selector stored for block_ids at layer, read from the store by block id at
+    each request (ucmgo_selector_retrieve_dot) instead of a data matrix.
+
+    indexes and the returned indices are positions into block_ids; the query rows have the
+    selector's layer_floats values (ESA: kv_heads × head_dim). A block without a stored
+    representation (not stored, none dumped, failing its check) is no candidate: it is never
+    returned, and k = min(topk, row 0's candidates with one); rows with fewer are padded with -1
+    and -inf. Requests run one after another, in submission order, on one thread of this
+    backend, each on that thread and len(cores) - 1 helpers of the library's (the Go runtime
+    schedules them: no pinning). The messages and checks are RetrievalWorkerBackend's; an
+    error of the retrieval itself (the selector closed, a store failure) is raised by wait and
+    get_result.
+    """
+
+    def __init__(self, selector, layer, block_ids, cpu_idx_tbl):
+        cores = [int(c) for cs in dict(cpu_idx_tbl).values() for c in cs]
+        if not cores:
+            raise ValueError("cpu_idx_tbl lists no core: there would be no worker (UCM's wait would hang)")
+        if selector.rows != 1:
+            raise ValueError("selector's %s representation has %d rows per block: the dot retrieval takes one (ESA, GSA)"
+                             % (selector.kind, selector.rows))
+        self._sel = selector
+        self._layer = int(layer)
+        self._ids = list(block_ids)
+        self._rows, self._dim = len(self._ids), selector.layer_floats
+        self._workers = min(len(cores), 1024)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ucmgo-store-retrieval")
+        self._mu = threading.Lock()
+        self._jobs = {}
+        self._next = 0
+
+    def submit(self, query, topk, indexes) -> int:
+        """Queues the top-topk search of each query row among its row of indexes (positions into
+        block_ids, -1: none) and returns the request's id."""
+        q = np.asarray(query, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self._dim:
+            raise RuntimeError("Query dim mismatch")
+        idx = np.asarray(indexes)
+        if idx.dtype != np.int32:
+            idx = idx.astype(np.int32)
+        if idx.ndim != 2:
+            raise ValueError("indexes: %d dimensions, want 2 (batch, candidates)" % idx.ndim)
+        if idx.shape[0] != q.shape[0]:
+            raise RuntimeError("Query and indexes batch mismatch")
+        topk = int(topk)
+        if topk < 0 or topk >= 1 << 31:
+            raise ValueError("topk %d: want 0 ... 2^31-1" % topk)
+        q, idx = np.array(q, dtype=np.float32, order="C"), np.array(idx, dtype=np.int32, order="C")  # copies: the caller may reuse its arrays
+        if idx.size:
+            bad = np.argwhere((idx < -1) | (idx >= self._rows))
+            if len(bad):
+                raise IndexError("indexes[%d, %d] = %d: outside [-1, %d) (the blocks of block_ids)"
+                                 % (bad[0][0], bad[0][1], idx[bad[0][0], bad[0][1]], self._rows))
+        with self._mu:
+            fut = self._pool.submit(self._sel.retrieve_dot, self._layer, self._ids, q, topk, idx, self._workers)
+            rid = self._next
+            self._next += 1
+            self._jobs[rid] = fut
+        return rid
+
+    def poll(self, req_id) -> bool:
+        """True when the request's result is ready and not yet taken."""
+        fut = self._jobs.get(req_id)
+        return fut is not None and fut.done()
+
+    def wait(self, req_id) -> None:
+        """Blocks until the request is done (repeatable, also after get_result); "Bad req_id"
+        for an id never returned; raises the retrieval's error."""
+        fut = self._jobs.get(req_id)
+        if fut is None:
+            if isinstance(req_id, int) and 0 <= req_id < self._next:
+                return  # done and taken
+            raise RuntimeError("Bad req_id")
+        fut.result()
+
+    def get_result(self, req_id) -> dict:
+        """The request's {"indices": int32 [B, k], "scores": float32 [B, k]}, taken: a second
+        call, or a call before it is done, raises "Result not ready"."""
+        if not self.poll(req_id):
+            raise RuntimeError("Result not ready")
+        with self._mu:
+            fut = self._jobs.pop(req_id, None)
+        if fut is None:  # taken by a concurrent call
+            raise RuntimeError("Result not ready")
+        res = fut.result()
+        return {"indices": res["indices"], "scores": res["scores"]}
+
+    def close(self) -> None:
+        """Waits for the queued requests and stops the backend's thread."""
+        self._pool.shutdown(wait=True)
 
     def __del__(self):
         try:
