@@ -10,7 +10,9 @@ ucmgo.sparse.gsa.gsa_offload_ops.
 
 Cases: UCM's demo size (25,600 rows x 1,024 float32, batch 2, top 3,000 of 8,000 candidates per
 row), the same with 8 requests in flight, and 1,024 blocks x 4,096 dims (32 KV heads x 128;
-every block a candidate, top 307) at batch 1 and 2. Both modules get two workers ({0: [0, 1]}).
+every block a candidate, top 307) at batch 1 and 2; 1024x4096-store is batch 1 with a third
+module, StoreRetrievalBackend, reading the same rows from a store (in a temporary directory) by
+block id at each request; its results must equal the matrix form's. Both modules get two workers ({0: [0, 1]}).
 A call is submit -> wait -> get_result through Python (in flight: 8 submits, then 8 waits and
 results, per request). Rounds alternate the modules (which one goes first alternates too);
 each round times --calls calls of each; the figures are medians over rounds of per-call wall
@@ -127,6 +129,57 @@ def case(name, rows, dim, batch, topk, idx, flight, rounds, calls, ucm_cls, rng)
     return out
 
 
+def store_case(rounds, calls, ucm_cls, rng):
+    """1,024 blocks x 4,096 dims (32 KV heads x 128), batch 1, top 307 of every block, in three
+    forms: UCM's module and ours over the matrix the caller keeps, and StoreRetrievalBackend
+    reading the same representations from a store by block id at each request (an ESA
+    Selector's sidecars, put precomputed: values exact in float16, so the rows are equal)."""
+    import tempfile
+
+    import torch
+
+    from ucmgo import UcmGoStore
+    from ucmgo.sparse import Selector
+    from ucmgo.sparse.esa.retrieval_backend import StoreRetrievalBackend
+    blocks, kv, hd, topk = 1024, 32, 128, 307
+    tmp = tempfile.mkdtemp(prefix="sparse-bench-store-")
+    store = UcmGoStore({"storage_backends": tmp, "device_id": 0, "tensor_size_list": [4096, 4096], "shard_size": 8192,
+                        "block_size": 8192, "sync_policy": "none"})
+    sel = Selector(store, {"ESA": {"sparse_ratio": 0.3}}, {"layers": 1, "q_heads": kv, "kv_heads": kv, "head_dim": hd, "block_size": 128})
+    ids = [os.urandom(16) for _ in range(blocks)]
+    body = torch.zeros(8192, dtype=torch.uint8)
+    data = rng.random((blocks, kv * hd), dtype=np.float32).astype(np.float16).astype(np.float32)
+    for lo in range(0, blocks, 256):
+        part = ids[lo:lo + 256]
+        store.wait(store.dump(part, [0] * len(part), [[body] for _ in part]))
+        store.wait(sel.put_reprs(part, data[lo:lo + 256]))
+    query = rng.random((1, kv * hd), dtype=np.float32)
+    idx = np.arange(blocks, dtype=np.int32).reshape(1, -1)
+    mods = {"ucm": ucm_cls(data, {0: [0, 1]}), "ucmgo": Ours(data, {0: [0, 1]}),
+            "store": StoreRetrievalBackend(sel, 0, ids, {0: [0, 1]})}
+    res = {}
+    for k, be in mods.items():
+        rid = be.submit(query, topk, idx)
+        be.wait(rid)
+        res[k] = be.get_result(rid)
+    if not (np.array_equal(res["store"]["indices"], res["ucmgo"]["indices"]) and
+            res["store"]["scores"].tobytes() == res["ucmgo"]["scores"].tobytes()):
+        raise SystemExit("store form: results differ from the matrix form's")
+    fns = {k: one_call(be, query, topk, idx) for k, be in mods.items()}
+    out = measure("1024x4096 b1, store", fns, rounds, calls, data,
+                  set_differences(res["ucm"]["indices"][0].tolist(), res["store"]["indices"][0].tolist()),
+                  {"blocks": blocks, "dim": kv * hd, "batch": 1, "topk": topk})
+    out["store_over_matrix"] = round(out["store_wall_ms"] / out["ucmgo_wall_ms"], 1)
+    for be in mods.values():
+        if hasattr(be, "close"):
+            be.close()
+    sel.close()
+    store.close()
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def set_differences(a, b):
     return len(set(a) ^ set(b)) // 2
 
@@ -230,7 +283,7 @@ def main():
                     help="the directory of UCM's built retrieval_backend (ucm-sparse-ref)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=5, help="calls of each module per round (x4 at 1,024 rows)")
-    ap.add_argument("--cases", default="demo,demo-inflight8,1024x4096-b1,1024x4096-b2,kvstar-1024,gsa-1024")
+    ap.add_argument("--cases", default="demo,demo-inflight8,1024x4096-b1,1024x4096-b2,1024x4096-store,kvstar-1024,gsa-1024")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     if any(c.startswith(("kvstar", "gsa")) for c in args.cases.split(",")):
@@ -247,6 +300,7 @@ def main():
                                      args.rounds, 4 * args.calls, retrieval_backend.RetrievalWorkerBackend, rng),
         "1024x4096-b2": lambda: case("1024x4096 b2", 1024, 4096, 2, 307, np.tile(np.arange(1024, dtype=np.int32), (2, 1)), 1,
                                      args.rounds, 4 * args.calls, retrieval_backend.RetrievalWorkerBackend, rng),
+        "1024x4096-store": lambda: store_case(args.rounds, 4 * args.calls, retrieval_backend.RetrievalWorkerBackend, rng),
         "kvstar-1024": lambda: kvstar_case(args.rounds, 4 * args.calls, args.ref),
         "gsa-1024": lambda: gsa_case(args.rounds, args.calls, args.ref),
     }
@@ -258,6 +312,9 @@ def main():
         print("%-18s %10.3f %10.3f %10.3f %10.3f %7.2fx %10.3f %5d" % (r["case"], r["ucm_wall_ms"], r["ucmgo_wall_ms"], r["ucm_cpu_ms"],
                                                                      r["ucmgo_cpu_ms"], r["speedup"], r["copy_floor_ms"], r["set_differences"]),
               flush=True)
+        if "store_wall_ms" in r:
+            print("%-18s %10s %10.3f %10s %10.3f %7.1fx of the matrix form's wall" % ("  store form", "", r["store_wall_ms"], "",
+                                                                                 r["store_cpu_ms"], r["store_over_matrix"]), flush=True)
     print(json.dumps(results, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
