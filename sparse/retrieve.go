@@ -395,11 +395,14 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 	pairs := a.Tokens * a.QHeads
 	share := make([]float32, pairs*n)
 	// One claim is a token's KV head: its g query heads against each of the head's rows, each
-	// fp16 row converted once for the group (kernels.DotsF16Rows).
+	// fp16 row converted once for the group, the logits as rows of g columns (one per query
+	// head) with the columns' maxima (kernels.DotsF16RowsMax); then the columns' exponentials
+	// and sums (kernels.ExpColumns) and each block's rows summed (kernels.SumRowBlocks).
 	par.Chunks(a.Tokens*a.KVHeads, 1, workers, func(lo, hi int) {
 		qg := make([]float32, g*d)
 		yg := make([]float32, s*g)
-		y := make([]float32, s)
+		bs := make([]float32, n*g)
+		mx, sums := make([]float32, g), make([]float32, g)
 		for u := lo; u < hi; u++ {
 			x, h := u/a.KVHeads, u%a.KVHeads
 			for j := range g {
@@ -412,12 +415,16 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 					qg[j*d+i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
 				}
 			}
-			_ = kernels.DotsF16Rows(yg, qg, a.Reprs[2*h*d:], g, d, d, a.KVHeads*d)
+			_ = kernels.DotsF16RowsMax(yg, mx, qg, a.Reprs[2*h*d:], g, d, d, a.KVHeads*d)
+			clear(sums)
+			_ = kernels.ExpColumns(yg, mx, sums)
+			_ = kernels.SumRowBlocks(bs, yg, g, a.M)
 			for j := range g {
-				for r := range y {
-					y[r] = yg[r*g+j]
+				inv := 1 / sums[j]
+				out := share[(x*a.QHeads+h*g+j)*n : (x*a.QHeads+h*g+j+1)*n]
+				for b := range out {
+					out[b] = bs[b*g+j] * inv
 				}
-				softmaxShares(y, share[(x*a.QHeads+h*g+j)*n:(x*a.QHeads+h*g+j+1)*n], a.M)
 			}
 		}
 	})
@@ -435,40 +442,6 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 		a.Idx[i] = int64(b)
 	}
 	return k, nil
-}
-
-// softmaxShares turns one (token, head)'s logits y (one per row, overwritten) into each
-// block's probability mass: out[b] = Σ_{m<M} softmax(y)[b·M+m] (kernels.ExpColumns for the
-// exponentials, eight running sums, then the tail).
-func softmaxShares(y, out []float32, m int) {
-	s := len(y)
-	mx := float32(math.Inf(-1))
-	for _, v := range y {
-		if v > mx {
-			mx = v
-		}
-	}
-	var sum float32
-	wide := s - s%8
-	var shift, sums [8]float32
-	for i := range shift {
-		shift[i] = mx
-	}
-	_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
-	for _, v := range sums {
-		sum += v
-	}
-	var one [1]float32
-	_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
-	sum += one[0]
-	inv := 1 / sum
-	for b := range out {
-		var t float32
-		for _, v := range y[b*m : (b+1)*m] {
-			t += v
-		}
-		out[b] = t * inv
-	}
 }
 
 // MaxDotBatch is a batch of GSA offload selections over one representation array (UCM's

@@ -349,8 +349,8 @@ func softmaxRef(a *SoftmaxArgs) []float64 {
 
 // TestSoftmaxTopK: the ids are the reference's best min(K, n) up to float32 rounding (a
 // swap only between scores within 1e-5 of each other), in descending order by the reference
-// scores up to the same rounding, with and without channels; one worker and three agree
-// exactly.
+// scores up to the same rounding, with and without channels, for GQA groups of 1 to 8 heads;
+// one worker and three agree exactly.
 func TestSoftmaxTopK(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	f16 := func(n int, scale float64) []byte {
@@ -363,7 +363,10 @@ func TestSoftmaxTopK(t *testing.T) {
 	}
 	for it := range 120 {
 		kv := 1 + r.IntN(3)
-		a := &SoftmaxArgs{Tokens: 1 + r.IntN(3), QHeads: kv * (1 + r.IntN(3)), KVHeads: kv, M: 1 + r.IntN(4), Dim: []int{8, 16, 20}[r.IntN(3)]}
+		// Groups of 4 and 8 and dims a multiple of 8 take the two-row kernel, even M the
+		// four-column block sums; the other shapes the portable loops.
+		g := []int{1, 2, 3, 4, 8}[r.IntN(5)]
+		a := &SoftmaxArgs{Tokens: 1 + r.IntN(3), QHeads: kv * g, KVHeads: kv, M: 1 + r.IntN(4), Dim: []int{8, 16, 20, 64, 72}[r.IntN(5)]}
 		a.QDim = a.Dim
 		if r.IntN(2) == 0 {
 			a.QDim = a.Dim + r.IntN(9)
