@@ -426,3 +426,31 @@ func TestSoftmaxTopK(t *testing.T) {
 		t.Fatalf("dims without channels: %v", err)
 	}
 }
+
+// BenchmarkSoftmaxTopK: KVStar's retrieval at sparse_bench.py's kvstar-1024 shape (1,024 blocks
+// of M 32 rows, 8 KV heads of 64 kept channels, 32 query heads of 128, one token, top 307) on
+// one worker.
+func BenchmarkSoftmaxTopK(b *testing.B) {
+	r := rand.New(rand.NewPCG(51, 52))
+	const n, m, kv, dp, qh, d = 1024, 32, 8, 64, 32, 128
+	f16 := func(c int) []byte {
+		out := make([]byte, 2*c)
+		for i := range c {
+			h := kernels.Float32ToFloat16(float32(r.NormFloat64()))
+			out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+		}
+		return out
+	}
+	a := &SoftmaxArgs{Q: f16(qh * d), Reprs: f16(n * m * kv * dp), Tokens: 1, QHeads: qh, QDim: d, KVHeads: kv, M: m, Dim: dp,
+		K: 307, Idx: make([]int64, 307), Channels: make([]int64, kv*dp)}
+	for h := range kv {
+		for i, c := range r.Perm(d)[:dp] {
+			a.Channels[h*dp+i] = int64(c)
+		}
+	}
+	for b.Loop() {
+		if _, err := SoftmaxTopK(a, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
