@@ -375,12 +375,13 @@ func (a *SoftmaxArgs) Check() error {
 }
 
 // softmaxSpan is the blocks whose rows SoftmaxTopK scores together (every KV head of them in
-// turn while they are in cache); softmaxGrain the blocks of a claim. Both even: a span starts
-// at an even row.
+// turn while they are in cache: 128 KiB at KVStar's usual shape); softmaxGrain the blocks of a
+// claim, a multiple of the span.
 const softmaxSpan, softmaxGrain = 4, 32
 
 // SoftmaxTopK runs the retrieval a describes on the calling goroutine and up to workers-1
-// helpers (one token's KV head per claim) and returns how many ids it wrote to a.Idx:
+// helpers (the logits a span of blocks per claim, in memory order; then the softmax one token's
+// KV head per claim) and returns how many ids it wrote to a.Idx:
 // min(K, blocks), in score order (descending, ties to the lower block). Query head H reads KV
 // head H/g (g = QHeads/KVHeads) through its channels; logits are float32 dot products of the
 // fp16 values, unscaled (UCM's, no 1/√d); the softmax uses kernels.ExpColumns; a block's score
@@ -417,8 +418,9 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 	// (every KV head of them), each token's KV head's g query heads against the span's rows of
 	// that head, each fp16 row converted once for the group (kernels.DotsF16RowsMax). A token's
 	// KV head's logits are rows of g columns (one per query head), y[(x·KVHeads + h)·s·g:]; the
-	// columns' maxima over each span go to spanMax. Spans start at even rows (softmaxSpan is
-	// even), so each row's sum is the same whatever the workers.
+	// columns' maxima over each span go to spanMax. The spans are the same whatever the
+	// workers (a claim is whole spans), so each row is paired with the same neighbour in the
+	// kernel and its sum is the same.
 	y := make([]float32, pairs*s)
 	spans := (n + softmaxSpan - 1) / softmaxSpan
 	spanMax := make([]float32, spans*pairs)
