@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"encoding/binary"
+	"math"
 	"math/bits"
 
 	"github.com/ucm-go/ucm/internal/reuse"
@@ -49,25 +50,78 @@ func DotsF16(out, q []float32, v []byte, d, qs, vs int) error {
 // DotsF16Rows sets out[r·g+j] = Σ_{i<d} q[j·qs+i]·v[r·vs+i] for the n = len(out)/g rows of the
 // fp16 (little-endian) v and the g query runs of q: every row against every query (the g query
 // heads of a GQA group against each row of their KV head). On amd64 (AVX2, FMA, F16C, d a
-// multiple of 8) each row is converted once per four queries, as DotsF16 does with vs = 0.
+// multiple of 8) each row is converted once per four queries; with g a multiple of four, two
+// rows at a time go against four queries and their eight sums are reduced together.
 func DotsF16Rows(out, q []float32, v []byte, g, d, qs, vs int) error {
-	if g < 1 || len(out)%g != 0 {
-		return errorf(ErrInvalid, "dots f16 rows: %d results for %d queries", len(out), g)
+	return DotsF16RowsMax(out, nil, q, v, g, d, qs, vs)
+}
+
+// DotsF16RowsMax is DotsF16Rows that also sets mx[j] (len(mx) = g; nil: not computed) to the
+// largest result of query j over the rows, ignoring NaN (−Inf when there is none): the
+// column maxima a softmax over the rows shifts by.
+func DotsF16RowsMax(out, mx, q []float32, v []byte, g, d, qs, vs int) error {
+	if g < 1 || len(out)%g != 0 || (mx != nil && len(mx) != g) {
+		return errorf(ErrInvalid, "dots f16 rows: %d results and %d maxima for %d queries", len(out), len(mx), g)
 	}
 	n := len(out) / g
-	if n == 0 {
-		return nil
-	}
 	if err := scoreRuns("dots f16 rows: queries", g, d, qs, 0, len(q), d); err != nil {
 		return err
 	}
 	if err := scoreRuns("dots f16 rows: rows", n, d, 0, vs, d, len(v)/2); err != nil {
 		return err
 	}
+	for j := range mx {
+		mx[j] = float32(math.Inf(-1))
+	}
+	if n == 0 {
+		return nil
+	}
+	dotsF16Rows(out, mx, q, v, n, g, d, qs, vs)
+	return nil
+}
+
+// dotsF16RowsGo is the portable DotsF16RowsMax (and the amd64 one's remainder): row by row.
+func dotsF16RowsGo(out, mx, q []float32, v []byte, n, g, d, qs, vs int) {
 	for r := range n {
-		dotsF16(out[r*g:(r+1)*g], q, v[2*r*vs:], d, qs, 0)
+		o := out[r*g : (r+1)*g]
+		dotsF16(o, q, v[2*r*vs:], d, qs, 0)
+		colMax(mx, o)
+	}
+}
+
+// colMax raises mx[j] to row[j] where that is larger (a NaN never is); nil mx: nothing.
+func colMax(mx, row []float32) {
+	for j, x := range mx {
+		if row[j] > x {
+			mx[j] = row[j]
+		}
+	}
+}
+
+// SumRowBlocks treats x as rows of c columns and sets out[b·c+j] = Σ_{i<m} x[(b·m+i)·c+j]:
+// each column's sum over every m consecutive rows (a block's share of a softmax over rows).
+// len(x) must be len(out)·m and len(out) a multiple of c. On amd64 with AVX2 and four columns
+// (m even) two rows are added as one vector, four vectors at a time; otherwise in order.
+func SumRowBlocks(out, x []float32, c, m int) error {
+	if c < 1 || m < 1 || len(out)%c != 0 || len(x)/m != len(out) || len(x)%m != 0 {
+		return errorf(ErrInvalid, "sum row blocks: %d values in blocks of %d rows of %d columns for %d sums", len(x), m, c, len(out))
+	}
+	if len(out) > 0 {
+		sumRowBlocks(out, x, c, m)
 	}
 	return nil
+}
+
+func sumRowBlocksGo(out, x []float32, c, m int) {
+	for b := range len(out) / c {
+		o := out[b*c : (b+1)*c]
+		clear(o)
+		for i := range m {
+			for j, v := range x[(b*m+i)*c : (b*m+i+1)*c] {
+				o[j] += v
+			}
+		}
+	}
 }
 
 // DotsF32 sets out[i] = Σ_{j<d} q[i·qs+j]·v[i·vs+j] for float32 v: the dot products of

@@ -1,6 +1,10 @@
 package kernels
 
-import "golang.org/x/sys/cpu"
+import (
+	"math"
+
+	"golang.org/x/sys/cpu"
+)
 
 // The assembly kernels (score_amd64.s) take runs of d elements, d a positive multiple of 8;
 // strides are in elements. The Go wrappers below choose them when the CPU has the instructions.
@@ -12,6 +16,17 @@ func dotsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
 //
 //go:noescape
 func dotsF16x4AVX2(out, q *float32, v *byte, d, qs int)
+
+// dotsF16Rows4AVX2 is four queries against n (even) rows, row r's results at out + r·os, with
+// eight running maxima in mx (score_amd64.s).
+//
+//go:noescape
+func dotsF16Rows4AVX2(out, q *float32, v *byte, mx *float32, n, d, qs, vs, os int)
+
+// sumRows4AVX2 is SumRowBlocks for four columns and m even (score_amd64.s).
+//
+//go:noescape
+func sumRows4AVX2(out, x *float32, blocks, m int)
 
 //go:noescape
 func sqDistsF16AVX2(out, q *float32, v *byte, n, d, qs, vs int)
@@ -64,6 +79,40 @@ func dotsF16(out, q []float32, v []byte, d, qs, vs int) {
 		return
 	}
 	dotsF16Go(out, q, v, d, qs, vs)
+}
+
+// haveRows4 enables DotsF16Rows's two-row kernel (a variable so tests can compare it with the
+// row-by-row path).
+var haveRows4 = haveF16FMA
+
+func dotsF16Rows(out, mx, q []float32, v []byte, n, g, d, qs, vs int) {
+	if !haveRows4 || g%4 != 0 || d%8 != 0 || n < 2 {
+		dotsF16RowsGo(out, mx, q, v, n, g, d, qs, vs)
+		return
+	}
+	even := n &^ 1
+	for j := 0; j < g; j += 4 {
+		var m8 [8]float32
+		for i := range m8 {
+			m8[i] = float32(math.Inf(-1))
+		}
+		dotsF16Rows4AVX2(&out[j], &q[j*qs], &v[0], &m8[0], even, d, qs, vs, g)
+		if mx != nil {
+			colMax(mx[j:j+4], m8[:4])
+			colMax(mx[j:j+4], m8[4:])
+		}
+	}
+	if even < n {
+		dotsF16RowsGo(out[even*g:], mx, q, v[2*even*vs:], 1, g, d, qs, vs)
+	}
+}
+
+func sumRowBlocks(out, x []float32, c, m int) {
+	if haveAVX2FMA && c == 4 && m%2 == 0 {
+		sumRows4AVX2(&out[0], &x[0], len(out)/4, m)
+		return
+	}
+	sumRowBlocksGo(out, x, c, m)
 }
 
 func dotsF32(out, q, v []float32, d, qs, vs int) {

@@ -599,3 +599,142 @@ z32_sum:
 	JNZ           z32_row
 	VZEROUPPER
 	RET
+
+// func dotsF16Rows4AVX2(out, q *float32, v *byte, mx *float32, n, d, qs, vs, os int)
+// Four query runs (q + j·qs·4) against n rows of v (row r at v + r·vs·2), n even: two rows a
+// step, each fp16 vector converted once for the four queries, eight accumulators (row × query).
+// The eight sums leave together: a VHADDPS tree and one cross-lane add give row r's four
+// results, stored at out + r·os·4. mx holds eight running maxima (row parity × query): a NaN
+// result never replaces one (VMAXPS returns its second source when either is NaN).
+TEXT ·dotsF16Rows4AVX2(SB), NOSPLIT, $0-72
+	MOVQ    out+0(FP), DI
+	MOVQ    q+8(FP), SI
+	MOVQ    v+16(FP), DX
+	MOVQ    mx+24(FP), AX
+	VMOVUPS (AX), Y15
+	MOVQ    n+32(FP), CX
+	MOVQ    d+40(FP), R8
+	MOVQ    qs+48(FP), R9
+	MOVQ    vs+56(FP), R12
+	MOVQ    os+64(FP), R13
+	SHLQ    $2, R9
+	SHLQ    $1, R12
+	SHLQ    $2, R13
+	LEAQ    (SI)(R9*1), R10
+	LEAQ    (R10)(R9*1), R11
+	LEAQ    (R11)(R9*1), R9 // SI, R10, R11, R9: queries 0 to 3
+	SHRQ    $1, CX
+
+r4_pair:
+	LEAQ       (DX)(R12*1), BX
+	// The rows thirty-two ahead, into cache: strided rows (a KV head's among the others) outrun the
+	// hardware prefetchers. Their first two lines and last byte; past the array is harmless.
+	MOVQ       R12, AX
+	SHLQ       $5, AX
+	ADDQ       DX, AX
+	PREFETCHT0 (AX)
+	PREFETCHT0 64(AX)
+	PREFETCHT0 -1(AX)(R8*2)
+	ADDQ       R12, AX
+	PREFETCHT0 (AX)
+	PREFETCHT0 64(AX)
+	PREFETCHT0 -1(AX)(R8*2)
+	XORQ       AX, AX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+r4_8:
+	VCVTPH2PS   (DX)(AX*2), Y8
+	VCVTPH2PS   (BX)(AX*2), Y9
+	VMOVUPS     (SI)(AX*4), Y10
+	VMOVUPS     (R10)(AX*4), Y11
+	VMOVUPS     (R11)(AX*4), Y12
+	VMOVUPS     (R9)(AX*4), Y13
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ        $8, AX
+	CMPQ        AX, R8
+	JLT         r4_8
+
+	VHADDPS      Y1, Y0, Y0 // per 128-bit lane: q0 q0 q1 q1 (pairs of partial sums)
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y2, Y0, Y0 // row 0: q0 q1 q2 q3 of each lane's half
+	VHADDPS      Y5, Y4, Y4
+	VHADDPS      Y7, Y6, Y6
+	VHADDPS      Y6, Y4, Y4 // row 1
+	VPERM2F128   $0x20, Y4, Y0, Y1 // low halves: row 0 | row 1
+	VPERM2F128   $0x31, Y4, Y0, Y2 // high halves
+	VADDPS       Y2, Y1, Y1
+	VMAXPS       Y15, Y1, Y15 // Intel vmaxps y15, y1, y15: y1 > y15 ? y1 : y15
+	VMOVUPS      X1, (DI)
+	VEXTRACTF128 $1, Y1, (DI)(R13*1)
+	LEAQ         (DI)(R13*2), DI
+	LEAQ         (DX)(R12*2), DX
+	DECQ         CX
+	JNZ          r4_pair
+	MOVQ         mx+24(FP), AX
+	VMOVUPS      Y15, (AX)
+	VZEROUPPER
+	RET
+
+// func sumRows4AVX2(out, x *float32, blocks, m int)
+// Rows of four columns, m (even) rows a block: out + b·16 receives block b's four column sums.
+// Two rows are one vector; four accumulators take four vectors a step, then one at a time; the
+// halves (even and odd rows) are added at the end of the block.
+TEXT ·sumRows4AVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ blocks+16(FP), CX
+	MOVQ m+24(FP), R8
+	SHRQ $1, R8 // vectors a block
+
+s4_block:
+	MOVQ   R8, R9
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+s4_4:
+	CMPQ   R9, $4
+	JLT    s4_1
+	VADDPS 0(SI), Y0, Y0
+	VADDPS 32(SI), Y1, Y1
+	VADDPS 64(SI), Y2, Y2
+	VADDPS 96(SI), Y3, Y3
+	ADDQ   $128, SI
+	SUBQ   $4, R9
+	JMP    s4_4
+
+s4_1:
+	TESTQ  R9, R9
+	JZ     s4_sum
+	VADDPS 0(SI), Y0, Y0
+	ADDQ   $32, SI
+	DECQ   R9
+	JMP    s4_1
+
+s4_sum:
+	VADDPS       Y1, Y0, Y0
+	VADDPS       Y3, Y2, Y2
+	VADDPS       Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS       X1, X0, X0
+	VMOVUPS      X0, (DI)
+	ADDQ         $16, DI
+	DECQ         CX
+	JNZ          s4_block
+	VZEROUPPER
+	RET

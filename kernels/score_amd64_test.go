@@ -83,3 +83,14 @@ func TestDotsF32Assembly(t *testing.T) {
 		}
 	}
 }
+
+// TestDotsF16RowsPortable runs TestDotsF16Rows with the two-row kernel off: the row-by-row
+// path meets the same float64 sums and maxima.
+func TestDotsF16RowsPortable(t *testing.T) {
+	if !haveRows4 {
+		t.Skip("no AVX2, FMA and F16C: TestDotsF16Rows ran the portable path")
+	}
+	haveRows4 = false
+	defer func() { haveRows4 = true }()
+	TestDotsF16Rows(t)
+}

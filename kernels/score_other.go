@@ -4,6 +4,12 @@ package kernels
 
 func dotsF16(out, q []float32, v []byte, d, qs, vs int) { dotsF16Go(out, q, v, d, qs, vs) }
 
+func dotsF16Rows(out, mx, q []float32, v []byte, n, g, d, qs, vs int) {
+	dotsF16RowsGo(out, mx, q, v, n, g, d, qs, vs)
+}
+
+func sumRowBlocks(out, x []float32, c, m int) { sumRowBlocksGo(out, x, c, m) }
+
 func dotsF32(out, q, v []float32, d, qs, vs int) { dotsF32Go(out, q, v, d, qs, vs) }
 
 func sqDistsF16(out, q []float32, v []byte, d, qs, vs int) { sqDistsF16Go(out, q, v, d, qs, vs) }

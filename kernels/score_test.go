@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -441,8 +442,9 @@ func TestDotsF32(t *testing.T) {
 }
 
 // TestDotsF16Rows: every row against every query equals a float64 sum within rounding, for
-// group sizes 1 to 9 (the four-query kernel and the remainder), row strides and query strides;
-// bad shapes are refused.
+// group sizes 1 to 9 (the four-query kernels and the remainder), odd and even row counts, row
+// strides and query strides; DotsF16RowsMax's maxima are the largest results; bad shapes are
+// refused.
 func TestDotsF16Rows(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	for it := range 300 {
@@ -456,9 +458,37 @@ func TestDotsF16Rows(t *testing.T) {
 		for i := range len(v) / 2 {
 			binary.LittleEndian.PutUint16(v[2*i:], Float32ToFloat16(float32(r.NormFloat64())))
 		}
+		nan := it%5 == 0 // a NaN in the last row: its results are NaN, no maximum
+		if nan {
+			binary.LittleEndian.PutUint16(v[2*(n-1)*vs:], 0x7e00)
+		}
 		out := make([]float32, n*g)
 		must(t, DotsF16Rows(out, q, v, g, d, qs, vs))
+		out2, mx := make([]float32, n*g), make([]float32, g)
+		must(t, DotsF16RowsMax(out2, mx, q, v, g, d, qs, vs))
+		if !slices.EqualFunc(out, out2, func(a, b float32) bool { return a == b || a != a && b != b }) {
+			t.Fatalf("case %d: with maxima %v, without %v", it, out2, out)
+		}
+		for j := range g {
+			want := float32(math.Inf(-1))
+			for row := range n {
+				if out[row*g+j] > want {
+					want = out[row*g+j]
+				}
+			}
+			if mx[j] != want {
+				t.Fatalf("case %d (g %d, n %d): max of query %d %v, want %v", it, g, n, j, mx[j], want)
+			}
+		}
 		for row := range n {
+			if nan && row == n-1 {
+				for j := range g {
+					if !math.IsNaN(float64(out[row*g+j])) {
+						t.Fatalf("case %d: NaN row, query %d: %v", it, j, out[row*g+j])
+					}
+				}
+				continue
+			}
 			for j := range g {
 				var want, mag float64
 				for i := range d {
@@ -477,5 +507,41 @@ func TestDotsF16Rows(t *testing.T) {
 	}
 	if err := DotsF16Rows(make([]float32, 4), make([]float32, 16), make([]byte, 30), 2, 8, 8, 8); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("short rows: %v", err)
+	}
+	if err := DotsF16RowsMax(make([]float32, 4), make([]float32, 3), make([]float32, 16), make([]byte, 32), 2, 8, 8, 8); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("3 maxima for 2 queries: %v", err)
+	}
+}
+
+// TestSumRowBlocks: each column's sum over each block of rows equals a float64 sum within
+// rounding, for column counts 1 to 9 (the four-column kernel among them), odd and even block
+// lengths; bad shapes are refused.
+func TestSumRowBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for it := range 300 {
+		c, m, blocks := 1+r.IntN(9), 1+r.IntN(40), r.IntN(6)
+		x := make([]float32, blocks*m*c)
+		for i := range x {
+			x[i] = float32(r.ExpFloat64())
+		}
+		out := make([]float32, blocks*c)
+		must(t, SumRowBlocks(out, x, c, m))
+		for b := range blocks {
+			for j := range c {
+				var want float64
+				for i := range m {
+					want += float64(x[(b*m+i)*c+j])
+				}
+				if !closeTo(out[b*c+j], want, want) {
+					t.Fatalf("case %d (c %d, m %d): block %d column %d: %v, want %v", it, c, m, b, j, out[b*c+j], want)
+				}
+			}
+		}
+	}
+	if err := SumRowBlocks(make([]float32, 4), make([]float32, 12), 4, 4); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("12 values for 4 sums of 4 rows: %v", err)
+	}
+	if err := SumRowBlocks(make([]float32, 6), make([]float32, 24), 4, 4); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("6 sums of 4 columns: %v", err)
 	}
 }

@@ -374,8 +374,14 @@ func (a *SoftmaxArgs) Check() error {
 	return nil
 }
 
+// softmaxSpan is the blocks whose rows SoftmaxTopK scores together (every KV head of them in
+// turn while they are in cache: 128 KiB at KVStar's usual shape); softmaxGrain the blocks of a
+// claim, a multiple of the span.
+const softmaxSpan, softmaxGrain = 4, 32
+
 // SoftmaxTopK runs the retrieval a describes on the calling goroutine and up to workers-1
-// helpers (one token's KV head per claim) and returns how many ids it wrote to a.Idx:
+// helpers (the logits a span of blocks per claim, in memory order; then the softmax one token's
+// KV head per claim) and returns how many ids it wrote to a.Idx:
 // min(K, blocks), in score order (descending, ties to the lower block). Query head H reads KV
 // head H/g (g = QHeads/KVHeads) through its channels; logits are float32 dot products of the
 // fp16 values, unscaled (UCM's, no 1/√d); the softmax uses kernels.ExpColumns; a block's score
@@ -393,31 +399,71 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 	}
 	g, d, s := a.QHeads/a.KVHeads, a.Dim, n*a.M
 	pairs := a.Tokens * a.QHeads
+	// The query heads as float32 through their channels: a token's KV head's g heads are
+	// qs[(x·KVHeads + h)·g·d:], one run of d per head.
+	qs := make([]float32, pairs*d)
+	for x := range a.Tokens {
+		for hq := range a.QHeads {
+			base, h := (x*a.QHeads+hq)*a.QDim, hq/g
+			for i := range d {
+				c := i
+				if a.Channels != nil {
+					c = int(a.Channels[h*d+i])
+				}
+				qs[(x*a.QHeads+hq)*d+i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
+			}
+		}
+	}
+	// The logits, in the order the rows lie in memory: a span of softmaxSpan blocks at a time
+	// (every KV head of them), each token's KV head's g query heads against the span's rows of
+	// that head, each fp16 row converted once for the group (kernels.DotsF16RowsMax). A token's
+	// KV head's logits are rows of g columns (one per query head), y[(x·KVHeads + h)·s·g:]; the
+	// columns' maxima over each span go to spanMax. The spans are the same whatever the
+	// workers (a claim is whole spans), so each row is paired with the same neighbour in the
+	// kernel and its sum is the same.
+	y := make([]float32, pairs*s)
+	spans := (n + softmaxSpan - 1) / softmaxSpan
+	spanMax := make([]float32, spans*pairs)
+	par.Chunks(n, softmaxGrain, workers, func(lo, hi int) {
+		for b0 := lo; b0 < hi; b0 += softmaxSpan {
+			b1 := min(b0+softmaxSpan, hi)
+			r0, r1 := b0*a.M, b1*a.M
+			mx := spanMax[b0/softmaxSpan*pairs:]
+			for u := range a.Tokens * a.KVHeads {
+				h := u % a.KVHeads
+				yg := y[u*s*g:]
+				_ = kernels.DotsF16RowsMax(yg[r0*g:r1*g], mx[u*g:(u+1)*g], qs[u*g*d:(u+1)*g*d], a.Reprs[2*(r0*a.KVHeads+h)*d:], g, d, d, a.KVHeads*d)
+			}
+		}
+	})
+	// The softmax of each token's query head over all rows, one token's KV head per claim: the
+	// columns' exponentials and sums (kernels.ExpColumns), each block's rows summed
+	// (kernels.SumRowBlocks), each block's share of each head's mass.
 	share := make([]float32, pairs*n)
-	// One claim is a token's KV head: its g query heads against each of the head's rows, each
-	// fp16 row converted once for the group (kernels.DotsF16Rows).
 	par.Chunks(a.Tokens*a.KVHeads, 1, workers, func(lo, hi int) {
-		qg := make([]float32, g*d)
-		yg := make([]float32, s*g)
-		y := make([]float32, s)
+		bs := make([]float32, n*g)
+		mx, sums := make([]float32, g), make([]float32, g)
 		for u := lo; u < hi; u++ {
-			x, h := u/a.KVHeads, u%a.KVHeads
-			for j := range g {
-				base := (x*a.QHeads + h*g + j) * a.QDim
-				for i := range d {
-					c := i
-					if a.Channels != nil {
-						c = int(a.Channels[h*d+i])
+			for j := range mx {
+				mx[j] = float32(math.Inf(-1))
+			}
+			for c := range spans {
+				for j, v := range spanMax[c*pairs+u*g : c*pairs+(u+1)*g] {
+					if v > mx[j] {
+						mx[j] = v
 					}
-					qg[j*d+i] = kernels.Float16ToFloat32(uint16(a.Q[2*(base+c)]) | uint16(a.Q[2*(base+c)+1])<<8)
 				}
 			}
-			_ = kernels.DotsF16Rows(yg, qg, a.Reprs[2*h*d:], g, d, d, a.KVHeads*d)
+			yg := y[u*s*g : (u+1)*s*g]
+			clear(sums)
+			_ = kernels.ExpColumns(yg, mx, sums)
+			_ = kernels.SumRowBlocks(bs, yg, g, a.M)
 			for j := range g {
-				for r := range y {
-					y[r] = yg[r*g+j]
+				inv := 1 / sums[j]
+				out := share[(u*g+j)*n : (u*g+j+1)*n]
+				for b := range out {
+					out[b] = bs[b*g+j] * inv
 				}
-				softmaxShares(y, share[(x*a.QHeads+h*g+j)*n:(x*a.QHeads+h*g+j+1)*n], a.M)
 			}
 		}
 	})
@@ -435,40 +481,6 @@ func SoftmaxTopK(a *SoftmaxArgs, workers int) (int, error) {
 		a.Idx[i] = int64(b)
 	}
 	return k, nil
-}
-
-// softmaxShares turns one (token, head)'s logits y (one per row, overwritten) into each
-// block's probability mass: out[b] = Σ_{m<M} softmax(y)[b·M+m] (kernels.ExpColumns for the
-// exponentials, eight running sums, then the tail).
-func softmaxShares(y, out []float32, m int) {
-	s := len(y)
-	mx := float32(math.Inf(-1))
-	for _, v := range y {
-		if v > mx {
-			mx = v
-		}
-	}
-	var sum float32
-	wide := s - s%8
-	var shift, sums [8]float32
-	for i := range shift {
-		shift[i] = mx
-	}
-	_ = kernels.ExpColumns(y[:wide], shift[:], sums[:])
-	for _, v := range sums {
-		sum += v
-	}
-	var one [1]float32
-	_ = kernels.ExpColumns(y[wide:], shift[:1], one[:])
-	sum += one[0]
-	inv := 1 / sum
-	for b := range out {
-		var t float32
-		for _, v := range y[b*m : (b+1)*m] {
-			t += v
-		}
-		out[b] = t * inv
-	}
 }
 
 // MaxDotBatch is a batch of GSA offload selections over one representation array (UCM's

@@ -349,8 +349,8 @@ func softmaxRef(a *SoftmaxArgs) []float64 {
 
 // TestSoftmaxTopK: the ids are the reference's best min(K, n) up to float32 rounding (a
 // swap only between scores within 1e-5 of each other), in descending order by the reference
-// scores up to the same rounding, with and without channels; one worker and three agree
-// exactly.
+// scores up to the same rounding, with and without channels, for GQA groups of 1 to 8 heads;
+// one worker and three agree exactly.
 func TestSoftmaxTopK(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	f16 := func(n int, scale float64) []byte {
@@ -363,7 +363,10 @@ func TestSoftmaxTopK(t *testing.T) {
 	}
 	for it := range 120 {
 		kv := 1 + r.IntN(3)
-		a := &SoftmaxArgs{Tokens: 1 + r.IntN(3), QHeads: kv * (1 + r.IntN(3)), KVHeads: kv, M: 1 + r.IntN(4), Dim: []int{8, 16, 20}[r.IntN(3)]}
+		// Groups of 4 and 8 and dims a multiple of 8 take the two-row kernel, even M the
+		// four-column block sums; the other shapes the portable loops.
+		g := []int{1, 2, 3, 4, 8}[r.IntN(5)]
+		a := &SoftmaxArgs{Tokens: 1 + r.IntN(3), QHeads: kv * g, KVHeads: kv, M: 1 + r.IntN(4), Dim: []int{8, 16, 20, 64, 72}[r.IntN(5)]}
 		a.QDim = a.Dim
 		if r.IntN(2) == 0 {
 			a.QDim = a.Dim + r.IntN(9)
@@ -421,5 +424,33 @@ func TestSoftmaxTopK(t *testing.T) {
 	bad.Channels = nil
 	if _, err := SoftmaxTopK(bad, 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "no channels") {
 		t.Fatalf("dims without channels: %v", err)
+	}
+}
+
+// BenchmarkSoftmaxTopK: KVStar's retrieval at sparse_bench.py's kvstar-1024 shape (1,024 blocks
+// of M 32 rows, 8 KV heads of 64 kept channels, 32 query heads of 128, one token, top 307) on
+// one worker.
+func BenchmarkSoftmaxTopK(b *testing.B) {
+	r := rand.New(rand.NewPCG(51, 52))
+	const n, m, kv, dp, qh, d = 1024, 32, 8, 64, 32, 128
+	f16 := func(c int) []byte {
+		out := make([]byte, 2*c)
+		for i := range c {
+			h := kernels.Float32ToFloat16(float32(r.NormFloat64()))
+			out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+		}
+		return out
+	}
+	a := &SoftmaxArgs{Q: f16(qh * d), Reprs: f16(n * m * kv * dp), Tokens: 1, QHeads: qh, QDim: d, KVHeads: kv, M: m, Dim: dp,
+		K: 307, Idx: make([]int64, 307), Channels: make([]int64, kv*dp)}
+	for h := range kv {
+		for i, c := range r.Perm(d)[:dp] {
+			a.Channels[h*dp+i] = int64(c)
+		}
+	}
+	for b.Loop() {
+		if _, err := SoftmaxTopK(a, 1); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
