@@ -3,6 +3,7 @@ package index
 import (
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -12,11 +13,12 @@ import (
 )
 
 // holdMembers makes the next membership build wait before its swap until the returned release
-// is called (and waits for the build to reach that point first).
+// is called (and waits for the build to reach that point first); later builds do not wait.
 func holdMembers(t *testing.T) (release func()) {
 	t.Helper()
 	reached, gate := make(chan struct{}), make(chan struct{})
-	beforeMembersSwap = func() { close(reached); <-gate }
+	var once sync.Once // the next build only: a later open of the test builds at once
+	beforeMembersSwap = func() { once.Do(func() { close(reached); <-gate }) }
 	t.Cleanup(func() { beforeMembersSwap = nil })
 	return func() { <-reached; close(gate) }
 }
