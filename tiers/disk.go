@@ -206,7 +206,7 @@ func OpenDisk(c Config, pos int, o DiskOptions, env DiskEnv) (_ Disk, err error)
 		own := TierRoot(c, p, o.Instance)
 		segDir := filepath.Join(own, SegmentDir)
 		if !o.ReadOnly {
-			if err := o.FS.MkdirAll(segDir, 0o755); err != nil {
+			if err := MkdirAllStale(o.FS, segDir, 0o755); err != nil {
 				return nil, fmt.Errorf("open tier %q: %w", c.Name, err)
 			}
 		}

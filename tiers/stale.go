@@ -3,6 +3,7 @@ package tiers
 import (
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -31,4 +32,19 @@ func ReadReplaced(fs vfs.FS, path string, read func(vfs.File) error) error {
 		}
 	}
 	return fmt.Errorf("%s: stale after %d opens: %w", path, staleOpens, err)
+}
+
+// MkdirAllStale is fs.MkdirAll, tried again when the file system answers ESTALE: on a
+// distributed file system (GlusterFS's distributed volumes, NFS) a directory another client
+// just created or renamed beside it can leave this client's handle of the parent stale, and a
+// new lookup resolves it. After staleOpens tries the last error is returned, wrapping
+// syscall.ESTALE. Other errors are returned at once.
+func MkdirAllStale(fs vfs.FS, dir string, perm os.FileMode) error {
+	var err error
+	for range staleOpens {
+		if err = fs.MkdirAll(dir, perm); !errors.Is(err, syscall.ESTALE) {
+			return err
+		}
+	}
+	return fmt.Errorf("%s: stale after %d tries: %w", dir, staleOpens, err)
 }

@@ -18,11 +18,19 @@ import (
 // replaced by rename, to the first opens or reads of files whose name contains match.
 type staleFS struct {
 	vfs.FS
-	match string
-	mu    sync.Mutex
-	opens int // opens left to refuse
-	reads int // reads left to refuse, on files opened after the refused opens
-	lists int // directory listings left to refuse
+	match  string
+	mu     sync.Mutex
+	opens  int // opens left to refuse
+	reads  int // reads left to refuse, on files opened after the refused opens
+	lists  int // directory listings left to refuse
+	mkdirs int // directory creations left to refuse
+}
+
+func (fs *staleFS) MkdirAll(dir string, perm os.FileMode) error {
+	if fs.take(&fs.mkdirs) {
+		return &os.PathError{Op: "mkdir", Path: dir, Err: syscall.ESTALE}
+	}
+	return fs.FS.MkdirAll(dir, perm)
 }
 
 func (fs *staleFS) List(dir string) ([]string, error) {
@@ -112,5 +120,28 @@ func TestSharedFilesReopenedWhenStale(t *testing.T) {
 				t.Errorf("%s, %s: %v, want an error wrapping ESTALE naming the file", c.name, file, err)
 			}
 		}
+	}
+}
+
+// A directory creation answered ESTALE (a distributed volume's client whose handle of the
+// parent went stale while other instances created siblings) is tried again; one that stays
+// stale fails naming the directory, wrapping ESTALE.
+func TestMkdirAllStale(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "instances", "a", "segments")
+	fs := &staleFS{FS: vfs.Default, mkdirs: staleOpens - 1}
+	if err := MkdirAllStale(fs, dir, 0o755); err != nil {
+		t.Fatalf("after %d stale answers: %v", staleOpens-1, err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal(err)
+	}
+	fs = &staleFS{FS: vfs.Default, mkdirs: staleOpens}
+	err := MkdirAllStale(fs, dir+"2", 0o755)
+	if !errors.Is(err, syscall.ESTALE) || !strings.Contains(err.Error(), dir+"2") {
+		t.Fatalf("always stale: %v, want ESTALE naming the directory", err)
+	}
+	fs = &staleFS{FS: vfs.Default}
+	if err := MkdirAllStale(fs, "/proc/no/such", 0o755); err == nil || errors.Is(err, syscall.ESTALE) {
+		t.Fatalf("another error: %v, want it as it is", err)
 	}
 }

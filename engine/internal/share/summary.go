@@ -314,7 +314,7 @@ func (s *Sharing) writeSummary(h Home, row index.SegmentMeta) error {
 	if err != nil {
 		return err
 	}
-	if err := s.cfg.FS.MkdirAll(filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
+	if err := tiers.MkdirAllStale(s.cfg.FS, filepath.Join(nsDir, SummaryDir), 0o755); err != nil {
 		return err
 	}
 	path := SummaryPath(nsDir, row.Number)
