@@ -327,6 +327,18 @@ func candidates(a *retrievalArgs, nc uint64) []int32 {
 	return c
 }
 
+// candElems returns the number of candidate ids a retrieval passes (batch × cand_width; 0
+// without a candidate table), refusing a width or product out of range.
+func candElems(a *retrievalArgs) (uint64, error) {
+	if a.Cand == 0 {
+		return 0, nil
+	}
+	if err := fieldElems("cand_width", a.CandWidth); err != nil {
+		return 0, err
+	}
+	return product("cand (batch × cand_width)", a.Batch, a.CandWidth)
+}
+
 func dotRetrieval(a *retrievalArgs) (*retrievalJob, error) {
 	nq, err := product("q (batch × dim)", a.Batch, a.Dim)
 	if err != nil {
@@ -340,14 +352,9 @@ func dotRetrieval(a *retrievalArgs) (*retrievalJob, error) {
 	if err != nil {
 		return nil, err
 	}
-	var nc uint64
-	if a.Cand != 0 {
-		if err := fieldElems("cand_width", a.CandWidth); err != nil {
-			return nil, err
-		}
-		if nc, err = product("cand (batch × cand_width)", a.Batch, a.CandWidth); err != nil {
-			return nil, err
-		}
+	nc, err := candElems(a)
+	if err != nil {
+		return nil, err
 	}
 	spans := []span{{"q", a.Q, nq, 4}, {"reprs", a.Reprs, nr, 4}, {"cand", a.Cand, nc, 4}, {"out_idx", a.OutIdx, nout, 4},
 		{"out_scores", a.OutScores, nout, 4}}
@@ -405,14 +412,9 @@ func maxDotRetrieval(a *retrievalArgs) (*retrievalJob, error) {
 	if err != nil {
 		return nil, err
 	}
-	var nc uint64
-	if a.Cand != 0 {
-		if err := fieldElems("cand_width", a.CandWidth); err != nil {
-			return nil, err
-		}
-		if nc, err = product("cand (batch × cand_width)", a.Batch, a.CandWidth); err != nil {
-			return nil, err
-		}
+	nc, err := candElems(a)
+	if err != nil {
+		return nil, err
 	}
 	spans := []span{{"q", a.Q, nq, 4}, {"reprs", a.Reprs, nr, 4}, {"cand", a.Cand, nc, 4}, {"out_idx", a.OutIdx, nout, 4}}
 	if a.RowTopK != 0 {
