@@ -8,31 +8,12 @@
 #include <unistd.h>
 
 #include "ucmgo.h"
+#include "check.h"
 
 #define N 48
 #define SHARDS 4
 #define TENSOR 8192
 #define SHARD (2 * TENSOR)
-
-static int failures;
-
-#define CHECK(cond, ...)                                                      \
-	do {                                                                      \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);              \
-			fprintf(stderr, __VA_ARGS__);                                     \
-			fprintf(stderr, " (last error: %s)\n", ucmgo_last_error());       \
-			failures++;                                                       \
-		}                                                                     \
-	} while (0)
-
-// A status and a message naming want.
-#define EXPECT_STATUS(got, status, want)                                                  \
-	do {                                                                                  \
-		long long g_ = (long long)(got);                                                  \
-		CHECK(g_ == (status), "status %lld, want %d", g_, (status));                      \
-		CHECK(strstr(ucmgo_last_error(), (want)) != NULL, "message lacks \"%s\"", (want)); \
-	} while (0)
 
 static void fill(uint8_t *p, size_t n, const uint8_t *id, int shard) {
 	for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(id[i % 16] ^ (i / 16) ^ (shard * 31));

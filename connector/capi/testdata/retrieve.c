@@ -8,25 +8,7 @@
 #include <string.h>
 
 #include "ucmgo.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                \
-	do {                                                                \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-			fprintf(stderr, __VA_ARGS__);                               \
-			fprintf(stderr, " (last error: %s)\n", ucmgo_last_error()); \
-			failures++;                                                 \
-		}                                                               \
-	} while (0)
-
-#define EXPECT_STATUS(got, status, want)                                                  \
-	do {                                                                                  \
-		long long g_ = (long long)(got);                                                  \
-		CHECK(g_ == (status), "status %lld, want %d", g_, (status));                      \
-		CHECK(strstr(ucmgo_last_error(), (want)) != NULL, "message lacks \"%s\"", (want)); \
-	} while (0)
+#include "check.h"
 
 #define B 2
 #define DIM 24

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ucmgo.h"
+#include "check.h"
 
 #define N 12       // stored blocks
 #define SHARDS 4   // layers
@@ -17,25 +18,6 @@
 #define KV 2
 #define QH 4
 #define HD 16
-
-static int failures;
-
-#define CHECK(cond, ...)                                                \
-	do {                                                                \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);        \
-			fprintf(stderr, __VA_ARGS__);                               \
-			fprintf(stderr, " (last error: %s)\n", ucmgo_last_error()); \
-			failures++;                                                 \
-		}                                                               \
-	} while (0)
-
-#define EXPECT_STATUS(got, status, want)                                                  \
-	do {                                                                                  \
-		long long g_ = (long long)(got);                                                  \
-		CHECK(g_ == (status), "status %lld, want %d", g_, (status));                      \
-		CHECK(strstr(ucmgo_last_error(), (want)) != NULL, "message lacks \"%s\"", (want)); \
-	} while (0)
 
 // kval is K's value at (block, layer, token, head, channel): small integers, exact in float16,
 // whose means over a block's 16 tokens are exact too.
