@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ucm-go/ucm/engine/internal/lifecycle"
 	"github.com/ucm-go/ucm/engine/internal/seam"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
@@ -72,7 +73,7 @@ type Sharing struct {
 	env Env
 
 	fx   *index.Index // the foreign index
-	kick chan struct{}
+	kick lifecycle.Kick
 
 	mu      sync.Mutex
 	segs    map[uint64]foreignSeg // alias → segment
@@ -132,7 +133,7 @@ type Sharing struct {
 // when a read-only open finds no readable foreign index; on a later error, the sharing with
 // its foreign index open (for the caller to close).
 func Open(cfg Config, env Env) (*Sharing, error) {
-	s := &Sharing{cfg: cfg, env: env, opened: time.Now().UnixNano(), kick: make(chan struct{}, 1), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
+	s := &Sharing{cfg: cfg, env: env, opened: time.Now().UnixNano(), kick: lifecycle.NewKick(), segs: map[uint64]foreignSeg{}, aliases: map[foreignKey]uint64{}, pendingSidecars: map[uint64][]pendingSidecar{},
 		ignored: map[format.InstanceID]bool{}, lastPub: map[string][]byte{}, firstAt: map[uint64]int64{}, grace: map[uint64]*graceEntry{},
 		accessed: map[foreignKey]accessNote{}, ownAccess: map[uint64]int64{}, retireReqs: map[foreignKey]accessNote{},
 		seen: map[string]manifestSeen{}, lastSeq: map[string]uint64{}, lastWrite: map[string]time.Time{}, unlinked: map[foreignKey]bool{},
@@ -267,10 +268,7 @@ func (s *Sharing) Kick() {
 	if s == nil {
 		return
 	}
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
+	s.kick.Kick()
 }
 
 // Publish writes the manifest of every namespace of this instance whose list of sealed
