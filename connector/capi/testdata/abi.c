@@ -256,6 +256,10 @@ int main(int argc, char **argv) {
 	EXPECT_STATUS(ucmgo_wait(store, task, (uint8_t *)kernel, 1), UCMGO_EPARAM, "failure mask");
 	EXPECT_STATUS(ucmgo_wait(store, -7, NULL, 0), UCMGO_EPARAM, "task -7: not a task handle");
 	CHECK(ucmgo_wait(store, task, failed, 1) == UCMGO_OK, "wait after bad waits");
+	// A task of no blocks has a mask of no entries: it is never read, wherever it points.
+	task = ucmgo_load(store, ids, two, 0, addrs, 2);
+	CHECK(task > 0, "load of no blocks");
+	CHECK(ucmgo_wait(store, task, (uint8_t *)kernel, 0) == UCMGO_OK, "wait of no blocks, mask never read");
 
 	// The whole block (shard -1): one address per tensor of every shard, by the queue and by Go.
 	for (size_t n = 1; n <= N; n += N - 1) {
