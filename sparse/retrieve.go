@@ -270,23 +270,52 @@ func MaxDotTopK(a *MaxDotArgs, workers int) (int, error) {
 			m[i] *= inv
 		}
 	}
-	scores := make([]float32, n)
-	per := a.KVHeads * a.M * d
-	par.Chunks(n, max(1, (1<<20)/per), workers, func(lo, hi int) {
-		dots := make([]float32, a.M)
-		for b := lo; b < hi; b++ {
-			var s float32
-			for h := range a.KVHeads {
-				_ = kernels.DotsF32(dots, qbar[h*d:(h+1)*d], a.Reprs[b*per+h*a.M*d:b*per+(h+1)*a.M*d], d, 0, d)
-				best := -float32(math.MaxFloat32)
-				for _, x := range dots {
-					if x > best { // fmax: a NaN never wins
-						best = x
-					}
+	ss := scoreScratchPool.Get().(*scoreScratch)
+	defer scoreScratchPool.Put(ss)
+	ss.scores = resize(ss.scores, n)
+	scores := ss.scores
+	rows := a.KVHeads * a.M
+	per := rows * d
+	// qrows holds each of a block's KVHeads × M rows' query (its head's mean), so that one
+	// DotsF32 call (query stride Dim) scores a whole block's rows.
+	qrows := qbar
+	if a.M > 1 {
+		qrows = make([]float32, per)
+		for r := range rows {
+			copy(qrows[r*d:(r+1)*d], qbar[(r/a.M)*d:(r/a.M+1)*d])
+		}
+	}
+	perHead := func(b int, dots []float32) float32 {
+		_ = kernels.DotsF32(dots, qrows, a.Reprs[b*per:(b+1)*per], d, d, d)
+		var s float32
+		for h := range a.KVHeads {
+			best := -float32(math.MaxFloat32)
+			for _, x := range dots[h*a.M : (h+1)*a.M] {
+				if x > best { // fmax: a NaN never wins
+					best = x
 				}
-				s += best
 			}
-			scores[b] = s
+			s += best
+		}
+		return s
+	}
+	par.Chunks(n, max(1, (1<<20)/per), workers, func(lo, hi int) {
+		dots := make([]float32, rows)
+		if a.M > 1 {
+			for b := lo; b < hi; b++ {
+				scores[b] = perHead(b, dots)
+			}
+			return
+		}
+		// One row per head: a block's score is the dot of its KVHeads × Dim values with the
+		// means end to end, the same sum in another order, at one call for the chunk. A score
+		// that is not finite (a NaN or infinite product) is taken again head by head, where
+		// fmax drops a NaN head and -Inf counts as -MaxFloat32.
+		_ = kernels.DotsF32(scores[lo:hi], qbar, a.Reprs[lo*per:hi*per], per, 0, per)
+		for b := lo; b < hi; b++ {
+			if x := scores[b]; x-x != 0 {
+				scores[b] = perHead(b, dots)
+			}
 		}
 	})
 	w := 0
@@ -299,11 +328,11 @@ func MaxDotTopK(a *MaxDotArgs, workers int) (int, error) {
 		w++
 	}
 	if mid := a.K - a.Init - a.Local; mid > 0 {
-		pos := make([]int32, mid)
-		sc := make([]float32, mid)
-		var keys []uint64
-		topKDesc(pos, sc, scores[a.Init:n-a.Local], mid, &keys)
-		for _, p := range pos {
+		rs := rowScratchPool.Get().(*rowScratch)
+		defer rowScratchPool.Put(rs)
+		rs.pos, rs.sc = resize(rs.pos, mid), resize(rs.sc, mid)
+		topKDesc(rs.pos, rs.sc, scores[a.Init:n-a.Local], mid, &rs.keys)
+		for _, p := range rs.pos {
 			a.Out[w] = p + int32(a.Init)
 			w++
 		}

@@ -2,12 +2,15 @@ package sparse
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/kernels"
 )
@@ -452,5 +455,108 @@ func BenchmarkSoftmaxTopK(b *testing.B) {
 		if _, err := SoftmaxTopK(a, 1); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestMaxDotTopKNonFinite: a head's dot that is NaN or infinite counts as UCM's per-head fmax
+// counts it (a NaN head is dropped for -MaxFloat32, a -Inf head is -MaxFloat32), whichever path
+// scores the block; ties keep the lower block first.
+func TestMaxDotTopKNonFinite(t *testing.T) {
+	const d = 16
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	heads := [][2]float32{{1, 1}, {nan, 0.25}, {-1, -1}, {-inf, 1}, {2, 2}, {inf, -inf}, {0.5, 0.5}, {0, 0}}
+	a := &MaxDotArgs{QHeads: 2, KVHeads: 2, M: 1, Dim: d, K: 7, Q: make([]float32, 2*d), Reprs: make([]float32, len(heads)*2*d)}
+	for i := range a.Q {
+		a.Q[i] = 1
+	}
+	for b, hv := range heads {
+		for h, v := range hv {
+			row := a.Reprs[(2*b+h)*d : (2*b+h+1)*d]
+			if v != v || v-v != 0 { // one non-finite element in an otherwise zero row
+				row[3] = v
+				continue
+			}
+			for i := range row {
+				row[i] = v
+			}
+		}
+	}
+	want := []int32{5, 4, 0, 6, 7, 2, 1}
+	for _, workers := range []int{1, 3} {
+		a.Out = make([]int32, 8)
+		got, err := MaxDotTopK(a, workers)
+		if err != nil || !slices.Equal(a.Out[:got], want) {
+			t.Fatalf("%d workers: %v (%v), want %v", workers, a.Out[:got], err, want)
+		}
+	}
+}
+
+// BenchmarkMaxDotTopK: one decode step of GSA's offload selection at sparse_bench.py's gsa-1024
+// shape (32 layers, each 1,024 blocks of 8 KV heads × 128 float32 under 32 query heads, top
+// 307) on 1 and 2 workers, over 128 MiB of representations that no cache holds between steps.
+// Each run also times a pass of the kernel's own best path over the same bytes on as many
+// goroutines (one DotsF32 call per chunk: every block one row of 1,024 values against one
+// query), the read floor of the same run, and reports the ratio (x-read):
+//
+//	go test -run '^$' -bench MaxDotTopK -benchtime 40x ./sparse/
+func BenchmarkMaxDotTopK(b *testing.B) {
+	r := rand.New(rand.NewPCG(61, 62))
+	const layers, n, kv, qh, d, k = 32, 1024, 8, 32, 128, 307
+	reprs := make([][]float32, layers)
+	for l := range reprs {
+		reprs[l] = make([]float32, n*kv*d)
+		for i := range reprs[l] {
+			reprs[l][i] = float32(r.NormFloat64())
+		}
+	}
+	q := make([]float32, qh*d)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	for _, workers := range []int{1, 2} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			// Each worker takes every workers-th layer, as a Retriever's workers take the
+			// tasks of a step's layers; the read pass is divided the same way.
+			outs := make([][]int32, layers)
+			for l := range outs {
+				outs[l] = make([]int32, n)
+			}
+			wide := make([]float32, kv*d)
+			dots := make([][]float32, workers)
+			for w := range dots {
+				dots[w] = make([]float32, n)
+			}
+			each := func(fn func(w, l int)) {
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for l := w; l < layers; l += workers {
+							fn(w, l)
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			var step, read time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				each(func(w, l int) {
+					a := &MaxDotArgs{Q: q, Reprs: reprs[l], QHeads: qh, KVHeads: kv, M: 1, Dim: d, K: k, Init: 1, Local: 2, Out: outs[l]}
+					if _, err := MaxDotTopK(a, 1); err != nil {
+						panic(err)
+					}
+				})
+				t1 := time.Now()
+				each(func(w, l int) {
+					_ = kernels.DotsF32(dots[w], wide, reprs[l], kv*d, 0, kv*d)
+				})
+				step += t1.Sub(t0)
+				read += time.Since(t1)
+			}
+			b.ReportMetric(float64(read.Microseconds())/float64(b.N)/1e3, "read-ms")
+			b.ReportMetric(float64(step)/float64(read), "x-read")
+		})
 	}
 }
