@@ -21,8 +21,10 @@ var (
 const MaxRetrieverWorkers = 1024
 
 // Retriever runs retrievals as tasks on a pool of worker goroutines: Submit returns a task id
-// at once, Check and Wait follow it, Release forgets it. A task's retrieval runs on one worker
-// with up to Workers()-1 helper goroutines (DotTopK's split), in submission order. A task holds
+// at once, Check and Wait follow it, Release forgets it. Tasks start in submission order, each
+// on one worker with helper goroutines (DotTopK's split) for the workers no other task needs:
+// up to Workers()-1 when it is the only one, none while the other workers have tasks running
+// or queued (splitting a task then only adds hand-offs). A task holds
 // the caller's memory (its DotArgs slices) until it is done: the caller must keep it valid and
 // unchanged until then, and may reuse it once Check says done or Wait returns. All methods
 // are safe for concurrent use.
@@ -31,6 +33,7 @@ type Retriever struct {
 	mu      sync.Mutex
 	cond    sync.Cond // signalled on a new job or on close
 	queue   []*retrieveTask
+	running int // tasks being run by a worker
 	tasks   map[uint64]*retrieveTask
 	next    uint64
 	closed  bool
@@ -91,10 +94,15 @@ func (r *Retriever) work(cpu int) {
 		t := r.queue[0]
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
+		r.running++
+		share := max(1, r.workers-(r.running-1)-len(r.queue))
 		r.mu.Unlock()
-		t.err = t.run(r.workers)
+		t.err = t.run(share)
 		t.run = nil
 		close(t.done)
+		r.mu.Lock()
+		r.running--
+		r.mu.Unlock()
 	}
 }
 
