@@ -119,3 +119,55 @@ def test_gsa_against_reference():
     op.set_topk_cache([torch.zeros((maxbs, 5), dtype=torch.int32) for _ in range(layers)], [10, 25, 4])
     with pytest.raises(ValueError, match="selects 10 entries"):
         op.add_copy_req(False, 0, [0, -1, 2, 3], q[0])
+
+
+def _gsa_step(op, layers, q, mapping):
+    """One decode step of one request over mapping's slots; the layer-0 row of topk."""
+    op.set_common_param([0], [True])
+    op.set_topk_param([mapping])
+    for layer in range(layers):
+        op.add_copy_req(False, layer, [0], q[layer])
+    deadline = time.monotonic() + 30
+    while not op.is_calculate_finish():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_gsa_bad_inputs_and_replaced_caches():
+    layers, qh, kvh, d, slots = 2, 8, 2, 16, 40
+    rng = np.random.default_rng(5)
+    kpre = [torch.from_numpy(rng.integers(-1, 2, (slots, 1, kvh, d)).astype(np.float32)) for _ in range(layers)]
+    q = torch.from_numpy(rng.integers(-2, 3, (layers, 1, qh, d)).astype(np.float32))
+    topk = [torch.full((1, slots), -7, dtype=torch.int32) for _ in range(layers)]
+
+    def fresh(kv_heads=kvh):
+        op = CalKpreAndTopk(layers, 16, 1, qh, d)
+        op.set_kpre_method_param(kv_heads, 1)
+        op.set_kpre_cache(kpre)
+        op.set_topk_cache(topk, [6])
+        return op
+
+    # Slots past the layer's kpre cache, or before it, are refused before anything is read.
+    for mapping, match in [(list(range(30, 45)), r"repre_slot_mapping\[0\]: slots 30 … 44: outside kpre_caches\[0\]'s 40"),
+                           (list(range(-2, 5)), r"repre_slot_mapping\[0\]: slot -2")]:
+        op = fresh()
+        op.set_common_param([0], [True])
+        op.set_topk_param([mapping])
+        with pytest.raises(ValueError, match=match):
+            op.add_copy_req(False, 0, [0], q[0])
+    # Query heads that are no whole multiple of the KV heads.
+    op = fresh(kv_heads=3)
+    op.set_common_param([0], [True])
+    op.set_topk_param([list(range(10))])
+    with pytest.raises(ValueError, match="8 query heads over 3 KV heads"):
+        op.add_copy_req(False, 0, [0], q[0])
+    # A kpre tensor given new storage in place between steps is read where it is now.
+    op = fresh()
+    _gsa_step(op, layers, q, list(range(slots)))
+    first = topk[1][0].tolist()
+    assert first[:6] == gsa_ref(q[1][0].numpy(), kpre[1].numpy(), 0, slots, 6, kvh)
+    kpre[1].set_(torch.from_numpy(-kpre[1].numpy().copy()))
+    _gsa_step(op, layers, q, list(range(slots)))
+    again = topk[1][0].tolist()
+    assert again[:6] == gsa_ref(q[1][0].numpy(), kpre[1].numpy(), 0, slots, 6, kvh)
+    assert again[:6] != first[:6]

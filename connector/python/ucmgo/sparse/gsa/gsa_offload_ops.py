@@ -91,6 +91,7 @@ class CalKpreAndTopk:
         self._cal_topk_idx, self._is_decode = [], []
         self._mapping, self._need_topk = [], False
         self._calc_block_table, self._calc_mapping = None, []
+        self._gen, self._views = 0, {}  # the setters' generation (see _plan); views by layer
         self._mu = threading.Lock()
         self._round = None  # the step being selected: see _start
         lib = _abi.get()
@@ -102,26 +103,32 @@ class CalKpreAndTopk:
     # UCM's setters: recorded for the next selections.
     def set_kpre_method_param(self, kNumHeads, numKpre):
         """The KV heads and representation rows per block and head (gsa.py: kv_heads, 1)."""
+        self._gen += 1
         self._kv_heads, self._num_kpre = int(kNumHeads), int(numKpre)
 
     def set_kpre_cache(self, kpreCache):
         """The per-layer representation caches, float32 [slots, numKpre, kv_heads, headSize],
         read as [slots][kv_heads][numKpre][headSize] (as UCM; the same bytes when numKpre is 1)."""
+        self._gen += 1
         self._kpre = list(kpreCache)
 
     def set_topk_cache(self, topkCache, topkLens):
         """The per-layer int32 [bs, width] outputs, and each decode request's selection length."""
+        self._gen += 1
         self._topk = list(topkCache)
         self._topk_lens = [int(k) for k in topkLens]
 
     def set_common_param(self, calTopkIdx, isDecode):
         """The q_cache row of each decode request, and which requests decode."""
+        self._gen += 1
         self._cal_topk_idx = [int(i) for i in calTopkIdx]
         self._is_decode = [bool(d) for d in isDecode]
 
     def set_topk_param(self, repreSlotMapping):
         """Each request's representation slots; the next step's layers are selected."""
-        self._mapping = [[int(s) for s in m] for m in repreSlotMapping]
+        self._gen += 1
+        # UCM reads a request's first slot and the count (the slots are taken as a run).
+        self._mapping = [(int(m[0]), len(m)) if len(m) else (0, 0) for m in repreSlotMapping]
         self._need_topk = True
 
     def set_kpre_param(self, calcKpreBlockTable, calcRepreSlotMapping):
@@ -236,69 +243,109 @@ class CalKpreAndTopk:
 
     def _select(self, r, layer):
         """Queues layer's selections: one retrieval per run of consecutive decode requests."""
-        decode = [i for i, d in enumerate(self._is_decode) if d]
-        if not decode:
+        plan = self._plan(r)
+        if not plan["runs"]:
             return
-        if len(decode) > len(self._cal_topk_idx) or len(decode) > len(self._topk_lens):
-            raise ValueError("%d decode requests, %d cal_topk_idx and %d topk_lens"
-                             % (len(decode), len(self._cal_topk_idx), len(self._topk_lens)))
-        if self._kpre is None or self._topk is None:
-            raise ValueError("set_kpre_cache and set_topk_cache come before a selection")
-        kpre = _view(self._kpre[layer], np.float32, "kpre_caches[%d]" % layer)
-        out = _view(self._topk[layer], np.int32, "topk_caches[%d]" % layer)
+        kpre, kpre_t = self._cached_view(self._kpre, layer, np.float32, "kpre_caches")
+        out, out_t = self._cached_view(self._topk, layer, np.int32, "topk_caches")
         if out.ndim != 2:
             raise ValueError("topk_caches[%d]: %d dimensions, want 2 [bs, width]" % (layer, out.ndim))
         per = self._kv_heads * self._num_kpre * self._head_size
         if kpre.size % per:
             raise ValueError("kpre_caches[%d]: %d values, not whole slots of %d" % (layer, kpre.size, per))
         slots = kpre.size // per
-        q = _view(self.q_cache[layer], np.float32, "q_cache[%d]" % layer)
-        g = self._q_heads // self._kv_heads if self._kv_heads else 0
-        runs, start = [], 0
-        for j in range(1, len(decode) + 1):
-            if j == len(decode) or decode[j] != decode[j - 1] + 1:
-                runs.append((start, j))
-                start = j
-        means = []
-        for j0, j1 in runs:
-            rows = decode[j0:j1]
-            maps = [self._mapping[i] if i < len(self._mapping) else [] for i in rows]
-            width = max([len(m) for m in maps] + [0])
-            cand = np.full((len(rows), width), -1, dtype=np.int32)
-            for b, m in enumerate(maps):
-                if m:
-                    cand[b, : len(m)] = np.arange(m[0], m[0] + len(m), dtype=np.int32)
-                    if m[0] < 0 or m[0] + len(m) > slots:
-                        raise ValueError("repre_slot_mapping[%d]: slots %d … %d: outside kpre_caches[%d]'s %d"
-                                         % (rows[b], m[0], m[0] + len(m) - 1, layer, slots))
-            qrows = np.ascontiguousarray(q[self._cal_topk_idx[j0:j1]])
-            topk = np.asarray(self._topk_lens[j0:j1], dtype=np.int32)
-            count = np.zeros(len(rows), dtype=np.int64)
-            a = _abi.Retrieval(size=ctypes.sizeof(_abi.Retrieval), method=_abi.RM_MAXDOT, topk=out.shape[1],
-                               batch=len(rows), dim=self._head_size, q=qrows.ctypes.data, reprs=kpre.ctypes.data,
-                               n_reprs=slots, cand=cand.ctypes.data if cand.size else _EMPTY_ADDR, cand_width=width,
-                               out_idx=out[rows[0]:].ctypes.data, out_count=count.ctypes.data,
-                               q_heads=self._q_heads, kv_heads=self._kv_heads, rows_per_block=self._num_kpre,
-                               row_topk=topk.ctypes.data, init=_INIT, local=_LOCAL)
-            if rows[-1] >= out.shape[0]:
-                raise ValueError("decode request %d: topk_caches[%d] has %d rows" % (rows[-1], layer, out.shape[0]))
+        q, _ = self._cached_view(self.q_cache, layer, np.float32, "q_cache")
+        kv, g, d = self._kv_heads, plan["g"], self._head_size
+        for run in plan["runs"]:
+            if run["end"] > slots:
+                b = run["end_row"]
+                raise ValueError("repre_slot_mapping[%d]: slots %d … %d: outside kpre_caches[%d]'s %d"
+                                 % (b, self._mapping[b][0], run["end"] - 1, layer, slots))
+            if run["last"] >= out.shape[0]:
+                raise ValueError("decode request %d: topk_caches[%d] has %d rows" % (run["last"], layer, out.shape[0]))
+            # The group means, as UCM's module computes them: the g query heads of each KV
+            # head summed in order, then times float32(1/g). The retrieval gets the means (one
+            # query head per KV head: its own mean is the identity).
+            x = q[run["qrows"]].reshape(len(run["qrows"]), kv, g, d)
+            m = x[:, :, 0].copy()
+            for k in range(1, g):
+                m += x[:, :, k]
+            if g > 1:
+                m *= plan["inv"]
+            a = run["args"]
+            a.q, a.reprs, a.n_reprs = m.ctypes.data, kpre.ctypes.data, slots
+            a.out_idx, a.topk = out[run["first"]:].ctypes.data, out.shape[1]
             task = self._lib.ucmgo_retrieve_submit(self._h, ctypes.byref(a))
             if task <= 0:
                 raise ValueError(str(_abi.error("ucmgo_retrieve_submit", task)))
             r["tasks"].append(task)
-            r["refs"].append((kpre, out, count, self._kpre[layer], self._topk[layer]))
-            means += [self._cal_topk_idx[j] for j, m in zip(range(j0, j1), maps) if m and self._topk_lens[j] > 0]
-        # UCM's module leaves the decode queries' group means in q_cache: the mean of KV head h
-        # over its g query heads (summed in order, times float32(1/g)) in row h.
-        if g > 1:
-            inv = np.float32(1) / np.float32(g)
-            for row in means:
-                x = q[row]
-                for h in range(self._kv_heads):
-                    m = x[h * g].copy()
-                    for k in range(1, g):
-                        m += x[h * g + k]
-                    x[h] = m * inv
+            r["refs"].append((kpre, out, kpre_t, out_t))  # read and written until the task is done
+            # UCM's module leaves the decode queries' group means in q_cache (row h of each:
+            # KV head h's mean) for the requests it selects for.
+            if g > 1:
+                for b, row in run["means"]:
+                    q[row, :kv] = m[b]
+
+    def _plan(self, r):
+        """The step's decode requests in runs, with what each run's retrieval takes that does
+        not change from layer to layer; made again when a setter was called since."""
+        plan = r.get("plan")
+        if plan is not None and plan["gen"] == self._gen:
+            return plan
+        decode = [i for i, d in enumerate(self._is_decode) if d]
+        if len(decode) > len(self._cal_topk_idx) or len(decode) > len(self._topk_lens):
+            raise ValueError("%d decode requests, %d cal_topk_idx and %d topk_lens"
+                             % (len(decode), len(self._cal_topk_idx), len(self._topk_lens)))
+        if decode and (self._kpre is None or self._topk is None):
+            raise ValueError("set_kpre_cache and set_topk_cache come before a selection")
+        kv = self._kv_heads
+        g = self._q_heads // kv if kv > 0 else 0
+        if decode and (g < 1 or g * kv != self._q_heads):
+            raise ValueError("%d query heads over %d KV heads: want a whole number of query heads per KV head"
+                             % (self._q_heads, kv))
+        runs, start = [], 0
+        for j in range(1, len(decode) + 1):
+            if j < len(decode) and decode[j] == decode[j - 1] + 1:
+                continue
+            rows = decode[start:j]
+            maps = [self._mapping[i] if i < len(self._mapping) else (0, 0) for i in rows]  # (first, count)
+            width = max([c for _, c in maps] + [0])
+            cand = np.full((len(rows), width), -1, dtype=np.int32)
+            end, end_row = 0, rows[0]
+            for b, (first, count) in enumerate(maps):
+                if count:
+                    if first < 0:
+                        raise ValueError("repre_slot_mapping[%d]: slot %d" % (rows[b], first))
+                    cand[b, :count] = np.arange(first, first + count, dtype=np.int32)
+                    if first + count > end:
+                        end, end_row = first + count, rows[b]
+            topk = np.asarray(self._topk_lens[start:j], dtype=np.int32)
+            a = _abi.Retrieval(size=ctypes.sizeof(_abi.Retrieval), method=_abi.RM_MAXDOT, batch=len(rows),
+                               dim=self._head_size, cand=cand.ctypes.data if cand.size else _EMPTY_ADDR,
+                               cand_width=width, q_heads=kv, kv_heads=kv, rows_per_block=self._num_kpre,
+                               row_topk=topk.ctypes.data, init=_INIT, local=_LOCAL)
+            runs.append({"args": a, "keep": (cand, topk), "first": rows[0], "last": rows[-1], "end": end,
+                         "end_row": end_row, "qrows": np.asarray(self._cal_topk_idx[start:j], dtype=np.intp),
+                         "means": [(b, self._cal_topk_idx[start + b]) for b, (_, count) in enumerate(maps)
+                                   if count and self._topk_lens[start + b] > 0]})
+            start = j
+        plan = {"gen": self._gen, "runs": runs, "g": g, "inv": np.float32(1) / np.float32(max(g, 1))}
+        r["plan"] = plan
+        return plan
+
+    def _cached_view(self, tensors, layer, dtype, what):
+        """tensors[layer] as a numpy view (_view), remembered for as long as it is the same
+        object (and returned with it, to be kept while a task uses it)."""
+        t = tensors[layer]
+        # A torch tensor can be given new storage in place (resize_, set_): its address, shape
+        # and strides say whether the view still shows it.
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) if hasattr(t, "data_ptr") else None
+        hit = self._views.get((what, layer))
+        if hit is not None and hit[0] is t and hit[1] == key:
+            return hit[2], t
+        v = _view(t, dtype, "%s[%d]" % (what, layer))
+        self._views[(what, layer)] = (t, key, v)
+        return v, t
 
     def __del__(self):
         h, self._h = getattr(self, "_h", 0), 0
