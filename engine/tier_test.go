@@ -1038,3 +1038,36 @@ func TestDeferralCountsPasses(t *testing.T) {
 		t.Fatal("after reset, the next call does not start a new wait")
 	}
 }
+
+// A block served by the memory tier is a use of the block: its disk segment stays as recent as
+// a disk load would leave it, so eviction takes an untouched newer segment first.
+func TestTierMemoryHitKeepsSegmentRecent(t *testing.T) {
+	_, fs := memFS()
+	mem := tiers.Config{Name: "dram", Kind: tiers.KindMemory, Capacity: 64 * mhaLayout.BlockBytes()}
+	e := mustOpen(t, "/store", tierOptions(fs, mem, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	blocks := ids(0, 24)
+	for _, id := range blocks {
+		dumpBlocks(t, e, []BlockID{id}) // written through to the memory tier
+	}
+	oldest := location(t, e, blocks[0]).Segment
+	waitFor(t, "the oldest segment sealed", func() bool {
+		m, ok := e.ix.Segment(oldest)
+		return ok && m.State == index.SegmentSealed
+	})
+	hits := e.Stats().MemoryHits
+	checkBlock(t, e, blocks[0])
+	if e.Stats().MemoryHits != hits+1 {
+		t.Fatal("the load was not served by the memory tier")
+	}
+	// One segment's worth: the least recently used segment goes.
+	if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
+		t.Fatal(err)
+	}
+	if !e.ix.Contains(blocks[0]) {
+		t.Fatalf("segment %d, whose block the memory tier served last, was evicted first", oldest)
+	}
+	if got := countTrue(e.Lookup(blocks)); got == len(blocks) {
+		t.Fatal("nothing evicted")
+	}
+}
