@@ -251,7 +251,7 @@ func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64) (rep ReclaimReport,
 		if need <= 0 {
 			break
 		}
-		victims := rc.victimSegments(t, need)
+		victims := rc.victimSegments(t, need, target >= 0)
 		if len(victims) == 0 {
 			break
 		}
@@ -275,10 +275,12 @@ func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64) (rep ReclaimReport,
 
 // victimSegments returns the segments of t to evict to free need bytes (all of them if they
 // hold fewer), least recently used first (t.Recency().Order; by number, which is write order,
-// for a tier that keeps no recency), never one pinned by a load. An unsealed segment (the
-// active one, one whose seal is under way) is among them in its place: it was written last, so
-// it comes last unless loads made older ones more recent; its blocks leave the index and its
-// file stays until it is sealed and found empty (reclaimSegments).
+// for a tier that keeps no recency), never one pinned by a load. Only sealed segments, unless
+// unsealed: an explicit eviction (Evict) takes an unsealed one too (the active one, one whose
+// seal is under way) in its place in the order: its blocks leave the index, found by a scan of
+// it (it has no footer yet), and its file stays until it is sealed and found empty
+// (reclaimSegments). A background pass leaves them: it would scan the index for each, and it
+// takes them once they are sealed.
 //
 // Prefix chains: a child block is useless without its parent (a lookup of a prefix stops at
 // the first missing block), so a parent should not go before its children. Segment order
@@ -290,11 +292,12 @@ func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64) (rep ReclaimReport,
 // newer), a parent's segment can go first: the children left behind are harmless (lookups
 // stop before them, loads of them still verify), are never touched by a load of their chain
 // again, and age out with their segments.
-func (rc *reclaimer) victimSegments(t tiers.Disk, need int64) []uint64 {
+func (rc *reclaimer) victimSegments(t tiers.Disk, need int64, unsealed bool) []uint64 {
 	var segs []uint64
 	size := map[uint64]int64{}
 	for _, row := range rc.ix.Segments() {
-		if row.LiveRecords == 0 || row.State == index.SegmentDeleting || rc.env.tierOf(row.Number) != t {
+		if row.LiveRecords == 0 || row.State == index.SegmentDeleting || rc.env.tierOf(row.Number) != t ||
+			row.State != index.SegmentSealed && !unsealed {
 			continue
 		}
 		size[row.Number] = row.Size
