@@ -339,7 +339,7 @@ func (e *Engine) initAccounting() error {
 		e.keepsRecency = e.keepsRecency || t.Recency() != nil
 	}
 	for _, row := range e.ix.Segments() {
-		if t := e.tierOf(row.Number); t != nil {
+		if t := e.tierOf(row.Number); t != nil && row.State != index.SegmentDeleting {
 			t.Recency().Track(row.Number)
 		}
 	}
