@@ -97,6 +97,8 @@ type Engine struct {
 	// keepsRecency: some disk tier keeps recency (tiers.Recency) and the engine writes; set
 	// once at Open.
 	keepsRecency bool
+	// touches are cache hits whose disk segments the toucher is to touch (touchServed).
+	touches chan touchReq
 
 	mu struct {
 		sync.Mutex
@@ -215,7 +217,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: newSegments(), stop: make(chan struct{}), life: lifecycle.NewRunner(),
-		promote: make(chan BlockID, promoteQueue)}
+		promote: make(chan BlockID, promoteQueue), touches: make(chan touchReq, touchQueue)}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.mu.batches = map[string]*layerBatch{}
@@ -352,6 +354,10 @@ func (e *Engine) open() error {
 		e.rc.run()
 	}()
 	go e.promoter()
+	if e.keepsRecency {
+		e.bg.Add(1)
+		go e.toucher()
+	}
 	if e.share != nil {
 		e.bg.Add(2)
 		go e.share.Run()

@@ -299,28 +299,59 @@ func (b *loadBatch) check() {
 // least as recent as its children's (victimSegments).
 func (b *loadBatch) stamp(i int) uint64 { return b.stamps + uint64(len(b.t.ids)-1-i) }
 
-// touchServed touches the disk segments of the blocks a cache served (a hit in a cache is a
-// use of the block: its disk copy stays as recent), where a disk tier keeps recency. Their
-// locations come from the batch's index pass (locate), which the blocks left for the disk
-// reuse: a cache hit costs an index lookup only in a store whose tiers evict.
+// touchServed has the disk segments of the blocks a cache served touched (a hit in a cache is
+// a use of the block: its disk copy stays as recent), where a disk tier keeps recency. Finding
+// their segments takes an index pass (half a microsecond a block), so the toucher does it in
+// the background; when it is behind, hits go untouched (recency is a hint).
 func (b *loadBatch) touchServed() {
 	e := b.e
 	if !e.keepsRecency {
 		return
 	}
+	var req touchReq
 	for i := b.lo; i < b.hi; i++ {
-		if !b.served[i-b.lo] {
-			continue
+		if b.served[i-b.lo] {
+			req.ids = append(req.ids, b.t.ids[i])
+			req.stamps = append(req.stamps, b.stamp(i))
 		}
-		if b.from < 0 {
-			b.locate(b.lo) // the pass starts at the batch's first block: planRead may need any
+	}
+	if len(req.ids) == 0 {
+		return
+	}
+	select {
+	case e.touches <- req:
+	default:
+	}
+}
+
+// touchQueue bounds the batches of cache hits waiting for the toucher.
+const touchQueue = 256
+
+// touchReq is a batch of cache hits: block ids[i] was used at stamps[i].
+type touchReq struct {
+	ids    []BlockID
+	stamps []uint64
+}
+
+// toucher touches the disk segments of the cache hits touchServed queues, until the engine
+// stops.
+func (e *Engine) toucher() {
+	defer e.bg.Done()
+	for {
+		var req touchReq
+		select {
+		case <-e.stop:
+			return
+		case req = <-e.touches:
 		}
-		loc, ok, err := b.locate(i)
-		if err != nil || !ok {
+		locs, found := make([]index.Location, len(req.ids)), make([]bool, len(req.ids))
+		if err := e.ix.GetMany(req.ids, locs, found); err != nil {
 			continue // recency is a hint
 		}
-		if t := e.tierOf(loc.Segment); t != nil && !isForeign(loc.Segment) {
-			t.Recency().Touch(loc.Segment, b.stamp(i))
+		for k, loc := range locs {
+			if t := e.tierOf(loc.Segment); found[k] && t != nil && !isForeign(loc.Segment) {
+				t.Recency().Touch(loc.Segment, req.stamps[k])
+			}
 		}
 	}
 }

@@ -1060,6 +1060,12 @@ func TestTierMemoryHitKeepsSegmentRecent(t *testing.T) {
 	if e.Stats().MemoryHits != hits+1 {
 		t.Fatal("the load was not served by the memory tier")
 	}
+	// The touch is applied in the background: wait until the oldest segment orders after the
+	// one written next.
+	next := location(t, e, blocks[len(blocks)-1]).Segment
+	waitFor(t, "the memory hit's touch", func() bool {
+		return slices.Equal(e.tiers[0].Recency().Order([]uint64{oldest, next}), []uint64{next, oldest})
+	})
 	// One segment's worth: the least recently used segment goes.
 	if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
 		t.Fatal(err)
