@@ -350,10 +350,17 @@ func (e *Engine) toucher() {
 		}
 		for k, loc := range locs {
 			if t := e.tierOf(loc.Segment); found[k] && t != nil && !isForeign(loc.Segment) {
-				t.Recency().Touch(loc.Segment, req.stamps[k])
+				t.Recency().Touch(loc.Segment, recordSlot(loc, e.opts.Layout), req.stamps[k])
 			}
 		}
 	}
+}
+
+// recordSlot is the record slot (tiers.Slots) of the block at loc in its segment: its offset in
+// whole-block record sizes plus its place in a batch record. Records smaller than a whole
+// block (compressed ones, sidecars) can share a slot: the slots are a hint.
+func recordSlot(loc index.Location, l Layout) uint64 {
+	return uint64(loc.Offset/l.RecordBytes()) + uint64(loc.BatchPos)
 }
 
 // pending reports whether block i is still to be loaded: neither failed nor served by a cache.
@@ -592,7 +599,7 @@ func (b *loadBatch) finishReads() {
 				if t.errs[r.i] == nil {
 					stamp = b.stamp(r.i)
 				}
-				r.tier.Recency().Unpin(r.loc.Segment, stamp)
+				r.tier.Recency().Unpin(r.loc.Segment, recordSlot(r.loc, e.opts.Layout), stamp)
 			}
 			if t.errs[r.i] == nil {
 				b.finishHit(r)

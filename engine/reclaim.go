@@ -209,7 +209,7 @@ type ReclaimReport struct {
 	BytesReclaimed int64
 	// compactedBytes accumulates Compact's BytesReclaimed segment by segment.
 	compactedBytes int64
-	RecordsMoved   int // live records copied forward by compaction
+	RecordsMoved   int // live records copied forward: by compaction, and blocks eviction kept (evictSegment)
 	BlocksEvicted  int // blocks dropped from the tier (demoted or deleted)
 	BlocksDemoted  int // of which moved to the next tier
 }
@@ -256,7 +256,8 @@ func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64) (rep ReclaimReport,
 			break
 		}
 		for _, n := range victims {
-			if err := rc.evictSegment(t, n, target < 0, &rep); err != nil {
+			// Emptying the tier keeps nothing in it; otherwise what was loaded gets its chance.
+			if err := rc.evictSegment(t, n, target < 0, target != 0, &rep); err != nil {
 				if errors.Is(err, errEvictionDeferred) {
 					return rep, nil // the next tier's share is on its way; it kicks the reclaimer
 				}
@@ -315,18 +316,52 @@ func (rc *reclaimer) victimSegments(t tiers.Disk, need int64, unsealed bool) []u
 	return out
 }
 
-// evictSegment evicts every live block of segment n of tier t (demoted to the next tier when
-// there is one, else dropped: evict, with their sidecars), then the sidecars left in it, and
-// retires it if it is sealed and nothing is left in it. mayDefer is evict's.
-func (rc *reclaimer) evictSegment(t tiers.Disk, n uint64, mayDefer bool, rep *ReclaimReport) error {
+// evictSegment empties segment n of tier t and retires it if it is sealed and nothing is left
+// in it. The blocks loaded since eviction last chose it (a second chance: tiers.Recency's
+// loaded slots) are rewritten forward within t, into a segment made the newest, where t has
+// room, with keepLoaded; the others are evicted (demoted to the next tier when there is one,
+// else dropped: evict, with their sidecars), then the sidecars left in it. mayDefer is
+// evict's. The rewrite
+// keeps a hot block from going with the cold blocks it was written beside, and lets those go
+// although it was loaded; a block kept must be loaded again to be kept again, so every pass
+// frees what was not used since the last one.
+func (rc *reclaimer) evictSegment(t tiers.Disk, n uint64, mayDefer, keepLoaded bool, rep *ReclaimReport) error {
 	refs, err := rc.liveRecords(n)
 	if err != nil {
 		return err
 	}
+	loaded := t.Recency().TakeLoaded(n)
+	if !keepLoaded {
+		loaded = nil
+	}
 	var ids []BlockID
+	var hot []recordRef
 	for _, r := range refs {
-		if r.kind == 0 {
+		switch {
+		case r.kind != 0:
+		case loaded.Has(recordSlot(r.loc, rc.cfg.Layout)):
+			hot = append(hot, r)
+		default:
 			ids = append(ids, r.id)
+		}
+	}
+	if len(hot) > 0 {
+		moved, _, _, err := rc.relocate(append(hot, rc.sidecarsOf(hot, t)...), t)
+		rep.RecordsMoved += moved
+		if err != nil && !errors.Is(err, ErrNoSpace) {
+			return err
+		}
+		// Where they went is the newest segment; those that could not move are evicted.
+		for _, r := range hot {
+			loc, ok, err := rc.ix.Get(r.id)
+			switch {
+			case err != nil:
+				return err
+			case ok && loc.Segment == n:
+				ids = append(ids, r.id)
+			case ok && rc.env.tierOf(loc.Segment) == t:
+				t.Recency().Written(loc.Segment)
+			}
 		}
 	}
 	if err := rc.evict(t, ids, mayDefer, rep); err != nil {

@@ -406,7 +406,7 @@ func TestTierPinnedSegmentSkipped(t *testing.T) {
 	}
 	// Unpinned, they go like the others.
 	for _, n := range pinned {
-		rec.Unpin(n, 0)
+		rec.Unpin(n, 0, 0)
 	}
 	if _, err := e.Evict("ssd", 0); err != nil {
 		t.Fatal(err)
@@ -1075,5 +1075,60 @@ func TestTierMemoryHitKeepsSegmentRecent(t *testing.T) {
 	}
 	if got := countTrue(e.Lookup(blocks)); got == len(blocks) {
 		t.Fatal("nothing evicted")
+	}
+}
+
+// A block loaded since its segment was written is kept when eviction takes the segment: it is
+// rewritten forward, into the newest segment, and the cold blocks written beside it go (a
+// second chance; tiers.Recency's loaded slots; that a block kept must be loaded again to be kept
+// again is TestRecencyLoadedSlots'). Emptying the tier keeps nothing.
+func TestTierEvictionKeepsLoadedBlocks(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	blocks := ids(0, 24)
+	for _, id := range blocks {
+		dumpBlocks(t, e, []BlockID{id})
+	}
+	old := location(t, e, blocks[0]).Segment
+	waitFor(t, "the oldest segment sealed", func() bool {
+		m, ok := e.ix.Segment(old)
+		return ok && m.State == index.SegmentSealed
+	})
+	var oldBlocks, others []BlockID
+	for _, id := range blocks {
+		if location(t, e, id).Segment == old {
+			oldBlocks = append(oldBlocks, id)
+		} else {
+			others = append(others, id)
+		}
+	}
+	hot := oldBlocks[1]
+	checkBlock(t, e, hot)
+	checkBlocks(t, e, others) // every other segment more recent: the old one goes first
+	evictOne := func() {
+		t.Helper()
+		if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evictOne()
+	for _, id := range oldBlocks {
+		if stored := e.ix.Contains(id); stored != (id == hot) {
+			t.Fatalf("block %s of the evicted segment stored %v (the loaded one is %s)", id, stored, hot)
+		}
+	}
+	if n := location(t, e, hot).Segment; n == old {
+		t.Fatalf("the loaded block is still in segment %d", old)
+	}
+	checkBlock(t, e, hot) // intact where it went; and loaded again
+	if e.Stats().EvictedBlocks != int64(len(oldBlocks)-1) {
+		t.Fatalf("%d blocks evicted, want %d", e.Stats().EvictedBlocks, len(oldBlocks)-1)
+	}
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if e.ix.Contains(hot) {
+		t.Fatal("emptying the tier kept a loaded block")
 	}
 }

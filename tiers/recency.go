@@ -8,10 +8,11 @@ import (
 )
 
 // Recency is the recency of one disk tier's segments, held in memory only (a hit costs no
-// write): per segment, a stamp of the last time one of its records was written or loaded, and
-// how many reads pin it. Eviction takes whole segments, least recently used first (Order), so
-// it keeps no per-block state: its memory is a map entry per segment (about 40 bytes),
-// whatever the number of blocks. Safe for concurrent use; every method takes one mutex for a
+// write): per segment, a stamp of the last time one of its records was written or loaded, how
+// many reads pin it, and a bit per record slot loaded since eviction last chose it. Eviction
+// takes whole segments, least recently used first (Order), keeping the blocks loaded since
+// (TakeLoaded), so it keeps no per-block state beyond that bit: its memory is a map entry per
+// segment (about 60 bytes) and, for a segment loaded from, a bit per record slot. Safe for concurrent use; every method takes one mutex for a
 // short time (Order: proportional to the segments it sorts).
 //
 // Stamps come from one process-wide clock (NextStamps), so the stamps a load reserves for its
@@ -32,6 +33,34 @@ type Recency struct {
 type segUse struct {
 	stamp uint64
 	pins  uint32 // reads in flight; saturates at maxPins and then stays pinned
+	// loaded has bit s set when a block in slot s was loaded since the segment was last
+	// chosen for eviction (TakeLoaded); allocated at the first load.
+	loaded Slots
+}
+
+// Slots is a set of a segment's record slots (a hint: distinct records may share a slot).
+// A slot is the caller's: the engine uses a record's offset in whole-block record sizes plus
+// its place in a batch record, so a segment of n blocks needs about n bits.
+type Slots []uint64
+
+// MaxSlot bounds the slots a Recency marks (a larger one is not marked): 2^20 bits, 128 KiB a
+// segment at most.
+const MaxSlot = 1<<20 - 1
+
+// Has reports whether slot s is in the set.
+func (s Slots) Has(slot uint64) bool {
+	return slot/64 < uint64(len(s)) && s[slot/64]&(1<<(slot%64)) != 0
+}
+
+func (s Slots) with(slot uint64) Slots {
+	if slot > MaxSlot {
+		return s
+	}
+	if w := int(slot / 64); w >= len(s) {
+		s = append(s, make([]uint64, w+1-len(s))...)
+	}
+	s[slot/64] |= 1 << (slot % 64)
+	return s
 }
 
 // maxPins is the most nested pins a segment counts; a segment pinned that often stays pinned
@@ -78,18 +107,39 @@ func (r *Recency) Written(n uint64) {
 	r.segs[n] = u
 }
 
-// Touch records a use of segment n at stamp (from NextStamps): its stamp becomes the later of
-// the two. Unknown segments are ignored.
-func (r *Recency) Touch(n, stamp uint64) {
+// Touch records a load, at stamp (from NextStamps), of the block in slot of segment n: the
+// segment's stamp becomes the later of the two, and the slot is marked loaded (TakeLoaded).
+// Unknown segments are ignored.
+func (r *Recency) Touch(n, slot, stamp uint64) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if u, ok := r.segs[n]; ok && stamp > u.stamp {
-		u.stamp = stamp
+	if u, ok := r.segs[n]; ok {
+		u.stamp = max(u.stamp, stamp)
+		u.loaded = u.loaded.with(slot)
 		r.segs[n] = u
 	}
+}
+
+// TakeLoaded returns the slots of segment n loaded since the last TakeLoaded (Touch, Unpin)
+// and forgets them: eviction, having chosen n, keeps the blocks in them (rewrites them
+// forward) and evicts the rest, and a block kept must be loaded again to be kept again.
+func (r *Recency) TakeLoaded(n uint64) Slots {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u, ok := r.segs[n]
+	if !ok {
+		return nil
+	}
+	s := u.loaded
+	u.loaded = nil
+	r.segs[n] = u
+	return s
 }
 
 // Inherit records that records of segment src were just compacted into segment dst (tracking
@@ -120,9 +170,10 @@ func (r *Recency) Pin(n uint64) {
 	}
 }
 
-// Unpin releases one Pin of segment n and, with stamp > 0, touches it at stamp (Touch): the
-// read that pinned it loaded a block. Unknown or unpinned segments only get the touch.
-func (r *Recency) Unpin(n, stamp uint64) {
+// Unpin releases one Pin of segment n and, with stamp > 0 (the read that pinned it loaded the
+// block in slot), touches it (Touch). Unknown segments are ignored; unpinned ones only get the
+// touch.
+func (r *Recency) Unpin(n, slot, stamp uint64) {
 	if r == nil {
 		return
 	}
@@ -135,7 +186,10 @@ func (r *Recency) Unpin(n, stamp uint64) {
 	if u.pins > 0 && u.pins < maxPins {
 		u.pins--
 	}
-	u.stamp = max(u.stamp, stamp)
+	if stamp > 0 {
+		u.stamp = max(u.stamp, stamp)
+		u.loaded = u.loaded.with(slot)
+	}
 	r.segs[n] = u
 }
 
