@@ -26,8 +26,10 @@ import (
 //     moves each entry only if it still points at the old place) and the segment retired;
 //  3. evicting the least recently used segments of the tier (evictSegment: never one a load
 //     is reading): their live blocks demoted to the next disk tier when there is one, else
-//     dropped from the index, then the segment retired. A segment's recency is the last write
-//     or load of any of its records (tiers.Recency): eviction keeps no per-block state. A
+//     dropped from the index, except those loaded since the segment was last chosen, which
+//     are rewritten forward within the tier (a second chance), then the segment retired. A
+//     segment's recency is the last write or load of any of its records (tiers.Recency):
+//     eviction keeps no per-block state but a bit per record slot of a segment loaded from. A
 //     shared next tier without room yet (its share is granted by the lease holder, an
 //     interval or two away) makes a background pass stop and leave the victims where they
 //     are; they are dropped only when writers have waited for the room a few intervals

@@ -42,8 +42,9 @@
 //     with a capacity (its share granted by the lease holder, given back, asked for; as
 //     holder, the grants to every instance), over plain manifests and a small environment
 //     the engine provides.
-//   - Recency, NextStamps: the recency of one disk tier's segments (a stamp and a pin count
-//     per segment, no per-block state), which orders eviction's victim segments.
+//   - Recency, NextStamps, Slots: the recency of one disk tier's segments (a stamp and a pin
+//     count per segment, and a bit per record slot of a segment loaded from), which orders
+//     eviction's victim segments and says which of their blocks were loaded since.
 //   - Cache, CacheStats, CacheOptions, OpenCache: what a cache tier in front of the disk tiers
 //     guarantees (lookup, a verified load of whole blocks or shards, write-through and
 //     backfill, removal, its accounting), and its construction by kind; MemCache and
