@@ -439,8 +439,8 @@ func TestLayerBatchDemotion(t *testing.T) {
 	}
 	t.Logf("demoted: %d blocks in batch records, %d as records of their own", inBatches, alone)
 	if inBatches <= alone {
-		// Victims are taken coldest first, a request's blocks together; only a request cut by
-		// the end of an eviction round moves part of its blocks on their own.
+		// Victims are whole segments, coldest first: a request's batch record moves whole; only
+		// its blocks compacted or relocated on their own before move as records of their own.
 		t.Fatalf("%d blocks demoted in batch records, %d as records of their own: want most kept layer-major", inBatches, alone)
 	}
 	checkBlocks(t, e, all)

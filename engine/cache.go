@@ -59,16 +59,6 @@ func (e *Engine) openCaches() error {
 	return nil
 }
 
-// touchDiskTiers marks block id most recently used in every disk tier's recency list (a hit
-// in a cache is a use of the block).
-func (e *Engine) touchDiskTiers(id BlockID) {
-	for _, t := range e.tiers {
-		if t.LRU() != nil {
-			t.LRU().Touch(id)
-		}
-	}
-}
-
 // backfill puts block id (its bytes and shard checksums) into the caches before caches[upTo]:
 // the caches faster than the one that served it, or every cache after a disk hit.
 func (e *Engine) backfill(id BlockID, block []byte, crcs []uint32, upTo int) {

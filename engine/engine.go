@@ -92,11 +92,13 @@ type Engine struct {
 	nextSegMu   sync.Mutex      // orders writes of metaNextSegment
 	// rc is the reclamation of the disk tiers (reclaim.go), made once the schema is known.
 	// Lock order: rc.mu → segs.mu → share.mu.
-	rc *reclaimer
-	// recencyReady is closed once the tiers' recency lists hold every block (loaded in the
-	// background after Open).
-	recencyReady chan struct{}
-	promote      chan BlockID // lower-tier hits waiting to be promoted
+	rc      *reclaimer
+	promote chan BlockID // lower-tier hits waiting to be promoted
+	// keepsRecency: some disk tier keeps recency (tiers.Recency) and the engine writes; set
+	// once at Open.
+	keepsRecency bool
+	// touches are cache hits whose disk segments the toucher is to touch (touchServed).
+	touches chan touchReq
 
 	mu struct {
 		sync.Mutex
@@ -215,7 +217,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, dir: dir, fs: storeFS(opts.FS, opts.FileMode, opts.DirMode, opts.ReadOnly), pool: devio.NewBufferPool(), cpu: newCPUGate(), metrics: newMetrics(),
 		segs: newSegments(), stop: make(chan struct{}), life: lifecycle.NewRunner(),
-		promote: make(chan BlockID, promoteQueue), recencyReady: make(chan struct{})}
+		promote: make(chan BlockID, promoteQueue), touches: make(chan touchReq, touchQueue)}
 	e.mu.inflight = map[BlockID]*inflightDump{}
 	e.mu.staging = map[BlockID]*stagingSlot{}
 	e.mu.batches = map[string]*layerBatch{}
@@ -225,7 +227,7 @@ func Open(dir string, opts Options) (*Engine, error) {
 		err = e.openCaches()
 	}
 	if err != nil {
-		close(e.stop) // stops what open started (the recency fill) before release closes the index
+		close(e.stop) // stops what open started before release closes the index
 		e.bg.Wait()
 		e.release()
 		return nil, err
@@ -310,8 +312,7 @@ func (e *Engine) open() error {
 			return err
 		}
 		e.accountSegments()
-		e.accountFound()      // recycled files, left as they are
-		close(e.recencyReady) // a read-only engine never evicts
+		e.accountFound() // recycled files, left as they are
 		e.recovery.Duration = time.Since(start)
 		return nil
 	}
@@ -353,6 +354,10 @@ func (e *Engine) open() error {
 		e.rc.run()
 	}()
 	go e.promoter()
+	if e.keepsRecency {
+		e.bg.Add(1)
+		go e.toucher()
+	}
 	if e.share != nil {
 		e.bg.Add(2)
 		go e.share.Run()

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/index"
+	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
 )
 
@@ -89,36 +90,30 @@ func (h *walHooks) Publish(recs []*wal.Record, durable bool) error {
 		// Before the dump completes: other instances find the blocks from now on.
 		e.share.AppendPublog(recs, locs)
 	}
-	// Recency: a dumped block is the newest of its tier; a block moved to another tier leaves
-	// the old tier's list; compaction within a tier keeps the block's recency.
+	// Recency (per segment): a segment written into is the newest of its tier; records moved
+	// in from another tier (demoted, promoted) count as written; records compacted within a
+	// tier keep their recency: the segment they land in is at least as recent as the one they
+	// came from.
 	to := e.tierOf(last.Segment)
+	var rec *tiers.Recency
+	if to != nil {
+		rec = to.Recency()
+	}
+	var written, inherited uint64 // the last segment stamped written, inherited from (0: none)
 	for k, r := range recs {
-		if r.Kind != 0 {
-			// Sidecars are not in the recency lists: they go with their block.
-			if r.Origin != nil && !*moved[k] {
-				e.stats.relocationsLost.Add(1)
-			}
-			continue
-		}
-		if r.Origin == nil {
-			if to != nil && to.LRU() != nil {
-				to.LRU().Add(r.ID, r.Size())
-			}
-			continue
-		}
-		if !*moved[k] {
+		if r.Origin != nil && !*moved[k] {
 			e.stats.relocationsLost.Add(1)
 			continue
 		}
-		from := e.tierOf(r.Origin.Segment)
-		if from == to {
-			continue
-		}
-		if from != nil && from.LRU() != nil {
-			from.LRU().Remove(r.ID)
-		}
-		if to != nil && to.LRU() != nil {
-			to.LRU().Add(r.ID, r.Size())
+		switch {
+		case r.Origin == nil || e.tierOf(r.Origin.Segment) != to:
+			if r.Segment != written {
+				rec.Written(r.Segment)
+				written = r.Segment
+			}
+		case r.Origin.Segment != inherited:
+			rec.Inherit(r.Segment, r.Origin.Segment)
+			inherited = r.Origin.Segment
 		}
 	}
 	return nil

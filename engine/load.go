@@ -107,15 +107,9 @@ func (e *Engine) LookupPrefix(ids []BlockID) int {
 	if e.share != nil && e.share.ForeignIndex() != nil && n < len(ids) {
 		n = e.share.PublishedPrefix(ids, n)
 	}
-	n = e.cachedPrefix(ids, n)
-	// The ids are a prompt's chain: recency learns the parent links, so eviction takes
-	// leaves before their parents.
-	for _, t := range e.tiers {
-		if t.LRU() != nil && n > 0 {
-			t.LRU().TouchChain(ids[:n])
-		}
-	}
-	return n
+	// No recency change: a lookup does not know where the blocks are (the membership answers
+	// it); the load of the prefix that follows touches their segments.
+	return e.cachedPrefix(ids, n)
 }
 
 // Load reads whole blocks into dst: dst[i] receives block ids[i], Layout().BlockBytes() bytes.
@@ -176,8 +170,8 @@ type blockRead struct {
 	loc  index.Location
 	seg  *wal.Segment
 	tier tiers.Disk
-	// foreign: the block is another instance's (a foreign index entry): not in this
-	// instance's recency lists; a hit is promoted into its faster tiers.
+	// foreign: the block is another instance's (a foreign index entry): its segment is not
+	// in this instance's recency; a hit is promoted into its faster tiers.
 	foreign bool
 	// pieces: the payload is read straight into the caller's pieces (LoadSpans): ops after
 	// the header are one per piece, verified as spans.
@@ -204,6 +198,7 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 	// and a huge load does not pin every segment at once.
 	batch := max(1, e.opts.QueueDepth)
 	flat := make([][]byte, len(t.ids))
+	stamps := tiers.NextStamps(len(t.ids))
 	for lo := 0; lo < len(t.ids); lo += batch {
 		hi := min(len(t.ids), lo+batch)
 		if t.cancelled() {
@@ -212,7 +207,7 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 			}
 			return
 		}
-		b := loadBatch{e: e, t: t, shard: shard, want: want, dst: dst, flat: flat, lo: lo, hi: hi, from: -1}
+		b := loadBatch{e: e, t: t, shard: shard, want: want, dst: dst, flat: flat, lo: lo, hi: hi, from: -1, stamps: stamps}
 		b.run(queued)
 	}
 }
@@ -235,6 +230,9 @@ type loadBatch struct {
 	dst    []spans
 	flat   [][]byte
 	lo, hi int
+	// stamps is the first of the task's recency stamps (tiers.NextStamps), one per block: see
+	// stamp.
+	stamps uint64
 
 	served  []bool // served[i-lo]: block i was served by a cache tier
 	staging []int  // blocks whose flat buffer is a staging buffer
@@ -266,6 +264,7 @@ func (b *loadBatch) run(queued time.Time) {
 	defer b.releaseStaging()
 	b.check()
 	b.serveFromCaches()
+	b.touchServed()
 	for i := b.lo; i < b.hi; i++ {
 		if b.pending(i) {
 			b.planRead(i)
@@ -293,6 +292,75 @@ func (b *loadBatch) check() {
 			t.errs[i] = blockErr(ErrInvalidArgument, id, "load buffer is %d bytes, want %d", n, b.want)
 		}
 	}
+}
+
+// stamp is block i's recency stamp: the task's stamps run from its last block (the oldest) to
+// its first, so that a prompt's prefix, loaded in chain order, leaves every parent's segment at
+// least as recent as its children's (victimSegments).
+func (b *loadBatch) stamp(i int) uint64 { return b.stamps + uint64(len(b.t.ids)-1-i) }
+
+// touchServed has the disk segments of the blocks a cache served touched (a hit in a cache is
+// a use of the block: its disk copy stays as recent), where a disk tier keeps recency. Finding
+// their segments takes an index pass (half a microsecond a block), so the toucher does it in
+// the background; when it is behind, hits go untouched (recency is a hint).
+func (b *loadBatch) touchServed() {
+	e := b.e
+	if !e.keepsRecency {
+		return
+	}
+	var req touchReq
+	for i := b.lo; i < b.hi; i++ {
+		if b.served[i-b.lo] {
+			req.ids = append(req.ids, b.t.ids[i])
+			req.stamps = append(req.stamps, b.stamp(i))
+		}
+	}
+	if len(req.ids) == 0 {
+		return
+	}
+	select {
+	case e.touches <- req:
+	default:
+	}
+}
+
+// touchQueue bounds the batches of cache hits waiting for the toucher.
+const touchQueue = 256
+
+// touchReq is a batch of cache hits: block ids[i] was used at stamps[i].
+type touchReq struct {
+	ids    []BlockID
+	stamps []uint64
+}
+
+// toucher touches the disk segments of the cache hits touchServed queues, until the engine
+// stops.
+func (e *Engine) toucher() {
+	defer e.bg.Done()
+	for {
+		var req touchReq
+		select {
+		case <-e.stop:
+			return
+		case req = <-e.touches:
+		}
+		locs, found := make([]index.Location, len(req.ids)), make([]bool, len(req.ids))
+		if err := e.ix.GetMany(req.ids, locs, found); err != nil {
+			continue // recency is a hint
+		}
+		for k, loc := range locs {
+			if t := e.tierOf(loc.Segment); found[k] && t != nil && !isForeign(loc.Segment) {
+				t.Recency().Touch(loc.Segment, recordSlot(loc, e.opts.Layout), req.stamps[k])
+			}
+		}
+	}
+}
+
+// recordSlot is the record slot (tiers.Slots) of the block at loc in its segment: its offset in
+// whole-block record sizes plus its place in a batch record. Records smaller than a whole
+// block (compressed ones, sidecars) can share a slot: the slots are a hint.
+func recordSlot(loc index.Location, l Layout) uint64 {
+	return uint64(loc.Offset/l.RecordBytes()) + uint64(loc.BatchPos)
 }
 
 // pending reports whether block i is still to be loaded: neither failed nor served by a cache.
@@ -359,7 +427,6 @@ func (b *loadBatch) serveFromCaches() {
 			if c.Kind() == tiers.KindMemory {
 				e.stats.memoryHits.Add(1)
 			}
-			e.touchDiskTiers(t.ids[i])
 			if crcs != nil && crcs[j] != nil {
 				// With the checksums the bytes were just checked against, as a disk hit does.
 				e.backfill(t.ids[i], b.flat[i], crcs[j], k)
@@ -423,8 +490,8 @@ func (b *loadBatch) planRead(i int) {
 		return
 	}
 	r := blockRead{i: i, loc: loc, seg: seg, tier: tier, foreign: isForeign(loc.Segment), callerDst: len(b.dst[i]) == 1}
-	if r.tier != nil && r.tier.LRU() != nil && !r.foreign {
-		r.tier.LRU().Pin(id) // not evicted while read
+	if r.tier != nil && !r.foreign {
+		r.tier.Recency().Pin(loc.Segment) // not chosen for eviction while read
 	}
 	b.appendReads(&r)
 	b.reads = append(b.reads, r)
@@ -527,11 +594,12 @@ func (b *loadBatch) finishReads() {
 		}
 		r.seg.Release()
 		if r.tier != nil {
-			if r.tier.LRU() != nil && !r.foreign {
-				r.tier.LRU().Unpin(id)
+			if !r.foreign {
+				var stamp uint64 // 0: not loaded, no touch
 				if t.errs[r.i] == nil {
-					r.tier.LRU().Touch(id)
+					stamp = b.stamp(r.i)
 				}
+				r.tier.Recency().Unpin(r.loc.Segment, recordSlot(r.loc, e.opts.Layout), stamp)
 			}
 			if t.errs[r.i] == nil {
 				b.finishHit(r)
@@ -916,9 +984,6 @@ func (e *Engine) dropBroken(id BlockID, loc index.Location, cause error) error {
 			e.opts.Logger.Error("ucm: could not drop broken block from the index", "block", id, "err", err)
 		}
 		if *dropped {
-			if t := e.tierOf(loc.Segment); t != nil && t.LRU() != nil {
-				t.LRU().Remove(id)
-			}
 			e.uncache(id)
 		}
 	}

@@ -24,10 +24,13 @@ import (
 //  2. compacting sealed segments whose live ratio is at most Options.CompactLiveRatio: their
 //     live records are copied forward (verified, synced, then moved in one index batch that
 //     moves each entry only if it still points at the old place) and the segment retired;
-//  3. evicting the least recently used blocks of the tier (chain-aware, never a block pinned
-//     by a load): demoted to the next disk tier when there is one, else dropped from the
-//     index; the segments they leave empty or sparse are reclaimed by 1 and 2 on the next round.
-//     A shared next tier without room yet (its share is granted by the lease holder, an
+//  3. evicting the least recently used segments of the tier (evictSegment: never one a load
+//     is reading): their live blocks demoted to the next disk tier when there is one, else
+//     dropped from the index, except those loaded since the segment was last chosen, which
+//     are rewritten forward within the tier (a second chance), then the segment retired. A
+//     segment's recency is the last write or load of any of its records (tiers.Recency):
+//     eviction keeps no per-block state but a bit per record slot of a segment loaded from. A
+//     shared next tier without room yet (its share is granted by the lease holder, an
 //     interval or two away) makes a background pass stop and leave the victims where they
 //     are; they are dropped only when writers have waited for the room a few intervals
 //     (evict).
@@ -109,9 +112,10 @@ type reclaimEnv interface {
 	retireShared(n uint64, finish func())
 	// sharingPasses counts the sharing passes started so far (0 without shared tiers).
 	sharingPasses() int64
-	// Recency and lifecycle.
-	fillWriteOrder(pick func(index.Location) *tiers.LRU) error
-	waitRecency() bool
+	// evictSidecars evicts the sidecars live in sealed segment n of t whose blocks are not
+	// (demoted with them, else dropped).
+	evictSidecars(t tiers.Disk, n uint64) error
+	// Lifecycle.
 	stopped() <-chan struct{}
 }
 
@@ -153,7 +157,7 @@ func (rc *reclaimer) run() {
 			var err error
 			switch {
 			case t.Space().OverHigh():
-				_, err = rc.reclaimTier(t, -1, recencyOf(t))
+				_, err = rc.reclaimTier(t, -1)
 			case compact:
 				// Online compaction: dead space is reclaimed in every tier, also below the
 				// watermarks and in unlimited tiers.
@@ -207,7 +211,7 @@ type ReclaimReport struct {
 	BytesReclaimed int64
 	// compactedBytes accumulates Compact's BytesReclaimed segment by segment.
 	compactedBytes int64
-	RecordsMoved   int // live records copied forward by compaction
+	RecordsMoved   int // live records copied forward: by compaction, and blocks eviction kept (evictSegment)
 	BlocksEvicted  int // blocks dropped from the tier (demoted or deleted)
 	BlocksDemoted  int // of which moved to the next tier
 }
@@ -215,14 +219,9 @@ type ReclaimReport struct {
 // reclaimTier brings t down to target accounted bytes (-1: its low watermark). It returns what
 // it did; it stops early, without error, when nothing more can be evicted (everything left is
 // pinned or the tier is empty).
-func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64, lru recency) (ReclaimReport, error) {
+func (rc *reclaimer) reclaimTier(t tiers.Disk, target int64) (rep ReclaimReport, err error) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	return rc.reclaimTierLocked(t, target, lru)
-}
-
-// reclaimTierLocked is reclaimTier with rc.mu held.
-func (rc *reclaimer) reclaimTierLocked(t tiers.Disk, target int64, lru recency) (rep ReclaimReport, err error) {
 	before := t.Space().Segments()
 	defer func() { rep.BytesReclaimed = before - t.Space().Segments() }()
 	excess := func() int64 {
@@ -251,30 +250,142 @@ func (rc *reclaimer) reclaimTierLocked(t tiers.Disk, target int64, lru recency) 
 			return rep, err
 		}
 		need := excess()
-		if need <= 0 || lru == nil {
+		if need <= 0 {
 			break
 		}
-		if !rc.env.waitRecency() {
-			return rep, ErrClosed
-		}
-		victims := lru.Victims(need)
+		victims := rc.victimSegments(t, need, target >= 0)
 		if len(victims) == 0 {
 			break
 		}
-		if err := rc.evict(t, lru, victims, target < 0, &rep); err != nil {
-			if errors.Is(err, errEvictionDeferred) {
-				break // the next tier's share is on its way; it kicks the reclaimer
+		for _, n := range victims {
+			// Emptying the tier keeps nothing in it; otherwise what was loaded gets its chance.
+			if err := rc.evictSegment(t, n, target < 0, target != 0, &rep); err != nil {
+				if errors.Is(err, errEvictionDeferred) {
+					return rep, nil // the next tier's share is on its way; it kicks the reclaimer
+				}
+				return rep, err
 			}
-			return rep, err
 		}
-		// The victims left holes across segments. Before evicting more, rewrite the hot
-		// remainder of the sparsest segments forward: compaction costs I/O, eviction costs a
-		// recomputation.
+		// What a victim kept (a block that moved in meanwhile, a record that could not be
+		// moved) leaves it sparse: before evicting more, rewrite the remainder of the sparsest
+		// segments forward: compaction costs I/O, eviction costs a recomputation.
 		if err := rc.reclaimSegments(t, pressureLiveRatio, &rep, excess, nil); err != nil {
 			return rep, err
 		}
 	}
 	return rep, nil
+}
+
+// victimSegments returns the segments of t to evict to free need bytes (all of them if they
+// hold fewer), least recently used first (t.Recency().Order; by number, which is write order,
+// for a tier that keeps no recency), never one pinned by a load. Only sealed segments, unless
+// unsealed: an explicit eviction (Evict) takes an unsealed one too (the active one, one whose
+// seal is under way) in its place in the order: its blocks leave the index, found by a scan of
+// it (it has no footer yet), and its file stays until it is sealed and found empty
+// (reclaimSegments). A background pass leaves them: it would scan the index for each, and it
+// takes them once they are sealed.
+//
+// Prefix chains: a child block is useless without its parent (a lookup of a prefix stops at
+// the first missing block), so a parent should not go before its children. Segment order
+// gives that in the common case without tracking chains: a connector loads a prompt's hit
+// prefix whole, and a load stamps its blocks so that every parent is at least as recent as
+// its children (tiers.NextStamps), so after any load of a chain its root's segment is at
+// least as recent as its leaves' and goes last. Otherwise, between a child's write and the
+// next load of its chain (children are written after their parents, so their segments are
+// newer), a parent's segment can go first: the children left behind are harmless (lookups
+// stop before them, loads of them still verify), are never touched by a load of their chain
+// again, and age out with their segments.
+func (rc *reclaimer) victimSegments(t tiers.Disk, need int64, unsealed bool) []uint64 {
+	var segs []uint64
+	size := map[uint64]int64{}
+	for _, row := range rc.ix.Segments() {
+		if row.LiveRecords == 0 || row.State == index.SegmentDeleting || rc.env.tierOf(row.Number) != t ||
+			row.State != index.SegmentSealed && !unsealed {
+			continue
+		}
+		size[row.Number] = row.Size
+		segs = append(segs, row.Number)
+	}
+	var out []uint64
+	var freed int64
+	for _, n := range t.Recency().Order(segs) {
+		if freed >= need {
+			break
+		}
+		out = append(out, n)
+		freed += size[n]
+	}
+	return out
+}
+
+// evictSegment empties segment n of tier t and retires it if it is sealed and nothing is left
+// in it. The blocks loaded since eviction last chose it (a second chance: tiers.Recency's
+// loaded slots) are rewritten forward within t, into a segment made the newest, where t has
+// room, with keepLoaded; the others are evicted (demoted to the next tier when there is one,
+// else dropped: evict, with their sidecars), then the sidecars left in it. mayDefer is
+// evict's. The rewrite
+// keeps a hot block from going with the cold blocks it was written beside, and lets those go
+// although it was loaded; a block kept must be loaded again to be kept again, so every pass
+// frees what was not used since the last one.
+func (rc *reclaimer) evictSegment(t tiers.Disk, n uint64, mayDefer, keepLoaded bool, rep *ReclaimReport) error {
+	refs, err := rc.liveRecords(n)
+	if err != nil {
+		return err
+	}
+	loaded := t.Recency().TakeLoaded(n)
+	if !keepLoaded {
+		loaded = nil
+	}
+	var ids []BlockID
+	var hot []recordRef
+	for _, r := range refs {
+		switch {
+		case r.kind != 0:
+		case loaded.Has(recordSlot(r.loc, rc.cfg.Layout)):
+			hot = append(hot, r)
+		default:
+			ids = append(ids, r.id)
+		}
+	}
+	if len(hot) > 0 {
+		moved, _, _, err := rc.relocate(append(hot, rc.sidecarsOf(hot, t)...), t)
+		rep.RecordsMoved += moved
+		if err != nil && !errors.Is(err, ErrNoSpace) {
+			return err
+		}
+		// Where they went is the newest segment; those that could not move are evicted.
+		for _, r := range hot {
+			loc, ok, err := rc.ix.Get(r.id)
+			switch {
+			case err != nil:
+				return err
+			case ok && loc.Segment == n:
+				ids = append(ids, r.id)
+			case ok && rc.env.tierOf(loc.Segment) == t:
+				t.Recency().Written(loc.Segment)
+			}
+		}
+	}
+	if err := rc.evict(t, ids, mayDefer, rep); err != nil {
+		return err
+	}
+	row, ok := rc.ix.Segment(n)
+	if !ok || row.State != index.SegmentSealed {
+		return nil
+	}
+	if row.LiveRecords > 0 {
+		if err := rc.env.evictSidecars(t, n); err != nil {
+			return err
+		}
+		if row, ok = rc.ix.Segment(n); !ok || row.LiveRecords > 0 {
+			return nil
+		}
+	}
+	if err := rc.retire(n); err != nil {
+		return err
+	}
+	rep.SegmentsRetired++
+	return nil
 }
 
 // pressureLiveRatio is the live ratio up to which a segment is compacted, after an eviction
@@ -351,10 +462,12 @@ type recordRef struct {
 }
 
 // liveRecords returns the records (blocks, then sidecars, in footer order) whose index entry
-// points into sealed segment n.
+// points into segment n: those its footer lists when it is sealed, else (an unsealed segment,
+// an unreadable footer) those a scan of the index finds.
 func (rc *reclaimer) liveRecords(n uint64) ([]recordRef, error) {
 	var refs []recordRef
-	if row, ok := rc.ix.Segment(n); ok {
+	// An unsealed segment has no footer yet: its records are found in the index.
+	if row, ok := rc.ix.Segment(n); ok && row.State == index.SegmentSealed {
 		if seg, t, err := rc.env.acquireInTier(n); err == nil {
 			var (
 				entries []format.FooterEntry
@@ -665,7 +778,7 @@ const evictionDeferral = 4
 // ahead of need and arrives within an interval or two, and a block dropped is a prefill
 // recomputed. Without limit while t is within its capacity and no writer waits for room in it;
 // for evictionDeferral sharing passes when writers wait (then they are dropped as before).
-func (rc *reclaimer) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
+func (rc *reclaimer) evict(t tiers.Disk, victims []BlockID, mayDefer bool, rep *ReclaimReport) error {
 	var refs []recordRef
 	for _, id := range victims {
 		loc, ok, err := rc.ix.Get(id)
@@ -673,8 +786,7 @@ func (rc *reclaimer) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefe
 			return err
 		}
 		if !ok || rc.env.tierOf(loc.Segment) != t {
-			lru.Remove(id) // already gone from this tier
-			continue
+			continue // already gone from this tier
 		}
 		refs = append(refs, recordRef{id: id, loc: loc})
 	}
@@ -692,9 +804,6 @@ func (rc *reclaimer) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefe
 			rep.BlocksDemoted += moved
 			rep.BlocksEvicted += len(refs)
 			rc.stats.evictedBlocks.Add(int64(len(refs)))
-			for _, r := range refs {
-				lru.Remove(r.id) // moved ones left via Publish; broken ones were dropped
-			}
 			return nil
 		}
 		if !errors.Is(err, ErrNoSpace) {
@@ -721,12 +830,10 @@ func (rc *reclaimer) evict(t tiers.Disk, lru recency, victims []BlockID, mayDefe
 		return err
 	}
 	for k, r := range refs {
-		id := r.id
-		lru.Remove(id)
 		if *results[k] {
 			rep.BlocksEvicted++
 			rc.stats.evictedBlocks.Add(1)
-			rc.env.uncache(id)
+			rc.env.uncache(r.id)
 		}
 	}
 	return nil
@@ -750,6 +857,9 @@ func (rc *reclaimer) retire(n uint64) error {
 		return fmt.Errorf("retire segment %d: %w", n, err)
 	}
 	s, h := rc.env.forgetSegment(n)
+	if h.tier != nil {
+		h.tier.Recency().Forget(n) // never a victim again; touches and pins of it are ignored
+	}
 	shared := h.tier != nil && h.tier.Shared()
 	// A shared tier's files are read by other instances: never overwritten in place, and a
 	// published one stays a grace period after it leaves the manifest.
@@ -811,47 +921,12 @@ func (e *Engine) Evict(tier string, toBytes int64) (ReclaimReport, error) {
 	return e.rc.evictTo(t, toBytes)
 }
 
-// evictTo is Evict of tier t down to toBytes (at least 0).
+// evictTo is Evict of tier t down to toBytes (at least 0). A tier that keeps no recency
+// evicts in write order (segment numbers), oldest first. The segments are listed under the
+// reclamation lock: those a reclamation of the tier above was demoting into t meanwhile are
+// among them, so Evict(t, 0) leaves t empty.
 func (rc *reclaimer) evictTo(t tiers.Disk, toBytes int64) (ReclaimReport, error) {
-	if lru := recencyOf(t); lru != nil {
-		return rc.reclaimTier(t, toBytes, lru)
-	}
-	// An unlimited last tier keeps no recency; evict by write order, oldest first. The list
-	// is built under the reclamation lock: blocks that a reclamation of the tier above was
-	// demoting into t meanwhile are in it, so Evict(t, 0) leaves t empty.
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	lru, err := rc.writeOrder(t)
-	if err != nil {
-		return ReclaimReport{}, err
-	}
-	return rc.reclaimTierLocked(t, toBytes, lru)
-}
-
-// recency is what eviction needs of a tier's LRU.
-type recency interface {
-	Victims(bytes int64) []BlockID
-	Remove(id BlockID)
-}
-
-// recencyOf returns t's LRU, or nil (an interface holding no pointer) when it keeps none.
-func recencyOf(t tiers.Disk) recency {
-	if t.LRU() == nil {
-		return nil
-	}
-	return t.LRU()
-}
-
-// writeOrder builds a recency list of t's blocks in write order, for tiers that keep none.
-func (rc *reclaimer) writeOrder(t tiers.Disk) (recency, error) {
-	lru := tiers.NewLRU()
-	err := rc.env.fillWriteOrder(func(loc index.Location) *tiers.LRU {
-		if rc.env.tierOf(loc.Segment) == t {
-			return lru
-		}
-		return nil
-	})
-	return lru, err
+	return rc.reclaimTier(t, toBytes)
 }
 
 // Compact retires every empty sealed segment and compacts every sealed segment whose live

@@ -82,10 +82,9 @@ func (f *fakeReclaimEnv) retireShared(n uint64, finish func()) {
 	f.event("retireShared", n)
 	finish()
 }
-func (f *fakeReclaimEnv) sharingPasses() int64                                 { return f.passes }
-func (f *fakeReclaimEnv) fillWriteOrder(func(index.Location) *tiers.LRU) error { return nil }
-func (f *fakeReclaimEnv) waitRecency() bool                                    { return true }
-func (f *fakeReclaimEnv) stopped() <-chan struct{}                             { return f.stop }
+func (f *fakeReclaimEnv) sharingPasses() int64                   { return f.passes }
+func (f *fakeReclaimEnv) evictSidecars(tiers.Disk, uint64) error { return nil }
+func (f *fakeReclaimEnv) stopped() <-chan struct{}               { return f.stop }
 
 // event records what happened to segment n, with the state of its row at that moment.
 func (f *fakeReclaimEnv) event(what string, n uint64) {
@@ -106,6 +105,7 @@ type fakeDisk struct {
 	space    *tiers.Space
 	shared   bool
 	acct     *tiers.ShareAccount // non-nil: a shared tier with a capacity
+	recency  *tiers.Recency      // nil: keeps none
 	env      *fakeReclaimEnv
 }
 
@@ -116,7 +116,7 @@ func (d *fakeDisk) Space() *tiers.Space          { return d.space }
 func (d *fakeDisk) Shared() bool                 { return d.shared }
 func (d *fakeDisk) Account() *tiers.ShareAccount { return d.acct }
 func (d *fakeDisk) Codec() format.Compression    { return format.CompressionNone }
-func (d *fakeDisk) LRU() *tiers.LRU              { return nil }
+func (d *fakeDisk) Recency() *tiers.Recency      { return d.recency }
 func (d *fakeDisk) Writer(bool) *wal.Writer {
 	panic("fakeDisk: no writer: nothing should be read to write")
 }
@@ -189,15 +189,11 @@ func TestEvictDefersForSharedNextTier(t *testing.T) {
 			// The next tier refuses: relocate fails with ErrNoSpace before it moves anything.
 			env.acquireErr = fmt.Errorf("pin for a demotion: %w", syscall.ENOSPC)
 			ids := putBlocks(t, rc, env, top, 1, 2)
-			lru := tiers.NewLRU()
-			for _, id := range ids {
-				lru.Add(id, mhaLayout.RecordBytes())
-			}
 			evict := func() (ReclaimReport, error) {
 				rc.mu.Lock()
 				defer rc.mu.Unlock()
 				var rep ReclaimReport
-				err := rc.evict(top, lru, ids, tc.mayDefer, &rep)
+				err := rc.evict(top, ids, tc.mayDefer, &rep)
 				return rep, err
 			}
 			for call := 0; tc.deferrals < 0 && call < 3 || call < tc.deferrals; call++ {
@@ -297,13 +293,12 @@ func TestEvictDeferralRestarts(t *testing.T) {
 	next := &fakeDisk{name: "shared", pos: 1, capacity: 1000, space: tiers.NewSpace(1000, 0.9, 0.8), shared: true, acct: &tiers.ShareAccount{}}
 	rc, env := newTestReclaimer(t, top, next)
 	ids := putBlocks(t, rc, env, top, 1, 2)
-	lru := tiers.NewLRU()
 	evict := func(cause error) error {
 		env.acquireErr = fmt.Errorf("pin for a demotion: %w", cause)
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
 		var rep ReclaimReport
-		return rc.evict(top, lru, ids, true, &rep)
+		return rc.evict(top, ids, true, &rep)
 	}
 	if err := evict(syscall.ENOSPC); !errors.Is(err, errEvictionDeferred) || rc.deferrals[0].since.IsZero() {
 		t.Fatalf("first refusal: %v, wait started %v; want deferred and the wait started", err, !rc.deferrals[0].since.IsZero())

@@ -1,13 +1,11 @@
 package engine
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -331,84 +329,19 @@ func (e *Engine) accountSegments() {
 	}
 }
 
-// initAccounting accounts every registered segment to its tier and, for tiers that evict,
-// loads every block into the tier's recency list, oldest written first (recency is not
-// persisted: write order is the best prior after a restart).
+// initAccounting accounts every registered segment to its tier and makes it known to the
+// tier's recency (tiers.Recency), as not used since Open: recency is not persisted, and write
+// order (segment numbers) is the best prior after a restart. Per segment, not per block: Open
+// does not walk the index for it.
 func (e *Engine) initAccounting() error {
 	e.accountSegments()
-	need := false
 	for _, t := range e.tiers {
-		need = need || t.LRU() != nil
+		e.keepsRecency = e.keepsRecency || t.Recency() != nil
 	}
-	if !need {
-		close(e.recencyReady)
-		return nil
-	}
-	// Recency is rebuilt in the background: Open does not wait for a walk of the whole index
-	// (1M blocks: ~2 s). Blocks dumped or touched meanwhile keep their place ahead of the
-	// loaded ones (AddColdest); eviction waits for the fill (see waitRecency).
-	e.bg.Add(1)
-	go func() {
-		defer e.bg.Done()
-		defer close(e.recencyReady)
-		err := e.fillWriteOrder(func(loc index.Location) *tiers.LRU {
-			if t := e.tierOf(loc.Segment); t != nil {
-				return t.LRU()
-			}
-			return nil
-		})
-		if err != nil && !errors.Is(err, ErrClosed) {
-			e.opts.Logger.Error("ucm: loading recency failed; eviction falls back to what was touched since Open", "err", err)
+	for _, row := range e.ix.Segments() {
+		if t := e.tierOf(row.Number); t != nil && row.State != index.SegmentDeleting {
+			t.Recency().Track(row.Number)
 		}
-	}()
-	return nil
-}
-
-// waitRecency waits until the recency lists are loaded; false if the engine stops first.
-func (e *Engine) waitRecency() bool {
-	select {
-	case <-e.recencyReady:
-		return true
-	case <-e.stop:
-		return false
-	}
-}
-
-// fillWriteOrder adds every indexed block to the recency list pick returns for its location
-// (none when nil) behind the blocks it already holds, newest first, so that the list ends in
-// write order. It stops with ErrClosed when the engine stops.
-func (e *Engine) fillWriteOrder(pick func(index.Location) *tiers.LRU) error {
-	type entry struct {
-		lru  *tiers.LRU
-		id   BlockID
-		seq  uint64
-		size int64
-	}
-	var all []entry
-	stopped := false
-	err := e.ix.Iterate(func(id BlockID, loc index.Location) bool {
-		if lru := pick(loc); lru != nil {
-			all = append(all, entry{lru, id, loc.Seq, loc.RecordBytes()})
-		}
-		if len(all)%4096 == 0 {
-			select {
-			case <-e.stop:
-				stopped = true
-				return false
-			default:
-			}
-		}
-		return true
-	})
-	if err != nil {
-		return err
-	}
-	if stopped {
-		return ErrClosed
-	}
-	slices.SortFunc(all, func(a, b entry) int { return cmp.Compare(b.seq, a.seq) })
-	for _, x := range all {
-		x.lru.AddColdest(x.id, x.size)
 	}
 	return nil
 }

@@ -208,9 +208,12 @@ func checkAllIndexed(t *testing.T, e *Engine) {
 	}
 }
 
-// Eviction is one LRU across all of a tier's paths: the blocks loaded last survive, the others
-// go, oldest first, wherever they are stored.
-func TestTierLRUAcrossPaths(t *testing.T) {
+// Eviction takes whole segments, least recently used first, across all of a tier's paths: a
+// segment's recency is the last write or load of any of its blocks. Segments loaded from
+// survive older ones that were not, whatever path they are on; the untouched ones go in write
+// order; a segment's blocks go together (the contract is per segment, not per block: a block
+// written beside a loaded one survives with it).
+func TestTierEvictsLeastRecentSegments(t *testing.T) {
 	_, fs := memFS()
 	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/p1", "/p2", "/p3")))
 	defer e.Close()
@@ -220,69 +223,86 @@ func TestTierLRUAcrossPaths(t *testing.T) {
 	}
 	dumpBlocks(t, e, ids[:30])
 	dumpBlocks(t, e, ids[30:])
-	// Touch the oldest ten: they become the most recent.
+	// Load the oldest ten: their segments become the most recent.
 	for _, id := range ids[:10] {
 		checkBlock(t, e, id)
 	}
+	segOf := map[BlockID]uint64{}
+	touched := map[uint64]bool{}
 	placed := map[string]bool{}
-	for _, id := range ids {
-		loc, _, _ := e.ix.Get(id)
+	for i, id := range ids {
+		loc := location(t, e, id)
+		segOf[id] = loc.Segment
+		touched[loc.Segment] = touched[loc.Segment] || i < 10
 		h, _ := e.home(loc.Segment)
 		placed[h.dir] = true
 	}
 	if len(placed) != 3 {
 		t.Fatalf("blocks placed in %d of 3 paths", len(placed))
 	}
-	// Keep room for about 25 blocks and the two active segments (dumps, relocations): the 10
-	// touched ones and the 10 dumped last survive, the 30 least recently used go.
+	// Keep room for about 25 blocks and the two active segments (dumps, relocations).
 	rep, err := e.Evict("ssd", 25*mhaLayout.RecordBytes()+2*e.reservation(e.tiers[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Recency order, oldest first: 10..59 as dumped, then 0..9 as loaded. What was evicted must
-	// be a prefix of it (how long depends on segment boundaries), never the 20 newest.
-	order := append(slices.Clone(ids[10:]), ids[:10]...)
-	hits := e.Lookup(order)
+	hits := e.Lookup(ids)
+	kept := map[uint64]bool{} // segment -> its blocks survived
 	evicted := 0
-	for evicted < len(order) && !hits[evicted] {
-		evicted++
+	for i, id := range ids {
+		n := segOf[id]
+		if prev, ok := kept[n]; ok && prev != hits[i] {
+			t.Fatalf("segment %d lost some of its blocks, not all: eviction is by segment", n)
+		}
+		kept[n] = hits[i]
+		if !hits[i] {
+			evicted++
+		} else {
+			checkBlock(t, e, id)
+		}
 	}
 	if evicted < 20 || evicted > 40 {
-		t.Fatalf("evicted the %d least recently used blocks, want 20 to 40 (hits %v)", evicted, hits)
+		t.Fatalf("evicted %d blocks, want 20 to 40 (hits %v)", evicted, hits)
 	}
-	for k := evicted; k < len(order); k++ {
-		if !hits[k] {
-			t.Fatalf("block %d evicted while older block %d was kept: not LRU", k, evicted)
+	for n, k := range kept {
+		if touched[n] && !k {
+			t.Fatalf("segment %d, loaded from last, was evicted", n)
 		}
-		checkBlock(t, e, order[k])
+		// The untouched ones go in write order: one dump writer fills them in number order.
+		for m, km := range kept {
+			if !touched[n] && !touched[m] && k && !km && m > n {
+				t.Fatalf("segment %d evicted while older segment %d, as little used, was kept: not LRU", m, n)
+			}
+		}
 	}
-	if rep.BlocksEvicted == 0 || rep.SegmentsRetired == 0 {
-		t.Fatalf("report %+v", rep)
+	if rep.BlocksEvicted != evicted || rep.SegmentsRetired == 0 {
+		t.Fatalf("report %+v, %d blocks evicted", rep, evicted)
 	}
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// Eviction takes a chain's leaves before their parents: a prompt's prefix stays usable.
+// A prompt's prefix stays usable: a connector loads the hit prefix of a chain whole, and a load
+// stamps parents at least as recent as their children, so eviction by segment takes the
+// chain's leaves before its root. A chain never loaded since it was written goes in write
+// order, its parents first: the children left behind are harmless (a prefix lookup stops at the
+// first missing block; they still load intact) and age out in their turn.
 func TestTierChainAwareEviction(t *testing.T) {
 	_, fs := memFS()
 	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
 	defer e.Close()
-	chain := make([]BlockID, 21)
+	chain := make([]BlockID, 21) // three segments of 7 records
 	for i := range chain {
 		chain[i] = blockID(1000 + i)
 	}
-	// Dumped leaf first (newest = the root), then the connector looks the chain up: the parent
-	// links are learned and the chain's order wins over the write order.
-	for i := len(chain) - 1; i >= 0; i-- {
-		dumpBlocks(t, e, chain[i:i+1])
+	for i := range chain {
+		dumpBlocks(t, e, chain[i:i+1]) // root first, as prompts grow
 	}
+	dumpBlocks(t, e, ids(2000, 2007)) // rotate: the chain's segments are sealed
 	if n := e.LookupPrefix(chain); n != len(chain) {
 		t.Fatalf("prefix %d", n)
 	}
-	// A leaf touched on its own later must not protect... its parents are kept too.
-	checkBlock(t, e, chain[20])
+	checkBlocks(t, e, chain) // the connector loads the hit prefix
 	for round := 0; round < 3; round++ {
 		used := e.TierStats()[0].Used
 		if _, err := e.Evict("ssd", used-7*mhaLayout.RecordBytes()); err != nil {
@@ -293,6 +313,36 @@ func TestTierChainAwareEviction(t *testing.T) {
 		if got := countTrue(hits); got != n {
 			t.Fatalf("round %d: %d blocks stored but the prefix is %d: a parent went before its child (%v)", round, got, n, hits)
 		}
+	}
+
+	// Never loaded: write order decides, the root's segment is the oldest.
+	fresh := ids(3000, 3014)
+	dumpBlocks(t, e, fresh[:7])
+	dumpBlocks(t, e, fresh[7:])
+	dumpBlocks(t, e, ids(4000, 4007)) // rotate
+	root := location(t, e, fresh[0]).Segment
+	for round := 0; e.Lookup(fresh[:1])[0]; round++ {
+		if round == 20 {
+			t.Fatal("the root's segment was never evicted")
+		}
+		// Just below the files' bytes: one segment goes (Used counts active segments at their
+		// reservation, Evict's target their files).
+		if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.LookupPrefix(fresh); n != 0 {
+		t.Fatalf("prefix %d after the root's segment %d went", n, root)
+	}
+	left := 0
+	for i, hit := range e.Lookup(fresh) {
+		if hit {
+			left++
+			checkBlock(t, e, fresh[i]) // a child left behind: stored, intact, unreachable by prefix
+		}
+	}
+	if left == 0 {
+		t.Fatal("the root's segment went with all of its children's: write order not kept")
 	}
 }
 
@@ -306,8 +356,9 @@ func countTrue(b []bool) int {
 	return n
 }
 
-// A block pinned by an in-flight load survives eviction; compaction moves it intact.
-func TestTierPinnedBlocksSurvive(t *testing.T) {
+// A segment pinned by an in-flight load is never chosen for eviction: it survives whole, with
+// every block in it (eviction is by segment), while everything else goes.
+func TestTierPinnedSegmentSkipped(t *testing.T) {
 	_, fs := memFS()
 	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
 	defer e.Close()
@@ -316,45 +367,52 @@ func TestTierPinnedBlocksSurvive(t *testing.T) {
 		ids[i] = blockID(i)
 	}
 	dumpBlocks(t, e, ids)
-	lru := e.tiers[0].LRU()
-	// Two blocks of two sealed segments: the active one is not compacted, seals complete in the
-	// background, and which blocks land where depends on how the concurrent dumps were placed.
-	var pinned []BlockID
+	rec := e.tiers[0].Recency()
+	// Two sealed segments: seals complete in the background, and which blocks land where
+	// depends on how the concurrent dumps were placed.
+	var pinned []uint64
 	waitFor(t, "two sealed segments", func() bool {
-		var segs []uint64
 		pinned = pinned[:0]
 		for _, id := range ids {
-			loc := location(t, e, id)
-			if m, ok := e.ix.Segment(loc.Segment); ok && m.State == index.SegmentSealed && !slices.Contains(segs, loc.Segment) && len(pinned) < 2 {
-				pinned, segs = append(pinned, id), append(segs, loc.Segment)
+			n := location(t, e, id).Segment
+			if m, ok := e.ix.Segment(n); ok && m.State == index.SegmentSealed && !slices.Contains(pinned, n) && len(pinned) < 2 {
+				pinned = append(pinned, n)
 			}
 		}
 		return len(pinned) == 2
 	})
-	for _, id := range pinned {
-		lru.Pin(id)
+	for _, n := range pinned {
+		rec.Pin(n)
+	}
+	segOf := map[BlockID]uint64{}
+	for _, id := range ids {
+		segOf[id] = location(t, e, id).Segment
 	}
 	rep, err := e.Evict("ssd", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.RecordsMoved == 0 {
-		t.Fatalf("the pinned blocks' segments were not compacted: %+v", rep)
-	}
 	hits := e.Lookup(ids)
-	for i := range ids {
-		if hits[i] != slices.Contains(pinned, ids[i]) {
-			t.Fatalf("after evicting everything: block %d stored %v", i, hits[i])
+	if rep.BlocksEvicted != len(ids)-countTrue(hits) {
+		t.Fatalf("report %+v, %d blocks left", rep, countTrue(hits))
+	}
+	for i, id := range ids {
+		if want := slices.Contains(pinned, segOf[id]); hits[i] != want {
+			t.Fatalf("after evicting everything: block %d stored %v, want %v (pinned segments %v)", i, hits[i], want, pinned)
+		}
+		if hits[i] {
+			checkBlock(t, e, id)
 		}
 	}
-	// Their segments were compacted on the way (everything else in them died): the pinned
-	// blocks moved and, still pinned, load intact.
-	if got := e.Stats(); got.SegmentsRetired == 0 {
-		t.Fatalf("nothing reclaimed: %+v", got)
+	// Unpinned, they go like the others.
+	for _, n := range pinned {
+		rec.Unpin(n, 0, 0)
 	}
-	for _, id := range pinned {
-		checkBlock(t, e, id)
-		lru.Unpin(id)
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := countTrue(e.Lookup(ids)); got != 0 {
+		t.Fatalf("%d blocks left after the pins were released", got)
 	}
 	if err := e.ix.CheckAccounting(); err != nil {
 		t.Fatal(err)
@@ -978,5 +1036,99 @@ func TestDeferralCountsPasses(t *testing.T) {
 	d.reset()
 	if d.over(100+10*n, n, interval, cap) || d.since.IsZero() {
 		t.Fatal("after reset, the next call does not start a new wait")
+	}
+}
+
+// A block served by the memory tier is a use of the block: its disk segment stays as recent as
+// a disk load would leave it, so eviction takes an untouched newer segment first.
+func TestTierMemoryHitKeepsSegmentRecent(t *testing.T) {
+	_, fs := memFS()
+	mem := tiers.Config{Name: "dram", Kind: tiers.KindMemory, Capacity: 64 * mhaLayout.BlockBytes()}
+	e := mustOpen(t, "/store", tierOptions(fs, mem, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	blocks := ids(0, 24)
+	for _, id := range blocks {
+		dumpBlocks(t, e, []BlockID{id}) // written through to the memory tier
+	}
+	oldest := location(t, e, blocks[0]).Segment
+	waitFor(t, "the oldest segment sealed", func() bool {
+		m, ok := e.ix.Segment(oldest)
+		return ok && m.State == index.SegmentSealed
+	})
+	hits := e.Stats().MemoryHits
+	checkBlock(t, e, blocks[0])
+	if e.Stats().MemoryHits != hits+1 {
+		t.Fatal("the load was not served by the memory tier")
+	}
+	// The touch is applied in the background: wait until the oldest segment orders after the
+	// one written next.
+	next := location(t, e, blocks[len(blocks)-1]).Segment
+	waitFor(t, "the memory hit's touch", func() bool {
+		return slices.Equal(e.tiers[0].Recency().Order([]uint64{oldest, next}), []uint64{next, oldest})
+	})
+	// One segment's worth: the least recently used segment goes.
+	if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
+		t.Fatal(err)
+	}
+	if !e.ix.Contains(blocks[0]) {
+		t.Fatalf("segment %d, whose block the memory tier served last, was evicted first", oldest)
+	}
+	if got := countTrue(e.Lookup(blocks)); got == len(blocks) {
+		t.Fatal("nothing evicted")
+	}
+}
+
+// A block loaded since its segment was written is kept when eviction takes the segment: it is
+// rewritten forward, into the newest segment, and the cold blocks written beside it go (a
+// second chance; tiers.Recency's loaded slots; that a block kept must be loaded again to be kept
+// again is TestRecencyLoadedSlots'). Emptying the tier keeps nothing.
+func TestTierEvictionKeepsLoadedBlocks(t *testing.T) {
+	_, fs := memFS()
+	e := mustOpen(t, "/store", tierOptions(fs, diskTierCfg("ssd", 64<<20, "/ssd")))
+	defer e.Close()
+	blocks := ids(0, 24)
+	for _, id := range blocks {
+		dumpBlocks(t, e, []BlockID{id})
+	}
+	old := location(t, e, blocks[0]).Segment
+	waitFor(t, "the oldest segment sealed", func() bool {
+		m, ok := e.ix.Segment(old)
+		return ok && m.State == index.SegmentSealed
+	})
+	var oldBlocks, others []BlockID
+	for _, id := range blocks {
+		if location(t, e, id).Segment == old {
+			oldBlocks = append(oldBlocks, id)
+		} else {
+			others = append(others, id)
+		}
+	}
+	hot := oldBlocks[1]
+	checkBlock(t, e, hot)
+	checkBlocks(t, e, others) // every other segment more recent: the old one goes first
+	evictOne := func() {
+		t.Helper()
+		if _, err := e.Evict("ssd", e.rc.tierFileBytes(e.tiers[0])-mhaLayout.RecordBytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evictOne()
+	for _, id := range oldBlocks {
+		if stored := e.ix.Contains(id); stored != (id == hot) {
+			t.Fatalf("block %s of the evicted segment stored %v (the loaded one is %s)", id, stored, hot)
+		}
+	}
+	if n := location(t, e, hot).Segment; n == old {
+		t.Fatalf("the loaded block is still in segment %d", old)
+	}
+	checkBlock(t, e, hot) // intact where it went; and loaded again
+	if e.Stats().EvictedBlocks != int64(len(oldBlocks)-1) {
+		t.Fatalf("%d blocks evicted, want %d", e.Stats().EvictedBlocks, len(oldBlocks)-1)
+	}
+	if _, err := e.Evict("ssd", 0); err != nil {
+		t.Fatal(err)
+	}
+	if e.ix.Contains(hot) {
+		t.Fatal("emptying the tier kept a loaded block")
 	}
 }

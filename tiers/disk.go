@@ -28,7 +28,7 @@ const (
 var ErrLocked = errors.New("tier path locked")
 
 // Disk is one disk tier: segment files spread by number over its paths, their space account,
-// their recency list and the writers that create them. Two kinds implement it: LocalDisk (a
+// their segments' recency and the writers that create them. Two kinds implement it: LocalDisk (a
 // local file system, one store per path) and SharedDisk (a file system mounted by several
 // instances, one namespace each). The index and the routing of a segment number to its tier
 // are the embedding engine's (its provider of segments): a block's index entry names its
@@ -58,8 +58,10 @@ type Disk interface {
 	Reservation() int64
 	// Space is the tier's exact byte account.
 	Space() *Space
-	// LRU is the tier's recency list; nil when the tier never evicts.
-	LRU() *LRU
+	// Recency is the recency of the tier's segments, which eviction takes least recently
+	// used first; nil when the tier never evicts on its own (eviction then goes by write
+	// order).
+	Recency() *Recency
 	// Codec is how raw records are stored on their way into the tier (dumps into the first
 	// tier, relocations into any); records already compressed are moved as they are.
 	Codec() format.Compression
@@ -145,7 +147,7 @@ type DiskOptions struct {
 	RecycleSegments int
 	// TaskTimeout bounds a dump's wait for room in Admit.
 	TaskTimeout time.Duration
-	// HasLower says a slower disk tier follows this one: it then keeps recency (an LRU) to
+	// HasLower says a slower disk tier follows this one: it then keeps recency (Recency) to
 	// evict by, as does a tier with a capacity.
 	HasLower bool
 	Logger   *slog.Logger
@@ -180,7 +182,7 @@ func OpenDisk(c Config, pos int, o DiskOptions, env DiskEnv) (_ Disk, err error)
 	}
 	// Eviction needs recency only where a tier can fill up or can hand blocks down.
 	if c.Capacity > 0 || o.HasLower {
-		t.lru = NewLRU()
+		t.recency = NewRecency()
 	}
 	defer func() {
 		if err != nil {
@@ -268,16 +270,16 @@ func TierRoot(c Config, p string, instance format.InstanceID) string {
 
 // diskBase is what both disk kinds share.
 type diskBase struct {
-	pos    int
-	cfg    Config
-	dirs   []string
-	locks  []io.Closer
-	io     devio.Backend
-	direct devio.DirectMode
-	w, rw  *wal.Writer
-	space  *Space
-	lru    *LRU
-	codec  format.Compression
+	pos     int
+	cfg     Config
+	dirs    []string
+	locks   []io.Closer
+	io      devio.Backend
+	direct  devio.DirectMode
+	w, rw   *wal.Writer
+	space   *Space
+	recency *Recency
+	codec   format.Compression
 	// segSize is the size at which segments are sealed.
 	segSize     int64
 	recordBytes func() int64
@@ -315,8 +317,8 @@ func (t *diskBase) SegmentSize() int64 { return t.segSize }
 // Space is the tier's byte account.
 func (t *diskBase) Space() *Space { return t.space }
 
-// LRU is the tier's recency list, or nil.
-func (t *diskBase) LRU() *LRU { return t.lru }
+// Recency is the recency of the tier's segments, or nil.
+func (t *diskBase) Recency() *Recency { return t.recency }
 
 // Codec is the tier's record compression.
 func (t *diskBase) Codec() format.Compression { return t.codec }

@@ -72,8 +72,8 @@ func TestLocalDiskAccounting(t *testing.T) {
 	}
 	defer d.Close()
 	ld, ok := d.(*LocalDisk)
-	if !ok || d.Shared() || d.LRU() == nil {
-		t.Fatalf("OpenDisk of a local tier with a capacity: %T, shared %v, lru %v", d, d.Shared(), d.LRU())
+	if !ok || d.Shared() || d.Recency() == nil {
+		t.Fatalf("OpenDisk of a local tier with a capacity: %T, shared %v, recency %v", d, d.Shared(), d.Recency())
 	}
 	res := d.Reservation()
 	if want := max(int64(testSegSize), format.SegmentHeaderSize+testRecord+format.FooterSize(1)); res != want {
@@ -251,7 +251,7 @@ func TestDiskLocksRefuseASecondOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.LRU() != nil {
+	if d.Recency() != nil {
 		t.Fatal("an unlimited last tier keeps recency")
 	}
 	_, err = OpenDisk(cfg, 0, diskOpts(fs, "/other"), &fakeDiskEnv{})

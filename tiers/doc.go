@@ -42,8 +42,9 @@
 //     with a capacity (its share granted by the lease holder, given back, asked for; as
 //     holder, the grants to every instance), over plain manifests and a small environment
 //     the engine provides.
-//   - LRU: the global, prefix-chain-aware recency order of one disk tier, which picks
-//     eviction victims.
+//   - Recency, NextStamps, Slots: the recency of one disk tier's segments (a stamp and a pin
+//     count per segment, and a bit per record slot of a segment loaded from), which orders
+//     eviction's victim segments and says which of their blocks were loaded since.
 //   - Cache, CacheStats, CacheOptions, OpenCache: what a cache tier in front of the disk tiers
 //     guarantees (lookup, a verified load of whole blocks or shards, write-through and
 //     backfill, removal, its accounting), and its construction by kind; MemCache and
@@ -70,9 +71,10 @@
 //     while the tier is within it. So a tier never holds more than its capacity plus one
 //     segment; a dump that finds no room waits for reclamation up to its deadline, then fails
 //     with ErrNoSpace.
-//   - Leaves first. LRU.Victims returns blocks least recently used first, but never a pinned
-//     block (one a load is reading) nor an ancestor of one, and a block only after its known
-//     live children (TouchChain records prefix chains): a child is useless without its parent.
+//   - Whole segments, least recently used first. Recency.Order lists a tier's segments by the
+//     last write or load of any of their records, never one a load is reading (pinned). A load
+//     stamps a prompt's blocks so that parents are at least as recent as their children
+//     (NextStamps): after a load of a chain, its leaves' segments go before its root's.
 //   - Memory is verified like a disk. MemCache keeps each block with the CRC32C of its shards
 //     and checks the bytes it copies out against them; its capacity is exact at every instant;
 //     cached blocks are immutable (Put stores a private copy), so a Get that races with a Put,
@@ -94,14 +96,14 @@
 //
 // # Concurrency
 //
-// Space, ShareAccount, LRU, every Cache (MemCache, MooncakeTier) and every Disk (LocalDisk,
+// Space, ShareAccount, Recency, every Cache (MemCache, MooncakeTier) and every Disk (LocalDisk,
 // SharedDisk; except SetCodec and SetAccount, called once at Open) are safe for concurrent
 // use. Lock order: a LocalDisk's pool lock before its Space's; a Disk calls its DiskEnv with
 // none of its locks held and never takes the engine's (which takes its reclamation lock, then
 // its segments' lock, then its sharing state's). A Leaser keeps no state
-// between calls: the lease is the file, and Hold's election tolerates contenders. LRU and MemCache
+// between calls: the lease is the file, and Hold's election tolerates contenders. Recency and MemCache
 // hold one mutex for short, bounded steps (MemCache copies bytes outside it, so readers of
-// large blocks copy in parallel); LRU.Victims works in proportion to what it returns. Space
+// large blocks copy in parallel); Recency.Order works in proportion to the segments it sorts. Space
 // calls its Recycler without its own lock held. The manifest functions touch only the files
 // they name; concurrent writers of one namespace are excluded by the namespace's LOCK, which
 // the engine holds.
@@ -121,7 +123,7 @@
 //	dir := tiers.PathFor(cfg[1].Paths, segment)        // where segment number `segment` lives
 //
 //	sp := tiers.NewSpace(1<<40, tiers.DefaultHighWatermark, tiers.DefaultLowWatermark)
-//	lru := tiers.NewLRU()
-//	lru.TouchChain(ids)                  // a prompt's chain: ids[i] is the parent of ids[i+1]
-//	victims := lru.Victims(sp.Excess())  // leaves first, never pinned blocks or their ancestors
+//	rec := tiers.NewRecency()
+//	rec.Written(segment)                 // records were written into segment
+//	victims := rec.Order(sealed)         // least recently used first, pinned ones left out
 package tiers

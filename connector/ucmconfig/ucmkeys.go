@@ -146,9 +146,9 @@ var UCMKeys = []UCMKey{
 	{Name: "posix_gc_concurrency", Effect: KeyNoEffect, kind: kindInt,
 		UCM: "GC threads (default 16)", UCMGo: "none: reclamation retires whole segments from the index, no file walk"},
 	{Name: "posix_gc_max_recycle_count_per_shard", Effect: KeyNoEffect, kind: kindInt,
-		UCM: "files GC deletes per directory per pass (default 50000)", UCMGo: "none: reclamation is by segment, exact LRU"},
+		UCM: "files GC deletes per directory per pass (default 50000)", UCMGo: "none: reclamation is by segment, least recently used first"},
 	{Name: "posix_gc_shard_sample_ratio", Effect: KeyNoEffect, kind: kindNumber,
-		UCM: "share of directories GC samples for old files (default 0.1)", UCMGo: "none: recency is tracked exactly, nothing is sampled"},
+		UCM: "share of directories GC samples for old files (default 0.1)", UCMGo: "none: recency is tracked per segment, nothing is sampled"},
 
 	// CacheStore (ucm/store/cache).
 	{Name: "cache_buffer_capacity_gb", Effect: KeyHonoured, kind: kindNumber,

@@ -133,11 +133,11 @@ func newEvictCmd(tc *cliutil.Config, stdout, stderr io.Writer) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "evict [DIR] --to BYTES [--tier NAME]",
-		Short: "Evict least recently used blocks until a disk tier holds at most --to bytes (offline)",
+		Short: "Evict least recently used segments until a disk tier holds at most --to bytes (offline)",
 		Long: `evict brings the disk tier --tier (default: the first disk tier) down to at most --to
 bytes of segment files, by the engine's reclamation policy: empty segments are deleted
-and sparse ones compacted first, then the least recently used blocks are evicted (in
-write order: recency is not kept across restarts). Blocks evicted from a tier with a
+and sparse ones compacted first, then the blocks of the least recently used segments
+are evicted (in write order: recency is not kept across restarts). Blocks evicted from a tier with a
 slower tier below it move down (demoted); blocks evicted from the last tier are
 DELETED from the store. --to 0 empties the tier (compacting nothing: every block
 leaves it). --to counts what the segment files

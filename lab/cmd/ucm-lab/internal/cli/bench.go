@@ -301,8 +301,8 @@ Workloads:
              prompt's prefix, load the leading run of hits, dump the rest. --block-size is
              the bytes stored per hash id (one 512-token block). Requests run in order,
              --concurrency at a time (1: strictly sequential), ignoring timestamps unless
-             --realtime. --capacity bounds the store's disk tier (least recently used
-             blocks are evicted beyond it) and --memory puts a memory tier in front; the
+             --realtime. --capacity bounds the store's disk tier (the least recently used
+             segments are evicted beyond it) and --memory puts a memory tier in front; the
              report then adds the capacity, the peak accounted bytes sampled during the run
              and by how much it exceeded the capacity (at most one segment by design), the
              blocks evicted, segments retired and how many new segments reused their
@@ -377,7 +377,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.BoolVar(&cfg.fioBracket, "fio-bracket", true, "with --fio: also run fio before the first round, and take each round's ratios against the mean of fio just before and just after it")
 	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
-	fl.Var(cliutil.SizeFlag(&cfg.capacity, "0"), "capacity", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); least recently used blocks are evicted beyond it (lookup, open: measures what recency tracking costs)")
+	fl.Var(cliutil.SizeFlag(&cfg.capacity, "0"), "capacity", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); the least recently used segments are evicted beyond it (lookup, open: measures what recency tracking costs)")
 	fl.Var(cliutil.SizeFlag(&cfg.memory, "0"), "memory", "trace: bytes of a memory tier in front of the disk tier (0: none)")
 	fl.BoolVar(&cfg.realtime, "realtime", false, "trace: issue requests at their timestamps instead of back to back")
 	fl.Var(cliutil.NewParsedFlag(&cfg.compression, "kind", "off", engine.ParseCompression), "compression", "block compression: off or lz4 (lz4 runs use KV-shaped bf16 payloads, which compress like real KV)")

@@ -230,6 +230,19 @@ func TestBenchOpen(t *testing.T) {
 	}
 }
 
+// TestBenchOpenCapacity: with --capacity the disk tier is configured in the store directory,
+// and the crash copy is opened with its tier in the copy's directory, not the original's (a
+// store's directory holds that store's data only: the engine refuses the other).
+func TestBenchOpenCapacity(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"--workload", "open", "--dir", dir, "--blocks", "500", "--segment-size", "1MiB", "--batch", "100", "--capacity", "1GiB"}
+	out, errOut, code := run(t, append([]string{"bench"}, args...)...)
+	if code != cliutil.ExitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	clitest.MustContain(t, out, "open after crash", "verified")
+}
+
 func TestBenchTrace(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join("testdata", "mooncake_trace_50.jsonl")

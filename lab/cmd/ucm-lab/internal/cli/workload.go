@@ -110,7 +110,12 @@ func (env *benchEnv) open() (*engine.Engine, time.Duration, error) { return env.
 
 // openDir opens the store in dir with the bench options.
 func (env *benchEnv) openDir(dir string) (*engine.Engine, time.Duration, error) {
-	return env.openDirWith(dir, env.opts)
+	opts := env.opts
+	if opts.Tiers != nil {
+		// The disk tier lives in the store directory: in dir's, not the bench store's.
+		opts.Tiers = benchTiers(env.cfg, dir)
+	}
+	return env.openDirWith(dir, opts)
 }
 
 // openDirWith opens the store in dir with opts (a workload's variant of the bench options).

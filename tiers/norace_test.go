@@ -1,5 +1,0 @@
-//go:build !race
-
-package tiers
-
-const raceEnabled = false
