@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/mooncakefake"
@@ -631,5 +632,50 @@ func TestMooncakeBuiltMatchesOpen(t *testing.T) {
 	}
 	if _, err := OpenMooncakePool(mcCfg("block")); !errors.Is(err, ErrMooncakeNotBuilt) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// heldPutPool holds every Put in the pool until release is closed, and reports each entry.
+type heldPutPool struct {
+	*mooncakefake.Pool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldPutPool) Put(keys []string, bufs [][]byte) ([]int, error) {
+	h.entered <- struct{}{}
+	<-h.release
+	return h.Pool.Put(keys, bufs)
+}
+
+// Write-throughs are put by more than one batch at a time: while a batch is in the pool (a
+// master round trip, transfers), the next queued block is put beside it rather than after it.
+func TestMooncakePutsOverlap(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan struct{}, 4), release: make(chan struct{})}
+	mc := newMC(t, "block", pool)
+	idA, dataA, crcsA := mcBlock(20)
+	mc.Put(idA, dataA, crcsA)
+	<-pool.entered // the first batch is in the pool, held there
+	idB, dataB, crcsB := mcBlock(21)
+	mc.Put(idB, dataB, crcsB)
+	select {
+	case <-pool.entered:
+	case <-time.After(30 * time.Second):
+		close(pool.release)
+		t.Fatal("a second write-through batch did not start while the first was in the pool")
+	}
+	close(pool.release)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 2 || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+	for _, b := range []struct {
+		id   format.BlockID
+		data []byte
+	}{{idA, dataA}, {idB, dataB}} {
+		if got, ok := getOne(mc, b.id, -1); !ok || !bytes.Equal(got, b.data) {
+			t.Fatalf("block %v not loaded intact after the overlapping puts", b.id)
+		}
 	}
 }

@@ -152,6 +152,14 @@ func (p *mcPending) wait() {
 	}
 }
 
+// mcPutWorkers is the number of write-through batches in flight at once. A batch put is a
+// master round trip to allocate, the transfers, and another to commit; with two, one batch's
+// round trips overlap the other's transfers, as two callers of the raw client do.
+const mcPutWorkers = 2
+
+// mcMaxPutBatch is the most blocks one write-through batch puts.
+const mcMaxPutBatch = 16
+
 type mcPut struct {
 	id   format.BlockID
 	slot []byte
@@ -200,8 +208,10 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 	}
 	t.putq = make(chan mcPut, slots/2)
 	t.up.Store(pool.Healthy())
-	t.bg.Add(2)
-	go t.putWorker()
+	t.bg.Add(1 + mcPutWorkers)
+	for w := 0; w < mcPutWorkers; w++ {
+		go t.putWorker()
+	}
 	go t.healthLoop()
 	return t, nil
 }
@@ -330,7 +340,7 @@ func (t *MooncakeTier) putWorker() {
 			batch = append(batch, p)
 		}
 	gather:
-		for len(batch) < 16 {
+		for len(batch) < mcMaxPutBatch {
 			select {
 			case p := <-t.putq:
 				batch = append(batch, p)
