@@ -635,37 +635,50 @@ func TestMooncakeBuiltMatchesOpen(t *testing.T) {
 	}
 }
 
-// heldPutPool holds every Put in the pool until release is closed, and reports each entry.
+// heldPutPool holds every Put in the pool until it is released: each call sends the channel
+// that releases it on entered.
 type heldPutPool struct {
 	*mooncakefake.Pool
-	entered chan struct{}
-	release chan struct{}
+	entered chan chan struct{}
 }
 
 func (h *heldPutPool) Put(keys []string, bufs [][]byte) ([]int, error) {
-	h.entered <- struct{}{}
-	<-h.release
+	release := make(chan struct{})
+	h.entered <- release
+	<-release
 	return h.Pool.Put(keys, bufs)
+}
+
+// enteredPut waits for the next Put to enter the pool and returns its release, or fails the
+// test (after releasing everything given) when none does.
+func enteredPut(t *testing.T, pool *heldPutPool, why string, held ...chan struct{}) chan struct{} {
+	t.Helper()
+	select {
+	case r := <-pool.entered:
+		return r
+	case <-time.After(30 * time.Second):
+		for _, r := range held {
+			close(r)
+		}
+		t.Fatal(why)
+		return nil
+	}
 }
 
 // Write-throughs are put by more than one batch at a time: while a batch is in the pool (a
 // master round trip, transfers), the next queued block is put beside it rather than after it.
 func TestMooncakePutsOverlap(t *testing.T) {
 	st := mooncakefake.NewStore()
-	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan struct{}, 4), release: make(chan struct{})}
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
 	mc := newMC(t, "block", pool)
 	idA, dataA, crcsA := mcBlock(20)
 	mc.Put(idA, dataA, crcsA)
-	<-pool.entered // the first batch is in the pool, held there
+	relA := enteredPut(t, pool, "the first write-through did not reach the pool")
 	idB, dataB, crcsB := mcBlock(21)
 	mc.Put(idB, dataB, crcsB)
-	select {
-	case <-pool.entered:
-	case <-time.After(30 * time.Second):
-		close(pool.release)
-		t.Fatal("a second write-through batch did not start while the first was in the pool")
-	}
-	close(pool.release)
+	relB := enteredPut(t, pool, "a second write-through batch did not start while the first was in the pool", relA)
+	close(relA)
+	close(relB)
 	mc.Flush()
 	if s := mc.Stats(); s.Puts != 2 || s.PutsDropped != 0 {
 		t.Fatalf("%+v", s)
@@ -677,5 +690,48 @@ func TestMooncakePutsOverlap(t *testing.T) {
 		if got, ok := getOne(mc, b.id, -1); !ok || !bytes.Equal(got, b.data) {
 			t.Fatalf("block %v not loaded intact after the overlapping puts", b.id)
 		}
+	}
+}
+
+// Flush waits for the write-throughs queued before it, not for those queued while it waits:
+// under a steady stream of dumps from other callers it still returns.
+func TestMooncakeFlushWaitsOnlyForEarlierPuts(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+	mc := newMC(t, "block", pool)
+	idA, dataA, crcsA := mcBlock(30)
+	mc.Put(idA, dataA, crcsA)
+	relA := enteredPut(t, pool, "the first write-through did not reach the pool")
+	flushed, started := make(chan struct{}), make(chan struct{})
+	mc.flushStarted = func() { close(started) }
+	go func() { mc.Flush(); close(flushed) }()
+	<-started
+	mc.flushStarted = nil
+	// Queued after the Flush began (it cannot return before A is released), and held.
+	idB, dataB, crcsB := mcBlock(31)
+	mc.Put(idB, dataB, crcsB)
+	relB := enteredPut(t, pool, "the second write-through did not reach the pool", relA)
+	select {
+	case <-flushed:
+		close(relA)
+		close(relB)
+		t.Fatal("Flush returned before the write-through queued before it was done")
+	default:
+	}
+	close(relA)
+	select {
+	case <-flushed:
+	case <-time.After(30 * time.Second):
+		close(relB)
+		t.Fatal("Flush waited for a write-through queued after it began")
+	}
+	if s := mc.Stats(); s.Puts != 1 {
+		close(relB)
+		t.Fatalf("after Flush: %+v, want the first block put", s)
+	}
+	close(relB)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 2 || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
 	}
 }

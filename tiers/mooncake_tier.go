@@ -121,35 +121,66 @@ type MooncakeTier struct {
 
 	// Test hooks, nil outside tests: healthObserved runs in checkHealth between the client's
 	// health check and the transition it leads to, statePublished right after a new state
-	// became visible to the tier's users.
+	// became visible to the tier's users, flushStarted in Flush once the write-throughs it
+	// waits for are known.
 	healthObserved func(healthy bool)
 	statePublished func()
+	flushStarted   func()
 }
 
-// mcPending counts queued puts; wait returns when none is.
+// mcPending tracks queued puts by sequence number, so that a flush waits for the puts queued
+// before it and not for those queued while it waits (under a steady stream of write-throughs
+// the queue is never empty).
 type mcPending struct {
 	mu   sync.Mutex
-	n    int
-	zero *sync.Cond
+	cond *sync.Cond
+	next uint64              // the sequence number of the next queued put
+	out  map[uint64]struct{} // queued, not yet written or dropped
 }
 
-func (p *mcPending) add(d int) {
+// add records a queued put and returns its sequence number.
+func (p *mcPending) add() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.zero == nil {
-		p.zero = sync.NewCond(&p.mu)
+	if p.cond == nil {
+		p.cond, p.out = sync.NewCond(&p.mu), map[uint64]struct{}{}
 	}
-	if p.n += d; p.n == 0 {
-		p.zero.Broadcast()
+	seq := p.next
+	p.next++
+	p.out[seq] = struct{}{}
+	return seq
+}
+
+// done records that put seq was written or dropped.
+func (p *mcPending) done(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.out, seq)
+	p.cond.Broadcast()
+}
+
+// wait returns once every put queued before the call is done; started (if not nil) runs
+// once the puts to wait for are known.
+func (p *mcPending) wait(started func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	target := p.next
+	if started != nil {
+		started()
+	}
+	for p.outstandingBefore(target) {
+		p.cond.Wait()
 	}
 }
 
-func (p *mcPending) wait() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.n > 0 {
-		p.zero.Wait()
+// outstandingBefore reports whether a put numbered below target is not done (p.mu held).
+func (p *mcPending) outstandingBefore(target uint64) bool {
+	for seq := range p.out {
+		if seq < target {
+			return true
+		}
 	}
+	return false
 }
 
 // mcPutWorkers is the number of write-through batches in flight at once. A batch put is a
@@ -163,6 +194,7 @@ const mcMaxPutBatch = 16
 type mcPut struct {
 	id   format.BlockID
 	slot []byte
+	seq  uint64 // mcPending's number
 }
 
 // NewMooncakeTier returns the tier named name over pool for blocks of layout l written under
@@ -183,9 +215,9 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 		stop: make(chan struct{})}
 	t.prefix = fmt.Sprintf("%s/%x/", cfg.KeyPrefix, fp[:8])
 	if t.shards {
-		t.objBytes = l.Shards * (mcHeaderBytes(1) + int(l.ShardBytes))
+		t.objBytes = l.Shards * MooncakeObjectBytes(l, true)
 	} else {
-		t.objBytes = mcHeaderBytes(l.Shards) + int(l.BlockBytes())
+		t.objBytes = MooncakeObjectBytes(l, false)
 	}
 	slots := int(cfg.StagingBytes / int64(t.objBytes))
 	if slots < 4 {
@@ -280,7 +312,7 @@ func (t *MooncakeTier) object(id format.BlockID, shard int) mcObject {
 }
 
 // shardObjBytes is the size of one shard object.
-func (t *MooncakeTier) shardObjBytes() int { return mcHeaderBytes(1) + int(t.layout.ShardBytes) }
+func (t *MooncakeTier) shardObjBytes() int { return MooncakeObjectBytes(t.layout, true) }
 
 // Put writes block id (data: its shards back to back, crcs: their format.Checksum) through
 // to the pool in the background; the caller may reuse data when Put returns. It never blocks:
@@ -312,12 +344,12 @@ func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
 		h := encodeHeader(slot, t.object(id, -1), crcs)
 		copy(slot[h:], data)
 	}
-	t.pending.add(1)
-	t.putq <- mcPut{id: id, slot: slot} // never blocks: the queue holds every put slot
+	t.putq <- mcPut{id: id, slot: slot, seq: t.pending.add()} // never blocks: the queue holds every put slot
 }
 
-// Flush waits until every write-through queued so far has been written or dropped.
-func (t *MooncakeTier) Flush() { t.pending.wait() }
+// Flush waits until every write-through queued before the call has been written or dropped;
+// write-throughs queued while it waits do not hold it back.
+func (t *MooncakeTier) Flush() { t.pending.wait(t.flushStarted) }
 
 func (t *MooncakeTier) putWorker() {
 	defer t.bg.Done()
@@ -331,7 +363,7 @@ func (t *MooncakeTier) putWorker() {
 				case p := <-t.putq:
 					t.dropped.Add(1)
 					t.putSlots <- p.slot
-					t.pending.add(-1)
+					t.pending.done(p.seq)
 				default:
 					return
 				}
@@ -351,7 +383,7 @@ func (t *MooncakeTier) putWorker() {
 		t.putBatch(batch)
 		for _, p := range batch {
 			t.putSlots <- p.slot
-			t.pending.add(-1)
+			t.pending.done(p.seq)
 		}
 	}
 }
