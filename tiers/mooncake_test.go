@@ -735,3 +735,79 @@ func TestMooncakeFlushWaitsOnlyForEarlierPuts(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// heldGetPool holds every Get in the pool until it is released: each call sends the channel
+// that releases it on entered.
+type heldGetPool struct {
+	*mooncakefake.Pool
+	entered chan chan struct{}
+}
+
+func (h *heldGetPool) Get(keys []string, bufs [][]byte) ([]int64, error) {
+	release := make(chan struct{})
+	h.entered <- release
+	<-release
+	return h.Pool.Get(keys, bufs)
+}
+
+// A load of several blocks has two gets in flight at once (the first half is checked while
+// the second still moves), and every block arrives intact and checked.
+func TestMooncakeLoadOverlapsGets(t *testing.T) {
+	for _, object := range []string{"block", "shard"} {
+		t.Run(object, func(t *testing.T) {
+			st := mooncakefake.NewStore()
+			fill := newMC(t, object, mooncakefake.New(st))
+			const n = 4
+			ids, datas := make([]format.BlockID, n), make([][]byte, n)
+			for i := range ids {
+				var crcs []uint32
+				ids[i], datas[i], crcs = mcBlock(40 + i)
+				fill.Put(ids[i], datas[i], crcs)
+			}
+			fill.Flush()
+			pool := &heldGetPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+			mc := newMC(t, object, pool)
+			dst := make([][]byte, n)
+			for i := range dst {
+				dst[i] = make([]byte, mcLayout.BlockBytes())
+			}
+			type result struct {
+				hits []bool
+				err  error
+			}
+			res := make(chan result, 1)
+			go func() {
+				hits, err := mc.Load(ids, -1, nil, func(i int) []byte { return dst[i] }, nil)
+				res <- result{hits, err}
+			}()
+			var held []chan struct{}
+			for len(held) < 2 {
+				select {
+				case r := <-pool.entered:
+					held = append(held, r)
+				case <-time.After(30 * time.Second):
+					for _, r := range held {
+						close(r)
+					}
+					<-res
+					t.Fatalf("%d get(s) in flight for a load of %d blocks, want 2 at once", len(held), n)
+				}
+			}
+			for _, r := range held {
+				close(r)
+			}
+			r := <-res
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			for i := range ids {
+				if !r.hits[i] || !bytes.Equal(dst[i], datas[i]) {
+					t.Fatalf("block %d: hit %v, intact %v", i, r.hits[i], bytes.Equal(dst[i], datas[i]))
+				}
+			}
+			if s := mc.Stats(); s.Hits != n || s.Misses != 0 || s.Rejected != 0 {
+				t.Fatalf("%+v", s)
+			}
+		})
+	}
+}

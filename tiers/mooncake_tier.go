@@ -481,7 +481,26 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 			}
 		}
 		n := len(slots)
-		t.getBatch(ids, shard, dst, todo[:n], slots, hits, crcs)
+		// Split in two gets, both in flight at once: the first half is checked and copied
+		// out while the second is still moving, so the pool is not idle while this caller
+		// works through the bytes.
+		h := (n + 1) / 2
+		first := t.prepare(ids, shard, todo[:h], slots[:h])
+		var second *mcFetch
+		if h < n {
+			second = t.prepare(ids, shard, todo[h:n], slots[h:n])
+			second.done = make(chan struct{})
+			go func() {
+				defer close(second.done)
+				second.get(t.pool)
+			}()
+		}
+		first.get(t.pool)
+		t.check(first, ids, shard, dst, hits, crcs)
+		if second != nil {
+			<-second.done
+			t.check(second, ids, shard, dst, hits, crcs)
+		}
 		for _, s := range slots {
 			t.getSlots <- s
 		}
@@ -494,41 +513,61 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 	return hits, nil
 }
 
-func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst func(int) []byte, idx []int, slots [][]byte, hits []bool, crcs [][]uint32) {
-	l := t.layout
-	type span struct{ lo, hi int } // keys[lo:hi] belong to one block
-	var (
-		keys  []string
-		bufs  [][]byte
-		spans []span
-	)
+// mcFetch is one batch get: blocks idx (indexes of the caller's ids) read into slots.
+type mcFetch struct {
+	idx   []int
+	keys  []string
+	bufs  [][]byte
+	spans []mcSpan // per block: its keys
+	got   []int64  // per key: the object's length or a Mooncake error code
+	err   error    // the whole batch failed
+	done  chan struct{}
+}
+
+// mcSpan is the range keys[lo:hi] of one block's objects.
+type mcSpan struct{ lo, hi int }
+
+// prepare lists the keys and buffers of the objects of blocks idx, read into slots.
+func (t *MooncakeTier) prepare(ids []format.BlockID, shard int, idx []int, slots [][]byte) *mcFetch {
+	f := &mcFetch{idx: idx}
 	for k, i := range idx {
-		lo := len(keys)
+		lo := len(f.keys)
 		switch {
 		case !t.shards:
-			keys, bufs = append(keys, t.key(ids[i], -1)), append(bufs, slots[k])
+			f.keys, f.bufs = append(f.keys, t.key(ids[i], -1)), append(f.bufs, slots[k])
 		case shard >= 0:
-			keys, bufs = append(keys, t.key(ids[i], shard)), append(bufs, slots[k][:t.shardObjBytes()])
+			f.keys, f.bufs = append(f.keys, t.key(ids[i], shard)), append(f.bufs, slots[k][:t.shardObjBytes()])
 		default:
 			n := t.shardObjBytes()
-			for s := 0; s < l.Shards; s++ {
-				keys, bufs = append(keys, t.key(ids[i], s)), append(bufs, slots[k][s*n:(s+1)*n])
+			for s := 0; s < t.layout.Shards; s++ {
+				f.keys, f.bufs = append(f.keys, t.key(ids[i], s)), append(f.bufs, slots[k][s*n:(s+1)*n])
 			}
 		}
-		spans = append(spans, span{lo, len(keys)})
+		f.spans = append(f.spans, mcSpan{lo, len(f.keys)})
 	}
-	got, err := t.pool.Get(keys, bufs)
-	if err == nil && len(got) != len(keys) {
-		err = fmt.Errorf("get returned %d results for %d keys", len(got), len(keys))
+	return f
+}
+
+// get reads the objects.
+func (f *mcFetch) get(pool MooncakePool) {
+	f.got, f.err = pool.Get(f.keys, f.bufs)
+	if f.err == nil && len(f.got) != len(f.keys) {
+		f.err = fmt.Errorf("get returned %d results for %d keys", len(f.got), len(f.keys))
 	}
-	if err != nil {
-		t.misses.Add(uint64(len(idx)))
-		t.failed("get", err)
+}
+
+// check verifies what f read and copies each verified block's payload into dst, marking it in
+// hits (and its checksums in crcs); everything else is counted as a miss.
+func (t *MooncakeTier) check(f *mcFetch, ids []format.BlockID, shard int, dst func(int) []byte, hits []bool, crcs [][]uint32) {
+	if f.err != nil {
+		t.misses.Add(uint64(len(f.idx)))
+		t.failed("get", f.err)
 		return
 	}
+	got, bufs := f.got, f.bufs
 	var transport int64
-	for k, i := range idx {
-		sp := spans[k]
+	for k, i := range f.idx {
+		sp := f.spans[k]
 		ok := true
 		for j := sp.lo; j < sp.hi && ok; j++ {
 			if got[j] <= 0 {
@@ -544,7 +583,7 @@ func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst func(int) [
 		if ok {
 			var sums []uint32
 			if crcs != nil && shard < 0 {
-				sums = make([]uint32, 0, l.Shards)
+				sums = make([]uint32, 0, t.layout.Shards)
 			}
 			if ok = t.verify(ids[i], shard, dst(i), bufs[sp.lo:sp.hi], got[sp.lo:sp.hi], &sums); ok && sums != nil {
 				crcs[i] = sums
