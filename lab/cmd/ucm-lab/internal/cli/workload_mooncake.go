@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ucm-go/ucm/engine"
@@ -28,16 +29,17 @@ import (
 //
 //  1. pool: --total bytes of objects of a block object's size put and got back straight
 //     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
-//     concurrency): the ceiling; then a quarter of that in objects of a shard object's size
+//     concurrency; twice, the first paying the holder's first touch of its memory): the ceiling;
+//     then a quarter of that in objects of a shard object's size
 //     (the same bytes per call) and in objects four blocks large;
 //  2. for each object layout (one object per block, one per shard): dump every block (written
 //     through), reopen the store with its memory tier empty, load every block (served by the
 //     pool), then one shard of every block;
 //  3. a second engine with an empty disk loads every block (sharing: all from the pool);
 //  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
-//     the blocks: the hit rate of each tier;
-//  5. the block-sized objects of 1 again: the ratios are against the mean of 1 and 5, so a
-//     machine whose load changes during the run moves both sides.
+//     the blocks: the hit rate of each tier.
+//
+// Every phase also reports this process's CPU seconds per GiB moved.
 type mooncakeWorkload struct{}
 
 func (mooncakeWorkload) name() string { return "mooncake" }
@@ -53,8 +55,8 @@ func (mooncakeWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) {
 // mooncakeBench is the mooncake workload's part of the result.
 type mooncakeBench struct {
 	Master string `json:"master"`
-	// PoolPutMBps and PoolGetMBps are the raw client's rates with block-object-sized objects:
-	// the mean of the rounds before and after the tier's phases (Pool lists each).
+	// PoolPutMBps and PoolGetMBps are the raw client's rates with block-object-sized objects
+	// (the second round; Pool lists every measurement).
 	PoolPutMBps  float64          `json:"pool_put_MBps"`
 	PoolGetMBps  float64          `json:"pool_get_MBps"`
 	Pool         []mooncakeRawRun `json:"pool"`
@@ -81,7 +83,23 @@ type mooncakeRawRun struct {
 	PerCall     int     `json:"per_call"`
 	PutMBps     float64 `json:"put_MBps"`
 	GetMBps     float64 `json:"get_MBps"`
+	// PutCPU and GetCPU are this process's CPU seconds (user and system, every thread) per
+	// GiB moved; the holder's are not counted.
+	PutCPU float64 `json:"put_cpu_s_per_GiB"`
+	GetCPU float64 `json:"get_cpu_s_per_GiB"`
 }
+
+// cpuSeconds returns the CPU time this process has used, user and system.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// perGiB is CPU seconds per GiB of bytes.
+func perGiB(cpu float64, bytes int64) float64 { return cpu / (float64(bytes) / (1 << 30)) }
 
 // mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates
 // with block-object-sized objects, and (Object*) with objects of this layout's size.
@@ -100,6 +118,10 @@ type mooncakeLayoutRun struct {
 	LoadObjRatio         float64 `json:"load_object_ratio"`
 	PoolHitRate          float64 `json:"pool_hit_rate"`
 	ShardMBps            float64 `json:"shard_load_MBps"`
+	// DumpCPU and LoadCPU are this process's CPU seconds per GiB dumped (written through, the
+	// engine's dump included) and loaded (the bench's checks of the bytes included).
+	DumpCPU float64 `json:"dump_cpu_s_per_GiB"`
+	LoadCPU float64 `json:"load_cpu_s_per_GiB"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -116,9 +138,9 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
-	// The holder's memory takes every object of the run without eviction: three rounds of
-	// raw block objects, two quarters of other raw objects, both layouts' objects.
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 6*total + total/2 + (256 << 20)}
+	// The holder's memory takes every object of the run without eviction: two rounds of raw
+	// block objects, two quarters of other raw objects, both layouts' objects.
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 5*total + total/2 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -138,7 +160,7 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 		obj, n, perCall int
 	}{
 		{"block objects, first touch", blockObj, env.blocks, batch},
-		{"block objects, before", blockObj, env.blocks, batch},
+		{"block objects", blockObj, env.blocks, batch},
 		{"shard objects", shardObj, env.blocks / 4 * l.Shards, batch * l.Shards},
 		{"4-block objects", 4 * blockObj, env.blocks / 16, max(1, batch/4)},
 	}
@@ -158,18 +180,19 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 			return err
 		}
 		mb.Layouts = append(mb.Layouts, run)
+		// Its stores are not needed any more (and may be on a memory file system).
+		for _, d := range []string{object, "second"} {
+			if err := os.RemoveAll(filepath.Join(env.storeDir, d)); err != nil {
+				return err
+			}
+		}
 		env.progressf("%s objects: dump %.0f MB/s, dump+write-through %.0f MB/s, load %.0f MB/s, one shard per block %.0f MB/s",
 			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.ShardMBps)
 	}
 
-	// 5. The raw block objects again; the ratios against the mean of before and after.
-	after, err := poolRate(env, cfg, "block objects, after", blockObj, env.blocks, batch, len(mb.Pool))
-	if err != nil {
-		return err
-	}
-	mb.Pool = append(mb.Pool, after)
-	env.progressf("pool, %s: put %.0f MB/s, get %.0f MB/s", after.What, after.PutMBps, after.GetMBps)
-	mb.PoolPutMBps, mb.PoolGetMBps = (mb.Pool[1].PutMBps+after.PutMBps)/2, (mb.Pool[1].GetMBps+after.GetMBps)/2
+	// The ratios: against the second round of block-sized objects (the first pays the
+	// holder's first touch of its memory), and against the objects of each layout's size.
+	mb.PoolPutMBps, mb.PoolGetMBps = mb.Pool[1].PutMBps, mb.Pool[1].GetMBps
 	for i := range mb.Layouts {
 		r := &mb.Layouts[i]
 		r.ObjectPutMBps, r.ObjectGetMBps = mb.PoolPutMBps, mb.PoolGetMBps
@@ -312,15 +335,17 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 		return time.Since(start), nil
 	}
 	bytes := int64(n) * int64(obj)
+	cpu := cpuSeconds()
 	d, err := phase(true)
 	if err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.PutMBps = mbps(bytes, d)
+	run.PutMBps, run.PutCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	cpu = cpuSeconds()
 	if d, err = phase(false); err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.GetMBps = mbps(bytes, d)
+	run.GetMBps, run.GetCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
 	return run, nil
 }
 
@@ -390,7 +415,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err != nil {
 		return run, err
 	}
-	start := time.Now()
+	start, cpu := time.Now(), cpuSeconds()
 	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
@@ -405,6 +430,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return nil
 	})
 	through := time.Since(start)
+	run.DumpCPU = perGiB(cpuSeconds()-cpu, bytes)
 	s, _ := e.MooncakeStats()
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -424,10 +450,12 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	}
 	defer func() { _ = e.Close() }()
 	dropCaches()
+	cpu = cpuSeconds()
 	d, err := loadAll(env, e, -1)
 	if err != nil {
 		return run, fmt.Errorf("%s objects: load: %w", object, err)
 	}
+	run.LoadCPU = perGiB(cpuSeconds()-cpu, bytes)
 	s2, _ := e.MooncakeStats()
 	run.LoadMBps, run.PoolHitRate = mbps(bytes, d), float64(s2.Hits)/float64(env.blocks)
 	// One shard of every block: from a fresh instance (the first's memory tier holds some).
@@ -513,12 +541,12 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, cliutil.HumanBytes(m.HolderBytes), cliutil.HumanBytes(m.MemoryBytes))
 	for _, r := range m.Pool {
-		row("pool (raw client)", "%s (%d bytes, %d per call): put %.1f MB/s, get %.1f MB/s", r.What, r.ObjectBytes, r.PerCall, r.PutMBps, r.GetMBps)
+		row("pool (raw client)", "%s (%d bytes, %d per call): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB", r.What, r.ObjectBytes, r.PerCall, r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU)
 	}
-	row("pool (raw client)", "block objects, mean of before and after: put %.1f MB/s, get %.1f MB/s", m.PoolPutMBps, m.PoolGetMBps)
 	for _, r := range m.Layouts {
 		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
+		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB, load %.2f s per GiB", r.DumpCPU, r.LoadCPU)
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
