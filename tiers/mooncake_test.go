@@ -811,3 +811,59 @@ func TestMooncakeLoadOverlapsGets(t *testing.T) {
 		})
 	}
 }
+
+// recordingPool records the keys of each Put.
+type recordingPool struct {
+	*heldPutPool
+	mu   sync.Mutex
+	puts [][]string
+}
+
+func (r *recordingPool) Put(keys []string, bufs [][]byte) ([]int, error) {
+	r.mu.Lock()
+	r.puts = append(r.puts, append([]string(nil), keys...))
+	r.mu.Unlock()
+	return r.heldPutPool.Put(keys, bufs)
+}
+
+// PutBatch queues its blocks as one group, put in one batch call, and each arrives intact.
+func TestMooncakePutBatchOneCall(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &recordingPool{heldPutPool: &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 8)}}
+	mc := newMC(t, "block", pool)
+	// Both writers busy with a block each, held in the pool.
+	var held []chan struct{}
+	for i := 0; i < mcPutWorkers; i++ {
+		id, data, crcs := mcBlock(50 + i)
+		mc.Put(id, data, crcs)
+		held = append(held, enteredPut(t, pool.heldPutPool, "a write-through did not reach the pool", held...))
+	}
+	const n = 4
+	ids, datas, crcss := make([]format.BlockID, n), make([][]byte, n), make([][]uint32, n)
+	for i := range ids {
+		ids[i], datas[i], crcss[i] = mcBlock(60 + i)
+	}
+	mc.PutBatch(ids, datas, crcss)
+	if q := len(mc.putq); q != 1 {
+		t.Errorf("%d queue entries for one PutBatch of %d blocks, want 1", q, n)
+	}
+	for _, r := range held {
+		close(r)
+	}
+	close(enteredPut(t, pool.heldPutPool, "the batch did not reach the pool"))
+	mc.Flush()
+	pool.mu.Lock()
+	last := pool.puts[len(pool.puts)-1]
+	pool.mu.Unlock()
+	if len(last) != n {
+		t.Fatalf("the batch was put with %d keys, want %d", len(last), n)
+	}
+	for i := range ids {
+		if got, ok := getOne(mc, ids[i], -1); !ok || !bytes.Equal(got, datas[i]) {
+			t.Fatalf("block %d not loaded intact", i)
+		}
+	}
+	if s := mc.Stats(); s.Puts != n+mcPutWorkers || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+}

@@ -98,8 +98,8 @@ type MooncakeTier struct {
 
 	getSlots chan []byte
 	putSlots chan []byte
-	putq     chan mcPut
-	pending  mcPending // queued puts
+	putq     chan []mcPut // groups of blocks queued together
+	pending  mcPending    // queued puts
 	// up is whether the tier is in use. The hot paths read it without a lock; it is written
 	// only under stateMu, together with the transition counters.
 	up atomic.Bool
@@ -188,7 +188,8 @@ func (p *mcPending) outstandingBefore(target uint64) bool {
 // round trips overlap the other's transfers, as two callers of the raw client do.
 const mcPutWorkers = 2
 
-// mcMaxPutBatch is the most blocks one write-through batch puts.
+// mcMaxPutBatch is the most blocks a write-through batch gathers from the queue (a group
+// queued by one PutBatch is never split, so a batch may hold more).
 const mcMaxPutBatch = 16
 
 type mcPut struct {
@@ -238,7 +239,7 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 			t.getSlots <- s
 		}
 	}
-	t.putq = make(chan mcPut, slots/2)
+	t.putq = make(chan []mcPut, slots/2)
 	t.up.Store(pool.Healthy())
 	t.bg.Add(1 + mcPutWorkers)
 	for w := 0; w < mcPutWorkers; w++ {
@@ -318,21 +319,43 @@ func (t *MooncakeTier) shardObjBytes() int { return MooncakeObjectBytes(t.layout
 // to the pool in the background; the caller may reuse data when Put returns. It never blocks:
 // when the tier is down or every put slot is busy the block is not written (counted).
 func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
-	if t.closed.Load() || int64(len(data)) != t.layout.BlockBytes() || len(crcs) != t.layout.Shards {
+	t.PutBatch([]format.BlockID{id}, [][]byte{data}, [][]uint32{crcs})
+}
+
+// PutBatch is Put for blocks ids[i] (data[i], crcs[i]), queued together: they are put in one
+// batch call (with any other queued blocks) rather than one by one as the pool's writer wakes.
+// Blocks of the wrong size, and those with no free put slot, are not written (counted).
+func (t *MooncakeTier) PutBatch(ids []format.BlockID, data [][]byte, crcs [][]uint32) {
+	if t.closed.Load() || len(data) != len(ids) || len(crcs) != len(ids) {
 		return
 	}
-	if !t.up.Load() {
-		t.skipped.Add(1)
-		t.dropped.Add(1)
-		return
+	var group []mcPut
+	for i, id := range ids {
+		if int64(len(data[i])) != t.layout.BlockBytes() || len(crcs[i]) != t.layout.Shards {
+			continue
+		}
+		if !t.up.Load() {
+			t.skipped.Add(1)
+			t.dropped.Add(1)
+			continue
+		}
+		var slot []byte
+		select {
+		case slot = <-t.putSlots:
+		default:
+			t.dropped.Add(1)
+			continue
+		}
+		t.stage(slot, id, data[i], crcs[i])
+		group = append(group, mcPut{id: id, slot: slot, seq: t.pending.add()})
 	}
-	var slot []byte
-	select {
-	case slot = <-t.putSlots:
-	default:
-		t.dropped.Add(1)
-		return
+	if len(group) > 0 {
+		t.putq <- group // never blocks: the queue holds as many groups as there are put slots
 	}
+}
+
+// stage writes block id's object(s) into slot.
+func (t *MooncakeTier) stage(slot []byte, id format.BlockID, data []byte, crcs []uint32) {
 	if t.shards {
 		sb, n := int(t.layout.ShardBytes), t.shardObjBytes()
 		for s := 0; s < t.layout.Shards; s++ {
@@ -340,11 +363,10 @@ func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
 			h := encodeHeader(obj, t.object(id, s), crcs[s:s+1])
 			copy(obj[h:], data[s*sb:(s+1)*sb])
 		}
-	} else {
-		h := encodeHeader(slot, t.object(id, -1), crcs)
-		copy(slot[h:], data)
+		return
 	}
-	t.putq <- mcPut{id: id, slot: slot, seq: t.pending.add()} // never blocks: the queue holds every put slot
+	h := encodeHeader(slot, t.object(id, -1), crcs)
+	copy(slot[h:], data)
 }
 
 // Flush waits until every write-through queued before the call has been written or dropped;
@@ -360,22 +382,24 @@ func (t *MooncakeTier) putWorker() {
 			// Drain: what is queued is dropped.
 			for {
 				select {
-				case p := <-t.putq:
-					t.dropped.Add(1)
-					t.putSlots <- p.slot
-					t.pending.done(p.seq)
+				case g := <-t.putq:
+					for _, p := range g {
+						t.dropped.Add(1)
+						t.putSlots <- p.slot
+						t.pending.done(p.seq)
+					}
 				default:
 					return
 				}
 			}
-		case p := <-t.putq:
-			batch = append(batch, p)
+		case g := <-t.putq:
+			batch = append(batch, g...)
 		}
 	gather:
 		for len(batch) < mcMaxPutBatch {
 			select {
-			case p := <-t.putq:
-				batch = append(batch, p)
+			case g := <-t.putq:
+				batch = append(batch, g...)
 			default:
 				break gather
 			}
@@ -811,3 +835,5 @@ func (t *MooncakeTier) Close() error {
 	t.bg.Wait()
 	return t.pool.Close()
 }
+
+var _ BatchPutter = (*MooncakeTier)(nil)
