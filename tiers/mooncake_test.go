@@ -867,3 +867,42 @@ func TestMooncakePutBatchOneCall(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// Two dumps' groups queued while the writers are busy go to two writers, side by side, not
+// into one call.
+func TestMooncakeGroupsGoToTwoWriters(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &recordingPool{heldPutPool: &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 8)}}
+	mc := newMC(t, "block", pool)
+	var held []chan struct{}
+	for i := 0; i < mcPutWorkers; i++ {
+		id, data, crcs := mcBlock(70 + i)
+		mc.Put(id, data, crcs)
+		held = append(held, enteredPut(t, pool.heldPutPool, "a write-through did not reach the pool", held...))
+	}
+	for g := 0; g < 2; g++ {
+		ids, datas, crcss := make([]format.BlockID, mcMaxPutBatch), make([][]byte, mcMaxPutBatch), make([][]uint32, mcMaxPutBatch)
+		for i := range ids {
+			ids[i], datas[i], crcss[i] = mcBlock(100 + g*mcMaxPutBatch + i)
+		}
+		mc.PutBatch(ids, datas, crcss)
+	}
+	for _, r := range held {
+		close(r)
+	}
+	a := enteredPut(t, pool.heldPutPool, "the first group did not reach the pool")
+	b := enteredPut(t, pool.heldPutPool, "the second group was not put beside the first", a)
+	close(a)
+	close(b)
+	mc.Flush()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	for _, keys := range pool.puts[mcPutWorkers:] {
+		if len(keys) != mcMaxPutBatch {
+			t.Fatalf("puts of %d keys after the held ones, want %d each", len(keys), mcMaxPutBatch)
+		}
+	}
+	if s := mc.Stats(); s.Puts != 2*mcMaxPutBatch+mcPutWorkers || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+}

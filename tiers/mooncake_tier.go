@@ -188,9 +188,11 @@ func (p *mcPending) outstandingBefore(target uint64) bool {
 // round trips overlap the other's transfers, as two callers of the raw client do.
 const mcPutWorkers = 2
 
-// mcMaxPutBatch is the most blocks a write-through batch gathers from the queue (a group
-// queued by one PutBatch is never split, so a batch may hold more).
-const mcMaxPutBatch = 16
+// mcMaxPutBatch bounds gathering: a writer takes one queued group, then more only while its
+// batch holds fewer blocks than this (a group queued by one PutBatch is never split, so a
+// batch may hold more). Two dumps' groups of this size go to two writers, in flight side by
+// side, rather than into one call.
+const mcMaxPutBatch = 8
 
 type mcPut struct {
 	id   format.BlockID

@@ -121,7 +121,10 @@ type mooncakeLayoutRun struct {
 	// DumpCPU and LoadCPU are this process's CPU seconds per GiB dumped (written through, the
 	// engine's dump included) and loaded (the bench's checks of the bytes included).
 	DumpCPU float64 `json:"dump_cpu_s_per_GiB"`
-	LoadCPU float64 `json:"load_cpu_s_per_GiB"`
+	// DumpShare is the share of the tasks' time in the dump itself (the rest: waiting for the
+	// write-through).
+	DumpShare float64 `json:"dump_share"`
+	LoadCPU   float64 `json:"load_cpu_s_per_GiB"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -416,21 +419,29 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return run, err
 	}
 	start, cpu := time.Now(), cpuSeconds()
+	var inDump, inFlush atomic.Int64 // nanoseconds the tasks spent in each
 	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
+		t0 := time.Now()
 		if err := e.Dump(ids, bufs).Wait(); err != nil {
 			return err
 		}
+		t1 := time.Now()
 		// Write-throughs never hold a dump back, and a burst larger than the tier's put
 		// slots is dropped; here every dump waits for them, so the figure is the rate of
 		// dumps that are in the pool when they return.
 		e.FlushMooncake()
+		inDump.Add(int64(t1.Sub(t0)))
+		inFlush.Add(int64(time.Since(t1)))
 		return nil
 	})
 	through := time.Since(start)
 	run.DumpCPU = perGiB(cpuSeconds()-cpu, bytes)
+	if tot := inDump.Load() + inFlush.Load(); tot > 0 {
+		run.DumpShare = float64(inDump.Load()) / float64(tot)
+	}
 	s, _ := e.MooncakeStats()
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -546,7 +557,7 @@ func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	for _, r := range m.Layouts {
 		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
-		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB, load %.2f s per GiB", r.DumpCPU, r.LoadCPU)
+		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB, load %.2f s per GiB; tasks' time in the dump itself %.2f, waiting for the write-through %.2f", r.DumpCPU, r.LoadCPU, r.DumpShare, 1-r.DumpShare)
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
