@@ -70,6 +70,23 @@ func (e *Engine) backfill(id BlockID, block []byte, crcs []uint32, upTo int) {
 // writeThrough puts dumped records into every cache, once they are durable on disk.
 func (e *Engine) writeThrough(recs []*wal.Record) {
 	for _, c := range e.caches {
+		if bp, ok := c.(tiers.BatchPutter); ok {
+			// Queued together: written through in one batch (Mooncake's pool).
+			var (
+				ids  []BlockID
+				data [][]byte
+				crcs [][]uint32
+			)
+			for _, rec := range recs {
+				if b := e.blockBytes(rec); b != nil {
+					ids, data, crcs = append(ids, rec.ID), append(data, b), append(crcs, rec.ShardCRCs)
+				}
+			}
+			if len(ids) > 0 {
+				bp.PutBatch(ids, data, crcs)
+			}
+			continue
+		}
 		for _, rec := range recs {
 			if b := e.blockBytes(rec); b != nil {
 				c.Put(rec.ID, b, rec.ShardCRCs)

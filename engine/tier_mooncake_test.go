@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ucm-go/ucm/format"
@@ -249,4 +250,54 @@ func must(s tiers.MooncakeStats, ok bool) tiers.MooncakeStats {
 		panic("no mooncake tier")
 	}
 	return s
+}
+
+// batchRecorder is a cache that records how the engine puts blocks into it.
+type batchRecorder struct {
+	tiers.Cache
+	mu      sync.Mutex
+	puts    int
+	batches [][]BlockID
+}
+
+func (r *batchRecorder) Put(id BlockID, data []byte, crcs []uint32) {
+	r.mu.Lock()
+	r.puts++
+	r.mu.Unlock()
+	r.Cache.Put(id, data, crcs)
+}
+
+func (r *batchRecorder) PutBatch(ids []BlockID, data [][]byte, crcs [][]uint32) {
+	r.mu.Lock()
+	r.batches = append(r.batches, append([]BlockID(nil), ids...))
+	r.mu.Unlock()
+	for i := range ids {
+		r.Cache.Put(ids[i], data[i], crcs[i])
+	}
+}
+
+// A dump's blocks reach a cache that takes batches (the mooncake tier) together, in PutBatch
+// calls, not one Put per block, so its writer puts them in one batch.
+func TestMooncakeWriteThroughInBatches(t *testing.T) {
+	st := mooncakefake.NewStore()
+	withFakeMooncake(t, st)
+	e := openMooncakeEngine(t, false)
+	rec := &batchRecorder{Cache: e.caches[0]}
+	e.caches[0] = rec
+	ids := []BlockID{blockID(1), blockID(2), blockID(3), blockID(4)}
+	dumpBlocks(t, e, ids)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n, most := 0, 0
+	for _, b := range rec.batches {
+		n, most = n+len(b), max(most, len(b))
+	}
+	if rec.puts != 0 || n != len(ids) || most < 2 {
+		t.Fatalf("write-through: %d single puts, batches %v; want the %d blocks in batches", rec.puts, rec.batches, len(ids))
+	}
+	e.caches[0] = rec.Cache // MooncakeStats finds the tier among the caches
+	e.FlushMooncake()
+	if s, _ := e.MooncakeStats(); s.Puts != uint64(len(ids)) {
+		t.Fatalf("after flush: %+v", s)
+	}
 }

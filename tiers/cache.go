@@ -62,6 +62,13 @@ type Cache interface {
 	Usage() CacheStats
 }
 
+// BatchPutter is a Cache that takes several blocks at once: PutBatch is Put for each ids[i]
+// (data[i], crcs[i]), with the blocks queued together so that an asynchronous writer moves
+// them in one batch. The engine uses it for a dump's write-throughs when a cache has it.
+type BatchPutter interface {
+	PutBatch(ids []ID, data [][]byte, crcs [][]uint32)
+}
+
 // CacheStats is the accounting of a Cache, common to its kinds; each kind has more of its own
 // (MemCacheStats, MooncakeStats). Fields a kind cannot know are 0.
 type CacheStats struct {

@@ -192,6 +192,16 @@ var ErrMooncakeObject = fmt.Errorf("mooncake object rejected: %w", format.ErrCor
 // mcHeaderBytes is the header size for an object of n parts.
 func mcHeaderBytes(n int) int { return (mcFixedBytes + 4*n + 4 + 63) &^ 63 }
 
+// MooncakeObjectBytes returns the size of one object the tier stores for layout l: a block
+// object (header and every shard) when shard is false, else one shard's object (header and
+// the shard).
+func MooncakeObjectBytes(l format.Layout, shard bool) int {
+	if shard {
+		return mcHeaderBytes(1) + int(l.ShardBytes)
+	}
+	return mcHeaderBytes(l.Shards) + int(l.BlockBytes())
+}
+
 // mcObject describes an object the tier expects: which block, shard and payload.
 type mcObject struct {
 	id      format.BlockID

@@ -9,6 +9,7 @@ import (
 	"math/rand"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/mooncakefake"
@@ -631,5 +632,277 @@ func TestMooncakeBuiltMatchesOpen(t *testing.T) {
 	}
 	if _, err := OpenMooncakePool(mcCfg("block")); !errors.Is(err, ErrMooncakeNotBuilt) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// heldPutPool holds every Put in the pool until it is released: each call sends the channel
+// that releases it on entered.
+type heldPutPool struct {
+	*mooncakefake.Pool
+	entered chan chan struct{}
+}
+
+func (h *heldPutPool) Put(keys []string, bufs [][]byte) ([]int, error) {
+	release := make(chan struct{})
+	h.entered <- release
+	<-release
+	return h.Pool.Put(keys, bufs)
+}
+
+// enteredPut waits for the next Put to enter the pool and returns its release, or fails the
+// test (after releasing everything given) when none does.
+func enteredPut(t *testing.T, pool *heldPutPool, why string, held ...chan struct{}) chan struct{} {
+	t.Helper()
+	select {
+	case r := <-pool.entered:
+		return r
+	case <-time.After(30 * time.Second):
+		for _, r := range held {
+			close(r)
+		}
+		t.Fatal(why)
+		return nil
+	}
+}
+
+// Write-throughs are put by more than one batch at a time: while a batch is in the pool (a
+// master round trip, transfers), the next queued block is put beside it rather than after it.
+func TestMooncakePutsOverlap(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+	mc := newMC(t, "block", pool)
+	idA, dataA, crcsA := mcBlock(20)
+	mc.Put(idA, dataA, crcsA)
+	relA := enteredPut(t, pool, "the first write-through did not reach the pool")
+	idB, dataB, crcsB := mcBlock(21)
+	mc.Put(idB, dataB, crcsB)
+	relB := enteredPut(t, pool, "a second write-through batch did not start while the first was in the pool", relA)
+	close(relA)
+	close(relB)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 2 || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+	for _, b := range []struct {
+		id   format.BlockID
+		data []byte
+	}{{idA, dataA}, {idB, dataB}} {
+		if got, ok := getOne(mc, b.id, -1); !ok || !bytes.Equal(got, b.data) {
+			t.Fatalf("block %v not loaded intact after the overlapping puts", b.id)
+		}
+	}
+}
+
+// Flush waits for the write-throughs queued before it, not for those queued while it waits:
+// under a steady stream of dumps from other callers it still returns.
+func TestMooncakeFlushWaitsOnlyForEarlierPuts(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+	mc := newMC(t, "block", pool)
+	idA, dataA, crcsA := mcBlock(30)
+	mc.Put(idA, dataA, crcsA)
+	relA := enteredPut(t, pool, "the first write-through did not reach the pool")
+	flushed, started := make(chan struct{}), make(chan struct{})
+	mc.flushStarted = func() { close(started) }
+	go func() { mc.Flush(); close(flushed) }()
+	<-started
+	mc.flushStarted = nil
+	// Queued after the Flush began (it cannot return before A is released), and held.
+	idB, dataB, crcsB := mcBlock(31)
+	mc.Put(idB, dataB, crcsB)
+	relB := enteredPut(t, pool, "the second write-through did not reach the pool", relA)
+	select {
+	case <-flushed:
+		close(relA)
+		close(relB)
+		t.Fatal("Flush returned before the write-through queued before it was done")
+	default:
+	}
+	close(relA)
+	select {
+	case <-flushed:
+	case <-time.After(30 * time.Second):
+		close(relB)
+		t.Fatal("Flush waited for a write-through queued after it began")
+	}
+	if s := mc.Stats(); s.Puts != 1 {
+		close(relB)
+		t.Fatalf("after Flush: %+v, want the first block put", s)
+	}
+	close(relB)
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 2 || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// heldGetPool holds every Get in the pool until it is released: each call sends the channel
+// that releases it on entered.
+type heldGetPool struct {
+	*mooncakefake.Pool
+	entered chan chan struct{}
+}
+
+func (h *heldGetPool) Get(keys []string, bufs [][]byte) ([]int64, error) {
+	release := make(chan struct{})
+	h.entered <- release
+	<-release
+	return h.Pool.Get(keys, bufs)
+}
+
+// A load of several blocks has two gets in flight at once (the first half is checked while
+// the second still moves), and every block arrives intact and checked.
+func TestMooncakeLoadOverlapsGets(t *testing.T) {
+	for _, object := range []string{"block", "shard"} {
+		t.Run(object, func(t *testing.T) {
+			st := mooncakefake.NewStore()
+			fill := newMC(t, object, mooncakefake.New(st))
+			const n = 4
+			ids, datas := make([]format.BlockID, n), make([][]byte, n)
+			for i := range ids {
+				var crcs []uint32
+				ids[i], datas[i], crcs = mcBlock(40 + i)
+				fill.Put(ids[i], datas[i], crcs)
+			}
+			fill.Flush()
+			pool := &heldGetPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+			mc := newMC(t, object, pool)
+			dst := make([][]byte, n)
+			for i := range dst {
+				dst[i] = make([]byte, mcLayout.BlockBytes())
+			}
+			type result struct {
+				hits []bool
+				err  error
+			}
+			res := make(chan result, 1)
+			go func() {
+				hits, err := mc.Load(ids, -1, nil, func(i int) []byte { return dst[i] }, nil)
+				res <- result{hits, err}
+			}()
+			var held []chan struct{}
+			for len(held) < 2 {
+				select {
+				case r := <-pool.entered:
+					held = append(held, r)
+				case <-time.After(30 * time.Second):
+					for _, r := range held {
+						close(r)
+					}
+					<-res
+					t.Fatalf("%d get(s) in flight for a load of %d blocks, want 2 at once", len(held), n)
+				}
+			}
+			for _, r := range held {
+				close(r)
+			}
+			r := <-res
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			for i := range ids {
+				if !r.hits[i] || !bytes.Equal(dst[i], datas[i]) {
+					t.Fatalf("block %d: hit %v, intact %v", i, r.hits[i], bytes.Equal(dst[i], datas[i]))
+				}
+			}
+			if s := mc.Stats(); s.Hits != n || s.Misses != 0 || s.Rejected != 0 {
+				t.Fatalf("%+v", s)
+			}
+		})
+	}
+}
+
+// recordingPool records the keys of each Put.
+type recordingPool struct {
+	*heldPutPool
+	mu   sync.Mutex
+	puts [][]string
+}
+
+func (r *recordingPool) Put(keys []string, bufs [][]byte) ([]int, error) {
+	r.mu.Lock()
+	r.puts = append(r.puts, append([]string(nil), keys...))
+	r.mu.Unlock()
+	return r.heldPutPool.Put(keys, bufs)
+}
+
+// PutBatch queues its blocks as one group, put in one batch call, and each arrives intact.
+func TestMooncakePutBatchOneCall(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &recordingPool{heldPutPool: &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 8)}}
+	mc := newMC(t, "block", pool)
+	// Both writers busy with a block each, held in the pool.
+	var held []chan struct{}
+	for i := 0; i < mcPutWorkers; i++ {
+		id, data, crcs := mcBlock(50 + i)
+		mc.Put(id, data, crcs)
+		held = append(held, enteredPut(t, pool.heldPutPool, "a write-through did not reach the pool", held...))
+	}
+	const n = 4
+	ids, datas, crcss := make([]format.BlockID, n), make([][]byte, n), make([][]uint32, n)
+	for i := range ids {
+		ids[i], datas[i], crcss[i] = mcBlock(60 + i)
+	}
+	mc.PutBatch(ids, datas, crcss)
+	if q := len(mc.putq); q != 1 {
+		t.Errorf("%d queue entries for one PutBatch of %d blocks, want 1", q, n)
+	}
+	for _, r := range held {
+		close(r)
+	}
+	close(enteredPut(t, pool.heldPutPool, "the batch did not reach the pool"))
+	mc.Flush()
+	pool.mu.Lock()
+	last := pool.puts[len(pool.puts)-1]
+	pool.mu.Unlock()
+	if len(last) != n {
+		t.Fatalf("the batch was put with %d keys, want %d", len(last), n)
+	}
+	for i := range ids {
+		if got, ok := getOne(mc, ids[i], -1); !ok || !bytes.Equal(got, datas[i]) {
+			t.Fatalf("block %d not loaded intact", i)
+		}
+	}
+	if s := mc.Stats(); s.Puts != n+mcPutWorkers || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// Two dumps' groups queued while the writers are busy go to two writers, side by side, not
+// into one call.
+func TestMooncakeGroupsGoToTwoWriters(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &recordingPool{heldPutPool: &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 8)}}
+	mc := newMC(t, "block", pool)
+	var held []chan struct{}
+	for i := 0; i < mcPutWorkers; i++ {
+		id, data, crcs := mcBlock(70 + i)
+		mc.Put(id, data, crcs)
+		held = append(held, enteredPut(t, pool.heldPutPool, "a write-through did not reach the pool", held...))
+	}
+	for g := 0; g < 2; g++ {
+		ids, datas, crcss := make([]format.BlockID, mcMaxPutBatch), make([][]byte, mcMaxPutBatch), make([][]uint32, mcMaxPutBatch)
+		for i := range ids {
+			ids[i], datas[i], crcss[i] = mcBlock(100 + g*mcMaxPutBatch + i)
+		}
+		mc.PutBatch(ids, datas, crcss)
+	}
+	for _, r := range held {
+		close(r)
+	}
+	a := enteredPut(t, pool.heldPutPool, "the first group did not reach the pool")
+	b := enteredPut(t, pool.heldPutPool, "the second group was not put beside the first", a)
+	close(a)
+	close(b)
+	mc.Flush()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	for _, keys := range pool.puts[mcPutWorkers:] {
+		if len(keys) != mcMaxPutBatch {
+			t.Fatalf("puts of %d keys after the held ones, want %d each", len(keys), mcMaxPutBatch)
+		}
+	}
+	if s := mc.Stats(); s.Puts != 2*mcMaxPutBatch+mcPutWorkers || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
 	}
 }

@@ -98,8 +98,8 @@ type MooncakeTier struct {
 
 	getSlots chan []byte
 	putSlots chan []byte
-	putq     chan mcPut
-	pending  mcPending // queued puts
+	putq     chan []mcPut // groups of blocks queued together
+	pending  mcPending    // queued puts
 	// up is whether the tier is in use. The hot paths read it without a lock; it is written
 	// only under stateMu, together with the transition counters.
 	up atomic.Bool
@@ -121,40 +121,83 @@ type MooncakeTier struct {
 
 	// Test hooks, nil outside tests: healthObserved runs in checkHealth between the client's
 	// health check and the transition it leads to, statePublished right after a new state
-	// became visible to the tier's users.
+	// became visible to the tier's users, flushStarted in Flush once the write-throughs it
+	// waits for are known.
 	healthObserved func(healthy bool)
 	statePublished func()
+	flushStarted   func()
 }
 
-// mcPending counts queued puts; wait returns when none is.
+// mcPending tracks queued puts by sequence number, so that a flush waits for the puts queued
+// before it and not for those queued while it waits (under a steady stream of write-throughs
+// the queue is never empty).
 type mcPending struct {
 	mu   sync.Mutex
-	n    int
-	zero *sync.Cond
+	cond *sync.Cond
+	next uint64              // the sequence number of the next queued put
+	out  map[uint64]struct{} // queued, not yet written or dropped
 }
 
-func (p *mcPending) add(d int) {
+// add records a queued put and returns its sequence number.
+func (p *mcPending) add() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.zero == nil {
-		p.zero = sync.NewCond(&p.mu)
+	if p.cond == nil {
+		p.cond, p.out = sync.NewCond(&p.mu), map[uint64]struct{}{}
 	}
-	if p.n += d; p.n == 0 {
-		p.zero.Broadcast()
+	seq := p.next
+	p.next++
+	p.out[seq] = struct{}{}
+	return seq
+}
+
+// done records that put seq was written or dropped.
+func (p *mcPending) done(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.out, seq)
+	p.cond.Broadcast()
+}
+
+// wait returns once every put queued before the call is done; started (if not nil) runs
+// once the puts to wait for are known.
+func (p *mcPending) wait(started func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	target := p.next
+	if started != nil {
+		started()
+	}
+	for p.outstandingBefore(target) {
+		p.cond.Wait()
 	}
 }
 
-func (p *mcPending) wait() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.n > 0 {
-		p.zero.Wait()
+// outstandingBefore reports whether a put numbered below target is not done (p.mu held).
+func (p *mcPending) outstandingBefore(target uint64) bool {
+	for seq := range p.out {
+		if seq < target {
+			return true
+		}
 	}
+	return false
 }
+
+// mcPutWorkers is the number of write-through batches in flight at once. A batch put is a
+// master round trip to allocate, the transfers, and another to commit; with two, one batch's
+// round trips overlap the other's transfers, as two callers of the raw client do.
+const mcPutWorkers = 2
+
+// mcMaxPutBatch bounds gathering: a writer takes one queued group, then more only while its
+// batch holds fewer blocks than this (a group queued by one PutBatch is never split, so a
+// batch may hold more). Two dumps' groups of this size go to two writers, in flight side by
+// side, rather than into one call.
+const mcMaxPutBatch = 8
 
 type mcPut struct {
 	id   format.BlockID
 	slot []byte
+	seq  uint64 // mcPending's number
 }
 
 // NewMooncakeTier returns the tier named name over pool for blocks of layout l written under
@@ -175,9 +218,9 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 		stop: make(chan struct{})}
 	t.prefix = fmt.Sprintf("%s/%x/", cfg.KeyPrefix, fp[:8])
 	if t.shards {
-		t.objBytes = l.Shards * (mcHeaderBytes(1) + int(l.ShardBytes))
+		t.objBytes = l.Shards * MooncakeObjectBytes(l, true)
 	} else {
-		t.objBytes = mcHeaderBytes(l.Shards) + int(l.BlockBytes())
+		t.objBytes = MooncakeObjectBytes(l, false)
 	}
 	slots := int(cfg.StagingBytes / int64(t.objBytes))
 	if slots < 4 {
@@ -198,10 +241,12 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 			t.getSlots <- s
 		}
 	}
-	t.putq = make(chan mcPut, slots/2)
+	t.putq = make(chan []mcPut, slots/2)
 	t.up.Store(pool.Healthy())
-	t.bg.Add(2)
-	go t.putWorker()
+	t.bg.Add(1 + mcPutWorkers)
+	for w := 0; w < mcPutWorkers; w++ {
+		go t.putWorker()
+	}
 	go t.healthLoop()
 	return t, nil
 }
@@ -270,27 +315,49 @@ func (t *MooncakeTier) object(id format.BlockID, shard int) mcObject {
 }
 
 // shardObjBytes is the size of one shard object.
-func (t *MooncakeTier) shardObjBytes() int { return mcHeaderBytes(1) + int(t.layout.ShardBytes) }
+func (t *MooncakeTier) shardObjBytes() int { return MooncakeObjectBytes(t.layout, true) }
 
 // Put writes block id (data: its shards back to back, crcs: their format.Checksum) through
 // to the pool in the background; the caller may reuse data when Put returns. It never blocks:
 // when the tier is down or every put slot is busy the block is not written (counted).
 func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
-	if t.closed.Load() || int64(len(data)) != t.layout.BlockBytes() || len(crcs) != t.layout.Shards {
+	t.PutBatch([]format.BlockID{id}, [][]byte{data}, [][]uint32{crcs})
+}
+
+// PutBatch is Put for blocks ids[i] (data[i], crcs[i]), queued together: they are put in one
+// batch call (with any other queued blocks) rather than one by one as the pool's writer wakes.
+// Blocks of the wrong size, and those with no free put slot, are not written (counted).
+func (t *MooncakeTier) PutBatch(ids []format.BlockID, data [][]byte, crcs [][]uint32) {
+	if t.closed.Load() || len(data) != len(ids) || len(crcs) != len(ids) {
 		return
 	}
-	if !t.up.Load() {
-		t.skipped.Add(1)
-		t.dropped.Add(1)
-		return
+	var group []mcPut
+	for i, id := range ids {
+		if int64(len(data[i])) != t.layout.BlockBytes() || len(crcs[i]) != t.layout.Shards {
+			continue
+		}
+		if !t.up.Load() {
+			t.skipped.Add(1)
+			t.dropped.Add(1)
+			continue
+		}
+		var slot []byte
+		select {
+		case slot = <-t.putSlots:
+		default:
+			t.dropped.Add(1)
+			continue
+		}
+		t.stage(slot, id, data[i], crcs[i])
+		group = append(group, mcPut{id: id, slot: slot, seq: t.pending.add()})
 	}
-	var slot []byte
-	select {
-	case slot = <-t.putSlots:
-	default:
-		t.dropped.Add(1)
-		return
+	if len(group) > 0 {
+		t.putq <- group // never blocks: the queue holds as many groups as there are put slots
 	}
+}
+
+// stage writes block id's object(s) into slot.
+func (t *MooncakeTier) stage(slot []byte, id format.BlockID, data []byte, crcs []uint32) {
 	if t.shards {
 		sb, n := int(t.layout.ShardBytes), t.shardObjBytes()
 		for s := 0; s < t.layout.Shards; s++ {
@@ -298,16 +365,15 @@ func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
 			h := encodeHeader(obj, t.object(id, s), crcs[s:s+1])
 			copy(obj[h:], data[s*sb:(s+1)*sb])
 		}
-	} else {
-		h := encodeHeader(slot, t.object(id, -1), crcs)
-		copy(slot[h:], data)
+		return
 	}
-	t.pending.add(1)
-	t.putq <- mcPut{id: id, slot: slot} // never blocks: the queue holds every put slot
+	h := encodeHeader(slot, t.object(id, -1), crcs)
+	copy(slot[h:], data)
 }
 
-// Flush waits until every write-through queued so far has been written or dropped.
-func (t *MooncakeTier) Flush() { t.pending.wait() }
+// Flush waits until every write-through queued before the call has been written or dropped;
+// write-throughs queued while it waits do not hold it back.
+func (t *MooncakeTier) Flush() { t.pending.wait(t.flushStarted) }
 
 func (t *MooncakeTier) putWorker() {
 	defer t.bg.Done()
@@ -318,22 +384,24 @@ func (t *MooncakeTier) putWorker() {
 			// Drain: what is queued is dropped.
 			for {
 				select {
-				case p := <-t.putq:
-					t.dropped.Add(1)
-					t.putSlots <- p.slot
-					t.pending.add(-1)
+				case g := <-t.putq:
+					for _, p := range g {
+						t.dropped.Add(1)
+						t.putSlots <- p.slot
+						t.pending.done(p.seq)
+					}
 				default:
 					return
 				}
 			}
-		case p := <-t.putq:
-			batch = append(batch, p)
+		case g := <-t.putq:
+			batch = append(batch, g...)
 		}
 	gather:
-		for len(batch) < 16 {
+		for len(batch) < mcMaxPutBatch {
 			select {
-			case p := <-t.putq:
-				batch = append(batch, p)
+			case g := <-t.putq:
+				batch = append(batch, g...)
 			default:
 				break gather
 			}
@@ -341,7 +409,7 @@ func (t *MooncakeTier) putWorker() {
 		t.putBatch(batch)
 		for _, p := range batch {
 			t.putSlots <- p.slot
-			t.pending.add(-1)
+			t.pending.done(p.seq)
 		}
 	}
 }
@@ -439,7 +507,26 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 			}
 		}
 		n := len(slots)
-		t.getBatch(ids, shard, dst, todo[:n], slots, hits, crcs)
+		// Split in two gets, both in flight at once: the first half is checked and copied
+		// out while the second is still moving, so the pool is not idle while this caller
+		// works through the bytes.
+		h := (n + 1) / 2
+		first := t.prepare(ids, shard, todo[:h], slots[:h])
+		var second *mcFetch
+		if h < n {
+			second = t.prepare(ids, shard, todo[h:n], slots[h:n])
+			second.done = make(chan struct{})
+			go func() {
+				defer close(second.done)
+				second.get(t.pool)
+			}()
+		}
+		first.get(t.pool)
+		t.check(first, ids, shard, dst, hits, crcs)
+		if second != nil {
+			<-second.done
+			t.check(second, ids, shard, dst, hits, crcs)
+		}
 		for _, s := range slots {
 			t.getSlots <- s
 		}
@@ -452,41 +539,61 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 	return hits, nil
 }
 
-func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst func(int) []byte, idx []int, slots [][]byte, hits []bool, crcs [][]uint32) {
-	l := t.layout
-	type span struct{ lo, hi int } // keys[lo:hi] belong to one block
-	var (
-		keys  []string
-		bufs  [][]byte
-		spans []span
-	)
+// mcFetch is one batch get: blocks idx (indexes of the caller's ids) read into slots.
+type mcFetch struct {
+	idx   []int
+	keys  []string
+	bufs  [][]byte
+	spans []mcSpan // per block: its keys
+	got   []int64  // per key: the object's length or a Mooncake error code
+	err   error    // the whole batch failed
+	done  chan struct{}
+}
+
+// mcSpan is the range keys[lo:hi] of one block's objects.
+type mcSpan struct{ lo, hi int }
+
+// prepare lists the keys and buffers of the objects of blocks idx, read into slots.
+func (t *MooncakeTier) prepare(ids []format.BlockID, shard int, idx []int, slots [][]byte) *mcFetch {
+	f := &mcFetch{idx: idx}
 	for k, i := range idx {
-		lo := len(keys)
+		lo := len(f.keys)
 		switch {
 		case !t.shards:
-			keys, bufs = append(keys, t.key(ids[i], -1)), append(bufs, slots[k])
+			f.keys, f.bufs = append(f.keys, t.key(ids[i], -1)), append(f.bufs, slots[k])
 		case shard >= 0:
-			keys, bufs = append(keys, t.key(ids[i], shard)), append(bufs, slots[k][:t.shardObjBytes()])
+			f.keys, f.bufs = append(f.keys, t.key(ids[i], shard)), append(f.bufs, slots[k][:t.shardObjBytes()])
 		default:
 			n := t.shardObjBytes()
-			for s := 0; s < l.Shards; s++ {
-				keys, bufs = append(keys, t.key(ids[i], s)), append(bufs, slots[k][s*n:(s+1)*n])
+			for s := 0; s < t.layout.Shards; s++ {
+				f.keys, f.bufs = append(f.keys, t.key(ids[i], s)), append(f.bufs, slots[k][s*n:(s+1)*n])
 			}
 		}
-		spans = append(spans, span{lo, len(keys)})
+		f.spans = append(f.spans, mcSpan{lo, len(f.keys)})
 	}
-	got, err := t.pool.Get(keys, bufs)
-	if err == nil && len(got) != len(keys) {
-		err = fmt.Errorf("get returned %d results for %d keys", len(got), len(keys))
+	return f
+}
+
+// get reads the objects.
+func (f *mcFetch) get(pool MooncakePool) {
+	f.got, f.err = pool.Get(f.keys, f.bufs)
+	if f.err == nil && len(f.got) != len(f.keys) {
+		f.err = fmt.Errorf("get returned %d results for %d keys", len(f.got), len(f.keys))
 	}
-	if err != nil {
-		t.misses.Add(uint64(len(idx)))
-		t.failed("get", err)
+}
+
+// check verifies what f read and copies each verified block's payload into dst, marking it in
+// hits (and its checksums in crcs); everything else is counted as a miss.
+func (t *MooncakeTier) check(f *mcFetch, ids []format.BlockID, shard int, dst func(int) []byte, hits []bool, crcs [][]uint32) {
+	if f.err != nil {
+		t.misses.Add(uint64(len(f.idx)))
+		t.failed("get", f.err)
 		return
 	}
+	got, bufs := f.got, f.bufs
 	var transport int64
-	for k, i := range idx {
-		sp := spans[k]
+	for k, i := range f.idx {
+		sp := f.spans[k]
 		ok := true
 		for j := sp.lo; j < sp.hi && ok; j++ {
 			if got[j] <= 0 {
@@ -502,7 +609,7 @@ func (t *MooncakeTier) getBatch(ids []format.BlockID, shard int, dst func(int) [
 		if ok {
 			var sums []uint32
 			if crcs != nil && shard < 0 {
-				sums = make([]uint32, 0, l.Shards)
+				sums = make([]uint32, 0, t.layout.Shards)
 			}
 			if ok = t.verify(ids[i], shard, dst(i), bufs[sp.lo:sp.hi], got[sp.lo:sp.hi], &sums); ok && sums != nil {
 				crcs[i] = sums
@@ -730,3 +837,5 @@ func (t *MooncakeTier) Close() error {
 	t.bg.Wait()
 	return t.pool.Close()
 }
+
+var _ BatchPutter = (*MooncakeTier)(nil)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ucm-go/ucm/engine"
@@ -26,14 +27,19 @@ import (
 // same run. The pool's memory is held by a second process (this binary, re-executed with
 // UCM_MOONCAKE_HOLD set), so every transfer crosses the transport as it does between machines.
 //
-//  1. pool: --total bytes of block-sized objects put and got back straight through Mooncake's
-//     client (batch calls from registered memory, the tier's own batch size): the ceiling;
+//  1. pool: --total bytes of objects of a block object's size put and got back straight
+//     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
+//     concurrency; twice, the first paying the holder's first touch of its memory): the ceiling;
+//     then a quarter of that in objects of a shard object's size
+//     (the same bytes per call) and in objects four blocks large;
 //  2. for each object layout (one object per block, one per shard): dump every block (written
 //     through), reopen the store with its memory tier empty, load every block (served by the
 //     pool), then one shard of every block;
 //  3. a second engine with an empty disk loads every block (sharing: all from the pool);
 //  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
 //     the blocks: the hit rate of each tier.
+//
+// Every phase also reports this process's CPU seconds per GiB moved.
 type mooncakeWorkload struct{}
 
 func (mooncakeWorkload) name() string { return "mooncake" }
@@ -48,11 +54,14 @@ func (mooncakeWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) {
 
 // mooncakeBench is the mooncake workload's part of the result.
 type mooncakeBench struct {
-	Master       string  `json:"master"`
-	PoolPutMBps  float64 `json:"pool_put_MBps"`
-	PoolGetMBps  float64 `json:"pool_get_MBps"`
-	MemoryBytes  int64   `json:"memory_bytes"`
-	HolderBytes  int64   `json:"pool_bytes"`
+	Master string `json:"master"`
+	// PoolPutMBps and PoolGetMBps are the raw client's rates with block-object-sized objects
+	// (the second round; Pool lists every measurement).
+	PoolPutMBps  float64          `json:"pool_put_MBps"`
+	PoolGetMBps  float64          `json:"pool_get_MBps"`
+	Pool         []mooncakeRawRun `json:"pool"`
+	MemoryBytes  int64            `json:"memory_bytes"`
+	HolderBytes  int64            `json:"pool_bytes"`
 	Layouts      []mooncakeLayoutRun
 	SharedMBps   float64 `json:"shared_load_MBps"`
 	SharedRatio  float64 `json:"shared_load_ratio"`
@@ -66,17 +75,56 @@ type mooncakeBench struct {
 	PoolErrors   uint64  `json:"pool_errors"`
 }
 
-// mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates.
+// mooncakeRawRun is one measurement of the raw client: objects of ObjectBytes, PerCall of them
+// per batch call.
+type mooncakeRawRun struct {
+	What        string  `json:"what"`
+	ObjectBytes int     `json:"object_bytes"`
+	PerCall     int     `json:"per_call"`
+	PutMBps     float64 `json:"put_MBps"`
+	GetMBps     float64 `json:"get_MBps"`
+	// PutCPU and GetCPU are this process's CPU seconds (user and system, every thread) per
+	// GiB moved; the holder's are not counted.
+	PutCPU float64 `json:"put_cpu_s_per_GiB"`
+	GetCPU float64 `json:"get_cpu_s_per_GiB"`
+}
+
+// cpuSeconds returns the CPU time this process has used, user and system.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// perGiB is CPU seconds per GiB of bytes.
+func perGiB(cpu float64, bytes int64) float64 { return cpu / (float64(bytes) / (1 << 30)) }
+
+// mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates
+// with block-object-sized objects, and (Object*) with objects of this layout's size.
 type mooncakeLayoutRun struct {
 	Object           string  `json:"object"`
+	ObjectPutMBps    float64 `json:"object_put_MBps"` // raw client, this layout's object size
+	ObjectGetMBps    float64 `json:"object_get_MBps"`
 	DumpMBps         float64 `json:"dump_MBps"`
 	WriteThroughMBps float64 `json:"write_through_MBps"`
 	WriteThroughRate float64 `json:"write_through_ratio"`
 	WrittenThrough   float64 `json:"written_through"` // fraction of the blocks put in the pool
 	LoadMBps         float64 `json:"load_MBps"`
 	LoadRatio        float64 `json:"load_ratio"`
-	PoolHitRate      float64 `json:"pool_hit_rate"`
-	ShardMBps        float64 `json:"shard_load_MBps"`
+	// WriteThroughObjRatio and LoadObjRatio are against ObjectPutMBps and ObjectGetMBps.
+	WriteThroughObjRatio float64 `json:"write_through_object_ratio"`
+	LoadObjRatio         float64 `json:"load_object_ratio"`
+	PoolHitRate          float64 `json:"pool_hit_rate"`
+	ShardMBps            float64 `json:"shard_load_MBps"`
+	// DumpCPU and LoadCPU are this process's CPU seconds per GiB dumped (written through, the
+	// engine's dump included) and loaded (the bench's checks of the bytes included).
+	DumpCPU float64 `json:"dump_cpu_s_per_GiB"`
+	// DumpShare is the share of the tasks' time in the dump itself (the rest: waiting for the
+	// write-through).
+	DumpShare float64 `json:"dump_share"`
+	LoadCPU   float64 `json:"load_cpu_s_per_GiB"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -93,7 +141,9 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 4*total + total/2 + (256 << 20)}
+	// The holder's memory takes every object of the run without eviction: two rounds of raw
+	// block objects, two quarters of other raw objects, both layouts' objects.
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 5*total + total/2 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -105,11 +155,26 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	defer holder()
 
-	// 1. The pool's own rate.
-	if err := poolRate(env, cfg, mb); err != nil {
-		return err
+	// 1. The pool's own rates.
+	blockObj, shardObj := tiers.MooncakeObjectBytes(l, false), tiers.MooncakeObjectBytes(l, true)
+	batch := env.cfg.batch
+	raws := []struct {
+		what            string
+		obj, n, perCall int
+	}{
+		{"block objects, first touch", blockObj, env.blocks, batch},
+		{"block objects", blockObj, env.blocks, batch},
+		{"shard objects", shardObj, env.blocks / 4 * l.Shards, batch * l.Shards},
+		{"4-block objects", 4 * blockObj, env.blocks / 16, max(1, batch/4)},
 	}
-	env.progressf("pool: put %.0f MB/s, get %.0f MB/s", mb.PoolPutMBps, mb.PoolGetMBps)
+	for _, r := range raws {
+		run, err := poolRate(env, cfg, r.what, r.obj, r.n, r.perCall, len(mb.Pool))
+		if err != nil {
+			return err
+		}
+		mb.Pool = append(mb.Pool, run)
+		env.progressf("pool, %s (%d bytes, %d per call): put %.0f MB/s, get %.0f MB/s", r.what, r.obj, r.perCall, run.PutMBps, run.GetMBps)
+	}
 
 	// 2. The tier, per object layout.
 	for _, object := range []string{"block", "shard"} {
@@ -118,9 +183,29 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 			return err
 		}
 		mb.Layouts = append(mb.Layouts, run)
-		env.progressf("%s objects: dump %.0f MB/s, dump+write-through %.0f MB/s, load %.0f MB/s (%.2f x pool get), one shard per block %.0f MB/s",
-			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.LoadRatio, run.ShardMBps)
+		// Its stores are not needed any more (and may be on a memory file system).
+		for _, d := range []string{object, "second"} {
+			if err := os.RemoveAll(filepath.Join(env.storeDir, d)); err != nil {
+				return err
+			}
+		}
+		env.progressf("%s objects: dump %.0f MB/s, dump+write-through %.0f MB/s, load %.0f MB/s, one shard per block %.0f MB/s",
+			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.ShardMBps)
 	}
+
+	// The ratios: against the second round of block-sized objects (the first pays the
+	// holder's first touch of its memory), and against the objects of each layout's size.
+	mb.PoolPutMBps, mb.PoolGetMBps = mb.Pool[1].PutMBps, mb.Pool[1].GetMBps
+	for i := range mb.Layouts {
+		r := &mb.Layouts[i]
+		r.ObjectPutMBps, r.ObjectGetMBps = mb.PoolPutMBps, mb.PoolGetMBps
+		if r.Object == "shard" {
+			r.ObjectPutMBps, r.ObjectGetMBps = mb.Pool[2].PutMBps, mb.Pool[2].GetMBps
+		}
+		r.WriteThroughRate, r.LoadRatio = r.WriteThroughMBps/mb.PoolPutMBps, r.LoadMBps/mb.PoolGetMBps
+		r.WriteThroughObjRatio, r.LoadObjRatio = r.WriteThroughMBps/r.ObjectPutMBps, r.LoadMBps/r.ObjectGetMBps
+	}
+	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
 	res.DumpMBps, res.LoadMBps = mb.Layouts[0].DumpMBps, mb.Layouts[0].LoadMBps
 	res.Verified = true
 	return nil
@@ -177,31 +262,30 @@ func startHolder(env *benchEnv, bytes int64) (stop func(), err error) {
 	return stop, nil
 }
 
-// poolRate puts --total bytes as block-sized objects straight through the client, from
-// registered memory, batch by batch with --concurrency batches in flight, then gets them back.
-func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error {
+// poolRate puts n objects of obj bytes straight through a client of the pool, from registered
+// memory, perCall objects per batch call with --concurrency calls in flight, under keys of its
+// own (round tells measurements apart), then gets them back. The rates count obj bytes moved.
+func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perCall, round int) (mooncakeRawRun, error) {
+	run := mooncakeRawRun{What: what, ObjectBytes: obj, PerCall: perCall}
 	pool, err := tiers.OpenMooncakePool(cfg.WithDefaults())
 	if err != nil {
-		return err
+		return run, err
 	}
 	defer pool.Close()
 	if !pool.Healthy() {
-		return errors.New("pool rate: the master does not answer")
+		return run, errors.New("pool rate: the master does not answer")
 	}
-	l := env.opts.Layout
-	obj := int(l.BlockBytes()) + 4096 // the tier's objects carry a header
-	batch, workers := env.cfg.batch, env.cfg.concurrency
+	workers := env.cfg.concurrency
 	slabs := make([][]byte, workers)
 	for w := range slabs {
-		if slabs[w], err = pool.Alloc(batch * obj); err != nil {
-			return err
+		if slabs[w], err = pool.Alloc(perCall * obj); err != nil {
+			return run, err
 		}
-		for b := 0; b < batch; b++ {
-			copy(slabs[w][b*obj:], env.payload.body)
+		for off := 0; off < len(slabs[w]); off += len(env.payload.body) {
+			copy(slabs[w][off:], env.payload.body)
 		}
 	}
-	round := 0
-	run := func(put bool) (time.Duration, error) {
+	phase := func(put bool) (time.Duration, error) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var firstErr atomic.Pointer[error]
@@ -211,11 +295,11 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error 
 			go func(slab []byte) {
 				defer wg.Done()
 				for {
-					lo := int(next.Add(int64(batch))) - batch
-					if lo >= env.blocks {
+					lo := int(next.Add(int64(perCall))) - perCall
+					if lo >= n {
 						return
 					}
-					hi := min(env.blocks, lo+batch)
+					hi := min(n, lo+perCall)
 					keys := make([]string, hi-lo)
 					bufs := make([][]byte, hi-lo)
 					for i := range keys {
@@ -253,21 +337,19 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench) error 
 		}
 		return time.Since(start), nil
 	}
-	// Two rounds of puts and gets under different keys; the second is reported (the first
-	// also pays the holder's first touch of its segment memory).
-	bytes := int64(env.blocks) * l.BlockBytes()
-	for round = 0; round < 2; round++ {
-		d, err := run(true)
-		if err != nil {
-			return fmt.Errorf("pool rate: %w", err)
-		}
-		mb.PoolPutMBps = mbps(bytes, d)
-		if d, err = run(false); err != nil {
-			return fmt.Errorf("pool rate: %w", err)
-		}
-		mb.PoolGetMBps = mbps(bytes, d)
+	bytes := int64(n) * int64(obj)
+	cpu := cpuSeconds()
+	d, err := phase(true)
+	if err != nil {
+		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	return nil
+	run.PutMBps, run.PutCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	cpu = cpuSeconds()
+	if d, err = phase(false); err != nil {
+		return run, fmt.Errorf("pool rate, %s: %w", what, err)
+	}
+	run.GetMBps, run.GetCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	return run, nil
 }
 
 func mooncakeOpts(env *benchEnv, cfg tiers.MooncakeConfig, object, dir string, memory int64) engine.Options {
@@ -336,21 +418,30 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err != nil {
 		return run, err
 	}
-	start := time.Now()
+	start, cpu := time.Now(), cpuSeconds()
+	var inDump, inFlush atomic.Int64 // nanoseconds the tasks spent in each
 	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
+		t0 := time.Now()
 		if err := e.Dump(ids, bufs).Wait(); err != nil {
 			return err
 		}
+		t1 := time.Now()
 		// Write-throughs never hold a dump back, and a burst larger than the tier's put
 		// slots is dropped; here every dump waits for them, so the figure is the rate of
 		// dumps that are in the pool when they return.
 		e.FlushMooncake()
+		inDump.Add(int64(t1.Sub(t0)))
+		inFlush.Add(int64(time.Since(t1)))
 		return nil
 	})
 	through := time.Since(start)
+	run.DumpCPU = perGiB(cpuSeconds()-cpu, bytes)
+	if tot := inDump.Load() + inFlush.Load(); tot > 0 {
+		run.DumpShare = float64(inDump.Load()) / float64(tot)
+	}
 	s, _ := e.MooncakeStats()
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -363,7 +454,6 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	}
 	run.WrittenThrough = float64(s.Puts) / float64(env.blocks)
 	run.DumpMBps, run.WriteThroughMBps = mbps(bytes, dumpTime), mbps(bytes, through)
-	run.WriteThroughRate = run.WriteThroughMBps / mb.PoolPutMBps
 
 	// Reopened: the memory tier is empty, the pool serves.
 	if e, err = engine.Open(dir, opts); err != nil {
@@ -371,13 +461,14 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	}
 	defer func() { _ = e.Close() }()
 	dropCaches()
+	cpu = cpuSeconds()
 	d, err := loadAll(env, e, -1)
 	if err != nil {
 		return run, fmt.Errorf("%s objects: load: %w", object, err)
 	}
+	run.LoadCPU = perGiB(cpuSeconds()-cpu, bytes)
 	s2, _ := e.MooncakeStats()
 	run.LoadMBps, run.PoolHitRate = mbps(bytes, d), float64(s2.Hits)/float64(env.blocks)
-	run.LoadRatio = run.LoadMBps / mb.PoolGetMBps
 	// One shard of every block: from a fresh instance (the first's memory tier holds some).
 	if err := e.Close(); err != nil {
 		return run, err
@@ -423,8 +514,7 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 		return fmt.Errorf("second instance: %w", err)
 	}
 	mb.SharedMBps, mb.SharedHits = mbps(bytes, d), float64(s.Hits)/float64(env.blocks)
-	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
-	env.progressf("second instance: load %.0f MB/s (%.2f x pool get), pool hit rate %.3f", mb.SharedMBps, mb.SharedRatio, mb.SharedHits)
+	env.progressf("second instance: load %.0f MB/s, pool hit rate %.3f", mb.SharedMBps, mb.SharedHits)
 
 	// 4. Skewed reuse: block i with probability ∝ 1/(i+1) (Zipf, s = 1).
 	before, _ := e.MooncakeStats()
@@ -461,10 +551,13 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 // printMooncake prints the mooncake workload's rows.
 func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, cliutil.HumanBytes(m.HolderBytes), cliutil.HumanBytes(m.MemoryBytes))
-	row("pool (raw client)", "put %.1f MB/s, get %.1f MB/s", m.PoolPutMBps, m.PoolGetMBps)
+	for _, r := range m.Pool {
+		row("pool (raw client)", "%s (%d bytes, %d per call): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB", r.What, r.ObjectBytes, r.PerCall, r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU)
+	}
 	for _, r := range m.Layouts {
-		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, pool hit rate %.3f); one shard per block %.1f MB/s",
-			r.WriteThroughMBps, r.WriteThroughRate, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.PoolHitRate, r.ShardMBps)
+		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
+			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
+		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB, load %.2f s per GiB; tasks' time in the dump itself %.2f, waiting for the write-through %.2f", r.DumpCPU, r.LoadCPU, r.DumpShare, 1-r.DumpShare)
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
