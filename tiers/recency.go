@@ -117,10 +117,16 @@ func (r *Recency) Touch(n, slot, stamp uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if u, ok := r.segs[n]; ok {
-		u.stamp = max(u.stamp, stamp)
-		u.loaded = u.loaded.with(slot)
+		u.use(slot, stamp)
 		r.segs[n] = u
 	}
+}
+
+// use records a load at stamp of the block in slot: the stamp becomes the later of the two,
+// and the slot is marked loaded.
+func (u *segUse) use(slot, stamp uint64) {
+	u.stamp = max(u.stamp, stamp)
+	u.loaded = u.loaded.with(slot)
 }
 
 // TakeLoaded returns the slots of segment n loaded since the last TakeLoaded (Touch, Unpin)
@@ -187,8 +193,7 @@ func (r *Recency) Unpin(n, slot, stamp uint64) {
 		u.pins--
 	}
 	if stamp > 0 {
-		u.stamp = max(u.stamp, stamp)
-		u.loaded = u.loaded.with(slot)
+		u.use(slot, stamp)
 	}
 	r.segs[n] = u
 }
