@@ -101,8 +101,10 @@ type Op struct {
 // issued. Ops within a batch may run concurrently and in any order: a batch
 // must not contain overlapping writes (or a read overlapping a write) that
 // depend on ordering. Ops adjacent in the batch that continue each other in one
-// file are issued as one vectored request (merge.go); each op's N and Err are
-// still its own.
+// file are issued as one vectored request (merge.go); the io_uring backend also
+// issues a request waiting for its turn in the queue together with the request of
+// another Submit that it continues in the file (adopt_linux.go). Each op's N and
+// Err are still its own.
 //
 // A Backend is safe for concurrent use by many goroutines. Close waits for
 // running Submits, releases the backend's resources and makes later Submits

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/iceber/iouring-go"
@@ -38,6 +40,11 @@ type uringBackend struct {
 	// SQEs may have reached the ring; every later Submit fails with it.
 	brokenMu sync.Mutex
 	broken   error
+
+	// adoptions holds the units waiting for tokens that another Submit may issue with its
+	// own (adopt_linux.go); adopted counts the units issued that way.
+	adoptions adoptionTable
+	adopted   atomic.Int64
 }
 
 func newURing(queueDepth int) (Backend, error) {
@@ -104,6 +111,15 @@ func (u *uringBackend) Submit(ops []Op) error {
 	for k := range pending {
 		pending[k] = k
 	}
+	// units[:fresh] are first issues, which may be offered to other Submits (adopt_linux.go);
+	// units appended later are ops split back out of a merged request and retried alone.
+	fresh := len(units)
+	offered := make([]*offeredUnit, fresh)
+	offerable := make([]bool, fresh)
+	for k := range offerable {
+		offerable[k] = true
+	}
+	self := &submitState{adopted: make(chan adoptedResult, fresh)}
 
 	// Room for a completion of every op: a merged request split back into its ops can have
 	// more requests in flight than there were units, and the library's completion goroutine
@@ -112,18 +128,45 @@ func (u *uringBackend) Submit(ops []Op) error {
 	retries := make([]uint8, len(ops))
 	reqs := make([]iouring.PrepRequest, 0, min(len(pending), u.depth))
 	taken := make([]int, 0, cap(reqs))
+	takenAdopting := make([]*adoptingRequest, 0, cap(reqs))
 	inflight := 0
+	proxied := 0 // units adopted by another Submit whose outcome has not arrived yet
+	asked := 0   // tokens last asked for: a surplus granted since is returned by the next take
 	w := u.tokens.join()
 	defer u.tokens.leave(w)
-	for len(pending) > 0 || inflight > 0 {
+	for len(pending) > 0 || inflight > 0 || proxied > 0 {
 		// Issue as many pending units as we hold tokens for; the rest wait their turn.
-		reqs, taken = reqs[:0], taken[:0]
-		if len(pending) > 0 {
-			for range u.tokens.take(w, len(pending)) {
+		reqs, taken, takenAdopting = reqs[:0], taken[:0], takenAdopting[:0]
+		if len(pending) > 0 || asked > 0 {
+			got := u.tokens.take(w, len(pending))
+			asked = len(pending)
+			for got > 0 && len(pending) > 0 {
 				k := pending[0]
 				pending = pending[1:]
-				reqs = append(reqs, u.prep(ops, units[k], k))
+				if k < fresh && offered[k] != nil {
+					o := offered[k]
+					offered[k] = nil
+					if !u.adoptions.withdraw(o) {
+						proxied++ // issued by its adopter; its outcome comes through self.adopted
+						continue
+					}
+				}
+				req, ar := u.prepAdopting(self, ops, units[k], k, k < fresh)
+				reqs = append(reqs, req)
 				taken = append(taken, k)
+				takenAdopting = append(takenAdopting, ar)
+				got--
+			}
+			if got > 0 {
+				u.tokens.release(got)
+			}
+			// What still waits for tokens may be issued meanwhile by a Submit whose request
+			// it continues.
+			for _, k := range pending {
+				if k < fresh && offerable[k] {
+					offerable[k] = false
+					offered[k] = u.adoptions.offer(self, k, ops[units[k].lo:units[k].hi])
+				}
 			}
 		}
 		if len(reqs) > 0 {
@@ -138,38 +181,77 @@ func (u *uringBackend) Submit(ops []Op) error {
 					}
 					u.brokenMu.Unlock()
 				}
-				for _, k := range taken {
+				for j, k := range taken {
 					for i := units[k].lo; i < units[k].hi; i++ {
 						ops[i].Err = opError(&ops[i], fmt.Errorf("io_uring submit: %w", err))
+					}
+					if ar := takenAdopting[j]; ar != nil {
+						ar.settleAdopted(0, 0) // their owners retry them alone, and fail alike
 					}
 				}
 			} else {
 				inflight += len(reqs)
 			}
 		}
-		// Wait for a completion of ours or, with units still pending, for tokens granted to us.
+		// Wait for a completion of ours, for the outcome of a unit another Submit issued or,
+		// with units still pending, for tokens granted to us.
+		var (
+			wake    <-chan struct{}
+			results <-chan iouring.Result
+		)
+		if len(pending) > 0 {
+			wake = w.wake
+		}
+		if inflight > 0 {
+			results = ch
+		}
+		if wake == nil && results == nil && proxied == 0 {
+			continue
+		}
 		var res iouring.Result
-		switch {
-		case inflight == 0 && len(pending) > 0:
-			<-w.wake
+		select {
+		case <-wake:
 			continue
-		case inflight == 0:
-			continue
-		case len(pending) > 0:
-			select {
-			case res = <-ch:
-			case <-w.wake:
-				continue
+		case a := <-self.adopted:
+			if i := slices.Index(pending, a.k); i >= 0 {
+				pending = slices.Delete(pending, i, i+1) // adopted while it waited here
+				offered[a.k] = nil
+			} else {
+				proxied--
 			}
-		default:
-			res = <-ch
+			u.adopted.Add(1)
+			for _, i := range units[a.k].settle(ops, a.n, nil) {
+				units = append(units, opUnit{lo: i, hi: i + 1})
+				pending = append(pending, len(units)-1)
+			}
+			continue
+		case res = <-results:
 		}
 		inflight--
 		u.tokens.release(1)
-		k := res.GetRequestInfo().(int)
+		var (
+			k  int
+			ar *adoptingRequest
+		)
+		switch info := res.GetRequestInfo().(type) {
+		case int:
+			k = info
+		case *adoptingRequest:
+			k, ar = info.k, info
+		}
 		un := units[k]
 		n, err := res.ReturnInt()
-		if un.hi-un.lo > 1 {
+		if ar != nil {
+			own := 0
+			for i := un.lo; i < un.hi; i++ {
+				own += len(ops[i].Buf)
+			}
+			if err != nil || n < 0 {
+				n = 0
+			}
+			ar.settleAdopted(own, n)
+		}
+		if ar != nil || un.hi-un.lo > 1 {
 			// A merged request: done, or split back into its ops, each retried alone so
 			// that every op gets its own outcome.
 			for _, i := range un.settle(ops, n, err) {
@@ -211,6 +293,33 @@ func (u *uringBackend) Submit(ops []Op) error {
 	}
 	runtime.KeepAlive(ops)
 	return firstErr(ops)
+}
+
+// prepAdopting builds the request for unit k, as prep does, and for a first issue (fresh) also
+// adopts the offered units of other Submits that continue it: the request then covers them
+// too, and its info is the returned adoptingRequest instead of k.
+func (u *uringBackend) prepAdopting(self *submitState, ops []Op, un opUnit, k int, fresh bool) (iouring.PrepRequest, *adoptingRequest) {
+	if !fresh || !vectoredIO {
+		return u.prep(ops, un, k), nil
+	}
+	first, last := &ops[un.lo], &ops[un.hi-1]
+	end := last.Off + int64(len(last.Buf))
+	got := u.adoptions.adopt(self, first.File.fd, first.Write, end, int(end-first.Off), un.hi-un.lo)
+	if len(got) == 0 {
+		return u.prep(ops, un, k), nil
+	}
+	bufs := un.bufs(ops)
+	for _, o := range got {
+		for i := range o.ops {
+			bufs = append(bufs, o.ops[i].Buf)
+		}
+	}
+	ar := &adoptingRequest{k: k, adopted: got}
+	fd := int(first.File.fd)
+	if first.Write {
+		return iouring.Pwritev(fd, bufs, first.Off).WithInfo(ar), ar
+	}
+	return iouring.Preadv(fd, bufs, uint64(first.Off)).WithInfo(ar), ar
 }
 
 // prep builds the request for unit k: the untransferred rest of a single op, or one vectored
