@@ -32,6 +32,12 @@ type memKey struct {
 //
 // Lookups and recency updates take one short mutex; the copy of the bytes in Get runs outside
 // it, so many readers copy large blocks in parallel.
+//
+// The buffers of evicted and replaced items are reused by later Puts of the same size, once no
+// Get copies from them any more (a reader count per item): a full cache turns over its blocks
+// without allocating, zeroing and first touching a new buffer per Put (on the development VMs a
+// first touch of fresh memory cost more than the copy itself). At most freeBudget bytes wait
+// for reuse beside the capacity.
 type MemCache struct {
 	name     string
 	mu       sync.Mutex
@@ -44,7 +50,12 @@ type MemCache struct {
 	nside    int      // sidecar entries
 	root     memEntry // sentinel of the recency list: root.next most recent, root.prev least
 
-	hits, misses, evictions, inserts, corrupt uint64
+	// free holds buffers of unlinked items for reuse, by length; freeBytes their total, at
+	// most freeBudget(capacity).
+	free      map[int][][]byte
+	freeBytes int64
+
+	hits, misses, evictions, inserts, corrupt, reused uint64
 }
 
 type memEntry struct {
@@ -52,7 +63,19 @@ type memEntry struct {
 	data       []byte
 	crcs       []uint32 // format.Checksum of each of len(crcs) equal parts of data
 	prev, next *memEntry
+	// readers counts the lookups copying from data; linked is false once the item left the
+	// cache. data goes back to the free list when both are done. Guarded by MemCache.mu.
+	readers int
+	linked  bool
 }
+
+// minReuseBytes is the smallest buffer worth keeping for reuse; smaller items (most sidecars)
+// are left to the garbage collector.
+const minReuseBytes = 64 << 10
+
+// freeBudget bounds the bytes of unlinked items' buffers a cache of capacity keeps for reuse:
+// enough for the Puts of a few tasks in flight, a small share of the capacity.
+func freeBudget(capacity int64) int64 { return min(capacity/16, 64<<20) }
 
 // MemCacheStats is a snapshot of a MemCache, taken atomically.
 type MemCacheStats struct {
@@ -65,6 +88,8 @@ type MemCacheStats struct {
 	Evictions uint64 // blocks dropped to make room for a Put (not Remove, not replacement)
 	Inserts   uint64 // Puts that cached their block
 	Corrupt   uint64 // Gets that found bytes not matching their checksum (the block was dropped)
+	Reused    uint64 // Puts that copied into the buffer of an item no longer cached
+	FreeBytes int64  // bytes of such buffers waiting for reuse (beside Bytes, not counted in it)
 }
 
 // NewMemCache returns an empty cache, the memory tier named name, that holds at most capacity
@@ -73,7 +98,8 @@ func NewMemCache(name string, capacity int64) *MemCache {
 	if capacity < 0 {
 		capacity = 0
 	}
-	c := &MemCache{name: name, capacity: capacity, entries: make(map[memKey]*memEntry), sidecars: make(map[ID]uint64)}
+	c := &MemCache{name: name, capacity: capacity, entries: make(map[memKey]*memEntry), sidecars: make(map[ID]uint64),
+		free: make(map[int][][]byte)}
 	c.root.next, c.root.prev = &c.root, &c.root
 	return c
 }
@@ -105,7 +131,12 @@ func (c *MemCache) put(k memKey, data []byte, crcs []uint32) {
 		c.mu.Unlock()
 		return
 	}
-	e := &memEntry{key: k, data: append(make([]byte, 0, len(data)), data...), crcs: append([]uint32(nil), crcs...)}
+	buf := c.takeFree(len(data))
+	if buf == nil {
+		buf = make([]byte, len(data))
+	}
+	copy(buf, data)
+	e := &memEntry{key: k, data: buf, crcs: append([]uint32(nil), crcs...), linked: true}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old := c.entries[k]; old != nil {
@@ -208,6 +239,11 @@ func (c *MemCache) GetSidecars(kind format.SidecarKind, part int, ids []ID, dst 
 			found[i] = true
 			hits++
 		}
+		c.mu.Lock()
+		for _, e := range es[:k] {
+			c.releaseLocked(e)
+		}
+		c.mu.Unlock()
 		clear(es[:k])
 	}
 	return hits, errors.Join(errs...)
@@ -221,6 +257,7 @@ func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, err
 	if e == nil {
 		return false, nil
 	}
+	defer c.release(e)
 	if err := c.check(e, off, dst); err != nil {
 		return false, err
 	}
@@ -228,7 +265,8 @@ func (c *MemCache) get(k memKey, off int64, dst []byte, onePart bool) (bool, err
 }
 
 // lookupLocked returns item k when [off, off+n) is a run of whole parts of it (exactly one with
-// onePart), counting a hit and marking it most recently used; otherwise it counts a miss and
+// onePart), counting a hit, marking it most recently used and counting the caller as a reader
+// of it (the caller calls release when done with its data); otherwise it counts a miss and
 // returns nil.
 func (c *MemCache) lookupLocked(k memKey, off, n int64, onePart bool) *memEntry {
 	e := c.entries[k]
@@ -242,6 +280,7 @@ func (c *MemCache) lookupLocked(k memKey, off, n int64, onePart bool) *memEntry 
 		return nil
 	}
 	c.hits++ // undone by check if a part fails its checksum
+	e.readers++
 	if c.root.next != e {
 		c.removeFromListLocked(e)
 		c.pushFrontLocked(e)
@@ -253,7 +292,8 @@ func (c *MemCache) lookupLocked(k memKey, off, n int64, onePart bool) *memEntry 
 // against its checksum as it goes. A mismatch drops e, turns its hit into a miss and returns
 // an error wrapping format.ErrCorrupt naming the block and part.
 func (c *MemCache) check(e *memEntry, off int64, dst []byte) error {
-	// e.data and e.crcs are immutable and stay valid after eviction while we hold e.
+	// e.data and e.crcs are immutable and stay valid after eviction while we are counted as a
+	// reader of e (its buffer is reused only once its last reader released it).
 	unit := int64(len(e.data) / len(e.crcs))
 	for p := int64(0); p*unit < int64(len(dst)); p++ {
 		part := int(off/unit + p)
@@ -356,9 +396,12 @@ func (c *MemCache) Load(ids []ID, shard int, want []bool, dst func(int) []byte, 
 			c.hits--
 			c.misses++
 			c.mu.Unlock()
+			c.release(e)
 			continue
 		}
-		if err := c.check(e, off, buf); err != nil {
+		err := c.check(e, off, buf)
+		c.release(e)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -454,6 +497,7 @@ func (c *MemCache) Stats() MemCacheStats {
 	return MemCacheStats{
 		Capacity: c.capacity, Bytes: c.bytes, Blocks: len(c.entries) - c.nside, Sidecars: c.nside,
 		Hits: c.hits, Misses: c.misses, Evictions: c.evictions, Inserts: c.inserts, Corrupt: c.corrupt,
+		Reused: c.reused, FreeBytes: c.freeBytes,
 	}
 }
 
@@ -470,6 +514,58 @@ func (c *MemCache) unlinkLocked(e *memEntry) {
 	}
 	c.removeFromListLocked(e)
 	c.bytes -= int64(len(e.data))
+	e.linked = false
+	c.recycleLocked(e)
+}
+
+// release ends a reader's use of e (found by lookupLocked).
+func (c *MemCache) release(e *memEntry) {
+	c.mu.Lock()
+	c.releaseLocked(e)
+	c.mu.Unlock()
+}
+
+func (c *MemCache) releaseLocked(e *memEntry) {
+	e.readers--
+	c.recycleLocked(e)
+}
+
+// recycleLocked puts e's buffer on the free list once e left the cache and nobody reads it,
+// within the free budget.
+func (c *MemCache) recycleLocked(e *memEntry) {
+	if e.linked || e.readers > 0 || e.data == nil {
+		return
+	}
+	b := e.data
+	e.data = nil
+	if len(b) < minReuseBytes || c.freeBytes+int64(len(b)) > freeBudget(c.capacity) {
+		return
+	}
+	c.free[len(b)] = append(c.free[len(b)], b)
+	c.freeBytes += int64(len(b))
+}
+
+// takeFree returns a buffer of n bytes from the free list, or nil.
+func (c *MemCache) takeFree(n int) []byte {
+	if n < minReuseBytes {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	list := c.free[n]
+	if len(list) == 0 {
+		return nil
+	}
+	b := list[len(list)-1]
+	list[len(list)-1] = nil
+	if len(list) == 1 {
+		delete(c.free, n)
+	} else {
+		c.free[n] = list[:len(list)-1]
+	}
+	c.freeBytes -= int64(n)
+	c.reused++
+	return b
 }
 
 func (c *MemCache) removeFromListLocked(e *memEntry) {
