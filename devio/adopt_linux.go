@@ -128,13 +128,14 @@ func (t *adoptionTable) adopt(self *submitState, fd uintptr, write bool, end int
 // adoptingRequest is the request info of a unit issued with adopted units of other Submits.
 type adoptingRequest struct {
 	k       int // the issuing Submit's own unit
+	own     int // its bytes, the request's first
 	adopted []*offeredUnit
 }
 
 // settleAdopted hands each adopted unit its share of the n bytes the request transferred after
-// the first skip bytes (the issuing Submit's own unit).
-func (r *adoptingRequest) settleAdopted(skip, n int) {
-	n = max(n-skip, 0)
+// the issuing Submit's own.
+func (r *adoptingRequest) settleAdopted(n int) {
+	n = max(n-r.own, 0)
 	for _, o := range r.adopted {
 		take := min(n, o.bytes)
 		n -= take

@@ -186,7 +186,7 @@ func (u *uringBackend) Submit(ops []Op) error {
 						ops[i].Err = opError(&ops[i], fmt.Errorf("io_uring submit: %w", err))
 					}
 					if ar := takenAdopting[j]; ar != nil {
-						ar.settleAdopted(0, 0) // their owners retry them alone, and fail alike
+						ar.settleAdopted(0) // their owners retry them alone, and fail alike
 					}
 				}
 			} else {
@@ -242,14 +242,10 @@ func (u *uringBackend) Submit(ops []Op) error {
 		un := units[k]
 		n, err := res.ReturnInt()
 		if ar != nil {
-			own := 0
-			for i := un.lo; i < un.hi; i++ {
-				own += len(ops[i].Buf)
-			}
 			if err != nil || n < 0 {
 				n = 0
 			}
-			ar.settleAdopted(own, n)
+			ar.settleAdopted(n)
 		}
 		if ar != nil || un.hi-un.lo > 1 {
 			// A merged request: done, or split back into its ops, each retried alone so
@@ -314,7 +310,7 @@ func (u *uringBackend) prepAdopting(self *submitState, ops []Op, un opUnit, k in
 			bufs = append(bufs, o.ops[i].Buf)
 		}
 	}
-	ar := &adoptingRequest{k: k, adopted: got}
+	ar := &adoptingRequest{k: k, own: int(end - first.Off), adopted: got}
 	fd := int(first.File.fd)
 	if first.Write {
 		return iouring.Pwritev(fd, bufs, first.Off).WithInfo(ar), ar
