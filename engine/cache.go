@@ -16,7 +16,8 @@ import (
 //     served; a block one serves is put into the caches before it (backfill), with the
 //     checksums its bytes were checked against; a block read from disk is put into every
 //     cache (loadBatch.finishHit);
-//   - dumps are written through to every cache once durable on disk (writeThrough);
+//   - dumps are written through (writeThrough): to the caches that are not Inclusive (shared
+//     with other instances) beside the disk write, to the inclusive ones once durable on disk;
 //   - Lookup, LookupPrefix and Prefetch ask the caches that are not Inclusive for the blocks
 //     the indexes do not hold (lookupCaches, cachedPrefix);
 //   - a block dropped from the disk tiers is removed from every cache (uncache);
@@ -67,9 +68,18 @@ func (e *Engine) backfill(id BlockID, block []byte, crcs []uint32, upTo int) {
 	}
 }
 
-// writeThrough puts dumped records into every cache, once they are durable on disk.
-func (e *Engine) writeThrough(recs []*wal.Record) {
+// writeThrough puts dumped records into the caches whose Inclusive is inclusive. The engine
+// calls it twice per write (writeRecords): with false beside the disk write, with true once
+// the records are durable. An inclusive cache holds only what the index does, so it must not
+// get a block before the block is stored; a cache that is not inclusive (Mooncake's pool) is
+// shared with other instances, keyed by content, and checks every load, so a block whose disk
+// write then fails is still the right bytes for its id there, and putting it at once takes
+// the put out of the dump's path instead of after it.
+func (e *Engine) writeThrough(recs []*wal.Record, inclusive bool) {
 	for _, c := range e.caches {
+		if c.Inclusive() != inclusive {
+			continue
+		}
 		if bp, ok := c.(tiers.BatchPutter); ok {
 			// Queued together: written through in one batch (Mooncake's pool).
 			var (
@@ -93,6 +103,16 @@ func (e *Engine) writeThrough(recs []*wal.Record) {
 			}
 		}
 	}
+}
+
+// sharesCaches reports whether the chain holds a cache that is not inclusive.
+func (e *Engine) sharesCaches() bool {
+	for _, c := range e.caches {
+		if !c.Inclusive() {
+			return true
+		}
+	}
+	return false
 }
 
 // uncache removes block id from every cache (it was dropped from the disk tiers).

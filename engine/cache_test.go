@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/tiers"
@@ -25,6 +29,7 @@ type testCache struct {
 	asked   []BlockID // blocks Load was asked for, in order
 	puts    []BlockID
 	removed []BlockID
+	onPut   func(BlockID) // if set, runs first in each Put
 	hits    int64
 	misses  int64
 	corrupt int64
@@ -107,6 +112,9 @@ func (c *testCache) Load(ids []BlockID, shard int, want []bool, dst func(int) []
 }
 
 func (c *testCache) Put(id BlockID, data []byte, crcs []uint32) {
+	if c.onPut != nil {
+		c.onPut(id)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.puts = append(c.puts, id)
@@ -283,4 +291,54 @@ func TestCacheChainRoutes(t *testing.T) {
 	if len(st) < 3 || st[0].Name != "fast" || st[1].Name != "slow" || st[0].Kind != "test" || st[1].Corrupt != 0 || st[0].Corrupt != 1 {
 		t.Errorf("TierStats: %+v", st)
 	}
+}
+
+// TestCacheWriteThroughOrder: an inclusive cache gets a dumped block only once it is stored
+// (the index answers for it); a shared cache (not inclusive) gets it beside the disk write, so
+// a dump whose disk write fails leaves it, with its bytes, in the shared cache and not in the
+// inclusive one, and the engine still serves it from there.
+func TestCacheWriteThroughOrder(t *testing.T) {
+	mem := vfs.NewCrashableMem()
+	inj := &segInjector{kind: errorfs.OpFileWriteAt, err: syscall.ENOSPC}
+	l := mhaLayout
+	e := mustOpen(t, "/store", testOptions(errorfs.Wrap(mem, inj), l))
+	defer e.Close()
+	fast, shared := newTestCache("fast", true, l), newTestCache("shared", false, l)
+	var early atomic.Int64 // inclusive puts of blocks the index did not hold yet
+	fast.onPut = func(id BlockID) {
+		if !e.Lookup([]BlockID{id})[0] {
+			early.Add(1)
+		}
+	}
+	e.caches = []tiers.Cache{fast, shared}
+
+	ok := ids(0, 8)
+	dumpBlocks(t, e, ok)
+	for _, id := range ok {
+		if !fast.has(l, id) || !shared.has(l, id) {
+			t.Fatalf("block %s was not written through to both caches", id)
+		}
+	}
+	if n := early.Load(); n != 0 {
+		t.Fatalf("%d blocks reached the inclusive cache before they were stored", n)
+	}
+
+	inj.armed.Store(true)
+	lost := blockID(50)
+	if err := e.Dump([]BlockID{lost}, [][]byte{blockBytes(l, lost)}).Wait(); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("dump on a full disk: %v, want ErrNoSpace", err)
+	}
+	inj.armed.Store(false)
+	if fast.has(l, lost) {
+		t.Error("the inclusive cache holds a block whose dump failed")
+	}
+	if !shared.has(l, lost) {
+		t.Error("the shared cache did not get the block beside its (failed) disk write")
+	}
+	// The index does not hold it; the shared cache answers for it and serves it.
+	if !e.Lookup([]BlockID{lost})[0] {
+		t.Error("Lookup of a block the shared cache holds: false")
+	}
+	checkBlocks(t, e, []BlockID{lost})
+	checkBlocks(t, e, ok)
 }

@@ -619,7 +619,18 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 	if len(recs) == 0 {
 		return nil
 	}
+	// The shared caches get the blocks beside the disk write (writeThrough); their copy
+	// is done before the records' buffers go back to the pool below.
+	var shared sync.WaitGroup
+	if e.sharesCaches() {
+		shared.Add(1)
+		go func() {
+			defer shared.Done()
+			e.writeThrough(recs, false)
+		}()
+	}
 	err := wrapIO(e.w.Append(recs))
+	shared.Wait()
 	errs := make([]error, len(recs))
 	e.mu.Lock()
 	for k, rec := range recs {
@@ -631,8 +642,8 @@ func (e *Engine) writeRecords(recs []*wal.Record, flights []*inflightDump) []err
 	}
 	e.mu.Unlock()
 	if err == nil {
-		// Write-through: the cache tiers get the blocks once they are stored below.
-		e.writeThrough(recs)
+		// Write-through: the inclusive caches get the blocks once they are stored below.
+		e.writeThrough(recs, true)
 	}
 	for _, rec := range recs {
 		e.putRecord(rec)
