@@ -32,9 +32,11 @@ import (
 //     concurrency; twice, the first paying the holder's first touch of its memory): the ceiling;
 //     then a quarter of that in objects of a shard object's size
 //     (the same bytes per call) and in objects four blocks large;
-//  2. for each object layout (one object per block, one per shard): dump every block (written
-//     through), reopen the store with its memory tier empty, load every block (served by the
-//     pool), then one shard of every block;
+//  2. for each object layout (one object per block, one per shard): the tier alone, without
+//     an engine (every block written through with PutBatch, each task waiting for its puts,
+//     then loaded back with Load): the tier's own cost over the client's; then through an
+//     engine: dump every block (written through), reopen the store with its memory tier empty,
+//     load every block (served by the pool), then one shard of every block;
 //  3. a second engine with an empty disk loads every block (sharing: all from the pool);
 //  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
 //     the blocks: the hit rate of each tier.
@@ -125,6 +127,20 @@ type mooncakeLayoutRun struct {
 	// write-through).
 	DumpShare float64 `json:"dump_share"`
 	LoadCPU   float64 `json:"load_cpu_s_per_GiB"`
+	// DumpAloneMBps and DumpAloneCPU are the same dumps into the same chain without the pool
+	// (the engine's own rate on this disk); DumpRatio is WriteThroughMBps against it.
+	DumpAloneMBps float64 `json:"dump_without_pool_MBps"`
+	DumpAloneCPU  float64 `json:"dump_without_pool_cpu_s_per_GiB"`
+	DumpRatio     float64 `json:"write_through_dump_ratio"`
+	// Tier* are the tier alone (no engine, no disk): its write-through (PutBatch, each task
+	// waiting with Flush) and Load rates, ratios against the raw client with objects of this
+	// layout's size, and this process's CPU seconds per GiB.
+	TierPutMBps  float64 `json:"tier_put_MBps"`
+	TierGetMBps  float64 `json:"tier_load_MBps"`
+	TierPutRatio float64 `json:"tier_put_object_ratio"`
+	TierGetRatio float64 `json:"tier_load_object_ratio"`
+	TierPutCPU   float64 `json:"tier_put_cpu_s_per_GiB"`
+	TierGetCPU   float64 `json:"tier_load_cpu_s_per_GiB"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -142,8 +158,9 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
 	// The holder's memory takes every object of the run without eviction: two rounds of raw
-	// block objects, two quarters of other raw objects, both layouts' objects.
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 5*total + total/2 + (256 << 20)}
+	// block objects, two quarters of other raw objects, both layouts' objects twice (the
+	// tier alone, then through an engine).
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 7*total + total/2 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -204,6 +221,8 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 		}
 		r.WriteThroughRate, r.LoadRatio = r.WriteThroughMBps/mb.PoolPutMBps, r.LoadMBps/mb.PoolGetMBps
 		r.WriteThroughObjRatio, r.LoadObjRatio = r.WriteThroughMBps/r.ObjectPutMBps, r.LoadMBps/r.ObjectGetMBps
+		r.TierPutRatio, r.TierGetRatio = r.TierPutMBps/r.ObjectPutMBps, r.TierGetMBps/r.ObjectGetMBps
+		r.DumpRatio = r.WriteThroughMBps / r.DumpAloneMBps
 	}
 	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
 	res.DumpMBps, res.LoadMBps = mb.Layouts[0].DumpMBps, mb.Layouts[0].LoadMBps
@@ -227,6 +246,9 @@ func mooncakeHold(size string) error {
 	defer pool.Close()
 	if !pool.Healthy() {
 		return errors.New("mooncake hold: the master does not answer")
+	}
+	if err := populateLargest(n); err != nil {
+		return fmt.Errorf("mooncake hold: %w", err)
 	}
 	fmt.Println("HOLDING")
 	_, _ = io.Copy(io.Discard, os.Stdin)
@@ -362,6 +384,9 @@ func mooncakeOpts(env *benchEnv, cfg tiers.MooncakeConfig, object, dir string, m
 		{Name: "pool", Kind: tiers.KindMooncake, Mooncake: &c},
 		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}},
 	}
+	if object == "" { // the same chain without the pool
+		opts.Tiers = opts.Tiers[1:]
+	}
 	if memory > 0 {
 		opts.Tiers = append([]tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: memory}}, opts.Tiers...)
 	}
@@ -405,17 +430,124 @@ func loadAll(env *benchEnv, e *engine.Engine, shard int) (time.Duration, error) 
 	return d, err
 }
 
-func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *mooncakeBench) (mooncakeLayoutRun, error) {
-	run := mooncakeLayoutRun{Object: object}
+// tierAlone measures the tier without an engine (phase 2's first part) into run: tasks of the
+// bench's blocks written through with PutBatch, each waiting for its puts (Flush), then loaded
+// back with Load into the tasks' buffers and checked, with the tier's staging as an engine
+// sizes it. The shard checksums are computed before the clock starts (an engine's dump has
+// them from its own pass over the bytes).
+func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) error {
 	l := env.opts.Layout
 	bytes := int64(env.blocks) * l.BlockBytes()
+	c := mooncakeOpts(env, cfg, run.Object, "", 0).Tiers[0].Mooncake.WithDefaults()
+	c.KeyPrefix = "ucm-bench-tier-" + run.Object
+	pool, err := tiers.OpenMooncakePool(c)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	t, err := tiers.NewMooncakeTier("pool", c, pool, l, format.Fingerprint{1}, nil)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if !t.Up() {
+		return errors.New("the tier alone: the master does not answer")
+	}
+	sums := make(map[format.BlockID][]uint32, env.blocks)
+	block := make([]byte, l.BlockBytes())
+	for i := range env.blocks {
+		id := blockID(i)
+		env.payload.fill(block, id)
+		crcs := make([]uint32, l.Shards)
+		for s := range crcs {
+			crcs[s] = format.Checksum(block[int64(s)*l.ShardBytes : int64(s+1)*l.ShardBytes])
+		}
+		sums[id] = crcs
+	}
+	cpu := cpuSeconds()
+	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+		crcs := make([][]uint32, len(ids))
+		for i, id := range ids {
+			env.payload.fill(bufs[i], id)
+			crcs[i] = sums[id]
+		}
+		t.PutBatch(ids, bufs, crcs)
+		t.Flush()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	run.TierPutMBps, run.TierPutCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	if s := t.Stats(); s.Puts != uint64(env.blocks) {
+		return fmt.Errorf("the tier alone: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
+	}
+	var mismatch atomic.Pointer[error]
+	cpu = cpuSeconds()
+	d, err = runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+		hits, _ := t.Load(ids, -1, nil, func(i int) []byte { return bufs[i] }, nil)
+		for i, id := range ids {
+			if !hits[i] {
+				return fmt.Errorf("the tier alone: block %s missed", id)
+			}
+			if err := env.payload.checkStamps(bufs[i], id, 0); err != nil {
+				mismatch.CompareAndSwap(nil, &err)
+			}
+		}
+		return nil
+	})
+	if err == nil && mismatch.Load() != nil {
+		err = *mismatch.Load()
+	}
+	if err != nil {
+		return err
+	}
+	run.TierGetMBps, run.TierGetCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	return nil
+}
+
+func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *mooncakeBench) (mooncakeLayoutRun, error) {
+	run := mooncakeLayoutRun{Object: object}
+	if err := tierAlone(env, cfg, &run); err != nil {
+		return run, fmt.Errorf("%s objects: %w", object, err)
+	}
+	env.progressf("%s objects, the tier alone: write-through %.0f MB/s, load %.0f MB/s", object, run.TierPutMBps, run.TierGetMBps)
+	l := env.opts.Layout
+	bytes := int64(env.blocks) * l.BlockBytes()
+	// The same dumps into the same chain without the pool, right before: the engine's own
+	// rate on this disk, which a dump written through can at best match.
+	alone := filepath.Join(env.storeDir, "nopool")
+	if err := os.RemoveAll(alone); err != nil {
+		return run, err
+	}
+	e, err := engine.Open(alone, mooncakeOpts(env, cfg, "", alone, mb.MemoryBytes))
+	if err != nil {
+		return run, err
+	}
+	cpu := cpuSeconds()
+	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+		for i, id := range ids {
+			env.payload.fill(bufs[i], id)
+		}
+		return e.Dump(ids, bufs).Wait()
+	})
+	run.DumpAloneCPU = perGiB(cpuSeconds()-cpu, bytes)
+	if cerr := e.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.RemoveAll(alone)
+	}
+	if err != nil {
+		return run, fmt.Errorf("%s objects: dump without the pool: %w", object, err)
+	}
+	run.DumpAloneMBps = mbps(bytes, d)
 	dir := filepath.Join(env.storeDir, object)
 	if err := os.RemoveAll(dir); err != nil {
 		return run, err
 	}
 	opts := mooncakeOpts(env, cfg, object, dir, mb.MemoryBytes)
-	e, err := engine.Open(dir, opts)
-	if err != nil {
+	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
 	start, cpu := time.Now(), cpuSeconds()
@@ -462,7 +594,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	defer func() { _ = e.Close() }()
 	dropCaches()
 	cpu = cpuSeconds()
-	d, err := loadAll(env, e, -1)
+	d, err = loadAll(env, e, -1)
 	if err != nil {
 		return run, fmt.Errorf("%s objects: load: %w", object, err)
 	}
@@ -555,9 +687,12 @@ func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 		row("pool (raw client)", "%s (%d bytes, %d per call): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB", r.What, r.ObjectBytes, r.PerCall, r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU)
 	}
 	for _, r := range m.Layouts {
+		row(r.Object+" objects", "the tier alone: write-through %.1f MB/s (%.2f x raw put of these objects), load %.1f MB/s (%.2f x raw get); CPU %.2f / %.2f s per GiB",
+			r.TierPutMBps, r.TierPutRatio, r.TierGetMBps, r.TierGetRatio, r.TierPutCPU, r.TierGetCPU)
 		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
-		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB, load %.2f s per GiB; tasks' time in the dump itself %.2f, waiting for the write-through %.2f", r.DumpCPU, r.LoadCPU, r.DumpShare, 1-r.DumpShare)
+		row(r.Object+" objects", "dump without the pool %.1f MB/s: dump+write-through at %.2f x that", r.DumpAloneMBps, r.DumpRatio)
+		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB (without the pool %.2f), load %.2f s per GiB; tasks' time in the dump itself %.2f, waiting for the write-through %.2f", r.DumpCPU, r.DumpAloneCPU, r.LoadCPU, r.DumpShare, 1-r.DumpShare)
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
