@@ -160,8 +160,8 @@ test-mooncake: mooncake
 # ucm-lab bench on a memory | mooncake | ssd chain against a master the harness starts, with
 # the pool's own put/get rate measured in the same run (docs/mooncake.md). The stores go to a
 # fresh directory under MOONCAKE_BENCH_TMPDIR (a real disk: the ssd tier; about 2.2 GB with the
-# default sizes), removed when the bench ends, also on failure or interrupt;
-# MOONCAKE_BENCH_TMPDIR=/dev/shm keeps a slow disk out of the dump figures (docs/mooncake.md).
+# default sizes), removed when the bench ends, also on failure or interrupt. Keep it off tmpfs
+# (docs/mooncake.md, Figures: on these VMs tmpfs pages cost a first touch each).
 MOONCAKE_BENCH ?= --total 1GiB --block-size 2MiB --shards 32
 MOONCAKE_BENCH_TMPDIR ?= /var/tmp
 bench-mooncake: mooncake
