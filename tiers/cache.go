@@ -8,7 +8,8 @@ package tiers
 //   - a load asks each cache in turn for the blocks no faster cache served, then reads the rest
 //     from the disk tiers; a block served by a cache is put into the caches before it, one read
 //     from disk into every cache (backfill);
-//   - a dump is written through to every cache once it is durable on disk;
+//   - a dump is written through to every cache: an Inclusive one once the dump is durable on
+//     disk, one that is not beside the disk write (before it is durable, and even if it fails);
 //   - a lookup asks the caches that are not Inclusive for the blocks the index does not hold;
 //   - a block dropped from the disk tiers (evicted, or found broken) is removed from every cache.
 //
@@ -29,7 +30,9 @@ type Cache interface {
 	// Inclusive reports whether the cache holds only blocks the engine put into it (write-
 	// through and backfill of blocks stored in the disk tiers), so that the index answers
 	// lookups for it. A cache other instances fill too (Mooncake's pool) is not inclusive:
-	// lookups ask it for the blocks the index does not hold.
+	// lookups ask it for the blocks the index does not hold, and a dump's blocks are put into
+	// it beside their disk write, so it may hold a block whose disk write then failed (its
+	// bytes are still the block's: it checks every load).
 	Inclusive() bool
 	// Lookup reports, for each ids[i] with want nil or want[i], whether the cache holds the
 	// block; the others are false. It is a hint: a later Load may still miss. It does not
