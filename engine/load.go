@@ -197,6 +197,12 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 	// Plan and issue in batches of at most QueueDepth blocks, so a cancelled task stops early
 	// and a huge load does not pin every segment at once.
 	batch := max(1, e.opts.QueueDepth)
+	// Reads planned per block: one, and a header read for whole blocks (more for a block
+	// read into several pieces, which the slices then grow for).
+	opsPer := 1
+	if shard == AllShards {
+		opsPer = 2
+	}
 	flat := make([][]byte, len(t.ids))
 	stamps := tiers.NextStamps(len(t.ids))
 	for lo := 0; lo < len(t.ids); lo += batch {
@@ -207,7 +213,8 @@ func (e *Engine) runLoad(t *Task, shard int, dst []spans, queued time.Time) {
 			}
 			return
 		}
-		b := loadBatch{e: e, t: t, shard: shard, want: want, dst: dst, flat: flat, lo: lo, hi: hi, from: -1, stamps: stamps}
+		b := loadBatch{e: e, t: t, shard: shard, want: want, dst: dst, flat: flat, lo: lo, hi: hi, from: -1, stamps: stamps,
+			reads: make([]blockRead, 0, hi-lo), ops: make([]devio.Op, 0, opsPer*(hi-lo))}
 		b.run(queued)
 	}
 }
