@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -374,18 +375,23 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 	return run, nil
 }
 
-func mooncakeOpts(env *benchEnv, cfg tiers.MooncakeConfig, object, dir string, memory int64) engine.Options {
+// mooncakeTier is the bench's pool tier for object layout object: its own key prefix, and
+// staging for every task's blocks four times over.
+func mooncakeTier(env *benchEnv, cfg tiers.MooncakeConfig, object string) tiers.MooncakeConfig {
 	c := cfg
 	c.Object = object
 	c.KeyPrefix = "ucm-bench-" + object
 	c.StagingBytes = int64(4*env.cfg.batch*env.cfg.concurrency) * (env.opts.Layout.BlockBytes() + 64<<10)
+	return c
+}
+
+// mooncakeOpts is the bench's engine: a memory tier of memory bytes (0: none), the pool tier
+// pool (nil: none) and a disk tier in dir.
+func mooncakeOpts(env *benchEnv, pool *tiers.MooncakeConfig, dir string, memory int64) engine.Options {
 	opts := env.opts
-	opts.Tiers = []tiers.Config{
-		{Name: "pool", Kind: tiers.KindMooncake, Mooncake: &c},
-		{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}},
-	}
-	if object == "" { // the same chain without the pool
-		opts.Tiers = opts.Tiers[1:]
+	opts.Tiers = []tiers.Config{{Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}}}
+	if pool != nil {
+		opts.Tiers = append([]tiers.Config{{Name: "pool", Kind: tiers.KindMooncake, Mooncake: pool}}, opts.Tiers...)
 	}
 	if memory > 0 {
 		opts.Tiers = append([]tiers.Config{{Name: "dram", Kind: tiers.KindMemory, Capacity: memory}}, opts.Tiers...)
@@ -393,32 +399,31 @@ func mooncakeOpts(env *benchEnv, cfg tiers.MooncakeConfig, object, dir string, m
 	return opts
 }
 
+// engineLoads returns loadAll's load for engine e: whole blocks (shard < 0) or shard `shard`.
+func engineLoads(e *engine.Engine, shard int) func(ids []format.BlockID, bufs [][]byte) error {
+	return func(ids []format.BlockID, bufs [][]byte) error {
+		if shard >= 0 {
+			return e.LoadShard(ids, shard, bufs).Wait()
+		}
+		return e.Load(ids, bufs).Wait()
+	}
+}
+
 // loadAll loads every block (shard < 0) or shard `shard` of every block with the bench's tasks,
-// checking the bytes, and returns the time taken.
-func loadAll(env *benchEnv, e *engine.Engine, shard int) (time.Duration, error) {
-	l := e.Layout()
-	size := l.BlockBytes()
+// each task calling load, checks the bytes, and returns the time taken.
+func loadAll(env *benchEnv, shard int, load func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
+	l := env.opts.Layout
+	size, off := l.BlockBytes(), int64(0)
 	if shard >= 0 {
-		size = l.ShardBytes
+		size, off = l.ShardBytes, int64(shard)*l.ShardBytes
 	}
 	var mismatch atomic.Pointer[error]
 	d, err := runTasks(env, 0, size, func(ids []format.BlockID, bufs [][]byte) error {
-		if shard >= 0 {
-			if err := e.LoadShard(ids, shard, bufs).Wait(); err != nil {
-				return err
-			}
-			for i, id := range ids {
-				if err := env.payload.checkStamps(bufs[i], id, int64(shard)*l.ShardBytes); err != nil {
-					mismatch.CompareAndSwap(nil, &err)
-				}
-			}
-			return nil
-		}
-		if err := e.Load(ids, bufs).Wait(); err != nil {
+		if err := load(ids, bufs); err != nil {
 			return err
 		}
 		for i, id := range ids {
-			if err := env.payload.checkStamps(bufs[i], id, 0); err != nil {
+			if err := env.payload.checkStamps(bufs[i], id, off); err != nil {
 				mismatch.CompareAndSwap(nil, &err)
 			}
 		}
@@ -438,7 +443,7 @@ func loadAll(env *benchEnv, e *engine.Engine, shard int) (time.Duration, error) 
 func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) error {
 	l := env.opts.Layout
 	bytes := int64(env.blocks) * l.BlockBytes()
-	c := mooncakeOpts(env, cfg, run.Object, "", 0).Tiers[0].Mooncake.WithDefaults()
+	c := mooncakeTier(env, cfg, run.Object).WithDefaults()
 	c.KeyPrefix = "ucm-bench-tier-" + run.Object
 	pool, err := tiers.OpenMooncakePool(c)
 	if err != nil {
@@ -482,23 +487,14 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if s := t.Stats(); s.Puts != uint64(env.blocks) {
 		return fmt.Errorf("the tier alone: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
 	}
-	var mismatch atomic.Pointer[error]
 	cpu = cpuSeconds()
-	d, err = runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	d, err = loadAll(env, -1, func(ids []format.BlockID, bufs [][]byte) error {
 		hits, _ := t.Load(ids, -1, nil, func(i int) []byte { return bufs[i] }, nil)
-		for i, id := range ids {
-			if !hits[i] {
-				return fmt.Errorf("the tier alone: block %s missed", id)
-			}
-			if err := env.payload.checkStamps(bufs[i], id, 0); err != nil {
-				mismatch.CompareAndSwap(nil, &err)
-			}
+		if i := slices.Index(hits, false); i >= 0 {
+			return fmt.Errorf("the tier alone: block %s missed", ids[i])
 		}
 		return nil
 	})
-	if err == nil && mismatch.Load() != nil {
-		err = *mismatch.Load()
-	}
 	if err != nil {
 		return err
 	}
@@ -520,7 +516,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err := os.RemoveAll(alone); err != nil {
 		return run, err
 	}
-	e, err := engine.Open(alone, mooncakeOpts(env, cfg, "", alone, mb.MemoryBytes))
+	e, err := engine.Open(alone, mooncakeOpts(env, nil, alone, mb.MemoryBytes))
 	if err != nil {
 		return run, err
 	}
@@ -546,7 +542,8 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err := os.RemoveAll(dir); err != nil {
 		return run, err
 	}
-	opts := mooncakeOpts(env, cfg, object, dir, mb.MemoryBytes)
+	pool := mooncakeTier(env, cfg, object)
+	opts := mooncakeOpts(env, &pool, dir, mb.MemoryBytes)
 	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
@@ -594,7 +591,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	defer func() { _ = e.Close() }()
 	dropCaches()
 	cpu = cpuSeconds()
-	d, err = loadAll(env, e, -1)
+	d, err = loadAll(env, -1, engineLoads(e, -1))
 	if err != nil {
 		return run, fmt.Errorf("%s objects: load: %w", object, err)
 	}
@@ -608,7 +605,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
-	if d, err = loadAll(env, e, l.Shards/2); err != nil {
+	if d, err = loadAll(env, l.Shards/2, engineLoads(e, l.Shards/2)); err != nil {
 		return run, fmt.Errorf("%s objects: shard loads: %w", object, err)
 	}
 	run.ShardMBps = mbps(int64(env.blocks)*l.ShardBytes, d)
@@ -634,12 +631,13 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 		return err
 	}
 	opts2 := opts
-	opts2.Tiers = mooncakeOpts(env, cfg, "block", dir2, mb.MemoryBytes).Tiers
+	pool := mooncakeTier(env, cfg, "block")
+	opts2.Tiers = mooncakeOpts(env, &pool, dir2, mb.MemoryBytes).Tiers
 	e2, err := engine.Open(dir2, opts2)
 	if err != nil {
 		return err
 	}
-	d, err := loadAll(env, e2, -1)
+	d, err := loadAll(env, -1, engineLoads(e2, -1))
 	s, _ := e2.MooncakeStats()
 	_ = e2.Close()
 	if err != nil {
