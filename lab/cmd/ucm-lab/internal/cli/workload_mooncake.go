@@ -30,14 +30,16 @@ import (
 //
 //  1. pool: --total bytes of objects of a block object's size put and got back straight
 //     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
-//     concurrency; twice, the first paying the holder's first touch of its memory): the ceiling;
-//     then a quarter of that in objects of a shard object's size
-//     (the same bytes per call) and in objects four blocks large;
-//  2. for each object layout (one object per block, one per shard): the tier alone, without
-//     an engine (every block written through with PutBatch, each task waiting for its puts,
-//     then loaded back with Load): the tier's own cost over the client's; then through an
-//     engine: dump every block (written through), reopen the store with its memory tier empty,
-//     load every block (served by the pool), then one shard of every block;
+//     concurrency), paying the holder's first touch of its memory; then a quarter of that in
+//     objects four blocks large;
+//  2. for each object layout (one object per block, one per shard): the raw client with
+//     objects of the layout's size (block objects: --total bytes; shard objects: a quarter,
+//     the same bytes per call), the tier alone, without an engine (every block written
+//     through with PutBatch, each task waiting for its puts, then loaded back with Load), and
+//     the raw client again: the tier's ratios are against the mean of the two raw runs around
+//     it, so a transport that changes its pace between minutes moves both sides; then through
+//     an engine: dump every block (written through), reopen the store with its memory tier
+//     empty, load every block (served by the pool), then one shard of every block;
 //  3. a second engine with an empty disk loads every block (sharing: all from the pool);
 //  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
 //     the blocks: the hit rate of each tier.
@@ -59,7 +61,8 @@ func (mooncakeWorkload) blocks(cfg benchConfig, l format.Layout) (int, error) {
 type mooncakeBench struct {
 	Master string `json:"master"`
 	// PoolPutMBps and PoolGetMBps are the raw client's rates with block-object-sized objects
-	// (the second round; Pool lists every measurement).
+	// (the mean of the two runs around the block objects' tier alone; Pool lists every
+	// measurement).
 	PoolPutMBps  float64          `json:"pool_put_MBps"`
 	PoolGetMBps  float64          `json:"pool_get_MBps"`
 	Pool         []mooncakeRawRun `json:"pool"`
@@ -107,8 +110,10 @@ func perGiB(cpu float64, bytes int64) float64 { return cpu / (float64(bytes) / (
 // mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates
 // with block-object-sized objects, and (Object*) with objects of this layout's size.
 type mooncakeLayoutRun struct {
-	Object           string  `json:"object"`
-	ObjectPutMBps    float64 `json:"object_put_MBps"` // raw client, this layout's object size
+	Object string `json:"object"`
+	// ObjectPutMBps and ObjectGetMBps are the raw client's rates with this layout's objects:
+	// the mean of the runs right before and right after the tier alone (Pool lists both).
+	ObjectPutMBps    float64 `json:"object_put_MBps"`
 	ObjectGetMBps    float64 `json:"object_get_MBps"`
 	DumpMBps         float64 `json:"dump_MBps"`
 	WriteThroughMBps float64 `json:"write_through_MBps"`
@@ -158,10 +163,12 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
-	// The holder's memory takes every object of the run without eviction: two rounds of raw
-	// block objects, two quarters of other raw objects, both layouts' objects twice (the
-	// tier alone, then through an engine).
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 7*total + total/2 + (256 << 20)}
+	// The holder's memory takes every object of the run without eviction: three runs of raw
+	// block objects (the first touch, then around the tier alone), three quarters of other
+	// raw objects (four-block objects, then shard objects around the tier alone), both
+	// layouts' objects twice (the tier alone, then through an engine), and one more total for
+	// what Mooncake keeps beside the objects.
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 8*total + total*3/4 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -173,25 +180,14 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	defer holder()
 
-	// 1. The pool's own rates.
-	blockObj, shardObj := tiers.MooncakeObjectBytes(l, false), tiers.MooncakeObjectBytes(l, true)
+	// 1. The pool's own rates: block objects (the holder's first touch), four-block objects.
+	blockObj := tiers.MooncakeObjectBytes(l, false)
 	batch := env.cfg.batch
-	raws := []struct {
-		what            string
-		obj, n, perCall int
-	}{
-		{"block objects, first touch", blockObj, env.blocks, batch},
-		{"block objects", blockObj, env.blocks, batch},
-		{"shard objects", shardObj, env.blocks / 4 * l.Shards, batch * l.Shards},
-		{"4-block objects", 4 * blockObj, env.blocks / 16, max(1, batch/4)},
+	if _, err := mooncakeRaw(env, cfg, mb, "block objects, first touch", blockObj, env.blocks, batch); err != nil {
+		return err
 	}
-	for _, r := range raws {
-		run, err := poolRate(env, cfg, r.what, r.obj, r.n, r.perCall, len(mb.Pool))
-		if err != nil {
-			return err
-		}
-		mb.Pool = append(mb.Pool, run)
-		env.progressf("pool, %s (%d bytes, %d per call): put %.0f MB/s, get %.0f MB/s", r.what, r.obj, r.perCall, run.PutMBps, run.GetMBps)
+	if _, err := mooncakeRaw(env, cfg, mb, "4-block objects", 4*blockObj, env.blocks/16, max(1, batch/4)); err != nil {
+		return err
 	}
 
 	// 2. The tier, per object layout.
@@ -211,15 +207,11 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 			object, run.DumpMBps, run.WriteThroughMBps, run.LoadMBps, run.ShardMBps)
 	}
 
-	// The ratios: against the second round of block-sized objects (the first pays the
-	// holder's first touch of its memory), and against the objects of each layout's size.
-	mb.PoolPutMBps, mb.PoolGetMBps = mb.Pool[1].PutMBps, mb.Pool[1].GetMBps
+	// The ratios: against block-sized objects, measured around the block layout's tier alone,
+	// and against the objects of each layout's size.
+	mb.PoolPutMBps, mb.PoolGetMBps = mb.Layouts[0].ObjectPutMBps, mb.Layouts[0].ObjectGetMBps
 	for i := range mb.Layouts {
 		r := &mb.Layouts[i]
-		r.ObjectPutMBps, r.ObjectGetMBps = mb.PoolPutMBps, mb.PoolGetMBps
-		if r.Object == "shard" {
-			r.ObjectPutMBps, r.ObjectGetMBps = mb.Pool[2].PutMBps, mb.Pool[2].GetMBps
-		}
 		r.WriteThroughRate, r.LoadRatio = r.WriteThroughMBps/mb.PoolPutMBps, r.LoadMBps/mb.PoolGetMBps
 		r.WriteThroughObjRatio, r.LoadObjRatio = r.WriteThroughMBps/r.ObjectPutMBps, r.LoadMBps/r.ObjectGetMBps
 		r.TierPutRatio, r.TierGetRatio = r.TierPutMBps/r.ObjectPutMBps, r.TierGetMBps/r.ObjectGetMBps
@@ -283,6 +275,18 @@ func startHolder(env *benchEnv, bytes int64) (stop func(), err error) {
 		return nil, fmt.Errorf("mooncake pool holder did not start (%q, %v)", line, err)
 	}
 	return stop, nil
+}
+
+// mooncakeRaw measures the raw client (poolRate) with n objects of obj bytes, perCall per
+// call, adds the figures to mb.Pool and returns them.
+func mooncakeRaw(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench, what string, obj, n, perCall int) (mooncakeRawRun, error) {
+	run, err := poolRate(env, cfg, what, obj, n, perCall, len(mb.Pool))
+	if err != nil {
+		return run, err
+	}
+	mb.Pool = append(mb.Pool, run)
+	env.progressf("pool, %s (%d bytes, %d per call): put %.0f MB/s, get %.0f MB/s", what, obj, perCall, run.PutMBps, run.GetMBps)
+	return run, nil
 }
 
 // poolRate puts n objects of obj bytes straight through a client of the pool, from registered
@@ -504,11 +508,25 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 
 func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *mooncakeBench) (mooncakeLayoutRun, error) {
 	run := mooncakeLayoutRun{Object: object}
+	l := env.opts.Layout
+	// The raw client with this layout's objects right before and right after the tier alone.
+	obj, n, perCall := tiers.MooncakeObjectBytes(l, false), env.blocks, env.cfg.batch
+	if object == "shard" {
+		obj, n, perCall = tiers.MooncakeObjectBytes(l, true), env.blocks/4*l.Shards, env.cfg.batch*l.Shards
+	}
+	before, err := mooncakeRaw(env, cfg, mb, object+" objects, before the tier alone", obj, n, perCall)
+	if err != nil {
+		return run, err
+	}
 	if err := tierAlone(env, cfg, &run); err != nil {
 		return run, fmt.Errorf("%s objects: %w", object, err)
 	}
 	env.progressf("%s objects, the tier alone: write-through %.0f MB/s, load %.0f MB/s", object, run.TierPutMBps, run.TierGetMBps)
-	l := env.opts.Layout
+	after, err := mooncakeRaw(env, cfg, mb, object+" objects, after the tier alone", obj, n, perCall)
+	if err != nil {
+		return run, err
+	}
+	run.ObjectPutMBps, run.ObjectGetMBps = (before.PutMBps+after.PutMBps)/2, (before.GetMBps+after.GetMBps)/2
 	bytes := int64(env.blocks) * l.BlockBytes()
 	// The same dumps into the same chain without the pool, right before: the engine's own
 	// rate on this disk, which a dump written through can at best match.
