@@ -6,7 +6,9 @@ samples with the device below 8 requests in flight, the share with >= 16 complet
 not reaped; the bursts (the device's in-flight count falling from >= 48 to <= 8 between two
 samples: the queue completing at once) and, after each, the refill (until it holds 48 again):
 fast (< 3 ms) or slow, and whether a slow one saw a thread blocked in the kernel or >= 16
-completions unreaped for 2 ms or more, with the process's CPU and run-queue time over the slow ones."""
+completions unreaped for 2 ms or more, with the process's CPU and run-queue time over the slow ones;
+and, when the samples have them (debugfs mounted), the share with the device's hardware queue
+stopped and the mean writes on the device then."""
 import sys
 
 
@@ -29,7 +31,9 @@ def summarise(path):
             p = line.split()
             if len(p) < 13:
                 continue
-            rows.append((int(p[0]), int(p[2]), int(p[3]), int(p[4]), int(p[6]), int(p[7]), int(p[8])))
+            # hw_stopped is column 13 in files that have it (older ones list D threads there).
+            hw = int(p[13]) if len(p) > 14 and p[13].lstrip("-").isdigit() else -1
+            rows.append((int(p[0]), int(p[2]), int(p[3]), int(p[4]), int(p[6]), int(p[7]), int(p[8]), hw))
     span = [r[0] for r in rows if r[2] > 0]
     if not span:
         return "%s: no ring activity" % path
@@ -59,11 +63,16 @@ def summarise(path):
                 runq += d[j][6] - d[i][6]
             i = j
         i += 1
+    stopped = [r for r in d if r[7] == 1]
+    hw = ""
+    if all(r[7] >= 0 for r in d):
+        hw = "; hardware queue stopped %.1f %% (%.1f writes on the device then)" % (
+            100 * len(stopped) / len(d), sum(r[1] for r in stopped) / max(len(stopped), 1))
     return ("%s: dump %.0f ms; device < 8 in flight %.1f %%, >= 16 unreaped %.1f %%; %d bursts (every %.1f ms); "
             "refills %d fast, %d slow (%.0f ms: %d with a blocked thread, %d with >= 16 unreaped for 2 ms or more; process CPU %.0f ms, "
-            "run-queue wait %.0f ms)") % (path, (b - a) / 1000, 100 * low / len(d), 100 * unreaped / len(d), bursts,
+            "run-queue wait %.0f ms)%s") % (path, (b - a) / 1000, 100 * low / len(d), 100 * unreaped / len(d), bursts,
                                           (b - a) / 1000 / max(bursts, 1), fast, slow, slow_ms, with_blocked,
-                                          with_unreaped, cpu / 1000, runq / 1000)
+                                          with_unreaped, cpu / 1000, runq / 1000, hw)
 
 
 if __name__ == "__main__":

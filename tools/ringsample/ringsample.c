@@ -7,7 +7,7 @@
 // samples keep their period while the process saturates the CPUs), one line to OUT:
 //
 //   t_us dev_reads dev_writes ring_kernel ring_unreaped running blocked cpu_us runq_us
-//   user_jiffies sys_jiffies idle_jiffies steal_jiffies [tid:wchan ...]
+//   user_jiffies sys_jiffies idle_jiffies steal_jiffies hw_stopped hw_dispatch [tid:wchan ...]
 //
 //   dev_*          requests in flight in the block device (/sys/block/DEVICE/inflight; vda)
 //   ring_kernel    SQEs the kernel holds: submitted, not yet completed (SqHead - CqTail summed
@@ -17,6 +17,11 @@
 //                  end with the kernel function it waits in
 //   cpu_us runq_us cumulative on-CPU and run-queue-wait time of its threads (schedstat)
 //   *_jiffies      the machine's cumulative CPU time (/proc/stat)
+//   hw_stopped     1 while the device's first hardware queue is stopped (the driver found no
+//                  room for the next request: a virtio ring out of descriptors), else 0;
+//   hw_dispatch    requests the block layer holds for it meanwhile. Both from debugfs
+//                  (/sys/kernel/debug/block/DEVICE/hctx0/{state,dispatch}; mount -t debugfs
+//                  none /sys/kernel/debug), -1 when it is not mounted
 //
 // Reading /proc for every thread costs the machine about a tenth of a CPU at 500 us.
 #define _GNU_SOURCE
@@ -67,8 +72,10 @@ int main(int argc, char **argv) {
 		perror(argv[2]);
 		return 1;
 	}
-	char path[512], buf[8192], link[256], inflight[128];
+	char path[512], buf[8192], link[256], inflight[128], hwstate[128], hwdispatch[128];
 	snprintf(inflight, sizeof inflight, "/sys/block/%s/inflight", dev);
+	snprintf(hwstate, sizeof hwstate, "/sys/kernel/debug/block/%s/hctx0/state", dev);
+	snprintf(hwdispatch, sizeof hwdispatch, "/sys/kernel/debug/block/%s/hctx0/dispatch", dev);
 	int rings[16], nrings = 0;
 	long t0 = now_us();
 	for (long t = 0;; t = now_us() - t0) {
@@ -88,6 +95,12 @@ int main(int argc, char **argv) {
 		}
 		unsigned long dr = 0, dw = 0;
 		if (readall(inflight, buf, sizeof buf) > 0) sscanf(buf, "%lu %lu", &dr, &dw);
+		int stopped = -1, dispatch = -1;
+		if (readall(hwstate, buf, sizeof buf) >= 0) stopped = strstr(buf, "STOPPED") != NULL;
+		if (readall(hwdispatch, buf, sizeof buf) >= 0) {
+			dispatch = 0;
+			for (const char *c = buf; *c; c++) dispatch += *c == '\n';
+		}
 		long kernel = 0, unreaped = 0;
 		for (int i = 0; i < nrings; i++) {
 			snprintf(path, sizeof path, "/proc/%d/fdinfo/%d", pid, rings[i]);
@@ -126,8 +139,8 @@ int main(int argc, char **argv) {
 		unsigned long long u = 0, ni = 0, s = 0, idle = 0, iow = 0, irq = 0, sirq = 0, steal = 0;
 		if (readall("/proc/stat", buf, sizeof buf) > 0)
 			sscanf(buf, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &u, &ni, &s, &idle, &iow, &irq, &sirq, &steal);
-		fprintf(out, "%ld %lu %lu %ld %ld %d %d %llu %llu %llu %llu %llu %llu%s\n", t, dr, dw, kernel, unreaped, running, blocked,
-			oncpu / 1000, runq / 1000, u + ni, s + irq + sirq, idle + iow, steal, dlist);
+		fprintf(out, "%ld %lu %lu %ld %ld %d %d %llu %llu %llu %llu %llu %llu %d %d%s\n", t, dr, dw, kernel, unreaped, running,
+			blocked, oncpu / 1000, runq / 1000, u + ni, s + irq + sirq, idle + iow, steal, stopped, dispatch, dlist);
 		long wait = t0 + t + period - now_us();
 		if (wait > 0) usleep(wait);
 	}
