@@ -17,6 +17,11 @@ import (
 // build tag).
 const MooncakeBuilt = true
 
+// mcConnectionPoolEnv is the variable that turns on the connection pool of Mooncake's TCP
+// transport (a few connections per peer, reused); a client of the tier sets it to 1 when the
+// environment does not set it.
+const mcConnectionPoolEnv = "MC_TCP_ENABLE_CONNECTION_POOL"
+
 // mcClient is a MooncakePool over Mooncake's own Go binding (mooncake-store/go, cgo over
 // store_c.h). Its staging memory is mmap'd outside the Go heap (the transfer engine keeps the
 // addresses it registers, which cgo forbids for Go memory) and re-registered with every new
@@ -48,6 +53,12 @@ func (c *mcClient) setup() (*mooncakestore.Store, error) {
 	// unless the environment says otherwise, bind the address the client announces.
 	if os.Getenv("MC_TCP_BIND_ADDRESS") == "" && c.cfg.Protocol == "tcp" {
 		_ = os.Setenv("MC_TCP_BIND_ADDRESS", c.cfg.LocalHostname)
+	}
+	// Without its connection pool the TCP transport opens and closes a connection per
+	// transfer (a 64 KiB shard object is one): unless the environment chooses, reuse a few
+	// connections per peer.
+	if _, set := os.LookupEnv(mcConnectionPoolEnv); !set && c.cfg.Protocol == "tcp" {
+		_ = os.Setenv(mcConnectionPoolEnv, "1")
 	}
 	s, err := mooncakestore.New()
 	if err != nil {

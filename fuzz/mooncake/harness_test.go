@@ -242,8 +242,15 @@ func TestMain(m *testing.M) {
 	}
 	// Mooncake's TCP transport binds this address, not the machine's first interface.
 	os.Setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+	if v, set := os.LookupEnv("MC_TCP_ENABLE_CONNECTION_POOL"); set {
+		connectionPoolEnv = &v
+	}
 	os.Exit(m.Run())
 }
+
+// connectionPoolEnv is MC_TCP_ENABLE_CONNECTION_POOL as the environment set it (nil: unset),
+// before any client of the tier set it.
+var connectionPoolEnv *string
 
 func child(role string) int {
 	atoi := func(k string) int { v, _ := strconv.Atoi(os.Getenv(k)); return v }

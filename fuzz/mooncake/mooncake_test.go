@@ -4,6 +4,8 @@ package mooncake
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -238,4 +240,73 @@ func TestMooncakePoolFullEviction(t *testing.T) {
 	if o, err = loadRange(b, 0, n); o.ok != n {
 		t.Fatalf("loads: %s (%v)", o, err)
 	}
+}
+
+// activeOpens is the machine's count of TCP connections opened so far (/proc/net/snmp).
+func activeOpens(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, n := range names {
+			if n == "ActiveOpens" && i < len(f) {
+				v, err := strconv.Atoi(f[i])
+				if err != nil {
+					t.Fatalf("/proc/net/snmp ActiveOpens %q: %v", f[i], err)
+				}
+				return v
+			}
+		}
+	}
+	t.Fatal("/proc/net/snmp has no Tcp ActiveOpens")
+	return 0
+}
+
+// Loads from another process's segment reuse the transport's connections: the tier turns on
+// Mooncake's TCP connection pool unless the environment chooses (without it every transfer
+// opens and closes a connection of its own, and leaves its port in TIME_WAIT for a minute).
+func TestMooncakeReusesConnections(t *testing.T) {
+	if connectionPoolEnv != nil {
+		t.Skipf("MC_TCP_ENABLE_CONNECTION_POOL=%q is set by the environment", *connectionPoolEnv)
+	}
+	m := startMaster(t)
+	a := startChild(t, m, "dumper", 0, 64, segment)
+	defer a.stop()
+	if l := a.line(t, "READY"); l != "READY 64 dropped=0 errors=0" {
+		t.Fatalf("dumper: %s", l)
+	}
+	b := openEngine(t, m, t.TempDir(), segment, 0)
+	defer b.Close()
+	if v := os.Getenv("MC_TCP_ENABLE_CONNECTION_POOL"); v != "1" {
+		t.Fatalf("MC_TCP_ENABLE_CONNECTION_POOL %q after the tier set up its client, want 1", v)
+	}
+	const rounds = 4
+	before := activeOpens(t)
+	for r := 0; r < rounds; r++ {
+		if o, err := loadRange(b, 0, 64); o.ok != 64 {
+			t.Fatalf("round %d: loads: %s (%v)", r, o, err)
+		}
+	}
+	opened := activeOpens(t) - before
+	s := mooncakeStats(t, b)
+	if s.Hits != rounds*64 || s.Errors != 0 {
+		t.Fatalf("pool stats %+v", s)
+	}
+	// 256 transfers; with the pool, a few connections per peer (and whatever else the
+	// machine opened meanwhile).
+	if opened >= 64 {
+		t.Fatalf("%d loads from another process opened %d TCP connections: not reused", rounds*64, opened)
+	}
+	t.Logf("%d loads from another process opened %d TCP connections", rounds*64, opened)
 }
