@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,9 +27,8 @@ import (
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
 	const lo, hi = 20000, 32000
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	for try := 0; try < 200; try++ {
-		base := lo + rng.IntN(hi-lo-n)
+		base := lo + rand.IntN(hi-lo-n)
 		ok := true
 		for p := base; p < base+n && ok; p++ {
 			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
