@@ -79,13 +79,15 @@ func (c *mcClient) setup() (*mooncakestore.Store, error) {
 	return s, nil
 }
 
-// Alloc maps size bytes outside the Go heap and registers them with the client (now, or at
-// its next setup).
+// Alloc maps size bytes outside the Go heap, faulted in, and registers them with the client
+// (now, or at its next setup). The pages are populated at once (MAP_POPULATE): staging memory
+// lives as long as the tier, and a page the kernel first hands out during a transfer costs
+// that transfer its zeroing (docs/mooncake.md, decisions).
 func (c *mcClient) Alloc(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("mooncake: alloc %d bytes: %w", size, ErrInvalidConfig)
 	}
-	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("mooncake: map %d staging bytes: %w", size, err)
 	}

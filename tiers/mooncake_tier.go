@@ -41,7 +41,8 @@ func mcIsMiss(code int64) bool {
 // Buffers passed to Put and Get are slices of memory returned by Alloc.
 type MooncakePool interface {
 	// Alloc returns size bytes of memory registered with the transfer engine (kept registered
-	// across Reset), valid until Close.
+	// across Reset), valid until Close, its pages resident (the first transfers into it pay
+	// no page faults).
 	Alloc(size int) ([]byte, error)
 	// Put stores each bufs[i] under keys[i] and returns a code per key: 0 or a negative
 	// Mooncake error code. A non-nil error means the whole batch failed.
