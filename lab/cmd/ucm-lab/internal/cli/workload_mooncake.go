@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,7 +32,10 @@ import (
 //  1. pool: --total bytes of objects of a block object's size put and got back straight
 //     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
 //     concurrency), paying the holder's first touch of its memory; then a quarter of that in
-//     objects four blocks large;
+//     objects four blocks large; then block objects again, each task reusing one buffer of a
+//     call's objects (memory the caches hold: the client's best case). Every other raw run
+//     moves its objects through as much memory as the tier's staging, a call's worth at a
+//     time in turn, as the tier does;
 //  2. for each object layout (one object per block, one per shard): the raw client with
 //     objects of the layout's size (block objects: --total bytes; shard objects: a quarter,
 //     the same bytes per call), the tier alone, without an engine (every block written
@@ -84,15 +88,22 @@ type mooncakeBench struct {
 // mooncakeRawRun is one measurement of the raw client: objects of ObjectBytes, PerCall of them
 // per batch call.
 type mooncakeRawRun struct {
-	What        string  `json:"what"`
-	ObjectBytes int     `json:"object_bytes"`
-	PerCall     int     `json:"per_call"`
+	What        string `json:"what"`
+	ObjectBytes int    `json:"object_bytes"`
+	PerCall     int    `json:"per_call"`
+	// MemoryBytes is the registered memory the objects were moved from and into, a call's
+	// worth at a time in turn.
+	MemoryBytes int64   `json:"memory_bytes"`
 	PutMBps     float64 `json:"put_MBps"`
 	GetMBps     float64 `json:"get_MBps"`
 	// PutCPU and GetCPU are this process's CPU seconds (user and system, every thread) per
 	// GiB moved; the holder's are not counted.
 	PutCPU float64 `json:"put_cpu_s_per_GiB"`
 	GetCPU float64 `json:"get_cpu_s_per_GiB"`
+	// PutBusy and GetBusy are the share of the machine's CPU time busy meanwhile (every
+	// process, the holder's included).
+	PutBusy float64 `json:"put_machine_busy"`
+	GetBusy float64 `json:"get_machine_busy"`
 }
 
 // cpuSeconds returns the CPU time this process has used, user and system.
@@ -106,6 +117,42 @@ func cpuSeconds() float64 {
 
 // perGiB is CPU seconds per GiB of bytes.
 func perGiB(cpu float64, bytes int64) float64 { return cpu / (float64(bytes) / (1 << 30)) }
+
+// machineTicks returns the machine's CPU time so far, busy (anything but idle and iowait:
+// every process, the kernel's interrupts, and time the hypervisor took) and in all, in
+// /proc/stat's ticks; zeros when it cannot be read.
+func machineTicks() (busy, all uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, v := range f[1:9] { // user nice system idle iowait irq softirq steal
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, 0
+		}
+		all += n
+		if i != 3 && i != 4 {
+			busy += n
+		}
+	}
+	return busy, all
+}
+
+// busySince returns the share of the machine's CPU time that was busy since machineTicks
+// returned busy0, all0 (0 when unknown).
+func busySince(busy0, all0 uint64) float64 {
+	busy, all := machineTicks()
+	if all <= all0 {
+		return 0
+	}
+	return float64(busy-busy0) / float64(all-all0)
+}
 
 // mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates
 // with block-object-sized objects, and (Object*) with objects of this layout's size.
@@ -147,6 +194,9 @@ type mooncakeLayoutRun struct {
 	TierGetRatio float64 `json:"tier_load_object_ratio"`
 	TierPutCPU   float64 `json:"tier_put_cpu_s_per_GiB"`
 	TierGetCPU   float64 `json:"tier_load_cpu_s_per_GiB"`
+	// TierPutBusy and TierGetBusy are the share of the machine's CPU time busy meanwhile.
+	TierPutBusy float64 `json:"tier_put_machine_busy"`
+	TierGetBusy float64 `json:"tier_load_machine_busy"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -163,12 +213,12 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	l := env.opts.Layout
 	total := int64(env.blocks) * l.BlockBytes()
-	// The holder's memory takes every object of the run without eviction: three runs of raw
-	// block objects (the first touch, then around the tier alone), three quarters of other
-	// raw objects (four-block objects, then shard objects around the tier alone), both
-	// layouts' objects twice (the tier alone, then through an engine), and one more total for
-	// what Mooncake keeps beside the objects.
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 8*total + total*3/4 + (256 << 20)}
+	// The holder's memory takes every object of the run without eviction: four runs of raw
+	// block objects (the first touch, one buffer per task, then around the tier alone),
+	// three quarters of other raw objects (four-block objects, then shard objects around the
+	// tier alone), both layouts' objects twice (the tier alone, then through an engine), and
+	// one more total for what Mooncake keeps beside the objects.
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 9*total + total*3/4 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -180,13 +230,17 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	}
 	defer holder()
 
-	// 1. The pool's own rates: block objects (the holder's first touch), four-block objects.
+	// 1. The pool's own rates: block objects (the holder's first touch), four-block objects,
+	// block objects from one buffer per task.
 	blockObj := tiers.MooncakeObjectBytes(l, false)
-	batch := env.cfg.batch
-	if _, err := mooncakeRaw(env, cfg, mb, "block objects, first touch", blockObj, env.blocks, batch); err != nil {
+	batch, staging := env.cfg.batch, mooncakeTier(env, cfg, "block").StagingBytes
+	if _, err := mooncakeRaw(env, cfg, mb, "block objects, first touch", blockObj, env.blocks, batch, staging); err != nil {
 		return err
 	}
-	if _, err := mooncakeRaw(env, cfg, mb, "4-block objects", 4*blockObj, env.blocks/16, max(1, batch/4)); err != nil {
+	if _, err := mooncakeRaw(env, cfg, mb, "4-block objects", 4*blockObj, env.blocks/16, max(1, batch/4), staging); err != nil {
+		return err
+	}
+	if _, err := mooncakeRaw(env, cfg, mb, "block objects, one buffer per task", blockObj, env.blocks, batch, 0); err != nil {
 		return err
 	}
 
@@ -279,20 +333,22 @@ func startHolder(env *benchEnv, bytes int64) (stop func(), err error) {
 
 // mooncakeRaw measures the raw client (poolRate) with n objects of obj bytes, perCall per
 // call, adds the figures to mb.Pool and returns them.
-func mooncakeRaw(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench, what string, obj, n, perCall int) (mooncakeRawRun, error) {
-	run, err := poolRate(env, cfg, what, obj, n, perCall, len(mb.Pool))
+func mooncakeRaw(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench, what string, obj, n, perCall int, memory int64) (mooncakeRawRun, error) {
+	run, err := poolRate(env, cfg, what, obj, n, perCall, len(mb.Pool), memory)
 	if err != nil {
 		return run, err
 	}
 	mb.Pool = append(mb.Pool, run)
-	env.progressf("pool, %s (%d bytes, %d per call): put %.0f MB/s, get %.0f MB/s", what, obj, perCall, run.PutMBps, run.GetMBps)
+	env.progressf("pool, %s (%d bytes, %d per call, %s of memory): put %.0f MB/s, get %.0f MB/s", what, obj, perCall, cliutil.HumanBytes(run.MemoryBytes), run.PutMBps, run.GetMBps)
 	return run, nil
 }
 
 // poolRate puts n objects of obj bytes straight through a client of the pool, from registered
 // memory, perCall objects per batch call with --concurrency calls in flight, under keys of its
 // own (round tells measurements apart), then gets them back. The rates count obj bytes moved.
-func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perCall, round int) (mooncakeRawRun, error) {
+// Each task moves its calls' objects through memory/concurrency bytes (at least one call's
+// objects: 0 is one buffer per task, reused by every call), a call's worth at a time in turn.
+func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perCall, round int, memory int64) (mooncakeRawRun, error) {
 	run := mooncakeRawRun{What: what, ObjectBytes: obj, PerCall: perCall}
 	pool, err := tiers.OpenMooncakePool(cfg.WithDefaults())
 	if err != nil {
@@ -303,7 +359,10 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 		return run, errors.New("pool rate: the master does not answer")
 	}
 	workers := env.cfg.concurrency
-	slabs := make([][]byte, workers)
+	call := int64(perCall) * int64(obj)
+	turns := int(max(1, memory/int64(workers)/call))
+	run.MemoryBytes = int64(workers*turns) * call
+	slabs := make([][]byte, workers*turns)
 	for w := range slabs {
 		if slabs[w], err = pool.Alloc(perCall * obj); err != nil {
 			return run, err
@@ -319,9 +378,10 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 		start := time.Now()
 		for w := 0; w < workers; w++ {
 			wg.Add(1)
-			go func(slab []byte) {
+			go func(mine [][]byte) {
 				defer wg.Done()
-				for {
+				for turn := 0; ; turn++ {
+					slab := mine[turn%len(mine)]
 					lo := int(next.Add(int64(perCall))) - perCall
 					if lo >= n {
 						return
@@ -356,7 +416,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 						return
 					}
 				}
-			}(slabs[w])
+			}(slabs[w*turns : (w+1)*turns])
 		}
 		wg.Wait()
 		if p := firstErr.Load(); p != nil {
@@ -366,16 +426,18 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 	}
 	bytes := int64(n) * int64(obj)
 	cpu := cpuSeconds()
+	busy, all := machineTicks()
 	d, err := phase(true)
 	if err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.PutMBps, run.PutCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	run.PutMBps, run.PutCPU, run.PutBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
 	cpu = cpuSeconds()
+	busy, all = machineTicks()
 	if d, err = phase(false); err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.GetMBps, run.GetCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	run.GetMBps, run.GetCPU, run.GetBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
 	return run, nil
 }
 
@@ -474,6 +536,7 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 		sums[id] = crcs
 	}
 	cpu := cpuSeconds()
+	busy, all := machineTicks()
 	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		crcs := make([][]uint32, len(ids))
 		for i, id := range ids {
@@ -487,11 +550,12 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if err != nil {
 		return err
 	}
-	run.TierPutMBps, run.TierPutCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	run.TierPutMBps, run.TierPutCPU, run.TierPutBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
 	if s := t.Stats(); s.Puts != uint64(env.blocks) {
 		return fmt.Errorf("the tier alone: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
 	}
 	cpu = cpuSeconds()
+	busy, all = machineTicks()
 	d, err = loadAll(env, -1, func(ids []format.BlockID, bufs [][]byte) error {
 		hits, _ := t.Load(ids, -1, nil, func(i int) []byte { return bufs[i] }, nil)
 		if i := slices.Index(hits, false); i >= 0 {
@@ -502,7 +566,7 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if err != nil {
 		return err
 	}
-	run.TierGetMBps, run.TierGetCPU = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes)
+	run.TierGetMBps, run.TierGetCPU, run.TierGetBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
 	return nil
 }
 
@@ -514,7 +578,8 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if object == "shard" {
 		obj, n, perCall = tiers.MooncakeObjectBytes(l, true), env.blocks/4*l.Shards, env.cfg.batch*l.Shards
 	}
-	before, err := mooncakeRaw(env, cfg, mb, object+" objects, before the tier alone", obj, n, perCall)
+	staging := mooncakeTier(env, cfg, object).StagingBytes
+	before, err := mooncakeRaw(env, cfg, mb, object+" objects, before the tier alone", obj, n, perCall, staging)
 	if err != nil {
 		return run, err
 	}
@@ -522,7 +587,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return run, fmt.Errorf("%s objects: %w", object, err)
 	}
 	env.progressf("%s objects, the tier alone: write-through %.0f MB/s, load %.0f MB/s", object, run.TierPutMBps, run.TierGetMBps)
-	after, err := mooncakeRaw(env, cfg, mb, object+" objects, after the tier alone", obj, n, perCall)
+	after, err := mooncakeRaw(env, cfg, mb, object+" objects, after the tier alone", obj, n, perCall, staging)
 	if err != nil {
 		return run, err
 	}
@@ -700,11 +765,11 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, cliutil.HumanBytes(m.HolderBytes), cliutil.HumanBytes(m.MemoryBytes))
 	for _, r := range m.Pool {
-		row("pool (raw client)", "%s (%d bytes, %d per call): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB", r.What, r.ObjectBytes, r.PerCall, r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU)
+		row("pool (raw client)", "%s (%d bytes, %d per call, %s of memory): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB; machine busy %.2f / %.2f", r.What, r.ObjectBytes, r.PerCall, cliutil.HumanBytes(r.MemoryBytes), r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU, r.PutBusy, r.GetBusy)
 	}
 	for _, r := range m.Layouts {
-		row(r.Object+" objects", "the tier alone: write-through %.1f MB/s (%.2f x raw put of these objects), load %.1f MB/s (%.2f x raw get); CPU %.2f / %.2f s per GiB",
-			r.TierPutMBps, r.TierPutRatio, r.TierGetMBps, r.TierGetRatio, r.TierPutCPU, r.TierGetCPU)
+		row(r.Object+" objects", "the tier alone: write-through %.1f MB/s (%.2f x raw put of these objects), load %.1f MB/s (%.2f x raw get); CPU %.2f / %.2f s per GiB; machine busy %.2f / %.2f",
+			r.TierPutMBps, r.TierPutRatio, r.TierGetMBps, r.TierGetRatio, r.TierPutCPU, r.TierGetCPU, r.TierPutBusy, r.TierGetBusy)
 		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
 		row(r.Object+" objects", "dump without the pool %.1f MB/s: dump+write-through at %.2f x that", r.DumpAloneMBps, r.DumpRatio)
