@@ -3,7 +3,8 @@ package format
 import (
 	"bytes"
 	"encoding/binary"
-	"hash/crc32"
+
+	"github.com/ucm-go/ucm/internal/crc32c"
 )
 
 // Alignment is the unit every structure in a segment file is aligned and padded to. Offsets
@@ -17,15 +18,13 @@ const Alignment = 4096
 // exactly this version: an older or newer file is reported, never guessed at.
 const Version = 1
 
-// castagnoli is the CRC32C table used by every checksum in the format.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// Checksum returns the CRC32C (Castagnoli) of b, the checksum used throughout the format.
-func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+// Checksum returns the CRC32C (Castagnoli) of b, the checksum used throughout the format
+// (internal/crc32c: hash/crc32's function, through ISA-L in builds with the `isal` tag).
+func Checksum(b []byte) uint32 { return crc32c.Checksum(b) }
 
 // ChecksumUpdate returns the CRC32C of the bytes checksummed into crc followed by b:
 // ChecksumUpdate(Checksum(a), b) == Checksum(a+b), and ChecksumUpdate(0, b) == Checksum(b).
-func ChecksumUpdate(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+func ChecksumUpdate(crc uint32, b []byte) uint32 { return crc32c.Update(crc, b) }
 
 // AlignUp rounds n up to a multiple of Alignment.
 func AlignUp(n int64) int64 { return (n + Alignment - 1) &^ (Alignment - 1) }

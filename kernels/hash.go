@@ -2,11 +2,11 @@ package kernels
 
 import (
 	"encoding/binary"
-	"hash/crc32"
 	"math"
 	"math/bits"
 	"math/rand/v2"
 
+	"github.com/ucm-go/ucm/internal/crc32c"
 	"github.com/ucm-go/ucm/internal/reuse"
 )
 
@@ -70,12 +70,12 @@ func NewHashEncoder(inputDim, hashBits int, seed uint64) (*HashEncoder, error) {
 	}
 	e.w = e.Weights()
 	var buf [4]byte
-	crc := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	var crc uint32
 	for _, w := range e.wt {
 		binary.LittleEndian.PutUint32(buf[:], math.Float32bits(w))
-		crc.Write(buf[:])
+		crc = crc32c.Update(crc, buf[:])
 	}
-	e.fp = crc.Sum32()
+	e.fp = crc
 	return e, nil
 }
 

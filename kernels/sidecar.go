@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"math/bits"
 	"strings"
+
+	"github.com/ucm-go/ucm/internal/crc32c"
 )
 
 // Sidecar payloads: the bytes of one block's representation of one kind, for every layer of
@@ -146,8 +147,6 @@ const (
 	scOffReserved = 58
 	scOffCRC      = 60
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // SidecarSpec is what a store fixes for every sidecar of one kind: the model's shape and the
 // kind's parameters. It alone determines the payload's size and every layer's offset.
@@ -376,7 +375,7 @@ func HashFingerprint(encs ...*HashEncoder) uint32 {
 			b = binary.LittleEndian.AppendUint32(b, e.fp)
 		}
 	}
-	return crc32.Checksum(b, castagnoli)
+	return crc32c.Checksum(b)
 }
 
 // SidecarHeader is a payload's header: the spec, and what is particular to the block.
@@ -445,7 +444,7 @@ func putHeader(b []byte, h *SidecarHeader, layer int) {
 	le.PutUint16(b[scOffRopeBits:], uint16(h.RopeBits))
 	le.PutUint32(b[scOffFinger:], h.Fingerprint)
 	le.PutUint16(b[scOffLayer:], uint16(layer))
-	le.PutUint32(b[scOffCRC:], crc32.Checksum(b[:scOffCRC], castagnoli))
+	le.PutUint32(b[scOffCRC:], crc32c.Checksum(b[:scOffCRC]))
 }
 
 // DecodeSidecarHeader decodes and verifies the header at the start of b, a part (at least
@@ -459,7 +458,7 @@ func DecodeSidecarHeader(b []byte) (h SidecarHeader, layer int, err error) {
 	if [4]byte(b[:4]) != sidecarMagic {
 		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: magic %q", b[:4])
 	}
-	if got, want := le.Uint32(b[scOffCRC:]), crc32.Checksum(b[:scOffCRC], castagnoli); got != want {
+	if got, want := le.Uint32(b[scOffCRC:]), crc32c.Checksum(b[:scOffCRC]); got != want {
 		return SidecarHeader{}, 0, errorf(ErrCorrupt, "sidecar header: checksum %#x, computed %#x", got, want)
 	}
 	if v := le.Uint16(b[scOffVersion:]); v != SidecarVersion {

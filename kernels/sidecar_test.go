@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
-	"hash/crc32"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ucm-go/ucm/internal/crc32c"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/repr")
@@ -593,13 +594,13 @@ func FuzzDecodeSidecar(f *testing.F) {
 		check(b)
 		if len(b) >= SidecarHeaderSize {
 			q := slices.Clone(b)
-			binary.LittleEndian.PutUint32(q[scOffCRC:], crc32.Checksum(q[:scOffCRC], castagnoli))
+			binary.LittleEndian.PutUint32(q[scOffCRC:], crc32c.Checksum(q[:scOffCRC]))
 			// With a valid first header, fix every part's header CRC too, to reach the checks
 			// that parts agree.
 			if h, _, err := DecodeSidecarHeader(q); err == nil {
 				pb := int(h.partBytes())
 				for off := pb; off+SidecarHeaderSize <= len(q); off += pb {
-					binary.LittleEndian.PutUint32(q[off+scOffCRC:], crc32.Checksum(q[off:off+scOffCRC], castagnoli))
+					binary.LittleEndian.PutUint32(q[off+scOffCRC:], crc32c.Checksum(q[off:off+scOffCRC]))
 				}
 			}
 			check(q)

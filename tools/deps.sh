@@ -51,6 +51,9 @@ check() {
   want prometheus has prometheus
   # pgrep, with which the GlusterFS harness finds its own processes.
   want procps has pgrep
+  # ISA-L, whose CRC32C the build links when its header is there (the Makefile's TAGS; without
+  # it the checksums come from Go's slower hash/crc32).
+  want libisal-dev test -f /usr/include/isa-l/crc.h
   # fio, the physical limit the benchmarks measure against (make bench, make bench-check; the
   # tests give the bench a stand-in).
   want fio has fio

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a go command against the Mooncake build tools/mooncake/build.sh made (building it first
-# if this machine has none): with Mooncake's cgo flags, the build tags `mooncake uring`, and a
+# if this machine has none): with Mooncake's cgo flags, the build tags `mooncake uring` (and `isal` as the Makefile), and a
 # generated Go workspace (bin/mooncake.work) that adds Mooncake's Go binding
 # (github.com/kvcache-ai/Mooncake/mooncake-store/go, from the build prefix) to this module.
 # Nothing of Mooncake is in the repository or in go.mod.
@@ -20,4 +20,7 @@ gover=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$repo/go.mod")
 printf 'go %s\n\nuse (\n\t%s\n\t%s\n)\n' "$gover" "$repo" "$prefix/go" >"$work"
 export GOWORK="$work"
 sub=$1; shift
-exec "${GO:-go}" "$sub" -tags "mooncake uring" -ldflags=-checklinkname=0 "$@"
+# As the Makefile: CRC32C by ISA-L when libisal-dev's header is installed.
+tags="mooncake uring"
+[ -f /usr/include/isa-l/crc.h ] && tags="$tags isal"
+exec "${GO:-go}" "$sub" -tags "$tags" -ldflags=-checklinkname=0 "$@"

@@ -49,7 +49,10 @@ LIB_NAME = "libucmgo.so"
 # The Makefile's BUILDFLAGS: the io_uring backend is behind the `uring` tag and links into
 # syscall internals, which Go >= 1.23 allows only with -checklinkname=0; `nonvml` leaves NVML
 # discovery (whose symbols go-nvml leaves unresolved) out of the shared library, as `make lib` does.
-GO_BUILD_FLAGS = ["-tags", "uring nonvml", "-ldflags=-checklinkname=0"]
+# Like the Makefile, the `isal` tag (CRC32C by ISA-L) is added when libisal-dev's header is
+# installed; without it the library checksums with Go's hash/crc32, the same function.
+_ISAL_HEADER = Path("/usr/include/isa-l/crc.h")
+GO_BUILD_FLAGS = ["-tags", "uring nonvml" + (" isal" if _ISAL_HEADER.exists() else ""), "-ldflags=-checklinkname=0"]
 
 # Python's machine names for Go's GOARCH values on the platforms the engine supports.
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}

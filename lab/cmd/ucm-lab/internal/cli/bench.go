@@ -17,6 +17,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/internal/crc32c"
 	"github.com/ucm-go/ucm/internal/kvgen"
 	"github.com/ucm-go/ucm/tiers"
 	"github.com/ucm-go/ucm/wal"
@@ -88,6 +89,8 @@ type benchResult struct {
 	IOEngine    string `json:"io_engine"`
 	Direct      bool   `json:"direct"`
 	Sync        string `json:"sync"`
+	// Checksum is the CRC32C code of this binary (internal/crc32c): "isa-l" or "go".
+	Checksum string `json:"checksum"`
 	// Buffers is where the tasks' payload buffers live: "huge" (huge-page host memory),
 	// "huge (4 KiB pages: advice refused)" or "heap" (every workload's dumps and loads go
 	// through worker buffers; the field is set by the one that allocated them).
@@ -506,7 +509,8 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 	newResult := func() *benchResult {
 		return &benchResult{Workload: cfg.workload, BlockBytes: l.BlockBytes(), Shards: l.Shards, ShardBytes: l.ShardBytes,
 			Blocks: blocks, TotalBytes: int64(blocks) * l.BlockBytes(), Sync: cfg.sync.String(),
-			Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String(), MaxStagingBytes: maxStagingBytes}
+			Concurrency: cfg.concurrency, Batch: cfg.batch, Compression: cfg.compression.String(), MaxStagingBytes: maxStagingBytes,
+			Checksum: crc32c.Implementation()}
 	}
 	if !cfg.json {
 		fmt.Fprintf(stderr, "bench: %s workload, %d blocks of %s into %s ...\n", cfg.workload, blocks, cliutil.FormatSize(l.BlockBytes()), storeDir)
@@ -732,6 +736,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	}
 	row("direct", "%s", direct)
 	row("sync", "%s", r.Sync)
+	row("checksum", "CRC32C by %s", r.Checksum)
 	if r.Buffers != "" {
 		row("buffers", "%s", r.Buffers)
 	}
