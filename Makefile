@@ -203,7 +203,8 @@ staticcheck: $(BIN)/staticcheck
 
 # Every fuzz target, as package:FuzzName:smoke-count. Plain `go test` replays their seed corpora
 # (testdata/fuzz); `make fuzz` explores each for FUZZTIME, `make fuzz-smoke` (part of `make test`)
-# runs each for its smoke count of executions (about 10 s each on the development machine).
+# runs each for its smoke count of executions (about 10 s each on the development machine),
+# built with the Makefile's tags (so FuzzMatchesHashCRC32 compares ISA-L's CRC32C with Go's).
 # The smoke budget is a count, not a duration, because Go 1.26's fuzz coordinator can report a
 # spurious "context deadline exceeded" failure when a -fuzztime duration expires mid-exec
 # (golang/go#75804, fixed in Go 1.27); a count never arms that deadline. FUZZSMOKE=10s (or
@@ -216,7 +217,8 @@ FUZZ_TARGETS := ./format:FuzzDecodeRecordHeader:300000x ./format:FuzzDecodeFoote
                 ./wal:FuzzScanSegment:5000x ./kernels:FuzzDecodeSidecar:300000x \
                 ./connector/ucmhash:FuzzHasher:40000x ./connector/ucmconfig:FuzzParseConfig:50000x ./engine:FuzzOptionsValidate:80000x \
                 ./fuzz:FuzzEngineOps:800x ./kernels:FuzzRegister:300000x ./lab/model:FuzzLoadWeights:200000x \
-                ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./connector/capi:FuzzSelectorABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x
+                ./tiers:FuzzDecodeMooncakeHeader:100000x ./connector/capi:FuzzABI:50000x ./connector/capi:FuzzSelectorABI:50000x ./sparse:FuzzSparseConfig:50000x ./sparse:FuzzSelectTopK:100000x ./sparse:FuzzScorePart:100000x ./sparse:FuzzBlendInputs:100000x \
+                ./internal/crc32c:FuzzMatchesHashCRC32:300000x
 FUZZSMOKE   ?= per-target
 
 fuzz:
@@ -230,7 +232,7 @@ fuzz-run:
 		pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; budget=$(FUZZ_FOR); \
 		if [ "$$budget" = per-target ]; then budget=$${rest##*:}; fi; \
 		echo "== $$fn ($$pkg, $$budget)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $$budget -fuzzminimizetime 2s $$pkg || exit 1; \
+		$(GO) test $(BUILDFLAGS) -run '^$$' -fuzz "^$$fn$$" -fuzztime $$budget -fuzzminimizetime 2s $$pkg || exit 1; \
 	done
 
 # The kill -9 loop on the real disk: the io_uring + O_DIRECT build, then the psync build (which

@@ -1,6 +1,7 @@
 package crc32c
 
 import (
+	"bytes"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
@@ -76,6 +77,15 @@ func FuzzMatchesHashCRC32(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seed uint32, p []byte) {
 		if got, want := Update(seed, p), reference(seed, p); got != want {
 			t.Fatalf("Update(%08x) of %d bytes: %08x, hash/crc32 %08x", seed, len(p), got, want)
+		}
+		// The input repeated past AccelMinBytes, so that every input also reaches the
+		// accelerated code, at the length and offset within a chunk the input gives.
+		if len(p) > 0 {
+			q := bytes.Repeat(p, 2+AccelMinBytes/len(p))
+			q = q[int(seed%uint32(len(p))):]
+			if got, want := Update(seed, q), reference(seed, q); got != want {
+				t.Fatalf("Update(%08x) of %d bytes (input repeated): %08x, hash/crc32 %08x", seed, len(q), got, want)
+			}
 		}
 	})
 }
