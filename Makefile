@@ -19,8 +19,10 @@ GO          ?= go
 # its header is installed, which make deps does; otherwise from Go's hash/crc32, bit for bit
 # the same. The unit tests check that the binary uses the one these tags select.
 ISAL_HEADER ?= /usr/include/isa-l/crc.h
-TAGS        ?= uring $(if $(wildcard $(ISAL_HEADER)),isal)
-CRC32C_IMPL := $(if $(filter isal,$(TAGS)),isa-l,go)
+# Tags are comma-separated: BUILDFLAGS is also used inside single-quoted sh -c scripts.
+TAGS        ?= uring$(if $(wildcard $(ISAL_HEADER)),$(comma)isal)
+comma       := ,
+CRC32C_IMPL := $(if $(findstring isal,$(TAGS)),isa-l,go)
 LDFLAGS     ?= -checklinkname=0
 BUILDFLAGS  := -tags '$(TAGS)' -ldflags '$(LDFLAGS)'
 STATICCHECK_VERSION := v0.8.2
@@ -42,7 +44,7 @@ build:
 # unresolved, which a program linking the library would fail on (kernels/nvml_nocgo.go).
 LIB := $(CURDIR)/lib
 lib:
-	$(GO) build -tags '$(TAGS) nonvml' -ldflags '$(LDFLAGS)' -buildmode=c-shared -o $(LIB)/libucmgo.so ./connector/capi
+	$(GO) build -tags '$(TAGS),nonvml' -ldflags '$(LDFLAGS)' -buildmode=c-shared -o $(LIB)/libucmgo.so ./connector/capi
 	rm -f $(LIB)/libucmgo.h
 	cp connector/capi/ucmgo.h $(LIB)/ucmgo.h
 
