@@ -126,3 +126,15 @@ func BenchmarkChecksum(b *testing.B) {
 		})
 	}
 }
+
+// The standard CRC-32C check value (docs/format.md), and the same bytes repeated past
+// AccelMinBytes checksum alike through Checksum and through Update in two pieces.
+func TestCheckValue(t *testing.T) {
+	if got := Checksum([]byte("123456789")); got != 0xe3069283 {
+		t.Fatalf("CRC32C(\"123456789\") = %08x, want e3069283", got)
+	}
+	long := bytes.Repeat([]byte("123456789"), 1000)
+	if got, want := Update(Checksum(long[:4500]), long[4500:]), Checksum(long); got != want {
+		t.Fatalf("Update in two pieces %08x, whole %08x (%s)", got, want, Implementation())
+	}
+}
