@@ -461,6 +461,9 @@ func (x *Selector) RetrieveDot(layer int, ids []engine.BlockID, a *sparse.DotArg
 			}
 		} else {
 			w.cand = append(w.cand[:0], run.Cand...)
+			if w.cand == nil { // an empty table stays a table: nil would be every block
+				w.cand = []int32{}
+			}
 		}
 		for i, c := range w.cand {
 			if c >= 0 && !found[c] {
