@@ -20,8 +20,8 @@ GO          ?= go
 # the same. The unit tests check that the binary uses the one these tags select.
 ISAL_HEADER ?= /usr/include/isa-l/crc.h
 # Tags are comma-separated: BUILDFLAGS is also used inside single-quoted sh -c scripts.
-TAGS        ?= uring$(if $(wildcard $(ISAL_HEADER)),$(comma)isal)
 comma       := ,
+TAGS        ?= uring$(if $(wildcard $(ISAL_HEADER)),$(comma)isal)
 CRC32C_IMPL := $(if $(findstring isal,$(TAGS)),isa-l,go)
 LDFLAGS     ?= -checklinkname=0
 BUILDFLAGS  := -tags '$(TAGS)' -ldflags '$(LDFLAGS)'

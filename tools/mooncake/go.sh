@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs a go command against the Mooncake build tools/mooncake/build.sh made (building it first
-# if this machine has none): with Mooncake's cgo flags, the build tags `mooncake uring` (and `isal` as the Makefile), and a
-# generated Go workspace (bin/mooncake.work) that adds Mooncake's Go binding
-# (github.com/kvcache-ai/Mooncake/mooncake-store/go, from the build prefix) to this module.
+# if this machine has none): with Mooncake's cgo flags, the build tags `mooncake uring` (and
+# `isal` where the Makefile adds it), and a generated Go workspace (bin/mooncake.work) that
+# adds Mooncake's Go binding (github.com/kvcache-ai/Mooncake/mooncake-store/go, from the build
+# prefix) to this module.
 # Nothing of Mooncake is in the repository or in go.mod.
 #
 #   tools/mooncake/go.sh test -count=1 ./fuzz/mooncake/

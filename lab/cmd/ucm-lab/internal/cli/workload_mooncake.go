@@ -144,14 +144,26 @@ func machineTicks() (busy, all uint64) {
 	return busy, all
 }
 
-// busySince returns the share of the machine's CPU time that was busy since machineTicks
-// returned busy0, all0 (0 when unknown).
-func busySince(busy0, all0 uint64) float64 {
+// meter measures one phase of the bench from its start: this process's CPU time and the
+// machine's busy and total ticks then.
+type meter struct {
+	cpu       float64
+	busy, all uint64
+}
+
+func startMeter() meter {
 	busy, all := machineTicks()
-	if all <= all0 {
-		return 0
+	return meter{cpu: cpuSeconds(), busy: busy, all: all}
+}
+
+// stop returns the phase's CPU seconds per GiB of bytes and the share of the machine's CPU
+// time that was busy meanwhile (0 when unknown).
+func (m meter) stop(bytes int64) (cpuPerGiB, busy float64) {
+	cpuPerGiB = perGiB(cpuSeconds()-m.cpu, bytes)
+	if b, all := machineTicks(); all > m.all {
+		busy = float64(b-m.busy) / float64(all-m.all)
 	}
-	return float64(busy-busy0) / float64(all-all0)
+	return cpuPerGiB, busy
 }
 
 // mooncakeLayoutRun is one object layout's figures; ratios are against the pool's own rates
@@ -425,19 +437,19 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 		return time.Since(start), nil
 	}
 	bytes := int64(n) * int64(obj)
-	cpu := cpuSeconds()
-	busy, all := machineTicks()
+	m := startMeter()
 	d, err := phase(true)
 	if err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.PutMBps, run.PutCPU, run.PutBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
-	cpu = cpuSeconds()
-	busy, all = machineTicks()
+	run.PutMBps = mbps(bytes, d)
+	run.PutCPU, run.PutBusy = m.stop(bytes)
+	m = startMeter()
 	if d, err = phase(false); err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
-	run.GetMBps, run.GetCPU, run.GetBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
+	run.GetMBps = mbps(bytes, d)
+	run.GetCPU, run.GetBusy = m.stop(bytes)
 	return run, nil
 }
 
@@ -535,8 +547,7 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 		}
 		sums[id] = crcs
 	}
-	cpu := cpuSeconds()
-	busy, all := machineTicks()
+	m := startMeter()
 	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
 		crcs := make([][]uint32, len(ids))
 		for i, id := range ids {
@@ -550,12 +561,12 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if err != nil {
 		return err
 	}
-	run.TierPutMBps, run.TierPutCPU, run.TierPutBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
+	run.TierPutMBps = mbps(bytes, d)
+	run.TierPutCPU, run.TierPutBusy = m.stop(bytes)
 	if s := t.Stats(); s.Puts != uint64(env.blocks) {
 		return fmt.Errorf("the tier alone: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
 	}
-	cpu = cpuSeconds()
-	busy, all = machineTicks()
+	m = startMeter()
 	d, err = loadAll(env, -1, func(ids []format.BlockID, bufs [][]byte) error {
 		hits, _ := t.Load(ids, -1, nil, func(i int) []byte { return bufs[i] }, nil)
 		if i := slices.Index(hits, false); i >= 0 {
@@ -566,7 +577,8 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if err != nil {
 		return err
 	}
-	run.TierGetMBps, run.TierGetCPU, run.TierGetBusy = mbps(bytes, d), perGiB(cpuSeconds()-cpu, bytes), busySince(busy, all)
+	run.TierGetMBps = mbps(bytes, d)
+	run.TierGetCPU, run.TierGetBusy = m.stop(bytes)
 	return nil
 }
 
