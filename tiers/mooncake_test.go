@@ -549,23 +549,15 @@ func TestMooncakePutNeverBlocks(t *testing.T) {
 	mc := newMC(t, "block", mooncakefake.New(st))
 	// Take every put slot, as puts stuck in a slow pool would.
 	var held [][]byte
-	for {
-		select {
-		case s := <-mc.putSlots:
-			held = append(held, s)
-			continue
-		default:
-		}
-		break
+	for s := mc.putSlots.tryTake(); s != nil; s = mc.putSlots.tryTake() {
+		held = append(held, s)
 	}
 	id, data, crcs := mcBlock(10)
 	mc.Put(id, data, crcs)
 	if s := mc.Stats(); s.PutsDropped != 1 {
 		t.Fatalf("put with no free slot: %+v", s)
 	}
-	for _, s := range held {
-		mc.putSlots <- s
-	}
+	mc.putSlots.put(held...)
 }
 
 func TestMooncakeConcurrent(t *testing.T) {

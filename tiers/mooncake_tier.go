@@ -97,8 +97,8 @@ type MooncakeTier struct {
 	log      *slog.Logger
 	pool     MooncakePool
 
-	getSlots chan []byte
-	putSlots chan []byte
+	getSlots *slotStack
+	putSlots *slotStack
 	putq     chan []mcPut // groups of blocks queued together
 	pending  mcPending    // queued puts
 	// up is whether the tier is in use. The hot paths read it without a lock; it is written
@@ -232,16 +232,11 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 	if err != nil {
 		return nil, fmt.Errorf("mooncake tier %q: staging memory (%d bytes): %w", name, slots*t.objBytes, err)
 	}
-	t.getSlots = make(chan []byte, slots-slots/2)
-	t.putSlots = make(chan []byte, slots/2)
-	for i := 0; i < slots; i++ {
-		s := slab[i*t.objBytes : (i+1)*t.objBytes : (i+1)*t.objBytes]
-		if i < slots/2 {
-			t.putSlots <- s
-		} else {
-			t.getSlots <- s
-		}
+	all := make([][]byte, slots)
+	for i := range all {
+		all[i] = slab[i*t.objBytes : (i+1)*t.objBytes : (i+1)*t.objBytes]
 	}
+	t.putSlots, t.getSlots = newSlotStack(all[:slots/2:slots/2]), newSlotStack(all[slots/2:])
 	t.putq = make(chan []mcPut, slots/2)
 	t.up.Store(pool.Healthy())
 	t.bg.Add(1 + mcPutWorkers)
@@ -342,10 +337,8 @@ func (t *MooncakeTier) PutBatch(ids []format.BlockID, data [][]byte, crcs [][]ui
 			t.dropped.Add(1)
 			continue
 		}
-		var slot []byte
-		select {
-		case slot = <-t.putSlots:
-		default:
+		slot := t.putSlots.tryTake()
+		if slot == nil {
 			t.dropped.Add(1)
 			continue
 		}
@@ -388,7 +381,7 @@ func (t *MooncakeTier) putWorker() {
 				case g := <-t.putq:
 					for _, p := range g {
 						t.dropped.Add(1)
-						t.putSlots <- p.slot
+						t.putSlots.put(p.slot)
 						t.pending.done(p.seq)
 					}
 				default:
@@ -409,7 +402,7 @@ func (t *MooncakeTier) putWorker() {
 		}
 		t.putBatch(batch)
 		for _, p := range batch {
-			t.putSlots <- p.slot
+			t.putSlots.put(p.slot)
 			t.pending.done(p.seq)
 		}
 	}
@@ -497,16 +490,7 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 	}
 	for len(todo) > 0 {
 		// As many blocks as there are free slots (at least one: wait for it).
-		slots := [][]byte{<-t.getSlots}
-	more:
-		for len(slots) < len(todo) {
-			select {
-			case s := <-t.getSlots:
-				slots = append(slots, s)
-			default:
-				break more
-			}
-		}
+		slots := t.getSlots.take(len(todo))
 		n := len(slots)
 		// Split in two gets, both in flight at once: the first half is checked and copied
 		// out while the second is still moving, so the pool is not idle while this caller
@@ -528,9 +512,7 @@ func (t *MooncakeTier) Load(ids []format.BlockID, shard int, want []bool, dst fu
 			<-second.done
 			t.check(second, ids, shard, dst, hits, crcs)
 		}
-		for _, s := range slots {
-			t.getSlots <- s
-		}
+		t.getSlots.put(slots...)
 		todo = todo[n:]
 		if !t.up.Load() {
 			t.skipped.Add(uint64(len(todo)))
