@@ -184,6 +184,9 @@ func runBenchCheck(cfg benchCheckConfig, stdout, stderr io.Writer) error {
 		time.Since(started).Round(time.Second), loadBefore, loadAfter)
 	var rows []benchcheck.Row
 	if old != nil {
+		if note := otherCPUNote(old.Machine, cpuModel()); note != "" {
+			fmt.Fprintln(stderr, note)
+		}
 		rows = benchcheck.Compare(old, run.ratios, cfg.tolerance)
 	} else {
 		rows = benchcheck.Compare(&benchcheck.Baseline{}, run.ratios, cfg.tolerance)
@@ -344,20 +347,40 @@ func loadAverage() string {
 // machineText describes the machine for the baseline: CPUs and model, kernel, the file system
 // the stores were on, hugetlb pages, the load averages.
 func machineText(dir, loadBefore, loadAfter string) string {
-	model := "?"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				model = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
+	model := cpuModel()
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	huge, _ := os.ReadFile("/proc/sys/vm/nr_hugepages")
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s: %d CPUs (%s), Linux %s, stores on %s, vm.nr_hugepages %s; load average %s before, %s after",
 		host, runtime.NumCPU(), model, strings.TrimSpace(string(kernel)), fsOf(dir), strings.TrimSpace(string(huge)), loadBefore, loadAfter)
+}
+
+// cpuModel is the first CPU's model name from /proc/cpuinfo, or "?".
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "?"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+// otherCPUNote returns a warning when the baseline's machine description (machineText) names
+// another CPU model than model, and "" when it names this one or either is unknown. The
+// CPU-bound cases (lookups, gathers, scatters) are ratios between two pieces of code on one
+// CPU, and how they relate depends on the microarchitecture (a prefetch hint, a copy routine):
+// against another CPU's baseline their change measures the hardware as well as the code.
+func otherCPUNote(baselineMachine, model string) string {
+	if model == "?" || baselineMachine == "" || strings.Contains(baselineMachine, "("+model+")") {
+		return ""
+	}
+	return fmt.Sprintf("bench-check: note: the baseline was made on another CPU (%s) than this one (%s); "+
+		"the lookup, gather and scatter cases compare the hardware as well as the code "+
+		"(make a baseline on this CPU with --update to compare code alone)", baselineMachine, model)
 }
 
 // fsOf names the file system type and device of the mount holding dir, from /proc/mounts.
