@@ -4,32 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
-// copyStream copies exactly the source, whatever the length and the alignment of either side,
-// and writes nothing past it.
-func TestCopyStream(t *testing.T) {
-	src := testRandomBytes(1<<20+300, 1)
-	for _, n := range []int{0, 1, 127, streamMinRun - 1, streamMinRun, streamMinRun + 1, 4096, 32<<10 + 77, 1 << 20} {
-		for _, so := range []int{0, 1, 31, 64} {
-			for _, do := range []int{0, 5, 32, 33} {
-				buf := bytes.Repeat([]byte{0xC3}, n+do+64)
-				copyStream(buf[do:do+n], src[so:so+n])
-				streamFence()
-				if !bytes.Equal(buf[do:do+n], src[so:so+n]) {
-					t.Fatalf("n %d src+%d dst+%d: copy differs", n, so, do)
-				}
-				for i, b := range append(buf[:do:do], buf[do+n:]...) {
-					if b != 0xC3 {
-						t.Fatalf("n %d src+%d dst+%d: byte %d outside the destination written", n, so, do, i)
-					}
-				}
-			}
-		}
-	}
-}
-
-// Operations of streamMinOp bytes or more copy their runs with copyStream: gathers and
+// Operations of memcopy.MinOp bytes or more copy their runs with memcopy.Stream: gathers and
 // scatters of such sizes, per layer and whole blocks, still equal the reference, for the
 // layouts whose runs are long enough (K and V runs, whole shards, merged runs of consecutive
 // ids) and for a TP slice whose runs are short.
@@ -49,7 +28,7 @@ func TestLargeTransfers(t *testing.T) {
 			ref := newRefView(p.Spec(), offs)
 			rec := p.Record()
 			blocks := []int{7, 8, 9, 10, 3, 39, 0, 21, 22, 5, 30, 31, 32, 33, 34, 35, 1, 2, 12, 14, 16, 18, 20, 24, 26}
-			if int64(len(blocks))*rec.BlockBytes() < streamMinOp {
+			if int64(len(blocks))*rec.BlockBytes() < memcopy.MinOp {
 				t.Fatalf("%d bytes: not a large operation", int64(len(blocks))*rec.BlockBytes())
 			}
 			want := ref.refGather(mems, blocks)

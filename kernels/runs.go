@@ -1,6 +1,10 @@
 package kernels
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/ucm-go/ucm/internal/memcopy"
+)
 
 // runSeq is the sequence of contiguous runs that a transfer's items expand to: each item one
 // run, or, with a template's table of run offsets, len(offs) runs of run bytes per item.
@@ -41,12 +45,12 @@ const pfDist = 16 << 10
 const pfMinRun = 256
 
 // gatherAhead copies every run of q from the caches (mems, by layer) into host, with
-// non-temporal stores when stream (for runs of streamMinRun bytes or more, as copyStream),
+// non-temporal stores when stream (for runs of memcopy.MinRun bytes or more, as memcopy.Stream),
 // prefetching the device bytes pfDist ahead of the copy in the sequence of runs: each 128
 // bytes copied issue the prefetch of the 128 bytes pfDist further on (copyPF), so the reads of
 // scattered runs overlap the way the hardware prefetcher overlaps those of one contiguous copy,
 // which it cannot do for a run it has not seen yet (nor across a page it has no translation
-// for). Bytes written with non-temporal stores are ordered by streamFence, which the caller
+// for). Bytes written with non-temporal stores are ordered by memcopy.Fence, which the caller
 // runs on the same goroutine.
 func (q *runSeq) gatherAhead(mems [][]byte, host []byte, stream bool) {
 	var cur runIter // the prefetch cursor
@@ -78,12 +82,12 @@ func (q *runSeq) gatherAhead(mems [][]byte, host []byte, stream bool) {
 			return
 		}
 		src, dst := mems[l][s:s+n], host[d:d+n]
-		if !haveNT || n < 256 {
+		if !memcopy.HaveNT || n < 256 {
 			copy(dst, src)
 			burst(n)
 			continue
 		}
-		nt := stream && n >= streamMinRun
+		nt := stream && n >= memcopy.MinRun
 		pos := int64(0)
 		if nt { // non-temporal stores need 32-byte alignment
 			pos = int64(-uintptr(unsafe.Pointer(&dst[0])) & 31)

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
 // copyPF copies exactly n bytes (every multiple of 128 up to 4 KiB, from any source alignment,
 // to any destination alignment with ordinary stores and 32-byte-aligned ones with
 // non-temporal stores), and writes nothing past them, wherever its prefetch pointer points.
 func TestCopyPF(t *testing.T) {
-	if !haveNT {
+	if !memcopy.HaveNT {
 		t.Skip("no AVX2 copy routine on this machine")
 	}
 	src := testRandomBytes(4096+64, 3)
@@ -27,7 +29,7 @@ func TestCopyPF(t *testing.T) {
 					base := int(-addrOf(buf) & 31) // a 32-byte-aligned start for the non-temporal stores
 					dst := buf[base+do : base+do+n]
 					copyPF(&dst[0], &src[so], n, &other[(n+so)%len(other)], nt)
-					streamFence()
+					memcopy.Fence()
 					if !bytes.Equal(dst, src[so:so+n]) {
 						t.Fatalf("n %d nt %v src+%d dst+%d: copy differs", n, nt, so, do)
 					}
@@ -63,7 +65,7 @@ func TestGatherAhead(t *testing.T) {
 		for _, stream := range []bool{false, true} {
 			got := bytes.Repeat([]byte{0xA5}, int(hostBytes))
 			q.gatherAhead(mems, got, stream)
-			streamFence()
+			memcopy.Fence()
 			if i := firstDiff(got, want); i >= 0 {
 				t.Fatalf("stream %v: byte %d of the host buffer is %#x, want %#x", stream, i, got[i], want[i])
 			}
@@ -75,7 +77,7 @@ func TestGatherAhead(t *testing.T) {
 	for n := int64(1); n <= 256; n++ {
 		lens = append(lens, n)
 	}
-	lens = append(lens, 257, 1000, streamMinRun-1, streamMinRun, streamMinRun+129, 32<<10+77, 100<<10)
+	lens = append(lens, 257, 1000, memcopy.MinRun-1, memcopy.MinRun, memcopy.MinRun+129, 32<<10+77, 100<<10)
 	for _, order := range []string{"ascending", "shuffled", "descending"} {
 		t.Run("items/"+order, func(t *testing.T) {
 			ls := append([]int64(nil), lens...)
@@ -97,7 +99,7 @@ func TestGatherAhead(t *testing.T) {
 		})
 	}
 	// A template's runs per item, for run lengths around the thresholds.
-	for _, run := range []int64{pfMinRun, 300, streamMinRun, 5000} {
+	for _, run := range []int64{pfMinRun, 300, memcopy.MinRun, 5000} {
 		t.Run(fmt.Sprintf("template/run=%d", run), func(t *testing.T) {
 			offs := []runOff{{0, 0}, {3 * run, run}, {run + 7, 2 * run}}
 			var items []xitem

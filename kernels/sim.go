@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ucm-go/ucm/internal/memcopy"
 	"github.com/ucm-go/ucm/internal/par"
 )
 
@@ -120,17 +121,17 @@ func (d *Device) parallel(bytes int64, n int, fn func(lo, hi int)) {
 }
 
 // copyBytes copies src into dst (equal lengths, host and device memory, so never
-// overlapping), split across goroutines when large; copies of streamMinOp bytes or more write
-// around the caches (copyStream), as the transfers do.
+// overlapping), split across goroutines when large; copies of memcopy.MinOp bytes or more write
+// around the caches (memcopy.Stream), as the transfers do.
 func (d *Device) copyBytes(dst, src []byte) {
 	const chunk = 1 << 20
 	n := (len(src) + chunk - 1) / chunk
-	stream := len(src) >= streamMinOp
+	stream := len(src) >= memcopy.MinOp
 	d.parallel(int64(len(src)), n, func(lo, hi int) {
 		a, b := lo*chunk, min(hi*chunk, len(src))
 		if stream {
-			copyStream(dst[a:b], src[a:b])
-			streamFence()
+			memcopy.Stream(dst[a:b], src[a:b])
+			memcopy.Fence()
 			return
 		}
 		copy(dst[a:b], src[a:b])

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
 // GatherBlocks enqueues on s the copy of whole blocks from the caches into dst (device to
@@ -133,8 +135,8 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 	*ip = items
 	total := int64(len(host))
 	tmpl := &p.tmpl
-	// Large operations write around the caches, as one large memcpy would (copyStream).
-	stream := total >= streamMinOp && p.tmpl.run >= streamMinRun
+	// Large operations write around the caches, as one large memcpy would (memcopy.Stream).
+	stream := total >= memcopy.MinOp && p.tmpl.run >= memcopy.MinRun
 	run := func() error {
 		defer func() {
 			*ip = (*ip)[:0]
@@ -148,7 +150,7 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 				}
 				q.gatherAhead(mems, host, stream)
 				if stream {
-					streamFence()
+					memcopy.Fence()
 				}
 				return
 			}
@@ -156,11 +158,11 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 				mem := mems[it.layer]
 				switch {
 				case flat && d2h && stream:
-					copyStream(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
+					memcopy.Stream(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
 				case flat && d2h:
 					copy(host[it.dst:it.dst+it.n], mem[it.src:it.src+it.n])
 				case flat && stream:
-					copyStream(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
+					memcopy.Stream(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
 				case flat:
 					copy(mem[it.src:it.src+it.n], host[it.dst:it.dst+it.n])
 				default:
@@ -168,7 +170,7 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 				}
 			}
 			if stream {
-				streamFence() // this goroutine's non-temporal stores, before the op completes
+				memcopy.Fence() // this goroutine's non-temporal stores, before the op completes
 			}
 		})
 		return nil
@@ -191,7 +193,7 @@ func (p *PagedKV) transfer(s *Stream, d2h bool, layer int, blocks []int, host []
 
 // copy copies one block shard between the cache (mem, the shard at src) and the record (host,
 // the shard at dst) run by run: through the table of run offsets when the template has one,
-// else walking its loops. With stream, runs are copied with copyStream (the caller fences).
+// else walking its loops. With stream, runs are copied with memcopy.Stream (the caller fences).
 func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h, stream bool) {
 	n := t.run
 	if t.offs == nil {
@@ -203,12 +205,12 @@ func (t *copyTemplate) copy(mem, host []byte, src, dst int64, d2h, stream bool) 
 	switch {
 	case stream && d2h:
 		for _, o := range t.offs {
-			copyStream(hs[o.dst:o.dst+n], ms[o.src:o.src+n])
+			memcopy.Stream(hs[o.dst:o.dst+n], ms[o.src:o.src+n])
 		}
 		return
 	case stream:
 		for _, o := range t.offs {
-			copyStream(ms[o.src:o.src+n], hs[o.dst:o.dst+n])
+			memcopy.Stream(ms[o.src:o.src+n], hs[o.dst:o.dst+n])
 		}
 		return
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
 // The benchmark model: 32 layers of vLLM flash-attention caches, 8 KV heads × 128 dims, fp16,
@@ -64,7 +66,7 @@ func newBenchCache(b *testing.B, blockSize, threads int, smallPages bool) *bench
 //
 //   - dev-memcpy: the device's own contiguous copy (Stream.CopyD2H / CopyH2D of one span) on
 //     the same stream, so it pays the same stream round trip, uses the same CopyThreads and the
-//     same copy routine (copyStream from 1 MiB): the like-for-like baseline, which differs from
+//     same copy routine (memcopy.Stream from 1 MiB): the like-for-like baseline, which differs from
 //     the transfer only in being one piece;
 //   - memcpy: Go's copy (runtime·memmove), single-threaded, on the benchmark's goroutine (no
 //     stream): what a plain Go program moving the same bytes gets.
@@ -285,16 +287,16 @@ func BenchmarkScatteredRuns(b *testing.B) {
 					{"seq", func(r int) {
 						o := r % (devBytes / total) * total
 						for k := 0; k < nr; k++ {
-							copyStream(host[k*run:(k+1)*run], dev[o+k*run:o+(k+1)*run])
+							memcopy.Stream(host[k*run:(k+1)*run], dev[o+k*run:o+(k+1)*run])
 						}
-						streamFence()
+						memcopy.Fence()
 					}},
 					{"random", func(r int) {
 						for k := 0; k < nr; k++ {
 							o := slots[r%rounds*nr+k] * run
-							copyStream(host[k*run:(k+1)*run], dev[o:o+run])
+							memcopy.Stream(host[k*run:(k+1)*run], dev[o:o+run])
 						}
-						streamFence()
+						memcopy.Fence()
 					}},
 					{"ahead", func(r int) {
 						for k := range items {
@@ -302,7 +304,7 @@ func BenchmarkScatteredRuns(b *testing.B) {
 						}
 						q := runSeq{items: items}
 						q.gatherAhead(mems, host, true)
-						streamFence()
+						memcopy.Fence()
 					}},
 				}
 				took := make([][]time.Duration, len(variants))
