@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
 // KindMooncake is a tier in a Mooncake Store pool (github.com/kvcache-ai/Mooncake): host memory
@@ -288,15 +289,27 @@ func decodeHeader(obj []byte, got int64, want mcObject) ([]uint32, error) {
 func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
 
 // copyChecked copies src into dst (equal lengths), checking each of the len(crcs) equal parts
-// of src against its checksum, chunk by chunk so the checksum reads what the copy just
-// touched. It returns the index of the first part that fails, or -1.
-func copyChecked(dst, src []byte, crcs []uint32) int {
+// of src against its checksum, chunk by chunk so the checksum reads bytes the copy just
+// touched, in cache. It returns the index of the first part that fails, or -1. With stream
+// (what the caller copies in all is memcopy.MinOp or more: a whole block) the copy writes
+// around the caches, as one memmove of that size would, and the checksum reads the chunk of
+// src the copy just read (dst's bytes are then not in cache); the bytes are fenced before it
+// returns.
+func copyChecked(dst, src []byte, crcs []uint32, stream bool) int {
+	if stream {
+		defer memcopy.Fence()
+	}
 	part := len(src) / len(crcs)
 	for i, want := range crcs {
 		lo, hi := i*part, (i+1)*part
 		var crc uint32
 		for off := lo; off < hi; off += checkChunk {
 			end := min(off+checkChunk, hi)
+			if stream {
+				memcopy.Stream(dst[off:end], src[off:end])
+				crc = format.ChecksumUpdate(crc, src[off:end])
+				continue
+			}
 			copy(dst[off:end], src[off:end])
 			crc = format.ChecksumUpdate(crc, dst[off:end])
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ucm-go/ucm/format"
+	"github.com/ucm-go/ucm/internal/memcopy"
 )
 
 // Mooncake error codes the tier tells apart (mooncake-store/include/types.h). A code not listed
@@ -618,12 +619,13 @@ func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][
 	case t.shards:
 		first := max(shard, 0)
 		sb := int(l.ShardBytes)
+		stream := len(objs)*sb >= memcopy.MinOp // a whole block's shards
 		for k, obj := range objs {
 			s := first + k
 			crcs, err := decodeHeader(obj, got[k], t.object(id, s))
 			if err == nil {
 				h := mcHeaderBytes(1)
-				if bad := copyChecked(dst[k*sb:(k+1)*sb], obj[h:h+sb], crcs); bad >= 0 {
+				if bad := copyChecked(dst[k*sb:(k+1)*sb], obj[h:h+sb], crcs, stream); bad >= 0 {
 					err = fmt.Errorf("%w: shard %d checksum mismatch", ErrMooncakeObject, s)
 				} else if *sums != nil {
 					*sums = append(*sums, crcs...)
@@ -648,7 +650,7 @@ func (t *MooncakeTier) verify(id format.BlockID, shard int, dst []byte, objs [][
 			sb := int(l.ShardBytes)
 			payload, part = payload[shard*sb:(shard+1)*sb], crcs[shard:shard+1]
 		}
-		if bad := copyChecked(dst, payload, part); bad >= 0 {
+		if bad := copyChecked(dst, payload, part, len(payload) >= memcopy.MinOp); bad >= 0 {
 			t.reject(id, fmt.Errorf("%w: part %d checksum mismatch", ErrMooncakeObject, bad))
 			return false
 		}
