@@ -328,7 +328,7 @@ func fuzzRetrieveDot(t *testing.T, mem *cmem, handle int64, in *fuzzInput, ids u
 		var ok bool
 		cand, ok = in.pointer(mem.addr(offOut + 2048))
 		width = 2
-		must(sane && batch > 0 && !ok, "cand")
+		must(sane && batch > 0 && !ok && cand != 0, "cand") // NULL: no table, every block
 		if ok {
 			clear(mem.b[offOut+2048 : offOut+2048+4*4]) // block 0 for every entry
 			if n == 0 && idsOK {
@@ -343,12 +343,12 @@ func fuzzRetrieveDot(t *testing.T, mem *cmem, handle int64, in *fuzzInput, ids u
 	if in.byte()%2 == 0 {
 		var ok bool
 		count, ok = in.pointer(mem.addr(offOut + 1024))
-		must(sane && batch > 0 && !ok, "out_count")
+		must(sane && batch > 0 && !ok && count != 0, "out_count") // NULL: not wanted
 	}
 	if in.byte()%2 == 0 {
 		var ok bool
 		found, ok = in.pointer(mem.addr(offOut + 1536))
-		must(sane && n > 0 && idsOK && !ok, "found")
+		must(sane && n > 0 && idsOK && !ok && found != 0, "found") // NULL: not wanted
 	}
 	st := int64(selectorRetrieveDot(handle, layer, ids, n, q, batch, dim, cand, width, topk, workers, outIdx, outScores, count, found))
 	if st != 0 || batch == 0 || topk == 0 {
