@@ -1,6 +1,7 @@
 package devio_test
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,65 @@ func BenchmarkSegments(b *testing.B) {
 								return
 							}
 							if err := be.Submit(ops(w, int64(k)*request%span, dir == "write")); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			})
+		}
+	}
+}
+
+// BenchmarkFootprint measures what the device charges for how much memory its transfers
+// touch (docs/performance.md, "Method"): 8 submitters each issue one 2 MiB op at a time, so 8
+// are in flight whatever the case, each submitter cycling through its own 2, 4, 16 or 64 MiB of
+// huge-page memory (16 to 512 MiB in all). A device that moves the data with the CPU of a host
+// (a VM's virtio disk) copies into and out of memory that the host's caches hold when it is
+// small, so a job with a small buffer set (fio's: one buffer per request in flight) can run
+// faster than one reading into a connector's gigabytes of KV buffers. Run as BenchmarkSegments.
+func BenchmarkFootprint(b *testing.B) {
+	const (
+		request    = 2 << 20
+		submitters = 8
+		span       = 256 << 20 // the file region the requests cycle over
+	)
+	for _, dir := range []string{"write", "read"} {
+		for _, per := range []int{1, 2, 8, 32} { // buffers per submitter
+			b.Run(fmt.Sprintf("%s/footprint=%dMiB", dir, submitters*per*request>>20), func(b *testing.B) {
+				be := newURing(b, 64)
+				defer be.Close()
+				f := benchFile(b)
+				mem, bufs, err := devio.NewHostBuffers(submitters, per*request)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer mem.Close()
+				b.Logf("direct=%v huge=%v", f.Direct(), mem.Huge())
+				for off := int64(0); off < span; off += request { // the region exists, and reads read written blocks
+					if err := be.Submit([]devio.Op{{File: f, Buf: bufs[0][:request], Off: off, Write: true}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.SetBytes(request)
+				b.ResetTimer()
+				var (
+					next atomic.Int64
+					wg   sync.WaitGroup
+				)
+				for w := range submitters {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := 0; ; i++ {
+							k := next.Add(1) - 1
+							if k >= int64(b.N) {
+								return
+							}
+							buf := bufs[w][i%per*request : (i%per+1)*request]
+							if err := be.Submit([]devio.Op{{File: f, Buf: buf, Off: k * request % span, Write: dir == "write"}}); err != nil {
 								b.Error(err)
 								return
 							}
