@@ -95,6 +95,10 @@ type benchResult struct {
 	// "huge (4 KiB pages: advice refused)" or "heap" (every workload's dumps and loads go
 	// through worker buffers; the field is set by the one that allocated them).
 	Buffers string `json:"buffers,omitempty"`
+	// HostBufferBytes is the memory the tasks' payload buffers span: what the engine's dumps
+	// write from and its loads read into, and the least fio's buffers must span for a run of
+	// fio to count in a ratio (fioFigures.atFootprint).
+	HostBufferBytes int64 `json:"host_buffer_bytes,omitempty"`
 	// Recycled: the timed dump wrote into recycled segment files and fio overwrote a file it
 	// had written (--recycled); SegmentsRecycled counts the dump's segments that reused a file.
 	Recycled bool `json:"recycled,omitempty"`
@@ -552,7 +556,7 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		}
 		err = w.run(env, res)
 		stopProfile()
-		res.Buffers = env.buffers
+		res.Buffers, res.HostBufferBytes = env.buffers, env.bufferBytes
 		if err != nil {
 			code := cliutil.ExitProblems
 			if errors.As(err, new(*cliutil.ExitError)) {
@@ -738,7 +742,11 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	row("sync", "%s", r.Sync)
 	row("checksum", "CRC32C by %s", r.Checksum)
 	if r.Buffers != "" {
-		row("buffers", "%s", r.Buffers)
+		span := ""
+		if r.HostBufferBytes > 0 {
+			span = fmt.Sprintf(", %s in all (fio counts runs whose buffers span as much, or its largest)", cliutil.FormatSize(r.HostBufferBytes))
+		}
+		row("buffers", "%s%s", r.Buffers, span)
 	}
 	if r.HostLayout != "" {
 		row("layout", "%s (--host-layout)", r.HostLayout)

@@ -79,8 +79,10 @@ type benchEnv struct {
 	storeDir string
 	opts     engine.Options
 	stderr   io.Writer
-	// buffers says where the last workerBuffers' buffers live (benchResult.Buffers).
-	buffers string
+	// buffers says where the last workerBuffers' buffers live (benchResult.Buffers), and
+	// bufferBytes how much memory the largest set of them spans (benchResult.HostBufferBytes).
+	buffers     string
+	bufferBytes int64
 	// timings gathers the engine's flight and load timings (--timings); nil without.
 	timings *timingCollector
 	// filled is how many blocks --recycled's fill dumped into the open store (openForDump).
@@ -382,6 +384,7 @@ func (env *benchEnv) workerBuffers(perWorker int, size int64) (bufs [][][]byte, 
 func (env *benchEnv) allocBuffers(perWorker int, size int64) (bufs [][][]byte, release func(), err error) {
 	cfg := env.cfg
 	bufs = make([][][]byte, cfg.concurrency)
+	env.bufferBytes = max(env.bufferBytes, int64(cfg.concurrency*perWorker)*size)
 	if cfg.buffers == "heap" {
 		for w := range bufs {
 			bufs[w] = make([][]byte, perWorker)
