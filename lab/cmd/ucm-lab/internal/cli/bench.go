@@ -55,6 +55,7 @@ type benchConfig struct {
 	queueDepth int
 	rounds     int    // seq, layerwise: workload (+ fio) runs, medians reported
 	buffers    string // huge or heap: where the tasks' payload buffers live
+	bufferSpan int64  // seq: the least memory the tasks' buffers span, cycled through (0: what they need)
 
 	tracePath string
 	capacity  int64 // trace: disk tier capacity (0: unlimited)
@@ -380,9 +381,10 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.BoolVar(&cfg.fio, "fio", false, "also run fio with the same parameters and print engine/fio ratios (seq, layerwise)")
 	fl.IntVar(&cfg.queueDepth, "queue-depth", engine.DefaultQueueDepth, "engine I/O operations in flight (Options.QueueDepth)")
 	fl.StringVar(&cfg.buffers, "buffers", "huge", "where the tasks' payload buffers live: huge (host memory in transparent huge pages, as a connector's pinned KV buffers) or heap (Go heap, 4 KiB pages)")
+	fl.Var(cliutil.SizeFlag(&cfg.bufferSpan, "0"), "buffer-span", "seq: the tasks' buffers span at least this much memory, each task cycling through its share batch by batch, as loads land all over a connector's KV buffers (0: one batch's worth per task)")
 	fl.IntVar(&cfg.rounds, "rounds", 1, "seq, layerwise: run the workload (then fio, with --fio) this many times and report medians, each ratio taken within its round")
 	fl.BoolVar(&cfg.fioBracket, "fio-bracket", true, "with --fio: also run fio before the first round, and take each round's ratios against the mean of fio just before and just after it")
-	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator)")
+	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better of the runs whose buffers span the tasks' is the denominator)")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.Var(cliutil.SizeFlag(&cfg.capacity, "0"), "capacity", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); the least recently used segments are evicted beyond it (lookup, open: measures what recency tracking costs)")
 	fl.Var(cliutil.SizeFlag(&cfg.memory, "0"), "memory", "trace: bytes of a memory tier in front of the disk tier (0: none)")
@@ -455,6 +457,10 @@ func runBench(cfg benchConfig, stdout, stderr io.Writer) error {
 		return cliutil.UsageErr("--buffers %q: want huge or heap", cfg.buffers)
 	case cfg.rounds < 1:
 		return cliutil.UsageErr("--rounds %d: want at least 1", cfg.rounds)
+	case cfg.bufferSpan < 0:
+		return cliutil.UsageErr("--buffer-span %d: want 0 (one batch per task) or more", cfg.bufferSpan)
+	case cfg.bufferSpan > 0 && cfg.workload != "seq":
+		return cliutil.UsageErr("--buffer-span: only the seq workload cycles through its buffers")
 	case cfg.rounds > 1 && cfg.workload != "seq" && cfg.workload != "layerwise":
 		return cliutil.UsageErr("--rounds: only the seq and layerwise workloads repeat")
 	case cfg.capacity != 0 && cfg.workload != "trace" && cfg.workload != "lookup" && cfg.workload != "open" && cfg.workload != "shared-capacity":

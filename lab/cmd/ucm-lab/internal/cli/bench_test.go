@@ -827,9 +827,30 @@ func TestBenchSharedCapacity(t *testing.T) {
 }
 
 // A value a flag cannot parse fails the command before it runs, naming the flag and the value.
+// --buffer-span makes the seq tasks cycle through more memory than one batch each: the
+// buffers span it (rounded up to whole groups of batches), every block still verified.
+func TestBenchBufferSpan(t *testing.T) {
+	args := []string{"--dir", t.TempDir(), "--total", "4MiB", "--block-size", "256KiB", "--shards", "4", "--segment-size", "1MiB",
+		"--concurrency", "2", "--batch", "2"}
+	m := benchJSON(t, args...)
+	if m["host_buffer_bytes"] != float64(2*2*256<<10) {
+		t.Errorf("host_buffer_bytes %v without --buffer-span, want one batch per task, %d", m["host_buffer_bytes"], 2*2*256<<10)
+	}
+	// 3 MiB over 2 tasks of 2 × 256 KiB: 3 groups per task (3 MiB), not 2.5.
+	m = benchJSON(t, append(args, "--buffer-span", "2560KiB")...)
+	if m["host_buffer_bytes"] != float64(3<<20) {
+		t.Errorf("host_buffer_bytes %v with --buffer-span 2560KiB, want 3 MiB", m["host_buffer_bytes"])
+	}
+	for _, bad := range [][]string{{"--buffer-span", "1MiB", "--workload", "layerwise"}, {"--buffer-span", "1MiB", "--workload", "trace"}} {
+		if _, _, code := run(t, append([]string{"bench", "--dir", t.TempDir()}, bad...)...); code != cliutil.ExitUsage {
+			t.Errorf("%v: exit %d, want 2", bad, code)
+		}
+	}
+}
+
 func TestBenchFlagValues(t *testing.T) {
 	for _, args := range [][]string{{"--total", "3XB"}, {"--segment-size", "big"}, {"--sync", "sometimes"}, {"--io-engine", "carrier-pigeon"},
-		{"--direct", "maybe"}, {"--compression", "zip"}, {"--capacity", "-1x"}, {"--max-staging", "lots"}} {
+		{"--direct", "maybe"}, {"--compression", "zip"}, {"--capacity", "-1x"}, {"--max-staging", "lots"}, {"--buffer-span", "wide"}} {
 		_, errOut, code := run(t, append([]string{"bench", "--dir", t.TempDir()}, args...)...)
 		if code != cliutil.ExitUsage || !strings.Contains(errOut, args[0]) || !strings.Contains(errOut, args[1]) {
 			t.Errorf("bench %v: exit %d, %q", args, code, errOut)

@@ -266,7 +266,7 @@ func (c *checkRun) seqAndLayerwise32() error {
 	fio, mem := "fio-malloc", "from 4 KiB pages (no hugetlb pages reserved)"
 	for _, f := range seq.Fio {
 		if f.Mem == "mmaphuge" {
-			fio, mem = "fio", "the best of malloc and hugetlb buffers"
+			fio, mem = "fio", "the best of its malloc and hugetlb runs whose buffers span the tasks' (bench host_buffer_bytes)"
 		}
 	}
 	if fio != "fio" && !c.warnedMalloc {

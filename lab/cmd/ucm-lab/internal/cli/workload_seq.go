@@ -89,8 +89,9 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 
 // runTasks runs fn over every block in batches (the bench's blocks first, first+1, ...: 0 for
 // the workload's own), with cfg.concurrency batches in flight, each worker owning batch
-// aligned buffers of blockBytes; it returns the wall time of the whole run.
-// The first error stops new batches.
+// aligned buffers of blockBytes, or, with --buffer-span, as many groups of them as it takes
+// for all the workers' to span it, a batch using the next group; it returns the wall time of
+// the whole run. The first error stops new batches.
 func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
 	cfg := env.cfg
 	var (
@@ -100,7 +101,8 @@ func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.B
 		failed   atomic.Bool
 		wg       sync.WaitGroup
 	)
-	workers, release, err := env.workerBuffers(cfg.batch, blockBytes)
+	groups := max(1, int((cfg.bufferSpan+int64(cfg.concurrency*cfg.batch)*blockBytes-1)/(int64(cfg.concurrency*cfg.batch)*blockBytes)))
+	workers, release, err := env.workerBuffers(cfg.batch*groups, blockBytes)
 	if err != nil {
 		return 0, err
 	}
@@ -114,13 +116,13 @@ func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.B
 		wg.Add(1)
 		go func(bufs [][]byte) {
 			defer wg.Done()
-			for !failed.Load() {
+			for g := 0; !failed.Load(); g = (g + 1) % groups {
 				lo := int(next.Add(int64(cfg.batch))) - cfg.batch
 				if lo >= len(ids) {
 					return
 				}
 				hi := min(len(ids), lo+cfg.batch)
-				if err := fn(ids[lo:hi], bufs[:hi-lo]); err != nil {
+				if err := fn(ids[lo:hi], bufs[g*cfg.batch:g*cfg.batch+hi-lo]); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					failed.Store(true)
 					return
