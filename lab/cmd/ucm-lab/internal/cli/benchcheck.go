@@ -37,6 +37,11 @@ type benchCheckConfig struct {
 const (
 	checkTotal         = "1GiB"    // seq and layer-wise 32 × 64 KiB: 512 blocks of 2 MiB
 	checkTotal80       = "1280MiB" // layer-wise 80 × 16 KiB: 1,024 blocks of 1,280 KiB
+	// checkBufferSpan is the memory the seq runs' buffers span (bench --buffer-span): about what
+	// the layer-wise runs' requests touch (8 requests of up to 64 blocks), so that the whole-block
+	// path a layer-wise ratio is taken against reads into and writes from as much memory (on a
+	// VM's disk a small buffer set runs faster: docs/performance.md, "Method").
+	checkBufferSpan    = "512MiB"
 	checkLookupBlocks  = 100_000
 	checkLookupBatches = 1000
 	checkSeed          = 1
@@ -58,13 +63,15 @@ is measured against a denominator taken in the same round on the same machine, s
 slower or busier machine moves both.
 
   seq/dump/fio, seq/load/fio          whole-block dump and load of 1 GiB of 2 MiB blocks
-                                      (32 shards) against fio's sequential write and read
-                                      of the same file size right after (bench --fio);
-                                      named seq/*/fio-malloc when no hugetlb pages are
-                                      reserved (fio from 4 KiB pages is a slower limit)
+                                      (32 shards), the tasks cycling through 512 MiB of
+                                      buffers (bench --buffer-span), against fio's
+                                      sequential write and read of the same file size
+                                      right after (bench --fio; the runs whose buffers span
+                                      the most); named seq/*/fio-malloc when no hugetlb
+                                      pages are reserved (a slower limit)
   layerwise/32x64KiB/{dump,load}/seq  layer-wise, the connector's order, 2 MiB blocks of
                                       32 × 64 KiB shards, against the seq run of the same
-                                      round (the same layout, whole blocks)
+                                      round (the same layout, whole blocks, as much memory)
   layerwise/80x16KiB/{dump,load}/seq  the same with 1,280 KiB blocks of 80 × 16 KiB shards,
                                       against a seq run of that layout in the same round
   lookup/engine/map                   exact lookups per second of 1024-id batches (half
@@ -243,8 +250,8 @@ func (c *checkRun) layerwiseAgainstSeq(shape string, seq *benchResult, shapeArgs
 	if seq.DumpMBps <= 0 || seq.LoadMBps <= 0 || lw.DumpMBps <= 0 || lw.LoadMBps <= 0 {
 		return fmt.Errorf("layerwise %s: a rate of 0 (seq %v/%v, layer-wise %v/%v MB/s)", shape, seq.DumpMBps, seq.LoadMBps, lw.DumpMBps, lw.LoadMBps)
 	}
-	what := fmt.Sprintf("layer-wise (bench --workload layerwise --order connector --concurrency 8 %s) %%s MB/s ÷ whole blocks (bench --workload seq %s) in the same round",
-		strings.Join(shapeArgs, " "), strings.Join(shapeArgs, " "))
+	what := fmt.Sprintf("layer-wise (bench --workload layerwise --order connector --concurrency 8 %s) %%s MB/s ÷ whole blocks (bench --workload seq %s --buffer-span %s) in the same round",
+		strings.Join(shapeArgs, " "), strings.Join(shapeArgs, " "), checkBufferSpan)
 	c.add("layerwise/"+shape+"/dump/seq", fmt.Sprintf(what, "dump"), lw.DumpMBps/seq.DumpMBps)
 	c.add("layerwise/"+shape+"/load/seq", fmt.Sprintf(what, "load"), lw.LoadMBps/seq.LoadMBps)
 	return nil
@@ -254,7 +261,7 @@ func (c *checkRun) layerwiseAgainstSeq(shape string, seq *benchResult, shapeArgs
 // shape against it.
 func (c *checkRun) seqAndLayerwise32() error {
 	shape := []string{"--block-size", "2MiB", "--shards", "32", "--total", checkTotal}
-	seq, err := c.bench(append([]string{"--workload", "seq", "--fio", "--fio-bracket=false"}, shape...)...)
+	seq, err := c.bench(append([]string{"--workload", "seq", "--fio", "--fio-bracket=false", "--buffer-span", checkBufferSpan}, shape...)...)
 	if err != nil {
 		return err
 	}
@@ -273,7 +280,7 @@ func (c *checkRun) seqAndLayerwise32() error {
 		c.warnedMalloc = true
 		fmt.Fprintf(c.stderr, "bench-check: fio ran without hugetlb pages (sysctl -w vm.nr_hugepages=160 reserves them): the seq cases are %s/..., comparable only with a baseline made the same way\n", "seq/*/"+fio)
 	}
-	what := "whole-block %s (bench --workload seq " + strings.Join(shape, " ") + ") ÷ fio sequential %s of the same size right after (--fio --fio-bracket=false), fio " + mem
+	what := "whole-block %s (bench --workload seq " + strings.Join(shape, " ") + " --buffer-span " + checkBufferSpan + ") ÷ fio sequential %s of the same size right after (--fio --fio-bracket=false), fio " + mem
 	c.add("seq/dump/"+fio, fmt.Sprintf(what, "dump", "write"), seq.DumpRatio)
 	c.add("seq/load/"+fio, fmt.Sprintf(what, "load", "read"), seq.LoadRatio)
 	return c.layerwiseAgainstSeq("32x64KiB", seq, shape...)
@@ -282,7 +289,7 @@ func (c *checkRun) seqAndLayerwise32() error {
 // layerwise80 runs seq and the layer-wise connector order with 1,280 KiB blocks of 80 × 16 KiB.
 func (c *checkRun) layerwise80() error {
 	shape := []string{"--block-size", "1280KiB", "--shards", "80", "--total", checkTotal80}
-	seq, err := c.bench(append([]string{"--workload", "seq"}, shape...)...)
+	seq, err := c.bench(append([]string{"--workload", "seq", "--buffer-span", checkBufferSpan}, shape...)...)
 	if err != nil {
 		return err
 	}
