@@ -35,8 +35,8 @@ type benchCheckConfig struct {
 // The fixed set's sizes: short enough for a few minutes on a 2-core VM, long enough that a
 // dump is not just its first flush.
 const (
-	checkTotal         = "1GiB"    // seq and layer-wise 32 × 64 KiB: 512 blocks of 2 MiB
-	checkTotal80       = "1280MiB" // layer-wise 80 × 16 KiB: 1,024 blocks of 1,280 KiB
+	checkTotal   = "1GiB"    // seq and layer-wise 32 × 64 KiB: 512 blocks of 2 MiB
+	checkTotal80 = "1280MiB" // layer-wise 80 × 16 KiB: 1,024 blocks of 1,280 KiB
 	// checkBufferSpan is the memory the seq runs' buffers span (bench --buffer-span): about what
 	// the layer-wise runs' requests touch (8 requests of up to 64 blocks), so that the whole-block
 	// path a layer-wise ratio is taken against reads into and writes from as much memory (on a
