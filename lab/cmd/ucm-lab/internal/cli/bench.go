@@ -97,8 +97,8 @@ type benchResult struct {
 	// through worker buffers; the field is set by the one that allocated them).
 	Buffers string `json:"buffers,omitempty"`
 	// HostBufferBytes is the memory the tasks' payload buffers span: what the engine's dumps
-	// write from and its loads read into, and the least fio's buffers must span for a run of
-	// fio to count in a ratio (fioFigures.atFootprint).
+	// write from and its loads read into, and the least fio's buffers must span for a read
+	// run of fio to count in a ratio (fioFigures.atFootprint).
 	HostBufferBytes int64 `json:"host_buffer_bytes,omitempty"`
 	// Recycled: the timed dump wrote into recycled segment files and fio overwrote a file it
 	// had written (--recycled); SegmentsRecycled counts the dump's segments that reused a file.
@@ -384,7 +384,7 @@ per --sync); load time includes the in-line byte comparison.`,
 	fl.Var(cliutil.SizeFlag(&cfg.bufferSpan, "0"), "buffer-span", "seq: the tasks' buffers span at least this much memory, each task cycling through its share batch by batch, as loads land all over a connector's KV buffers (0: one batch's worth per task)")
 	fl.IntVar(&cfg.rounds, "rounds", 1, "seq, layerwise: run the workload (then fio, with --fio) this many times and report medians, each ratio taken within its round")
 	fl.BoolVar(&cfg.fioBracket, "fio-bracket", true, "with --fio: also run fio before the first round, and take each round's ratios against the mean of fio just before and just after it")
-	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better of the runs whose buffers span the tasks' is the denominator)")
+	fl.IntVar(&cfg.fioIODepth, "fio-iodepth", 16, "fio queue depth (fio also runs at 64; the better is the denominator, for reads of the runs whose buffers span the tasks')")
 	fl.StringVar(&cfg.tracePath, "trace", "", "trace: the JSONL request trace (timestamp, input_length, output_length, hash_ids)")
 	fl.Var(cliutil.SizeFlag(&cfg.capacity, "0"), "capacity", "trace, lookup, open: capacity of the store's disk tier in bytes (0: unlimited); the least recently used segments are evicted beyond it (lookup, open: measures what recency tracking costs)")
 	fl.Var(cliutil.SizeFlag(&cfg.memory, "0"), "memory", "trace: bytes of a memory tier in front of the disk tier (0: none)")
@@ -750,7 +750,7 @@ func printBench(w io.Writer, storeDir string, r *benchResult) {
 	if r.Buffers != "" {
 		span := ""
 		if r.HostBufferBytes > 0 {
-			span = fmt.Sprintf(", %s in all (fio counts runs whose buffers span as much, or its largest)", cliutil.FormatSize(r.HostBufferBytes))
+			span = fmt.Sprintf(", %s in all (fio's reads count runs whose buffers span as much, or its largest)", cliutil.FormatSize(r.HostBufferBytes))
 		}
 		row("buffers", "%s%s", r.Buffers, span)
 	}

@@ -66,9 +66,9 @@ slower or busier machine moves both.
                                       (32 shards), the tasks cycling through 512 MiB of
                                       buffers (bench --buffer-span), against fio's
                                       sequential write and read of the same file size
-                                      right after (bench --fio; the runs whose buffers span
-                                      the most); named seq/*/fio-malloc when no hugetlb
-                                      pages are reserved (a slower limit)
+                                      right after (bench --fio; reads: the runs whose
+                                      buffers span the most); named seq/*/fio-malloc when
+                                      no hugetlb pages are reserved (a slower limit)
   layerwise/32x64KiB/{dump,load}/seq  layer-wise, the connector's order, 2 MiB blocks of
                                       32 × 64 KiB shards, against the seq run of the same
                                       round (the same layout, whole blocks, as much memory)
@@ -273,7 +273,7 @@ func (c *checkRun) seqAndLayerwise32() error {
 	fio, mem := "fio-malloc", "from 4 KiB pages (no hugetlb pages reserved)"
 	for _, f := range seq.Fio {
 		if f.Mem == "mmaphuge" {
-			fio, mem = "fio", "the best of its malloc and hugetlb runs whose buffers span the tasks' (bench host_buffer_bytes)"
+			fio, mem = "fio", "the best of its malloc and hugetlb runs (reads: of those whose buffers span the tasks', bench host_buffer_bytes)"
 		}
 	}
 	if fio != "fio" && !c.warnedMalloc {
