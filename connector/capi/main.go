@@ -505,7 +505,7 @@ func transfer(load bool, h int64, ids, shards uintptr, n uint64, addrs uintptr, 
 	if err != nil {
 		return int64(fail(err))
 	}
-	register(C.int64_t(h), s, task, int(n))
+	register(h, s, task, int(n))
 	return int64(task)
 }
 
@@ -647,12 +647,27 @@ func copyMask(dst []byte, mask []bool) {
 // register hands task of s to the C side (tasks.c), which answers ucmgo_wait and ucmgo_check
 // for it without entering Go: a goroutine settles the task when its I/O is done (consuming it
 // here) and fills in its result there. Without memory for the record the task stays with Go.
-func register(h C.int64_t, s *connector.Store, task uint64, n int) {
-	rec := C.ucmgoi_task_new(h, C.int64_t(task), C.size_t(n))
+//
+// A close of the store that ran while the task was being issued may have dropped the store's
+// tasks (ucmgoi_tasks_drop) before this record was listed; it is dropped too then, so that a
+// wait on it reports the store closed, as waits on every task of a closed store do. Handles
+// are never reused, so the drop touches no other store's tasks.
+func register(h int64, s *connector.Store, task uint64, n int) {
+	rec := C.ucmgoi_task_new(C.int64_t(h), C.int64_t(task), C.size_t(n))
 	if rec == nil {
 		return
 	}
 	notify(rec, s, task, n)
+	if !isOpen(h, s) {
+		C.ucmgoi_tasks_drop(C.int64_t(h))
+	}
+}
+
+// isOpen reports whether handle h is still s's (ucmgo_close has not taken it away).
+func isOpen(h int64, s *connector.Store) bool {
+	handles.Lock()
+	defer handles.Unlock()
+	return handles.stores[h] == s
 }
 
 // notify has the record rec settled when task of s is done: the engine goroutine that completes

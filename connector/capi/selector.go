@@ -273,7 +273,7 @@ func reprsDump(h int64, ids uintptr, n uint64, addrs uintptr, per uint64, dtype 
 func registerStoreTask(e *selEntry, task uint64, n int) uint64 {
 	s, err := store(e.store)
 	if err == nil {
-		register(C.int64_t(e.store), s, task, n)
+		register(e.store, s, task, n)
 	}
 	return task
 }
