@@ -58,28 +58,9 @@ func BenchmarkSegments(b *testing.B) {
 					}
 				}
 				b.SetBytes(request)
-				b.ResetTimer()
-				var (
-					next atomic.Int64
-					wg   sync.WaitGroup
-				)
-				for w := range submitters {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for {
-							k := int(next.Add(1) - 1)
-							if k >= b.N {
-								return
-							}
-							if err := be.Submit(ops(w, int64(k)*request%span, dir == "write")); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
+				submitConcurrently(b, be, submitters, func(w, _ int, k int64) []devio.Op {
+					return ops(w, k*request%span, dir == "write")
+				})
 			})
 		}
 	}
@@ -117,30 +98,39 @@ func BenchmarkFootprint(b *testing.B) {
 					}
 				}
 				b.SetBytes(request)
-				b.ResetTimer()
-				var (
-					next atomic.Int64
-					wg   sync.WaitGroup
-				)
-				for w := range submitters {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := 0; ; i++ {
-							k := next.Add(1) - 1
-							if k >= int64(b.N) {
-								return
-							}
-							buf := bufs[w][i%per*request : (i%per+1)*request]
-							if err := be.Submit([]devio.Op{{File: f, Buf: buf, Off: k * request % span, Write: dir == "write"}}); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
+				submitConcurrently(b, be, submitters, func(w, i int, k int64) []devio.Op {
+					buf := bufs[w][i%per*request : (i%per+1)*request]
+					return []devio.Op{{File: f, Buf: buf, Off: k * request % span, Write: dir == "write"}}
+				})
 			})
 		}
 	}
+}
+
+// submitConcurrently resets b's timer and submits b.N requests to be from submitters
+// goroutines, each submitting one at a time: ops(w, i, k) is submitter w's i-th request, the
+// k-th of the run.
+func submitConcurrently(b *testing.B, be devio.Backend, submitters int, ops func(w, i int, k int64) []devio.Op) {
+	b.ResetTimer()
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for w := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				k := next.Add(1) - 1
+				if k >= int64(b.N) {
+					return
+				}
+				if err := be.Submit(ops(w, i, k)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
