@@ -328,11 +328,11 @@ func applyFio(res *benchResult, before, after *fioFigures) {
 // On the development VMs the device's rate depends on how much memory its transfers touch,
 // not only on how many are in flight: 2 MiB reads, 8 in flight, cycling through 16 MiB of
 // buffers ran at 3.2 GB/s and through 128 MiB at 2.3 (devio's BenchmarkFootprint). A fio job
-// at depth 8 reads into 16 MiB, which a connector's KV buffers (gigabytes) never are: that job is not the limit an engine reading into the caller's
-// buffers is held to. Writes moved by about a tenth there (3.7 against 3.3–3.5 GB/s) and not
-// at all on a GlusterFS mount, where fio's deeper durable job is slower for another reason
-// (it drains its queue before each fdatasync): so a dump is held to fio's best write, the
-// stricter limit.
+// at depth 8 reads into 16 MiB, which a connector's KV buffers (gigabytes) never are: that
+// job is not the limit an engine reading into the caller's buffers is held to. Writes moved
+// by about a tenth there (3.7 against 3.3–3.5 GB/s) and not at all on a GlusterFS mount,
+// where fio's deeper durable job is slower for another reason (it drains its queue before
+// each fdatasync): so a dump is held to fio's best write, the stricter limit.
 func (f *fioFigures) atFootprint(footprint int64) *fioFigures {
 	if footprint <= 0 || len(f.runs) == 0 {
 		return f

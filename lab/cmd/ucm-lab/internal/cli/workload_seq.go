@@ -101,7 +101,8 @@ func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.B
 		failed   atomic.Bool
 		wg       sync.WaitGroup
 	)
-	groups := max(1, int((cfg.bufferSpan+int64(cfg.concurrency*cfg.batch)*blockBytes-1)/(int64(cfg.concurrency*cfg.batch)*blockBytes)))
+	round := int64(cfg.concurrency*cfg.batch) * blockBytes // the buffers of one batch per worker
+	groups := max(1, int((cfg.bufferSpan+round-1)/round))
 	workers, release, err := env.workerBuffers(cfg.batch*groups, blockBytes)
 	if err != nil {
 		return 0, err
