@@ -132,7 +132,7 @@ test-gluster:
 		UCM_SHARE_KILL_CYCLES=$(SHARE_KILL_CYCLES) $(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedKillWhileReading$$|^TestSharedReadYourWritesKill$$" -v ./fuzz/ && \
 		UCM_SHARED_TEST_A=$$UCM_GLUSTER_A UCM_SHARED_TEST_B=$$UCM_GLUSTER_B UCM_SHARED_TEST_BRICK=$$UCM_GLUSTER_BRICK \
 		$(GO) test -count=1 -timeout 10m $(BUILDFLAGS) -run "^TestSharedTier" ./engine/'
-	$(call gluster_many,$(SHARE_MANY_KILLS),$(SHARE_MANY_BLOCKS),10m)
+	$(call gluster_many,$(SHARE_MANY_KILLS),$(SHARE_MANY_BLOCKS),5m)
 
 # More than two: TestSharedManyKill on a distributed volume of two bricks mounted twice, 8
 # instance processes, 4 on each mount (two hosts), killed at random and restarted (KILLS kills),

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -62,9 +63,12 @@ const (
 	// internal: the shared tier's capacity every child opens with (manyCapacity).
 	envManyCapacity = "UCM_SHARE_MANY_CAPACITY"
 	manySeed        = 78
-	// manyCheckTimeout bounds the reopened instances' check: a block not visible within two
-	// minutes is reported lost by the instance itself; this is for an instance that hangs.
-	manyCheckTimeout = 10 * time.Minute
+	// manyStuckMargin is what the test keeps of its deadline (go test -timeout) to name an
+	// instance that never answers — a file system call that never returns, a deadlock — with
+	// its goroutines, rather than die in the test binary's own timeout, which shows only the
+	// parent's. Without a deadline it waits manyStuckDefault.
+	manyStuckMargin  = 45 * time.Second
+	manyStuckDefault = 10 * time.Minute
 )
 
 // manyNeed is what instances dumping blocks each need on the volume: the segments their blocks
@@ -127,9 +131,12 @@ type manyInstance struct {
 type manyRun struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr bytes.Buffer
+	stderr bytes.Buffer // read once exited is closed
 	open   chan struct{}
-	done   chan struct{}
+	done   chan struct{} // its output ended
+	exited chan struct{} // and it was waited for: waitErr and stderr are set
+	// waitErr is what cmd.Wait returned
+	waitErr error
 	// checked is closed once the child reported its check (or a failure, or exited)
 	checked chan struct{}
 	// set by the reader goroutine; read after done is closed
@@ -143,9 +150,10 @@ type manyRun struct {
 
 func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 	t.Helper()
-	r := &manyRun{open: make(chan struct{}), done: make(chan struct{}), checked: make(chan struct{})}
+	r := &manyRun{open: make(chan struct{}), done: make(chan struct{}), exited: make(chan struct{}), checked: make(chan struct{})}
 	r.cmd = exec.Command(os.Args[0], "-test.run=^TestSharedManyKill$", "-test.count=1", "-test.timeout=0")
-	r.cmd.Env = append(os.Environ(), envManyChild+"="+spec, engine.HostIDEnv+"="+in.host, fmt.Sprintf("%s=%d", envManyCapacity, in.capacity))
+	// GOTRACEBACK=all: a child sent SIGQUIT because it hangs prints every goroutine
+	r.cmd.Env = append(os.Environ(), "GOTRACEBACK=all", envManyChild+"="+spec, engine.HostIDEnv+"="+in.host, fmt.Sprintf("%s=%d", envManyCapacity, in.capacity))
 	r.cmd.Stderr = &r.stderr
 	out, err := r.cmd.StdoutPipe()
 	if err != nil {
@@ -158,7 +166,11 @@ func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 		t.Fatal(err)
 	}
 	go func() {
-		defer close(r.done)
+		defer func() {
+			close(r.done)
+			r.waitErr = r.cmd.Wait() // after the last read of the pipe, as Wait requires
+			close(r.exited)
+		}()
 		sc := bufio.NewScanner(out)
 		opened, checked := false, false
 		report := func() {
@@ -204,14 +216,89 @@ func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 	return r
 }
 
+// frameRegs matches the registers a SIGQUIT dump prints after each frame.
+var frameRegs = regexp.MustCompile(` fp=0x[0-9a-f]+ sp=0x[0-9a-f]+ pc=0x[0-9a-f]+`)
+
+// manyWatch bounds the parent's waits on its children: past giveUp, a child that has not
+// answered is named, with its goroutines, and the test fails.
+type manyWatch struct {
+	ins    []*manyInstance
+	giveUp time.Time
+}
+
+func newManyWatch(t *testing.T, ins []*manyInstance) *manyWatch {
+	giveUp := time.Now().Add(manyStuckDefault)
+	if d, ok := t.Deadline(); ok {
+		giveUp = d.Add(-manyStuckMargin)
+	}
+	return &manyWatch{ins: ins, giveUp: giveUp}
+}
+
+// await waits until ch is closed; past the watch's deadline it fails the test naming in's
+// child as stuck at what, with the goroutines of every child still running.
+func (w *manyWatch) await(t *testing.T, in *manyInstance, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		return
+	case <-time.After(time.Until(w.giveUp)):
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "instance %d did not %s by %s; the children still running, with their goroutines:\n", in.i, what, w.giveUp.Format(time.TimeOnly))
+	for _, o := range w.ins {
+		if o.run != nil {
+			_ = o.run.cmd.Process.Signal(syscall.SIGQUIT)
+		}
+	}
+	for _, o := range w.ins {
+		if o.run == nil {
+			continue
+		}
+		select {
+		case <-o.run.exited:
+			fmt.Fprintf(&b, "instance %d (pid %d): %.20000s\n", o.i, o.run.cmd.Process.Pid, frameRegs.ReplaceAllString(o.run.stderr.String(), ""))
+		case <-time.After(5 * time.Second):
+			// stuck in a FUSE call: it dies only when the call returns; its threads' kernel
+			// stacks say where
+			fmt.Fprintf(&b, "instance %d (pid %d): did not exit on SIGQUIT; its threads in the kernel:\n%s", o.i, o.run.cmd.Process.Pid, kernelStacks(o.run.cmd.Process.Pid))
+		}
+	}
+	t.Fatal(b.String())
+}
+
+// kernelStacks lists the distinct kernel stacks of process pid's threads (/proc/pid/task/*/stack,
+// readable by root), each with the names of the threads in it.
+func kernelStacks(pid int) string {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	var order []string
+	threads := map[string][]string{}
+	for _, task := range tasks {
+		stack, err := os.ReadFile(filepath.Join(task, "stack"))
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join(task, "comm"))
+		k := string(stack)
+		if _, ok := threads[k]; !ok {
+			order = append(order, k)
+		}
+		threads[k] = append(threads[k], filepath.Base(task)+" "+strings.TrimSpace(string(comm)))
+	}
+	var b strings.Builder
+	for _, k := range order {
+		fmt.Fprintf(&b, "  threads %s:\n%s", strings.Join(threads[k], ", "), k)
+	}
+	return b.String()
+}
+
 // kill SIGKILLs the instance's running child, waits for it and takes in what it acknowledged.
 // It reports whether the child was in a dump (started, not acknowledged).
-func (in *manyInstance) kill(t *testing.T) bool {
+func (in *manyInstance) kill(t *testing.T, w *manyWatch) bool {
 	t.Helper()
 	r := in.run
 	_ = r.cmd.Process.Signal(syscall.SIGKILL)
-	<-r.done
-	err := r.cmd.Wait()
+	w.await(t, in, r.exited, "exit on SIGKILL")
+	err := r.waitErr
 	in.run = nil
 	if r.fail != "" {
 		t.Fatalf("instance %d: %s\n%s", in.i, r.fail, r.stderr.String())
@@ -339,15 +426,14 @@ func TestSharedManyKill(t *testing.T) {
 				_ = in.run.cmd.Process.Kill()
 				// not waited for without bound: a process stuck in a FUSE call dies only
 				// when the call returns
-				exited := make(chan struct{})
-				go func(c *exec.Cmd) { _ = c.Wait(); close(exited) }(in.run.cmd)
 				select {
-				case <-exited:
+				case <-in.run.exited:
 				case <-time.After(5 * time.Second):
 				}
 			}
 		}
 	}()
+	watch := newManyWatch(t, ins)
 	for _, in := range ins {
 		in.run = startManyChild(t, in, runSpec(in))
 	}
@@ -356,9 +442,9 @@ func TestSharedManyKill(t *testing.T) {
 	writing, inDump := 0, 0
 	for k := 0; k < kills; k++ {
 		in := ins[r.IntN(instances)]
-		<-in.run.open
+		watch.await(t, in, in.run.open, "open its store")
 		time.Sleep(time.Duration(50+r.IntN(450)) * time.Millisecond)
-		if in.kill(t) {
+		if in.kill(t, watch) {
 			inDump++
 		}
 		if in.next < blocks {
@@ -367,13 +453,13 @@ func TestSharedManyKill(t *testing.T) {
 		in.run = startManyChild(t, in, runSpec(in))
 	}
 	for _, in := range ins { // the last kill: every instance, at once
-		<-in.run.open
+		watch.await(t, in, in.run.open, "open its store")
 	}
 	time.Sleep(time.Duration(50+r.IntN(200)) * time.Millisecond)
 	var all []format.BlockID
 	var hits, misses int64
 	for _, in := range ins {
-		if in.kill(t) {
+		if in.kill(t, watch) {
 			inDump++
 		}
 		if in.next < blocks {
@@ -400,30 +486,8 @@ func TestSharedManyKill(t *testing.T) {
 		in.run = startManyChild(t, in, fmt.Sprintf("check|%d|%s|%s|%s", in.i, in.store, in.shared, list))
 	}
 	var loads, reloads int64
-	// A child that never reports is stuck (a file system call that never returns): name it,
-	// with its goroutines (SIGQUIT makes it print them), rather than wait for the test timeout.
-	checkBy := time.After(manyCheckTimeout)
 	for _, in := range ins {
-		select {
-		case <-in.run.checked:
-			continue
-		case <-checkBy:
-		}
-		var stuck []string
-		for _, o := range ins {
-			select {
-			case <-o.run.checked:
-			default:
-				_ = o.run.cmd.Process.Signal(syscall.SIGQUIT)
-				stuck = append(stuck, strconv.Itoa(o.i))
-			}
-		}
-		time.Sleep(2 * time.Second)
-		var b strings.Builder
-		for _, o := range ins {
-			fmt.Fprintf(&b, "instance %d (pid %d): %.4000s\n", o.i, o.run.cmd.Process.Pid, o.run.stderr.String())
-		}
-		t.Fatalf("instances %s did not finish checking within %v:\n%s", strings.Join(stuck, ", "), manyCheckTimeout, b.String())
+		watch.await(t, in, in.run.checked, "report its check")
 	}
 	// Every instance has checked (or failed): let them close, and collect.
 	for _, in := range ins {
@@ -432,8 +496,8 @@ func TestSharedManyKill(t *testing.T) {
 	var failed []string
 	for _, in := range ins {
 		rn := in.run
-		<-rn.done
-		err := rn.cmd.Wait()
+		watch.await(t, in, rn.exited, "close its store and exit")
+		err := rn.waitErr
 		in.run = nil
 		if rn.fail != "" || err != nil {
 			failed = append(failed, fmt.Sprintf("instance %d (exit %v): %s\n%s", in.i, err, rn.fail, rn.stderr.String()))

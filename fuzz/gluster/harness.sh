@@ -201,6 +201,16 @@ teardown() {
   for p in $(ours); do kill -KILL "$p" 2>/dev/null; done
   left=$(ours)
   if [ -n "$left" ]; then log "processes left running: $left"; [ $rc -ne 0 ] || rc=1; fi
+  # On failure, what the clients and bricks logged as errors and warnings: a call the volume
+  # never answered (a test names the process it left stuck) shows up there.
+  if [ $rc -ne 0 ]; then
+    for m in "$mnt_a.log" "$mnt_b.log" "${bricks[@]}"; do
+      case $m in *.log) ;; *) m=${m#/}; m="/var/log/glusterfs/bricks/${m//\//-}.log" ;; esac
+      [ -f "$m" ] || continue
+      log "errors and warnings in $m (the last 30):"
+      grep -E '\] [EWC] \[' "$m" | tail -30 >&2
+    done
+  fi
   # glusterd names a brick's log after the brick's path, which is this run's.
   for b in "${bricks[@]}"; do
     b=${b#/}
