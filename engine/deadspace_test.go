@@ -143,15 +143,19 @@ func TestDeadSpaceFromFailedDumpsComesBack(t *testing.T) {
 				}
 			}()
 			n := 0
+			retired := e.Stats().SegmentsRetired
 			_, gone := failingDumps(t, e, &n, 6, false) // a run of failures: nothing stored
 			live, gone2 := failingDumps(t, e, &n, 6, true)
 			gone = append(gone, gone2...)
 			close(stop)
 			<-sampled
 			before := e.TierStats()[0]
-			t.Logf("the failing dumps: %d dead bytes at most, %d live", peak.Load(), before.LiveBytes)
-			if peak.Load() <= before.LiveBytes {
-				t.Fatalf("the failing workload left at most %d dead bytes for %d live: not the scenario", peak.Load(), before.LiveBytes)
+			// The sampler may miss a dead segment the reclaimer deleted between two samples (a
+			// busy machine): then the segments retired meanwhile show the dead space.
+			retired = e.Stats().SegmentsRetired - retired
+			t.Logf("the failing dumps: %d dead bytes at most, %d live; %d segments retired meanwhile", peak.Load(), before.LiveBytes, retired)
+			if peak.Load() <= before.LiveBytes && retired == 0 {
+				t.Fatalf("the failing workload left at most %d dead bytes for %d live and no segment was retired: not the scenario", peak.Load(), before.LiveBytes)
 			}
 
 			// In the same run: segments with nothing live are deleted.

@@ -141,7 +141,7 @@ func (e *Engine) openSharing() error {
 	}
 	cfg := share.Config{FS: e.fs, Dir: e.dir, Logger: e.opts.Logger, ReadOnly: e.opts.ReadOnly, LookupOnly: e.opts.LookupOnly,
 		RefreshInterval: e.opts.SharedRefreshInterval, OwnerTimeout: e.opts.SharedOwnerTimeout, SealAge: e.opts.SharedSealAge,
-		RetireGrace: e.opts.SharedRetireGrace, Tiers: e.tiers, Stop: e.stop, BG: &e.bg}
+		RetireGrace: e.opts.SharedRetireGrace, Tiers: e.tiers, Stop: e.stop, BG: &e.bg, LockHeld: isLockHeld}
 	s, err := share.Open(cfg, engineSharingEnv{e})
 	e.share = s // also on an error once the foreign index is open: release closes it
 	return err

@@ -18,6 +18,10 @@ import (
 // LeaseFile is the reclaimer lease of a shared path (format.Lease), at the path's root.
 const LeaseFile = "RECLAIM.lease"
 
+// LeaseLockFile is the file, beside the lease, whose lock an instance holds while it decides
+// and writes the lease (Leaser.Hold): an empty file, never renamed or removed.
+const LeaseLockFile = "RECLAIM.lock"
+
 // ErrNoLease is returned by ReadLease when the path has no lease yet.
 var ErrNoLease = errors.New("no reclaimer lease")
 
@@ -60,9 +64,15 @@ func writeLease(fs vfs.FS, root string, l format.Lease) error {
 // Leaser takes and keeps the reclaimer lease of one shared path for one instance. Election
 // goes through the file system alone: the holder renews the lease before it expires; any
 // instance takes it over once it has been expired for Skew (a bound on the clock difference
-// between hosts), or when there is none or it is unreadable. Two instances taking over at the
-// same moment may both believe they hold it until their next Hold (the later rename wins and
-// the other sees it): reclamation tolerates that, since retiring a segment twice is harmless.
+// between hosts), or when there is none or it is unreadable.
+//
+// Only one instance writes the lease at a time: each decides and writes under the lock of
+// LeaseLockFile, taken without waiting, and one that finds it taken leaves the lease to the
+// instance that holds it. So two instances never rename onto the lease at once — which on a
+// GlusterFS volume of several bricks can deadlock the two clients' renames for the volume's
+// frame timeout (30 minutes by default), with every other call in the directory queued
+// behind them — and a takeover is decided on the lease as it stands, never on one another
+// instance replaced meanwhile.
 type Leaser struct {
 	FS   vfs.FS
 	Root string
@@ -70,23 +80,33 @@ type Leaser struct {
 	// Duration is how long a written lease is valid; Skew how long past its expiry another
 	// instance waits before taking it over.
 	Duration, Skew time.Duration
+	// LockHeld reports whether a failed lock of LeaseLockFile means another holder (nil: every
+	// lock error does); any other lock error is Hold's.
+	LockHeld func(error) bool
 }
 
 // Hold renews the lease if this instance holds it, takes it over if it has lapsed, and reports
-// whether this instance holds it now, with the lease as read or written.
+// whether this instance holds it now, with the lease as read or written. While another
+// instance holds the lease's lock, this one holds the lease only if the lease it read names
+// it and has not expired; it renews at its next Hold.
 func (l *Leaser) Hold(now time.Time) (bool, format.Lease, error) {
-	cur, err := ReadLease(l.FS, l.Root)
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrNoLease):
-		cur = format.Lease{}
-	case errors.Is(err, format.ErrCorrupt):
-		cur = format.Lease{} // unreadable: taken over like a lapsed one
-	default:
+	cur, err := l.read()
+	if err != nil || !l.mayWrite(cur, now) {
 		return false, cur, err
 	}
-	if cur.Holder != l.Self && cur.Holder != (format.InstanceID{}) && now.UnixNano() <= cur.Expiry+l.Skew.Nanoseconds() {
-		return false, cur, nil // held by another instance
+	lockPath := filepath.Join(l.Root, LeaseLockFile)
+	lock, err := l.FS.Lock(lockPath)
+	if err != nil {
+		if l.LockHeld == nil || l.LockHeld(err) {
+			return cur.Holder == l.Self && now.UnixNano() <= cur.Expiry, cur, nil
+		}
+		return false, cur, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	defer func() { _ = lock.Close() }()
+	// Under the lock, on the lease as it stands now: another instance may have written it
+	// between the read above and the lock.
+	if cur, err = l.read(); err != nil || !l.mayWrite(cur, now) {
+		return false, cur, err
 	}
 	next := format.Lease{Holder: l.Self, Expiry: now.Add(l.Duration).UnixNano(), Term: cur.Term}
 	if cur.Holder != l.Self {
@@ -95,13 +115,24 @@ func (l *Leaser) Hold(now time.Time) (bool, format.Lease, error) {
 	if err := writeLease(l.FS, l.Root, next); err != nil {
 		return false, cur, err
 	}
-	if cur.Holder == l.Self {
-		return true, next, nil
+	return true, next, nil
+}
+
+// read reads the lease, a missing or unreadable one as the zero lease (taken over).
+func (l *Leaser) read() (format.Lease, error) {
+	cur, err := ReadLease(l.FS, l.Root)
+	switch {
+	case err == nil:
+		return cur, nil
+	case errors.Is(err, ErrNoLease), errors.Is(err, format.ErrCorrupt):
+		return format.Lease{}, nil
+	default:
+		return cur, err
 	}
-	// A takeover: another contender may have renamed its lease over ours meanwhile.
-	got, err := ReadLease(l.FS, l.Root)
-	if err != nil {
-		return false, next, err
-	}
-	return got.Holder == l.Self, got, nil
+}
+
+// mayWrite reports whether this instance may write lease cur at now: it holds it, or nobody
+// does, or it has been expired for Skew.
+func (l *Leaser) mayWrite(cur format.Lease, now time.Time) bool {
+	return cur.Holder == l.Self || cur.Holder == (format.InstanceID{}) || now.UnixNano() > cur.Expiry+l.Skew.Nanoseconds()
 }

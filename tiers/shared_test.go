@@ -2,6 +2,7 @@ package tiers
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -114,5 +115,88 @@ func TestLeaser(t *testing.T) {
 	_ = f.Close()
 	if held, _, err := a.Hold(t0.Add(24 * time.Second)); err != nil || !held {
 		t.Fatalf("corrupt lease not taken over: %v %v", held, err)
+	}
+}
+
+// lockHookFS runs hook before each Lock: what another instance does between a Leaser's read
+// of the lease and its lock.
+type lockHookFS struct {
+	vfs.FS
+	hook func(name string) error
+}
+
+func (f lockHookFS) Lock(name string) (io.Closer, error) {
+	if err := f.hook(name); err != nil {
+		return nil, err
+	}
+	return f.FS.Lock(name)
+}
+
+// The lease is written only under the lock of LeaseLockFile: while another instance holds it,
+// nobody takes over or renews (the holder keeps its unexpired lease), and a takeover is
+// decided again under the lock on the lease as it stands.
+func TestLeaserWritesUnderLock(t *testing.T) {
+	mem := vfs.NewMem()
+	if err := mem.MkdirAll("/shared", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var hook func(string) error
+	fs := lockHookFS{FS: mem, hook: func(name string) error {
+		if hook != nil {
+			return hook(name)
+		}
+		return nil
+	}}
+	mk := func(id byte) *Leaser {
+		return &Leaser{FS: fs, Root: "/shared", Self: format.InstanceID{id}, Duration: 10 * time.Second, Skew: 2 * time.Second}
+	}
+	a, b, c := mk(1), mk(2), mk(3)
+	t0 := time.Unix(1_000_000, 0)
+	if held, _, err := a.Hold(t0); err != nil || !held {
+		t.Fatalf("first Hold: %v %v", held, err)
+	}
+	other, err := mem.Lock("/shared/" + LeaseLockFile) // another instance writing the lease
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, l, err := a.Hold(t0.Add(5 * time.Second)); err != nil || !held || l.Expiry != t0.Add(10*time.Second).UnixNano() {
+		t.Fatalf("holder, lock taken: %v %+v %v; want held, not renewed", held, l, err)
+	}
+	if held, _, err := b.Hold(t0.Add(13 * time.Second)); err != nil || held {
+		t.Fatalf("takeover while the lock is taken: %v %v", held, err)
+	}
+	if held, _, err := a.Hold(t0.Add(13 * time.Second)); err != nil || held {
+		t.Fatalf("holder past its expiry, lock taken: %v %v; want not held", held, err)
+	}
+	if got, err := ReadLease(mem, "/shared"); err != nil || got.Holder != a.Self {
+		t.Fatalf("lease changed while the lock was taken: %+v %v", got, err)
+	}
+	_ = other.Close()
+
+	// B read the lapsed lease; C takes it over before B gets the lock: B must not write.
+	hook = func(string) error {
+		hook = nil
+		if held, _, err := c.Hold(t0.Add(13 * time.Second)); err != nil || !held {
+			t.Errorf("C's takeover: %v %v", held, err)
+		}
+		return nil
+	}
+	if held, l, err := b.Hold(t0.Add(13 * time.Second)); err != nil || held || l.Holder != c.Self {
+		t.Fatalf("B after C's takeover: %v %+v %v; want not held, C's lease", held, l, err)
+	}
+	if got, err := ReadLease(mem, "/shared"); err != nil || got.Holder != c.Self || got.Term != 2 {
+		t.Fatalf("lease %+v %v, want C's, term 2", got, err)
+	}
+
+	// A lock that fails for another reason than a holder is Hold's error; the lease stays.
+	broken := errors.New("lock: input/output error")
+	hook = func(string) error { return broken }
+	d := mk(4)
+	d.LockHeld = func(err error) bool { return !errors.Is(err, broken) }
+	if held, _, err := d.Hold(t0.Add(30 * time.Second)); !errors.Is(err, broken) || held {
+		t.Fatalf("failed lock: %v %v, want the lock's error", held, err)
+	}
+	if got, _ := ReadLease(mem, "/shared"); got.Holder != c.Self {
+		t.Fatalf("lease %+v after a failed lock, want C's", got)
 	}
 }

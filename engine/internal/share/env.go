@@ -24,9 +24,11 @@ type Config struct {
 	// The Options' SharedRefreshInterval, SharedOwnerTimeout, SharedSealAge and
 	// SharedRetireGrace.
 	RefreshInterval, OwnerTimeout, SealAge, RetireGrace time.Duration
-	Tiers                                               []tiers.Disk    // the engine's disk tiers, in order
-	Stop                                                <-chan struct{} // closed when the background goroutines must end
-	BG                                                  *sync.WaitGroup // the engine's background goroutines (the sharer's among them)
+	Tiers                                               []tiers.Disk // the engine's disk tiers, in order
+	// LockHeld reports whether a failed FS.Lock means another holder (tiers.Leaser.LockHeld).
+	LockHeld func(error) bool
+	Stop     <-chan struct{} // closed when the background goroutines must end
+	BG       *sync.WaitGroup // the engine's background goroutines (the sharer's among them)
 }
 
 // Env is what the sharing needs of the rest of the engine. Lock order: the reclaimer's

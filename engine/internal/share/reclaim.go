@@ -163,7 +163,7 @@ func (s *Sharing) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 		accountOf(t).Settle(manifestsOf(others))
 	}
 	l := &tiers.Leaser{FS: s.cfg.FS, Root: t.Config().Paths[0], Self: s.env.Instance(),
-		Duration: 10 * s.cfg.RefreshInterval, Skew: s.sharedSkew()}
+		Duration: 10 * s.cfg.RefreshInterval, Skew: s.sharedSkew(), LockHeld: s.cfg.LockHeld}
 	held, _, err := l.Hold(time.Now())
 	if err != nil {
 		s.cfg.Logger.Warn("ucm: reclaimer lease", "path", t.Config().Paths[0], "err", err)
