@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors/oserror"
@@ -88,9 +89,14 @@ type Leaser struct {
 // Hold renews the lease if this instance holds it, takes it over if it has lapsed, and reports
 // whether this instance holds it now, with the lease as read or written. While another
 // instance holds the lease's lock, this one holds the lease only if the lease it read names
-// it and has not expired; it renews at its next Hold.
+// it and has not expired; it renews at its next Hold. A lease being replaced under every
+// read (ESTALE, ReadReplaced) is being written by another instance: not held, no error.
 func (l *Leaser) Hold(now time.Time) (bool, format.Lease, error) {
 	cur, err := l.read()
+	if errors.Is(err, syscall.ESTALE) {
+		// Replaced under every open (ReadReplaced): another instance is writing it.
+		return false, format.Lease{}, nil
+	}
 	if err != nil || !l.mayWrite(cur, now) {
 		return false, cur, err
 	}
@@ -105,8 +111,11 @@ func (l *Leaser) Hold(now time.Time) (bool, format.Lease, error) {
 	defer func() { _ = lock.Close() }()
 	// Under the lock, on the lease as it stands now: another instance may have written it
 	// between the read above and the lock.
-	if cur, err = l.read(); err != nil || !l.mayWrite(cur, now) {
-		return false, cur, err
+	if cur, err = l.read(); err != nil {
+		return false, cur, fmt.Errorf("under the lease's lock: %w", err)
+	}
+	if !l.mayWrite(cur, now) {
+		return false, cur, nil
 	}
 	next := format.Lease{Holder: l.Self, Expiry: now.Add(l.Duration).UnixNano(), Term: cur.Term}
 	if cur.Holder != l.Self {

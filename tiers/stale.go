@@ -5,13 +5,19 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // staleOpens is how many times ReadReplaced opens a file: the first open and the reopens after
 // ESTALE.
-const staleOpens = 4
+const staleOpens = 8
+
+// staleBackoff is the pause before the first reopen after ESTALE, doubled before each next
+// one (1.27 s in all over staleOpens): a GlusterFS client can keep resolving the path to the
+// replaced file for some time after another client's rename.
+const staleBackoff = 10 * time.Millisecond
 
 // ReadReplaced opens path and reads it with read, opening it again when the file system
 // answers ESTALE to the open or to a read. The shared tier's small files (manifests, the lease,
@@ -21,7 +27,10 @@ const staleOpens = 4
 // syscall.ESTALE. Other errors are returned at once, as the open or read gave them.
 func ReadReplaced(fs vfs.FS, path string, read func(vfs.File) error) error {
 	var err error
-	for range staleOpens {
+	for k := range staleOpens {
+		if k > 0 {
+			time.Sleep(staleBackoff << (k - 1))
+		}
 		var f vfs.File
 		if f, err = fs.Open(path); err == nil {
 			err = read(f)
