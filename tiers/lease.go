@@ -72,8 +72,10 @@ func writeLease(fs vfs.FS, root string, l format.Lease) error {
 // instance that holds it. So two instances never rename onto the lease at once — which on a
 // GlusterFS volume of several bricks can deadlock the two clients' renames for the volume's
 // frame timeout (30 minutes by default), with every other call in the directory queued
-// behind them — and a takeover is decided on the lease as it stands, never on one another
-// instance replaced meanwhile.
+// behind them — and a takeover is decided on the lease as read under the lock, not on a read
+// from before another instance replaced it. (A GlusterFS client may still show a lease
+// another instance just replaced: two holders for an interval, which reclamation tolerates,
+// since retiring a segment twice is harmless.)
 type Leaser struct {
 	FS   vfs.FS
 	Root string
