@@ -234,7 +234,14 @@ func runShareChild(t *testing.T, dir, shared string, cycle int, delay time.Durat
 	}
 	time.Sleep(delay)
 	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		// stuck in a file system call (a FUSE request never answered): it dies only when the
+		// call returns, and its stdout stays open until then
+		t.Fatalf("writer child, cycle %d (pid %d): not gone 2 minutes after SIGKILL; its threads in the kernel:\n%s",
+			cycle, cmd.Process.Pid, kernelStacks(cmd.Process.Pid))
+	}
 	_ = cmd.Wait()
 	if fail != "" {
 		t.Fatalf("writer child, cycle %d: %s\n%s", cycle, fail, stderr.String())
