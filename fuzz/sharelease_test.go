@@ -105,12 +105,7 @@ func TestSharedLeaseContention(t *testing.T) {
 			default:
 			}
 			_ = o.cmd.Process.Signal(syscall.SIGQUIT)
-			select {
-			case <-o.exited:
-				fmt.Fprintf(&b, "instance %d: %.8000s\n", j, frameRegs.ReplaceAllString(o.stderr.String(), ""))
-			case <-time.After(5 * time.Second):
-				fmt.Fprintf(&b, "instance %d (pid %d): did not exit on SIGQUIT; its threads in the kernel:\n%s", j, o.cmd.Process.Pid, kernelStacks(o.cmd.Process.Pid))
-			}
+			fmt.Fprintf(&b, "instance %d %s", j, stuckReport(o.cmd.Process.Pid, o.exited, &o.stderr))
 		}
 		t.Fatal(b.String())
 	}

@@ -254,16 +254,22 @@ func (w *manyWatch) await(t *testing.T, in *manyInstance, ch <-chan struct{}, wh
 		if o.run == nil {
 			continue
 		}
-		select {
-		case <-o.run.exited:
-			fmt.Fprintf(&b, "instance %d (pid %d): %.20000s\n", o.i, o.run.cmd.Process.Pid, frameRegs.ReplaceAllString(o.run.stderr.String(), ""))
-		case <-time.After(5 * time.Second):
-			// stuck in a FUSE call: it dies only when the call returns; its threads' kernel
-			// stacks say where
-			fmt.Fprintf(&b, "instance %d (pid %d): did not exit on SIGQUIT; its threads in the kernel:\n%s", o.i, o.run.cmd.Process.Pid, kernelStacks(o.run.cmd.Process.Pid))
-		}
+		fmt.Fprintf(&b, "instance %d %s", o.i, stuckReport(o.run.cmd.Process.Pid, o.run.exited, &o.run.stderr))
 	}
 	t.Fatal(b.String())
+}
+
+// stuckReport describes child pid, just sent SIGQUIT (with GOTRACEBACK=all): once it has
+// exited (exited closed, its stderr complete), the goroutines it printed; if it has not
+// within 5 s it is stuck in a file system call (a FUSE request never answered), which it
+// leaves only when the call returns, and its threads' kernel stacks say where.
+func stuckReport(pid int, exited <-chan struct{}, stderr *bytes.Buffer) string {
+	select {
+	case <-exited:
+		return fmt.Sprintf("(pid %d): %.20000s\n", pid, frameRegs.ReplaceAllString(stderr.String(), ""))
+	case <-time.After(5 * time.Second):
+		return fmt.Sprintf("(pid %d): did not exit on SIGQUIT; its threads in the kernel:\n%s", pid, kernelStacks(pid))
+	}
 }
 
 // kernelStacks lists the distinct kernel stacks of process pid's threads (/proc/pid/task/*/stack,
