@@ -314,6 +314,19 @@ func publishedBytes(shared string, es ...*Engine) int64 {
 	return sum
 }
 
+// publishedRecords sums the records of the segments e's manifest under shared lists.
+func publishedRecords(shared string, e *Engine) int {
+	m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
+	if err != nil {
+		return 0
+	}
+	var n int
+	for _, s := range m.Segments {
+		n += int(s.Records)
+	}
+	return n
+}
+
 // TestSharedTierGlobalCapacity: two instances fill a shared tier past its capacity together
 // (each alone is under it). The lease holder — exactly one of them — retires the least recently
 // used published segments of both, its own directly and the other's by request, until the tier
@@ -658,6 +671,59 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 	expectHits(a, cSegs, cGone)
 }
 
+// TestSharedTierRecencyAcrossRestart: a restarted instance publishes the segments it kept with
+// the times they were first published and last read before, not as new: the reclaimer ranks
+// by those, and would otherwise take another instance's newer data before a restarted
+// instance's old data.
+func TestSharedTierRecencyAcrossRestart(t *testing.T) {
+	root := t.TempDir()
+	shared, _ := sharedDirs(t)
+	dir := filepath.Join(root, "a")
+	a := mustOpen(t, dir, sharedOptions(shared, time.Hour))
+	blocks := ids(0, 16)
+	dumpBlocks(t, a, blocks)
+	checkBlocks(t, a, blocks[:4]) // a read of its first segment: its Accessed time
+	inst := a.instance
+	manifest := func() *format.Manifest {
+		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, inst), inst)
+		if err != nil {
+			return nil
+		}
+		return m
+	}
+	var before *format.Manifest
+	waitFor(t, "A's segments and its read published", func() bool {
+		before = manifest()
+		return before != nil && len(before.Segments) > 1 && before.Segments[0].Accessed > 0
+	})
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // a restart later: "now" is another time
+	reopened := time.Now().UnixNano()
+	a = mustOpen(t, dir, sharedOptions(shared, time.Hour))
+	defer a.Close()
+	var after *format.Manifest
+	waitFor(t, "A's manifest published again after the restart", func() bool {
+		after = manifest()
+		return after != nil && after.Written > reopened
+	})
+	was := map[uint64]format.ManifestEntry{}
+	for _, ent := range before.Segments {
+		was[ent.Number] = ent
+	}
+	for _, ent := range after.Segments {
+		old, ok := was[ent.Number]
+		if !ok {
+			continue // sealed at Close: published first now
+		}
+		if ent.Sealed != old.Sealed || ent.Accessed != old.Accessed {
+			t.Errorf("segment %d republished as first published %d, read %d; before the restart %d, %d",
+				ent.Number, ent.Sealed, ent.Accessed, old.Sealed, old.Accessed)
+		}
+	}
+}
+
 // TestSharedTierIdleOwnerNotGone: a running instance that has nothing new to publish still
 // rewrites its manifest (a heartbeat every quarter of SharedOwnerTimeout), so the others never
 // presume it gone, however long it stays idle.
@@ -703,6 +769,9 @@ func TestSharedTierCapacityEverySchema(t *testing.T) {
 	a := mustOpen(t, filepath.Join(root, "a"), oa)
 	defer a.Close()
 	dumpBlocks(t, a, ids(0, 40))
+	// Recency is publication: B's blocks are the newest only once A's last segment, sealed by
+	// age, is published before them (a loaded A may publish it after B's first segment).
+	waitFor(t, "A's blocks all published", func() bool { return publishedRecords(shared, a) == 40 })
 	ob := capacityOptions(sharedB)
 	ob.Tiers[0].Capacity = 3 << 19 // high watermark 1.2 MiB: below A's bytes alone
 	b := mustOpen(t, filepath.Join(root, "b"), ob)

@@ -262,6 +262,32 @@ func (s *Sharing) reclaimSharedTier(t tiers.Disk, others []nsManifest) {
 	s.Kick()
 }
 
+// adoptRecency takes the recency of this instance's segments from its manifest m (its own, as
+// read at Open, or as a reclaimer rewrote it): when each was first published and last read. A
+// restarted instance would otherwise publish every segment it kept as first published now,
+// and the reclaimer would rank its oldest data as the tier's newest. Only segments this
+// instance still holds with the generation m lists are adopted; a time never moves later
+// (first publication) or earlier (last read).
+func (s *Sharing) adoptRecency(m *format.Manifest) {
+	gens := map[uint64]uint64{}
+	for _, row := range s.env.OwnSegments() {
+		gens[row.Number] = row.Generation
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ent := range m.Segments {
+		if gen, ok := gens[ent.Number]; !ok || gen != ent.Generation || ent.Sealed <= 0 {
+			continue
+		}
+		if at, ok := s.firstAt[ent.Number]; !ok || ent.Sealed < at {
+			s.firstAt[ent.Number] = ent.Sealed
+		}
+		if ent.Accessed > s.ownAccess[ent.Number] {
+			s.ownAccess[ent.Number] = ent.Accessed
+		}
+	}
+}
+
 // ownManifestFor is this instance's published segments of tier t, as the reclaimer counts them,
 // with its reads of other instances' segments as access notes: the holder's own reads rank
 // segments as much as any other instance's (they would otherwise reach the pass only through
@@ -426,6 +452,7 @@ func (s *Sharing) obeyReclaims() {
 			if nsDir == filepath.Dir(t.Dirs()[0]) && accountOf(t) != nil {
 				accountOf(t).AdoptCredit(m)
 			}
+			s.adoptRecency(m)
 			s.mu.Lock()
 			s.lastSeq[nsDir] = m.Sequence
 			delete(s.lastPub, nsDir) // publish again, whatever changed
