@@ -20,6 +20,7 @@ import (
 	"github.com/ucm-go/ucm/engine"
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/cliutil"
+	"github.com/ucm-go/ucm/internal/crc32c"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -31,7 +32,9 @@ import (
 //
 //  1. pool: --total bytes of objects of a block object's size put and got back straight
 //     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
-//     concurrency), paying the holder's first touch of its memory; then a quarter of that in
+//     concurrency), then got again with each object checksummed where it landed (the ceiling
+//     of a load that copies nothing but checks every byte), paying the holder's first touch
+//     of its memory; then a quarter of that in
 //     objects four blocks large; then block objects again, each task reusing one buffer of a
 //     call's objects (memory the caches hold: the client's best case). Every other raw run
 //     moves its objects through as much memory as the tier's staging, a call's worth at a
@@ -104,6 +107,12 @@ type mooncakeRawRun struct {
 	// process, the holder's included).
 	PutBusy float64 `json:"put_machine_busy"`
 	GetBusy float64 `json:"get_machine_busy"`
+	// GetChecked* are the same gets again, each object's bytes then checksummed where they
+	// landed (CRC32C, as the tier checks them): what a load that copies nothing and still
+	// checks every byte could reach, the ceiling of a zero-copy tier load.
+	GetCheckedMBps float64 `json:"get_checked_MBps"`
+	GetCheckedCPU  float64 `json:"get_checked_cpu_s_per_GiB"`
+	GetCheckedBusy float64 `json:"get_checked_machine_busy"`
 }
 
 // cpuSeconds returns the CPU time this process has used, user and system.
@@ -172,14 +181,16 @@ type mooncakeLayoutRun struct {
 	Object string `json:"object"`
 	// ObjectPutMBps and ObjectGetMBps are the raw client's rates with this layout's objects:
 	// the mean of the runs right before and right after the tier alone (Pool lists both).
-	ObjectPutMBps    float64 `json:"object_put_MBps"`
-	ObjectGetMBps    float64 `json:"object_get_MBps"`
-	DumpMBps         float64 `json:"dump_MBps"`
-	WriteThroughMBps float64 `json:"write_through_MBps"`
-	WriteThroughRate float64 `json:"write_through_ratio"`
-	WrittenThrough   float64 `json:"written_through"` // fraction of the blocks put in the pool
-	LoadMBps         float64 `json:"load_MBps"`
-	LoadRatio        float64 `json:"load_ratio"`
+	ObjectPutMBps float64 `json:"object_put_MBps"`
+	ObjectGetMBps float64 `json:"object_get_MBps"`
+	// ObjectGetCheckedMBps is the same mean of the raw gets checked in place.
+	ObjectGetCheckedMBps float64 `json:"object_get_checked_MBps"`
+	DumpMBps             float64 `json:"dump_MBps"`
+	WriteThroughMBps     float64 `json:"write_through_MBps"`
+	WriteThroughRate     float64 `json:"write_through_ratio"`
+	WrittenThrough       float64 `json:"written_through"` // fraction of the blocks put in the pool
+	LoadMBps             float64 `json:"load_MBps"`
+	LoadRatio            float64 `json:"load_ratio"`
 	// WriteThroughObjRatio and LoadObjRatio are against ObjectPutMBps and ObjectGetMBps.
 	WriteThroughObjRatio float64 `json:"write_through_object_ratio"`
 	LoadObjRatio         float64 `json:"load_object_ratio"`
@@ -204,8 +215,10 @@ type mooncakeLayoutRun struct {
 	TierGetMBps  float64 `json:"tier_load_MBps"`
 	TierPutRatio float64 `json:"tier_put_object_ratio"`
 	TierGetRatio float64 `json:"tier_load_object_ratio"`
-	TierPutCPU   float64 `json:"tier_put_cpu_s_per_GiB"`
-	TierGetCPU   float64 `json:"tier_load_cpu_s_per_GiB"`
+	// TierGetCheckedRatio is TierGetMBps against ObjectGetCheckedMBps.
+	TierGetCheckedRatio float64 `json:"tier_load_checked_ratio"`
+	TierPutCPU          float64 `json:"tier_put_cpu_s_per_GiB"`
+	TierGetCPU          float64 `json:"tier_load_cpu_s_per_GiB"`
 	// TierPutBusy and TierGetBusy are the share of the machine's CPU time busy meanwhile.
 	TierPutBusy float64 `json:"tier_put_machine_busy"`
 	TierGetBusy float64 `json:"tier_load_machine_busy"`
@@ -281,6 +294,7 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 		r.WriteThroughRate, r.LoadRatio = r.WriteThroughMBps/mb.PoolPutMBps, r.LoadMBps/mb.PoolGetMBps
 		r.WriteThroughObjRatio, r.LoadObjRatio = r.WriteThroughMBps/r.ObjectPutMBps, r.LoadMBps/r.ObjectGetMBps
 		r.TierPutRatio, r.TierGetRatio = r.TierPutMBps/r.ObjectPutMBps, r.TierGetMBps/r.ObjectGetMBps
+		r.TierGetCheckedRatio = r.TierGetMBps / r.ObjectGetCheckedMBps
 		r.DumpRatio = r.WriteThroughMBps / r.DumpAloneMBps
 	}
 	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
@@ -351,13 +365,14 @@ func mooncakeRaw(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench, wha
 		return run, err
 	}
 	mb.Pool = append(mb.Pool, run)
-	env.progressf("pool, %s (%d bytes, %d per call, %s of memory): put %.0f MB/s, get %.0f MB/s", what, obj, perCall, cliutil.HumanBytes(run.MemoryBytes), run.PutMBps, run.GetMBps)
+	env.progressf("pool, %s (%d bytes, %d per call, %s of memory): put %.0f MB/s, get %.0f MB/s, get checked in place %.0f MB/s", what, obj, perCall, cliutil.HumanBytes(run.MemoryBytes), run.PutMBps, run.GetMBps, run.GetCheckedMBps)
 	return run, nil
 }
 
 // poolRate puts n objects of obj bytes straight through a client of the pool, from registered
 // memory, perCall objects per batch call with --concurrency calls in flight, under keys of its
-// own (round tells measurements apart), then gets them back. The rates count obj bytes moved.
+// own (round tells measurements apart), then gets them back, twice: as they come, and with
+// each object's bytes checksummed in place after its call. The rates count obj bytes moved.
 // Each task moves its calls' objects through memory/concurrency bytes (at least one call's
 // objects: 0 is one buffer per task, reused by every call), a call's worth at a time in turn.
 func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perCall, round int, memory int64) (mooncakeRawRun, error) {
@@ -383,7 +398,13 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 			copy(slabs[w][off:], env.payload.body)
 		}
 	}
-	phase := func(put bool) (time.Duration, error) {
+	type mode int
+	const (
+		put mode = iota
+		get
+		getChecked
+	)
+	phase := func(op mode) (time.Duration, error) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
 		var firstErr atomic.Pointer[error]
@@ -392,6 +413,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 			wg.Add(1)
 			go func(mine [][]byte) {
 				defer wg.Done()
+				sums := make([]uint32, perCall) // the checked gets' checksums, kept
 				for turn := 0; ; turn++ {
 					slab := mine[turn%len(mine)]
 					lo := int(next.Add(int64(perCall))) - perCall
@@ -406,7 +428,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 						bufs[i] = slab[i*obj : (i+1)*obj]
 					}
 					var bad error
-					if put {
+					if op == put {
 						codes, err := pool.Put(keys, bufs)
 						bad = err
 						for _, c := range codes {
@@ -417,9 +439,12 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 					} else {
 						got, err := pool.Get(keys, bufs)
 						bad = err
-						for _, g := range got {
+						for i, g := range got {
 							if g != int64(obj) && bad == nil {
 								bad = fmt.Errorf("get: %d", g)
+							}
+							if op == getChecked && g == int64(obj) {
+								sums[i%len(sums)] = crc32c.Checksum(bufs[i])
 							}
 						}
 					}
@@ -438,18 +463,24 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 	}
 	bytes := int64(n) * int64(obj)
 	m := startMeter()
-	d, err := phase(true)
+	d, err := phase(put)
 	if err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
 	run.PutMBps = mbps(bytes, d)
 	run.PutCPU, run.PutBusy = m.stop(bytes)
 	m = startMeter()
-	if d, err = phase(false); err != nil {
+	if d, err = phase(get); err != nil {
 		return run, fmt.Errorf("pool rate, %s: %w", what, err)
 	}
 	run.GetMBps = mbps(bytes, d)
 	run.GetCPU, run.GetBusy = m.stop(bytes)
+	m = startMeter()
+	if d, err = phase(getChecked); err != nil {
+		return run, fmt.Errorf("pool rate, %s, checked: %w", what, err)
+	}
+	run.GetCheckedMBps = mbps(bytes, d)
+	run.GetCheckedCPU, run.GetCheckedBusy = m.stop(bytes)
 	return run, nil
 }
 
@@ -604,6 +635,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return run, err
 	}
 	run.ObjectPutMBps, run.ObjectGetMBps = (before.PutMBps+after.PutMBps)/2, (before.GetMBps+after.GetMBps)/2
+	run.ObjectGetCheckedMBps = (before.GetCheckedMBps + after.GetCheckedMBps) / 2
 	bytes := int64(env.blocks) * l.BlockBytes()
 	// The same dumps into the same chain without the pool, right before: the engine's own
 	// rate on this disk, which a dump written through can at best match.
@@ -777,11 +809,12 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 	row("mooncake master", "%s (pool: %s held by a second process; memory tier %s)", m.Master, cliutil.HumanBytes(m.HolderBytes), cliutil.HumanBytes(m.MemoryBytes))
 	for _, r := range m.Pool {
-		row("pool (raw client)", "%s (%d bytes, %d per call, %s of memory): put %.1f MB/s, get %.1f MB/s; CPU %.2f / %.2f s per GiB; machine busy %.2f / %.2f", r.What, r.ObjectBytes, r.PerCall, cliutil.HumanBytes(r.MemoryBytes), r.PutMBps, r.GetMBps, r.PutCPU, r.GetCPU, r.PutBusy, r.GetBusy)
+		row("pool (raw client)", "%s (%d bytes, %d per call, %s of memory): put %.1f MB/s, get %.1f MB/s, get checked in place %.1f MB/s; CPU %.2f / %.2f / %.2f s per GiB; machine busy %.2f / %.2f / %.2f",
+			r.What, r.ObjectBytes, r.PerCall, cliutil.HumanBytes(r.MemoryBytes), r.PutMBps, r.GetMBps, r.GetCheckedMBps, r.PutCPU, r.GetCPU, r.GetCheckedCPU, r.PutBusy, r.GetBusy, r.GetCheckedBusy)
 	}
 	for _, r := range m.Layouts {
-		row(r.Object+" objects", "the tier alone: write-through %.1f MB/s (%.2f x raw put of these objects), load %.1f MB/s (%.2f x raw get); CPU %.2f / %.2f s per GiB; machine busy %.2f / %.2f",
-			r.TierPutMBps, r.TierPutRatio, r.TierGetMBps, r.TierGetRatio, r.TierPutCPU, r.TierGetCPU, r.TierPutBusy, r.TierGetBusy)
+		row(r.Object+" objects", "the tier alone: write-through %.1f MB/s (%.2f x raw put of these objects), load %.1f MB/s (%.2f x raw get, %.2f x raw get checked in place); CPU %.2f / %.2f s per GiB; machine busy %.2f / %.2f",
+			r.TierPutMBps, r.TierPutRatio, r.TierGetMBps, r.TierGetRatio, r.TierGetCheckedRatio, r.TierPutCPU, r.TierGetCPU, r.TierPutBusy, r.TierGetBusy)
 		row(r.Object+" objects", "dump+write-through %.1f MB/s (%.2f x pool put, %.2f x raw put of these objects; %.3f of blocks in the pool); load %.1f MB/s (%.2f x pool get, %.2f x raw get of these objects; pool hit rate %.3f); one shard per block %.1f MB/s",
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
 		row(r.Object+" objects", "dump without the pool %.1f MB/s: dump+write-through at %.2f x that", r.DumpAloneMBps, r.DumpRatio)
