@@ -553,8 +553,8 @@ func retrieveTask(h, task int64) (*sparse.Retriever, error) {
 	if err != nil {
 		return nil, err
 	}
-	if task <= 0 {
-		return nil, fmt.Errorf("retrieval task %d: task handles are > 0: %w", task, engine.ErrInvalidArgument)
+	if err := taskHandle(task); err != nil {
+		return nil, fmt.Errorf("retrieval: %w", err)
 	}
 	return r, nil
 }

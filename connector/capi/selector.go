@@ -542,21 +542,7 @@ func selectCheck(h, task int64, finished uintptr) int32 {
 //
 //export ucmgo_select_wait
 func ucmgo_select_wait(sel C.int64_t, task C.int64_t) C.int32_t {
-	return C.int32_t(selectWait(int64(sel), int64(task)))
-}
-
-func selectWait(h, task int64) int32 {
-	e, err := selector(h)
-	if err != nil {
-		return int32(fail(err))
-	}
-	if err := taskHandle(task); err != nil {
-		return int32(fail(err))
-	}
-	if _, err := e.x.Wait(uint64(task)); err != nil {
-		return int32(fail(err))
-	}
-	return int32(statusOK)
+	return C.int32_t(selectWait(int64(sel), int64(task), false))
 }
 
 // ucmgo_select_release waits for the selection task to be done and frees it: the library
@@ -564,10 +550,11 @@ func selectWait(h, task int64) int32 {
 //
 //export ucmgo_select_release
 func ucmgo_select_release(sel C.int64_t, task C.int64_t) C.int32_t {
-	return C.int32_t(selectRelease(int64(sel), int64(task)))
+	return C.int32_t(selectWait(int64(sel), int64(task), true))
 }
 
-func selectRelease(h, task int64) int32 {
+// selectWait waits for selection task task of selector h, and frees it when release is set.
+func selectWait(h, task int64, release bool) int32 {
 	e, err := selector(h)
 	if err != nil {
 		return int32(fail(err))
@@ -575,7 +562,12 @@ func selectRelease(h, task int64) int32 {
 	if err := taskHandle(task); err != nil {
 		return int32(fail(err))
 	}
-	if err := e.x.Release(uint64(task)); err != nil {
+	if release {
+		err = e.x.Release(uint64(task))
+	} else {
+		_, err = e.x.Wait(uint64(task))
+	}
+	if err != nil {
 		return int32(fail(err))
 	}
 	return int32(statusOK)

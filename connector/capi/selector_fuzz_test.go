@@ -96,7 +96,7 @@ func FuzzSelectorABI(f *testing.F) {
 			binary.LittleEndian.PutUint32(mem.b[offQ+4*i:], math.Float32bits(float32(i%3)))
 		}
 		st := selectSubmit(sel, cString(mem, offStr, "check"), 1, 0, mem.addr(offQ), fsQ, mem.addr(offIDs), 2, 9, mem.addr(offOut), 3, mem.addr(offOut+64), 0, 0)
-		if st <= 0 || selectWait(sel, st) != 0 || selectRelease(sel, st) != 0 {
+		if st <= 0 || selectWait(sel, st, false) != 0 || selectWait(sel, st, true) != 0 {
 			t.Fatalf("the selector no longer selects: %d: %s", st, lastError())
 		}
 		// 3 blocks, windows of 1 and 1: the first and the last at least.
@@ -252,13 +252,13 @@ func fuzzSelectorOne(t *testing.T, mem *cmem, h, sel int64, in *fuzzInput, refID
 			if cs := selectCheck(sel, st, fin); !finOK && cs != int32(connector.StatusEParam) {
 				t.Fatalf("check into an impossible pointer: %d", cs)
 			}
-			if ws := selectWait(sel, st); !statuses[int64(ws)] {
+			if ws := selectWait(sel, st, false); !statuses[int64(ws)] {
 				t.Fatalf("select wait: %d", ws)
 			}
-			if rs := selectRelease(sel, st); rs != 0 {
+			if rs := selectWait(sel, st, true); rs != 0 {
 				t.Fatalf("release: %d: %s", rs, lastError())
 			}
-			if rs := selectRelease(sel, st); rs != int32(connector.StatusENoObj) {
+			if rs := selectWait(sel, st, true); rs != int32(connector.StatusENoObj) {
 				t.Fatalf("second release: %d", rs)
 			}
 		}

@@ -307,7 +307,7 @@ int main(void) {
 	EXPECT_STATUS(ucmgo_retrieve_submit(r, &bad), UCMGO_EPARAM, "row 1, column 5");
 	EXPECT_STATUS(ucmgo_retrieve_submit(r, NULL), UCMGO_EPARAM, "ucmgo_retrieval");
 	EXPECT_STATUS(ucmgo_retrieve_submit(r + 100, &a), UCMGO_EPARAM, "retriever handle");
-	EXPECT_STATUS(ucmgo_retrieve_wait(r, 0), UCMGO_EPARAM, "task handles are > 0");
+	EXPECT_STATUS(ucmgo_retrieve_wait(r, 0), UCMGO_EPARAM, "not a task handle");
 	EXPECT_STATUS(ucmgo_retrieve_check(r, 1, NULL), UCMGO_EPARAM, "finished");
 	EXPECT_STATUS(ucmgo_retriever_new(0, NULL, 0), UCMGO_EPARAM, "workers");
 
