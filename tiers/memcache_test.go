@@ -728,3 +728,24 @@ func BenchmarkMemCachePutTurnover(b *testing.B) {
 		c.Put(bid(i), srcs[i%64], crcs[i%64])
 	}
 }
+
+// BenchmarkMemCacheFillFresh puts 2 MiB blocks into empty tiers of 128 blocks, a new tier each
+// time one is full: every Put copies into memory never touched before, as a freshly opened
+// store's memory tier fills. Against BenchmarkMemCachePutTurnover it is the cost of that first
+// touch.
+func BenchmarkMemCacheFillFresh(b *testing.B) {
+	srcs := make([][]byte, 64) // as BenchmarkMemcpy2MiB's
+	crcs := make([][]uint32, len(srcs))
+	for i := range srcs {
+		srcs[i] = fill(block2MiB, byte(i))
+		crcs[i] = []uint32{format.Checksum(srcs[i])}
+	}
+	b.SetBytes(block2MiB)
+	var c *MemCache
+	for i := 0; b.Loop(); i++ {
+		if i%128 == 0 {
+			c = NewMemCache("dram", 128*block2MiB)
+		}
+		c.Put(bid(i), srcs[i%64], crcs[i%64])
+	}
+}
