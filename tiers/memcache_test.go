@@ -307,6 +307,24 @@ func BenchmarkMemcpy2MiB(b *testing.B) {
 	}
 }
 
+// BenchmarkMemcpy2MiBRotating is BenchmarkMemcpy2MiB into 65 destinations in turn: a copy into
+// memory no cache and no TLB entry holds, as a Put into the buffer of the block it just evicted
+// is (BenchmarkMemCachePutTurnover's baseline).
+func BenchmarkMemcpy2MiBRotating(b *testing.B) {
+	srcs := make([][]byte, 64)
+	dsts := make([][]byte, 65)
+	for i := range srcs {
+		srcs[i] = fill(block2MiB, byte(i))
+	}
+	for i := range dsts {
+		dsts[i] = fill(block2MiB, byte(i))
+	}
+	b.SetBytes(block2MiB)
+	for i := 0; b.Loop(); i++ {
+		copy(dsts[i%len(dsts)], srcs[i%len(srcs)])
+	}
+}
+
 // Parallel readers: the copy runs outside the lock, so throughput should scale with cores.
 func BenchmarkMemCacheGet2MiBParallel(b *testing.B) {
 	c := NewMemCache("dram", 64*block2MiB)
@@ -710,7 +728,8 @@ func TestMemCacheReaderKeepsBuffer(t *testing.T) {
 
 // BenchmarkMemCachePutTurnover puts 2 MiB blocks into a full cache, each evicting the least
 // recently used: the memory tier's backfill of a stream of loads. Its MB/s over
-// BenchmarkMemcpy2MiB's is the cost of a Put over a plain copy of its bytes.
+// BenchmarkMemcpy2MiBRotating's is the cost of a Put over a plain copy of its bytes into memory
+// as cold.
 func BenchmarkMemCachePutTurnover(b *testing.B) {
 	c := NewMemCache("dram", 64*block2MiB)
 	srcs := make([][]byte, 64) // as BenchmarkMemcpy2MiB's
