@@ -691,13 +691,16 @@ func TestSharedTierRecencyAcrossRestart(t *testing.T) {
 		}
 		return m
 	}
-	var before *format.Manifest
 	waitFor(t, "A's segments and its read published", func() bool {
-		before = manifest()
-		return before != nil && len(before.Segments) > 1 && before.Segments[0].Accessed > 0
+		m := manifest()
+		return m != nil && len(m.Segments) > 1 && m.Segments[0].Accessed > 0
 	})
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
+	}
+	before := manifest() // the last one A wrote, at Close
+	if before == nil {
+		t.Fatal("no manifest after Close")
 	}
 	time.Sleep(20 * time.Millisecond) // a restart later: "now" is another time
 	reopened := time.Now().UnixNano()
