@@ -34,11 +34,10 @@ import (
 //     through Mooncake's client (batch calls from registered memory, the tasks' batch size and
 //     concurrency), then got again with each object checksummed where it landed (the ceiling
 //     of a load that copies nothing but checks every byte), paying the holder's first touch
-//     of its memory; then a quarter of that in
-//     objects four blocks large; then block objects again, each task reusing one buffer of a
-//     call's objects (memory the caches hold: the client's best case). Every other raw run
-//     moves its objects through as much memory as the tier's staging, a call's worth at a
-//     time in turn, as the tier does;
+//     of its memory; then a quarter of that in objects four blocks large; then block objects
+//     again, each task reusing one buffer of a call's objects (memory the caches hold: the
+//     client's best case). Every other raw run moves its objects through as much memory as
+//     the tier's staging, a call's worth at a time in turn, as the tier does;
 //  2. for each object layout (one object per block, one per shard): the raw client with
 //     objects of the layout's size (block objects: --total bytes; shard objects: a quarter,
 //     the same bytes per call), the tier alone, without an engine (every block written
