@@ -49,6 +49,29 @@ const (
 	shareSeed       = 77
 )
 
+// killedLockWait bounds how long openAfterKill waits for the lock of a killed holder to go.
+const killedLockWait = 10 * time.Second
+
+// openAfterKill opens store dir whose previous holder was just SIGKILLed and has exited,
+// retrying while the store (or its tier path) is reported locked, up to killedLockWait: on a
+// FUSE mount (GlusterFS) the kernel hands the dead process's lock release to the file system's
+// client asynchronously, so the holder can be gone before its lock is, and Open reports
+// ErrLocked meanwhile, as it must. A supervisor restarting a killed instance retries the same
+// way. locked is how long the lock was still seen held (0: not at all).
+func openAfterKill(dir string, o engine.Options) (e *engine.Engine, locked time.Duration, err error) {
+	start := time.Now()
+	for {
+		e, err = engine.Open(dir, o)
+		if !errors.Is(err, engine.ErrLocked) {
+			return e, locked, err
+		}
+		if locked = time.Since(start); locked >= killedLockWait {
+			return nil, locked, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func shareKillOptions(shared string) engine.Options {
 	refresh := 20 * time.Millisecond
 	if d, err := time.ParseDuration(os.Getenv(envShareRefresh)); err == nil && d > 0 {
@@ -168,7 +191,7 @@ func TestSharedKillWhileReading(t *testing.T) {
 	}
 
 	// The writer recovers: every acknowledged block is there; the reader's are not its own.
-	w, err := engine.Open(writerDir, shareKillOptions(shared))
+	w, _, err := openAfterKill(writerDir, shareKillOptions(shared))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,9 +277,9 @@ func runShareChild(t *testing.T, dir, shared string, cycle int, delay time.Durat
 func shareKillChild(spec string) {
 	f := strings.Split(spec, "|")
 	cycle, _ := strconv.Atoi(f[2])
-	e, err := engine.Open(f[0], shareKillOptions(f[1]))
+	e, locked, err := openAfterKill(f[0], shareKillOptions(f[1]))
 	if err != nil {
-		fmt.Printf("FAIL open: %v\n", err)
+		fmt.Printf("FAIL open (locked for %v): %v\n", locked, err)
 		os.Exit(exitChildSetup)
 	}
 	fmt.Println("OPEN")

@@ -125,6 +125,18 @@ type manyInstance struct {
 	run      *manyRun         // the running child, or nil
 	hits     int64            // loads of other instances' blocks, over all runs
 	misses   int64
+	// lockedOpens counts its runs whose Open still found the killed run's lock held, for
+	// lockedMax at the longest
+	lockedOpens int
+	lockedMax   time.Duration
+}
+
+// noteLocked counts run r's wait for the lock of the run killed before it.
+func (in *manyInstance) noteLocked(r *manyRun) {
+	if r.locked > 0 {
+		in.lockedOpens++
+		in.lockedMax = max(in.lockedMax, r.locked)
+	}
 }
 
 // manyRun is one child process and what its output said.
@@ -145,7 +157,9 @@ type manyRun struct {
 	hits, misses int64
 	loaded       int64
 	reloaded     int64 // loads that missed after a hit and were retried (the block had moved)
-	fail         string
+	// locked is how long its Open still found the store locked by the run killed before it
+	locked time.Duration
+	fail   string
 }
 
 func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
@@ -185,6 +199,10 @@ func startManyChild(t *testing.T, in *manyInstance, spec string) *manyRun {
 			f := strings.Fields(rest)
 			switch verb {
 			case "OPEN":
+				if len(f) > 0 {
+					us, _ := strconv.ParseInt(f[0], 10, 64)
+					r.locked = time.Duration(us) * time.Microsecond
+				}
 				if !opened {
 					opened = true
 					close(r.open)
@@ -317,6 +335,7 @@ func (in *manyInstance) kill(t *testing.T, w *manyWatch) bool {
 	in.next += len(r.acked)
 	in.hits += r.hits
 	in.misses += r.misses
+	in.noteLocked(r)
 	return r.dumping
 }
 
@@ -510,6 +529,13 @@ func TestSharedManyKill(t *testing.T) {
 		}
 		loads += rn.loaded
 		reloads += rn.reloaded
+		in.noteLocked(rn)
+	}
+	var lockedOpens int
+	var lockedMax time.Duration
+	for _, in := range ins {
+		lockedOpens += in.lockedOpens
+		lockedMax = max(lockedMax, in.lockedMax)
 	}
 	endSampling()
 	if len(failed) > 0 {
@@ -519,9 +545,9 @@ func TestSharedManyKill(t *testing.T) {
 		t.Fatalf("%d byte-exact loads after the kills, want %d (%d blocks × %d instances)", loads, want, len(all), instances)
 	}
 	t.Logf("%d instances over %d views, %d kills and %d at the end (%d of a writer with blocks left to dump, %d in a dump): %d blocks acknowledged (%.1f MiB); during the kills %d hits of other instances' blocks, %d misses, 0 wrong; "+
-		"after: %d loads byte-exact (%d retried after a miss: moved by a reopened owner), 0 lost; on-volume bytes peak %d (%.1f MiB, %d samples) against %d (%.1f MiB) the blocks need, bound %d (%.1f MiB); shared capacity %.1f MiB",
+		"after: %d loads byte-exact (%d retried after a miss: moved by a reopened owner), 0 lost; %d reopens found the killed run's lock still held (for at most %v); on-volume bytes peak %d (%.1f MiB, %d samples) against %d (%.1f MiB) the blocks need, bound %d (%.1f MiB); shared capacity %.1f MiB",
 		instances, len(views), kills, instances, writing, inDump, len(all), float64(len(all))*float64(killLayout.BlockBytes())/(1<<20), hits, misses,
-		loads, reloads, peak.Load(), float64(peak.Load())/(1<<20), samples, need, float64(need)/(1<<20), bound, float64(bound)/(1<<20), float64(manyCapacity(need, instances))/(1<<20))
+		loads, reloads, lockedOpens, lockedMax, peak.Load(), float64(peak.Load())/(1<<20), samples, need, float64(need)/(1<<20), bound, float64(bound)/(1<<20), float64(manyCapacity(need, instances))/(1<<20))
 	if p := peak.Load(); p > bound {
 		t.Fatalf("on-volume bytes peaked at %d, over the bound %d (%d the blocks need + %d instances × (a segment + 128 KiB) + the lease)", p, bound, need, instances)
 	}
@@ -537,16 +563,16 @@ func manyChild(spec string) int {
 	inst, _ := strconv.Atoi(f[1])
 	o := shareKillOptions(f[3])
 	o.Tiers[0].Capacity, _ = strconv.ParseInt(os.Getenv(envManyCapacity), 10, 64)
-	e, err := engine.Open(f[2], o)
+	e, locked, err := openAfterKill(f[2], o)
 	if err != nil {
-		fmt.Printf("FAIL open: %v\n", err)
+		fmt.Printf("FAIL open (locked for %v): %v\n", locked, err)
 		return exitChildSetup
 	}
 	if rec := e.Recovery(); rec.SegmentsAdopted != 0 {
 		fmt.Printf("FAIL adopted %d segments (another instance's?)\n", rec.SegmentsAdopted)
 		return exitChildCheck
 	}
-	fmt.Println("OPEN")
+	fmt.Printf("OPEN %d\n", locked.Microseconds())
 	if f[0] == "check" {
 		return manyCheck(e, f[4])
 	}
