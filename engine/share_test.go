@@ -299,16 +299,24 @@ func capacityOptions(dir string) Options {
 	return o
 }
 
+// publishedManifest is inst's newest manifest under shared, or nil while there is none (or it
+// cannot be read).
+func publishedManifest(shared string, inst format.InstanceID) *format.Manifest {
+	m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, inst), inst)
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
 // publishedBytes sums the segments the instances' manifests under shared list.
 func publishedBytes(shared string, es ...*Engine) int64 {
 	var sum int64
 	for _, e := range es {
-		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
-		if err != nil {
-			continue
-		}
-		for _, s := range m.Segments {
-			sum += s.Size
+		if m := publishedManifest(shared, e.instance); m != nil {
+			for _, s := range m.Segments {
+				sum += s.Size
+			}
 		}
 	}
 	return sum
@@ -316,13 +324,11 @@ func publishedBytes(shared string, es ...*Engine) int64 {
 
 // publishedRecords sums the records of the segments e's manifest under shared lists.
 func publishedRecords(shared string, e *Engine) int {
-	m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, e.instance), e.instance)
-	if err != nil {
-		return 0
-	}
 	var n int
-	for _, s := range m.Segments {
-		n += int(s.Records)
+	if m := publishedManifest(shared, e.instance); m != nil {
+		for _, s := range m.Segments {
+			n += int(s.Records)
+		}
 	}
 	return n
 }
@@ -358,8 +364,8 @@ func testSharedTierGlobalCapacity(t *testing.T, readerFirst bool) {
 	waitFor(t, "A's first blocks visible in B", func() bool { return allHit(b, hot) })
 	checkBlocks(t, b, hot)
 	waitFor(t, "B's reads of A's blocks published", func() bool {
-		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, b.instance), b.instance)
-		return err == nil && len(m.Notes) > 0 && m.Notes[0].Kind == format.NoteAccess && m.Notes[0].Owner == a.instance
+		m := publishedManifest(shared, b.instance)
+		return m != nil && len(m.Notes) > 0 && m.Notes[0].Kind == format.NoteAccess && m.Notes[0].Owner == a.instance
 	})
 	// B keeps reading A's first blocks from now on.
 	stop, reading := make(chan struct{}), make(chan struct{})
@@ -588,8 +594,8 @@ func TestSharedTierGoneOwnerReclaimed(t *testing.T) {
 	defer b.Close()
 	// reclaimed returns the segments the reclaimer noted in inst's manifest.
 	reclaimed := func(inst format.InstanceID) map[uint64]bool {
-		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, inst), inst)
-		if err != nil {
+		m := publishedManifest(shared, inst)
+		if m == nil {
 			return nil
 		}
 		out := map[uint64]bool{}
@@ -684,13 +690,7 @@ func TestSharedTierRecencyAcrossRestart(t *testing.T) {
 	dumpBlocks(t, a, blocks)
 	checkBlocks(t, a, blocks[:4]) // a read of its first segment: its Accessed time
 	inst := a.instance
-	manifest := func() *format.Manifest {
-		m, err := tiers.ReadManifest(vfs.Default, tiers.NamespaceDir(shared, inst), inst)
-		if err != nil {
-			return nil
-		}
-		return m
-	}
+	manifest := func() *format.Manifest { return publishedManifest(shared, inst) }
 	waitFor(t, "A's segments and its read published", func() bool {
 		m := manifest()
 		return m != nil && len(m.Segments) > 1 && m.Segments[0].Accessed > 0
