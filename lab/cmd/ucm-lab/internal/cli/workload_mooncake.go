@@ -443,7 +443,7 @@ func poolRate(env *benchEnv, cfg tiers.MooncakeConfig, what string, obj, n, perC
 								bad = fmt.Errorf("get: %d", g)
 							}
 							if op == getChecked && g == int64(obj) {
-								sums[i%len(sums)] = crc32c.Checksum(bufs[i])
+								sums[i] = crc32c.Checksum(bufs[i])
 							}
 						}
 					}
