@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -855,5 +857,36 @@ func TestBenchFlagValues(t *testing.T) {
 		if code != cliutil.ExitUsage || !strings.Contains(errOut, args[0]) || !strings.Contains(errOut, args[1]) {
 			t.Errorf("bench %v: exit %d, %q", args, code, errOut)
 		}
+	}
+}
+
+// runTasks calls onStart once, with the tasks' buffers allocated and filled and before any
+// task runs, so that the phase meters started there (CPU, device counters) measure the tasks
+// and not the buffers' first touch.
+func TestRunTasksStartsMetersAfterBuffers(t *testing.T) {
+	l := format.Layout{Shards: 2, TensorsPerShard: 1, ShardBytes: 16 << 10}
+	env := &benchEnv{cfg: benchConfig{concurrency: 2, batch: 2, buffers: "heap", bufferSpan: 256 << 10}, blocks: 9,
+		payload: newPayloadPool(l.BlockBytes()), stderr: io.Discard}
+	var starts, tasksBeforeStart, tasks atomic.Int32
+	_, err := runTasks(env, 0, l.BlockBytes(), func() {
+		starts.Add(1)
+		tasksBeforeStart.Store(tasks.Load())
+		if env.bufferBytes < 256<<10 {
+			t.Errorf("onStart ran with %d bytes of buffers allocated, want the whole span, %d", env.bufferBytes, 256<<10)
+		}
+	}, func(ids []format.BlockID, bufs [][]byte) error {
+		tasks.Add(1)
+		for _, b := range bufs {
+			if !bytes.Equal(b, env.payload.body) {
+				return fmt.Errorf("block %s: a task's buffer does not hold the payload body", ids[0])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if starts.Load() != 1 || tasksBeforeStart.Load() != 0 || tasks.Load() != 5 {
+		t.Fatalf("onStart called %d times, after %d tasks; %d tasks in all, want 1, 0, 5", starts.Load(), tasksBeforeStart.Load(), tasks.Load())
 	}
 }

@@ -149,7 +149,7 @@ func (env *benchEnv) openForDump(res *benchResult) (*engine.Engine, int64, error
 	res.Recycled = true
 	env.progressf("recycled: filling the store with %d other blocks, then evicting them", env.blocks)
 	l := e.Layout()
-	_, err = runTasks(env, recycledFirst, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	_, err = runTasks(env, recycledFirst, l.BlockBytes(), nil, func(ids []format.BlockID, bufs [][]byte) error {
 		return e.Dump(ids, bufs).Wait()
 	})
 	if err == nil {
@@ -296,7 +296,7 @@ func (p *payloadPool) checkStamps(dst []byte, id format.BlockID, off int64) erro
 // engine (with the stamp checks above), not the bench comparing gigabytes. It returns the
 // first mismatch in *mismatch (unless one is there already) and any load error.
 func verifyAll(env *benchEnv, e *engine.Engine, mismatch *atomic.Pointer[error]) error {
-	_, err := runTasks(env, 0, e.Layout().BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	_, err := runTasks(env, 0, e.Layout().BlockBytes(), nil, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
 			return err
 		}

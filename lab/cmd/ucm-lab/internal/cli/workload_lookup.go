@@ -171,7 +171,7 @@ func indexBlocks(env *benchEnv, res *benchResult) (*engine.Engine, error) {
 	res.IOEngine, res.Direct = e.IOEngine()
 	blockBytes := e.Layout().BlockBytes()
 	env.progressf("indexing %d blocks ...", env.blocks)
-	d, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+	d, err := runTasks(env, 0, blockBytes, nil, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ucm-go/ucm/engine"
@@ -114,17 +113,10 @@ type mooncakeRawRun struct {
 	GetCheckedBusy float64 `json:"get_checked_machine_busy"`
 }
 
-// cpuSeconds returns the CPU time this process has used, user and system.
-func cpuSeconds() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
 // perGiB is CPU seconds per GiB of bytes.
-func perGiB(cpu float64, bytes int64) float64 { return cpu / (float64(bytes) / (1 << 30)) }
+func perGiB(cpu time.Duration, bytes int64) float64 {
+	return cpu.Seconds() / (float64(bytes) / (1 << 30))
+}
 
 // machineTicks returns the machine's CPU time so far, busy (anything but idle and iowait:
 // every process, the kernel's interrupts, and time the hypervisor took) and in all, in
@@ -155,19 +147,19 @@ func machineTicks() (busy, all uint64) {
 // meter measures one phase of the bench from its start: this process's CPU time and the
 // machine's busy and total ticks then.
 type meter struct {
-	cpu       float64
+	cpu       time.Duration
 	busy, all uint64
 }
 
 func startMeter() meter {
 	busy, all := machineTicks()
-	return meter{cpu: cpuSeconds(), busy: busy, all: all}
+	return meter{cpu: processCPU(), busy: busy, all: all}
 }
 
 // stop returns the phase's CPU seconds per GiB of bytes and the share of the machine's CPU
 // time that was busy meanwhile (0 when unknown).
 func (m meter) stop(bytes int64) (cpuPerGiB, busy float64) {
-	cpuPerGiB = perGiB(cpuSeconds()-m.cpu, bytes)
+	cpuPerGiB = perGiB(processCPU()-m.cpu, bytes)
 	if b, all := machineTicks(); all > m.all {
 		busy = float64(b-m.busy) / float64(all-m.all)
 	}
@@ -518,15 +510,15 @@ func engineLoads(e *engine.Engine, shard int) func(ids []format.BlockID, bufs []
 }
 
 // loadAll loads every block (shard < 0) or shard `shard` of every block with the bench's tasks,
-// each task calling load, checks the bytes, and returns the time taken.
-func loadAll(env *benchEnv, shard int, load func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
+// each task calling load, checks the bytes, and returns the time taken; onStart is runTasks'.
+func loadAll(env *benchEnv, shard int, onStart func(), load func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
 	l := env.opts.Layout
 	size, off := l.BlockBytes(), int64(0)
 	if shard >= 0 {
 		size, off = l.ShardBytes, int64(shard)*l.ShardBytes
 	}
 	var mismatch atomic.Pointer[error]
-	d, err := runTasks(env, 0, size, func(ids []format.BlockID, bufs [][]byte) error {
+	d, err := runTasks(env, 0, size, onStart, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := load(ids, bufs); err != nil {
 			return err
 		}
@@ -577,8 +569,9 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 		}
 		sums[id] = crcs
 	}
-	m := startMeter()
-	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	var m meter
+	startM := func() { m = startMeter() }
+	d, err := runTasks(env, 0, l.BlockBytes(), startM, func(ids []format.BlockID, bufs [][]byte) error {
 		crcs := make([][]uint32, len(ids))
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
@@ -596,8 +589,7 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if s := t.Stats(); s.Puts != uint64(env.blocks) {
 		return fmt.Errorf("the tier alone: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
 	}
-	m = startMeter()
-	d, err = loadAll(env, -1, func(ids []format.BlockID, bufs [][]byte) error {
+	d, err = loadAll(env, -1, startM, func(ids []format.BlockID, bufs [][]byte) error {
 		hits, _ := t.Load(ids, -1, nil, func(i int) []byte { return bufs[i] }, nil)
 		if i := slices.Index(hits, false); i >= 0 {
 			return fmt.Errorf("the tier alone: block %s missed", ids[i])
@@ -646,14 +638,15 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if err != nil {
 		return run, err
 	}
-	cpu := cpuSeconds()
-	d, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	var cpu time.Duration
+	startCPU := func() { cpu = processCPU() }
+	d, err := runTasks(env, 0, l.BlockBytes(), startCPU, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
 		return e.Dump(ids, bufs).Wait()
 	})
-	run.DumpAloneCPU = perGiB(cpuSeconds()-cpu, bytes)
+	run.DumpAloneCPU = perGiB(processCPU()-cpu, bytes)
 	if cerr := e.Close(); err == nil {
 		err = cerr
 	}
@@ -673,9 +666,9 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
-	start, cpu := time.Now(), cpuSeconds()
+	var start time.Time
 	var inDump, inFlush atomic.Int64 // nanoseconds the tasks spent in each
-	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func(ids []format.BlockID, bufs [][]byte) error {
+	dumpTime, err := runTasks(env, 0, l.BlockBytes(), func() { start, cpu = time.Now(), processCPU() }, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
@@ -693,7 +686,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		return nil
 	})
 	through := time.Since(start)
-	run.DumpCPU = perGiB(cpuSeconds()-cpu, bytes)
+	run.DumpCPU = perGiB(processCPU()-cpu, bytes)
 	if tot := inDump.Load() + inFlush.Load(); tot > 0 {
 		run.DumpShare = float64(inDump.Load()) / float64(tot)
 	}
@@ -716,12 +709,11 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	}
 	defer func() { _ = e.Close() }()
 	dropCaches()
-	cpu = cpuSeconds()
-	d, err = loadAll(env, -1, engineLoads(e, -1))
+	d, err = loadAll(env, -1, startCPU, engineLoads(e, -1))
 	if err != nil {
 		return run, fmt.Errorf("%s objects: load: %w", object, err)
 	}
-	run.LoadCPU = perGiB(cpuSeconds()-cpu, bytes)
+	run.LoadCPU = perGiB(processCPU()-cpu, bytes)
 	s2, _ := e.MooncakeStats()
 	run.LoadMBps, run.PoolHitRate = mbps(bytes, d), float64(s2.Hits)/float64(env.blocks)
 	// One shard of every block: from a fresh instance (the first's memory tier holds some).
@@ -731,7 +723,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
-	if d, err = loadAll(env, l.Shards/2, engineLoads(e, l.Shards/2)); err != nil {
+	if d, err = loadAll(env, l.Shards/2, nil, engineLoads(e, l.Shards/2)); err != nil {
 		return run, fmt.Errorf("%s objects: shard loads: %w", object, err)
 	}
 	run.ShardMBps = mbps(int64(env.blocks)*l.ShardBytes, d)
@@ -763,7 +755,7 @@ func sharedAndSkew(env *benchEnv, cfg tiers.MooncakeConfig, opts engine.Options,
 	if err != nil {
 		return err
 	}
-	d, err := loadAll(env, -1, engineLoads(e2, -1))
+	d, err := loadAll(env, -1, nil, engineLoads(e2, -1))
 	s, _ := e2.MooncakeStats()
 	_ = e2.Close()
 	if err != nil {

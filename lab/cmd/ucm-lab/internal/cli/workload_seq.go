@@ -34,9 +34,12 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 
 	// Phase 1: dump.
 	before := e.Stats()
-	meter := startIOMeter(env.cfg.dir)
-	cpu := processCPU()
-	dumpTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+	var (
+		meter *ioMeter
+		cpu   time.Duration
+	)
+	startMeters := func() { meter, cpu = startIOMeter(env.cfg.dir), processCPU() }
+	dumpTime, err := runTasks(env, 0, blockBytes, startMeters, func(ids []format.BlockID, bufs [][]byte) error {
 		for i, id := range ids {
 			env.payload.fill(bufs[i], id)
 		}
@@ -55,9 +58,7 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 		res.CachesDropped = dropCaches()
 	}
 	var mismatch atomic.Pointer[error]
-	meter = startIOMeter(env.cfg.dir)
-	cpu = processCPU()
-	loadTime, err := runTasks(env, 0, blockBytes, func(ids []format.BlockID, bufs [][]byte) error {
+	loadTime, err := runTasks(env, 0, blockBytes, startMeters, func(ids []format.BlockID, bufs [][]byte) error {
 		if err := e.Load(ids, bufs).Wait(); err != nil {
 			return err
 		}
@@ -91,8 +92,11 @@ func (seqWorkload) run(env *benchEnv, res *benchResult) error {
 // the workload's own), with cfg.concurrency batches in flight, each worker owning batch
 // aligned buffers of blockBytes, or, with --buffer-span, as many groups of them as it takes
 // for all the workers' to span it, a batch using the next group; it returns the wall time of
-// the whole run. The first error stops new batches.
-func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
+// the whole run. The first error stops new batches. onStart, when not nil, is called once the
+// buffers are allocated and filled, right before the clock starts: a phase starts its CPU and
+// device meters there, so that they measure what the clock does and not the buffers' first
+// touch (on these VMs 1 GiB of fresh buffers takes about 2 s of CPU to fault in).
+func runTasks(env *benchEnv, first int, blockBytes int64, onStart func(), fn func(ids []format.BlockID, bufs [][]byte) error) (time.Duration, error) {
 	cfg := env.cfg
 	var (
 		next     atomic.Int64
@@ -111,6 +115,9 @@ func runTasks(env *benchEnv, first int, blockBytes int64, fn func(ids []format.B
 	ids := make([]format.BlockID, env.blocks)
 	for i := range ids {
 		ids[i] = blockID(first + i)
+	}
+	if onStart != nil {
+		onStart()
 	}
 	start := time.Now()
 	for w := 0; w < cfg.concurrency; w++ {
