@@ -105,6 +105,17 @@ func (e *Engine) writeThrough(recs []*wal.Record, inclusive bool) {
 	}
 }
 
+// payloadLender returns the cache that lends the payloads of dumped blocks
+// (tiers.PayloadLender), or nil.
+func (e *Engine) payloadLender() tiers.PayloadLender {
+	for _, c := range e.caches {
+		if l, ok := c.(tiers.PayloadLender); ok {
+			return l
+		}
+	}
+	return nil
+}
+
 // sharesCaches reports whether the chain holds a cache that is not inclusive.
 func (e *Engine) sharesCaches() bool {
 	for _, c := range e.caches {

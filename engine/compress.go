@@ -84,9 +84,7 @@ func (e *Engine) packRecord(rec *wal.Record, code format.Compression) int64 {
 		return raw
 	}
 	clear(buf[sum:stored])
-	if !rec.PayloadBorrowed {
-		e.pool.Put(rec.Payload)
-	}
+	e.releasePayload(rec)
 	rec.Payload, rec.PayloadBorrowed = buf[:stored], false
 	rec.Compression, rec.StoredLens, rec.StoredCRCs = code, lens, crcs
 	e.stats.compressedBlocks.Add(1)

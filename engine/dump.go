@@ -276,11 +276,31 @@ func (e *Engine) claimWhole(id BlockID, src spans) (rec *wal.Record, flight, wai
 		}
 		return rec, flight, nil, nil
 	}
-	rec = e.newRecord(id)
+	rec = e.newDumpRecord(id)
 	for sh := 0; sh < l.Shards; sh++ {
 		fillShard(rec, l, sh, src.sub(int64(sh)*l.ShardBytes, l.ShardBytes))
 	}
 	return rec, flight, nil, nil
+}
+
+// newDumpRecord is newRecord for a whole block a dump copies in. When a cache writes dumps
+// through from memory it lends (tiers.PayloadLender: Mooncake's pool, whose put slots are
+// registered with its transfer engine) and the block is stored as copied (no compression, no
+// padding between shards), the payload is a lent buffer: the write-through then puts the
+// block from where this copy put it, instead of copying it again. Else, or when the lender
+// has no buffer free, the payload is pooled.
+func (e *Engine) newDumpRecord(id BlockID) *wal.Record {
+	l := e.opts.Layout
+	if lender := e.payloadLender(); lender != nil && e.tiers[0].Codec() == format.CompressionNone {
+		if p := lender.LendPayload(); p != nil {
+			if int64(len(p)) == l.PayloadBytes() {
+				return &wal.Record{ID: id, Layout: l, ShardCRCs: make([]uint32, l.Shards),
+					Buf: e.pool.Get(format.RecordHeaderSize), Payload: p, PayloadBorrowed: true}
+			}
+			lender.ReturnPayload(p)
+		}
+	}
+	return e.newRecord(id)
 }
 
 // newRecord returns a record for id with pooled, aligned buffers: its header's and its raw
@@ -296,10 +316,19 @@ func (e *Engine) newRecord(id BlockID) *wal.Record {
 // clears them: every record the engine builds or reads is released here.
 func (e *Engine) putRecord(rec *wal.Record) {
 	e.pool.Put(rec.Buf)
-	if !rec.PayloadBorrowed {
-		e.pool.Put(rec.Payload)
-	}
+	e.releasePayload(rec)
 	rec.Buf, rec.Payload, rec.PayloadBorrowed = nil, nil, false
+}
+
+// releasePayload lets go of rec's payload: back to the pool if it is the engine's, back to
+// its lender if a cache lent it (newDumpRecord); a caller's buffer is left alone.
+func (e *Engine) releasePayload(rec *wal.Record) {
+	switch {
+	case !rec.PayloadBorrowed:
+		e.pool.Put(rec.Payload)
+	case e.payloadLender() != nil:
+		e.payloadLender().ReturnPayload(rec.Payload)
+	}
 }
 
 // blockBytes returns rec's block bytes as one contiguous slice when its payload is laid out

@@ -301,3 +301,61 @@ func TestMooncakeWriteThroughInBatches(t *testing.T) {
 		t.Fatalf("after flush: %+v", s)
 	}
 }
+
+// A whole block the dump copies in (its shards named apart, as a connector names its K and V
+// tensors) is copied once: into a payload the pool tier lends, which the disk write and the
+// put both read from. Every lent payload goes back (many more blocks than the tier has put
+// slots are all put that way), and what was put loads intact in another instance. A block
+// stored compressed is not put from a loan.
+func TestMooncakeWriteThroughFromLentPayloads(t *testing.T) {
+	st := mooncakefake.NewStore()
+	withFakeMooncake(t, st)
+	a := openMooncakeEngine(t, false)
+	l := a.Layout()
+	const n, batch = 240, 8 // the tier's 4 MiB of staging hold 56 put slots of these blocks
+	var ids []BlockID
+	for k := 0; k < n; k += batch {
+		part := make([]BlockID, batch)
+		src := make([][][]byte, batch)
+		for i := range part {
+			part[i] = blockID(5000 + k + i)
+			b := blockBytes(l, part[i])
+			for sh := 0; sh < l.Shards; sh++ {
+				src[i] = append(src[i], b[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
+			}
+		}
+		if err := a.DumpSpans(part, AllShards, src).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		a.FlushMooncake()
+		ids = append(ids, part...)
+	}
+	if s := must(a.MooncakeStats()); s.Puts != n || s.PutsLent != n || s.PutsDropped != 0 {
+		t.Fatalf("write-throughs: %+v, want all %d put from lent payloads", s, n)
+	}
+	checkBlocks(t, a, ids)
+	b := openMooncakeEngine(t, false) // an empty disk: every load is from the pool
+	for _, id := range ids {
+		got, err := mcLoadOne(b, id)
+		if err != nil || !bytes.Equal(got, blockBytes(l, id)) {
+			t.Fatalf("block %v from the pool: %v", id, err)
+		}
+	}
+
+	dir := t.TempDir()
+	opts := testOptions(nil, mhaLayout)
+	opts.FS, opts.SyncPolicy = nil, SyncNone
+	opts.Tiers = []tiers.Config{mooncakeTierConfig(), {Name: "ssd", Kind: tiers.KindDisk, Paths: []string{dir}, Compression: "lz4"}}
+	c := mustOpen(t, dir, opts)
+	defer c.Close()
+	id := blockID(6000)
+	b0 := blockBytes(l, id)
+	if err := c.DumpSpans([]BlockID{id}, AllShards, [][][]byte{{b0[:l.ShardBytes], b0[l.ShardBytes:]}}).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	c.FlushMooncake()
+	if s := must(c.MooncakeStats()); s.PutsLent != 0 {
+		t.Fatalf("a compressing tier's dump was put from a loan: %+v", s)
+	}
+	checkBlocks(t, c, []BlockID{id})
+}

@@ -72,6 +72,23 @@ type BatchPutter interface {
 	PutBatch(ids []ID, data [][]byte, crcs [][]uint32)
 }
 
+// PayloadLender is a Cache that lends memory for the payload of a block about to be dumped, so
+// that the block's write-through puts it from where the dump copied it, with no copy of its
+// own (Mooncake's pool: the memory is registered with its transfer engine). The engine uses
+// it for the dumps whose bytes it copies into a record anyway.
+type PayloadLender interface {
+	// LendPayload returns a 4 KiB-aligned buffer of one block's bytes (Layout.BlockBytes) for
+	// the payload of a block record, or nil when the cache does not lend (its layout does not
+	// allow it, it is down) or has no buffer free. It never blocks. A lent buffer given to
+	// Put or PutBatch as the block's data is put from where it is: the cache holds it until
+	// that put is done, whatever the caller does meanwhile.
+	LendPayload() []byte
+	// ReturnPayload gives back a buffer LendPayload returned, once the caller is done with
+	// it (the record is written or dropped), and reports whether p was one; any other p is
+	// left alone. The buffer is reused once no put of it is pending either.
+	ReturnPayload(p []byte) bool
+}
+
 // CacheStats is the accounting of a Cache, common to its kinds; each kind has more of its own
 // (MemCacheStats, MooncakeStats). Fields a kind cannot know are 0.
 type CacheStats struct {

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/kvcache-ai/Mooncake/mooncake-store/go/mooncakestore"
+	"github.com/ucm-go/ucm/devio"
 )
 
 // MooncakeBuilt reports whether this binary links Mooncake's client library (the `mooncake`
@@ -34,6 +34,7 @@ type mcClient struct {
 	mu     sync.RWMutex
 	store  *mooncakestore.Store // nil while not set up
 	allocs [][]byte
+	mems   []*devio.HostMemory // allocs' memory
 	closed bool
 }
 
@@ -79,27 +80,30 @@ func (c *mcClient) setup() (*mooncakestore.Store, error) {
 	return s, nil
 }
 
-// Alloc maps size bytes outside the Go heap, faulted in, and registers them with the client
-// (now, or at its next setup). The pages are populated at once (MAP_POPULATE): staging memory
-// lives as long as the tier, and a page the kernel first hands out during a transfer costs
-// that transfer its zeroing (docs/mooncake.md, decisions).
+// Alloc maps size bytes outside the Go heap in huge pages (devio.HostMemory), faulted in, and
+// registers them with the client (now, or at its next setup). The pages are populated at
+// once: staging memory lives as long as the tier, and a page the kernel first hands out during
+// a transfer costs that transfer its zeroing (docs/mooncake.md, decisions). Huge pages, because
+// the tier lends this memory for dumps' payloads, which the engine writes to disk with
+// O_DIRECT: each huge page is one DMA segment of the write, where 4 KiB pages make 512.
 func (c *mcClient) Alloc(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("mooncake: alloc %d bytes: %w", size, ErrInvalidConfig)
 	}
-	b, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_POPULATE)
+	mem, bufs, err := devio.NewHostBuffers(1, size)
 	if err != nil {
 		return nil, fmt.Errorf("mooncake: map %d staging bytes: %w", size, err)
 	}
+	b := bufs[0]
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.store != nil {
 		if err := c.store.RegisterBuffer(uintptr(unsafe.Pointer(&b[0])), uint64(size)); err != nil {
-			_ = syscall.Munmap(b)
+			_ = mem.Close()
 			return nil, fmt.Errorf("mooncake: register %d staging bytes: %w", size, err)
 		}
 	}
-	c.allocs = append(c.allocs, b)
+	c.allocs, c.mems = append(c.allocs, b), append(c.mems, mem)
 	return b, nil
 }
 
@@ -181,9 +185,9 @@ func (c *mcClient) Close() error {
 		c.store = nil
 	}
 	var errs []error
-	for _, b := range c.allocs {
-		errs = append(errs, syscall.Munmap(b))
+	for _, m := range c.mems {
+		errs = append(errs, m.Close())
 	}
-	c.allocs = nil
+	c.allocs, c.mems = nil, nil
 	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/mooncakefake"
@@ -964,5 +965,110 @@ func BenchmarkCopyChecked(b *testing.B) {
 	for w, name := range []string{"cached-GB/s", "stream-GB/s"} {
 		slices.Sort(took[w])
 		b.ReportMetric(float64(blk)/took[w][len(took[w])/2].Seconds()/1e9, name)
+	}
+}
+
+// freePutSlots counts the put slots free for a copy or a loan.
+func freePutSlots(mc *MooncakeTier) int {
+	mc.putSlots.mu.Lock()
+	defer mc.putSlots.mu.Unlock()
+	return len(mc.putSlots.free)
+}
+
+// A block dumped into a lent payload is put from there (no copy into a put slot) and loads
+// back intact; the slot is free again only once both its borrower and its put let go of it,
+// in either order.
+func TestMooncakeLendPayload(t *testing.T) {
+	st := mooncakefake.NewStore()
+	pool := &heldPutPool{Pool: mooncakefake.New(st), entered: make(chan chan struct{}, 4)}
+	mc := newMC(t, "block", pool)
+	free := freePutSlots(mc)
+
+	// Put done first, then the payload returned.
+	idA, dataA, crcsA := mcBlock(30)
+	p := mc.LendPayload()
+	if int64(len(p)) != mcLayout.BlockBytes() || uintptr(unsafe.Pointer(&p[0]))%format.Alignment != 0 {
+		t.Fatalf("lent %d bytes at %p: want %d, 4 KiB-aligned", len(p), &p[0], mcLayout.BlockBytes())
+	}
+	copy(p, dataA)
+	mc.PutBatch([]format.BlockID{idA}, [][]byte{p}, [][]uint32{crcsA})
+	close(enteredPut(t, pool, "the lent block's put did not reach the pool"))
+	mc.Flush()
+	if n := freePutSlots(mc); n != free-1 {
+		t.Fatalf("after the put, before the return: %d free put slots, want %d (the borrower holds one)", n, free-1)
+	}
+	if !mc.ReturnPayload(p) {
+		t.Fatal("ReturnPayload did not know its own payload")
+	}
+	if n := freePutSlots(mc); n != free {
+		t.Fatalf("after the put and the return: %d free put slots, want %d", n, free)
+	}
+	if mc.ReturnPayload(p) {
+		t.Fatal("a payload returned twice was taken twice")
+	}
+
+	// Payload returned while its put is still in the pool: the slot waits for the put.
+	idB, dataB, crcsB := mcBlock(31)
+	p = mc.LendPayload()
+	copy(p, dataB)
+	mc.PutBatch([]format.BlockID{idB}, [][]byte{p}, [][]uint32{crcsB})
+	release := enteredPut(t, pool, "the second lent block's put did not reach the pool")
+	if !mc.ReturnPayload(p) {
+		t.Fatal("ReturnPayload did not know its own payload")
+	}
+	if n := freePutSlots(mc); n != free-1 {
+		close(release)
+		t.Fatalf("returned while its put is in the pool: %d free put slots, want %d", n, free-1)
+	}
+	close(release)
+	mc.Flush()
+	if n := freePutSlots(mc); n != free {
+		t.Fatalf("after the put: %d free put slots, want %d", n, free)
+	}
+
+	// A block from the caller's own memory is copied, as before.
+	idC, dataC, crcsC := mcBlock(32)
+	mc.PutBatch([]format.BlockID{idC}, [][]byte{dataC}, [][]uint32{crcsC})
+	close(enteredPut(t, pool, "the copied block's put did not reach the pool"))
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 3 || s.PutsLent != 2 || s.PutsDropped != 0 {
+		t.Fatalf("%+v", s)
+	}
+	for _, b := range []struct {
+		id   format.BlockID
+		data []byte
+	}{{idA, dataA}, {idB, dataB}, {idC, dataC}} {
+		if got, ok := getOne(mc, b.id, -1); !ok || !bytes.Equal(got, b.data) {
+			t.Fatalf("block %v not loaded intact", b.id)
+		}
+	}
+	if mc.ReturnPayload(dataC) {
+		t.Fatal("ReturnPayload took the caller's own memory")
+	}
+}
+
+// The tier lends nothing it could not put from where it is (shard objects: a block's shards
+// are apart, each behind its header) nor while it is down, and a lent payload whose put is
+// dropped (the tier went down meanwhile) is still the borrower's to return.
+func TestMooncakeLendPayloadRefused(t *testing.T) {
+	if p := newMC(t, "shard", mooncakefake.New(mooncakefake.NewStore())).LendPayload(); p != nil {
+		t.Fatal("shard objects lent a payload")
+	}
+	mc := newMC(t, "block", mooncakefake.New(mooncakefake.NewStore()))
+	free := freePutSlots(mc)
+	p := mc.LendPayload()
+	mc.down(errors.New("test: master gone"))
+	if q := mc.LendPayload(); q != nil {
+		t.Fatal("lent a payload while down")
+	}
+	id, data, crcs := mcBlock(33)
+	copy(p, data)
+	mc.PutBatch([]format.BlockID{id}, [][]byte{p}, [][]uint32{crcs})
+	mc.Flush()
+	if s := mc.Stats(); s.Puts != 0 || s.PutsDropped != 1 {
+		t.Fatalf("%+v", s)
+	}
+	if !mc.ReturnPayload(p) || freePutSlots(mc) != free {
+		t.Fatalf("the dropped lent payload was not returned: %d free put slots, want %d", freePutSlots(mc), free)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/memcopy"
@@ -72,6 +74,9 @@ type MooncakeStats struct {
 	// (stale, foreign, another schema's, truncated or damaged): each was a miss.
 	Rejected uint64
 	Puts     uint64 // blocks written to the pool
+	// PutsLent counts the blocks of Puts put from a payload the tier lent (LendPayload): no
+	// copy into a put slot.
+	PutsLent uint64
 	// PutsDropped counts write-throughs not done: no free staging slot, the tier down, the
 	// pool full or refusing.
 	PutsDropped uint64
@@ -100,8 +105,18 @@ type MooncakeTier struct {
 
 	getSlots *slotStack
 	putSlots *slotStack
-	putq     chan []mcPut // groups of blocks queued together
-	pending  mcPending    // queued puts
+	// Lending (PayloadLender), for block objects whose shards lie back to back: the staging
+	// slab is laid out so that every slot's payload starts on a 4 KiB boundary, put slot i
+	// being slab[i*stride+lead:][:objBytes] and its payload hdr bytes in. refs counts the
+	// holders of lent put slot i: its borrower and its pending put; the last one to let go
+	// returns the slot to putSlots.
+	lends             bool
+	slab              []byte
+	stride, lead, hdr int
+	putAll            [][]byte
+	refs              []atomic.Int32
+	putq              chan []mcPut // groups of blocks queued together
+	pending           mcPending    // queued puts
 	// up is whether the tier is in use. The hot paths read it without a lock; it is written
 	// only under stateMu, together with the transition counters.
 	up atomic.Bool
@@ -119,7 +134,7 @@ type MooncakeTier struct {
 	bg             sync.WaitGroup
 	closed         atomic.Bool
 
-	hits, misses, skipped, rejected, puts, dropped, errs, resets atomic.Uint64
+	hits, misses, skipped, rejected, puts, putsLent, dropped, errs, resets atomic.Uint64
 
 	// Test hooks, nil outside tests: healthObserved runs in checkHealth between the client's
 	// health check and the transition it leads to, statePublished right after a new state
@@ -200,6 +215,7 @@ type mcPut struct {
 	id   format.BlockID
 	slot []byte
 	seq  uint64 // mcPending's number
+	lent int    // the index of a lent put slot, or -1 (the block was copied into slot)
 }
 
 // NewMooncakeTier returns the tier named name over pool for blocks of layout l written under
@@ -224,19 +240,38 @@ func NewMooncakeTier(name string, cfg MooncakeConfig, pool MooncakePool, l forma
 	} else {
 		t.objBytes = MooncakeObjectBytes(l, false)
 	}
-	slots := int(cfg.StagingBytes / int64(t.objBytes))
+	t.stride = t.objBytes
+	if t.lends = !t.shards && l.ShardStride() == l.ShardBytes; t.lends {
+		t.hdr = mcHeaderBytes(l.Shards)
+		t.stride = int(format.AlignUp(int64(t.hdr)) + l.BlockBytes())
+	}
+	slots := int(cfg.StagingBytes / int64(t.stride))
 	if slots < 4 {
 		return nil, &ConfigError{Tier: -1, Name: name, Field: "mooncake.staging_bytes",
-			Reason: fmt.Sprintf("%d bytes hold %d staged blocks of %d bytes; want at least 4", cfg.StagingBytes, slots, t.objBytes)}
+			Reason: fmt.Sprintf("%d bytes hold %d staged blocks of %d bytes; want at least 4", cfg.StagingBytes, slots, t.stride)}
 	}
-	slab, err := pool.Alloc(slots * t.objBytes)
+	size := slots * t.stride
+	if t.lends {
+		size += format.Alignment // room to start the first payload on a boundary
+	}
+	slab, err := pool.Alloc(size)
 	if err != nil {
-		return nil, fmt.Errorf("mooncake tier %q: staging memory (%d bytes): %w", name, slots*t.objBytes, err)
+		return nil, fmt.Errorf("mooncake tier %q: staging memory (%d bytes): %w", name, size, err)
+	}
+	if t.lends {
+		// The payloads start on 4 KiB boundaries (the stride is a multiple), whatever the
+		// alignment of the memory (mapped memory is aligned already: lead is then the
+		// header's padding).
+		first := uintptr(unsafe.Pointer(unsafe.SliceData(slab))) + uintptr(t.hdr)
+		t.lead = int(format.AlignUp(int64(first)) - int64(first))
 	}
 	all := make([][]byte, slots)
 	for i := range all {
-		all[i] = slab[i*t.objBytes : (i+1)*t.objBytes : (i+1)*t.objBytes]
+		lo := i*t.stride + t.lead
+		all[i] = slab[lo : lo+t.objBytes : lo+t.objBytes]
 	}
+	// putAll is the put slots by index; the stacks own the lists they are given.
+	t.slab, t.putAll, t.refs = slab, slices.Clone(all[:slots/2]), make([]atomic.Int32, slots/2)
 	t.putSlots, t.getSlots = newSlotStack(all[:slots/2:slots/2]), newSlotStack(all[slots/2:])
 	t.putq = make(chan []mcPut, slots/2)
 	t.up.Store(pool.Healthy())
@@ -278,7 +313,7 @@ func (t *MooncakeTier) Stats() MooncakeStats {
 	up, downs, rejoins := t.up.Load(), t.downs, t.rejoins
 	t.stateMu.Unlock()
 	return MooncakeStats{Up: up, Hits: t.hits.Load(), Misses: t.misses.Load(), Skipped: t.skipped.Load(),
-		Rejected: t.rejected.Load(), Puts: t.puts.Load(), PutsDropped: t.dropped.Load(), Errors: t.errs.Load(),
+		Rejected: t.rejected.Load(), Puts: t.puts.Load(), PutsLent: t.putsLent.Load(), PutsDropped: t.dropped.Load(), Errors: t.errs.Load(),
 		Downs: downs, Rejoins: rejoins, Resets: t.resets.Load()}
 }
 
@@ -323,7 +358,9 @@ func (t *MooncakeTier) Put(id format.BlockID, data []byte, crcs []uint32) {
 
 // PutBatch is Put for blocks ids[i] (data[i], crcs[i]), queued together: they are put in one
 // batch call (with any other queued blocks) rather than one by one as the pool's writer wakes.
-// Blocks of the wrong size, and those with no free put slot, are not written (counted).
+// Blocks of the wrong size, and those with no free put slot, are not written (counted). A
+// data[i] the tier lent (LendPayload) is put from where it is, with no copy, and held until
+// its put is done.
 func (t *MooncakeTier) PutBatch(ids []format.BlockID, data [][]byte, crcs [][]uint32) {
 	if t.closed.Load() || len(data) != len(ids) || len(crcs) != len(ids) {
 		return
@@ -338,17 +375,110 @@ func (t *MooncakeTier) PutBatch(ids []format.BlockID, data [][]byte, crcs [][]ui
 			t.dropped.Add(1)
 			continue
 		}
+		if k, ok := t.lentSlot(data[i]); ok && t.hold(k) {
+			slot := t.putAll[k]
+			encodeHeader(slot, t.object(id, -1), crcs[i])
+			group = append(group, mcPut{id: id, slot: slot, seq: t.pending.add(), lent: k})
+			continue
+		}
 		slot := t.putSlots.tryTake()
 		if slot == nil {
 			t.dropped.Add(1)
 			continue
 		}
 		t.stage(slot, id, data[i], crcs[i])
-		group = append(group, mcPut{id: id, slot: slot, seq: t.pending.add()})
+		group = append(group, mcPut{id: id, slot: slot, seq: t.pending.add(), lent: -1})
 	}
 	if len(group) > 0 {
 		t.putq <- group // never blocks: the queue holds as many groups as there are put slots
 	}
+}
+
+// LendPayload returns the payload of a free put slot for a block the caller is about to dump
+// (PayloadLender): with block objects whose shards lie back to back, while the tier is up and
+// a put slot is free; else nil.
+func (t *MooncakeTier) LendPayload() []byte {
+	if !t.lends || t.closed.Load() || !t.up.Load() {
+		return nil
+	}
+	slot := t.putSlots.tryTake()
+	if slot == nil {
+		return nil
+	}
+	k := t.slotIndex(slot)
+	t.refs[k].Store(1)
+	n := t.hdr + int(t.layout.BlockBytes())
+	return slot[t.hdr:n:n]
+}
+
+// ReturnPayload gives back a payload LendPayload returned (PayloadLender).
+func (t *MooncakeTier) ReturnPayload(p []byte) bool {
+	k, ok := t.lentSlot(p)
+	if ok {
+		t.release(k)
+	}
+	return ok
+}
+
+// slotIndex is the index of put slot slot in putAll.
+func (t *MooncakeTier) slotIndex(slot []byte) int {
+	return int(uintptr(unsafe.Pointer(unsafe.SliceData(slot)))-uintptr(unsafe.Pointer(unsafe.SliceData(t.slab)))) / t.stride
+}
+
+// lentSlot returns the index of the put slot whose payload p is, if p is one that is lent.
+func (t *MooncakeTier) lentSlot(p []byte) (int, bool) {
+	if !t.lends || int64(len(p)) != t.layout.BlockBytes() {
+		return 0, false
+	}
+	at, first := uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(unsafe.Pointer(unsafe.SliceData(t.slab)))+uintptr(t.lead+t.hdr)
+	if at < first || (at-first)%uintptr(t.stride) != 0 {
+		return 0, false
+	}
+	k := int((at - first) / uintptr(t.stride))
+	if k >= len(t.putAll) || t.refs[k].Load() <= 0 {
+		return 0, false
+	}
+	return k, true
+}
+
+// hold adds a holder to lent put slot k, unless it has none left (it was returned meanwhile).
+func (t *MooncakeTier) hold(k int) bool {
+	for {
+		n := t.refs[k].Load()
+		if n <= 0 {
+			return false
+		}
+		if t.refs[k].CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// release drops a holder of lent put slot k; the last one returns the slot to putSlots. A
+// release of a slot with no holder (a payload returned twice) does nothing.
+func (t *MooncakeTier) release(k int) {
+	for {
+		n := t.refs[k].Load()
+		if n <= 0 {
+			return
+		}
+		if t.refs[k].CompareAndSwap(n, n-1) {
+			if n == 1 {
+				t.putSlots.put(t.putAll[k])
+			}
+			return
+		}
+	}
+}
+
+// done returns a queued put's slot: to putSlots, or a lent one's hold.
+func (t *MooncakeTier) done(p mcPut) {
+	if p.lent >= 0 {
+		t.release(p.lent)
+	} else {
+		t.putSlots.put(p.slot)
+	}
+	t.pending.done(p.seq)
 }
 
 // stage writes block id's object(s) into slot.
@@ -382,8 +512,7 @@ func (t *MooncakeTier) putWorker() {
 				case g := <-t.putq:
 					for _, p := range g {
 						t.dropped.Add(1)
-						t.putSlots.put(p.slot)
-						t.pending.done(p.seq)
+						t.done(p)
 					}
 				default:
 					return
@@ -403,8 +532,7 @@ func (t *MooncakeTier) putWorker() {
 		}
 		t.putBatch(batch)
 		for _, p := range batch {
-			t.putSlots.put(p.slot)
-			t.pending.done(p.seq)
+			t.done(p)
 		}
 	}
 }
@@ -450,10 +578,14 @@ func (t *MooncakeTier) putBatch(batch []mcPut) {
 			firstBad = c
 		}
 	}
-	for k := range batch {
-		if failed[k] {
+	for k, p := range batch {
+		switch {
+		case failed[k]:
 			t.dropped.Add(1)
-		} else {
+		case p.lent >= 0:
+			t.puts.Add(1)
+			t.putsLent.Add(1)
+		default:
 			t.puts.Add(1)
 		}
 	}
@@ -823,4 +955,7 @@ func (t *MooncakeTier) Close() error {
 	return t.pool.Close()
 }
 
-var _ BatchPutter = (*MooncakeTier)(nil)
+var (
+	_ BatchPutter   = (*MooncakeTier)(nil)
+	_ PayloadLender = (*MooncakeTier)(nil)
+)

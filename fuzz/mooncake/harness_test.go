@@ -232,7 +232,7 @@ func isNotFound(err error) bool {
 // Child processes: the test binary run again with UCM_MC_ROLE set (TestMain).
 //
 //	dumper: opens an engine in UCM_MC_DIR, dumps blocks [UCM_MC_FROM, +UCM_MC_N), waits for the
-//	        write-through, prints "READY <puts> dropped=<n> errors=<n>", then serves until its
+//	        write-through, prints "READY <puts> dropped=<n> errors=<n> lent=<n>", then serves until its
 //	        stdin closes.
 //	reader: opens an engine in UCM_MC_DIR (empty), loads blocks [UCM_MC_FROM, +UCM_MC_N) and
 //	        prints "RESULT <outcome>".
@@ -273,14 +273,29 @@ func child(role string) int {
 			for i := lo; i < min(lo+8, from+n); i++ {
 				ids, src = append(ids, blockID(i)), append(src, blockBytes(blockID(i)))
 			}
-			if err := e.Dump(ids, src).Wait(); err != nil {
+			// Every other batch names each block's shards apart, as a connector names its
+			// tensors: the dump copies them into payloads the pool tier lends, and the
+			// write-through puts them from there.
+			var task *engine.Task
+			if (lo-from)/8%2 == 1 {
+				spans := make([][][]byte, len(src))
+				for i, b := range src {
+					for sh := int64(0); sh < int64(layout.Shards); sh++ {
+						spans[i] = append(spans[i], b[sh*layout.ShardBytes:(sh+1)*layout.ShardBytes])
+					}
+				}
+				task = e.DumpSpans(ids, engine.AllShards, spans)
+			} else {
+				task = e.Dump(ids, src)
+			}
+			if err := task.Wait(); err != nil {
 				fmt.Fprintln(os.Stderr, "child dump:", err)
 				return 2
 			}
 			e.FlushMooncake()
 		}
 		s, _ := e.MooncakeStats()
-		fmt.Printf("READY %d dropped=%d errors=%d\n", s.Puts, s.PutsDropped, s.Errors)
+		fmt.Printf("READY %d dropped=%d errors=%d lent=%d\n", s.Puts, s.PutsDropped, s.Errors, s.PutsLent)
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		return 0
 	case "reader":

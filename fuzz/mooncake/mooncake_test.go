@@ -25,7 +25,7 @@ const segment = 256 << 20 // each engine's contribution to the pool
 func TestMooncakeTwoProcesses(t *testing.T) {
 	m := startMaster(t)
 	a := startChild(t, m, "dumper", 0, 64, segment)
-	if l := a.line(t, "READY"); l != "READY 64 dropped=0 errors=0" {
+	if l := a.line(t, "READY"); l != "READY 64 dropped=0 errors=0 lent=32" {
 		t.Fatalf("dumper: %s", l)
 	}
 	b := openEngine(t, m, t.TempDir(), segment, 32<<20)
@@ -63,7 +63,7 @@ func TestMooncakeTwoProcesses(t *testing.T) {
 func TestMooncakeKillClientMidTransfer(t *testing.T) {
 	m := startMaster(t)
 	a := startChild(t, m, "dumper", 0, 96, segment)
-	if l := a.line(t, "READY"); l != "READY 96 dropped=0 errors=0" {
+	if l := a.line(t, "READY"); l != "READY 96 dropped=0 errors=0 lent=48" {
 		t.Fatalf("dumper: %s", l)
 	}
 	// B contributes no memory: the dumper's segment holds every object, B's own blocks are
@@ -286,7 +286,7 @@ func TestMooncakeReusesConnections(t *testing.T) {
 	m := startMaster(t)
 	a := startChild(t, m, "dumper", 0, 64, segment)
 	defer a.stop()
-	if l := a.line(t, "READY"); l != "READY 64 dropped=0 errors=0" {
+	if l := a.line(t, "READY"); l != "READY 64 dropped=0 errors=0 lent=32" {
 		t.Fatalf("dumper: %s", l)
 	}
 	b := openEngine(t, m, t.TempDir(), segment, 0)
