@@ -40,14 +40,17 @@ import (
 //  2. for each object layout (one object per block, one per shard): the raw client with
 //     objects of the layout's size (block objects: --total bytes; shard objects: a quarter,
 //     the same bytes per call), the tier alone, without an engine (every block written
-//     through with PutBatch, each task waiting for its puts, then loaded back with Load), and
-//     the raw client again: the tier's ratios are against the mean of the two raw runs around
-//     it, so a transport that changes its pace between minutes moves both sides; then through
-//     an engine: dump every block (written through), reopen the store with its memory tier
-//     empty, load every block (served by the pool), then one shard of every block;
+//     through with PutBatch, each task waiting for its puts, then loaded back with Load; block
+//     objects once more from payloads the tier lends), and the raw client again: the tier's
+//     ratios are against the mean of the two raw runs around it, so a transport that changes
+//     its pace between minutes moves both sides; then through an engine: dump every block
+//     (written through), reopen the store with its memory tier empty, load every block
+//     (served by the pool), then one shard of every block;
 //  3. a second engine with an empty disk loads every block (sharing: all from the pool);
 //  4. 4 × blocks loads drawn from a skewed distribution with a memory tier of a quarter of
-//     the blocks: the hit rate of each tier.
+//     the blocks: the hit rate of each tier;
+//  5. block objects: an engine's dumps of blocks whose shards are named apart (DumpSpans, as
+//     a connector names a block's tensors), without the pool and written through.
 //
 // Every phase also reports this process's CPU seconds per GiB moved.
 type mooncakeWorkload struct{}
@@ -213,6 +216,25 @@ type mooncakeLayoutRun struct {
 	// TierPutBusy and TierGetBusy are the share of the machine's CPU time busy meanwhile.
 	TierPutBusy float64 `json:"tier_put_machine_busy"`
 	TierGetBusy float64 `json:"tier_load_machine_busy"`
+	// TierLent* are the tier alone writing through from payloads it lent (block objects
+	// only): each task's blocks are written into lent payloads (LendPayload; what an engine's
+	// dump copies there anyway), put with PutBatch and waited for, as the raw client puts
+	// from registered memory that holds its bytes already.
+	TierLentPutMBps  float64 `json:"tier_lent_put_MBps,omitempty"`
+	TierLentPutRatio float64 `json:"tier_lent_put_object_ratio,omitempty"`
+	TierLentPutCPU   float64 `json:"tier_lent_put_cpu_s_per_GiB,omitempty"`
+	TierLentPutBusy  float64 `json:"tier_lent_put_machine_busy,omitempty"`
+	// Spans* are the engine's dumps of blocks whose shards are named apart (DumpSpans, as a
+	// connector names a block's K and V tensors), which the dump copies into its record (block
+	// objects only): without the pool, and written through with each task waiting for its
+	// write-throughs; SpansLent is the share of the blocks put from lent payloads (no copy
+	// of their own), SpansDumpRatio the written-through rate against the one without the pool.
+	SpansDumpAloneMBps float64 `json:"spans_dump_without_pool_MBps,omitempty"`
+	SpansDumpAloneCPU  float64 `json:"spans_dump_without_pool_cpu_s_per_GiB,omitempty"`
+	SpansDumpMBps      float64 `json:"spans_dump_write_through_MBps,omitempty"`
+	SpansDumpCPU       float64 `json:"spans_dump_write_through_cpu_s_per_GiB,omitempty"`
+	SpansLent          float64 `json:"spans_put_lent,omitempty"`
+	SpansDumpRatio     float64 `json:"spans_write_through_dump_ratio,omitempty"`
 }
 
 func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
@@ -232,9 +254,12 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 	// The holder's memory takes every object of the run without eviction: four runs of raw
 	// block objects (the first touch, one buffer per task, then around the tier alone),
 	// three quarters of other raw objects (four-block objects, then shard objects around the
-	// tier alone), both layouts' objects twice (the tier alone, then through an engine), and
-	// one more total for what Mooncake keeps beside the objects.
-	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: 9*total + total*3/4 + (256 << 20)}
+	// tier alone), both layouts' objects twice (the tier alone, then through an engine), block
+	// objects twice more (the tier alone from lent payloads, an engine's dumps from spans),
+	// and a fifth more than all that: its master evicts at about 90 % full, and Mooncake keeps
+	// more than the objects.
+	objects := 10*total + total*3/4
+	mb := &mooncakeBench{Master: master, MemoryBytes: total / 4, HolderBytes: objects*6/5 + (256 << 20)}
 	res.Mooncake = mb
 	cfg := tiers.MooncakeConfig{LocalHostname: "127.0.0.1", MetadataServer: metadata, MasterServerAddress: master,
 		LocalBufferSize: 16 << 20, HealthIntervalMs: 500}
@@ -287,6 +312,10 @@ func (mooncakeWorkload) run(env *benchEnv, res *benchResult) error {
 		r.TierPutRatio, r.TierGetRatio = r.TierPutMBps/r.ObjectPutMBps, r.TierGetMBps/r.ObjectGetMBps
 		r.TierGetCheckedRatio = r.TierGetMBps / r.ObjectGetCheckedMBps
 		r.DumpRatio = r.WriteThroughMBps / r.DumpAloneMBps
+		if r.TierLentPutMBps > 0 {
+			r.TierLentPutRatio = r.TierLentPutMBps / r.ObjectPutMBps
+			r.SpansDumpRatio = r.SpansDumpMBps / r.SpansDumpAloneMBps
+		}
 	}
 	mb.SharedRatio = mb.SharedMBps / mb.PoolGetMBps
 	res.DumpMBps, res.LoadMBps = mb.Layouts[0].DumpMBps, mb.Layouts[0].LoadMBps
@@ -538,8 +567,10 @@ func loadAll(env *benchEnv, shard int, onStart func(), load func(ids []format.Bl
 // tierAlone measures the tier without an engine (phase 2's first part) into run: tasks of the
 // bench's blocks written through with PutBatch, each waiting for its puts (Flush), then loaded
 // back with Load into the tasks' buffers and checked, with the tier's staging as an engine
-// sizes it. The shard checksums are computed before the clock starts (an engine's dump has
-// them from its own pass over the bytes).
+// sizes it; for block objects, then blocks of their own written into payloads the tier lends
+// (LendPayload) and put from there, checked by loading them back after the clock. The shard
+// checksums are computed before the clock starts (an engine's dump has them from its own pass
+// over the bytes).
 func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) error {
 	l := env.opts.Layout
 	bytes := int64(env.blocks) * l.BlockBytes()
@@ -558,9 +589,15 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	if !t.Up() {
 		return errors.New("the tier alone: the master does not answer")
 	}
-	sums := make(map[format.BlockID][]uint32, env.blocks)
+	// Block objects are put a second time from lent payloads, as blocks of their own (ids
+	// after the others).
+	n := env.blocks
+	if run.Object == "block" {
+		n *= 2
+	}
+	sums := make(map[format.BlockID][]uint32, n)
 	block := make([]byte, l.BlockBytes())
-	for i := range env.blocks {
+	for i := range n {
 		id := blockID(i)
 		env.payload.fill(block, id)
 		crcs := make([]uint32, l.Shards)
@@ -601,6 +638,51 @@ func tierAlone(env *benchEnv, cfg tiers.MooncakeConfig, run *mooncakeLayoutRun) 
 	}
 	run.TierGetMBps = mbps(bytes, d)
 	run.TierGetCPU, run.TierGetBusy = m.stop(bytes)
+	if run.Object != "block" {
+		return nil
+	}
+
+	// From lent payloads.
+	lentBefore := t.Stats().PutsLent
+	d, err = runTasks(env, env.blocks, l.BlockBytes(), startM, func(ids []format.BlockID, _ [][]byte) error {
+		lent, crcs := make([][]byte, 0, len(ids)), make([][]uint32, len(ids))
+		defer func() {
+			for _, p := range lent {
+				t.ReturnPayload(p)
+			}
+		}()
+		for i, id := range ids {
+			p := t.LendPayload()
+			if p == nil {
+				return errors.New("the tier alone: no payload free to lend")
+			}
+			lent = append(lent, p)
+			env.payload.fill(p, id)
+			crcs[i] = sums[id]
+		}
+		t.PutBatch(ids, lent, crcs)
+		t.Flush()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	run.TierLentPutMBps = mbps(bytes, d)
+	run.TierLentPutCPU, run.TierLentPutBusy = m.stop(bytes)
+	if n := t.Stats().PutsLent - lentBefore; n != uint64(env.blocks) {
+		return fmt.Errorf("the tier alone: %d of %d blocks put from lent payloads (%+v)", n, env.blocks, t.Stats())
+	}
+	// Every block put from a loan loads back intact (not timed).
+	for i := 0; i < env.blocks; i++ {
+		id := blockID(env.blocks + i)
+		hits, _ := t.Load([]format.BlockID{id}, -1, nil, func(int) []byte { return block }, nil)
+		if !hits[0] {
+			return fmt.Errorf("the tier alone: block %s put from a loan missed", id)
+		}
+		if err := env.payload.checkStamps(block, id, 0); err != nil {
+			return fmt.Errorf("the tier alone: block put from a loan: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -640,12 +722,7 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	}
 	var cpu time.Duration
 	startCPU := func() { cpu = processCPU() }
-	d, err := runTasks(env, 0, l.BlockBytes(), startCPU, func(ids []format.BlockID, bufs [][]byte) error {
-		for i, id := range ids {
-			env.payload.fill(bufs[i], id)
-		}
-		return e.Dump(ids, bufs).Wait()
-	})
+	d, err := engineDumps(env, e, 0, false, startCPU, nil)
 	run.DumpAloneCPU = perGiB(processCPU()-cpu, bytes)
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -666,28 +743,10 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 	if e, err = engine.Open(dir, opts); err != nil {
 		return run, err
 	}
-	var inDump, inFlush atomic.Int64 // nanoseconds the tasks spent in each
-	dumpTime, err := runTasks(env, 0, l.BlockBytes(), startCPU, func(ids []format.BlockID, bufs [][]byte) error {
-		for i, id := range ids {
-			env.payload.fill(bufs[i], id)
-		}
-		t0 := time.Now()
-		if err := e.Dump(ids, bufs).Wait(); err != nil {
-			return err
-		}
-		t1 := time.Now()
-		// Write-throughs never hold a dump back, and a burst larger than the tier's put
-		// slots is dropped; here every dump waits for them, so the figure is the rate of
-		// dumps that are in the pool when they return.
-		e.FlushMooncake()
-		inDump.Add(int64(t1.Sub(t0)))
-		inFlush.Add(int64(time.Since(t1)))
-		return nil
-	})
+	var split dumpSplit
+	dumpTime, err := engineDumps(env, e, 0, false, startCPU, &split)
 	run.DumpCPU = perGiB(processCPU()-cpu, bytes)
-	if tot := inDump.Load() + inFlush.Load(); tot > 0 {
-		run.DumpShare = float64(inDump.Load()) / float64(tot)
-	}
+	run.DumpShare = split.dumpShare()
 	s, _ := e.MooncakeStats()
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -732,11 +791,114 @@ func mooncakeLayout(env *benchEnv, cfg tiers.MooncakeConfig, object string, mb *
 		if err := sharedAndSkew(env, cfg, opts, e, mb); err != nil {
 			return run, err
 		}
+		if err := spansDumps(env, cfg, mb, &run); err != nil {
+			return run, err
+		}
 	}
 	st, _ := e.MooncakeStats()
 	mb.PoolRejected += st.Rejected
 	mb.PoolErrors += st.Errors
 	return run, nil
+}
+
+// dumpSplit adds up the nanoseconds an engine's dump tasks spent in their dumps and waiting
+// for their write-throughs.
+type dumpSplit struct{ inDump, inFlush atomic.Int64 }
+
+// dumpShare is the share of the tasks' time in the dumps themselves.
+func (s *dumpSplit) dumpShare() float64 {
+	if tot := s.inDump.Load() + s.inFlush.Load(); tot > 0 {
+		return float64(s.inDump.Load()) / float64(tot)
+	}
+	return 0
+}
+
+// engineDumps dumps blocks first.. with the bench's tasks into e and returns the time taken.
+// Each block goes from its task's buffer, or with spans from its shards named apart
+// (DumpSpans, as a connector names a block's tensors: the dump copies them into its record).
+// With split each task then waits for its write-throughs (FlushMooncake), so the time is
+// that of dumps that are in the pool when they return, and split adds up where it went.
+func engineDumps(env *benchEnv, e *engine.Engine, first int, spans bool, onStart func(), split *dumpSplit) (time.Duration, error) {
+	l := env.opts.Layout
+	return runTasks(env, first, l.BlockBytes(), onStart, func(ids []format.BlockID, bufs [][]byte) error {
+		for i, id := range ids {
+			env.payload.fill(bufs[i], id)
+		}
+		t0 := time.Now()
+		var err error
+		if spans {
+			src := make([][][]byte, len(ids))
+			for i, b := range bufs {
+				for sh := int64(0); sh < int64(l.Shards); sh++ {
+					src[i] = append(src[i], b[sh*l.ShardBytes:(sh+1)*l.ShardBytes])
+				}
+			}
+			err = e.DumpSpans(ids, engine.AllShards, src).Wait()
+		} else {
+			err = e.Dump(ids, bufs).Wait()
+		}
+		if err != nil || split == nil {
+			return err
+		}
+		// Write-throughs never hold a dump back, and a burst larger than the tier's put
+		// slots is dropped; here every dump waits for them.
+		t1 := time.Now()
+		e.FlushMooncake()
+		split.inDump.Add(int64(t1.Sub(t0)))
+		split.inFlush.Add(int64(time.Since(t1)))
+		return nil
+	})
+}
+
+// spansDumps measures an engine's dumps of blocks named shard by shard (engineDumps with
+// spans), into a store of their own without the pool and then with it, the blocks after
+// every other phase's (new keys in the pool).
+func spansDumps(env *benchEnv, cfg tiers.MooncakeConfig, mb *mooncakeBench, run *mooncakeLayoutRun) error {
+	bytes := int64(env.blocks) * env.opts.Layout.BlockBytes()
+	pool := mooncakeTier(env, cfg, "block")
+	var cpu time.Duration
+	startCPU := func() { cpu = processCPU() }
+	for _, withPool := range []bool{false, true} {
+		dir := filepath.Join(env.storeDir, "spans")
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+		var p *tiers.MooncakeConfig
+		var split *dumpSplit
+		if withPool {
+			p, split = &pool, &dumpSplit{}
+		}
+		e, err := engine.Open(dir, mooncakeOpts(env, p, dir, mb.MemoryBytes))
+		if err != nil {
+			return err
+		}
+		d, err := engineDumps(env, e, env.blocks, true, startCPU, split)
+		used := perGiB(processCPU()-cpu, bytes)
+		s, _ := e.MooncakeStats()
+		if cerr := e.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.RemoveAll(dir)
+		}
+		if err != nil {
+			return fmt.Errorf("block objects: dumps from spans (pool %v): %w", withPool, err)
+		}
+		if !withPool {
+			run.SpansDumpAloneMBps, run.SpansDumpAloneCPU = mbps(bytes, d), used
+			continue
+		}
+		if s.Puts != uint64(env.blocks) {
+			return fmt.Errorf("block objects: dumps from spans: %d of %d blocks written through (%+v)", s.Puts, env.blocks, s)
+		}
+		run.SpansDumpMBps, run.SpansDumpCPU = mbps(bytes, d), used
+		run.SpansLent = float64(s.PutsLent) / float64(env.blocks)
+		mb.PoolRejected += s.Rejected
+		mb.PoolErrors += s.Errors
+	}
+	env.progressf("block objects, dumps from spans: %.0f MB/s without the pool, %.0f MB/s written through (%.2f from lent payloads)",
+		run.SpansDumpAloneMBps, run.SpansDumpMBps, run.SpansLent)
+	return nil
 }
 
 // sharedAndSkew runs phases 3 and 4 against the block-object store e.
@@ -810,6 +972,12 @@ func printMooncake(row func(k, format string, args ...any), m *mooncakeBench) {
 			r.WriteThroughMBps, r.WriteThroughRate, r.WriteThroughObjRatio, r.WrittenThrough, r.LoadMBps, r.LoadRatio, r.LoadObjRatio, r.PoolHitRate, r.ShardMBps)
 		row(r.Object+" objects", "dump without the pool %.1f MB/s: dump+write-through at %.2f x that", r.DumpAloneMBps, r.DumpRatio)
 		row(r.Object+" objects", "CPU: dump+write-through %.2f s per GiB (without the pool %.2f), load %.2f s per GiB; tasks' time in the dump itself %.2f, waiting for the write-through %.2f", r.DumpCPU, r.DumpAloneCPU, r.LoadCPU, r.DumpShare, 1-r.DumpShare)
+		if r.TierLentPutMBps > 0 {
+			row(r.Object+" objects", "the tier alone from lent payloads: write-through %.1f MB/s (%.2f x raw put of these objects); CPU %.2f s per GiB; machine busy %.2f",
+				r.TierLentPutMBps, r.TierLentPutRatio, r.TierLentPutCPU, r.TierLentPutBusy)
+			row(r.Object+" objects", "dumps from spans (copied into the record): %.1f MB/s without the pool, %.1f MB/s written through (%.2f x that; %.3f of blocks put from lent payloads); CPU %.2f / %.2f s per GiB",
+				r.SpansDumpAloneMBps, r.SpansDumpMBps, r.SpansDumpRatio, r.SpansLent, r.SpansDumpAloneCPU, r.SpansDumpCPU)
+		}
 	}
 	row("second instance", "load %.1f MB/s (%.2f x pool get), pool hit rate %.3f", m.SharedMBps, m.SharedRatio, m.SharedHits)
 	row("skewed loads", "%d: memory %.3f, pool %.3f, disk %.3f; %.1f MB/s", m.SkewLoads, m.SkewMemory, m.SkewPool, m.SkewDisk, m.SkewMBps)
