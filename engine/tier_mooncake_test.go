@@ -6,9 +6,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ucm-go/ucm/format"
 	"github.com/ucm-go/ucm/internal/mooncakefake"
+	"github.com/ucm-go/ucm/internal/testwait"
 	"github.com/ucm-go/ucm/tiers"
 )
 
@@ -358,4 +360,70 @@ func TestMooncakeWriteThroughFromLentPayloads(t *testing.T) {
 		t.Fatalf("a compressing tier's dump was put from a loan: %+v", s)
 	}
 	checkBlocks(t, c, []BlockID{id})
+}
+
+// Dumps from several goroutines borrow payloads while the pool goes down and comes back (the
+// tier goes down, lent blocks' puts fail or are dropped): every dump succeeds and loads
+// intact, and no loan is lost (once the pool is back, a sequence of dumps four times the
+// tier's put slots is put from loans block for block).
+func TestMooncakeLentPayloadsUnderFailures(t *testing.T) {
+	st := mooncakefake.NewStore()
+	withFakeMooncake(t, st)
+	e := openMooncakeEngine(t, false)
+	l := e.Layout()
+	spansOf := func(ids []BlockID) [][][]byte {
+		src := make([][][]byte, len(ids))
+		for i, id := range ids {
+			b := blockBytes(l, id)
+			for sh := int64(0); sh < int64(l.Shards); sh++ {
+				src[i] = append(src[i], b[sh*l.ShardBytes:(sh+1)*l.ShardBytes])
+			}
+		}
+		return src
+	}
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		all []BlockID
+	)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for k := 0; k < 20; k++ {
+				ids := []BlockID{blockID(7000 + w*100 + 2*k), blockID(7000 + w*100 + 2*k + 1)}
+				if err := e.DumpSpans(ids, AllShards, spansOf(ids)).Wait(); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				all = append(all, ids...)
+				mu.Unlock()
+			}
+		}(w)
+	}
+	for i := 0; i < 6; i++ { // the pool goes down and up while the dumps run
+		st.SetDown(i%2 == 0)
+		time.Sleep(3 * time.Millisecond)
+	}
+	st.SetDown(false)
+	wg.Wait()
+	e.FlushMooncake()
+	checkBlocks(t, e, all)
+	testwait.Until(t, "the tier to rejoin", func() bool { return must(e.MooncakeStats()).Up })
+	before := must(e.MooncakeStats())
+	const n = 224 // four times the 56 put slots of the tier's staging
+	for k := 0; k < n; k += 8 {
+		ids := make([]BlockID, 8)
+		for i := range ids {
+			ids[i] = blockID(9000 + k + i)
+		}
+		if err := e.DumpSpans(ids, AllShards, spansOf(ids)).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		e.FlushMooncake()
+	}
+	if s := must(e.MooncakeStats()); s.PutsLent-before.PutsLent != n || s.PutsDropped != before.PutsDropped {
+		t.Fatalf("after the failures: %d of %d blocks put from loans (before %+v, after %+v)", s.PutsLent-before.PutsLent, n, before, s)
+	}
 }
