@@ -79,9 +79,9 @@ type BatchPutter interface {
 type PayloadLender interface {
 	// LendPayload returns a 4 KiB-aligned buffer of one block's bytes (Layout.BlockBytes) for
 	// the payload of a block record, or nil when the cache does not lend (its layout does not
-	// allow it, it is down) or has no buffer free. It never blocks. A lent buffer given to
-	// Put or PutBatch as the block's data is put from where it is: the cache holds it until
-	// that put is done, whatever the caller does meanwhile.
+	// allow it, it is down) or has no buffer free. It never blocks. A lent buffer given (at
+	// most once) to Put or PutBatch as the block's data is put from where it is: the cache
+	// holds it until that put is done, whatever the caller does meanwhile.
 	LendPayload() []byte
 	// ReturnPayload gives back a buffer LendPayload returned, once the caller is done with
 	// it (the record is written or dropped), and reports whether p was one; any other p is
