@@ -323,11 +323,10 @@ func (e *Engine) putRecord(rec *wal.Record) {
 // releasePayload lets go of rec's payload: back to the pool if it is the engine's, back to
 // its lender if a cache lent it (newDumpRecord); a caller's buffer is left alone.
 func (e *Engine) releasePayload(rec *wal.Record) {
-	switch {
-	case !rec.PayloadBorrowed:
+	if !rec.PayloadBorrowed {
 		e.pool.Put(rec.Payload)
-	case e.payloadLender() != nil:
-		e.payloadLender().ReturnPayload(rec.Payload)
+	} else if lender := e.payloadLender(); lender != nil {
+		lender.ReturnPayload(rec.Payload)
 	}
 }
 

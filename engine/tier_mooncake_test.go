@@ -304,6 +304,19 @@ func TestMooncakeWriteThroughInBatches(t *testing.T) {
 	}
 }
 
+// shardSpans is the bytes of blocks ids (blockBytes), each block's shards named apart as
+// DumpSpans takes them, as a connector names its K and V tensors.
+func shardSpans(l Layout, ids []BlockID) [][][]byte {
+	src := make([][][]byte, len(ids))
+	for i, id := range ids {
+		b := blockBytes(l, id)
+		for sh := int64(0); sh < int64(l.Shards); sh++ {
+			src[i] = append(src[i], b[sh*l.ShardBytes:(sh+1)*l.ShardBytes])
+		}
+	}
+	return src
+}
+
 // A whole block the dump copies in (its shards named apart, as a connector names its K and V
 // tensors) is copied once: into a payload the pool tier lends, which the disk write and the
 // put both read from. Every lent payload goes back (many more blocks than the tier has put
@@ -318,15 +331,10 @@ func TestMooncakeWriteThroughFromLentPayloads(t *testing.T) {
 	var ids []BlockID
 	for k := 0; k < n; k += batch {
 		part := make([]BlockID, batch)
-		src := make([][][]byte, batch)
 		for i := range part {
 			part[i] = blockID(5000 + k + i)
-			b := blockBytes(l, part[i])
-			for sh := 0; sh < l.Shards; sh++ {
-				src[i] = append(src[i], b[int64(sh)*l.ShardBytes:int64(sh+1)*l.ShardBytes])
-			}
 		}
-		if err := a.DumpSpans(part, AllShards, src).Wait(); err != nil {
+		if err := a.DumpSpans(part, AllShards, shardSpans(l, part)).Wait(); err != nil {
 			t.Fatal(err)
 		}
 		a.FlushMooncake()
@@ -371,16 +379,6 @@ func TestMooncakeLentPayloadsUnderFailures(t *testing.T) {
 	withFakeMooncake(t, st)
 	e := openMooncakeEngine(t, false)
 	l := e.Layout()
-	spansOf := func(ids []BlockID) [][][]byte {
-		src := make([][][]byte, len(ids))
-		for i, id := range ids {
-			b := blockBytes(l, id)
-			for sh := int64(0); sh < int64(l.Shards); sh++ {
-				src[i] = append(src[i], b[sh*l.ShardBytes:(sh+1)*l.ShardBytes])
-			}
-		}
-		return src
-	}
 	var (
 		wg  sync.WaitGroup
 		mu  sync.Mutex
@@ -392,7 +390,7 @@ func TestMooncakeLentPayloadsUnderFailures(t *testing.T) {
 			defer wg.Done()
 			for k := 0; k < 20; k++ {
 				ids := []BlockID{blockID(7000 + w*100 + 2*k), blockID(7000 + w*100 + 2*k + 1)}
-				if err := e.DumpSpans(ids, AllShards, spansOf(ids)).Wait(); err != nil {
+				if err := e.DumpSpans(ids, AllShards, shardSpans(l, ids)).Wait(); err != nil {
 					t.Error(err)
 					return
 				}
@@ -418,7 +416,7 @@ func TestMooncakeLentPayloadsUnderFailures(t *testing.T) {
 		for i := range ids {
 			ids[i] = blockID(9000 + k + i)
 		}
-		if err := e.DumpSpans(ids, AllShards, spansOf(ids)).Wait(); err != nil {
+		if err := e.DumpSpans(ids, AllShards, shardSpans(l, ids)).Wait(); err != nil {
 			t.Fatal(err)
 		}
 		e.FlushMooncake()
