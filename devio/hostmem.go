@@ -62,7 +62,7 @@ func newHostBuffers(count, size int, resident bool) (*HostMemory, [][]byte, erro
 		return nil, nil, err
 	}
 	if resident {
-		populate(region)
+		Populate(region)
 	}
 	bufs := make([][]byte, count)
 	for i := range bufs {
@@ -71,13 +71,22 @@ func newHostBuffers(count, size int, resident bool) (*HostMemory, [][]byte, erro
 	return m, bufs, nil
 }
 
-// populate makes region resident by writing a zero to each of its 4 KiB pages (the memory is
-// already zero), so that the first I/O into it does not fault pages in: with huge pages, a
-// fault allocates and clears 2 MiB, which measured on the development VM made a first 2 GiB
-// O_DIRECT read pass 0.63 of the speed of the next ones (5.3 against 8.3 GB/s).
-func populate(region []byte) {
-	for off := 0; off < len(region); off += DefaultAlignment {
-		region[off] = 0
+// Populate makes every page of b resident, so that the first writes into b do not fault them
+// in one by one. b must be fresh memory (zeroed, not yet written or shared with another
+// goroutine): a buffer just returned by make or mapped. On Linux (5.14 and later) it is one
+// madvise(MADV_POPULATE_WRITE), which faults the pages in inside the kernel and leaves their
+// bytes as they are; elsewhere, or when the kernel refuses, it writes a zero to each 4 KiB page.
+// On the development VMs a fault taken by a write costs more than copying the page: the memory
+// tier's first fill of fresh memory ran at 1.86–1.90 GB/s, populated first at 2.78–2.92
+// (BenchmarkMemCacheFillFresh; docs/tiers.md, "Memory tier"). With huge pages, a fault
+// allocates and clears 2 MiB, which made a first 2 GiB O_DIRECT read pass into unpopulated
+// buffers 0.63 of the speed of the next ones (5.3 against 8.3 GB/s).
+func Populate(b []byte) {
+	if len(b) == 0 || populatePages(b) {
+		return
+	}
+	for off := 0; off < len(b); off += DefaultAlignment {
+		b[off] = 0
 	}
 }
 

@@ -4,6 +4,8 @@ package devio
 
 import (
 	"fmt"
+	"os"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +30,18 @@ func (m *HostMemory) mapRegion(n int) ([]byte, error) {
 }
 
 func unmap(mapping []byte) error { return unix.Munmap(mapping) }
+
+// populatePages asks the kernel to fault in the pages b spans (MADV_POPULATE_WRITE: their bytes
+// are left as they are, so the pages b shares at its ends with other memory are safe to
+// include). It reports false when the kernel refuses (before Linux 5.14: EINVAL).
+func populatePages(b []byte) bool {
+	page := uintptr(os.Getpagesize())
+	lo := uintptr(unsafe.Pointer(&b[0])) &^ (page - 1)
+	hi := (uintptr(unsafe.Pointer(&b[0])) + uintptr(len(b)) + page - 1) &^ (page - 1)
+	_, _, e := unix.Syscall(unix.SYS_MADVISE, lo, hi-lo, unix.MADV_POPULATE_WRITE)
+	runtime.KeepAlive(b)
+	return e == 0
+}
 
 // PhysicalMemory returns the host's RAM in bytes (0 when it cannot be read).
 func PhysicalMemory() int64 {

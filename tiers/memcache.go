@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"sync"
 
+	"github.com/ucm-go/ucm/devio"
 	"github.com/ucm-go/ucm/format"
 )
 
@@ -69,8 +70,9 @@ type memEntry struct {
 	linked  bool
 }
 
-// minReuseBytes is the smallest buffer worth keeping for reuse; smaller items (most sidecars)
-// are left to the garbage collector.
+// minReuseBytes is the smallest buffer worth keeping for reuse, and populating before the first
+// copy into it (devio.Populate); smaller items (most sidecars) are left to the garbage
+// collector, and their pages to be faulted in by the copy.
 const minReuseBytes = 64 << 10
 
 // freeBudget bounds the bytes of unlinked items' buffers a cache of capacity keeps for reuse:
@@ -134,6 +136,9 @@ func (c *MemCache) put(k memKey, data []byte, crcs []uint32) {
 	buf := c.takeFree(len(data))
 	if buf == nil {
 		buf = make([]byte, len(data))
+		if len(buf) >= minReuseBytes {
+			devio.Populate(buf) // one system call instead of a fault per page of the copy
+		}
 	}
 	copy(buf, data)
 	e := &memEntry{key: k, data: buf, crcs: append([]uint32(nil), crcs...), linked: true}

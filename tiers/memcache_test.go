@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -749,9 +750,9 @@ func BenchmarkMemCachePutTurnover(b *testing.B) {
 }
 
 // BenchmarkMemCacheFillFresh puts 2 MiB blocks into empty tiers of 128 blocks, a new tier each
-// time one is full: every Put copies into memory never touched before, as a freshly opened
-// store's memory tier fills. Against BenchmarkMemCachePutTurnover it is the cost of that first
-// touch.
+// time one is full, the last one's memory returned to the operating system first (untimed):
+// every Put copies into memory the process never touched before, as a freshly opened store's
+// memory tier fills. Against BenchmarkMemCachePutTurnover it is the cost of that first touch.
 func BenchmarkMemCacheFillFresh(b *testing.B) {
 	srcs := make([][]byte, 64) // as BenchmarkMemcpy2MiB's
 	crcs := make([][]uint32, len(srcs))
@@ -763,7 +764,11 @@ func BenchmarkMemCacheFillFresh(b *testing.B) {
 	var c *MemCache
 	for i := 0; b.Loop(); i++ {
 		if i%128 == 0 {
+			b.StopTimer()
+			c = nil
+			debug.FreeOSMemory()
 			c = NewMemCache("dram", 128*block2MiB)
+			b.StartTimer()
 		}
 		c.Put(bid(i), srcs[i%64], crcs[i%64])
 	}
