@@ -579,14 +579,13 @@ func (t *MooncakeTier) putBatch(batch []mcPut) {
 		}
 	}
 	for k, p := range batch {
-		switch {
-		case failed[k]:
+		if failed[k] {
 			t.dropped.Add(1)
-		case p.lent >= 0:
-			t.puts.Add(1)
+			continue
+		}
+		t.puts.Add(1)
+		if p.lent >= 0 {
 			t.putsLent.Add(1)
-		default:
-			t.puts.Add(1)
 		}
 	}
 	if firstBad != 0 && firstBad != mcNoAvailableSpace {
